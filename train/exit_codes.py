@@ -1,0 +1,22 @@
+"""Process exit codes shared by every launcher and the worker.
+
+Kept free of torch imports so launchers can use it without loading torch.
+"""
+
+from __future__ import annotations
+
+OK = 0
+"""The run finished."""
+
+FAILURE = 1
+"""Anything unexpected (a crash, a lost peer): schedulers may retry."""
+
+BAD_INPUT = 2
+"""Bad config, data or arguments: a rerun would fail the same way, so never retry."""
+
+PREEMPTED = 75
+"""A signal asked us to stop; a checkpoint was committed first. Run the same command again."""
+
+
+class BadInput(Exception):
+    """An input problem that the user must fix; becomes one line on stderr and exit code 2."""
