@@ -23,28 +23,55 @@ def cpu_machine() -> dict:
     return {
         "python": {"version": "3.11.7", "executable": "/usr/bin/python3"},
         "platform": {"system": "Linux", "machine": "x86_64", "hostname": "h", "cpu_count": 2},
-        "env": {"CUDA_VISIBLE_DEVICES": None, "NVIDIA_VISIBLE_DEVICES": None, "OMP_NUM_THREADS": None},
+        "env": {
+            "CUDA_VISIBLE_DEVICES": None,
+            "NVIDIA_VISIBLE_DEVICES": None,
+            "OMP_NUM_THREADS": None,
+        },
         "nvidia_smi": {"present": False, "gpus": [], "driver_version": None, "error": None},
-        "torch": {"importable": True, "version": "2.14.1+cu130", "cuda_build": "13.0",
-                  "cudnn_version": 92400},
+        "torch": {
+            "importable": True,
+            "version": "2.14.1+cu130",
+            "cuda_build": "13.0",
+            "cudnn_version": 92400,
+        },
         "cuda": {"available": False, "device_count": 0, "error": None},
         "distributed": {"available": True, "gloo": True, "nccl": True, "nccl_version": "2.30.7"},
-        "devices": [{"device": "cpu", "name": "cpu", "memory_bytes": 2**34, "capability": None,
-                     "bf16": True, "fp16": True,
-                     "smoke": {"ok": True, "seconds": 0.01, "error": None}}],
+        "devices": [
+            {
+                "device": "cpu",
+                "name": "cpu",
+                "memory_bytes": 2**34,
+                "capability": None,
+                "bf16": True,
+                "fp16": True,
+                "smoke": {"ok": True, "seconds": 0.01, "error": None},
+            }
+        ],
     }
 
 
 def gpu_machine(visible: int = 2, driver_gpus: int = 2) -> dict:
     facts = cpu_machine()
-    facts["nvidia_smi"] = {"present": True, "driver_version": "580.65",
-                           "gpus": [{"name": "NVIDIA H100", "memory_mib": 81559}] * driver_gpus,
-                           "error": None}
+    facts["nvidia_smi"] = {
+        "present": True,
+        "driver_version": "580.65",
+        "gpus": [{"name": "NVIDIA H100", "memory_mib": 81559}] * driver_gpus,
+        "error": None,
+    }
     facts["cuda"] = {"available": visible > 0, "device_count": visible, "error": None}
     for i in range(visible):
-        facts["devices"].append({"device": f"cuda:{i}", "name": "NVIDIA H100",
-                                 "memory_bytes": 80 * 2**30, "capability": "9.0", "bf16": True,
-                                 "fp16": True, "smoke": {"ok": True, "seconds": 0.2, "error": None}})
+        facts["devices"].append(
+            {
+                "device": f"cuda:{i}",
+                "name": "NVIDIA H100",
+                "memory_bytes": 80 * 2**30,
+                "capability": "9.0",
+                "bf16": True,
+                "fp16": True,
+                "smoke": {"ok": True, "seconds": 0.2, "error": None},
+            }
+        )
     return facts
 
 
@@ -96,8 +123,12 @@ def test_valid_visible_devices_but_no_cuda_points_at_the_driver() -> None:
 
 def test_broken_nvidia_smi_is_a_driver_failure() -> None:
     facts = gpu_machine(visible=0)
-    facts["nvidia_smi"] = {"present": True, "gpus": [], "driver_version": None,
-                           "error": "NVIDIA-SMI has failed because it couldn't communicate"}
+    facts["nvidia_smi"] = {
+        "present": True,
+        "gpus": [],
+        "driver_version": None,
+        "error": "NVIDIA-SMI has failed because it couldn't communicate",
+    }
     [fail] = failures(facts)
     assert fail.check == "driver" and "couldn't communicate" in fail.message
 
@@ -125,8 +156,11 @@ def test_missing_cudnn_on_gpu_fails() -> None:
 
 def test_failed_smoke_test_names_the_device() -> None:
     facts = gpu_machine()
-    facts["devices"][2]["smoke"] = {"ok": False, "seconds": 0.1,
-                                    "error": "RuntimeError: CUDA error: out of memory"}
+    facts["devices"][2]["smoke"] = {
+        "ok": False,
+        "seconds": 0.1,
+        "error": "RuntimeError: CUDA error: out of memory",
+    }
     [fail] = failures(facts)
     assert fail.check == "cuda:1" and "out of memory" in fail.message
 
@@ -171,8 +205,15 @@ def test_format_cudnn() -> None:
 
 def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "train.doctor", *args], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "train.doctor", *args],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_cli_on_this_machine_is_fast_and_passes() -> None:
@@ -204,8 +245,10 @@ def _fake_nvidia_smi(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "nvidia-smi"
-    script.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\n"
-                      "echo 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\n")
+    script.write_text(
+        "#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\n"
+        "echo 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return bin_dir
 

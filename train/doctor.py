@@ -61,8 +61,12 @@ def _nvidia_smi_facts() -> dict[str, Any]:
         return {"present": True, "gpus": [], "driver_version": None, "error": str(exc)}
     if out.returncode != 0:
         error = (out.stderr or out.stdout).strip().splitlines()
-        return {"present": True, "gpus": [], "driver_version": None,
-                "error": error[0] if error else f"exit {out.returncode}"}
+        return {
+            "present": True,
+            "gpus": [],
+            "driver_version": None,
+            "error": error[0] if error else f"exit {out.returncode}",
+        }
     gpus, driver = [], None
     for line in out.stdout.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -97,8 +101,11 @@ def _smoke_test(device: str) -> dict[str, Any]:
             torch.cuda.synchronize(device)
         return {"ok": True, "seconds": round(time.perf_counter() - start, 4), "error": None}
     except Exception as exc:  # noqa: BLE001 - any failure here is the finding
-        return {"ok": False, "seconds": round(time.perf_counter() - start, 4),
-                "error": f"{type(exc).__name__}: {_first_line(str(exc))}"}
+        return {
+            "ok": False,
+            "seconds": round(time.perf_counter() - start, 4),
+            "error": f"{type(exc).__name__}: {_first_line(str(exc))}",
+        }
 
 
 def _dtype_works(device: str, dtype_name: str) -> bool:
@@ -152,10 +159,16 @@ def gather_facts(run_smoke_tests: bool = True) -> dict[str, Any]:
     """Everything the checks need, as plain JSON-able data (the only impure part of the doctor)."""
     facts: dict[str, Any] = {
         "python": {"version": platform.python_version(), "executable": sys.executable},
-        "platform": {"system": platform.system(), "machine": platform.machine(),
-                     "hostname": platform.node(), "cpu_count": os.cpu_count()},
-        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-                                               "OMP_NUM_THREADS")},
+        "platform": {
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "hostname": platform.node(),
+            "cpu_count": os.cpu_count(),
+        },
+        "env": {
+            k: os.environ.get(k)
+            for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+        },
         "nvidia_smi": _nvidia_smi_facts(),
     }
     try:
@@ -172,18 +185,14 @@ def gather_facts(run_smoke_tests: bool = True) -> dict[str, Any]:
         device_count = torch.cuda.device_count() if cuda_available else 0
     except Exception as exc:  # noqa: BLE001
         cuda_available, device_count, cuda_error = False, 0, f"{type(exc).__name__}: {exc}"
-    cudnn_version = None
-    try:
-        cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    except Exception:  # noqa: BLE001
-        pass
+    cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     dist_available = dist.is_available()
     nccl_version = None
     if dist_available and dist.is_nccl_available():
         try:
             nccl_version = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except Exception:  # noqa: BLE001
-            pass
+        except (RuntimeError, AttributeError, TypeError) as exc:
+            nccl_version = f"unknown ({exc})"
     facts["torch"] = {
         "importable": True,
         "version": torch.__version__,
@@ -198,25 +207,29 @@ def gather_facts(run_smoke_tests: bool = True) -> dict[str, Any]:
         "nccl_version": nccl_version,
     }
 
-    devices: list[dict[str, Any]] = [{
-        "device": "cpu",
-        "name": _cpu_name(),
-        "memory_bytes": _cpu_memory_bytes(),
-        "capability": None,
-        "bf16": _dtype_works("cpu", "bfloat16") if run_smoke_tests else None,
-        "fp16": _dtype_works("cpu", "float16") if run_smoke_tests else None,
-    }]
+    devices: list[dict[str, Any]] = [
+        {
+            "device": "cpu",
+            "name": _cpu_name(),
+            "memory_bytes": _cpu_memory_bytes(),
+            "capability": None,
+            "bf16": _dtype_works("cpu", "bfloat16") if run_smoke_tests else None,
+            "fp16": _dtype_works("cpu", "float16") if run_smoke_tests else None,
+        }
+    ]
     for index in range(device_count):
         props = torch.cuda.get_device_properties(index)
         device = f"cuda:{index}"
-        devices.append({
-            "device": device,
-            "name": props.name,
-            "memory_bytes": props.total_memory,
-            "capability": f"{props.major}.{props.minor}",
-            "bf16": bool(torch.cuda.is_bf16_supported()) if run_smoke_tests else None,
-            "fp16": (props.major, props.minor) >= (5, 3),
-        })
+        devices.append(
+            {
+                "device": device,
+                "name": props.name,
+                "memory_bytes": props.total_memory,
+                "capability": f"{props.major}.{props.minor}",
+                "bf16": bool(torch.cuda.is_bf16_supported()) if run_smoke_tests else None,
+                "fp16": (props.major, props.minor) >= (5, 3),
+            }
+        )
     for entry in devices:
         entry["smoke"] = _smoke_test(entry["device"]) if run_smoke_tests else None
     facts["devices"] = devices
@@ -231,8 +244,14 @@ def check_facts(facts: dict[str, Any]) -> list[Finding]:
     findings = [_check_python(facts)]
     torch_facts = facts.get("torch", {})
     if not torch_facts.get("importable", False):
-        findings.append(Finding(FAIL, "torch", f"torch cannot be imported ({torch_facts.get('error')})",
-                                "install the project: pip install -c constraints.txt -e ."))
+        findings.append(
+            Finding(
+                FAIL,
+                "torch",
+                f"torch cannot be imported ({torch_facts.get('error')})",
+                "install the project: pip install -c constraints.txt -e .",
+            )
+        )
         return findings
     findings.append(Finding(OK, "torch", f"torch {torch_facts['version']}"))
     findings.extend(_check_gpu_visibility(facts))
@@ -259,9 +278,15 @@ def _check_gpu_visibility(facts: dict[str, Any]) -> list[Finding]:
     cvd = facts.get("env", {}).get("CUDA_VISIBLE_DEVICES")
 
     if smi.get("present") and smi.get("error"):
-        return [Finding(FAIL, "driver", f"nvidia-smi is installed but fails: {smi['error']}",
-                        "the NVIDIA driver is not loaded or mismatched: reboot/reload the kernel "
-                        "module, or run on a node whose driver works")]
+        return [
+            Finding(
+                FAIL,
+                "driver",
+                f"nvidia-smi is installed but fails: {smi['error']}",
+                "the NVIDIA driver is not loaded or mismatched: reboot/reload the kernel "
+                "module, or run on a node whose driver works",
+            )
+        ]
     if driver_gpus == 0:
         if cvd not in (None, ""):
             note = f" (CUDA_VISIBLE_DEVICES={cvd!r} is set but no GPU driver was found)"
@@ -270,35 +295,67 @@ def _check_gpu_visibility(facts: dict[str, Any]) -> list[Finding]:
         return [Finding(OK, "gpus", f"no NVIDIA GPU on this machine: CPU training on gloo{note}")]
 
     if cuda_build is None:
-        return [Finding(FAIL, "torch-build",
-                        f"nvidia-smi shows {driver_gpus} GPU(s) but torch {facts['torch']['version']} "
-                        "is a CPU-only build",
-                        "reinstall a CUDA build of torch (pip install -c constraints.txt torch, from "
-                        "the CUDA wheel index), not the +cpu wheel")]
+        return [
+            Finding(
+                FAIL,
+                "torch-build",
+                f"nvidia-smi shows {driver_gpus} GPU(s) but torch {facts['torch']['version']} "
+                "is a CPU-only build",
+                "reinstall a CUDA build of torch (pip install -c constraints.txt torch, from "
+                "the CUDA wheel index), not the +cpu wheel",
+            )
+        ]
     if visible == 0 and cvd is not None and _hides_all(cvd, driver_gpus):
-        return [Finding(FAIL, "visibility",
-                        f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {driver_gpus} GPU(s) nvidia-smi shows",
-                        "unset CUDA_VISIBLE_DEVICES or list valid indices/UUIDs "
-                        f"(e.g. CUDA_VISIBLE_DEVICES={','.join(str(i) for i in range(driver_gpus))})")]
+        return [
+            Finding(
+                FAIL,
+                "visibility",
+                f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {driver_gpus} GPU(s) nvidia-smi shows",
+                "unset CUDA_VISIBLE_DEVICES or list valid indices/UUIDs "
+                f"(e.g. CUDA_VISIBLE_DEVICES={','.join(str(i) for i in range(driver_gpus))})",
+            )
+        ]
     if visible == 0:
         driver = smi.get("driver_version")
         detail = f": {cuda['error']}" if cuda.get("error") else ""
-        return [Finding(FAIL, "cuda",
-                        f"nvidia-smi shows {driver_gpus} GPU(s) (driver {driver}) but torch (CUDA "
-                        f"{cuda_build}) cannot use them{detail}",
-                        f"the driver is probably older than CUDA {cuda_build} needs: upgrade the "
-                        "driver, or install a torch built for an older CUDA")]
-    findings = [Finding(OK, "gpus", f"{visible} of {driver_gpus} GPU(s) visible to torch "
-                                    f"(CUDA {cuda_build}, driver {smi.get('driver_version')})")]
+        return [
+            Finding(
+                FAIL,
+                "cuda",
+                f"nvidia-smi shows {driver_gpus} GPU(s) (driver {driver}) but torch (CUDA "
+                f"{cuda_build}) cannot use them{detail}",
+                f"the driver is probably older than CUDA {cuda_build} needs: upgrade the "
+                "driver, or install a torch built for an older CUDA",
+            )
+        ]
+    findings = [
+        Finding(
+            OK,
+            "gpus",
+            f"{visible} of {driver_gpus} GPU(s) visible to torch "
+            f"(CUDA {cuda_build}, driver {smi.get('driver_version')})",
+        )
+    ]
     if visible < driver_gpus and cvd is None:
-        findings.append(Finding(WARN, "visibility",
-                                f"torch sees {visible} GPU(s) but nvidia-smi shows {driver_gpus}",
-                                "check NVIDIA_VISIBLE_DEVICES / container GPU flags"))
+        findings.append(
+            Finding(
+                WARN,
+                "visibility",
+                f"torch sees {visible} GPU(s) but nvidia-smi shows {driver_gpus}",
+                "check NVIDIA_VISIBLE_DEVICES / container GPU flags",
+            )
+        )
     if facts["torch"].get("cudnn_version") is None:
-        findings.append(Finding(FAIL, "cudnn", "cuDNN is not available: convolutions will be slow "
-                                               "or fail", "install the nvidia-cudnn wheel that "
-                                                          "matches torch (pip install -c "
-                                                          "constraints.txt -e .)"))
+        findings.append(
+            Finding(
+                FAIL,
+                "cudnn",
+                "cuDNN is not available: convolutions will be slow or fail",
+                "install the nvidia-cudnn wheel that "
+                "matches torch (pip install -c "
+                "constraints.txt -e .)",
+            )
+        )
     return findings
 
 
@@ -317,20 +374,40 @@ def _hides_all(cuda_visible_devices: str, driver_gpus: int) -> bool:
 def _check_distributed(facts: dict[str, Any]) -> list[Finding]:
     dist = facts.get("distributed", {})
     if not dist.get("available"):
-        return [Finding(FAIL, "distributed", "torch.distributed is not available in this build",
-                        "install the standard torch wheel (pip install -c constraints.txt -e .)")]
+        return [
+            Finding(
+                FAIL,
+                "distributed",
+                "torch.distributed is not available in this build",
+                "install the standard torch wheel (pip install -c constraints.txt -e .)",
+            )
+        ]
     findings = []
     if dist.get("gloo"):
-        findings.append(Finding(OK, "gloo", "gloo backend available (CPU runs, object collectives)"))
+        findings.append(
+            Finding(OK, "gloo", "gloo backend available (CPU runs, object collectives)")
+        )
     else:
-        findings.append(Finding(FAIL, "gloo", "gloo backend missing: CPU training cannot start",
-                                "install the standard torch wheel"))
+        findings.append(
+            Finding(
+                FAIL,
+                "gloo",
+                "gloo backend missing: CPU training cannot start",
+                "install the standard torch wheel",
+            )
+        )
     if facts.get("cuda", {}).get("device_count", 0) > 0:
         if dist.get("nccl"):
             findings.append(Finding(OK, "nccl", f"NCCL {dist.get('nccl_version')} available"))
         else:
-            findings.append(Finding(FAIL, "nccl", "GPUs are visible but NCCL is missing",
-                                    "install a CUDA torch wheel with NCCL (nvidia-nccl package)"))
+            findings.append(
+                Finding(
+                    FAIL,
+                    "nccl",
+                    "GPUs are visible but NCCL is missing",
+                    "install a CUDA torch wheel with NCCL (nvidia-nccl package)",
+                )
+            )
     return findings
 
 
@@ -342,14 +419,26 @@ def _check_devices(facts: dict[str, Any]) -> list[Finding]:
         if smoke is None:
             continue
         if not smoke["ok"]:
-            findings.append(Finding(FAIL, label, f"conv forward+backward failed: {smoke['error']}",
-                                    "this device cannot train: check the driver, the torch build "
-                                    "and that no other process holds all its memory"))
+            findings.append(
+                Finding(
+                    FAIL,
+                    label,
+                    f"conv forward+backward failed: {smoke['error']}",
+                    "this device cannot train: check the driver, the torch build "
+                    "and that no other process holds all its memory",
+                )
+            )
             continue
         findings.append(Finding(OK, label, f"conv forward+backward in {smoke['seconds']:.3f}s"))
         if device["device"].startswith("cuda") and device.get("bf16") is False:
-            findings.append(Finding(WARN, label, f"{device['name']} has no bf16",
-                                    "use train.precision=fp16 (with the grad scaler) or fp32"))
+            findings.append(
+                Finding(
+                    WARN,
+                    label,
+                    f"{device['name']} has no bf16",
+                    "use train.precision=fp16 (with the grad scaler) or fp32",
+                )
+            )
     return findings
 
 
@@ -388,10 +477,20 @@ def render_table(facts: dict[str, Any], findings: list[Finding]) -> str:
     rows = [header]
     for d in facts.get("devices", []):
         smoke = d.get("smoke")
-        smoke_text = "-" if smoke is None else (f"ok {smoke['seconds']:.3f}s" if smoke["ok"] else "FAILED")
-        rows.append((d["device"], str(d["name"])[:32], _gib(d.get("memory_bytes")),
-                     d.get("capability") or "-", _yes_no(d.get("bf16")), _yes_no(d.get("fp16")),
-                     smoke_text))
+        smoke_text = (
+            "-" if smoke is None else (f"ok {smoke['seconds']:.3f}s" if smoke["ok"] else "FAILED")
+        )
+        rows.append(
+            (
+                d["device"],
+                str(d["name"])[:32],
+                _gib(d.get("memory_bytes")),
+                d.get("capability") or "-",
+                _yes_no(d.get("bf16")),
+                _yes_no(d.get("fp16")),
+                smoke_text,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -410,8 +509,12 @@ def _yes_no(value: bool | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser = argparse.ArgumentParser(
+        prog="python -m train.doctor", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of a table"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     facts = gather_facts()
@@ -419,8 +522,18 @@ def main(argv: list[str] | None = None) -> int:
     facts["seconds"] = round(time.perf_counter() - start, 3)
     code = exit_code(findings)
     if args.json:
-        print(json.dumps({"ok": code == 0, "exit_code": code, "facts": facts,
-                          "findings": [asdict(f) for f in findings]}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "ok": code == 0,
+                    "exit_code": code,
+                    "facts": facts,
+                    "findings": [asdict(f) for f in findings],
+                },
+                indent=2,
+                default=str,
+            )
+        )
     else:
         print(render_table(facts, findings))
     return code
