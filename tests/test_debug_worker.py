@@ -21,7 +21,10 @@ if not SMOKE.is_file():
 
 def run_worker(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
     cmd = [
         sys.executable,
         "-m",

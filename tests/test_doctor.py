@@ -204,7 +204,8 @@ def test_format_cudnn() -> None:
 
 
 def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    full_env = {**os.environ, "PYTHONPATH": pythonpath, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "train.doctor", *args],
         cwd=REPO,

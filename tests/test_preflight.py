@@ -143,7 +143,10 @@ def write_config(tmp_path: Path, run_dir: Path, lead_time_s: float = 120) -> Pat
 
 def base_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
