@@ -36,16 +36,21 @@ def check_model_io(
     num_classes: int,
     device: torch.device | str,
     batch_size: int = 2,
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> None:
     """Push one fake batch through `model` (before DDP/compile) and check the output shape.
 
+    `sample_shape` is one sample's shape without the batch dimension, e.g. (3, 32, 32).
     Runs in eval mode under no_grad with a private generator, so BatchNorm statistics and the
     global RNG are untouched and a checked run stays bit-identical to an unchecked one. Raises
     BadInput with one line naming the failing layer and the shape it expects.
     """
     device = torch.device(device)
     generator = torch.Generator().manual_seed(0)
-    batch = torch.randn((batch_size, *sample_shape), generator=generator).to(device)
+    batch = torch.randn((batch_size, *sample_shape), generator=generator)
+    if batch.dim() == 4:
+        batch = batch.contiguous(memory_format=memory_format)
+    batch = batch.to(device)
     running: list[tuple[str, nn.Module, tuple[Any, ...]]] = []
 
     def enter(name: str) -> Any:
