@@ -493,7 +493,7 @@ def render_table(facts: dict[str, Any], findings: list[Finding]) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     lines.append("")
     for f in findings:
         lines.append(f"[{f.level.upper():4}] {f.check}: {f.message}")

@@ -123,7 +123,7 @@ def make_figure(runs: Sequence[RunMetrics], title: str | None = None) -> Any:
                 xs = [p[col] for p in points]
                 ys = [p[2] for p in points]
                 if col == 1:
-                    pairs = [(x / scale, y) for x, y in zip(xs, ys) if x is not None]
+                    pairs = [(x / scale, y) for x, y in zip(xs, ys, strict=True) if x is not None]
                     xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
                 marker = "o" if key == "val_acc" else None
                 ax.plot(xs, ys, color=color, marker=marker, markersize=3, label=run.name)
@@ -175,7 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"plot: matplotlib is not installed: {INSTALL_HINT}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     try:
-        runs = [read_metrics(d, name) for d, name in zip(args.run_dirs, _names(args.run_dirs))]
+        runs = [
+            read_metrics(d, name)
+            for d, name in zip(args.run_dirs, _names(args.run_dirs), strict=True)
+        ]
     except BadInput as exc:
         print(exc, file=sys.stderr)
         return exit_codes.BAD_INPUT

@@ -51,6 +51,7 @@ class PreflightSettings:
     keep: int = 2
     lead_time_s: float = 0.0
     timeout_s: float = 300.0
+    backend: str = "auto"
     model_name: str = "simple_cnn"
     num_classes: int = 10
     width: int = 0
@@ -249,10 +250,8 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def load_settings(config_path: str, overrides: Sequence[str]) -> PreflightSettings:
     """The worker's own config loader, so the pre-flight checks what the run will use."""
-    try:
-        from train import config as train_config
-    except ImportError:  # before the worker foundation lands
-        return _load_settings_plain(config_path, overrides)
+    from train import config as train_config
+
     cfg = train_config.load(config_path, overrides)
     classes = cfg.data.synthetic_classes if cfg.data.name == "synthetic" else 10
     return PreflightSettings(
@@ -260,43 +259,10 @@ def load_settings(config_path: str, overrides: Sequence[str]) -> PreflightSettin
         keep=cfg.checkpoint.keep,
         lead_time_s=float(cfg.preemption.lead_time_s),
         timeout_s=float(cfg.dist.timeout_s),
+        backend=cfg.dist.backend,
         model_name=cfg.model.name,
         num_classes=classes,
         width=cfg.model.width,
-    )
-
-
-def _load_settings_plain(config_path: str, overrides: Sequence[str]) -> PreflightSettings:
-    import yaml
-
-    path = Path(config_path)
-    if not path.is_file():
-        raise exit_codes.BadInput(f"config error: --config: file not found: {path}")
-    tree = yaml.safe_load(path.read_text()) or {}
-    for text in overrides:
-        key, _, raw = text.partition("=")
-        node = tree
-        *parents, leaf = key.strip().split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
-
-    def get(dotted: str, default: Any) -> Any:
-        node: Any = tree
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return default if node is None else node
-
-    return PreflightSettings(
-        run_dir=str(get("run_dir", "runs/default")),
-        keep=int(get("checkpoint.keep", 2)),
-        lead_time_s=float(get("preemption.lead_time_s", 0.0)),
-        timeout_s=float(get("dist.timeout_s", 300.0)),
-        model_name=str(get("model.name", "simple_cnn")),
-        num_classes=int(get("data.synthetic_classes", 10)),
-        width=int(get("model.width", 0)),
     )
 
 
@@ -496,44 +462,22 @@ class _Context:
     device: Any
 
 
-def _setup(timeout_s: float) -> tuple[_Context, Callable[[bool], None]]:
-    """Join the job's process group the way the worker does (train.dist) and return a teardown.
+def _setup(settings: PreflightSettings) -> tuple[_Context, Callable[[bool], None]]:
+    """Join the job's process group exactly as the worker does (train.dist), and a teardown.
 
     Without a launcher it makes a one-rank group on an in-memory store, so the same checks run.
     """
-    import datetime
-
-    import torch
     import torch.distributed as dist
 
-    try:
-        from train import dist as train_dist
-    except ImportError:  # before the worker foundation lands: the same contract, minimal
-        train_dist = None
-    if train_dist is not None:
-        ctx = train_dist.setup(timeout_s=timeout_s)
-        if ctx.distributed:
-            context = _Context(ctx.rank, ctx.world_size, ctx.local_rank, ctx.device)
-            return context, lambda clean: train_dist.teardown(ctx, clean=clean)
-        device = ctx.device
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        use_cuda = torch.cuda.is_available()
-        device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-        if use_cuda:
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            "nccl" if use_cuda else "gloo",
-            init_method="env://",
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
-        context = _Context(dist.get_rank(), dist.get_world_size(), local_rank, device)
-        return context, lambda clean: dist.destroy_process_group()
-    else:
-        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    from train import dist as train_dist
+
+    ctx = train_dist.setup(timeout_s=settings.timeout_s, backend=settings.backend)
+    if ctx.distributed:
+        context = _Context(ctx.rank, ctx.world_size, ctx.local_rank, ctx.device)
+        return context, lambda clean: train_dist.teardown(ctx, clean=clean)
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return _Context(0, 1, 0, device), lambda clean: dist.destroy_process_group()
+    return _Context(0, 1, 0, ctx.device), lambda clean: dist.destroy_process_group()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -557,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch.distributed  # noqa: F401 - imported before the rendezvous clock starts
 
         start = time.perf_counter()
-        ctx, teardown = _setup(settings.timeout_s)
+        ctx, teardown = _setup(settings)
     except exit_codes.BadInput as exc:
         print(f"preflight: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
