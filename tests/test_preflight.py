@@ -252,3 +252,36 @@ def test_missing_config_is_bad_input(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "nope.yaml" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """launch.local with the pre-flight module: what `launch.local --doctor` runs."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.local",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--config",
+        str(config),
+        "--module",
+        "train.preflight",
+        *overrides,
+    ]
+    return subprocess.run(
+        cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=150, check=False
+    )
+
+
+@pytest.mark.timeout(200)
+def test_through_launch_local_exit_codes_reach_the_caller(tmp_path: Path) -> None:
+    config = write_config(tmp_path, tmp_path / "run")
+    good = run_local_launcher(config)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "seen by all 2 rank(s)" in good.stdout
+    bad = run_local_launcher(config, "preemption.lead_time_s=0.000001")
+    assert bad.returncode == 2, bad.stdout + bad.stderr  # torchrun alone would say 1
+    assert "[FAIL] signal lead time" in bad.stdout
+    assert "preflight: signal lead time" in bad.stderr

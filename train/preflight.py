@@ -390,8 +390,8 @@ def run_checks(
     max_mib: float,
     rendezvous_s: float,
     token_wait_s: float = TOKEN_POLL_S,
-) -> int:
-    """All ranks call this together; returns the exit code every rank agrees on."""
+) -> tuple[int, str]:
+    """All ranks call this together; returns the exit code and reason every rank agrees on."""
     import torch.distributed as dist
 
     host = socket.gethostname()
@@ -444,9 +444,12 @@ def run_checks(
         save_s = measure_save(run_dir, probe_bytes) * checkpoint_bytes / probe_bytes
         findings.append(check_lead_time(settings.lead_time_s, save_s, checkpoint_bytes))
         print(render(findings), flush=True)
-    code_box = [exit_code(findings)]
-    dist.broadcast_object_list(code_box, src=0)
-    return int(code_box[0])
+    failed = [f for f in findings if f.level == FAIL]
+    reason = f"preflight: {failed[0].check}: {failed[0].message}" if failed else "preflight ok"
+    verdict: list[Any] = [(exit_code(findings), reason)]
+    dist.broadcast_object_list(verdict, src=0)
+    code, reason = verdict[0]
+    return int(code), str(reason)
 
 
 # --------------------------------------------------------------------------- process setup
@@ -496,30 +499,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="how long each rank waits for rank 0's token in run_dir",
     )
     args = parser.parse_args(argv)
+    settings: PreflightSettings | None = None
     try:
         settings = load_settings(args.config, args.overrides)
-        import torch.distributed  # noqa: F401 - imported before the rendezvous clock starts
-
-        start = time.perf_counter()
-        ctx, teardown = _setup(settings)
+        code, reason = _run(settings, args.max_mib, args.token_wait_s)
     except exit_codes.BadInput as exc:
-        print(f"preflight: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    except Exception as exc:  # noqa: BLE001 - a failed rendezvous is the finding
+        code, reason = exit_codes.BAD_INPUT, f"preflight: {str(exc).splitlines()[0]}"
+        print(reason, file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - e.g. a failed rendezvous: the finding itself
+        code = exit_codes.FAILURE
+        reason = f"preflight: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         print(
-            f"preflight: rendezvous failed: {type(exc).__name__}: {exc} (check that every node "
-            "started and can reach MASTER_ADDR:MASTER_PORT)",
+            f"{reason} (check that every node started and can reach MASTER_ADDR:MASTER_PORT)",
             file=sys.stderr,
+            flush=True,
         )
-        return exit_codes.FAILURE
+    _report_status(settings, code, reason)
+    return code
+
+
+def _run(settings: PreflightSettings, max_mib: float, token_wait_s: float) -> tuple[int, str]:
+    import torch.distributed  # noqa: F401 - imported before the rendezvous clock starts
+
+    start = time.perf_counter()
+    ctx, teardown = _setup(settings)
     rendezvous_s = time.perf_counter() - start
     clean = False
     try:
-        code = run_checks(ctx, settings, args.max_mib, rendezvous_s, args.token_wait_s)
+        result = run_checks(ctx, settings, max_mib, rendezvous_s, token_wait_s)
         clean = True
-        return code
+        return result
     finally:
         teardown(clean)
+
+
+def _report_status(settings: PreflightSettings | None, code: int, reason: str) -> None:
+    """Leave this rank's verdict where launch.local looks (torchrun itself only says 1)."""
+    from train.worker import report_status
+
+    rank = int(os.environ.get("RANK", "0") or 0)
+    report_status(settings.run_dir if settings else None, rank, code, reason)
 
 
 if __name__ == "__main__":
