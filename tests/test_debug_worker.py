@@ -39,6 +39,7 @@ def run_worker(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_head_mismatch_exits_2_with_one_line_naming_the_layer(tmp_path: Path) -> None:
     # simple_cnn's flatten+linear head is built for 32x32 inputs.
@@ -52,6 +53,7 @@ def test_head_mismatch_exits_2_with_one_line_naming_the_layer(tmp_path: Path) ->
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_detect_anomaly_switch_warns_that_it_is_slow(tmp_path: Path) -> None:
     result = run_worker(tmp_path, "debug.detect_anomaly=true", "train.max_steps=2")

@@ -153,6 +153,7 @@ def base_env() -> dict[str, str]:
 PREFLIGHT_ARGS = ["--max-mib", "1", "--token-wait-s", "1"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torchrun_two_ranks_on_shared_dir_pass(tmp_path: Path) -> None:
     config = write_config(tmp_path, tmp_path / "run")
@@ -205,6 +206,7 @@ def start_rank(rank: int, port: int, config: Path, run_dir: Path) -> subprocess.
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_private_run_dirs_are_detected_as_not_shared(tmp_path: Path) -> None:
     """Two one-process 'nodes', each with its own folder: the node-local storage mistake."""
@@ -275,6 +277,7 @@ def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_through_launch_local_exit_codes_reach_the_caller(tmp_path: Path) -> None:
     config = write_config(tmp_path, tmp_path / "run")
