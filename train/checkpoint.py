@@ -196,7 +196,8 @@ def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str
     try:
         state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
+        lines = [ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln]
+        first = lines[0].split(". Please")[0] if lines else (str(e).strip().splitlines() or ["unsupported content"])[0]
         raise InvalidCheckpoint(f"refused by the safe loader (weights_only=True), nothing executed: {first}") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise InvalidCheckpoint(f"cannot be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

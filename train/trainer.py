@@ -284,7 +284,7 @@ class Trainer:
             "classes": list(self.data.classes),
             "norm": {"mean": list(self.data.mean), "std": list(self.data.std)},
             "config": config_mod.to_dict(self.cfg),
-            "versions": {"torchlaunch": VERSION, "torch": torch.__version__, "python": platform.python_version()},
+            "versions": {"torchlaunch": VERSION, "torch": str(torch.__version__), "python": platform.python_version()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
