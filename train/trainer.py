@@ -268,7 +268,7 @@ class Trainer:
             check_model_io = None
         shape = (2, 3, self.data.image_size, self.data.image_size)
         if check_model_io is not None:
-            check_model_io(model, shape, self.data.num_classes, self.device)
+            check_model_io(model, shape[1:], self.data.num_classes, self.device, memory_format=self.memory_format)
             return
         was_training = model.training
         model.eval()
