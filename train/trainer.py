@@ -29,6 +29,7 @@ from train import checkpoint as ckpt
 from train import config as config_mod
 from train.config import RunConfig
 from train.data import BatchPlan, DataBundle, Normalizer, TrainLoader, eval_batches
+from train.debug import check_model_io
 from train.dist import DistContext, all_reduce_max, all_reduce_sum, broadcast_object, gather_objects
 from train.exit_codes import OK, PREEMPTED, BadInput
 from train.models import build_model
@@ -262,27 +263,8 @@ class Trainer:
 
     def _check_model(self, model: nn.Module) -> None:
         """One fake batch through the model: shape and device mistakes become one clear line."""
-        try:
-            from train.debug import check_model_io
-        except ImportError:
-            check_model_io = None
-        shape = (2, 3, self.data.image_size, self.data.image_size)
-        if check_model_io is not None:
-            check_model_io(model, shape[1:], self.data.num_classes, self.device, memory_format=self.memory_format)
-            return
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model(torch.zeros(shape, device=self.device).contiguous(memory_format=self.memory_format))
-        except RuntimeError as e:
-            raise BadInput(f"model error: {self.cfg.model.name} cannot take input of shape {list(shape)}: "
-                           f"{str(e).splitlines()[0]} (check data.image_size and the model's layers)") from None
-        finally:
-            model.train(was_training)
-        if tuple(out.shape) != (2, self.data.num_classes):
-            raise BadInput(f"model error: {self.cfg.model.name} returns shape {list(out.shape)}, expected "
-                           f"[batch, {self.data.num_classes}] (make the head output one logit per class)")
+        shape = (3, self.data.image_size, self.data.image_size)
+        check_model_io(model, shape, self.data.num_classes, self.device, memory_format=self.memory_format)
 
     # ------------------------------------------------------------------ checkpoint state
 
@@ -481,8 +463,9 @@ class Trainer:
                             raise NonFiniteLoss(
                                 f"training error: non-finite loss at epoch {p.epoch} step {p.step_in_epoch} "
                                 f"(global step {p.global_step}); likely causes: learning rate too high "
-                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; the last "
-                                f"good checkpoint is kept in {self.ckpt_root}")
+                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; rerun with "
+                                f"debug.detect_anomaly=true to find the op; the last good checkpoint is kept in "
+                                f"{self.ckpt_root}")
                         if p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps:
                             mean_loss = all_reduce_sum(self.ctx, [window_loss])[0] / (window_steps * self.ctx.world_size)
                             elapsed = time.perf_counter() - window_start
