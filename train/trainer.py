@@ -131,11 +131,14 @@ class MetricsLog:
     """RUN_DIR/metrics.jsonl on rank 0; on resume, lines past the checkpoint are dropped so a
     resumed run's log reads like one uninterrupted run."""
 
-    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None, tensorboard_dir: Path | None = None) -> None:
         self.path, self.enabled = path, enabled
+        self.tb = None
         if not enabled:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard_dir is not None:
+            self.tb = open_tensorboard(tensorboard_dir, purge_step=resume_step + 1 if resume_step is not None else None)
         if resume_step is not None and path.is_file():
             kept = [ln for ln in path.read_text().splitlines() if _line_step(ln) is not None
                     and _line_step(ln) <= resume_step]
@@ -149,10 +152,30 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
             self._fh.write(json.dumps(record) + "\n")
+            if self.tb is not None:
+                for key, value in record.items():
+                    if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                        self.tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
         if self.enabled:
             self._fh.close()
+            if self.tb is not None:
+                self.tb.close()
+
+
+def require_tensorboard():
+    """The SummaryWriter class, or one clear line when the optional package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise BadInput("config error: train.tensorboard: the tensorboard package is not installed "
+                       "(pip install -e '.[tensorboard]', or set train.tensorboard=false)") from None
+    return SummaryWriter
+
+
+def open_tensorboard(folder: Path, purge_step: int | None):
+    return require_tensorboard()(log_dir=str(folder), purge_step=purge_step)
 
 
 def _line_step(line: str) -> int | None:
@@ -219,6 +242,8 @@ class Trainer:
     def __init__(self, cfg: RunConfig, ctx: DistContext, data: DataBundle, watcher: PreemptionWatcher) -> None:
         self.cfg, self.ctx, self.data, self.watcher = cfg, ctx, data, watcher
         self.device = ctx.device
+        if cfg.train.tensorboard:
+            require_tensorboard()  # fail on every rank together, before any collective
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.precision = resolve_precision(cfg.train.precision, self.device)
@@ -426,7 +451,8 @@ class Trainer:
         resumed = self.resume()
         p = self.progress
         main = self.ctx.is_main
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None)
+        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None,
+                             self.run_dir / "tb" if self.cfg.train.tensorboard else None)
         trace = MetricsLog(self.run_dir / "trace" / f"rank{self.ctx.rank}.jsonl", self.cfg.debug.trace_batches,
                            p.global_step if resumed else None)
         report = Reporter(main, self.total_steps, p.global_step)
