@@ -71,7 +71,7 @@ def test_epoch_is_a_permutation_and_epochs_differ() -> None:
     assert not torch.equal(p0, BatchPlan(257, 32, seed=1).permutation(0))
     assert plan.steps_per_epoch == 8  # the last partial batch is dropped
     a0, a1 = plan.global_augmentation(0, 0), plan.global_augmentation(1, 0)
-    assert not all(torch.equal(x, y) for x, y in zip(a0, a1))
+    assert not all(torch.equal(x, y) for x, y in zip(a0, a1, strict=True))
 
 
 def test_steps_of_an_epoch_do_not_overlap() -> None:
@@ -96,10 +96,10 @@ def test_loader_resumes_at_any_step(start: int) -> None:
     full = list(synthetic_loader(plan).epoch(1, 0))
     resumed = list(synthetic_loader(plan).epoch(1, start))
     assert [s for s, _ in resumed] == list(range(start, plan.steps_per_epoch))
-    for (s_full, micro_full), (s_res, micro_res) in zip(full[start:], resumed):
+    for (s_full, micro_full), (s_res, micro_res) in zip(full[start:], resumed, strict=True):
         assert s_full == s_res
         assert len(micro_full) == plan.accumulation == 2
-        for (x1, y1), (x2, y2) in zip(micro_full, micro_res):
+        for (x1, y1), (x2, y2) in zip(micro_full, micro_res, strict=True):
             assert torch.equal(x1, x2) and torch.equal(y1, y2)
 
 
