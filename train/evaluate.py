@@ -110,7 +110,8 @@ def load_cifar10_test(root: Path) -> tuple[Any, list[str]]:
     try:
         ds = torchvision.datasets.CIFAR10(str(root), train=False, download=False)
     except (OSError, RuntimeError) as e:
-        raise BadInput(cifar10_missing_message(root, str(e).splitlines()[0] if str(e) else type(e).__name__)) from None
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadInput(cifar10_missing_message(root, reason, tried_download=False)) from None
     images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
     return ImageSet(labels=torch.tensor(ds.targets, dtype=torch.int64), images=images), list(ds.classes)
 
