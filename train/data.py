@@ -232,11 +232,12 @@ def decoded_cache(root: Path, files: list[str], labels: list[int], cache_dir: Pa
 
 
 def split_indices(n: int, val_fraction: float, split_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed, seeded train/validation split of n samples (sorted index tensors)."""
+    """A fixed, seeded train/validation split of n samples, each in the seeded shuffled order (not sorted:
+    folders are scanned class by class, so the first N of a sorted split would hold a single class)."""
     g = torch.Generator().manual_seed(mix_seed(split_seed, 104729))
     perm = torch.randperm(n, generator=g)
     n_val = max(1, round(n * val_fraction))
-    return perm[n_val:].sort().values, perm[:n_val].sort().values
+    return perm[n_val:], perm[:n_val]
 
 
 def load_imagefolder(cfg: DataConfig) -> DataBundle:
