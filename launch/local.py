@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.relay import StderrRelay
 from launch.spec import DEFAULT_MASTER_PORT, JobSpec
 from train import config as config_mod
 from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
@@ -192,7 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> int:
     """Run torchrun, forward stop signals to it, and turn the workers' reports into one exit code."""
-    child = subprocess.Popen(argv, env=env)
+    read_fd, write_fd = os.pipe()
+    if sys.stderr.isatty():
+        env = {**env, "TORCHLAUNCH_PROGRESS_BAR": "1"}  # workers see a pipe, the user a terminal
+    child = subprocess.Popen(argv, env=env, stderr=write_fd)
+    os.close(write_fd)
+    relay = StderrRelay(read_fd, sys.stderr)
     forwarded = {"count": 0}
 
     def forward(signum: int, frame: object) -> None:
@@ -208,6 +214,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> in
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        relay.finish()
     codes, reasons = read_worker_codes(run_dir, attempt)
     code = combine_exit_codes(torchrun_code, codes)
     if code == BAD_INPUT:
@@ -217,6 +224,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> in
         print("launch: preempted with a committed checkpoint (exit 75); run the same command again to resume",
               file=sys.stderr)
     elif code == FAILURE:
+        relay.release_held()
         print(f"launch: training failed (torchrun exit {torchrun_code}, worker codes {sorted(set(codes)) or 'none'})",
               file=sys.stderr)
     return code

@@ -191,7 +191,7 @@ class Reporter:
     def __init__(self, enabled: bool, total_steps: int, start_step: int) -> None:
         self.enabled = enabled
         self.bar = None
-        if enabled and sys.stderr.isatty():
+        if enabled and (sys.stderr.isatty() or os.environ.get("TORCHLAUNCH_PROGRESS_BAR") == "1"):
             try:
                 from tqdm import tqdm
 

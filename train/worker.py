@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = cfg.run_dir
         earlier = earlier_bad_input(run_dir)
         if earlier:
-            print(earlier, file=sys.stderr, flush=True)
-            return BAD_INPUT
+            return BAD_INPUT  # launch.local already has the reason from the first attempt
         code, reason = _run(cfg)
     except BadInput as e:
         code, reason = BAD_INPUT, str(e).splitlines()[0]
-        print(reason, file=sys.stderr, flush=True)
+        if not os.environ.get(ATTEMPT_ENV) or run_dir is None:
+            print(reason, file=sys.stderr, flush=True)  # else launch.local prints it once
     except KeyboardInterrupt:
         code, reason = FAILURE, "interrupted before a checkpoint could be agreed"
         print(reason, file=sys.stderr, flush=True)
@@ -148,17 +148,19 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
 
 
 def _agreed(ctx, build):
-    """Run `build` on every rank; if any rank hits bad input, all ranks raise it together (no hang)."""
-    from train.dist import all_reduce_max
+    """Run `build` on every rank; if any rank hits bad input, every rank raises that rank's message
+    together (no rank is left waiting in a collective, and the message is the real one)."""
+    from train.dist import gather_objects
 
-    error: BadInput | None = None
+    message: str | None = None
     result = None
     try:
         result = build()
     except BadInput as e:
-        error = e
-    if all_reduce_max(ctx, [1.0 if error else 0.0])[0]:
-        raise error or BadInput("input error: another rank reported bad input (see rank 0's or that rank's message)")
+        message = str(e).splitlines()[0]
+    found = [m for m in gather_objects(ctx, message) if m]
+    if found:
+        raise BadInput(found[0])
     return result
 
 
