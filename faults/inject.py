@@ -45,9 +45,7 @@ def _stop_and_confirm(pids: list[int], timeout_s: float = 5.0) -> None:
         time.sleep(0.001)
 
 
-def crash_during_checkpoint_write(
-    cluster: Cluster, node: Node, run_dir: str | Path, timeout_s: float
-) -> MidWriteCrash:
+def crash_during_checkpoint_write(cluster: Cluster, node: Node, run_dir: str | Path, timeout_s: float) -> MidWriteCrash:
     """kill -9 `node` while a checkpoint under RUN_DIR/checkpoints is uncommitted with data in it."""
     root = Path(run_dir) / "checkpoints"
     deadline = time.monotonic() + timeout_s

@@ -4,7 +4,7 @@ Each node gets its own network namespace, an address on a private /24 (no defaul
 traffic leaves), its own hostname and /etc/hosts (bind-mounted inside a private mount namespace),
 and runs its commands as managed process groups. Faults are injected through `Cluster` methods.
 
-Namespaces are named PREFIX-<harness pid>-nodeK so that a later run can tell leftovers of a crashed
+Namespaces are named PREFIX-<harness pid>-<cluster number>-nodeK so that a later run can tell leftovers of a crashed
 harness (pid gone) from a live concurrent one and remove only the former.
 """
 
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import atexit
 import ipaddress
+import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,7 +28,7 @@ from faults import procs
 
 PREFIX = "flt"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
-_NAME = re.compile(rf"^{PREFIX}-(\d+)-node\d+$")
+_NAME = re.compile(rf"^{PREFIX}-(\d+)-\d+-node\d+$")
 
 # Runs inside `ip netns exec NS unshare --uts`: $1 hosts file, $2 hostname, rest the command.
 _NODE_SHIM = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
@@ -34,6 +36,19 @@ _NODE_SHIM = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
+
+
+def unavailable_reason() -> str | None:
+    """Why namespaces cannot be made here (for a pytest skip), or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces (run as root, or in CI's privileged stage)"
+    for tool in ("ip", "unshare", "mount", "hostname"):
+        if shutil.which(tool) is None:
+            return f"needs the `{tool}` command (apt-get install -y iproute2 util-linux mount hostname)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        return f"`ip netns list` failed: {probe.stderr.strip()}"
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -92,15 +107,18 @@ class Node:
 class Cluster:
     """Context manager: creates the nodes on enter, removes namespaces and processes on exit."""
 
+    _created = itertools.count()
+
     def __init__(self, nodes: int = 2, workdir: str | os.PathLike[str] | None = None) -> None:
         if nodes != 2:
             raise ValueError(f"only 2 nodes (one veth pair) are supported, got {nodes}")
         self._owner = os.getpid()
+        number = next(Cluster._created)
         self._tmp = tempfile.TemporaryDirectory(prefix="faults-cluster-", dir=workdir)
         self.hosts_file = Path(self._tmp.name) / "hosts"
         hosts = [ipaddress.ip_address(int(SUBNET.network_address) + k + 1) for k in range(nodes)]
         self.nodes = [
-            Node(index=k, hostname=f"node{k}", netns=f"{PREFIX}-{self._owner}-node{k}", address=str(hosts[k]))
+            Node(index=k, hostname=f"node{k}", netns=f"{PREFIX}-{self._owner}-{number}-node{k}", address=str(hosts[k]))
             for k in range(nodes)
         ]
         self._active = False
@@ -121,9 +139,7 @@ class Cluster:
         self.close()
 
     def _create(self) -> None:
-        self.hosts_file.write_text(
-            "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
-        )
+        self.hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes))
         for node in self.nodes:
             _ip("netns", "add", node.netns)
             _ip("-n", node.netns, "link", "set", "lo", "up")
@@ -216,8 +232,8 @@ class Cluster:
             time.sleep(0.1)
 
     def signal_top(self, node: Node, sig: signal.Signals = signal.SIGTERM) -> int:
-        """Send `sig` to the node's first started command (the launcher: what a scheduler signals)."""
-        pid = node.started[0].pid
+        """Send `sig` to the node's latest started command (its launcher: what a scheduler signals)."""
+        pid = node.started[-1].pid
         os.kill(pid, sig)
         return pid
 

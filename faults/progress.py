@@ -93,8 +93,9 @@ class PartialWrite:
 def partial_writes(run_dir: str | Path) -> list[PartialWrite]:
     """Entries under checkpoints/ for a step newer than every committed one, not yet committed.
 
-    Works for both atomic schemes: a temp file/dir renamed at the end, or a step dir whose commit
-    marker is written last. Older uncommitted entries are deletions by retention, not writes.
+    Works for both atomic schemes: a temp file/dir renamed at the end (any step: it may replace a
+    checkpoint of the same step), or a step dir whose commit marker is written last. Older
+    uncommitted step dirs are deletions by retention, not writes.
     """
     root = Path(run_dir) / "checkpoints"
     newest = max(committed_checkpoints(run_dir), default=-1)
@@ -105,14 +106,17 @@ def partial_writes(run_dir: str | Path) -> list[PartialWrite]:
         return []
     for entry in entries:
         digits = _DIGITS.search(entry.name)
-        if digits is None or int(digits.group(1)) <= newest:
+        temp = "tmp" in entry.name  # a temp name is a write in progress whatever its step
+        if digits is None or (int(digits.group(1)) <= newest and not temp):
             continue
         if entry.is_dir() and (entry / "COMMITTED.json").exists():
             continue
         try:
-            files = {p.name: p.stat().st_size for p in entry.iterdir()} if entry.is_dir() else {
-                entry.name: entry.stat().st_size
-            }
+            files = (
+                {p.name: p.stat().st_size for p in entry.iterdir()}
+                if entry.is_dir()
+                else {entry.name: entry.stat().st_size}
+            )
         except FileNotFoundError:
             continue
         found.append(PartialWrite(entry=entry.name, step=int(digits.group(1)), files=files))

@@ -1,9 +1,12 @@
-"""The harness itself, proved with plain torchrun and a tiny gloo all-reduce job (no trainer needed)."""
+"""The harness itself, proved with plain torchrun and a tiny gloo all-reduce job (no trainer needed).
+
+Preemption, worker restarts and long outages are covered against the real launcher in test_faults.py;
+here: node identity, cleanup, orphans, node loss, a short outage and catching a checkpoint write.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -72,14 +75,17 @@ def test_close_kills_orphans_and_deletes_namespaces(cluster, tmp_path):
 
 
 def test_leftovers_of_a_dead_harness_are_removed(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces")
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    name = f"{netns.PREFIX}-{dead.pid}-node0"
+    name = f"{netns.PREFIX}-{dead.pid}-0-node0"
     subprocess.run(["ip", "netns", "add", name], check=True)
     sleeper = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "600"])
-    progress.wait_until(lambda: len(netns.procs.processes_in_netns(netns.procs.netns_inode(f"/run/netns/{name}"))) == 1, 10, "sleeper")
+    progress.wait_until(
+        lambda: len(netns.procs.processes_in_netns(netns.procs.netns_inode(f"/run/netns/{name}"))) == 1, 10, "sleeper"
+    )
     try:
         with netns.Cluster():
             assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -95,35 +101,6 @@ def test_uninterrupted_job_finishes(cluster, tmp_path):
     assert attempt.wait(120) == [0, 0], attempt.log_text()
     assert total(run_dir) == EXPECTED_TOTAL
     assert progress.train_steps(run_dir) == list(range(1, STEPS + 1))
-
-
-def test_sigterm_to_agent_preempts_and_rerun_resumes(cluster, tmp_path, rng):
-    run_dir = tmp_path / "run"
-    fault_step = rng.randint(5, STEPS - 10)
-    attempt = start_job(cluster, run_dir, "first")
-    progress.wait_for_step(run_dir, fault_step, 60, attempt.dead_reason)
-    cluster.signal_top(cluster.nodes[1], signal.SIGTERM)
-    attempt.wait(60)  # torchrun itself exits 1 after a signal; the workers' code is in the logs
-    assert attempt.log_text().count("preempted at step") == 2, attempt.log_text()
-    stopped_at = progress.committed_checkpoints(run_dir)[-1]
-    assert stopped_at >= fault_step
-    rerun = start_job(cluster, run_dir, "rerun")
-    assert rerun.wait(120) == [0, 0], rerun.log_text()
-    assert total(run_dir) == EXPECTED_TOTAL
-    assert progress.train_steps(run_dir) == list(range(1, STEPS + 1))  # nothing lost, nothing redone
-
-
-def test_kill_one_worker_restarts_the_group(cluster, tmp_path, rng):
-    run_dir = tmp_path / "run"
-    fault_step = rng.randint(12, STEPS - 10)
-    attempt = start_job(cluster, run_dir, "restart", max_restarts=1)
-    progress.wait_for_step(run_dir, fault_step, 60, attempt.dead_reason)
-    victim = cluster.kill_worker(cluster.nodes[1])
-    assert attempt.wait(120) == [0, 0], attempt.log_text()
-    assert victim not in [p.pid for p in cluster.nodes[1].processes()]
-    assert total(run_dir) == EXPECTED_TOTAL
-    resumed = steps_after_resume(run_dir)
-    assert resumed and resumed[0] - 1 in progress.committed_checkpoints(run_dir)
 
 
 def test_kill_whole_node_fails_bounded_then_rerun_resumes(cluster, tmp_path, rng):
@@ -159,29 +136,12 @@ def test_short_link_outage_stalls_then_recovers(cluster, tmp_path, rng):
     assert total(run_dir) == EXPECTED_TOTAL
 
 
-def test_outage_longer_than_pg_timeout_fails_bounded(cluster, tmp_path, rng):
-    run_dir = tmp_path / "run"
-    fault_step = rng.randint(12, STEPS - 10)
-    attempt = start_job(cluster, run_dir, "first", timeout_s=5)
-    progress.wait_for_step(run_dir, fault_step, 60, attempt.dead_reason)
-    cluster.set_link(cluster.nodes[1], up=False)
-    down_at = time.monotonic()
-    # Down for 12 s, more than twice the 5 s process-group timeout, then the network heals.
-    progress.wait_until(lambda: time.monotonic() - down_at >= 12, 15, "12 s of outage")
-    cluster.set_link(cluster.nodes[1], up=True)
-    codes = attempt.wait(60)
-    assert codes[0] != 0 and codes[1] != 0
-    assert max(attempt.seconds_to_end(k, down_at) for k in (0, 1)) < 60
-    rerun = start_job(cluster, run_dir, "rerun")
-    assert rerun.wait(120) == [0, 0], rerun.log_text()
-    assert total(run_dir) == EXPECTED_TOTAL
-
-
 def test_crash_in_the_middle_of_a_checkpoint_write(cluster, tmp_path):
     run_dir = tmp_path / "run"
     attempt = start_job(cluster, run_dir, "first", ckpt_every=5)
-    progress.wait_until(lambda: len(progress.committed_checkpoints(run_dir)) >= 1, 60, "a first checkpoint",
-                        attempt.dead_reason)
+    progress.wait_until(
+        lambda: len(progress.committed_checkpoints(run_dir)) >= 1, 60, "a first checkpoint", attempt.dead_reason
+    )
     crash = crash_during_checkpoint_write(cluster, cluster.nodes[0], run_dir, timeout_s=60)
     assert crash.caught.step > progress.committed_checkpoints(run_dir)[-1]
     assert 0 < crash.caught.files["state.pt"] < 8 * 256 * 1024, crash.caught.describe()
