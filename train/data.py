@@ -55,14 +55,14 @@ class ImageSet:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def subset(self, index: torch.Tensor) -> "ImageSet":
+    def subset(self, index: torch.Tensor) -> ImageSet:
         return ImageSet(
             labels=self.labels[index],
             images=self.images[index] if self.images is not None else None,
             files=[self.files[i] for i in index.tolist()] if self.files is not None else None,
         )
 
-    def head(self, n: int) -> "ImageSet":
+    def head(self, n: int) -> ImageSet:
         return self if n <= 0 or n >= len(self) else self.subset(torch.arange(n))
 
 
@@ -438,7 +438,7 @@ class TrainLoader:
             pin_memory=self.device.type == "cuda", multiprocessing_context="fork" if self.num_workers else None,
         )
         try:
-            for step, (images, labels) in zip(steps, loader):
+            for step, (images, labels) in zip(steps, loader, strict=True):
                 _, aug = self.plan.rank_step(perm, epoch, step)
                 yield step, self._micro_batches(images.to(self.device, non_blocking=True),
                                                 labels.to(self.device, non_blocking=True), aug)
