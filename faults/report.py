@@ -25,14 +25,14 @@ ORDER = [
     "link-down-long",
     "crash-mid-checkpoint",
 ]
-TESTS = {
-    "reference": "test_preemption_exits_75_on_both_nodes_and_rerun_resumes_exactly",  # module fixture
-    "preempt": "test_preemption_exits_75_on_both_nodes_and_rerun_resumes_exactly",
-    "kill-worker": "test_killed_worker_restarts_the_group_which_resumes",
-    "kill-node": "test_killed_node_fails_bounded_and_rerun_resumes",
-    "link-down-short": "test_short_link_outage_stalls_and_recovers",
-    "link-down-long": "test_outage_longer_than_the_process_group_timeout_fails_bounded",
-    "crash-mid-checkpoint": "test_crash_mid_checkpoint_write_keeps_the_previous_checkpoint",
+TESTS = {  # pytest -k expression of the test that measures each row
+    "reference": "preemption",  # the reference run is a fixture of every test in test_faults.py
+    "preempt": "preemption",
+    "kill-worker": "killed_worker",
+    "kill-node": "killed_node",
+    "link-down-short": "short_link_outage",
+    "link-down-long": "longer_than_the_process_group_timeout",
+    "crash-mid-checkpoint": "crash_mid_checkpoint",
 }
 START, END = "<!-- faults:table:start -->", "<!-- faults:table:end -->"
 
@@ -54,8 +54,8 @@ def outcome_cell(r: dict) -> str:
 
 def render(results: dict[str, dict], seed: str) -> str:
     rows = [
-        "| fault | exit codes (node0/node1) | model equal | failure after | recovered after | resumed from"
-        " | steps lost | reproduce |",
+        "| fault | exit codes (node0/node1) | model equal to uninterrupted | attempt ended after"
+        " | training past the fault point after | resumed from | steps lost | reproduce |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in ORDER:
@@ -64,7 +64,7 @@ def render(results: dict[str, dict], seed: str) -> str:
             continue
         equal = {True: "yes", False: "**no**", None: "—"}[r.get("model_equal")]
         resumed = "—" if r.get("resumed_from") is None else f"step {r['resumed_from']}"
-        reproduce = f"`FAULTS_SEED={seed} python -m pytest tests/faults/test_faults.py -k {TESTS[name]}`"
+        reproduce = f"`FAULTS_SEED={seed} .venv/bin/python -m pytest tests/faults/test_faults.py -k {TESTS[name]}`"
         lost = "—" if name == "reference" else str(r["steps_lost"])
         rows.append(
             f"| {r['fault']} | {outcome_cell(r)} | {equal} | {_seconds(r.get('failure_s'))} |"
