@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,13 @@ PREFIX = "flt"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
 _NAME = re.compile(rf"^{PREFIX}-(\d+)-\d+-node\d+$")
 
-# Runs inside `ip netns exec NS unshare --uts`: $1 hosts file, $2 hostname, rest the command.
-_NODE_SHIM = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
+# Runs inside `ip netns exec NS unshare --uts`: $1 hosts file, $2 hostname, rest the command. The
+# check makes a bind mount that did not take effect one clear line instead of a rendezvous timeout.
+_NODE_SHIM = (
+    'mount --bind "$1" /etc/hosts && hostname "$2" && getent hosts "$2" >/dev/null '
+    '|| { echo "faults: node identity not set up ($2 does not resolve in /etc/hosts)" >&2; exit 97; }; '
+    'shift 2 && exec "$@"'
+)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -217,20 +221,6 @@ class Cluster:
         """The agent's children: the worker processes."""
         return procs.children(node.processes(), self.agent(node).pid)
 
-    def wait_for_workers(self, node: Node, count: int, timeout_s: float) -> list[procs.Proc]:
-        """Poll until the node's agent has `count` workers (bounded)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                found = self.workers(node)
-            except LookupError:
-                found = []
-            if len(found) == count:
-                return found
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{node.hostname}: {len(found)} workers, wanted {count}, after {timeout_s}s")
-            time.sleep(0.1)
-
     def signal_top(self, node: Node, sig: signal.Signals = signal.SIGTERM) -> int:
         """Send `sig` to the node's latest started command (its launcher: what a scheduler signals)."""
         pid = node.started[-1].pid
@@ -247,12 +237,6 @@ class Cluster:
     def kill_node(self, node: Node) -> list[int]:
         """kill -9 everything on the node: agent, workers (also orphans), shells."""
         return procs.kill_netns_processes(node.netns_inode)
-
-    def freeze_node(self, node: Node) -> list[int]:
-        """SIGSTOP every process on the node, so its state (e.g. a half-written file) can be inspected."""
-        pids = [p.pid for p in node.processes()]
-        procs.signal_all(pids, signal.SIGSTOP)
-        return pids
 
     def set_link(self, node: Node, up: bool) -> None:
         """Take the node's eth0 down or up (down on one end cuts the veth pair's carrier)."""

@@ -64,7 +64,7 @@ def render(results: dict[str, dict], seed: str) -> str:
             continue
         equal = {True: "yes", False: "**no**", None: "—"}[r.get("model_equal")]
         resumed = "—" if r.get("resumed_from") is None else f"step {r['resumed_from']}"
-        reproduce = f"`FAULTS_SEED={seed} .venv/bin/python -m pytest tests/faults/test_faults.py -k {TESTS[name]}`"
+        reproduce = f"`FAULTS_SEED={r.get('seed', seed)} .venv/bin/python -m pytest tests/faults/test_faults.py -k {TESTS[name]}`"
         lost = "—" if name == "reference" else str(r["steps_lost"])
         rows.append(
             f"| {r['fault']} | {outcome_cell(r)} | {equal} | {_seconds(r.get('failure_s'))} |"

@@ -111,6 +111,7 @@ class Outcome:
     def to_json(self) -> dict[str, object]:
         record = dataclasses.asdict(self)
         record["model_path"] = str(self.model_path) if self.model_path else None
+        record["seed"] = SEED
         return record
 
 

@@ -1,7 +1,8 @@
 """The harness itself, proved with plain torchrun and a tiny gloo all-reduce job (no trainer needed).
 
 Preemption, worker restarts and long outages are covered against the real launcher in test_faults.py;
-here: node identity, cleanup, orphans, node loss, a short outage and catching a checkpoint write.
+here: node identity, cleanup, orphans, node loss (the rerun finishes with the exact total) and
+catching a checkpoint write mid-way.
 """
 
 from __future__ import annotations
@@ -95,21 +96,13 @@ def test_leftovers_of_a_dead_harness_are_removed(tmp_path):
         sleeper.kill()
 
 
-def test_uninterrupted_job_finishes(cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    attempt = start_job(cluster, run_dir, "clean")
-    assert attempt.wait(120) == [0, 0], attempt.log_text()
-    assert total(run_dir) == EXPECTED_TOTAL
-    assert progress.train_steps(run_dir) == list(range(1, STEPS + 1))
-
-
 def test_kill_whole_node_fails_bounded_then_rerun_resumes(cluster, tmp_path, rng):
     run_dir = tmp_path / "run"
     fault_step = rng.randint(12, STEPS - 10)
     attempt = start_job(cluster, run_dir, "first")
     progress.wait_for_step(run_dir, fault_step, 60, attempt.dead_reason)
     killed_at = time.monotonic()
-    killed = cluster.kill_node(cluster.nodes[0])
+    killed = cluster.kill_node(cluster.nodes[0])  # the agent hosting the store, and its worker
     assert len(killed) >= 2  # the agent and its worker at least
     assert cluster.nodes[0].processes() == []
     codes = attempt.wait(60)
@@ -117,22 +110,6 @@ def test_kill_whole_node_fails_bounded_then_rerun_resumes(cluster, tmp_path, rng
     assert attempt.seconds_to_end(1, killed_at) < 60
     rerun = start_job(cluster, run_dir, "rerun")
     assert rerun.wait(120) == [0, 0], rerun.log_text()
-    assert total(run_dir) == EXPECTED_TOTAL
-
-
-def test_short_link_outage_stalls_then_recovers(cluster, tmp_path, rng):
-    run_dir = tmp_path / "run"
-    fault_step = rng.randint(5, STEPS - 20)
-    attempt = start_job(cluster, run_dir, "outage")
-    progress.wait_for_step(run_dir, fault_step, 60, attempt.dead_reason)
-    cluster.set_link(cluster.nodes[1], up=False)
-    down_at = time.monotonic()
-    stalled_at = progress.last_step(run_dir)
-    # The outage itself lasts 3 s; meanwhile training must not advance by more than the step in flight.
-    progress.wait_until(lambda: time.monotonic() - down_at >= 3, 5, "3 s of outage")
-    assert progress.last_step(run_dir) <= stalled_at + 1
-    cluster.set_link(cluster.nodes[1], up=True)
-    assert attempt.wait(120) == [0, 0], attempt.log_text()
     assert total(run_dir) == EXPECTED_TOTAL
 
 
