@@ -1,0 +1,1 @@
+"""Fault injection on two network-namespace "nodes": harness, progress probes, scenarios, report."""
