@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test test-fast lint bench doctor preflight clean
+.PHONY: install train-local test faults test-fast lint bench doctor preflight clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -22,13 +22,19 @@ train-local: install
 	$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS)
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not netns" $(PYTEST_ARGS)
+
+# The multi-node fault-injection suite (root, network namespaces): its own CI stage.
+faults: install
+	rm -rf runs/faults
+	FAULTS_RESULTS_DIR=runs/faults $(PY) -m pytest -q -m netns tests/faults $(PYTEST_ARGS)
+	$(PY) -m faults.report --from runs/faults
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not slurm and not docker and not netns" $(PYTEST_ARGS)
 
 lint: install
-	$(PY) -m ruff check launch train tests bench
+	$(PY) -m ruff check launch train tests bench faults
 
 doctor: install
 	$(PY) -m train.doctor $(ARGS)
