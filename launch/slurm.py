@@ -14,7 +14,9 @@ the next allocation resumes from RUN_DIR's newest checkpoint. See docs/SLURM.md.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import logging
 import os
 import shlex
 import shutil
@@ -22,9 +24,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from launch.spec import JobSpec
 from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
@@ -47,7 +50,8 @@ class SlurmOptions:
     max_timeouts: int = DEFAULT_MAX_TIMEOUTS
     """Requeues allowed after running out of time; preemptions do not count."""
     job_name: str = "train"
-    python: str = sys.executable
+    python: str | None = None
+    """Interpreter in each task: this one (sys.executable), or python3 inside a --image container."""
     repo_root: str = str(REPO_ROOT)
     worker: str = DEFAULT_WORKER
     """module:function run in each task; it takes the worker argv and returns an exit code."""
@@ -95,7 +99,11 @@ def submitit_folder(run_dir: str) -> str:
     return os.path.join(run_dir, "slurm", "%j")
 
 
-def executor_parameters(spec: JobSpec, options: SlurmOptions) -> dict[str, Any]:
+def task_python(spec: JobSpec, options: SlurmOptions) -> str:
+    return options.python or ("python3" if spec.image else sys.executable)
+
+
+def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
     """submitit.SlurmExecutor.update_parameters(**this): one task per GPU / CPU worker."""
     setup = [f"export PYTHONPATH={shlex.quote(options.repo_root)}${{PYTHONPATH:+:$PYTHONPATH}}"]
     if options.explicit_master_port:
@@ -124,24 +132,26 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions) -> dict[str, Any]:
     params.update({key: value for key, value in optional.items() if value is not None})
     if spec.image:
         # pyxis: every task runs inside the image with the repo and the run dir mounted.
-        mounts = f"{options.repo_root}:{options.repo_root}"
+        mounts = ",".join(f"{path}:{path}" for path in (options.repo_root, run_dir))
         params["srun_args"] = ["--container-image", spec.image, "--container-mounts", mounts,
                                "--container-workdir", options.repo_root]
     return params
 
 
-def submitit_command(options: SlurmOptions, folder: str) -> str:
+def submitit_command(python: str, folder: str) -> str:
     """What submitit runs in each task (SlurmExecutor._submitit_command_str, with our python)."""
-    return " ".join([shlex.quote(options.python), "-u -m submitit.core._submit", shlex.quote(folder)])
+    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(folder)])
 
 
 def sbatch_script(spec: JobSpec, options: SlurmOptions) -> str:
     """The sbatch script submitit submits for this spec, rendered without a cluster."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    folder = submitit_folder(resolve_run_dir(spec))
-    params = executor_parameters(spec, options)
-    return _make_sbatch_string(command=submitit_command(options, folder), folder=folder, **params)
+    run_dir = resolve_run_dir(spec)
+    folder = submitit_folder(run_dir)
+    params = executor_parameters(spec, options, run_dir)
+    return _make_sbatch_string(command=submitit_command(task_python(spec, options), folder), folder=folder,
+                               **params)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,6 +176,15 @@ def is_timeout(elapsed_s: float, time_min: int, signal_delay_s: int) -> bool:
     return elapsed_s >= time_min * 60 - signal_delay_s - SLURM_SIGNAL_SLACK_S
 
 
+def leave(code: int) -> None:
+    """Exit now with `code`, output flushed, without a submitit result and without running C++
+    static destructors (see the OK path in SlurmTask.__call__)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def load_callable(reference: str) -> Callable[[list[str]], int]:
     module_name, _, function_name = reference.partition(":")
     return getattr(importlib.import_module(module_name), function_name)
@@ -188,6 +207,8 @@ class SlurmTask:
         import submitit
 
         started = time.time()
+        # One thread per allotted CPU: torch would otherwise start a thread per core in every task.
+        os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
         dist_env = submitit.helpers.TorchDistributedEnvironment().export(
             set_cuda_visible_devices=False, overwrite=True
         )
@@ -202,6 +223,10 @@ class SlurmTask:
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)
         if code == OK:
+            # submitit writes the result after we return; then skip C++ static destructors, which
+            # sometimes abort a rank at exit on torch 2.14.1 ("terminate called without an active
+            # exception") and would turn a finished job into FAILED.
+            atexit.register(leave, OK)
             return OK
         if code == PREEMPTED:
             self._requeue(rank, time.time() - started)
@@ -214,7 +239,13 @@ class SlurmTask:
         timed_out = is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
         if rank != 0:
             print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
-            sys.exit(PREEMPTED)
+            leave(PREEMPTED)
+        job_id = os.environ["SLURM_JOB_ID"]
+        live_state = controller_state(job_id)
+        if live_state != "RUNNING":
+            # scancel (or the hard time limit) got here first: the job is ending for good.
+            raise WorkerExit(PREEMPTED, f"job {job_id} is {live_state}, not requeued; a checkpoint is "
+                             "committed: submit the same command again to resume")
         if timed_out and self.timeouts >= self.max_timeouts:
             raise WorkerExit(PREEMPTED, f"timed out {self.timeouts + 1} times (limit {self.max_timeouts}); "
                              "a checkpoint is committed: submit the same command again to resume")
@@ -223,17 +254,17 @@ class SlurmTask:
         kind = "timeout" if timed_out else "preemption"
         self.history.append(f"{kind} after {elapsed_s:.0f}s")
         self._save_for_requeue()
-        job_id = os.environ["SLURM_JOB_ID"]
-        # Under preemption (PreemptMode=REQUEUE) Slurm requeues the job itself; our request then
-        # either joins that one requeue or is refused because it is already under way. Both are fine:
-        # leaving without a result pickle is what keeps submitit waiting for the next allocation.
+        # Needed for preemption too: Slurm requeues a preempted job only if it is still running when
+        # GraceTime ends; a job whose tasks exit earlier would just complete. Requeueing now also
+        # frees the nodes at once. If Slurm's own requeue won the race, ours is refused: fine.
+        # Leaving without a result pickle is what keeps submitit waiting for the next allocation.
         requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
         if requeue.returncode != 0:
             print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})",
                   flush=True)
         print(f"slurm task: {kind}: checkpoint committed, job {job_id} requeued "
               f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})", flush=True)
-        sys.exit(PREEMPTED)
+        leave(PREEMPTED)
 
     def _save_for_requeue(self) -> None:
         """Rewrite the submitted pickle so the next allocation sees the updated counters."""
@@ -322,8 +353,8 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
     run_dir = resolve_run_dir(spec)
     os.makedirs(run_dir, exist_ok=True)
     executor = submitit.SlurmExecutor(folder=submitit_folder(run_dir), max_num_timeout=options.max_timeouts,
-                                      python=shlex.quote(options.python))
-    executor.update_parameters(**executor_parameters(spec, options))
+                                      python=shlex.quote(task_python(spec, options)))
+    executor.update_parameters(**executor_parameters(spec, options, run_dir))
     task = SlurmTask(argv=worker_argv(spec, run_dir), time_min=spec.time_min,
                      signal_delay_s=spec.signal_delay_s, max_timeouts=options.max_timeouts,
                      worker=options.worker)
@@ -334,6 +365,17 @@ def rank0_log(job: Any) -> Path:
     return Path(job.paths.folder) / f"{job.job_id}_0_log.out"
 
 
+def controller_state(job_id: str) -> str:
+    """The job's live state from slurmctld: RUNNING while a timeout or preemption signal is pending,
+    COMPLETING once scancel or the hard time limit is ending it."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return "UNKNOWN"
+    return out.strip() or "UNKNOWN"
+
+
 def job_state(job_id: str) -> str:
     """The job's state from accounting (first word: "CANCELLED by 0" -> "CANCELLED")."""
     try:
@@ -341,7 +383,7 @@ def job_state(job_id: str) -> str:
                              capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return "UNKNOWN"
-    lines = out.split()
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
     return lines[-1] if lines else "UNKNOWN"
 
 
@@ -408,6 +450,7 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
     parser.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
                         help="extra #SBATCH --KEY=VALUE (repeatable)")
     parser.add_argument("--image", help="container image, run with pyxis (srun --container-image)")
+    parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
     parser.add_argument("--job-name", default="train")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
@@ -440,6 +483,7 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
             "gpus_per_node must", "--gpus-per-node/--tasks-per-node must")
         raise BadInput(flag) from None
     options = SlurmOptions(use_gpus=use_gpus, max_timeouts=args.max_timeouts, job_name=args.job_name,
+                           python=args.python,
                            explicit_master_port=args.master_port is not None)
     return spec, options, args
 
