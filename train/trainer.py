@@ -134,6 +134,7 @@ class MetricsLog:
         self.path, self.enabled = path, enabled
         if not enabled:
             return
+        path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and path.is_file():
             kept = [ln for ln in path.read_text().splitlines() if _line_step(ln) is not None
                     and _line_step(ln) <= resume_step]
@@ -191,6 +192,26 @@ class Reporter:
             self.bar.close()
 
 
+class FaultSignal:
+    """Test aid: TORCHLAUNCH_FAULT_SIGNAL="at=step|val|save,n=N[,rank=R][,sig=SIGTERM]" makes rank R send
+    itself a real signal at an exact point (after global step N, during validation of epoch N, right
+    after the checkpoint of step N), so resume tests can hit every interruption point reproducibly."""
+
+    def __init__(self, spec: str | None, rank: int) -> None:
+        fields = dict(kv.split("=", 1) for kv in spec.split(",")) if spec else {}
+        self.at = fields.get("at")
+        self.n = int(fields.get("n", "-1"))
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # once per launch
+        self.active = bool(spec) and int(fields.get("rank", "0")) == rank and first_attempt
+        self.signum = getattr(__import__("signal"), fields.get("sig", "SIGTERM"))
+        self.fired = False
+
+    def __call__(self, at: str, n: int) -> None:
+        if self.active and not self.fired and at == self.at and n == self.n:
+            self.fired = True
+            os.kill(os.getpid(), self.signum)
+
+
 class Trainer:
     """Builds model, optimizer, schedule and loaders for one rank, and runs fit()."""
 
@@ -232,6 +253,7 @@ class Trainer:
         self.loader = TrainLoader(data.train, self.plan, normalize, self.device, cfg.data.augment,
                                   cfg.data.num_workers, data.image_size)
         self.progress = Progress()
+        self.fault = FaultSignal(os.environ.get("TORCHLAUNCH_FAULT_SIGNAL"), ctx.rank)
         self.writer = ckpt.AsyncWriter()
         self.last_saved: tuple[int, int, bool] | None = None
         self.save_seconds: float | None = None
@@ -246,7 +268,7 @@ class Trainer:
             check_model_io = None
         shape = (2, 3, self.data.image_size, self.data.image_size)
         if check_model_io is not None:
-            check_model_io(model, shape, self.data.num_classes, self.device)
+            check_model_io(model, shape[1:], self.data.num_classes, self.device, memory_format=self.memory_format)
             return
         was_training = model.training
         model.eval()
@@ -403,6 +425,8 @@ class Trainer:
                 if all_reduce_max(self.ctx, [1.0 if self.watcher.requested else 0.0])[0]:
                     return None
                 item = next(batches, None)
+                if i == 0:
+                    self.fault("val", self.progress.epoch)
                 if item is None:
                     continue
                 x, y = item
@@ -421,6 +445,8 @@ class Trainer:
         p = self.progress
         main = self.ctx.is_main
         metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None)
+        trace = MetricsLog(self.run_dir / "trace" / f"rank{self.ctx.rank}.jsonl", self.cfg.debug.trace_batches,
+                           p.global_step if resumed else None)
         report = Reporter(main, self.total_steps, p.global_step)
         if resumed:
             report.line(f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} "
@@ -437,13 +463,18 @@ class Trainer:
         try:
             while p.epoch < self.cfg.train.epochs and p.global_step < self.total_steps:
                 if not p.val_pending:
+                    perm = self.plan.permutation(p.epoch) if self.cfg.debug.trace_batches else None
                     for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
+                        if perm is not None:
+                            trace.write({"step": p.global_step + 1, "epoch": p.epoch, "world_size": self.ctx.world_size,
+                                         "indices": self.plan.rank_step(perm, p.epoch, step)[0].tolist()})
                         loss = self.train_step(micro)
                         p.step_in_epoch = step + 1
                         p.global_step += 1
                         window_steps += 1
                         window_loss += loss
                         report.step()
+                        self.fault("step", p.global_step)
                         preempt, nonfinite = all_reduce_max(
                             self.ctx, [1.0 if self.watcher.requested else 0.0, 0.0 if math.isfinite(loss) else 1.0])
                         if nonfinite:
@@ -468,6 +499,7 @@ class Trainer:
                         every = self.cfg.checkpoint.every_steps
                         if every and p.global_step % every == 0 and p.step_in_epoch < self.plan.steps_per_epoch:
                             self.save(synchronous=False)
+                            self.fault("save", p.global_step)
                         if p.global_step >= self.total_steps:
                             break
                     p.val_pending = True
@@ -492,6 +524,7 @@ class Trainer:
                     self.save(synchronous=True, validated=True)
                 elif finished_epoch and every_epochs and p.epoch % every_epochs == 0:
                     self.save(synchronous=False, validated=True)
+                    self.fault("save", p.global_step)
             self.writer.wait()
             if main:
                 self._write_final_model()
@@ -503,6 +536,7 @@ class Trainer:
                 self.writer.wait()
             finally:
                 metrics.close()
+                trace.close()
                 report.close()
 
     def _preempted(self, report: Reporter) -> int:

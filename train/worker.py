@@ -122,7 +122,10 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
         else:
             _agreed(ctx, lambda: None)
         trainer = _agreed(ctx, lambda: Trainer(cfg, ctx, bundle, watcher))
-        code = trainer.fit()
+        from train.debug import anomaly_detection
+
+        with anomaly_detection(cfg.debug.detect_anomaly):
+            code = trainer.fit()
         clean = True
         return code, "finished" if code == OK else "preempted: checkpoint committed"
     except BadInput:
