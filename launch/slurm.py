@@ -497,11 +497,17 @@ def main(argv: list[str] | None = None) -> int:
             return OK
         if not os.path.exists(spec.config):
             raise BadInput(f"config {spec.config} does not exist; pass --config PATH")
+        if shutil.which("sbatch") is None:
+            raise BadInput("sbatch not found: run this on a Slurm login node (or use --dry-run)")
         validate(spec, options, cluster_partitions())
         job = submit(spec, options)
     except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return BAD_INPUT
+    except Exception as error:  # noqa: BLE001 - sbatch refused (e.g. no controller): one line, no traceback
+        last = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+        print(f"error: submission failed: {last}", file=sys.stderr)
+        return FAILURE
     log = rank0_log(job)
     print(f"submitted job {job.job_id}: {spec.nodes} node(s) x {spec.gpus_per_node} task(s)")
     print(f"  rank 0 log: {log}")
