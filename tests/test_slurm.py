@@ -113,3 +113,37 @@ def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:
     result = run_cli("--config", "configs/smoke.yaml", "--dry-run", *args)
     assert result.returncode == BAD_INPUT
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+class FinishedJob:
+    """Just what exit_status reads from a submitit job: its id and the first task's exception."""
+
+    job_id = "42"
+
+    def __init__(self, error: str | None) -> None:
+        self.error = error
+
+    def exception(self) -> Exception | None:
+        return RuntimeError(self.error) if self.error else None
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "code"),
+    [
+        ("COMPLETED", None, 0),
+        ("CANCELLED by 0", None, 1),
+        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 2: bad input, not requeued", 2),
+        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 75: timed out 4 times (limit 3)", 75),
+        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 1: worker failed", 1),
+        ("TIMEOUT", None, 1),
+    ],
+)
+def test_exit_status_maps_slurm_states_to_project_codes(state: str, error: str | None, code: int,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from launch.slurm import exit_status
+
+    job = FinishedJob(error)
+    job.paths = type("Paths", (), {"folder": "/runs/a/slurm/42"})()  # type: ignore[attr-defined]
+    assert exit_status(job, state) == code
+    if code:
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
