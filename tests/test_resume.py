@@ -8,6 +8,7 @@ point (after a step, during validation, right after a save) so every case is rep
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -111,3 +112,29 @@ def test_world_size_change_continues_global_order(tmp_path: Path, reference: Pat
     assert global_batches(tmp_path) == global_batches(reference)  # same samples in every global step
     state = final_state(tmp_path)
     assert state["progress"]["global_step"] == TOTAL_STEPS and state["world_size"] == after
+
+
+def test_kill_9_mid_checkpoint_write_then_rerun_matches(tmp_path: Path, reference: Path) -> None:
+    """The whole job dies (SIGKILL to every process) while rank 0 is provably inside a save."""
+    args = [sys.executable, "-m", "launch.local", "--gpus", "2", "--config", "configs/smoke.yaml",
+            f"run_dir={tmp_path}", *SMALL]
+    env = {**os.environ, "TORCHLAUNCH_FAULT_SAVE_STALL_S": "600", "TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP": "15"}
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    ckpts = tmp_path / "checkpoints"
+    deadline = time.monotonic() + 180
+    try:
+        while not list(ckpts.glob(".tmp-step-*/STALLING")):
+            assert proc.poll() is None and time.monotonic() < deadline, "never reached a checkpoint write"
+            time.sleep(0.05)  # polling another process's files; bounded by the deadline above
+        in_progress = next(ckpts.glob(".tmp-step-*"))
+        assert (in_progress / "state.pt").is_file()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert final_state(tmp_path)["progress"]["global_step"] == 10  # the previous checkpoint is intact
+    second = run(tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert not in_progress.exists()  # the half-written save was discarded, never loaded
+    assert "resumed from" in second.stdout + second.stderr and "step-000000010" in second.stdout + second.stderr
+    assert_models_equal(reference / "model.pt", tmp_path / "model.pt")

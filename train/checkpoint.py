@@ -129,7 +129,7 @@ def write_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[st
             os.fsync(raw.fileno())
         if before_commit is not None:
             before_commit(tmp)
-        _fault_injection_stall(tmp)
+        _fault_injection_stall(tmp, step)
         marker = dict(meta, step=step, sha256=hashing.sha.hexdigest(), bytes=hashing.size,
                       format_version=FORMAT_VERSION, committed_at=time.time())
         if final.exists() and (final / MARKER_FILE).exists():
@@ -173,11 +173,12 @@ def _root_os_error(e: BaseException) -> OSError | None:
     return None
 
 
-def _fault_injection_stall(tmp: Path) -> None:
-    """Fault-injection aid for crash tests: with TORCHLAUNCH_FAULT_SAVE_STALL_S set, announce that a
-    write is provably in progress (a STALLING file in the temp folder) and hold it open that long."""
+def _fault_injection_stall(tmp: Path, step: int) -> None:
+    """Fault-injection aid for crash tests: with TORCHLAUNCH_FAULT_SAVE_STALL_S set, saves of steps from
+    TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP (default 0) announce that a write is provably in progress (a
+    STALLING file in the temp folder) and hold it open that long."""
     stall = os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_S")
-    if stall:
+    if stall and step >= int(os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP", "0")):
         marker = tmp / "STALLING"
         marker.write_text(str(os.getpid()))
         time.sleep(float(stall))

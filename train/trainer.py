@@ -29,6 +29,7 @@ from train import checkpoint as ckpt
 from train import config as config_mod
 from train.config import RunConfig
 from train.data import BatchPlan, DataBundle, Normalizer, TrainLoader, eval_batches
+from train.debug import check_model_io
 from train.dist import DistContext, all_reduce_max, all_reduce_sum, broadcast_object, gather_objects
 from train.exit_codes import OK, PREEMPTED, BadInput
 from train.models import build_model
@@ -130,11 +131,14 @@ class MetricsLog:
     """RUN_DIR/metrics.jsonl on rank 0; on resume, lines past the checkpoint are dropped so a
     resumed run's log reads like one uninterrupted run."""
 
-    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None, tensorboard_dir: Path | None = None) -> None:
         self.path, self.enabled = path, enabled
+        self.tb = None
         if not enabled:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard_dir is not None:
+            self.tb = open_tensorboard(tensorboard_dir, purge_step=resume_step + 1 if resume_step is not None else None)
         if resume_step is not None and path.is_file():
             kept = [ln for ln in path.read_text().splitlines() if _line_step(ln) is not None
                     and _line_step(ln) <= resume_step]
@@ -148,10 +152,30 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
             self._fh.write(json.dumps(record) + "\n")
+            if self.tb is not None:
+                for key, value in record.items():
+                    if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                        self.tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
         if self.enabled:
             self._fh.close()
+            if self.tb is not None:
+                self.tb.close()
+
+
+def require_tensorboard():
+    """The SummaryWriter class, or one clear line when the optional package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise BadInput("config error: train.tensorboard: the tensorboard package is not installed "
+                       "(pip install -e '.[tensorboard]', or set train.tensorboard=false)") from None
+    return SummaryWriter
+
+
+def open_tensorboard(folder: Path, purge_step: int | None):
+    return require_tensorboard()(log_dir=str(folder), purge_step=purge_step)
 
 
 def _line_step(line: str) -> int | None:
@@ -218,6 +242,8 @@ class Trainer:
     def __init__(self, cfg: RunConfig, ctx: DistContext, data: DataBundle, watcher: PreemptionWatcher) -> None:
         self.cfg, self.ctx, self.data, self.watcher = cfg, ctx, data, watcher
         self.device = ctx.device
+        if cfg.train.tensorboard:
+            require_tensorboard()  # fail on every rank together, before any collective
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.precision = resolve_precision(cfg.train.precision, self.device)
@@ -262,27 +288,8 @@ class Trainer:
 
     def _check_model(self, model: nn.Module) -> None:
         """One fake batch through the model: shape and device mistakes become one clear line."""
-        try:
-            from train.debug import check_model_io
-        except ImportError:
-            check_model_io = None
-        shape = (2, 3, self.data.image_size, self.data.image_size)
-        if check_model_io is not None:
-            check_model_io(model, shape[1:], self.data.num_classes, self.device, memory_format=self.memory_format)
-            return
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model(torch.zeros(shape, device=self.device).contiguous(memory_format=self.memory_format))
-        except RuntimeError as e:
-            raise BadInput(f"model error: {self.cfg.model.name} cannot take input of shape {list(shape)}: "
-                           f"{str(e).splitlines()[0]} (check data.image_size and the model's layers)") from None
-        finally:
-            model.train(was_training)
-        if tuple(out.shape) != (2, self.data.num_classes):
-            raise BadInput(f"model error: {self.cfg.model.name} returns shape {list(out.shape)}, expected "
-                           f"[batch, {self.data.num_classes}] (make the head output one logit per class)")
+        shape = (3, self.data.image_size, self.data.image_size)
+        check_model_io(model, shape, self.data.num_classes, self.device, memory_format=self.memory_format)
 
     # ------------------------------------------------------------------ checkpoint state
 
@@ -444,7 +451,8 @@ class Trainer:
         resumed = self.resume()
         p = self.progress
         main = self.ctx.is_main
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None)
+        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None,
+                             self.run_dir / "tb" if self.cfg.train.tensorboard else None)
         trace = MetricsLog(self.run_dir / "trace" / f"rank{self.ctx.rank}.jsonl", self.cfg.debug.trace_batches,
                            p.global_step if resumed else None)
         report = Reporter(main, self.total_steps, p.global_step)
@@ -481,8 +489,9 @@ class Trainer:
                             raise NonFiniteLoss(
                                 f"training error: non-finite loss at epoch {p.epoch} step {p.step_in_epoch} "
                                 f"(global step {p.global_step}); likely causes: learning rate too high "
-                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; the last "
-                                f"good checkpoint is kept in {self.ckpt_root}")
+                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; rerun with "
+                                f"debug.detect_anomaly=true to find the op; the last good checkpoint is kept in "
+                                f"{self.ckpt_root}")
                         if p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps:
                             mean_loss = all_reduce_sum(self.ctx, [window_loss])[0] / (window_steps * self.ctx.world_size)
                             elapsed = time.perf_counter() - window_start

@@ -1,0 +1,96 @@
+"""Shared test helpers: run the real launcher as a subprocess, and the shared CIFAR-10 copy unpacked once.
+
+Other test files reuse these:
+    rc, out, err = run_launcher(["--gpus", "2", "--config", "configs/smoke.yaml", f"run_dir={tmp_path}"])
+    def test_x(cifar_shared): ...   # Path of the unpacked train/ folder (class folders)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TARBALL_NAME = "cifar10-train.tar.gz"
+DEFAULT_TIMEOUT_S = 180.0
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The test's environment with this checkout first on sys.path (never an installed copy)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def run_cmd(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
+            env: Mapping[str, str] | None = None, cwd: Path = REPO) -> tuple[int, str, str]:
+    """Run argv to completion in its own process group; (returncode, stdout, stderr).
+
+    On timeout the whole group (launcher, torchrun and its workers) is killed, so a hung test never
+    leaves processes behind, and the test fails with what the command printed so far."""
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=child_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(argv)} did not finish within {timeout:.0f} s\nstdout:\n{out[-3000:]}\n"
+                    f"stderr:\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def run_launcher(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
+                 env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """`python -m launch.local ARGS` from the repository root: (returncode, stdout, stderr)."""
+    return run_cmd([sys.executable, "-m", "launch.local", *args], timeout=timeout, env=env)
+
+
+def run_module(module: str, args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
+               env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """`python -m MODULE ARGS` from the repository root, e.g. run_module("train.evaluate", [...])."""
+    return run_cmd([sys.executable, "-m", module, *args], timeout=timeout, env=env)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without blank lines and without torch's harmless start-up warnings."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and "UserWarning" not in ln]
+
+
+def shared_tarball() -> Path:
+    """../shared/data/cifar10-train.tar.gz next to the repository (CI and this machine), or
+    TORCHLAUNCH_SHARED_DATA (the tarball itself or the folder holding it)."""
+    override = os.environ.get("TORCHLAUNCH_SHARED_DATA")
+    if override:
+        p = Path(override).expanduser()
+        return p / SHARED_TARBALL_NAME if p.is_dir() else p
+    return REPO.parent / "shared" / "data" / SHARED_TARBALL_NAME
+
+
+@pytest.fixture(scope="session")
+def decode_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One decoded-image cache for the whole session (tests never write to ~/.cache)."""
+    return tmp_path_factory.mktemp("decode-cache")
+
+
+@pytest.fixture(scope="session")
+def cifar_shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared CIFAR-10 training images unpacked once per session; the path of its train/ folder."""
+    tarball = shared_tarball()
+    if not tarball.is_file():
+        pytest.skip(f"shared CIFAR-10 copy not found at {tarball} (set TORCHLAUNCH_SHARED_DATA to it)")
+    target = tmp_path_factory.mktemp("cifar10-shared")
+    with tarfile.open(tarball) as tar:
+        tar.extractall(target, filter="data")  # "data": no absolute paths, links or devices
+    train = target / "train"
+    assert train.is_dir(), f"{tarball} has no train/ folder"
+    return train

@@ -1,0 +1,196 @@
+"""train.config: YAML + dotted overrides, one-line errors, the atomic resolved config."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from train import config as config_mod
+from train.config import ConfigError, RunConfig
+from train.exit_codes import BadInput
+
+ONE_LINE = re.compile(r"^config error: (?P<key>[^\s:]+): (?P<what>.+) \((?P<fix>[^()]+)\)$")
+
+
+def config_error(path: Path | None, overrides: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        config_mod.load(path, overrides)
+    return info.value
+
+
+def assert_one_line(err: ConfigError, key: str, *words: str) -> None:
+    text = str(err)
+    assert "\n" not in text
+    m = ONE_LINE.match(text)
+    assert m, f"not `config error: <key>: <what> (<fix>)`: {text!r}"
+    assert m["key"] == key == err.key
+    for w in words:
+        assert w in text, f"{w!r} missing from {text!r}"
+    assert isinstance(err, BadInput)  # becomes exit code 2 in the worker and the launcher
+
+
+@pytest.mark.parametrize(("text", "key", "value"), [
+    ("optim.lr=0.2", "optim.lr", 0.2),
+    ("train.epochs=3", "train.epochs", 3),
+    ("data.download=true", "data.download", True),
+    ("data.download=false", "data.download", False),
+    ("run_dir=runs/a", "run_dir", "runs/a"),
+    ("optim.betas=[0.8, 0.95]", "optim.betas", [0.8, 0.95]),
+    ("data.root=", "data.root", ""),
+    ("model.name=a=b", "model.name", "a=b"),  # only the first '=' separates key and value
+])
+def test_override_values_are_yaml_scalars(text: str, key: str, value: object) -> None:
+    assert config_mod.parse_override(text) == (key, value)
+
+
+def test_overrides_apply_on_top_of_the_yaml_file() -> None:
+    cfg = config_mod.load(REPO / "configs/smoke.yaml",
+                          ["optim.lr=1e-3", "train.epochs=2", "data.synthetic_val_size=511", "run_dir=/x/y"])
+    assert cfg.optim.lr == pytest.approx(1e-3) and isinstance(cfg.optim.lr, float)  # YAML 1.1 reads 1e-3 as text
+    assert cfg.train.epochs == 2
+    assert cfg.data.synthetic_val_size == 511
+    assert cfg.run_dir == "/x/y"
+    assert cfg.model.name == "simple_cnn"  # from the file, untouched
+    assert cfg.train.batch_size == 128
+
+
+def test_later_override_wins() -> None:
+    cfg = config_mod.load(None, ["seed=1", "seed=7"])
+    assert cfg.seed == 7
+
+
+def test_unknown_key_suggests_the_near_one(tmp_path: Path) -> None:
+    err = config_error(None, ["optim.lrr=0.1"])
+    assert_one_line(err, "optim.lrr", "unknown key", "did you mean optim.lr?")
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  epochz: 3\n")
+    assert_one_line(config_error(f, []), "train.epochz", "unknown key", "train.epochs")
+    # an unknown section is reported at its own name
+    assert_one_line(config_error(None, ["nothing.like.this=1"]), "nothing", "unknown key")
+
+
+@pytest.mark.parametrize(("override", "key", "words"), [
+    ("train.epochs=abc", "train.epochs", ("expected an integer", "'abc'")),
+    ("train.epochs=1.5", "train.epochs", ("expected an integer",)),
+    ("optim.lr=fast", "optim.lr", ("expected a number", "'fast'")),
+    ("data.download=maybe", "data.download", ("expected true or false",)),
+    ("optim.lr=true", "optim.lr", ("expected a number",)),
+])
+def test_wrong_type(override: str, key: str, words: tuple[str, ...]) -> None:
+    assert_one_line(config_error(None, [override]), key, *words)
+
+
+@pytest.mark.parametrize(("override", "key", "words"), [
+    ("optim.lr=-0.1", "optim.lr", ("must be > 0", "-0.1", "positive learning rate")),
+    ("optim.lr=0", "optim.lr", ("must be > 0",)),
+    ("checkpoint.keep=1", "checkpoint.keep", ("must be >= 2",)),
+    ("data.val_fraction=1.5", "data.val_fraction", ("between 0 and 1",)),
+    ("train.batch_size=0", "train.batch_size", ("must be >= 1",)),
+    ("model.name=vgg", "model.name", ("unknown value 'vgg'", "simple_cnn, resnet18, fastnet")),
+    ("data.name=mnist", "data.name", ("unknown value 'mnist'", "cifar10")),
+    ("train.precision=fp8", "train.precision", ("fp8", "bf16")),
+    ("preemption.signals=[SIGFOO]", "preemption.signals", ("SIGFOO",)),
+])
+def test_impossible_values(override: str, key: str, words: tuple[str, ...]) -> None:
+    assert_one_line(config_error(None, [override]), key, *words)
+
+
+def test_micro_batch_must_divide_the_batch() -> None:
+    err = config_error(None, ["train.batch_size=256", "train.micro_batch_size=100"])
+    assert_one_line(err, "train.micro_batch_size", "does not divide", "256")
+
+
+def test_override_without_equals_sign() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_mod.parse_override("optim.lr")
+    assert_one_line(info.value, "optim.lr", "key=value")
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    err = config_error(tmp_path / "nope.yaml", [])
+    assert_one_line(err, "--config", "file not found", "nope.yaml")
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("seed: 1\ntrain:\n  epochs: [3\n  batch_size: 4\n")
+    err = config_error(f, [])
+    assert_one_line(err, "--config", "not valid YAML", str(f), "line ")
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path: Path) -> None:
+    f = tmp_path / "list.yaml"
+    f.write_text("- a\n- b\n")
+    assert_one_line(config_error(f, []), "--config", "must hold a mapping", "list")
+
+
+def test_section_that_is_not_a_mapping(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("data: 5\n")
+    assert_one_line(config_error(f, []), "data", "expected a mapping")
+
+
+def test_empty_yaml_file_means_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "empty.yaml"
+    f.write_text("")
+    assert config_mod.load(f, []) == RunConfig()
+
+
+def test_every_shipped_recipe_loads() -> None:
+    for recipe in sorted((REPO / "configs").glob("*.yaml")):
+        cfg = config_mod.load(recipe, [])
+        assert cfg.run_dir and cfg.data.name in config_mod.CHOICES["data.name"], recipe
+
+
+def test_write_resolved_round_trips(tmp_path: Path) -> None:
+    cfg = config_mod.load(REPO / "configs/smoke.yaml", [f"run_dir={tmp_path / 'run'}", "optim.lr=0.05"])
+    path = config_mod.write_resolved(cfg)
+    assert path == tmp_path / "run" / "config.yaml"
+    assert config_mod.load(path, []) == cfg  # what every rank reads is exactly what the launcher resolved
+    assert config_mod.from_dict(yaml.safe_load(path.read_text())) == cfg
+    assert [p.name for p in path.parent.iterdir()] == ["config.yaml"]  # no temp file left behind
+
+
+def test_write_resolved_is_stable(tmp_path: Path) -> None:
+    """Rewriting an identical config leaves the file alone: ranks reading it never race a rewrite."""
+    cfg = config_mod.load(None, [f"run_dir={tmp_path}"])
+    path = config_mod.write_resolved(cfg)
+    before = path.stat()
+    assert config_mod.write_resolved(cfg) == path
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert config_mod.dump(cfg) == config_mod.dump(config_mod.load(path, []))  # same text every time
+
+
+def test_write_resolved_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure while replacing keeps the old file whole and leaves no temp file."""
+    old = config_mod.load(None, [f"run_dir={tmp_path}", "seed=1"])
+    path = config_mod.write_resolved(old)
+    old_text = path.read_text()
+
+    def broken_replace(src: str, dst: str) -> None:
+        assert Path(src).read_text() == config_mod.dump(new)  # the full new text was written first
+        raise OSError("disk vanished")
+
+    new = config_mod.load(None, [f"run_dir={tmp_path}", "seed=2"])
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk vanished"):
+        config_mod.write_resolved(new)
+    monkeypatch.undo()
+    assert path.read_text() == old_text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+    assert config_mod.write_resolved(new).read_text() == config_mod.dump(new)
+
+
+def test_all_keys_lists_nested_leaves() -> None:
+    keys = config_mod.all_keys()
+    for required in ("run_dir", "seed", "data.name", "data.root", "model.name", "train.epochs",
+                     "train.batch_size", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.resume",
+                     "dist.timeout_s"):
+        assert required in keys
+    assert "data" not in keys  # sections are not leaves

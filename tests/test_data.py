@@ -1,0 +1,300 @@
+"""train.data: the world-size-invariant batch plan, batched augmentation, eval sharding, image folders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from train import data as data_mod
+from train.config import DataConfig
+from train.data import BatchPlan, ImageSet, Normalizer, TrainLoader, augment, eval_shard
+from train.exit_codes import BadInput
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def write_folder(root: Path, per_class: dict[str, int], size: int = 32, seed: int = 0) -> list[Path]:
+    """A tiny ImageFolder of random PNGs (lossless, so decoded pixels are exactly what was written)."""
+    rng = np.random.default_rng(seed)
+    written = []
+    for name, count in per_class.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            path = root / name / f"{i:04d}.png"
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
+            written.append(path)
+    return written
+
+
+def folder_cfg(root: Path, cache: Path, **kw: object) -> DataConfig:
+    return DataConfig(name="imagefolder", root=str(root), cache_dir=str(cache), **kw)
+
+
+def one_line_bad_input(fn, *args) -> str:
+    with pytest.raises(BadInput) as info:
+        fn(*args)
+    text = str(info.value)
+    assert "\n" not in text
+    return text
+
+
+# ------------------------------------------------------------------------------------------ batch plan
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_rank_slices_make_up_the_global_batch_on_any_world_size(world: int) -> None:
+    n, batch, seed = 1000, 64, 3
+    reference = BatchPlan(n, batch, seed)  # one process: the global batch itself
+    plans = [BatchPlan(n, batch, seed, rank=r, world_size=world) for r in range(world)]
+    for epoch in (0, 1):
+        perm = reference.permutation(epoch)
+        for step in range(reference.steps_per_epoch):
+            want_idx, want_aug = reference.rank_step(perm, epoch, step)
+            parts = [p.rank_step(p.permutation(epoch), epoch, step) for p in plans]
+            assert torch.equal(torch.cat([idx for idx, _ in parts]), want_idx)
+            for k in range(3):  # dy, dx, flip: the same augmentation whatever the world size
+                assert torch.equal(torch.cat([aug[k] for _, aug in parts]), want_aug[k])
+            assert all(len(idx) == batch // world for idx, _ in parts)
+
+
+def test_epoch_is_a_permutation_and_epochs_differ() -> None:
+    plan = BatchPlan(257, 32, seed=0)
+    p0, p1 = plan.permutation(0), plan.permutation(1)
+    assert sorted(p0.tolist()) == list(range(257)) == sorted(p1.tolist())
+    assert not torch.equal(p0, p1)
+    assert torch.equal(p0, BatchPlan(257, 32, seed=0).permutation(0))  # a pure function of (seed, epoch)
+    assert not torch.equal(p0, BatchPlan(257, 32, seed=1).permutation(0))
+    assert plan.steps_per_epoch == 8  # the last partial batch is dropped
+    a0, a1 = plan.global_augmentation(0, 0), plan.global_augmentation(1, 0)
+    assert not all(torch.equal(x, y) for x, y in zip(a0, a1, strict=True))
+
+
+def test_steps_of_an_epoch_do_not_overlap() -> None:
+    plan = BatchPlan(100, 10, seed=5, rank=1, world_size=2)
+    perm = plan.permutation(0)
+    seen = torch.cat([plan.rank_step(perm, 0, s)[0] for s in range(plan.steps_per_epoch)])
+    assert len(set(seen.tolist())) == len(seen) == 50
+
+
+def synthetic_loader(plan: BatchPlan, n: int = 96) -> TrainLoader:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 3, 8, 8), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, 10, (n,), generator=g)
+    norm = Normalizer((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), torch.device("cpu"), channels_last=False)
+    return TrainLoader(ImageSet(labels=labels, images=images), plan, norm, torch.device("cpu"),
+                       augment_on=True, num_workers=0, image_size=8)
+
+
+@pytest.mark.parametrize("start", [0, 1, 3, 5])
+def test_loader_resumes_at_any_step(start: int) -> None:
+    plan = BatchPlan(96, 16, seed=2, rank=1, world_size=2, micro_batch=4)
+    full = list(synthetic_loader(plan).epoch(1, 0))
+    resumed = list(synthetic_loader(plan).epoch(1, start))
+    assert [s for s, _ in resumed] == list(range(start, plan.steps_per_epoch))
+    for (s_full, micro_full), (s_res, micro_res) in zip(full[start:], resumed, strict=True):
+        assert s_full == s_res
+        assert len(micro_full) == plan.accumulation == 2
+        for (x1, y1), (x2, y2) in zip(micro_full, micro_res, strict=True):
+            assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+def test_plan_rejects_batches_that_do_not_split() -> None:
+    assert "divisible by the world size 4" in one_line_bad_input(BatchPlan, 100, 30, 0, 0, 4)
+    assert "larger than the training set" in one_line_bad_input(BatchPlan, 10, 32, 0)
+    assert "micro_batch_size" in one_line_bad_input(BatchPlan, 100, 32, 0, 0, 2, 5)
+
+
+# ------------------------------------------------------------------------------------------ augmentation
+
+
+def reference_crop_flip(img: torch.Tensor, dy: int, dx: int, flip: bool, pad: int = 4) -> torch.Tensor:
+    """RandomCrop(padding=4, zero fill) + horizontal flip, spelled out for one image."""
+    c, h, w = img.shape
+    padded = torch.zeros(c, h + 2 * pad, w + 2 * pad, dtype=img.dtype)
+    padded[:, pad:pad + h, pad:pad + w] = img
+    out = padded[:, dy:dy + h, dx:dx + w]
+    return out.flip(-1) if flip else out
+
+
+def test_augment_equals_a_hand_written_crop_and_flip() -> None:
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    images = torch.randint(1, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)  # no zeros: padding shows
+    dy = torch.randint(0, 9, (n,), generator=g)
+    dx = torch.randint(0, 9, (n,), generator=g)
+    dy[:4], dx[:4] = torch.tensor([0, 8, 0, 8]), torch.tensor([0, 8, 8, 0])  # the extreme corners
+    flip = torch.arange(n) % 2 == 0
+    out = augment(images, dy, dx, flip)
+    assert out.shape == images.shape and out.dtype == torch.uint8
+    for i in range(n):
+        want = reference_crop_flip(images[i], int(dy[i]), int(dx[i]), bool(flip[i]))
+        assert torch.equal(out[i], want), f"sample {i} (dy={int(dy[i])}, dx={int(dx[i])}, flip={bool(flip[i])})"
+    # dy = dx = 8, no flip: the last 4 rows and columns are padding, the rest is the image shifted by 4
+    assert (out[1, :, 28:, :] == 0).all() and (out[1, :, :, 28:] == 0).all()
+    assert torch.equal(out[1, :, :28, :28], images[1, :, 4:, 4:])
+
+
+def test_normalizer_uses_mean_and_std() -> None:
+    norm = Normalizer((0.5, 0.25, 0.0), (0.5, 0.25, 1.0), torch.device("cpu"), channels_last=True)
+    x = norm(torch.full((1, 3, 2, 2), 255, dtype=torch.uint8))
+    assert torch.allclose(x[0, :, 0, 0], torch.tensor([1.0, 3.0, 1.0]))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+
+
+# ------------------------------------------------------------------------------------------ evaluation shards
+
+
+@pytest.mark.parametrize("n", [1, 7, 511, 1001])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_eval_shards_cover_every_sample_exactly_once(n: int, world: int) -> None:
+    shards = [eval_shard(n, r, world) for r in range(world)]
+    assert [i for s in shards for i in s] == list(range(n))
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1  # balanced: no rank waits for a much longer one
+
+
+# ------------------------------------------------------------------------------------------ image folders
+
+
+def test_missing_root_is_named(tmp_path: Path) -> None:
+    msg = one_line_bad_input(data_mod.scan_imagefolder, tmp_path / "nowhere")
+    assert msg.startswith("data error:") and str(tmp_path / "nowhere") in msg and "class folders" in msg
+
+
+def test_root_without_class_folders(tmp_path: Path) -> None:
+    (tmp_path / "loose.png").write_bytes(b"")
+    msg = one_line_bad_input(data_mod.scan_imagefolder, tmp_path)
+    assert "no class folders" in msg and str(tmp_path) in msg
+
+
+def test_class_folders_without_images(tmp_path: Path) -> None:
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "dog").mkdir()
+    (tmp_path / "dog" / "notes.txt").write_text("not an image")
+    msg = one_line_bad_input(data_mod.scan_imagefolder, tmp_path)
+    assert "no images" in msg and ".png" in msg
+
+
+def test_scan_is_sorted_and_labels_follow_class_order(tmp_path: Path) -> None:
+    write_folder(tmp_path, {"zebra": 2, "ant": 3})
+    (tmp_path / ".hidden").mkdir()
+    classes, files, labels = data_mod.scan_imagefolder(tmp_path)
+    assert classes == ["ant", "zebra"]
+    assert labels == [0, 0, 0, 1, 1]
+    assert files == sorted(files)
+
+
+@pytest.mark.parametrize("loader", ["auto", "pil"])
+def test_corrupt_image_is_named(tmp_path: Path, loader: str) -> None:
+    root = tmp_path / "data"
+    write_folder(root, {"a": 3, "b": 3})
+    bad = root / "b" / "0001.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    cfg = folder_cfg(root, tmp_path / "cache", loader=loader, num_workers=0, val_fraction=0.5)
+
+    def load_everything() -> None:
+        bundle = data_mod.load_bundle(cfg)
+        for s in (bundle.train, bundle.val):  # the pil path decodes lazily: touch every file
+            for f in s.files or []:
+                data_mod.decode_image(f, 32)
+
+    msg = one_line_bad_input(load_everything)
+    assert str(bad) in msg and "delete or replace" in msg
+
+
+def test_decode_cache_is_reused_and_rebuilt_when_a_file_changes(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    files = write_folder(root, {"a": 4, "b": 4})
+    cfg = folder_cfg(root, cache, val_fraction=0.25)
+    decoded: list[str] = []
+    real_decode = data_mod.decode_image
+
+    def counting_decode(path: str, size: int | None = None) -> torch.Tensor:
+        decoded.append(path)
+        return real_decode(path, size)
+
+    monkeypatch.setattr(data_mod, "decode_image", counting_decode)
+    first = data_mod.load_bundle(cfg)
+    assert len(decoded) == 8 and first.train.images is not None  # the tensor path
+    assert len(list(cache.glob("imagefolder-*/images.npy"))) == 1
+
+    decoded.clear()
+    second = data_mod.load_bundle(cfg)
+    assert decoded == []  # nothing decoded again
+    assert torch.equal(first.train.images, second.train.images)
+
+    changed = files[5]
+    Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(changed)
+    os.utime(changed, ns=(1, 1))  # a different mtime even on coarse-timestamp file systems
+    third = data_mod.load_bundle(cfg)
+    assert len(decoded) == 8  # rebuilt
+    assert len(list(cache.glob("imagefolder-*/images.npy"))) == 2
+    everything = torch.cat([third.train.images, third.val.images])
+    assert (everything.flatten(1) == 0).all(1).sum() == 1  # the new black image is in the data
+
+
+def test_split_is_fixed_disjoint_and_complete(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    write_folder(root, {"a": 10, "b": 10, "c": 10})
+    cfg = folder_cfg(root, tmp_path / "cache", val_fraction=0.2)
+    b1, b2 = data_mod.load_bundle(cfg), data_mod.load_bundle(cfg)
+    assert len(b1.val) == 6 and len(b1.train) == 24
+    assert torch.equal(b1.val.images, b2.val.images)
+    train_idx, val_idx = data_mod.split_indices(30, 0.2, 0)
+    assert sorted(torch.cat([train_idx, val_idx]).tolist()) == list(range(30))
+    other_train, _ = data_mod.split_indices(30, 0.2, 1)
+    assert set(other_train.tolist()) != set(train_idx.tolist())  # split_seed moves the split
+
+
+def test_max_train_samples_draws_from_every_class(tmp_path: Path) -> None:
+    """Folders are scanned class by class; the first N training samples must not be one class."""
+    root = tmp_path / "data"
+    write_folder(root, {"a": 20, "b": 20, "c": 20, "d": 20})
+    bundle = data_mod.load_bundle(folder_cfg(root, tmp_path / "cache", max_train_samples=16, max_val_samples=6))
+    assert len(bundle.train) == 16 and len(bundle.val) == 6
+    assert len(set(bundle.train.labels.tolist())) >= 3
+    assert len(set(bundle.val.labels.tolist())) >= 2
+
+
+def test_pil_path_resizes_images_of_any_size(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    write_folder(root, {"a": 3}, size=40)
+    write_folder(root, {"b": 3}, size=24, seed=1)
+    bundle = data_mod.load_bundle(folder_cfg(root, tmp_path / "cache", val_fraction=0.34, num_workers=0))
+    assert bundle.train.images is None and bundle.train.files  # mixed sizes: the per-sample path
+    assert data_mod.decode_image(bundle.train.files[0], 32).shape == (3, 32, 32)
+
+
+def test_tensor_loader_refuses_mixed_sizes(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    write_folder(root, {"a": 2}, size=40)
+    write_folder(root, {"b": 2}, size=24, seed=1)
+    msg = one_line_bad_input(data_mod.load_bundle, folder_cfg(root, tmp_path / "cache", loader="tensor"))
+    assert "data.loader" in msg and "differ in size" in msg
+
+
+# ------------------------------------------------------------------------------------------ synthetic
+
+
+def test_synthetic_is_deterministic() -> None:
+    cfg = DataConfig(synthetic_train_size=64, synthetic_val_size=33, synthetic_classes=5)
+    a, b = data_mod.make_synthetic(cfg), data_mod.make_synthetic(cfg)
+    assert torch.equal(a.train.images, b.train.images) and torch.equal(a.train.labels, b.train.labels)
+    assert torch.equal(a.val.images, b.val.images)
+    assert a.train.images.shape == (64, 3, 32, 32) and len(a.val) == 33 and a.num_classes == 5
+    assert a.mean == b.mean and a.std == b.std
+    c = data_mod.make_synthetic(DataConfig(synthetic_train_size=64, synthetic_val_size=33, synthetic_classes=5,
+                                           split_seed=1))
+    assert not torch.equal(a.train.images, c.train.images)
+
+
+def test_cifar10_offline_and_missing_names_the_path_and_fixes(tmp_path: Path) -> None:
+    msg = one_line_bad_input(data_mod.load_bundle, DataConfig(name="cifar10", root=str(tmp_path), download=False))
+    assert str(tmp_path / "cifar-10-batches-py") in msg
+    assert "data.download=true" in msg and "data.name=imagefolder" in msg
