@@ -1,0 +1,149 @@
+"""launch.slurm without a cluster: the pure JobSpec -> sbatch mapping, argument errors, timeout rule."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.slurm import (
+    SlurmOptions,
+    executor_parameters,
+    is_timeout,
+    resolve_run_dir,
+    sbatch_script,
+    worker_argv,
+)
+from launch.spec import JobSpec
+from train.exit_codes import BAD_INPUT, BadInput
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+FIXED = SlurmOptions(python="/opt/venv/bin/python", repo_root="/opt/repo")
+
+
+def full_spec() -> JobSpec:
+    return JobSpec(
+        config="configs/cifar10.yaml", overrides=("optim.lr=0.2",), nodes=2, gpus_per_node=8,
+        run_dir="/shared/runs/a", time_min=240, partition="gpu", account="vision", qos="high",
+        constraint="h100", cpus_per_task=12, mem_gb=480, signal_delay_s=120, extra={"mail-type": "END"},
+    )
+
+
+def test_sbatch_script_matches_golden() -> None:
+    assert sbatch_script(full_spec(), FIXED) == (GOLDEN / "slurm_gpu.sbatch").read_text()
+
+
+def test_sbatch_script_cpu_workers_with_pyxis_matches_golden() -> None:
+    spec = JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=2, run_dir="/shared/runs/b",
+                   time_min=30, image="nvcr.io/nvidia/pytorch:25.01-py3")
+    options = SlurmOptions(use_gpus=False, repo_root="/opt/repo")
+    assert sbatch_script(spec, options) == (GOLDEN / "slurm_cpu_pyxis.sbatch").read_text()
+
+
+def test_one_task_per_gpu_and_requeue_flag() -> None:
+    params = executor_parameters(full_spec(), FIXED, "/shared/runs/a")
+    assert params["nodes"] == 2 and params["ntasks_per_node"] == 8 and params["gpus_per_node"] == 8
+    assert params["additional_parameters"]["requeue"] is True
+    cpu = executor_parameters(full_spec(), SlurmOptions(use_gpus=False), "/shared/runs/a")
+    assert "gpus_per_node" not in cpu and cpu["ntasks_per_node"] == 8
+
+
+def test_worker_argv_pins_the_run_dir_and_keeps_overrides(tmp_path: Path) -> None:
+    spec = JobSpec(config="configs/smoke.yaml", overrides=("train.epochs=2", f"run_dir={tmp_path}/x"))
+    run_dir = resolve_run_dir(spec)
+    assert run_dir == f"{tmp_path}/x"
+    argv = worker_argv(spec, run_dir)
+    assert argv == ["--config", str(REPO / "configs/smoke.yaml"), "train.epochs=2", f"run_dir={tmp_path}/x"]
+
+
+def test_run_dir_defaults_to_the_yaml_one_made_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert resolve_run_dir(JobSpec(config="configs/smoke.yaml")) == str(REPO / "runs/smoke")
+
+
+def test_missing_config_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="cannot read config"):
+        resolve_run_dir(JobSpec(config="/nonexistent.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("elapsed_s", "time_min", "delay_s", "expected"),
+    [
+        (600, 240, 90, False),  # preempted early: keeps the timeout budget
+        (240 * 60 - 90, 240, 90, True),  # the time-limit signal
+        (240 * 60 - 90 - 60, 240, 90, True),  # Slurm may signal up to 60 s early
+        (30 * 60 - 300, 30, 90, False),  # submitit's min(0.8 T, T - 10 min) would call this a timeout
+        (20, 1, 30, True),  # T = 1 min: the signal can only be the time limit
+    ],
+)
+def test_timeout_rule(elapsed_s: float, time_min: int, delay_s: int, expected: bool) -> None:
+    assert is_timeout(elapsed_s, time_min, delay_s) is expected
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "launch.slurm", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
+    result = run_cli("--nodes", "2", "--gpus-per-node", "8", "--partition", "gpu", "--time", "240",
+                     "--config", "configs/cifar10.yaml", "--dry-run", f"run_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --gpus-per-node=8" in result.stdout and "#SBATCH --requeue" in result.stdout
+    assert "#SBATCH --signal=USR2@90" in result.stdout
+    assert not (tmp_path / "slurm").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "0"], "--nodes must be >= 1"),
+        (["--gpus-per-node", "0"], "must be >= 1"),
+        (["--time", "1", "--signal-delay-s", "90"], "--signal-delay-s"),
+        (["--max-timeouts", "-1"], "--max-timeouts"),
+        (["--sbatch", "=x"], "KEY=VALUE"),
+    ],
+)
+def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:
+    result = run_cli("--config", "configs/smoke.yaml", "--dry-run", *args)
+    assert result.returncode == BAD_INPUT
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+class FinishedJob:
+    """Just what exit_status reads from a submitit job: its id and the first task's exception."""
+
+    job_id = "42"
+
+    def __init__(self, error: str | None) -> None:
+        self.error = error
+
+    def exception(self) -> Exception | None:
+        return RuntimeError(self.error) if self.error else None
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "code"),
+    [
+        ("COMPLETED", None, 0),
+        ("CANCELLED by 0", None, 1),
+        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 2: bad input, not requeued", 2),
+        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 75: timed out 4 times (limit 3)", 75),
+        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 1: worker failed", 1),
+        ("TIMEOUT", None, 1),
+    ],
+)
+def test_exit_status_maps_slurm_states_to_project_codes(state: str, error: str | None, code: int,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from launch.slurm import exit_status
+
+    job = FinishedJob(error)
+    job.paths = type("Paths", (), {"folder": "/runs/a/slurm/42"})()  # type: ignore[attr-defined]
+    assert exit_status(job, state) == code
+    if code:
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
