@@ -1,0 +1,38 @@
+# torchlaunch: one entry point for installing, training, testing and benchmarking.
+PYTHON_BOOT ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+GPUS ?= 1
+CONFIG ?= configs/cifar10.yaml
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install train-local test test-fast lint bench doctor clean
+
+# Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $@
+
+train-local: install
+	$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not slurm and not docker and not netns" $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check launch train tests bench
+
+bench: install
+	$(PY) -m bench.run
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache build *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

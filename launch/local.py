@@ -1,0 +1,223 @@
+"""Local launcher: JobSpec -> torchrun argv (pure), then run it and report the workers' exit code.
+
+    python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
+    python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
+
+Why torchrun runs as a child rather than via exec: torchrun exits 1 whatever its workers returned,
+but schedulers need to tell "bad input, never retry" (2) and "preempted, run me again" (75) apart.
+Workers leave their outcome in RUN_DIR/status/<attempt>-rank<r>.json and this process maps it back.
+Signals (SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP) are forwarded to torchrun as SIGTERM, which forwards
+them to every worker; the workers agree on a step, checkpoint once, and exit 75.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch.spec import DEFAULT_MASTER_PORT, JobSpec
+from train import config as config_mod
+from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+
+ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"  # must match train.worker.ATTEMPT_ENV (kept torch-free here)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """Where this node sits in a multi-node job (ignored for a single node)."""
+
+    node_rank: int = 0
+    master_addr: str | None = None
+
+
+def run_id(run_dir: str) -> str:
+    """Stable rendezvous id: every node of the same run computes the same one."""
+    return "tl-" + hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
+
+
+def torchrun_argv(spec: JobSpec, placement: NodePlacement, *, python: str = "python",
+                  module: str = "train", rdzv_run_id: str | None = None) -> list[str]:
+    """The exact torchrun command for one node of `spec` (pure: no environment, no files)."""
+    argv = [python, "-m", "torch.distributed.run",
+            "--nnodes", str(spec.nodes),
+            "--nproc-per-node", str(spec.gpus_per_node),
+            "--max-restarts", str(spec.max_restarts)]
+    if spec.nodes == 1 and placement.master_addr is None:
+        argv.append("--standalone")  # private rendezvous on a free local port
+    else:
+        if placement.master_addr is None:
+            raise BadInput("launch error: --master-addr is required with --nnodes > 1 "
+                           "(pass the host name or address of node 0)")
+        is_host = "true" if placement.node_rank == 0 else "false"
+        argv += ["--node-rank", str(placement.node_rank),
+                 "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"{placement.master_addr}:{spec.master_port}",
+                 "--rdzv-id", rdzv_run_id or "torchlaunch",
+                 "--rdzv-conf", f"is_host={is_host}"]
+    argv += ["-m", module, "--config", spec.config, *spec.overrides]
+    return argv
+
+
+def worker_threads(procs_per_node: int, cores: int) -> int:
+    """OMP threads per worker so that workers x threads <= cores."""
+    return max(1, cores // max(1, procs_per_node))
+
+
+def launch_env(spec: JobSpec, base: dict[str, str], cores: int, attempt: str) -> dict[str, str]:
+    env = dict(base)
+    env.setdefault("OMP_NUM_THREADS", str(worker_threads(spec.gpus_per_node, cores)))
+    # torch 2.14.1: restarts fail with stale addresses in a shared rendezvous store (pytorch#135712).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env[ATTEMPT_ENV] = attempt
+    return env
+
+
+def combine_exit_codes(torchrun_code: int, worker_codes: Sequence[int]) -> int:
+    """The job's exit code from torchrun's and the workers' reports."""
+    if torchrun_code == 0:
+        return OK
+    if BAD_INPUT in worker_codes:
+        return BAD_INPUT
+    if PREEMPTED in worker_codes and FAILURE not in worker_codes:
+        return PREEMPTED
+    return FAILURE
+
+
+def read_worker_codes(run_dir: Path, attempt: str) -> tuple[list[int], list[str]]:
+    codes, reasons = [], []
+    folder = run_dir / "status"
+    for f in sorted(folder.glob(f"{attempt}-rank*.json")):
+        try:
+            record = json.loads(f.read_text())
+            codes.append(int(record["code"]))
+            reasons.append(str(record.get("reason", "")))
+        except (OSError, ValueError, KeyError):
+            continue
+        finally:
+            f.unlink(missing_ok=True)
+    return codes, reasons
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m launch.local",
+                                description="Run DDP training with torchrun on this machine (CPU + gloo without GPUs).")
+    p.add_argument("--gpus", type=int, default=1, help="worker processes on this node (one per GPU)")
+    p.add_argument("--config", required=True, help="recipe YAML, e.g. configs/smoke.yaml")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes in the job")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index (0 hosts the rendezvous)")
+    p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
+    p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on node 0")
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts of the worker group")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: GPUs when visible, else CPU processes on gloo")
+    p.add_argument("--module", default="train", help=argparse.SUPPRESS)
+    p.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    return p.parse_args(argv)
+
+
+def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.RunConfig]:
+    """Validate everything before starting anything; BadInput on the first problem."""
+    if args.gpus < 1:
+        raise BadInput(f"launch error: --gpus must be >= 1, got {args.gpus} (GPUS=1 runs one worker)")
+    if args.nnodes < 1:
+        raise BadInput(f"launch error: --nnodes must be >= 1, got {args.nnodes}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise BadInput(f"launch error: --node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
+    if args.max_restarts < 0:
+        raise BadInput(f"launch error: --max-restarts must be >= 0, got {args.max_restarts}")
+    cfg = config_mod.load(args.config, args.overrides)
+    if args.device != "cpu":
+        gpus = visible_gpus()
+        if args.device == "cuda" and gpus == 0:
+            raise BadInput(f"launch error: --device cuda but no GPU is visible (check the driver and "
+                           f"CUDA_VISIBLE_DEVICES, or use --device cpu)")
+        if gpus and args.gpus > gpus:
+            raise BadInput(f"launch error: GPUS={args.gpus} but only {gpus} GPU(s) are visible "
+                           f"(use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)")
+    resolved = str(Path(cfg.run_dir) / "config.yaml")
+    spec = JobSpec(config=resolved, nodes=args.nnodes, gpus_per_node=args.gpus, run_dir=cfg.run_dir,
+                   master_port=args.master_port, max_restarts=args.max_restarts)
+    return spec, NodePlacement(args.node_rank, args.master_addr), cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        spec, placement, cfg = plan(args)
+        argv_out = torchrun_argv(spec, placement, python=sys.executable, module=args.module,
+                                 rdzv_run_id=run_id(cfg.run_dir))
+    except BadInput as e:
+        print(str(e), file=sys.stderr)
+        return BAD_INPUT
+    if args.dry_run:
+        print(shlex.join(argv_out))
+        return OK
+    config_mod.write_resolved(cfg)
+    attempt = uuid.uuid4().hex[:12]
+    env = launch_env(spec, dict(os.environ), available_cores(), attempt)
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+    return run(argv_out, env, Path(cfg.run_dir), attempt)
+
+
+def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> int:
+    """Run torchrun, forward stop signals to it, and turn the workers' reports into one exit code."""
+    child = subprocess.Popen(argv, env=env)
+    forwarded = {"count": 0}
+
+    def forward(signum: int, frame: object) -> None:
+        forwarded["count"] += 1
+        try:
+            child.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        torchrun_code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    codes, reasons = read_worker_codes(run_dir, attempt)
+    code = combine_exit_codes(torchrun_code, codes)
+    if code == BAD_INPUT:
+        reason = next((r for c, r in zip(codes, reasons) if c == BAD_INPUT), "bad input")
+        print(f"launch: workers stopped on bad input (exit 2, not retried): {reason}", file=sys.stderr)
+    elif code == PREEMPTED:
+        print("launch: preempted with a committed checkpoint (exit 75); run the same command again to resume",
+              file=sys.stderr)
+    elif code == FAILURE:
+        print(f"launch: training failed (torchrun exit {torchrun_code}, worker codes {sorted(set(codes)) or 'none'})",
+              file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Durable checkpoints: atomic commit, checksum, retention, discovery and safe loading.
+
+Layout: RUN_DIR/checkpoints/step-000001234/{state.pt, COMMITTED.json}.
+Commit protocol (rank 0 only):
+  1. write state.pt into a hidden temp folder, hashing the bytes as they are written; fsync it;
+  2. rename the temp folder to step-NNNNNNNNN (atomic) and fsync the parent folder;
+  3. write COMMITTED.json (sha256, size, step, metrics) to a temp name, fsync, rename; fsync folder.
+A checkpoint is valid only when its marker exists and the state file's size and sha256 match it, so a
+crash at any byte leaves at most an invalid folder that discovery skips and the next start removes;
+the previous checkpoint is never touched before a newer one is committed.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from train.exit_codes import BadInput
+
+FORMAT_VERSION = 1
+STATE_FILE = "state.pt"
+MARKER_FILE = "COMMITTED.json"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+TMP_PREFIX = ".tmp-"
+REPLACED_PREFIX = ".replaced-"
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be written; the message says why and what survived."""
+
+
+class InvalidCheckpoint(Exception):
+    """A checkpoint failed verification or safe loading; the message says why."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def parse_step(name: str) -> int | None:
+    """Step number of a checkpoint folder name, as an integer (never compared as text)."""
+    m = STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _HashingFile(io.RawIOBase):
+    """A write-only file that hashes every byte on the way to disk (no second read pass)."""
+
+    def __init__(self, fh: io.BufferedWriter) -> None:
+        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.size += view.nbytes
+        return self.fh.write(view)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    path: Path
+    step: int
+    sha256: str
+    size: int
+    seconds: float
+
+
+def write_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any],
+                     before_commit: Callable[[Path], None] | None = None, replace: bool = False) -> CommitInfo:
+    """Commit `state` as step `step` under `root`; raise CheckpointError and keep the previous on failure.
+
+    A committed checkpoint of the same step is kept as it is unless `replace` (a newer state of the same
+    step, e.g. after validation): then the new one is committed in full before the old one moves aside.
+    `before_commit` is a test hook called with the temp folder after the state is written.
+    """
+    start = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    if not replace and verify(final) is None:
+        marker = read_marker(final)
+        return CommitInfo(final, step, marker["sha256"], marker["bytes"], 0.0)
+    tmp = root / f"{TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        with open(tmp / STATE_FILE, "wb") as raw:
+            hashing = _HashingFile(raw)
+            torch.save(state, hashing)
+            raw.flush()
+            os.fsync(raw.fileno())
+        if before_commit is not None:
+            before_commit(tmp)
+        marker = dict(meta, step=step, sha256=hashing.sha.hexdigest(), bytes=hashing.size,
+                      format_version=FORMAT_VERSION, committed_at=time.time())
+        if final.exists() and (final / MARKER_FILE).exists():
+            # Commit inside the temp folder first, then swap: a crash between the two renames leaves
+            # the old folder aside, and clean_stale() puts it back at the next start (no step is lost).
+            _write_json_atomic(tmp / MARKER_FILE, marker)
+            aside = root / f"{REPLACED_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, aside)
+            os.rename(tmp, final)
+            _fsync_dir(root)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            if final.exists():  # an uncommitted leftover of a crashed save of this same step
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(root)
+            _write_json_atomic(final / MARKER_FILE, marker)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if final.exists() and not (final / MARKER_FILE).exists():
+            shutil.rmtree(final, ignore_errors=True)
+        previous = newest_committed(root)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        if e.errno == errno.ENOSPC:
+            raise CheckpointError(f"checkpoint error: no space left on device writing {final} "
+                                  f"(free space or point run_dir at a larger volume); {kept}") from None
+        raise CheckpointError(f"checkpoint error: writing {final} failed: {e} ({kept})") from None
+    return CommitInfo(final, step, marker["sha256"], marker["bytes"], time.perf_counter() - start)
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    return json.loads((path / MARKER_FILE).read_text())
+
+
+def verify(path: Path) -> str | None:
+    """None when the checkpoint folder is committed and its bytes match; else the reason."""
+    marker_path = path / MARKER_FILE
+    state_path = path / STATE_FILE
+    if not marker_path.is_file():
+        return "no commit marker (the save never finished)"
+    try:
+        marker = read_marker(path)
+        expected_sha, expected_size = marker["sha256"], int(marker["bytes"])
+    except (ValueError, KeyError, TypeError) as e:
+        return f"unreadable commit marker ({e})"
+    if not state_path.is_file():
+        return "state file missing"
+    size = state_path.stat().st_size
+    if size != expected_size:
+        return f"size {size} bytes, expected {expected_size} (truncated?)"
+    sha = hashlib.sha256()
+    with open(state_path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            sha.update(block)
+    if sha.hexdigest() != expected_sha:
+        return "checksum mismatch (corrupted bytes)"
+    return None
+
+
+def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify, then load with weights_only=True: a file that needs arbitrary code is refused."""
+    reason = verify(path)
+    if reason is not None:
+        raise InvalidCheckpoint(reason)
+    try:
+        state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
+        raise InvalidCheckpoint(f"refused by the safe loader (weights_only=True), nothing executed: {first}") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise InvalidCheckpoint(f"cannot be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        version = state.get("format_version") if isinstance(state, dict) else None
+        raise InvalidCheckpoint(f"format version {version!r}, this build reads {FORMAT_VERSION}")
+    return state
+
+
+def candidates(root: Path) -> list[tuple[int, Path]]:
+    """Checkpoint folders under root, newest step first."""
+    if not root.is_dir():
+        return []
+    found = [(step, p) for p in root.iterdir() if p.is_dir() and (step := parse_step(p.name)) is not None]
+    return sorted(found, key=lambda item: item[0], reverse=True)
+
+
+def newest_committed(root: Path) -> Path | None:
+    for _, path in candidates(root):
+        if (path / MARKER_FILE).is_file():
+            return path
+    return None
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def find_latest(root: Path, map_location: str | torch.device = "cpu",
+                on_skip: Callable[[str], None] = warn) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies and loads; each skipped one is reported with its reason."""
+    for _, path in candidates(root):
+        try:
+            return path, load_state(path, map_location)
+        except InvalidCheckpoint as e:
+            on_skip(f"skipping checkpoint {path / STATE_FILE}: {e}; falling back to the previous one")
+    return None
+
+
+def resolve_resume(resume: str, root: Path, map_location: str | torch.device = "cpu",
+                   on_skip: Callable[[str], None] = warn) -> tuple[Path, dict[str, Any]] | None:
+    """`auto` -> newest valid or None; `never` -> None; a path -> that checkpoint or BadInput."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return find_latest(root, map_location, on_skip)
+    path = Path(resume).expanduser()
+    if path.is_file() and path.name == STATE_FILE:
+        path = path.parent
+    if not path.is_dir():
+        raise BadInput(f"config error: checkpoint.resume: {path} does not exist "
+                       "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)")
+    try:
+        return path, load_state(path, map_location)
+    except InvalidCheckpoint as e:
+        raise BadInput(f"config error: checkpoint.resume: {path} is not a valid checkpoint: {e} "
+                       "(pick another checkpoint or use checkpoint.resume=auto)") from None
+
+
+def clean_stale(root: Path) -> list[Path]:
+    """Finish or undo what crashed saves left (rank 0, at start): put back a replaced checkpoint whose
+    successor never landed, then remove temp folders and uncommitted step folders."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(REPLACED_PREFIX):
+            original = root / p.name[len(REPLACED_PREFIX):].rsplit("-", 1)[0]
+            if not original.exists() and verify(p) is None:
+                os.rename(p, original)
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    for p in root.iterdir():
+        stale_tmp = p.name.startswith(TMP_PREFIX)
+        uncommitted = parse_step(p.name) is not None and p.is_dir() and not (p / MARKER_FILE).exists()
+        if stale_tmp or uncommitted:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def apply_retention(root: Path, keep: int, metric: str = "val_acc") -> list[Path]:
+    """Keep the newest `keep` committed checkpoints plus the best by `metric`; delete the rest."""
+    committed = [(step, p) for step, p in candidates(root) if (p / MARKER_FILE).is_file()]
+    keep_paths = {p for _, p in committed[:keep]}
+    scored = []
+    for _, p in committed:
+        try:
+            value = read_marker(p).get(metric)
+        except (ValueError, OSError):
+            value = None
+        if isinstance(value, (int, float)):
+            scored.append((value, p))
+    if scored:
+        keep_paths.add(max(scored, key=lambda item: item[0])[1])
+    removed = []
+    for _, p in committed:
+        if p not in keep_paths:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def detach_copy(obj: Any) -> Any:
+    """A deep copy with every tensor cloned to CPU, so training can go on while it is written."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: detach_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [detach_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(detach_copy(v) for v in obj)
+    return obj
+
+
+class AsyncWriter:
+    """One background save at a time: submit() waits for the previous save, then starts the next."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last: CommitInfo | None = None
+
+    def submit(self, fn: Callable[[], CommitInfo]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                self.last = fn()
+            except BaseException as e:  # surfaced on the training thread by wait()
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> CommitInfo | None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self.last

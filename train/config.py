@@ -1,0 +1,451 @@
+"""The run's configuration: nested dataclasses, YAML + dotted overrides, validation with clear errors.
+
+Launchers resolve defaults + YAML + overrides once and write RUN_DIR/config.yaml; every rank and every
+requeue reads that one file. This module never reads environment variables and never imports torch, so
+launchers can validate a config before anything is started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.exit_codes import BadInput
+
+
+class ConfigError(BadInput):
+    """A config problem, rendered as `config error: <key>: <what is wrong> (<how to fix>)`."""
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        super().__init__(f"config error: {key}: {problem} ({fix})")
+        self.key = key
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `synthetic`."""
+    root: str = "data"
+    """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders."""
+    download: bool = False
+    """cifar10 only: download the batches into `root` when missing (needs internet)."""
+    val_fraction: float = 0.1
+    """imagefolder only: fraction of images held out for validation (fixed by split_seed)."""
+    split_seed: int = 0
+    """Seed of the train/validation split; independent of `seed` so runs share one split."""
+    loader: str = "auto"
+    """`tensor` (decoded uint8 cache + batched augmentation), `pil` (per-sample), `auto` (tensor when
+    every image has the same size)."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank for the `pil` loader."""
+    cache_dir: str = "~/.cache/torchlaunch"
+    """Where decoded uint8 datasets are cached, keyed by the source's fingerprint."""
+    image_size: int = 32
+    """Side length the model sees; the pil loader resizes other sizes to it."""
+    augment: bool = True
+    """Train-time RandomCrop(padding=4) + horizontal flip."""
+    max_train_samples: int = 0
+    """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
+    max_val_samples: int = 0
+    """Use only the first N validation samples (0 = all)."""
+    synthetic_train_size: int = 2048
+    """synthetic only: number of training images."""
+    synthetic_val_size: int = 512
+    """synthetic only: number of validation images."""
+    synthetic_classes: int = 10
+    """synthetic only: number of classes."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "simple_cnn"
+    """`simple_cnn`, `resnet18` (CIFAR stem) or `fastnet` (airbench-style fast CIFAR net)."""
+    width: int = 0
+    """Base channel width (0 = the model's default)."""
+    compile: bool = False
+    """torch.compile the model (slow first steps; helps long GPU runs)."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"
+    """`sgd` or `adamw`."""
+    lr: float = 0.1
+    """Peak learning rate for the global batch."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = True
+    """SGD Nesterov momentum."""
+    weight_decay: float = 5e-4
+    """Decoupled for AdamW, L2 for SGD."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    schedule: str = "cosine"
+    """`cosine`, `step` or `constant` after warmup."""
+    warmup_epochs: float = 0.0
+    """Linear warmup length in epochs (fractions allowed)."""
+    step_epochs: int = 30
+    """`step` schedule: epochs between decays."""
+    step_gamma: float = 0.1
+    """`step` schedule: decay factor."""
+    min_lr_ratio: float = 0.0
+    """`cosine` schedule: final LR as a fraction of `lr`."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    """Passes over the training set."""
+    batch_size: int = 256
+    """Global batch per optimizer step, summed over all ranks; kept on any world size."""
+    micro_batch_size: int = 0
+    """Per-rank batch per forward pass (0 = batch_size / world size); smaller values accumulate."""
+    precision: str = "auto"
+    """`fp32`, `bf16`, `fp16` (with GradScaler) or `auto` (bf16 where supported, else fp32)."""
+    channels_last: bool = True
+    """Use the channels_last memory format (faster convolutions with bf16)."""
+    clip_grad_norm: float = 0.0
+    """Clip the global gradient norm to this value (0 = off)."""
+    label_smoothing: float = 0.0
+    """CrossEntropy label smoothing."""
+    log_every_steps: int = 20
+    """Progress line and metrics.jsonl record every N steps."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps in total (0 = run all epochs)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to RUN_DIR/tb (needs the tensorboard package)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0
+    """Checkpoint every N optimizer steps (0 = only at epoch ends)."""
+    every_epochs: int = 1
+    """Checkpoint at the end of every N epochs (0 = never at epoch ends)."""
+    keep: int = 2
+    """Newest checkpoints kept (>= 2); the best by validation accuracy is kept too."""
+    resume: str = "auto"
+    """`auto` (newest checkpoint that verifies), `never`, or the path of a checkpoint folder."""
+    async_save: bool = True
+    """Write periodic checkpoints in the background; the preemption save is always synchronous."""
+
+
+@dataclass
+class DistConfig:
+    timeout_s: float = 300.0
+    """Process-group timeout: a lost peer fails the collective after this many seconds."""
+    backend: str = "auto"
+    """`auto` (nccl on CUDA, gloo on CPU), `nccl` or `gloo`."""
+
+
+@dataclass
+class PreemptionConfig:
+    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
+    """Signals that mean "checkpoint and stop": the handler only sets a flag."""
+    lead_time_s: float = 0.0
+    """Seconds between the signal and the hard kill (Slurm signal delay, k8s grace); 0 = unknown.
+    A warning is printed when it is below 3x the measured save time."""
+
+
+@dataclass
+class DebugConfig:
+    detect_anomaly: bool = False
+    """torch.autograd anomaly detection: finds the op that made a NaN, but is slow."""
+    check_model: bool = True
+    """Push one fake batch through the model at start-up for clear shape/device errors."""
+
+
+@dataclass
+class RunConfig:
+    run_dir: str = "runs/default"
+    """Checkpoints, metrics, the resolved config and the final model; shared storage on clusters."""
+    seed: int = 0
+    """Seeds model init, data order and augmentation: same seed, same run."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.name": ("cifar10", "imagefolder", "synthetic"),
+    "data.loader": ("auto", "tensor", "pil"),
+    "model.name": ("simple_cnn", "resnet18", "fastnet"),
+    "optim.name": ("sgd", "adamw"),
+    "optim.schedule": ("cosine", "step", "constant"),
+    "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "dist.backend": ("auto", "nccl", "gloo"),
+}
+
+# key -> (predicate, requirement, example fix)
+BOUNDS: dict[str, tuple[typing.Callable[[Any], bool], str, str]] = {
+    "seed": (lambda v: v >= 0, "must be >= 0", "use a non-negative integer seed"),
+    "data.val_fraction": (lambda v: 0.0 < v < 1.0, "must be between 0 and 1", "e.g. data.val_fraction=0.1"),
+    "data.num_workers": (lambda v: v >= 0, "must be >= 0", "use 0 to load in the training process"),
+    "data.image_size": (lambda v: v >= 8, "must be >= 8", "e.g. data.image_size=32"),
+    "data.max_train_samples": (lambda v: v >= 0, "must be >= 0", "use 0 for all samples"),
+    "data.max_val_samples": (lambda v: v >= 0, "must be >= 0", "use 0 for all samples"),
+    "data.synthetic_train_size": (lambda v: v >= 1, "must be >= 1", "e.g. 2048"),
+    "data.synthetic_val_size": (lambda v: v >= 1, "must be >= 1", "e.g. 512"),
+    "data.synthetic_classes": (lambda v: v >= 2, "must be >= 2", "e.g. 10"),
+    "model.width": (lambda v: v >= 0, "must be >= 0", "use 0 for the model's default width"),
+    "optim.lr": (lambda v: v > 0, "must be > 0", "use a positive learning rate such as optim.lr=0.1"),
+    "optim.momentum": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)", "e.g. optim.momentum=0.9"),
+    "optim.weight_decay": (lambda v: v >= 0, "must be >= 0", "e.g. optim.weight_decay=5e-4"),
+    "optim.betas": (
+        lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v),
+        "must be two numbers in [0, 1)",
+        "e.g. optim.betas=[0.9,0.999]",
+    ),
+    "optim.warmup_epochs": (lambda v: v >= 0, "must be >= 0", "use 0 for no warmup"),
+    "optim.step_epochs": (lambda v: v >= 1, "must be >= 1", "e.g. optim.step_epochs=30"),
+    "optim.step_gamma": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]", "e.g. optim.step_gamma=0.1"),
+    "optim.min_lr_ratio": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]", "e.g. 0.0"),
+    "train.epochs": (lambda v: v >= 1, "must be >= 1", "e.g. train.epochs=10"),
+    "train.batch_size": (lambda v: v >= 1, "must be >= 1", "e.g. train.batch_size=256"),
+    "train.micro_batch_size": (lambda v: v >= 0, "must be >= 0", "use 0 for batch_size / world size"),
+    "train.clip_grad_norm": (lambda v: v >= 0, "must be >= 0", "use 0 to disable clipping"),
+    "train.label_smoothing": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)", "e.g. 0.1"),
+    "train.log_every_steps": (lambda v: v >= 1, "must be >= 1", "e.g. train.log_every_steps=20"),
+    "train.max_steps": (lambda v: v >= 0, "must be >= 0", "use 0 to run all epochs"),
+    "checkpoint.every_steps": (lambda v: v >= 0, "must be >= 0", "use 0 for epoch-end checkpoints only"),
+    "checkpoint.every_epochs": (lambda v: v >= 0, "must be >= 0", "e.g. checkpoint.every_epochs=1"),
+    "checkpoint.keep": (lambda v: v >= 2, "must be >= 2", "keep at least 2 so a corrupt newest one has a fallback"),
+    "dist.timeout_s": (lambda v: v > 0, "must be > 0", "e.g. dist.timeout_s=300"),
+    "preemption.lead_time_s": (lambda v: v >= 0, "must be >= 0", "use 0 when unknown"),
+}
+
+KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGCONT")
+
+
+def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
+    """Every dotted leaf key, for error suggestions and docs."""
+    keys: list[str] = []
+    for name, tp in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            keys.extend(all_keys(tp, prefix + name + "."))
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _describe(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if tp in names:
+        return names[tp]
+    if typing.get_origin(tp) is list:
+        return f"a list of {_describe(typing.get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s"
+    return str(tp)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert a YAML value to the field's type, or raise ConfigError saying what was expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(key, value, args[0])
+    example = f"{key}=<{_describe(tp)}>"
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"expected true or false, got {value!r}", f"write {key}=true or {key}=false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(key, f"expected an integer, got {value!r}", f"write a whole number, e.g. {key}=10")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads "1e-3" as a string
+            except ValueError:
+                pass
+        raise ConfigError(key, f"expected a number, got {value!r}", f"write a number, e.g. {key}=0.1")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(key, f"expected a string, got {value!r}", f"write {example}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(key, f"expected a list, got {value!r}", f"write e.g. {key}=[a,b]")
+        return [_coerce(key, v, item_tp) for v in value]
+    raise ConfigError(key, f"unsupported type {tp}", "this is a bug in torchlaunch; please report it")
+
+
+def _unknown_key(key: str) -> ConfigError:
+    near = difflib.get_close_matches(key, all_keys(), n=1)
+    hint = f"did you mean {near[0]}?" if near else "see `python -m train --help-config` for valid keys"
+    return ConfigError(key, "unknown key", hint)
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}",
+                          "indent the section's keys under it")
+    hints = _type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            raise _unknown_key(prefix + str(k))
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        tp = hints[f.name]
+        key = prefix + f.name
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, data[f.name], key + ".")
+        else:
+            kwargs[f.name] = _coerce(key, data[f.name], tp)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value` -> ("a.b", value parsed as a YAML scalar)."""
+    if "=" not in text:
+        raise ConfigError(text, "override is not of the form key=value", f"write e.g. {text}=VALUE")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(text, "override has no key", "write key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise _unknown_key(key)
+        node = child
+    node[parts[-1]] = value
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a YAML mapping, turning a missing file or bad syntax into one clear line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--config", f"file not found: {p}",
+                          "pass an existing YAML file, e.g. --config configs/smoke.yaml")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError("--config", f"{p} is not valid YAML{where}",
+                          "fix the syntax, e.g. `key: value` pairs with consistent indentation") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("--config", f"{p} must hold a mapping of keys, got {type(data).__name__}",
+                          "write `section:` blocks of `key: value` pairs")
+    return data
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Check choices and ranges; raise ConfigError on the first problem."""
+    flat = to_dict(cfg)
+    for key, choices in CHOICES.items():
+        value = _get_dotted(flat, key)
+        if value not in choices:
+            raise ConfigError(key, f"unknown value {value!r}", f"choose one of: {', '.join(choices)}")
+    for key, (ok, requirement, fix) in BOUNDS.items():
+        value = _get_dotted(flat, key)
+        if not ok(value):
+            raise ConfigError(key, f"{requirement}, got {value!r}", fix)
+    for sig in cfg.preemption.signals:
+        if sig not in KNOWN_SIGNALS:
+            raise ConfigError("preemption.signals", f"unknown signal {sig!r}",
+                              f"choose from: {', '.join(KNOWN_SIGNALS)}")
+    if not str(cfg.run_dir).strip():
+        raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
+    if not str(cfg.data.root).strip() and cfg.data.name != "synthetic":
+        raise ConfigError("data.root", "must not be empty", "point it at your dataset folder")
+    if cfg.train.micro_batch_size and cfg.train.batch_size % cfg.train.micro_batch_size:
+        raise ConfigError("train.micro_batch_size",
+                          f"{cfg.train.micro_batch_size} does not divide train.batch_size={cfg.train.batch_size}",
+                          "pick a divisor of the global batch")
+    return cfg
+
+
+def _get_dotted(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def load(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str] = ()) -> RunConfig:
+    """Defaults <- YAML file <- `key=value` overrides, validated."""
+    tree = read_yaml(path) if path is not None else {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    return validate(_build(RunConfig, tree, ""))
+
+
+def to_dict(cfg: RunConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    return validate(_build(RunConfig, data, ""))
+
+
+def dump(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
+
+
+def write_resolved(cfg: RunConfig) -> Path:
+    """Atomically write RUN_DIR/config.yaml (temp file + rename) so readers never see half a file."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    target = run_dir / "config.yaml"
+    text = dump(cfg)
+    if target.is_file() and target.read_text() == text:
+        return target
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

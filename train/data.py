@@ -1,0 +1,479 @@
+"""Datasets, the deterministic resumable batch plan, batched augmentation and loaders.
+
+Determinism contract (what makes exact resume and world-size changes possible):
+- the global order of an epoch is a permutation that depends only on (seed, epoch);
+- global step s of an epoch is the slice perm[s*B:(s+1)*B] of that order (B = global batch);
+- rank r of W takes the r-th contiguous 1/W of that slice, split into micro-batches;
+- augmentation parameters (crop offsets, flips) are drawn per global step from (seed, epoch, step)
+  and sliced the same way.
+So the samples and augmentations in a global step do not depend on the world size at all, and
+resuming needs only (epoch, step within the epoch): no data is replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from train.config import DataConfig
+from train.exit_codes import BadInput
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
+CROP_PADDING = 4
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers, identical in every process (unlike hash())."""
+    digest = hashlib.blake2b(b",".join(str(int(p)).encode() for p in parts), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Image sets
+
+
+@dataclass
+class ImageSet:
+    """Labels plus either decoded uint8 images (N,3,H,W) or image files decoded on demand."""
+
+    labels: torch.Tensor
+    images: torch.Tensor | None = None
+    files: list[str] | None = None
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def subset(self, index: torch.Tensor) -> "ImageSet":
+        return ImageSet(
+            labels=self.labels[index],
+            images=self.images[index] if self.images is not None else None,
+            files=[self.files[i] for i in index.tolist()] if self.files is not None else None,
+        )
+
+    def head(self, n: int) -> "ImageSet":
+        return self if n <= 0 or n >= len(self) else self.subset(torch.arange(n))
+
+
+@dataclass
+class DataBundle:
+    """Train and validation sets plus what the model and normalisation need to know."""
+
+    train: ImageSet
+    val: ImageSet
+    classes: list[str]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    image_size: int
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean/std of uint8 images, in [0, 1] units, computed in float64 chunks."""
+    total = torch.zeros(3, dtype=torch.float64)
+    total_sq = torch.zeros(3, dtype=torch.float64)
+    count = 0
+    for chunk in images.split(4096):
+        x = chunk.to(torch.float64) / 255.0
+        total += x.sum(dim=(0, 2, 3))
+        total_sq += (x * x).sum(dim=(0, 2, 3))
+        count += x.shape[0] * x.shape[2] * x.shape[3]
+    mean = total / count
+    std = (total_sq / count - mean * mean).clamp_min(1e-12).sqrt()
+    return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
+
+
+def make_synthetic(cfg: DataConfig) -> DataBundle:
+    """Deterministic random images with a learnable class signal: a smooth per-class colour pattern
+    (4x4 upsampled, so it survives random crops and flips) plus pixel noise."""
+    g = torch.Generator().manual_seed(mix_seed(cfg.split_seed, 7919))
+    k, size = cfg.synthetic_classes, cfg.image_size
+    coarse = torch.rand(k, 3, 4, 4, generator=g)
+    templates = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear",
+                                                align_corners=False) * 96 + 80
+
+    def draw(n: int) -> ImageSet:
+        labels = torch.randint(0, k, (n,), generator=g)
+        noise = torch.randn(n, 3, size, size, generator=g) * 90
+        images = (templates[labels] + noise).clamp(0, 255).to(torch.uint8)
+        return ImageSet(labels=labels, images=images)
+
+    train, val = draw(cfg.synthetic_train_size), draw(cfg.synthetic_val_size)
+    mean, std = channel_stats(train.images)
+    return DataBundle(train, val, [f"class{i}" for i in range(k)], mean, std, size)
+
+
+def cifar10_missing_message(root: Path, reason: str) -> str:
+    return (f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): set "
+            f"data.download=true when online, or point data.root at a folder holding "
+            f"cifar-10-batches-py, or use data.name=imagefolder data.root=<folder of class folders>")
+
+
+def load_cifar10(cfg: DataConfig) -> DataBundle:
+    """torchvision's CIFAR-10 python batches: the 50k train set and the 10k test set as validation."""
+    import torchvision
+
+    root = Path(cfg.root).expanduser()
+    present = (root / "cifar-10-batches-py" / "test_batch").is_file()
+    if not present and not cfg.download:
+        raise BadInput(cifar10_missing_message(root, "download is off"))
+    try:
+        train = torchvision.datasets.CIFAR10(str(root), train=True, download=cfg.download and not present)
+        test = torchvision.datasets.CIFAR10(str(root), train=False, download=False)
+    except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadInput(cifar10_missing_message(root, f"download failed or files corrupt: {reason}")) from None
+
+    def to_set(ds: object) -> ImageSet:
+        images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
+        return ImageSet(labels=torch.tensor(ds.targets, dtype=torch.int64), images=images)
+
+    return DataBundle(to_set(train), to_set(test), list(train.classes), CIFAR10_MEAN, CIFAR10_STD, 32)
+
+
+def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
+    """Class folders -> (classes, files, labels), sorted so every rank sees the same order."""
+    if not root.is_dir():
+        raise BadInput(f"data error: data.root {root} does not exist or is not a folder "
+                       f"(point data.root at a folder of class folders, e.g. train/<class>/<image>.jpg)")
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise BadInput(f"data error: {root} has no class folders (expected {root}/<class>/<image>.jpg; "
+                       f"point data.root at the folder that holds the class folders)")
+    files: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        for dirpath, dirnames, filenames in os.walk(root / name):
+            dirnames.sort()
+            for fn in sorted(filenames):
+                if fn.lower().endswith(IMAGE_EXTENSIONS):
+                    files.append(os.path.join(dirpath, fn))
+                    labels.append(label)
+    if not files:
+        raise BadInput(f"data error: {root} has class folders but no images with extensions "
+                       f"{', '.join(IMAGE_EXTENSIONS)} (copy images into {root}/<class>/)")
+    return classes, files, labels
+
+
+def decode_image(path: str, size: int | None = None) -> torch.Tensor:
+    """One image file -> uint8 (3,H,W), resized to size x size when given; names a corrupt file."""
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            if size is not None and im.size != (size, size):
+                im = im.resize((size, size), Image.Resampling.BILINEAR)
+            array = np.asarray(im, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise BadInput(f"data error: cannot decode image {path}: {e} (delete or replace that file)") from None
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def folder_fingerprint(root: Path, files: list[str]) -> str:
+    """Cheap content key: relative paths, sizes and modification times of every image."""
+    h = hashlib.sha256()
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.path.relpath(f, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def common_size(files: list[str]) -> tuple[int, int] | None:
+    """(w, h) when every image has the same size (header reads only), else None."""
+    first: tuple[int, int] | None = None
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                size = im.size
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            raise BadInput(f"data error: cannot decode image {f}: {e} (delete or replace that file)") from None
+        if first is None:
+            first = size
+        elif size != first:
+            return None
+    return first
+
+
+def decoded_cache(root: Path, files: list[str], labels: list[int], cache_dir: Path) -> torch.Tensor:
+    """Decode every image once into a uint8 array cached on disk, keyed by the folder's fingerprint."""
+    key = folder_fingerprint(root, files)
+    target = cache_dir / f"imagefolder-{key}"
+    images_file = target / "images.npy"
+    if images_file.is_file():
+        return torch.from_numpy(np.load(images_file, allow_pickle=False))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    images = torch.stack([decode_image(f) for f in files]).numpy()
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
+    try:
+        np.save(tmp / "images.npy", images, allow_pickle=False)
+        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(files)}))
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another node or rank published the same cache first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return torch.from_numpy(images)
+
+
+def split_indices(n: int, val_fraction: float, split_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed, seeded train/validation split of n samples (sorted index tensors)."""
+    g = torch.Generator().manual_seed(mix_seed(split_seed, 104729))
+    perm = torch.randperm(n, generator=g)
+    n_val = max(1, round(n * val_fraction))
+    return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+
+def load_imagefolder(cfg: DataConfig) -> DataBundle:
+    root = Path(cfg.root).expanduser()
+    classes, files, label_list = scan_imagefolder(root)
+    labels = torch.tensor(label_list, dtype=torch.int64)
+    if len(files) < 2:
+        raise BadInput(f"data error: {root} has only {len(files)} image(s); need at least 2 to hold out "
+                       f"a validation split (add images)")
+    train_idx, val_idx = split_indices(len(files), cfg.val_fraction, cfg.split_seed)
+    loader = cfg.loader
+    size = common_size(files) if loader in ("auto", "tensor") else None
+    if loader == "tensor" and size is None:
+        raise BadInput(f"config error: data.loader: images under {root} differ in size "
+                       f"(use data.loader=pil, which resizes to data.image_size)")
+    if loader == "auto":
+        loader = "tensor" if size == (cfg.image_size, cfg.image_size) else "pil"
+    if loader == "tensor":
+        everything = ImageSet(labels=labels, images=decoded_cache(root, files, label_list,
+                                                                  Path(cfg.cache_dir).expanduser()))
+        train = everything.subset(train_idx)
+        mean, std = channel_stats(train.images)
+        return DataBundle(train, everything.subset(val_idx), classes, mean, std, cfg.image_size)
+    everything = ImageSet(labels=labels, files=files)
+    train = everything.subset(train_idx)
+    probe = torch.stack([decode_image(f, cfg.image_size) for f in train.files[:: max(1, len(train) // 512)]])
+    mean, std = channel_stats(probe)
+    return DataBundle(train, everything.subset(val_idx), classes, mean, std, cfg.image_size)
+
+
+def load_bundle(cfg: DataConfig) -> DataBundle:
+    """The configured dataset, truncated by max_train_samples / max_val_samples."""
+    if cfg.name == "synthetic":
+        bundle = make_synthetic(cfg)
+    elif cfg.name == "cifar10":
+        bundle = load_cifar10(cfg)
+    else:
+        bundle = load_imagefolder(cfg)
+    bundle.train = bundle.train.head(cfg.max_train_samples)
+    bundle.val = bundle.val.head(cfg.max_val_samples)
+    if len(bundle.train) == 0 or len(bundle.val) == 0:
+        raise BadInput("data error: empty training or validation split (add data or raise "
+                       "data.max_train_samples / data.max_val_samples)")
+    return bundle
+
+
+# ----------------------------------------------------------------------------------------------
+# The batch plan
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which samples and augmentations each rank gets at every (epoch, step)."""
+
+    num_samples: int
+    global_batch: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+    micro_batch: int = 0
+
+    def __post_init__(self) -> None:
+        if self.global_batch % self.world_size:
+            raise BadInput(f"config error: train.batch_size: {self.global_batch} is not divisible by the "
+                           f"world size {self.world_size} (use a multiple of {self.world_size})")
+        per_rank = self.global_batch // self.world_size
+        micro = self.micro_batch or per_rank
+        if micro > per_rank or per_rank % micro:
+            raise BadInput(f"config error: train.micro_batch_size: {micro} does not divide the per-rank "
+                           f"batch {per_rank} (batch_size {self.global_batch} / world size "
+                           f"{self.world_size}); use a divisor of {per_rank}")
+        if self.steps_per_epoch < 1:
+            raise BadInput(f"config error: train.batch_size: {self.global_batch} is larger than the "
+                           f"training set ({self.num_samples} samples); use a smaller batch")
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.world_size
+
+    @property
+    def micro(self) -> int:
+        return self.micro_batch or self.per_rank
+
+    @property
+    def accumulation(self) -> int:
+        return self.per_rank // self.micro
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch  # the last partial batch is dropped
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 1))
+        return torch.randperm(self.num_samples, generator=g)
+
+    def global_augmentation(self, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dy, dx, flip) for every sample of the global step."""
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, step, 2))
+        shifts = torch.randint(0, 2 * CROP_PADDING + 1, (2, self.global_batch), generator=g)
+        flips = torch.randint(0, 2, (self.global_batch,), generator=g).bool()
+        return shifts[0], shifts[1], flips
+
+    def rank_slice(self) -> slice:
+        return slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+
+    def rank_step(self, perm: torch.Tensor, epoch: int, step: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """This rank's sample indices and augmentation parameters at (epoch, step)."""
+        sl = self.rank_slice()
+        indices = perm[step * self.global_batch:(step + 1) * self.global_batch][sl]
+        aug = tuple(t[sl] for t in self.global_augmentation(epoch, step))
+        return indices, aug
+
+
+# ----------------------------------------------------------------------------------------------
+# Batched augmentation on tensors
+
+
+def augment(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """RandomCrop(size, padding=4, zero fill) + horizontal flip for a whole uint8 batch at once."""
+    n, c, h, w = images.shape
+    p = CROP_PADDING
+    padded = torch.nn.functional.pad(images, (p, p, p, p))
+    device = images.device
+    rows = (dy.to(device)[:, None] + torch.arange(h, device=device))  # (n, h)
+    cols = (dx.to(device)[:, None] + torch.arange(w, device=device))  # (n, w)
+    cols = torch.where(flip.to(device)[:, None], cols.flip(1), cols)
+    batch = torch.arange(n, device=device)[:, None, None, None]
+    chan = torch.arange(c, device=device)[None, :, None, None]
+    return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+class Normalizer:
+    """uint8 -> float normalised by the dataset's mean/std, in the training memory format."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+                 channels_last: bool) -> None:
+        self.scale = (1.0 / (255.0 * torch.tensor(std, device=device))).view(1, 3, 1, 1)
+        self.shift = (torch.tensor(mean, device=device) / torch.tensor(std, device=device)).view(1, 3, 1, 1)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.to(torch.float32) * self.scale - self.shift
+        return x.contiguous(memory_format=self.memory_format)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loaders
+
+
+class _FileDataset(torch.utils.data.Dataset):
+    """Decodes one file per index: the per-sample path for images of any size."""
+
+    def __init__(self, files: list[str], labels: torch.Tensor, size: int) -> None:
+        self.files, self.labels, self.size = files, labels, size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return decode_image(self.files[i], self.size), int(self.labels[i])
+
+
+def _reraise_bad_input(e: Exception) -> None:
+    """DataLoader workers wrap exceptions in a traceback text; recover our one-line message."""
+    for line in str(e).splitlines():
+        line = line.split("BadInput: ", 1)[-1]
+        if line.startswith(("data error:", "config error:")):
+            raise BadInput(line) from None
+
+
+class TrainLoader:
+    """Yields this rank's micro-batches for each step of an epoch, from any starting step."""
+
+    def __init__(self, data: ImageSet, plan: BatchPlan, normalize: Normalizer, device: torch.device,
+                 augment_on: bool, num_workers: int, image_size: int) -> None:
+        self.data, self.plan, self.normalize, self.device = data, plan, normalize, device
+        self.augment_on, self.num_workers, self.image_size = augment_on, num_workers, image_size
+        self.images = data.images
+        if self.images is not None and device.type == "cuda":
+            self.images = self.images.to(device)  # the whole uint8 set fits easily on a GPU
+            self.labels = data.labels.to(device)
+        else:
+            self.labels = data.labels
+
+    def epoch(self, epoch: int, start_step: int) -> Iterator[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]:
+        perm = self.plan.permutation(epoch)
+        steps = range(start_step, self.plan.steps_per_epoch)
+        if self.images is not None:
+            for step in steps:
+                idx, aug = self.plan.rank_step(perm, epoch, step)
+                idx = idx.to(self.images.device)
+                yield step, self._micro_batches(self.images[idx], self.labels[idx], aug)
+            return
+        yield from self._file_epoch(perm, epoch, steps)
+
+    def _file_epoch(self, perm: torch.Tensor, epoch: int, steps: range) -> Iterator:
+        batches = [self.plan.rank_step(perm, epoch, s)[0].tolist() for s in steps]
+        loader = torch.utils.data.DataLoader(
+            _FileDataset(self.data.files, self.data.labels, self.image_size),
+            batch_sampler=batches, num_workers=self.num_workers,
+            pin_memory=self.device.type == "cuda", multiprocessing_context="fork" if self.num_workers else None,
+        )
+        try:
+            for step, (images, labels) in zip(steps, loader):
+                _, aug = self.plan.rank_step(perm, epoch, step)
+                yield step, self._micro_batches(images.to(self.device, non_blocking=True),
+                                                labels.to(self.device, non_blocking=True), aug)
+        except Exception as e:  # noqa: BLE001 - only to recover a worker's BadInput message
+            _reraise_bad_input(e)
+            raise
+
+    def _micro_batches(self, images: torch.Tensor, labels: torch.Tensor,
+                       aug: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.augment_on:
+            images = augment(images, *aug)
+        x = self.normalize(images)
+        m = self.plan.micro
+        return [(x[i:i + m], labels[i:i + m]) for i in range(0, x.shape[0], m)]
+
+
+def eval_shard(n: int, rank: int, world_size: int) -> range:
+    """Contiguous, non-overlapping shard: every sample is evaluated exactly once across ranks."""
+    return range(rank * n // world_size, (rank + 1) * n // world_size)
+
+
+def eval_batches(data: ImageSet, rank: int, world_size: int, batch: int, normalize: Normalizer,
+                 device: torch.device, image_size: int, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    shard = eval_shard(len(data), rank, world_size)
+    if data.images is not None:
+        for start in range(shard.start, shard.stop, batch):
+            stop = min(start + batch, shard.stop)
+            yield normalize(data.images[start:stop].to(device)), data.labels[start:stop].to(device)
+        return
+    index_batches = [list(range(s, min(s + batch, shard.stop))) for s in range(shard.start, shard.stop, batch)]
+    loader = torch.utils.data.DataLoader(_FileDataset(data.files, data.labels, image_size),
+                                         batch_sampler=index_batches, num_workers=num_workers)
+    try:
+        for images, labels in loader:
+            yield normalize(images.to(device)), labels.to(device)
+    except Exception as e:  # noqa: BLE001
+        _reraise_bad_input(e)
+        raise

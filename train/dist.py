@@ -1,0 +1,168 @@
+"""Process-group setup: the only reader of the launcher -> worker environment contract.
+
+Contract: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. When they are
+absent the worker runs as a single process without a process group, so `python -m train` works on a
+laptop exactly like under torchrun, submitit or Kubernetes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from train.exit_codes import BadInput
+
+CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Who this process is in the job, and where it computes."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_env(env: Mapping[str, str] | None = None) -> dict[str, int | str] | None:
+    """Parse the contract; None when no launcher set it. Half-set contracts are bad input."""
+    env = os.environ if env is None else env
+    present = [k for k in CONTRACT if k in env]
+    if not present:
+        return None
+    if "RANK" in present and "WORLD_SIZE" in present and len(present) < len(CONTRACT):
+        missing = [k for k in CONTRACT if k not in env and k not in ("LOCAL_WORLD_SIZE",)]
+        if missing:
+            raise BadInput(f"env error: {', '.join(missing)} not set while RANK/WORLD_SIZE are "
+                           "(start workers with a launcher: python -m launch.local, torchrun, submitit)")
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    parsed: dict[str, int | str] = {}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        raw = env.get(key, "1" if key == "LOCAL_WORLD_SIZE" else "0")
+        try:
+            parsed[key] = int(raw)
+        except ValueError:
+            raise BadInput(f"env error: {key}={raw!r} is not an integer (fix the launcher's environment)") from None
+    parsed["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
+    if not 0 <= int(parsed["RANK"]) < int(parsed["WORLD_SIZE"]):
+        raise BadInput(f"env error: RANK={parsed['RANK']} outside WORLD_SIZE={parsed['WORLD_SIZE']} "
+                       "(fix the launcher's environment)")
+    return parsed
+
+
+def pick_device(local_rank: int) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is usable, else CPU."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise BadInput(f"env error: LOCAL_RANK={local_rank} but only {count} GPU(s) are visible "
+                           "(start at most one worker per GPU, or check CUDA_VISIBLE_DEVICES)")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(timeout_s: float = 300.0, backend: str = "auto") -> DistContext:
+    """Join the process group described by the environment (or run alone)."""
+    env = read_env()
+    if env is None:
+        device = pick_device(0)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return DistContext(device=device)
+    local_rank = int(env["LOCAL_RANK"])
+    device = pick_device(local_rank)
+    chosen = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    if chosen == "nccl" and device.type != "cuda":
+        raise BadInput("config error: dist.backend: nccl needs CUDA GPUs (use dist.backend=gloo or auto on CPU)")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=chosen,
+        init_method="env://",  # reuses torchrun's store when it shares one, else rank 0 hosts it
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return DistContext(
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=local_rank,
+        local_world_size=int(env["LOCAL_WORLD_SIZE"]),
+        device=device,
+        backend=chosen,
+    )
+
+
+def teardown(ctx: DistContext, clean: bool = True) -> None:
+    """Leave the process group. A barrier first: without it one rank sometimes aborts at exit on
+    torch 2.14.1 ("terminate called without an active exception"). Skipped after a failure, where a
+    peer may be gone and the barrier would only hang until the timeout."""
+    if not ctx.distributed or not dist.is_initialized():
+        return
+    if clean:
+        try:
+            barrier(ctx)
+        except Exception:  # a peer already left: nothing to synchronise with
+            pass
+    dist.destroy_process_group()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        if ctx.device.type == "cuda":
+            dist.barrier(device_ids=[ctx.device.index])
+        else:
+            dist.barrier()
+
+
+def all_reduce_max(ctx: DistContext, values: list[float]) -> list[float]:
+    """Element-wise max over ranks of a few flags: one small collective per call."""
+    if not ctx.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (float64 so counts and sums stay exact)."""
+    if not ctx.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def broadcast_object(ctx: DistContext, obj: object, src: int = 0) -> object:
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=ctx.device if ctx.device.type == "cuda" else None)
+    return box[0]
+
+
+def gather_objects(ctx: DistContext, obj: object) -> list[object]:
+    """Every rank's object, on every rank (small objects only, e.g. RNG states)."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,543 @@
+"""The training loop: AMP, gradient accumulation, clipping, finite checks, validation, checkpoints.
+
+One Trainer per rank. All ranks run the same sequence of collectives: per step one tiny all-reduce
+that carries both "a rank was signalled" and "a rank saw a non-finite loss", so preemption and NaN
+stops are agreed at the same step everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from train import checkpoint as ckpt
+from train import config as config_mod
+from train.config import RunConfig
+from train.data import BatchPlan, DataBundle, Normalizer, TrainLoader, eval_batches
+from train.dist import DistContext, all_reduce_max, all_reduce_sum, broadcast_object, gather_objects
+from train.exit_codes import OK, PREEMPTED, BadInput
+from train.models import build_model
+from train.preemption import PreemptionWatcher
+
+VERSION = "0.1.0"
+
+
+class NonFiniteLoss(BadInput):
+    """The loss became NaN/inf; a deterministic rerun would hit it again, so it counts as bad input."""
+
+
+@dataclass
+class Progress:
+    """Where the run is: epoch, optimizer steps done in that epoch, and in total."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    val_pending: bool = False
+    """The epoch's training steps are done but its validation is not (preempted during validation)."""
+    best_val_acc: float | None = None
+    last_val: dict[str, float] = field(default_factory=dict)
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if torch.backends.mkldnn.is_available() and _cpu_bf16_ok() else "fp32"
+
+
+def _cpu_bf16_ok() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """This rank's RNG states in weights_only-loadable types."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
+                  int(np_state[3]), float(np_state[4])],
+        "python": random.getstate(),
+    }
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """Same model init on every rank (DDP also broadcasts it); per-rank streams for anything else."""
+    torch.manual_seed(seed)
+    random.seed(seed * 1000 + rank)
+    np.random.seed((seed * 1000 + rank) % (2**32))
+
+
+def lr_lambda_factory(cfg: RunConfig, steps_per_epoch: int, total_steps: int):
+    warmup = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
+    sched = cfg.optim.schedule
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if sched == "constant":
+            return 1.0
+        if sched == "step":
+            return cfg.optim.step_gamma ** (step // (cfg.optim.step_epochs * steps_per_epoch))
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        floor = cfg.optim.min_lr_ratio
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    o = cfg.optim
+    if o.name == "adamw":
+        return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
+                                 fused=device.type == "cuda" or None)
+    return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
+                           weight_decay=o.weight_decay, foreach=True)
+
+
+class MetricsLog:
+    """RUN_DIR/metrics.jsonl on rank 0; on resume, lines past the checkpoint are dropped so a
+    resumed run's log reads like one uninterrupted run."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        if resume_step is not None and path.is_file():
+            kept = [ln for ln in path.read_text().splitlines() if _line_step(ln) is not None
+                    and _line_step(ln) <= resume_step]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(ln + "\n" for ln in kept))
+            os.replace(tmp, path)
+        elif resume_step is None and path.is_file():
+            path.unlink()
+        self._fh = open(path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            self._fh.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.enabled:
+            self._fh.close()
+
+
+def _line_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Reporter:
+    """Rank-0 progress: a tqdm bar on a terminal, plain periodic lines in batch logs."""
+
+    def __init__(self, enabled: bool, total_steps: int, start_step: int) -> None:
+        self.enabled = enabled
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            except ImportError:
+                self.bar = None
+
+    def step(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def line(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Trainer:
+    """Builds model, optimizer, schedule and loaders for one rank, and runs fit()."""
+
+    def __init__(self, cfg: RunConfig, ctx: DistContext, data: DataBundle, watcher: PreemptionWatcher) -> None:
+        self.cfg, self.ctx, self.data, self.watcher = cfg, ctx, data, watcher
+        self.device = ctx.device
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.precision = resolve_precision(cfg.train.precision, self.device)
+        if self.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self.plan = BatchPlan(len(data.train), cfg.train.batch_size, cfg.seed, ctx.rank, ctx.world_size,
+                              cfg.train.micro_batch_size)
+        total = self.plan.steps_per_epoch * cfg.train.epochs
+        self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+
+        seed_everything(cfg.seed, ctx.rank)
+        model = build_model(cfg.model.name, data.num_classes, cfg.model.width).to(self.device)
+        self.memory_format = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
+        model = model.to(memory_format=self.memory_format)
+        if cfg.debug.check_model:
+            self._check_model(model)
+        self.model = model
+        self.optimizer = build_optimizer(cfg, model, self.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda_factory(cfg, self.plan.steps_per_epoch, self.total_steps))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.net: nn.Module = model
+        if ctx.distributed:
+            self.net = DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                gradient_as_bucket_view=True)
+        if cfg.model.compile:
+            self.net = torch.compile(self.net)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
+        normalize = Normalizer(data.mean, data.std, self.device, cfg.train.channels_last)
+        self.normalize = normalize
+        self.loader = TrainLoader(data.train, self.plan, normalize, self.device, cfg.data.augment,
+                                  cfg.data.num_workers, data.image_size)
+        self.progress = Progress()
+        self.writer = ckpt.AsyncWriter()
+        self.last_saved: tuple[int, int, bool] | None = None
+        self.save_seconds: float | None = None
+
+    # ------------------------------------------------------------------ start-up checks
+
+    def _check_model(self, model: nn.Module) -> None:
+        """One fake batch through the model: shape and device mistakes become one clear line."""
+        try:
+            from train.debug import check_model_io
+        except ImportError:
+            check_model_io = None
+        shape = (2, 3, self.data.image_size, self.data.image_size)
+        if check_model_io is not None:
+            check_model_io(model, shape, self.data.num_classes, self.device)
+            return
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = model(torch.zeros(shape, device=self.device).contiguous(memory_format=self.memory_format))
+        except RuntimeError as e:
+            raise BadInput(f"model error: {self.cfg.model.name} cannot take input of shape {list(shape)}: "
+                           f"{str(e).splitlines()[0]} (check data.image_size and the model's layers)") from None
+        finally:
+            model.train(was_training)
+        if tuple(out.shape) != (2, self.data.num_classes):
+            raise BadInput(f"model error: {self.cfg.model.name} returns shape {list(out.shape)}, expected "
+                           f"[batch, {self.data.num_classes}] (make the head output one logit per class)")
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit for bit (RNG of every rank included)."""
+        rng = gather_objects(self.ctx, capture_rng(self.device))
+        p = self.progress
+        return {
+            "format_version": ckpt.FORMAT_VERSION,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": {"epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "global_step": p.global_step,
+                         "samples_in_epoch": p.step_in_epoch * self.plan.global_batch,
+                         "val_pending": p.val_pending, "best_val_acc": p.best_val_acc,
+                         "last_val": dict(p.last_val)},
+            "world_size": self.ctx.world_size,
+            "global_batch": self.plan.global_batch,
+            "rng": rng,
+            "classes": list(self.data.classes),
+            "norm": {"mean": list(self.data.mean), "std": list(self.data.std)},
+            "config": config_mod.to_dict(self.cfg),
+            "versions": {"torchlaunch": VERSION, "torch": torch.__version__, "python": platform.python_version()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise BadInput(f"checkpoint error: the checkpoint's model does not match model.name="
+                           f"{self.cfg.model.name}: {str(e).splitlines()[0]} (resume with the config it was "
+                           f"saved with, or start a new run_dir)") from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        pr = state["progress"]
+        if state.get("global_batch") != self.plan.global_batch:
+            raise BadInput(f"config error: train.batch_size: the checkpoint was trained with a global batch of "
+                           f"{state.get('global_batch')}, now {self.plan.global_batch} (keep the global batch; "
+                           f"change train.micro_batch_size to fit memory instead)")
+        self.progress = Progress(pr["epoch"], pr["step_in_epoch"], pr["global_step"], pr["val_pending"],
+                                 pr["best_val_acc"], dict(pr["last_val"]))
+        rng = state["rng"]
+        if state["world_size"] == self.ctx.world_size:
+            restore_rng(rng[self.ctx.rank], self.device)
+        else:  # a new world size has new ranks: derive fresh per-rank streams deterministically
+            seed_everything(self.cfg.seed + pr["global_step"], self.ctx.rank)
+        self.last_saved = (pr["global_step"], pr["epoch"], pr["val_pending"])
+
+    def resume(self) -> Path | None:
+        """Load the checkpoint rank 0 picked (every rank reads the same folder from shared storage)."""
+        chosen = None
+        if self.ctx.is_main:
+            ckpt.clean_stale(self.ckpt_root)
+            found = ckpt.resolve_resume(self.cfg.checkpoint.resume, self.ckpt_root, "cpu")
+            chosen = str(found[0]) if found else None
+        chosen = broadcast_object(self.ctx, chosen)
+        if chosen is None:
+            return None
+        path = Path(chosen)
+        state = ckpt.load_state(path, "cpu")
+        self.load_state_dict(state)
+        return path
+
+    def save(self, synchronous: bool, validated: bool = False) -> None:
+        """Every rank joins (RNG gather); rank 0 writes. Periodic saves go to the background.
+
+        A checkpoint of the same step is rewritten only when validation has run since (the state
+        saved by a preemption during validation is superseded by the validated one)."""
+        p = self.progress
+        position = (p.global_step, p.epoch, p.val_pending)
+        if self.last_saved == position:
+            return
+        replace = self.last_saved is not None and self.last_saved[0] == p.global_step
+        state = self.state_dict()
+        self.last_saved = position
+        if not self.ctx.is_main:
+            return
+        meta = {"epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "world_size": self.ctx.world_size,
+                "val_pending": p.val_pending}
+        if validated:
+            meta.update(p.last_val)
+        step = p.global_step
+        keep = self.cfg.checkpoint.keep
+
+        def commit(snapshot: dict[str, Any]) -> ckpt.CommitInfo:
+            info = ckpt.write_checkpoint(self.ckpt_root, step, snapshot, meta, replace=replace)
+            ckpt.apply_retention(self.ckpt_root, keep)
+            return info
+
+        if synchronous or not self.cfg.checkpoint.async_save:
+            self.writer.wait()
+            info = commit(state)
+            self.save_seconds = info.seconds
+        else:
+            snapshot = ckpt.detach_copy(state)  # training mutates the live tensors in place
+            self.writer.submit(lambda: commit(snapshot))
+
+    # ------------------------------------------------------------------ steps
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """One optimizer step over this rank's micro-batches; returns the rank's mean loss."""
+        self.net.train()
+        total = torch.zeros((), device=self.device)
+        n = len(micro_batches)
+        for i, (x, y) in enumerate(micro_batches):
+            sync = i == n - 1
+            ctx = self.net.no_sync() if (not sync and isinstance(self.net, DistributedDataParallel)) \
+                else contextlib.nullcontext()
+            with ctx:
+                with self.autocast():
+                    loss = self.criterion(self.net(x), y) / n
+                self.scaler.scale(loss).backward()
+            total += loss.detach().float()
+        if self.cfg.train.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(total)
+
+    def evaluate(self) -> dict[str, float] | None:
+        """Loss and top-1 over the validation set, each sample counted once; None if preempted."""
+        self.net.eval()
+        sums = [0.0, 0.0, 0.0]
+        batch = max(self.plan.micro, 256)
+        with torch.no_grad():
+            batches = eval_batches(self.data.val, self.ctx.rank, self.ctx.world_size, batch, self.normalize,
+                                   self.device, self.data.image_size, 0)
+            n_batches = math.ceil(max(1, len(self.data.val) // self.ctx.world_size + 1) / batch)
+            for i in range(n_batches + 1):  # same number of agreement rounds on every rank
+                if all_reduce_max(self.ctx, [1.0 if self.watcher.requested else 0.0])[0]:
+                    return None
+                item = next(batches, None)
+                if item is None:
+                    continue
+                x, y = item
+                with self.autocast():
+                    logits = self.net(x)
+                sums[0] += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
+                sums[1] += float((logits.argmax(1) == y).sum())
+                sums[2] += y.numel()
+        loss_sum, correct, count = all_reduce_sum(self.ctx, sums)
+        return {"val_loss": loss_sum / count, "val_acc": correct / count, "val_samples": count}
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> int:
+        resumed = self.resume()
+        p = self.progress
+        main = self.ctx.is_main
+        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None)
+        report = Reporter(main, self.total_steps, p.global_step)
+        if resumed:
+            report.line(f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} "
+                        f"(global step {p.global_step})")
+        else:
+            report.line(f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
+                        f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
+                        f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation})")
+        if main:
+            ckpt.clean_stale(self.ckpt_root)
+        self._warn_lead_time(report)
+        window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
+        run_start = time.perf_counter()
+        try:
+            while p.epoch < self.cfg.train.epochs and p.global_step < self.total_steps:
+                if not p.val_pending:
+                    for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
+                        loss = self.train_step(micro)
+                        p.step_in_epoch = step + 1
+                        p.global_step += 1
+                        window_steps += 1
+                        window_loss += loss
+                        report.step()
+                        preempt, nonfinite = all_reduce_max(
+                            self.ctx, [1.0 if self.watcher.requested else 0.0, 0.0 if math.isfinite(loss) else 1.0])
+                        if nonfinite:
+                            raise NonFiniteLoss(
+                                f"training error: non-finite loss at epoch {p.epoch} step {p.step_in_epoch} "
+                                f"(global step {p.global_step}); likely causes: learning rate too high "
+                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; the last "
+                                f"good checkpoint is kept in {self.ckpt_root}")
+                        if p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps:
+                            mean_loss = all_reduce_sum(self.ctx, [window_loss])[0] / (window_steps * self.ctx.world_size)
+                            elapsed = time.perf_counter() - window_start
+                            rate = window_steps * self.plan.global_batch / max(elapsed, 1e-9)
+                            lr = self.scheduler.get_last_lr()[0]
+                            metrics.write({"step": p.global_step, "epoch": p.epoch, "loss": mean_loss, "lr": lr,
+                                           "images_per_s": rate, "elapsed_s": time.perf_counter() - run_start})
+                            report.line(f"epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/"
+                                        f"{self.plan.steps_per_epoch} loss {mean_loss:.4f} lr {lr:.4g} "
+                                        f"{rate:,.0f} img/s")
+                            window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
+                        if preempt:
+                            return self._preempted(report)
+                        every = self.cfg.checkpoint.every_steps
+                        if every and p.global_step % every == 0 and p.step_in_epoch < self.plan.steps_per_epoch:
+                            self.save(synchronous=False)
+                        if p.global_step >= self.total_steps:
+                            break
+                    p.val_pending = True
+                val = self.evaluate()
+                if val is None:
+                    return self._preempted(report)
+                p.last_val = {k: v for k, v in val.items() if k != "val_samples"}
+                if p.best_val_acc is None or val["val_acc"] > p.best_val_acc:
+                    p.best_val_acc = val["val_acc"]
+                metrics.write({"step": p.global_step, "epoch": p.epoch, **val,
+                               "elapsed_s": time.perf_counter() - run_start})
+                report.line(f"epoch {p.epoch + 1}/{self.cfg.train.epochs} validation: loss {val['val_loss']:.4f} "
+                            f"top-1 {val['val_acc']:.4f} ({int(val['val_samples'])} images)")
+                p.val_pending = False
+                finished_epoch = p.step_in_epoch >= self.plan.steps_per_epoch
+                if finished_epoch:
+                    p.epoch += 1
+                    p.step_in_epoch = 0
+                done = p.epoch >= self.cfg.train.epochs or p.global_step >= self.total_steps
+                every_epochs = self.cfg.checkpoint.every_epochs
+                if done:
+                    self.save(synchronous=True, validated=True)
+                elif finished_epoch and every_epochs and p.epoch % every_epochs == 0:
+                    self.save(synchronous=False, validated=True)
+            self.writer.wait()
+            if main:
+                self._write_final_model()
+                report.line(f"finished: {p.global_step} steps, final validation top-1 "
+                            f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {self.run_dir / 'model.pt'}")
+            return OK
+        finally:
+            try:
+                self.writer.wait()
+            finally:
+                metrics.close()
+                report.close()
+
+    def _preempted(self, report: Reporter) -> int:
+        start = time.perf_counter()
+        self.save(synchronous=True)
+        if self.ctx.is_main:
+            waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
+            since = f", {waited:.1f} s after the signal" if waited is not None else ""
+            report.line(f"preempted: checkpoint committed at global step {self.progress.global_step} in "
+                        f"{time.perf_counter() - start:.2f} s{since}; run the same command again to resume")
+        return PREEMPTED
+
+    def _warn_lead_time(self, report: Reporter) -> None:
+        lead = self.cfg.preemption.lead_time_s
+        if not lead or not self.ctx.is_main:
+            return
+        probe = self.run_dir / ".save-probe"
+        start = time.perf_counter()
+        ckpt.write_checkpoint(probe, 0, self.state_dict_for_probe(), {})
+        seconds = time.perf_counter() - start
+        shutil.rmtree(probe, ignore_errors=True)
+        if lead < 3 * seconds:
+            report.line(f"warning: preemption.lead_time_s={lead:g} is below 3x the measured save time "
+                        f"({seconds:.2f} s): a preemption may kill the job before its checkpoint commits "
+                        f"(raise the scheduler's signal lead time / grace period)")
+
+    def state_dict_for_probe(self) -> dict[str, Any]:
+        return {"format_version": ckpt.FORMAT_VERSION, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
+
+    def _write_final_model(self) -> None:
+        target = self.run_dir / "model.pt"
+        tmp = target.with_name(".model.pt.tmp")
+        with open(tmp, "wb") as fh:
+            torch.save(self.model.state_dict(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)

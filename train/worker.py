@@ -1,0 +1,152 @@
+"""The worker process: config -> process group -> data -> Trainer.fit -> exit code.
+
+Every launcher ends up running this in each rank (`python -m train --config RUN_DIR/config.yaml`).
+Errors become exit codes here and only here: 2 for bad input (one line, never retried), 75 for a
+preemption with a committed checkpoint, 1 for anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from train import config as config_mod
+from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+
+ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
+"""Set by launch.local: each rank reports its exit code and reason to RUN_DIR/status/ for it, since
+torchrun itself exits 1 whatever its workers returned."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m train", description="Train an image classifier (one rank).")
+    parser.add_argument("--config", help="recipe YAML or a resolved RUN_DIR/config.yaml")
+    parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, values parsed as YAML")
+    return parser.parse_args(argv)
+
+
+def status_dir(run_dir: str) -> Path:
+    return Path(run_dir) / "status"
+
+
+def report_status(run_dir: str | None, rank: int, code: int, reason: str) -> None:
+    """Leave this rank's outcome for the launcher that started us (no-op without one)."""
+    attempt = os.environ.get(ATTEMPT_ENV)
+    if not attempt or not run_dir:
+        return
+    try:
+        folder = status_dir(run_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{attempt}-rank{rank}.tmp"
+        tmp.write_text(json.dumps({"code": code, "reason": reason, "rank": rank}))
+        os.replace(tmp, folder / f"{attempt}-rank{rank}.json")
+    except OSError:
+        pass
+
+
+def earlier_bad_input(run_dir: str) -> str | None:
+    """After a torchrun restart within the same launch: a rank already found bad input, so stop at once."""
+    attempt = os.environ.get(ATTEMPT_ENV)
+    if not attempt or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        return None
+    for f in sorted(status_dir(run_dir).glob(f"{attempt}-rank*.json")):
+        try:
+            record = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("code") == BAD_INPUT:
+            return str(record.get("reason", "bad input"))
+    return None
+
+
+def _env_rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.help_config:
+        print("\n".join(config_mod.all_keys()))
+        return OK
+    rank = _env_rank()
+    run_dir: str | None = None
+    try:
+        cfg = config_mod.load(args.config, args.overrides) if args.config else None
+        if cfg is None:
+            raise BadInput("config error: --config: missing (pass a recipe, e.g. --config configs/smoke.yaml)")
+        run_dir = cfg.run_dir
+        earlier = earlier_bad_input(run_dir)
+        if earlier:
+            print(earlier, file=sys.stderr, flush=True)
+            return BAD_INPUT
+        code, reason = _run(cfg)
+    except BadInput as e:
+        code, reason = BAD_INPUT, str(e).splitlines()[0]
+        print(reason, file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        code, reason = FAILURE, "interrupted before a checkpoint could be agreed"
+        print(reason, file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - the last line of defence turns anything into exit 1
+        code, reason = FAILURE, f"{type(e).__name__}: {e}".splitlines()[0]
+        traceback.print_exc()
+        print(f"rank {rank} failed: {reason}", file=sys.stderr, flush=True)
+    report_status(run_dir, rank, code, reason)
+    return code
+
+
+def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
+    """Set up, train, tear down. Imports torch lazily so `--help-config` and config errors are fast."""
+    from train import dist
+    from train.data import load_bundle
+    from train.preemption import PreemptionWatcher
+    from train.trainer import Trainer
+
+    watcher = PreemptionWatcher(cfg.preemption.signals)  # first: a signal during start-up is not lost
+    ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend)
+    clean = False
+    try:
+        if ctx.is_main:
+            config_mod.write_resolved(cfg)
+        # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
+        bundle = _agreed(ctx, lambda: load_bundle(cfg.data) if ctx.local_rank == 0 else None)
+        if bundle is None:
+            bundle = _agreed(ctx, lambda: load_bundle(cfg.data))
+        else:
+            _agreed(ctx, lambda: None)
+        trainer = _agreed(ctx, lambda: Trainer(cfg, ctx, bundle, watcher))
+        code = trainer.fit()
+        clean = True
+        return code, "finished" if code == OK else "preempted: checkpoint committed"
+    except BadInput:
+        clean = True  # every rank agreed (or it was raised in lockstep): leaving together is safe
+        raise
+    finally:
+        watcher.restore()
+        dist.teardown(ctx, clean=clean)
+
+
+def _agreed(ctx, build):
+    """Run `build` on every rank; if any rank hits bad input, all ranks raise it together (no hang)."""
+    from train.dist import all_reduce_max
+
+    error: BadInput | None = None
+    result = None
+    try:
+        result = build()
+    except BadInput as e:
+        error = e
+    if all_reduce_max(ctx, [1.0 if error else 0.0])[0]:
+        raise error or BadInput("input error: another rank reported bad input (see rank 0's or that rank's message)")
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
