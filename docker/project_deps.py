@@ -7,8 +7,9 @@ in a layer that only changes when pyproject.toml or constraints.txt change.
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 
 def project_dependencies(pyproject: Path) -> list[str]:
