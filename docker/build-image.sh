@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the training image. Usage: build-image.sh [--local] [IMAGE]   (default IMAGE torch-launch:dev)
+# Build the training image. Usage: build-image.sh [--local] [IMAGE]   (default IMAGE torchlaunch:dev)
 #   --local  no image registry and no TLS: base from docker/build-base.sh, wheels from a wheelhouse
 #            (docker/wheelhouse.sh) served on 127.0.0.1 to a --network host build. What CI uses.
 #   default  the Dockerfile's public CUDA PyTorch base and pip's configured registries (real clusters).
@@ -11,7 +11,7 @@ export DOCKER_BUILDKIT=1
 
 local_build=0
 if [[ ${1:-} == --local ]]; then local_build=1; shift; fi
-IMAGE=${1:-torch-launch:dev}
+IMAGE=${1:-torchlaunch:dev}
 BASE_LOCAL=${BASE_LOCAL:-local/bookworm-python:1}
 VERSION=${VERSION:-$(git describe --tags --always 2>/dev/null || echo 0.0.0)}
 GIT_SHA=${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
