@@ -288,7 +288,7 @@ def all_logs(dj: DockerJob) -> str:
     return "\n".join(dj.logs(i) for i in range(dj.job["spec"]["completions"]))
 
 
-def wait_for_log_line(dj: DockerJob, prefix: str, timeout_s: float = 60) -> str:
+def wait_for_log_line(dj: DockerJob, prefix: str, timeout_s: float = 180) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
         found = [ln for ln in all_logs(dj).splitlines() if ln.startswith(prefix)]
