@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test test-fast lint bench doctor clean
+.PHONY: install train-local test test-fast lint bench doctor preflight clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -15,7 +15,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot]'
 	touch $@
 
 train-local: install
@@ -29,6 +29,12 @@ test-fast: install
 
 lint: install
 	$(PY) -m ruff check launch train tests bench
+
+doctor: install
+	$(PY) -m train.doctor $(ARGS)
+
+preflight: install
+	$(PY) -m launch.local --doctor --gpus $(GPUS) --config $(CONFIG) $(ARGS)
 
 bench: install
 	$(PY) -m bench.run

@@ -136,6 +136,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: GPUs when visible, else CPU processes on gloo")
     p.add_argument("--module", default="train", help=argparse.SUPPRESS)
+    p.add_argument("--doctor", action="store_true",
+                   help="run the distributed pre-flight (rendezvous, all_reduce, shared storage, ...) instead of training")
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return p.parse_args(argv)
@@ -155,8 +157,8 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.R
     if args.device != "cpu":
         gpus = visible_gpus()
         if args.device == "cuda" and gpus == 0:
-            raise BadInput(f"launch error: --device cuda but no GPU is visible (check the driver and "
-                           f"CUDA_VISIBLE_DEVICES, or use --device cpu)")
+            raise BadInput("launch error: --device cuda but no GPU is visible (check the driver and "
+                           "CUDA_VISIBLE_DEVICES, or use --device cpu)")
         if gpus and args.gpus > gpus:
             raise BadInput(f"launch error: GPUS={args.gpus} but only {gpus} GPU(s) are visible "
                            f"(use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)")
@@ -170,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         spec, placement, cfg = plan(args)
-        argv_out = torchrun_argv(spec, placement, python=sys.executable, module=args.module,
+        module = "train.preflight" if args.doctor else args.module
+        argv_out = torchrun_argv(spec, placement, python=sys.executable, module=module,
                                  rdzv_run_id=run_id(cfg.run_dir))
     except BadInput as e:
         print(str(e), file=sys.stderr)
@@ -208,7 +211,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> in
     codes, reasons = read_worker_codes(run_dir, attempt)
     code = combine_exit_codes(torchrun_code, codes)
     if code == BAD_INPUT:
-        reason = next((r for c, r in zip(codes, reasons) if c == BAD_INPUT), "bad input")
+        reason = next((r for c, r in zip(codes, reasons, strict=True) if c == BAD_INPUT), "bad input")
         print(f"launch: workers stopped on bad input (exit 2, not retried): {reason}", file=sys.stderr)
     elif code == PREEMPTED:
         print("launch: preempted with a committed checkpoint (exit 75); run the same command again to resume",

@@ -57,5 +57,5 @@ class JobSpec:
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def replace(self, **changes: object) -> "JobSpec":
+    def replace(self, **changes: object) -> JobSpec:
         return dataclasses.replace(self, **changes)

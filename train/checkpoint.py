@@ -129,6 +129,7 @@ def write_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[st
             os.fsync(raw.fileno())
         if before_commit is not None:
             before_commit(tmp)
+        _fault_injection_stall(tmp, step)
         marker = dict(meta, step=step, sha256=hashing.sha.hexdigest(), bytes=hashing.size,
                       format_version=FORMAT_VERSION, committed_at=time.time())
         if final.exists() and (final / MARKER_FILE).exists():
@@ -146,17 +147,42 @@ def write_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[st
             os.rename(tmp, final)
             _fsync_dir(root)
             _write_json_atomic(final / MARKER_FILE, marker)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+        os_error = _root_os_error(e)
+        if os_error is None:
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
         if final.exists() and not (final / MARKER_FILE).exists():
             shutil.rmtree(final, ignore_errors=True)
         previous = newest_committed(root)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-        if e.errno == errno.ENOSPC:
+        if os_error.errno == errno.ENOSPC:
             raise CheckpointError(f"checkpoint error: no space left on device writing {final} "
                                   f"(free space or point run_dir at a larger volume); {kept}") from None
-        raise CheckpointError(f"checkpoint error: writing {final} failed: {e} ({kept})") from None
+        raise CheckpointError(f"checkpoint error: writing {final} failed: {os_error} ({kept})") from None
     return CommitInfo(final, step, marker["sha256"], marker["bytes"], time.perf_counter() - start)
+
+
+def _root_os_error(e: BaseException) -> OSError | None:
+    """The OSError behind an exception chain (torch's zip writer reports ENOSPC as a RuntimeError)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _fault_injection_stall(tmp: Path, step: int) -> None:
+    """Fault-injection aid for crash tests: with TORCHLAUNCH_FAULT_SAVE_STALL_S set, saves of steps from
+    TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP (default 0) announce that a write is provably in progress (a
+    STALLING file in the temp folder) and hold it open that long."""
+    stall = os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_S")
+    if stall and step >= int(os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP", "0")):
+        marker = tmp / "STALLING"
+        marker.write_text(str(os.getpid()))
+        time.sleep(float(stall))
+        marker.unlink()
 
 
 def read_marker(path: Path) -> dict[str, Any]:
@@ -196,7 +222,8 @@ def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str
     try:
         state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
+        lines = [ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln]
+        first = lines[0].split(". Please")[0] if lines else (str(e).strip().splitlines() or ["unsupported content"])[0]
         raise InvalidCheckpoint(f"refused by the safe loader (weights_only=True), nothing executed: {first}") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise InvalidCheckpoint(f"cannot be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

@@ -162,6 +162,9 @@ class DebugConfig:
     """torch.autograd anomaly detection: finds the op that made a NaN, but is slow."""
     check_model: bool = True
     """Push one fake batch through the model at start-up for clear shape/device errors."""
+    trace_batches: bool = False
+    """Write each rank's sample indices per step to RUN_DIR/trace/rank<r>.jsonl: an audit of the data
+    order across resumes and world-size changes."""
 
 
 @dataclass

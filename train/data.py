@@ -55,14 +55,14 @@ class ImageSet:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def subset(self, index: torch.Tensor) -> "ImageSet":
+    def subset(self, index: torch.Tensor) -> ImageSet:
         return ImageSet(
             labels=self.labels[index],
             images=self.images[index] if self.images is not None else None,
             files=[self.files[i] for i in index.tolist()] if self.files is not None else None,
         )
 
-    def head(self, n: int) -> "ImageSet":
+    def head(self, n: int) -> ImageSet:
         return self if n <= 0 or n >= len(self) else self.subset(torch.arange(n))
 
 
@@ -117,10 +117,11 @@ def make_synthetic(cfg: DataConfig) -> DataBundle:
     return DataBundle(train, val, [f"class{i}" for i in range(k)], mean, std, size)
 
 
-def cifar10_missing_message(root: Path, reason: str) -> str:
-    return (f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): set "
-            f"data.download=true when online, or point data.root at a folder holding "
-            f"cifar-10-batches-py, or use data.name=imagefolder data.root=<folder of class folders>")
+def cifar10_missing_message(root: Path, reason: str, tried_download: bool) -> str:
+    first_fix = "run once with internet access" if tried_download else "set data.download=true when online"
+    return (f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): {first_fix}, "
+            f"or point data.root at a folder holding cifar-10-batches-py, or use data.name=imagefolder "
+            f"data.root=<folder of class folders>")
 
 
 def load_cifar10(cfg: DataConfig) -> DataBundle:
@@ -130,13 +131,14 @@ def load_cifar10(cfg: DataConfig) -> DataBundle:
     root = Path(cfg.root).expanduser()
     present = (root / "cifar-10-batches-py" / "test_batch").is_file()
     if not present and not cfg.download:
-        raise BadInput(cifar10_missing_message(root, "download is off"))
+        raise BadInput(cifar10_missing_message(root, "download is off", False))
     try:
         train = torchvision.datasets.CIFAR10(str(root), train=True, download=cfg.download and not present)
         test = torchvision.datasets.CIFAR10(str(root), train=False, download=False)
     except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise BadInput(cifar10_missing_message(root, f"download failed or files corrupt: {reason}")) from None
+        raise BadInput(cifar10_missing_message(root, f"download failed or files corrupt: {reason}",
+                                               cfg.download and not present)) from None
 
     def to_set(ds: object) -> ImageSet:
         images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
@@ -438,7 +440,7 @@ class TrainLoader:
             pin_memory=self.device.type == "cuda", multiprocessing_context="fork" if self.num_workers else None,
         )
         try:
-            for step, (images, labels) in zip(steps, loader):
+            for step, (images, labels) in zip(steps, loader, strict=True):
                 _, aug = self.plan.rank_step(perm, epoch, step)
                 yield step, self._micro_batches(images.to(self.device, non_blocking=True),
                                                 labels.to(self.device, non_blocking=True), aug)

@@ -133,22 +133,22 @@ def barrier(ctx: DistContext) -> None:
             dist.barrier()
 
 
-def all_reduce_max(ctx: DistContext, values: list[float]) -> list[float]:
-    """Element-wise max over ranks of a few flags: one small collective per call."""
+def _all_reduce(ctx: DistContext, values: list[float], op: dist.ReduceOp) -> list[float]:
     if not ctx.distributed:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)  # float64: counts stay exact
+    dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+def all_reduce_max(ctx: DistContext, values: list[float]) -> list[float]:
+    """Element-wise max over ranks of a few flags: one small collective per call."""
+    return _all_reduce(ctx, values, dist.ReduceOp.MAX)
 
 
 def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
-    """Element-wise sum over ranks (float64 so counts and sums stay exact)."""
-    if not ctx.distributed:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+    """Element-wise sum over ranks (loss sums, correct counts, sample counts)."""
+    return _all_reduce(ctx, values, dist.ReduceOp.SUM)
 
 
 def broadcast_object(ctx: DistContext, obj: object, src: int = 0) -> object:

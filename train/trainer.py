@@ -29,6 +29,7 @@ from train import checkpoint as ckpt
 from train import config as config_mod
 from train.config import RunConfig
 from train.data import BatchPlan, DataBundle, Normalizer, TrainLoader, eval_batches
+from train.debug import check_model_io
 from train.dist import DistContext, all_reduce_max, all_reduce_sum, broadcast_object, gather_objects
 from train.exit_codes import OK, PREEMPTED, BadInput
 from train.models import build_model
@@ -130,10 +131,14 @@ class MetricsLog:
     """RUN_DIR/metrics.jsonl on rank 0; on resume, lines past the checkpoint are dropped so a
     resumed run's log reads like one uninterrupted run."""
 
-    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None, tensorboard_dir: Path | None = None) -> None:
         self.path, self.enabled = path, enabled
+        self.tb = None
         if not enabled:
             return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard_dir is not None:
+            self.tb = open_tensorboard(tensorboard_dir, purge_step=resume_step + 1 if resume_step is not None else None)
         if resume_step is not None and path.is_file():
             kept = [ln for ln in path.read_text().splitlines() if _line_step(ln) is not None
                     and _line_step(ln) <= resume_step]
@@ -147,10 +152,30 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
             self._fh.write(json.dumps(record) + "\n")
+            if self.tb is not None:
+                for key, value in record.items():
+                    if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                        self.tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
         if self.enabled:
             self._fh.close()
+            if self.tb is not None:
+                self.tb.close()
+
+
+def require_tensorboard():
+    """The SummaryWriter class, or one clear line when the optional package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise BadInput("config error: train.tensorboard: the tensorboard package is not installed "
+                       "(pip install -e '.[tensorboard]', or set train.tensorboard=false)") from None
+    return SummaryWriter
+
+
+def open_tensorboard(folder: Path, purge_step: int | None):
+    return require_tensorboard()(log_dir=str(folder), purge_step=purge_step)
 
 
 def _line_step(line: str) -> int | None:
@@ -191,12 +216,34 @@ class Reporter:
             self.bar.close()
 
 
+class FaultSignal:
+    """Test aid: TORCHLAUNCH_FAULT_SIGNAL="at=step|val|save,n=N[,rank=R][,sig=SIGTERM]" makes rank R send
+    itself a real signal at an exact point (after global step N, during validation of epoch N, right
+    after the checkpoint of step N), so resume tests can hit every interruption point reproducibly."""
+
+    def __init__(self, spec: str | None, rank: int) -> None:
+        fields = dict(kv.split("=", 1) for kv in spec.split(",")) if spec else {}
+        self.at = fields.get("at")
+        self.n = int(fields.get("n", "-1"))
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # once per launch
+        self.active = bool(spec) and int(fields.get("rank", "0")) == rank and first_attempt
+        self.signum = getattr(__import__("signal"), fields.get("sig", "SIGTERM"))
+        self.fired = False
+
+    def __call__(self, at: str, n: int) -> None:
+        if self.active and not self.fired and at == self.at and n == self.n:
+            self.fired = True
+            os.kill(os.getpid(), self.signum)
+
+
 class Trainer:
     """Builds model, optimizer, schedule and loaders for one rank, and runs fit()."""
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, data: DataBundle, watcher: PreemptionWatcher) -> None:
         self.cfg, self.ctx, self.data, self.watcher = cfg, ctx, data, watcher
         self.device = ctx.device
+        if cfg.train.tensorboard:
+            require_tensorboard()  # fail on every rank together, before any collective
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.precision = resolve_precision(cfg.train.precision, self.device)
@@ -232,6 +279,7 @@ class Trainer:
         self.loader = TrainLoader(data.train, self.plan, normalize, self.device, cfg.data.augment,
                                   cfg.data.num_workers, data.image_size)
         self.progress = Progress()
+        self.fault = FaultSignal(os.environ.get("TORCHLAUNCH_FAULT_SIGNAL"), ctx.rank)
         self.writer = ckpt.AsyncWriter()
         self.last_saved: tuple[int, int, bool] | None = None
         self.save_seconds: float | None = None
@@ -240,27 +288,8 @@ class Trainer:
 
     def _check_model(self, model: nn.Module) -> None:
         """One fake batch through the model: shape and device mistakes become one clear line."""
-        try:
-            from train.debug import check_model_io
-        except ImportError:
-            check_model_io = None
-        shape = (2, 3, self.data.image_size, self.data.image_size)
-        if check_model_io is not None:
-            check_model_io(model, shape, self.data.num_classes, self.device)
-            return
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model(torch.zeros(shape, device=self.device).contiguous(memory_format=self.memory_format))
-        except RuntimeError as e:
-            raise BadInput(f"model error: {self.cfg.model.name} cannot take input of shape {list(shape)}: "
-                           f"{str(e).splitlines()[0]} (check data.image_size and the model's layers)") from None
-        finally:
-            model.train(was_training)
-        if tuple(out.shape) != (2, self.data.num_classes):
-            raise BadInput(f"model error: {self.cfg.model.name} returns shape {list(out.shape)}, expected "
-                           f"[batch, {self.data.num_classes}] (make the head output one logit per class)")
+        shape = (3, self.data.image_size, self.data.image_size)
+        check_model_io(model, shape, self.data.num_classes, self.device, memory_format=self.memory_format)
 
     # ------------------------------------------------------------------ checkpoint state
 
@@ -284,7 +313,7 @@ class Trainer:
             "classes": list(self.data.classes),
             "norm": {"mean": list(self.data.mean), "std": list(self.data.std)},
             "config": config_mod.to_dict(self.cfg),
-            "versions": {"torchlaunch": VERSION, "torch": torch.__version__, "python": platform.python_version()},
+            "versions": {"torchlaunch": VERSION, "torch": str(torch.__version__), "python": platform.python_version()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -403,6 +432,8 @@ class Trainer:
                 if all_reduce_max(self.ctx, [1.0 if self.watcher.requested else 0.0])[0]:
                     return None
                 item = next(batches, None)
+                if i == 0:
+                    self.fault("val", self.progress.epoch)
                 if item is None:
                     continue
                 x, y = item
@@ -420,7 +451,10 @@ class Trainer:
         resumed = self.resume()
         p = self.progress
         main = self.ctx.is_main
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None)
+        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None,
+                             self.run_dir / "tb" if self.cfg.train.tensorboard else None)
+        trace = MetricsLog(self.run_dir / "trace" / f"rank{self.ctx.rank}.jsonl", self.cfg.debug.trace_batches,
+                           p.global_step if resumed else None)
         report = Reporter(main, self.total_steps, p.global_step)
         if resumed:
             report.line(f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} "
@@ -437,21 +471,27 @@ class Trainer:
         try:
             while p.epoch < self.cfg.train.epochs and p.global_step < self.total_steps:
                 if not p.val_pending:
+                    perm = self.plan.permutation(p.epoch) if self.cfg.debug.trace_batches else None
                     for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
+                        if perm is not None:
+                            trace.write({"step": p.global_step + 1, "epoch": p.epoch, "world_size": self.ctx.world_size,
+                                         "indices": self.plan.rank_step(perm, p.epoch, step)[0].tolist()})
                         loss = self.train_step(micro)
                         p.step_in_epoch = step + 1
                         p.global_step += 1
                         window_steps += 1
                         window_loss += loss
                         report.step()
+                        self.fault("step", p.global_step)
                         preempt, nonfinite = all_reduce_max(
                             self.ctx, [1.0 if self.watcher.requested else 0.0, 0.0 if math.isfinite(loss) else 1.0])
                         if nonfinite:
                             raise NonFiniteLoss(
                                 f"training error: non-finite loss at epoch {p.epoch} step {p.step_in_epoch} "
                                 f"(global step {p.global_step}); likely causes: learning rate too high "
-                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; the last "
-                                f"good checkpoint is kept in {self.ckpt_root}")
+                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; rerun with "
+                                f"debug.detect_anomaly=true to find the op; the last good checkpoint is kept in "
+                                f"{self.ckpt_root}")
                         if p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps:
                             mean_loss = all_reduce_sum(self.ctx, [window_loss])[0] / (window_steps * self.ctx.world_size)
                             elapsed = time.perf_counter() - window_start
@@ -468,6 +508,7 @@ class Trainer:
                         every = self.cfg.checkpoint.every_steps
                         if every and p.global_step % every == 0 and p.step_in_epoch < self.plan.steps_per_epoch:
                             self.save(synchronous=False)
+                            self.fault("save", p.global_step)
                         if p.global_step >= self.total_steps:
                             break
                     p.val_pending = True
@@ -492,6 +533,7 @@ class Trainer:
                     self.save(synchronous=True, validated=True)
                 elif finished_epoch and every_epochs and p.epoch % every_epochs == 0:
                     self.save(synchronous=False, validated=True)
+                    self.fault("save", p.global_step)
             self.writer.wait()
             if main:
                 self._write_final_model()
@@ -503,6 +545,7 @@ class Trainer:
                 self.writer.wait()
             finally:
                 metrics.close()
+                trace.close()
                 report.close()
 
     def _preempted(self, report: Reporter) -> int:

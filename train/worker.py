@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 from train import config as config_mod
-from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from train.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 
 ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
 """Set by launch.local: each rank reports its exit code and reason to RUN_DIR/status/ for it, since
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
     """Set up, train, tear down. Imports torch lazily so `--help-config` and config errors are fast."""
     from train import dist
+    from train.checkpoint import newest_committed
     from train.data import load_bundle
+    from train.debug import anomaly_detection, describe_oom, is_oom
     from train.preemption import PreemptionWatcher
     from train.trainer import Trainer
 
@@ -122,7 +124,19 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
         else:
             _agreed(ctx, lambda: None)
         trainer = _agreed(ctx, lambda: Trainer(cfg, ctx, bundle, watcher))
-        code = trainer.fit()
+        try:
+            with anomaly_detection(cfg.debug.detect_anomaly):
+                code = trainer.fit()
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            newest = newest_committed(trainer.ckpt_root)
+            report = describe_oom(e, device=ctx.device, batch_size=cfg.train.batch_size,
+                                  micro_batch_size=cfg.train.micro_batch_size, world_size=ctx.world_size,
+                                  precision=trainer.precision, channels_last=cfg.train.channels_last,
+                                  last_checkpoint=str(newest) if newest else None)
+            print(report, file=sys.stderr, flush=True)
+            raise BadInput(report.splitlines()[0]) from None  # the same batch would run out again
         clean = True
         return code, "finished" if code == OK else "preempted: checkpoint committed"
     except BadInput:

@@ -1,0 +1,51 @@
+"""Shared helpers for end-to-end tests: run the real launcher with bounded time, compare runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from train import checkpoint as ckpt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m launch.local ARGS` from the repo root; raises if it outlives `timeout`."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "launch.local", *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def final_state(run_dir: Path) -> dict:
+    found = ckpt.find_latest(Path(run_dir) / "checkpoints")
+    assert found is not None, f"no valid checkpoint in {run_dir}"
+    return found[1]
+
+
+def assert_states_equal(a: dict, b: dict) -> None:
+    """Model, optimizer and grad-scaler state identical bit for bit."""
+    assert a["progress"]["global_step"] == b["progress"]["global_step"]
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), f"model tensor {key} differs"
+    opt_a, opt_b = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert opt_a.keys() == opt_b.keys()
+    for pid in opt_a:
+        for name, value in opt_a[pid].items():
+            other = opt_b[pid][name]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, \
+                f"optimizer state {pid}/{name} differs"
+    assert a["scaler"] == b["scaler"]
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+
+
+def assert_models_equal(path_a: Path, path_b: Path) -> None:
+    a = torch.load(path_a, weights_only=True)
+    b = torch.load(path_b, weights_only=True)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"

@@ -1,0 +1,216 @@
+"""Checkpoint commit protocol, verification, fallback, safe loading, retention and disk-full handling."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import checkpoint as ckpt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def state(value: float = 1.0) -> dict:
+    return {"format_version": ckpt.FORMAT_VERSION, "w": torch.full((64, 64), value), "step": int(value)}
+
+
+def test_commit_writes_state_and_marker_and_verifies(tmp_path: Path) -> None:
+    info = ckpt.write_checkpoint(tmp_path, 12, state(), {"epoch": 0})
+    assert info.path == tmp_path / "step-000000012"
+    assert (info.path / ckpt.STATE_FILE).is_file() and (info.path / ckpt.MARKER_FILE).is_file()
+    assert ckpt.verify(info.path) is None
+    marker = ckpt.read_marker(info.path)
+    assert marker["step"] == 12 and marker["bytes"] == (info.path / ckpt.STATE_FILE).stat().st_size
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_step_numbers_are_integers_not_text(tmp_path: Path) -> None:
+    for step in (9, 10, 100):
+        ckpt.write_checkpoint(tmp_path, step, state(step), {})
+    (tmp_path / "step-99").mkdir()  # an odd, unpadded name still sorts by its number
+    assert [s for s, _ in ckpt.candidates(tmp_path)] == [100, 99, 10, 9]
+    assert ckpt.parse_step("step-000000100") == 100 and ckpt.parse_step("step-abc") is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_marker", "marker_garbage"])
+def test_damaged_newest_falls_back_with_warning(tmp_path: Path, damage: str) -> None:
+    ckpt.write_checkpoint(tmp_path, 1, state(1), {})
+    newest = ckpt.write_checkpoint(tmp_path, 2, state(2), {}).path
+    f = newest / ckpt.STATE_FILE
+    if damage == "truncate":
+        f.write_bytes(f.read_bytes()[:-100])
+    elif damage == "flip":
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        f.write_bytes(bytes(data))
+    elif damage == "no_marker":
+        (newest / ckpt.MARKER_FILE).unlink()
+    else:
+        (newest / ckpt.MARKER_FILE).write_text("{not json")
+    warnings: list[str] = []
+    path, loaded = ckpt.find_latest(tmp_path, on_skip=warnings.append)
+    assert path.name == "step-000000001" and loaded["step"] == 1
+    assert len(warnings) == 1 and str(f) in warnings[0] and "falling back" in warnings[0]
+
+
+def test_malicious_pickle_is_refused_and_nothing_executes(tmp_path: Path) -> None:
+    ckpt.write_checkpoint(tmp_path, 1, state(1), {})
+    canary = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {canary}",))
+
+    evil = tmp_path / "step-000000005"
+    evil.mkdir()
+    torch.save({"format_version": 1, "x": Exploit()}, evil / ckpt.STATE_FILE)
+    # A forged, fully valid marker: only the safe loader stands between the file and execution.
+    import hashlib
+    import json
+
+    data = (evil / ckpt.STATE_FILE).read_bytes()
+    (evil / ckpt.MARKER_FILE).write_text(json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}))
+    warnings: list[str] = []
+    path, loaded = ckpt.find_latest(tmp_path, on_skip=warnings.append)
+    assert not canary.exists()
+    assert path.name == "step-000000001"
+    assert "refused by the safe loader" in warnings[0] and "nothing executed" in warnings[0]
+    with pytest.raises(Exception, match="not a valid checkpoint: refused"):
+        ckpt.resolve_resume(str(evil), tmp_path)
+    assert not canary.exists()
+    assert isinstance(pickle.dumps(1), bytes)
+
+
+def test_resume_modes(tmp_path: Path) -> None:
+    assert ckpt.resolve_resume("auto", tmp_path) is None  # first run: nothing to resume, same command
+    ckpt.write_checkpoint(tmp_path, 3, state(3), {})
+    assert ckpt.resolve_resume("never", tmp_path) is None
+    assert ckpt.resolve_resume("auto", tmp_path)[1]["step"] == 3
+    explicit = ckpt.resolve_resume(str(tmp_path / "step-000000003" / "state.pt"), tmp_path)
+    assert explicit[0].name == "step-000000003"
+    with pytest.raises(Exception, match="does not exist"):
+        ckpt.resolve_resume(str(tmp_path / "nope"), tmp_path)
+
+
+def test_retention_keeps_newest_k_and_best(tmp_path: Path) -> None:
+    accs = {1: 0.5, 2: 0.9, 3: 0.6, 4: 0.7, 5: 0.65}
+    for step, acc in accs.items():
+        ckpt.write_checkpoint(tmp_path, step, state(step), {"val_acc": acc})
+        ckpt.apply_retention(tmp_path, keep=2)
+    assert sorted(s for s, _ in ckpt.candidates(tmp_path)) == [2, 4, 5]
+
+
+def test_same_step_is_kept_unless_replaced(tmp_path: Path) -> None:
+    first = ckpt.write_checkpoint(tmp_path, 7, state(1), {})
+    again = ckpt.write_checkpoint(tmp_path, 7, state(2), {})
+    assert again.sha256 == first.sha256  # an identical step is not rewritten
+    replaced = ckpt.write_checkpoint(tmp_path, 7, state(3), {"val_acc": 1.0}, replace=True)
+    assert replaced.sha256 != first.sha256
+    assert ckpt.load_state(replaced.path)["step"] == 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_interrupted_replace_is_repaired_at_start(tmp_path: Path) -> None:
+    done = ckpt.write_checkpoint(tmp_path, 7, state(1), {}).path
+    aside = tmp_path / f"{ckpt.REPLACED_PREFIX}{done.name}-deadbeef"
+    os.rename(done, aside)  # as if the process died between the two renames of a replace
+    (tmp_path / f"{ckpt.TMP_PREFIX}step-000000007-1-x").mkdir()
+    ckpt.clean_stale(tmp_path)
+    assert ckpt.verify(done) is None and not aside.exists()
+    assert [p.name for p in tmp_path.iterdir()] == [done.name]
+
+
+CRASH_WRITER = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from train import checkpoint as ckpt
+    root = Path(sys.argv[1])
+    def hang(tmp):
+        (root / "IN_PROGRESS").write_text(str(tmp))
+        sys.stdin.read()  # hold the write open until killed
+    ckpt.write_checkpoint(root, 2, {"format_version": 1, "w": torch.ones(256, 256)}, {}, before_commit=hang)
+""")
+
+
+def test_kill_9_in_the_middle_of_a_write_keeps_previous(tmp_path: Path) -> None:
+    ckpt.write_checkpoint(tmp_path, 1, state(1), {})
+    proc = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, str(tmp_path)], cwd=REPO,
+                            stdin=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline_checks = 0
+        while not (tmp_path / "IN_PROGRESS").exists():
+            assert proc.poll() is None, "writer exited before reaching the commit point"
+            deadline_checks += 1
+            assert deadline_checks < 600, "writer never reached the commit point"
+            try:
+                proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        in_progress = Path((tmp_path / "IN_PROGRESS").read_text())
+        assert (in_progress / ckpt.STATE_FILE).is_file()  # the write is provably under way
+        proc.kill()
+    finally:
+        proc.wait(timeout=30)
+    path, loaded = ckpt.find_latest(tmp_path)
+    assert path.name == "step-000000001" and loaded["step"] == 1
+    removed = ckpt.clean_stale(tmp_path)
+    assert in_progress in removed
+    assert ckpt.write_checkpoint(tmp_path, 2, state(2), {}).path.name == "step-000000002"
+
+
+def test_enospc_injected_gives_clear_error_and_keeps_previous(tmp_path: Path, monkeypatch) -> None:
+    ckpt.write_checkpoint(tmp_path, 1, state(1), {})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt.torch, "save", full)
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.write_checkpoint(tmp_path, 2, state(2), {})
+    assert "no space left on device" in str(err.value) and "step-000000001 is intact" in str(err.value)
+    assert [s for s, _ in ckpt.candidates(tmp_path)] == [1]
+    assert ckpt.verify(tmp_path / "step-000000001") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="mounting a tmpfs needs root")
+def test_real_disk_full_on_a_small_tmpfs(tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    rc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if rc.returncode != 0:
+        pytest.skip(f"cannot mount tmpfs here: {rc.stderr.decode().strip()}")
+    try:
+        ckpt.write_checkpoint(mnt, 1, {"format_version": 1, "w": torch.ones(128, 1024)}, {})  # 512 KiB
+        with pytest.raises(ckpt.CheckpointError, match="no space left on device"):
+            ckpt.write_checkpoint(mnt, 2, {"format_version": 1, "w": torch.ones(512, 1024)}, {})  # 2 MiB
+        path, loaded = ckpt.find_latest(mnt)
+        assert path.name == "step-000000001" and torch.equal(loaded["w"], torch.ones(128, 1024))
+        assert not [p for p in mnt.iterdir() if p.name.startswith(".")]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_async_writer_surfaces_errors_and_serialises(tmp_path: Path) -> None:
+    writer = ckpt.AsyncWriter()
+    live = {"format_version": 1, "w": torch.zeros(8)}
+    snapshot = ckpt.detach_copy(live)
+    live["w"].add_(1)  # training goes on mutating the live tensors
+    writer.submit(lambda: ckpt.write_checkpoint(tmp_path, 1, snapshot, {}))
+    info = writer.wait()
+    assert torch.equal(ckpt.load_state(info.path)["w"], torch.zeros(8))
+
+    def boom():
+        raise ckpt.CheckpointError("checkpoint error: boom")
+
+    writer.submit(boom)
+    with pytest.raises(ckpt.CheckpointError, match="boom"):
+        writer.wait()
