@@ -4,7 +4,7 @@
 # Cached: does nothing when the image exists. Usage: build-base.sh [IMAGE]  (default local/bookworm-python:1)
 set -euo pipefail
 
-DOCKER=/usr/bin/docker
+DOCKER=${DOCKER:-/usr/bin/docker}
 IMAGE=${1:-local/bookworm-python:1}
 SUITE=bookworm
 

@@ -6,7 +6,7 @@
 # Prints the build time and image size. Needs a running engine (docker/engine.sh up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DOCKER=/usr/bin/docker   # Debian's client: BuildKit works through it
+DOCKER=${DOCKER:-/usr/bin/docker}   # Debian's client: BuildKit works through it; set DOCKER elsewhere
 export DOCKER_BUILDKIT=1
 
 local_build=0

@@ -3,7 +3,7 @@
 # Idempotent: `up` returns at once when an engine already answers; every wait is bounded.
 set -euo pipefail
 
-DOCKER=/usr/bin/docker            # Debian's 20.10 client: it has BuildKit; other clients on PATH may not
+DOCKER=${DOCKER:-/usr/bin/docker}  # Debian's 20.10 client: it has BuildKit; other clients on PATH may not
 STATE_DIR=${DOCKER_ENGINE_STATE:-/var/run/k8s-engine}
 LOG=$STATE_DIR/dockerd.log
 PIDFILE=$STATE_DIR/dockerd.pid

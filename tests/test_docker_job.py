@@ -31,7 +31,7 @@ from train.exit_codes import BAD_INPUT, OK, PREEMPTED
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCKER = "/usr/bin/docker"
+DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 IMAGE = os.environ.get("TORCHLAUNCH_IMAGE", "torchlaunch:dev")
 RUN_AS = k8s.RUN_AS
 EPOCHS = 4  # 64 steps at world size 2: long enough to stop in the middle, short enough for CI
@@ -329,6 +329,7 @@ def test_stopped_pod_checkpoints_within_grace_and_the_job_resumes_exactly(make_j
     status, code = dj.state(stopped)
     assert (status, code) == ("exited", PREEMPTED), f"took {took:.1f}s:\n{dj.logs(stopped)[-3000:]}"
     assert took < dj.grace_s  # not SIGKILLed at the end of the grace period
+    print(f"pod {stopped}: docker stop -t {dj.grace_s} returned after {took:.1f}s with exit {code}")
     committed = wait_for_log_line(dj, "preempted: checkpoint committed at global step")
     step = int(committed.split("global step ")[1].split()[0])
     assert (dj.run_dir / "checkpoints" / f"step-{step:09d}" / "COMMITTED.json").exists()
