@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test faults test-fast lint bench doctor preflight clean
+.PHONY: install train-local test faults test-fast lint bench doctor preflight image k8s-manifests clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -44,6 +44,15 @@ preflight: install
 
 bench: install
 	$(PY) -m bench.run
+
+IMAGE ?= torchlaunch:dev
+# Real clusters: public CUDA PyTorch base + pip's registries. LOCAL=1: no registry (debootstrapped base, local wheelhouse).
+image:
+	docker/build-image.sh $(if $(LOCAL),--local) $(IMAGE)
+
+# k8s/job.yaml is exactly the default rendering (a golden test checks it).
+k8s-manifests: install
+	$(PY) -m launch.k8s --dry-run > k8s/job.yaml
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache build *.egg-info

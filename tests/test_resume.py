@@ -138,3 +138,18 @@ def test_kill_9_mid_checkpoint_write_then_rerun_matches(tmp_path: Path, referenc
     assert not in_progress.exists()  # the half-written save was discarded, never loaded
     assert "resumed from" in second.stdout + second.stderr and "step-000000010" in second.stdout + second.stderr
     assert_models_equal(reference / "model.pt", tmp_path / "model.pt")
+
+
+def test_four_ranks_resume_bit_for_bit(tmp_path_factory) -> None:
+    """With more than two ranks a ring all-reduce's summation order depends on DDP's bucket layout,
+    which differs in the first step after a restart; the rank-ordered gradient sum makes it exact."""
+    reference = tmp_path_factory.mktemp("reference4")
+    done = run(reference, gpus=4)
+    assert done.returncode == 0, done.stderr[-2000:]
+    resumed = tmp_path_factory.mktemp("resumed4")
+    first = run(resumed, gpus=4, env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=27,rank=3"})
+    assert first.returncode == 75, first.stderr[-2000:]
+    second = run(resumed, gpus=4)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert_states_equal(final_state(reference), final_state(resumed))
+    assert_models_equal(reference / "model.pt", resumed / "model.pt")

@@ -124,9 +124,9 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 @pytest.fixture(scope="module")
 def reference(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted 2 nodes x 1 task run: the weights interrupted runs must end with."""
+    """An uninterrupted 2 nodes x 2 tasks run: the weights interrupted runs must end with."""
     run_dir = tmp_path_factory.mktemp("slurm") / "reference"
-    launch = Launch(run_dir, *ONE_PER_NODE, "--time", "10", *SMOKE)
+    launch = Launch(run_dir, *WORKERS, "--time", "10", *SMOKE)
     assert launch.finish(240) == 0, launch.text()[-3000:]
     assert requeue_records(launch.job_id) == ["COMPLETED"]
     return run_dir
@@ -150,7 +150,7 @@ def test_two_nodes_two_tasks_end_to_end(cluster: str, tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 def test_preemption_checkpoints_requeues_once_and_resumes_exactly(reference: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "preempted"
-    launch = Launch(run_dir, *ONE_PER_NODE, "--time", "30", *SMOKE)
+    launch = Launch(run_dir, *WORKERS, "--time", "30", *SMOKE)
     wait_until(lambda: trained_steps(run_dir) >= 40, 120, "training to reach step 40")
     signalled = time.monotonic()
     slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")

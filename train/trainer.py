@@ -30,7 +30,14 @@ from train import config as config_mod
 from train.config import RunConfig
 from train.data import BatchPlan, DataBundle, Normalizer, TrainLoader, eval_batches
 from train.debug import check_model_io
-from train.dist import DistContext, all_reduce_max, all_reduce_sum, broadcast_object, gather_objects
+from train.dist import (
+    DistContext,
+    all_reduce_max,
+    all_reduce_sum,
+    broadcast_object,
+    gather_objects,
+    ordered_allreduce_hook,
+)
 from train.exit_codes import OK, PREEMPTED, BadInput
 from train.models import build_model
 from train.preemption import PreemptionWatcher
@@ -271,6 +278,8 @@ class Trainer:
             self.net = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
+            if ctx.backend == "gloo":
+                self.net.register_comm_hook(None, ordered_allreduce_hook)
         if cfg.model.compile:
             self.net = torch.compile(self.net)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
