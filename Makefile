@@ -34,7 +34,7 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow and not slurm and not docker and not netns" $(PYTEST_ARGS)
 
 lint: install
-	$(PY) -m ruff check launch train tests bench faults
+	$(PY) -m ruff check $(wildcard launch train tests bench faults)
 
 doctor: install
 	$(PY) -m train.doctor $(ARGS)

@@ -214,7 +214,7 @@ def test_plain_sbatch_script_two_nodes(reference: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "sbatch"
     run_dir.mkdir()
     # One thread per worker, as the submitit tasks use (SLURM_CPUS_PER_TASK): the same float sums.
-    env = {**os.environ, "WORKERS_PER_NODE": "1", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "WORKERS_PER_NODE": "2", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     job_id = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--time=10", f"--output={run_dir}/sbatch-%j.out",
          str(REPO / "slurm" / "train.sbatch"), *SMOKE, f"run_dir={run_dir}"],
