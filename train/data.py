@@ -209,21 +209,25 @@ def common_size(files: list[str]) -> tuple[int, int] | None:
     return first
 
 
-def decoded_cache(root: Path, files: list[str], labels: list[int], cache_dir: Path) -> torch.Tensor:
-    """Decode every image once into a uint8 array cached on disk, keyed by the folder's fingerprint."""
-    key = folder_fingerprint(root, files)
-    target = cache_dir / f"imagefolder-{key}"
-    images_file = target / "images.npy"
+def cached_images(cache_dir: Path, key: str) -> torch.Tensor | None:
+    """The decoded uint8 array for a folder fingerprint, if an earlier run (or rank) built it."""
+    images_file = cache_dir / f"imagefolder-{key}" / "images.npy"
     if images_file.is_file():
         return torch.from_numpy(np.load(images_file, allow_pickle=False))
+    return None
+
+
+def build_cache(root: Path, files: list[str], cache_dir: Path, key: str) -> torch.Tensor:
+    """Decode every image once into a uint8 array on disk, published atomically under its key."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     images = torch.stack([decode_image(f) for f in files]).numpy()
     tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
     try:
         np.save(tmp / "images.npy", images, allow_pickle=False)
-        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(files)}))
+        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(files),
+                                                   "shape": list(images.shape)}))
         try:
-            os.rename(tmp, target)
+            os.rename(tmp, cache_dir / f"imagefolder-{key}")
         except OSError:  # another node or rank published the same cache first
             pass
     finally:
@@ -240,31 +244,41 @@ def split_indices(n: int, val_fraction: float, split_seed: int) -> tuple[torch.T
     return perm[n_val:], perm[:n_val]
 
 
-def load_imagefolder(cfg: DataConfig) -> DataBundle:
+def folder_images(cfg: DataConfig) -> tuple[ImageSet, list[str]]:
+    """Every image under cfg.root with its class names: decoded uint8 (tensor loader, from the cache)
+    or file paths (pil loader, for images of any size). Training and evaluation share this."""
     root = Path(cfg.root).expanduser()
     classes, files, label_list = scan_imagefolder(root)
     labels = torch.tensor(label_list, dtype=torch.int64)
-    if len(files) < 2:
-        raise BadInput(f"data error: {root} has only {len(files)} image(s); need at least 2 to hold out "
-                       f"a validation split (add images)")
-    train_idx, val_idx = split_indices(len(files), cfg.val_fraction, cfg.split_seed)
     loader = cfg.loader
-    size = common_size(files) if loader in ("auto", "tensor") else None
-    if loader == "tensor" and size is None:
-        raise BadInput(f"config error: data.loader: images under {root} differ in size "
-                       f"(use data.loader=pil, which resizes to data.image_size)")
-    if loader == "auto":
-        loader = "tensor" if size == (cfg.image_size, cfg.image_size) else "pil"
-    if loader == "tensor":
-        everything = ImageSet(labels=labels, images=decoded_cache(root, files, label_list,
-                                                                  Path(cfg.cache_dir).expanduser()))
-        train = everything.subset(train_idx)
-        mean, std = channel_stats(train.images)
-        return DataBundle(train, everything.subset(val_idx), classes, mean, std, cfg.image_size)
-    everything = ImageSet(labels=labels, files=files)
+    cache_dir = Path(cfg.cache_dir).expanduser()
+    cached, key, size = None, "", None
+    if loader in ("auto", "tensor"):
+        key = folder_fingerprint(root, files)
+        cached = cached_images(cache_dir, key)  # a cache exists only for same-size images
+        size = (int(cached.shape[3]), int(cached.shape[2])) if cached is not None else common_size(files)
+    if loader == "tensor" and size != (cfg.image_size, cfg.image_size):
+        found = "differ in size" if size is None else f"are {size[0]}x{size[1]}"
+        raise BadInput(f"config error: data.loader: images under {root} {found}, not "
+                       f"{cfg.image_size}x{cfg.image_size} (use data.loader=pil, which resizes to data.image_size)")
+    if loader == "tensor" or (loader == "auto" and size == (cfg.image_size, cfg.image_size)):
+        images = cached if cached is not None else build_cache(root, files, cache_dir, key)
+        return ImageSet(labels=labels, images=images), classes
+    return ImageSet(labels=labels, files=files), classes
+
+
+def load_imagefolder(cfg: DataConfig) -> DataBundle:
+    everything, classes = folder_images(cfg)
+    if len(everything) < 2:
+        raise BadInput(f"data error: {cfg.root} has only {len(everything)} image(s); need at least 2 to hold "
+                       f"out a validation split (add images)")
+    train_idx, val_idx = split_indices(len(everything), cfg.val_fraction, cfg.split_seed)
     train = everything.subset(train_idx)
-    probe = torch.stack([decode_image(f, cfg.image_size) for f in train.files[:: max(1, len(train) // 512)]])
-    mean, std = channel_stats(probe)
+    if train.images is not None:
+        mean, std = channel_stats(train.images)
+    else:  # estimate from an evenly spaced sample of at most ~512 decoded images
+        probe = torch.stack([decode_image(f, cfg.image_size) for f in train.files[:: max(1, len(train) // 512)]])
+        mean, std = channel_stats(probe)
     return DataBundle(train, everything.subset(val_idx), classes, mean, std, cfg.image_size)
 
 

@@ -118,19 +118,9 @@ def load_cifar10_test(root: Path) -> tuple[Any, list[str]]:
 
 def load_imagefolder_all(cfg: Any) -> tuple[Any, list[str]]:
     """Every image under cfg.root, decoded the way training decodes (same cache, same loader choice)."""
-    import torch
+    from train.data import folder_images
 
-    from train.data import ImageSet, common_size, decoded_cache, scan_imagefolder
-
-    root = Path(cfg.root).expanduser()
-    classes, files, labels = scan_imagefolder(root)
-    label_tensor = torch.tensor(labels, dtype=torch.int64)
-    size = common_size(files) if cfg.loader in ("auto", "tensor") else None
-    tensor_path = size is not None and (cfg.loader == "tensor" or size == (cfg.image_size, cfg.image_size))
-    if tensor_path:
-        images = decoded_cache(root, files, labels, Path(cfg.cache_dir).expanduser())
-        return ImageSet(labels=label_tensor, images=images), classes
-    return ImageSet(labels=label_tensor, files=files), classes
+    return folder_images(cfg)
 
 
 def load_eval_set(train_cfg: dict[str, Any], data_root: str, data_name: str, split: str) -> tuple[Any, list[str]]:
