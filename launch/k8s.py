@@ -64,6 +64,8 @@ class K8sOptions:
     mem_gb_per_gpu: int = 32
     shm_gb_per_gpu: int = 2
     """Size of the in-memory /dev/shm that DataLoader workers use to pass batches."""
+    doctor: bool = False
+    """Run the distributed pre-flight (rendezvous, all_reduce, shared PVC, lead time) instead of training."""
     wait_timeout_s: int = 600
     """How long pods i > 0 wait for pod 0's rendezvous port (torchrun's own join timeout is 600 s)."""
     config_dir: str = "/config"
@@ -75,6 +77,8 @@ class K8sOptions:
         return self.step_time_s + self.save_time_s + 30
 
     def backoff(self, nodes: int) -> int:
+        if self.doctor:
+            return 0  # a pre-flight reports; retrying it would only hide the failure
         return self.backoff_limit if self.backoff_limit is not None else 3 * nodes
 
 
@@ -123,10 +127,14 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
                 "--gpus", str(spec.gpus_per_node)]
     if opts.cpu_only:
         launcher += ["--device", "cpu"]
+    if opts.doctor:
+        launcher += ["--doctor"]
     if spec.max_restarts:
         launcher += ["--max-restarts", str(spec.max_restarts)]
     launcher += ["--config", shlex.quote(f"{opts.config_dir}/{recipe_key(spec)}")]
-    launcher += [shlex.quote(o) for o in (f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
+    lead = [] if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides) \
+        else [f"preemption.lead_time_s={opts.grace_period_s}"]  # the worker warns if a save won't fit
+    launcher += [shlex.quote(o) for o in (*lead, f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
     return "\n".join([
         "set -eu",
         'if [ "$JOB_COMPLETION_INDEX" != 0 ]; then',
@@ -388,6 +396,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="worst-case time of one step; sizes terminationGracePeriodSeconds")
     p.add_argument("--backoff-limit", type=int, default=None, help="pod failures tolerated (default 3 x nodes)")
     p.add_argument("--cpu-only", action="store_true", help="CPU workers (gloo), no GPU requests")
+    p.add_argument("--doctor", action="store_true",
+                   help="render a pre-flight Job (rendezvous, all_reduce, shared PVC) instead of training")
     p.add_argument("--dry-run", action="store_true",
                    help="print the manifests (this launcher only ever prints; apply them with kubectl)")
     p.add_argument("--wait-for", metavar="HOST:PORT", default=None,
@@ -417,7 +427,8 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     opts = K8sOptions(name=args.name, namespace=args.namespace, storage_class=args.storage_class,
                       storage_size=args.storage_size, save_time_s=args.save_time_s, step_time_s=args.step_time_s,
                       backoff_limit=args.backoff_limit, cpu_only=args.cpu_only, cpus_per_gpu=args.cpus_per_gpu,
-                      mem_gb_per_gpu=args.mem_gb_per_gpu, wait_timeout_s=args.wait_timeout_s)
+                      mem_gb_per_gpu=args.mem_gb_per_gpu, wait_timeout_s=args.wait_timeout_s,
+                      doctor=args.doctor)
     validate(spec, opts)
     return spec, opts, recipe_text
 

@@ -90,8 +90,12 @@ def _yaml_run_dir(config: str) -> str | None:
 
 
 def worker_argv(spec: JobSpec, run_dir: str) -> list[str]:
-    """Argv of `python -m train`: identical on every rank and every requeue."""
+    """Argv of `python -m train`: identical on every rank and every requeue. The signal lead time is
+    passed on so the worker can warn when a checkpoint would not fit in it."""
+    keys = {o.partition("=")[0].strip() for o in spec.overrides}
     overrides = [o for o in spec.overrides if o.partition("=")[0].strip() != "run_dir"]
+    if "preemption.lead_time_s" not in keys:
+        overrides.append(f"preemption.lead_time_s={spec.signal_delay_s}")
     return ["--config", os.path.abspath(spec.config), *overrides, f"run_dir={run_dir}"]
 
 
@@ -453,6 +457,8 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
     parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
     parser.add_argument("--job-name", default="train")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
+    parser.add_argument("--doctor", action="store_true",
+                        help="run the distributed pre-flight (train.preflight) on the allocation instead of training")
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
@@ -484,7 +490,8 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         raise BadInput(flag) from None
     options = SlurmOptions(use_gpus=use_gpus, max_timeouts=args.max_timeouts, job_name=args.job_name,
                            python=args.python,
-                           explicit_master_port=args.master_port is not None)
+                           explicit_master_port=args.master_port is not None,
+                           worker="train.preflight:main" if args.doctor else DEFAULT_WORKER)
     return spec, options, args
 
 

@@ -163,3 +163,12 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle):
     code, out, err = render(argv)
     assert code == BAD_INPUT and out == ""
     assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_doctor_mode_runs_the_preflight_once():
+    code, out, _ = render(["--dry-run", "--doctor", "--cpu-only", "--config", "configs/smoke.yaml"])
+    assert code == OK
+    job = by_kind(out)["Job"]
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert "--doctor" in script and "preemption.lead_time_s=" in script
+    assert job["spec"]["backoffLimit"] == 0

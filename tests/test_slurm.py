@@ -57,7 +57,8 @@ def test_worker_argv_pins_the_run_dir_and_keeps_overrides(tmp_path: Path) -> Non
     run_dir = resolve_run_dir(spec)
     assert run_dir == f"{tmp_path}/x"
     argv = worker_argv(spec, run_dir)
-    assert argv == ["--config", str(REPO / "configs/smoke.yaml"), "train.epochs=2", f"run_dir={tmp_path}/x"]
+    assert argv == ["--config", str(REPO / "configs/smoke.yaml"), "train.epochs=2", "preemption.lead_time_s=90",
+                    f"run_dir={tmp_path}/x"]
 
 
 def test_run_dir_defaults_to_the_yaml_one_made_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,3 +148,19 @@ def test_exit_status_maps_slurm_states_to_project_codes(state: str, error: str |
     assert exit_status(job, state) == code
     if code:
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:
+    argv = worker_argv(full_spec(), "/shared/runs/a")
+    assert "preemption.lead_time_s=120" in argv and argv[-1] == "run_dir=/shared/runs/a"
+    own = full_spec().replace(overrides=("preemption.lead_time_s=300",))
+    assert [a for a in worker_argv(own, "/r") if a.startswith("preemption.lead_time_s")] == ["preemption.lead_time_s=300"]
+
+
+def test_doctor_runs_the_preflight_in_each_task() -> None:
+    from launch.slurm import parse_args
+
+    _, options, _ = parse_args(["--nodes", "2", "--tasks-per-node", "2", "--doctor", "--config", "configs/smoke.yaml"])
+    assert options.worker == "train.preflight:main"
+    _, options, _ = parse_args(["--nodes", "2", "--tasks-per-node", "2", "--config", "configs/smoke.yaml"])
+    assert options.worker == "train.worker:main"
