@@ -61,14 +61,14 @@ def _wall(argv: list[str], env: dict[str, str], timeout_s: float = 900) -> float
 
 
 def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, rounds: int = 1,
-        train_images: int = 5000) -> list[Result] | None:
+        train_images: int = 5000, reference_fp32: bool = False) -> list[Result] | None:
     work = work or Path(tempfile.mkdtemp(prefix="bench-peers-"))
     full = unpacked_cifar(work)
     if full is None or peers_py is None:
         return None
     model, peer_model, batch = "resnet18", "resnet18", 128
     if quick:
-        train_images, batch, model, peer_model = 100, 32, "simple_cnn", "tiny"
+        train_images, batch, model, peer_model = 200, 32, "simple_cnn", "tiny"  # val split 2: even shards
     project_root, peer_root = make_folders(full, work, train_images)
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     recipe = work / "peers-project.yaml"
@@ -105,6 +105,8 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
              "reference-bf16": reference(True)}
     if quick:
         sides.pop("reference-bf16")
+    elif not reference_fp32:  # default mode: only the faster variant (fp32 measured 0.4x of bf16 here)
+        sides.pop("reference-fp32")
     rates = paired_rates(sides, rounds, warmup=0)
     ref_key = max((k for k in rates if k.startswith("reference")), key=lambda k: median(rates[k]))
     results = []

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -25,6 +26,8 @@ def ratios_plot(results: dict, out: Path) -> None:
     ax.barh(names, score, color=colors)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("measured ÷ goal (log; right of the line = goal met)")
     ax.invert_yaxis()
     fig.tight_layout()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loop, peers, run
+from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, run
 from bench.common import REPO, Result, interleaved_steps, median_ratio, paired_rates, shared_tarball, subset_folder
 from train.data import BatchPlan, augment
 
@@ -51,6 +51,11 @@ def test_loop_and_amp_quick() -> None:
     torch.set_num_threads(1)
     well_formed(loop.run(quick=True))
     well_formed(amp.run(quick=True))
+
+
+def test_proposals_quick() -> None:
+    for r in proposals.run(quick=True):
+        well_formed(r)
 
 
 @needs_data
