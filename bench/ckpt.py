@@ -59,7 +59,7 @@ def save_load(model: str, batch: int, rounds: int) -> tuple[Result, Result, floa
     ref_file = next(work.glob("p*.pt"))
     loads = paired_rates({"durable": lambda: 1 / _seconds(lambda: ckpt.load_state(ref_dir)),
                           "plain": lambda: 1 / _seconds(lambda: torch.load(ref_file, weights_only=True))}, rounds)
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(trainer.run_dir, ignore_errors=True)
     save_ratio, save_rounds = median_ratio(saves["plain"], saves["durable"])  # time ratio = inverse rate ratio
     load_ratio, load_rounds = median_ratio(loads["plain"], loads["durable"])
     mb = size / 1e6
@@ -96,6 +96,7 @@ def async_stall(model: str, batch: int, rounds: int) -> Result:
         return 1 / seconds
 
     rates = paired_rates({"async": lambda: save(False), "sync": lambda: save(True)}, rounds)
+    shutil.rmtree(trainer.run_dir, ignore_errors=True)  # two resnet18 checkpoints: do not leave them in /tmp
     ratio, per_round = median_ratio(rates["sync"], rates["async"])
     return Result(key="ckpt_async", title="Async save: training stall ÷ synchronous save time",
                   project=1 / median(rates["async"]), baseline=1 / median(rates["sync"]), unit="s", ratio=ratio,
