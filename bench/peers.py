@@ -1,0 +1,132 @@
+"""Peers end to end: the same resnet18 (CIFAR stem), the same 5,000 images, batch 128, one epoch,
+each system at its best CPU setting; wall time from process start to exit, rounds alternated.
+
+- project: python -m launch.local --gpus 2 --device cpu (2 ranks x 1 thread, bf16 + channels_last,
+  the tensor data path; includes building the decode cache from the JPEGs, start-up and the final save);
+- Lightning: a LightningModule + L.Trainer, DDP on 2 CPU processes, bf16-mixed, channels_last;
+- torchvision-reference-style loop (our own minimal equivalent, see peer_reference.py): one process,
+  2 DataLoader workers, fp32 as the reference runs on CPU, and a bf16 + channels_last variant.
+Lightning and the reference loop run in bench/.venv-peers, never in the project's environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from bench.common import REPO, Result, median, median_ratio, paired_rates, unpacked_cifar
+from train.data import scan_imagefolder, split_indices
+
+COMMAND = "python -m bench.run --only peers"
+VAL_FRACTION = 0.01
+
+
+def make_folders(full: Path, work: Path, train_images: int) -> tuple[Path, Path]:
+    """(project root, peers root): the project root holds train_images + 1% held out, the peers root
+    exactly the project's training split, so both train on the same images."""
+    per_class = round(train_images / (1 - VAL_FRACTION) / 10)
+    project_root, peer_root = work / f"peers-{train_images}-all", work / f"peers-{train_images}-train"
+    if project_root.is_dir() and peer_root.is_dir():
+        return project_root, peer_root
+    for d in (project_root, peer_root):
+        shutil.rmtree(d, ignore_errors=True)
+    for cls in sorted(p for p in full.iterdir() if p.is_dir()):
+        (project_root / cls.name).mkdir(parents=True)
+        for f in sorted(cls.iterdir())[:per_class]:
+            os.symlink(f.resolve(), project_root / cls.name / f.name)
+    _, files, _ = scan_imagefolder(project_root)
+    train_idx, _ = split_indices(len(files), VAL_FRACTION, 0)
+    for i in train_idx.tolist():
+        src = Path(files[i])
+        (peer_root / src.parent.name).mkdir(parents=True, exist_ok=True)
+        os.symlink(src.resolve(), peer_root / src.parent.name / src.name)
+    return project_root, peer_root
+
+
+def _wall(argv: list[str], env: dict[str, str], timeout_s: float = 900) -> float:
+    start = time.perf_counter()
+    out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    seconds = time.perf_counter() - start
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])}...: exit {out.returncode}: {(out.stdout + out.stderr)[-1500:]}")
+    return seconds
+
+
+def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, rounds: int = 1,
+        train_images: int = 5000, reference_fp32: bool = False) -> list[Result] | None:
+    work = work or Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    full = unpacked_cifar(work)
+    if full is None or peers_py is None:
+        return None
+    model, peer_model, batch = "resnet18", "resnet18", 128
+    if quick:
+        train_images, batch, model, peer_model = 200, 32, "simple_cnn", "tiny"  # val split 2: even shards
+    project_root, peer_root = make_folders(full, work, train_images)
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    recipe = work / "peers-project.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "seed": 0, "data": {"name": "imagefolder", "root": str(project_root), "val_fraction": VAL_FRACTION,
+                            "loader": "tensor"},
+        "model": {"name": model}, "optim": {"lr": 0.1, "weight_decay": 1e-4, "nesterov": False},
+        "train": {"epochs": 1, "batch_size": batch, "precision": "bf16", "channels_last": True,
+                  "log_every_steps": 10},
+        "checkpoint": {"every_steps": 0, "every_epochs": 1, "resume": "never"},
+        "debug": {"check_model": False}}))
+    counter = iter(range(10**6))
+    n = train_images // batch * batch
+
+    def project() -> float:
+        k = next(counter)
+        run_dir = work / f"peers-run{k}"
+        seconds = _wall([sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config",
+                         str(recipe), f"run_dir={run_dir}", f"data.cache_dir={work / f'peers-cache{k}'}"], env)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(work / f"peers-cache{k}", ignore_errors=True)
+        return n / seconds
+
+    def lightning() -> float:
+        return n / _wall([str(peers_py), "-m", "bench.peer_lightning", "--data", str(peer_root), "--batch",
+                          str(batch), "--devices", "2", "--workers", "1", "--model", peer_model], dict(env, OMP_NUM_THREADS="1"))
+
+    def reference(bf16: bool) -> Callable[[], float]:
+        flags = ["--bf16-channels-last"] if bf16 else []
+        return lambda: n / _wall([str(peers_py), "-m", "bench.peer_reference", "--data", str(peer_root), "--batch",
+                                  str(batch), "--workers", "2", "--model", peer_model, *flags], env)
+
+    sides = {"project": project, "lightning": lightning, "reference-fp32": reference(False),
+             "reference-bf16": reference(True)}
+    if quick:
+        sides.pop("reference-bf16")
+    elif not reference_fp32:  # default mode: only the faster variant (fp32 measured 0.4x of bf16 here)
+        sides.pop("reference-fp32")
+    rates = paired_rates(sides, rounds, warmup=0)
+    ref_key = max((k for k in rates if k.startswith("reference")), key=lambda k: median(rates[k]))
+    results = []
+    for key, label in (("lightning", "Lightning Trainer, DDP 2 procs, bf16-mixed, channels_last"),
+                       (ref_key, f"torchvision-reference-style loop ({ref_key.split('-')[1]}, best), 2 workers")):
+        ratio, per_round = median_ratio(rates["project"], rates[key])
+        others = ", ".join(f"{k} {median(v):,.0f}" for k, v in rates.items())
+        results.append(Result(
+            key=f"peers_{key.split('-')[0]}", title=f"End to end vs {key.split('-')[0]} (images/s, project ÷ peer)",
+            project=median(rates["project"]), baseline=median(rates[key]), unit="images/s", ratio=ratio, goal=1.3,
+            higher_is_better=True, command=COMMAND, project_label="launch.local --gpus 2 (CPU), bf16 + channels_last",
+            baseline_label=label, rounds=per_round,
+            notes=f"{model}, {n} images, batch {batch}, one epoch, wall time from process start to exit (start-up, "
+                  f"JPEG decoding included); images/s of all sides: {others}; {rounds} round(s)",
+            extra={k: median(v) for k, v in rates.items()}))
+    return results
+
+
+if __name__ == "__main__":
+    from bench.common import peers_python
+
+    for r in run(peers_python(), quick="--quick" in sys.argv, work=Path("/tmp/bench-work")) or []:
+        print(json.dumps(r.to_dict()))

@@ -1,0 +1,116 @@
+"""Smoke tests of the benchmark machinery at tiny sizes: each benchmark function returns well-formed
+figures (finite, positive ratios with a goal and a command). No timing is asserted: the figures
+themselves are produced by `make bench` and recorded in docs/BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, run
+from bench.common import REPO, Result, interleaved_steps, median_ratio, paired_rates, shared_tarball, subset_folder
+from train.data import BatchPlan, augment
+
+needs_data = pytest.mark.skipif(shared_tarball() is None, reason="shared CIFAR-10 tarball not found "
+                                "(/work/shared/data or ../shared/data; set BENCH_CIFAR_TARBALL)")
+
+
+def well_formed(r: Result) -> None:
+    assert isinstance(r, Result)
+    assert math.isfinite(r.ratio) and r.ratio > 0, r
+    assert math.isfinite(r.project) and r.project > 0 and math.isfinite(r.baseline) and r.baseline > 0
+    assert r.goal > 0 and r.command.startswith("python -m bench.run")
+    assert r.rounds and all(x > 0 for x in r.rounds)
+    json.dumps(r.to_dict())  # serialisable for docs/bench-results.json
+
+
+def test_paired_helpers_alternate_and_pair() -> None:
+    calls: list[str] = []
+    rates = paired_rates({"a": lambda: calls.append("a") or 2.0, "b": lambda: calls.append("b") or 1.0}, 3, warmup=0)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert median_ratio(rates["a"], rates["b"]) == (2.0, [2.0, 2.0, 2.0])
+    ra, rb = interleaved_steps(lambda: None, lambda: None, groups=2, per_group=2)
+    assert len(ra) == len(rb) == 2
+
+
+def test_proposed_augment_is_bit_identical() -> None:
+    plan = BatchPlan(512, 64, seed=3)
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    for step in range(4):
+        _, aug = plan.rank_step(plan.permutation(0), 0, step)
+        assert torch.equal(datapath.flat_gather_augment(images, *aug), augment(images, *aug))
+
+
+def test_loop_and_amp_quick() -> None:
+    torch.set_num_threads(1)
+    well_formed(loop.run(quick=True))
+    well_formed(amp.run(quick=True))
+
+
+def test_proposals_quick() -> None:
+    for r in proposals.run(quick=True):
+        well_formed(r)
+
+
+@needs_data
+def test_datapath_quick(tmp_path: Path) -> None:
+    r = datapath.run(quick=True, work=tmp_path)
+    well_formed(r)
+    assert r.extra["proposed_gain"] > 0
+
+
+@pytest.mark.slow
+def test_ddp_quick() -> None:
+    well_formed(ddp.run(quick=True))
+
+
+@pytest.mark.slow
+def test_ckpt_quick() -> None:
+    results, pre = ckpt.run(quick=True)
+    for r in results:
+        well_formed(r)
+    assert pre["committed_step"] >= 2 and pre["resumed_at_step"] == pre["committed_step"]
+    assert pre["continuous"] and pre["steps_lost"] == 0 and pre["rerun_exit"] == 0
+    assert pre["signal_to_commit_s"] >= 0
+
+
+@pytest.mark.slow
+@needs_data
+def test_peers_quick(tmp_path: Path) -> None:
+    """The project side and both peer scripts end to end at tiny size. The peers run with the
+    project's python when the benchmark venv (Lightning) is absent: Lightning is then skipped."""
+    from bench.common import peers_python
+
+    py = peers_python()
+    has_lightning = py.is_file() and subprocess.run([str(py), "-c", "import lightning"]).returncode == 0
+    if not has_lightning:
+        pytest.skip("bench/.venv-peers with lightning not created (python -m bench.run --only peers creates it)")
+    results = peers.run(py, quick=True, work=tmp_path)
+    assert results and len(results) == 2
+    for r in results:
+        well_formed(r)
+
+
+@needs_data
+def test_reference_loop_script_runs(tmp_path: Path) -> None:
+    from bench.common import unpacked_cifar
+
+    tiny = subset_folder(unpacked_cifar(tmp_path), tmp_path / "tiny", 4)
+    out = subprocess.run([sys.executable, "-m", "bench.peer_reference", "--data", str(tiny), "--batch", "8",
+                          "--workers", "0", "--model", "tiny"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["images"] == 40
+
+
+def test_run_writes_benchmarks_md(tmp_path: Path) -> None:
+    assert run.main(["--quick", "--only", "loop", "amp", "--docs", str(tmp_path), "--work", str(tmp_path)]) == 0
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "Loop overhead" in text and "AMP on CPU" in text and "python -m bench.run --only loop" in text
+    stored = json.loads((tmp_path / "bench-results.json").read_text())
+    assert set(stored["results"]) == {"loop", "amp"}
