@@ -70,7 +70,7 @@ def save_load(model: str, batch: int, rounds: int) -> tuple[Result, Result, floa
                   notes=f"{model} + SGD momentum state, {mb:.0f} MB, {rounds} interleaved rounds")
     load = Result(key="ckpt_load", title="Verified load time ÷ plain torch.load", project=1 / median(loads["durable"]),
                   baseline=1 / median(loads["plain"]), unit="s", ratio=load_ratio, goal=1.35, higher_is_better=False,
-                  command=COMMAND, project_label="load_state (sha256 verify + weights_only load)",
+                  command=COMMAND, project_label="load_state (xxh3 verify + weights_only load)",
                   baseline_label="torch.load(weights_only=True)", rounds=load_rounds,
                   notes=f"{model} + SGD state, {mb:.0f} MB, {rounds} interleaved rounds")
     return save, load, mb
