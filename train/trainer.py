@@ -280,7 +280,7 @@ class Trainer:
             self.net = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
-            if ctx.backend == "gloo":
+            if ctx.backend == "gloo" and ctx.world_size > 2:  # two ranks sum a+b in any order: already exact
                 self.net.register_comm_hook(None, ordered_allreduce_hook)
         if cfg.model.compile:
             self.net = torch.compile(self.net)
