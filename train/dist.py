@@ -203,3 +203,18 @@ def ordered_allreduce_hook(process_group, bucket):  # no annotations: DDP checks
 # DDP validates the hook's annotations as real objects (this module uses postponed annotations).
 ordered_allreduce_hook.__annotations__ = {"process_group": object, "bucket": dist.GradBucket,
                                           "return": torch.futures.Future[torch.Tensor]}
+
+
+def agreed(ctx: DistContext, build):  # noqa: ANN001, ANN201 - any builder, any result
+    """Run `build` on every rank; if any rank hits bad input, every rank raises that rank's message
+    together (no rank is left waiting in a collective, and the message is the real one)."""
+    message: str | None = None
+    result = None
+    try:
+        result = build()
+    except BadInput as e:
+        message = str(e).splitlines()[0]
+    found = [m for m in gather_objects(ctx, message) if m]
+    if found:
+        raise BadInput(found[0])
+    return result

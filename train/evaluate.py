@@ -19,7 +19,6 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -209,21 +208,6 @@ def default_batch_size(train_cfg: dict[str, Any], world_size: int) -> int:
     return max(int(t.get("micro_batch_size", 0) or 0) or per_rank, 256)
 
 
-def _agreed(ctx: Any, build: Callable[[], Any]) -> Any:
-    """Run `build` on every rank; a BadInput on any rank is raised on all ranks with the first message."""
-    from train.dist import gather_objects
-
-    message, result = None, None
-    try:
-        result = build()
-    except BadInput as e:
-        message = str(e).splitlines()[0]
-    messages = [m for m in gather_objects(ctx, message) if m]
-    if messages:
-        raise BadInput(messages[0])
-    return result
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from train import dist
 
@@ -232,16 +216,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ctx = dist.setup()
     clean = False
     try:
-        chosen = _agreed(ctx, lambda: str(pick_checkpoint(args)) if ctx.is_main else None)
+        chosen = dist.agreed(ctx, lambda: str(pick_checkpoint(args)) if ctx.is_main else None)
         chosen = dist.broadcast_object(ctx, chosen)
-        state = _agreed(ctx, lambda: load_checkpoint(Path(chosen)))
+        state = dist.agreed(ctx, lambda: load_checkpoint(Path(chosen)))
         # Local rank 0 first: it fills the decode cache that the other ranks then read.
         def load() -> tuple[Any, list[str]]:
             return load_eval_set(state["config"], args.data_root, args.data_name, args.split)
-        loaded = _agreed(ctx, lambda: load() if ctx.local_rank == 0 else None)
-        loaded = _agreed(ctx, lambda: loaded or load())
+        loaded = dist.agreed(ctx, lambda: load() if ctx.local_rank == 0 else None)
+        loaded = dist.agreed(ctx, lambda: loaded or load())
         data, classes = loaded
-        _agreed(ctx, lambda: check_classes(classes, list(state["classes"]), args.data_root))
+        dist.agreed(ctx, lambda: check_classes(classes, list(state["classes"]), args.data_root))
         batch = args.batch_size or default_batch_size(state["config"], ctx.world_size)
         result = evaluate_model(state, data, ctx, batch)
         clean = True

@@ -108,6 +108,7 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
     from train.checkpoint import newest_committed
     from train.data import load_bundle
     from train.debug import anomaly_detection, describe_oom, is_oom
+    from train.dist import agreed
     from train.preemption import PreemptionWatcher
     from train.trainer import Trainer
 
@@ -118,12 +119,12 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
         if ctx.is_main:
             config_mod.write_resolved(cfg)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
-        bundle = _agreed(ctx, lambda: load_bundle(cfg.data) if ctx.local_rank == 0 else None)
+        bundle = agreed(ctx, lambda: load_bundle(cfg.data) if ctx.local_rank == 0 else None)
         if bundle is None:
-            bundle = _agreed(ctx, lambda: load_bundle(cfg.data))
+            bundle = agreed(ctx, lambda: load_bundle(cfg.data))
         else:
-            _agreed(ctx, lambda: None)
-        trainer = _agreed(ctx, lambda: Trainer(cfg, ctx, bundle, watcher))
+            agreed(ctx, lambda: None)
+        trainer = agreed(ctx, lambda: Trainer(cfg, ctx, bundle, watcher))
         try:
             with anomaly_detection(cfg.debug.detect_anomaly):
                 code = trainer.fit()
@@ -145,23 +146,6 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
     finally:
         watcher.restore()
         dist.teardown(ctx, clean=clean)
-
-
-def _agreed(ctx, build):
-    """Run `build` on every rank; if any rank hits bad input, every rank raises that rank's message
-    together (no rank is left waiting in a collective, and the message is the real one)."""
-    from train.dist import gather_objects
-
-    message: str | None = None
-    result = None
-    try:
-        result = build()
-    except BadInput as e:
-        message = str(e).splitlines()[0]
-    found = [m for m in gather_objects(ctx, message) if m]
-    if found:
-        raise BadInput(found[0])
-    return result
 
 
 if __name__ == "__main__":
