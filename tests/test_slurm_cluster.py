@@ -174,10 +174,11 @@ def test_preemption_checkpoints_requeues_once_and_resumes_exactly(reference: Pat
 def test_timeout_requeues_and_finishes(cluster: str, tmp_path: Path) -> None:
     # --time 1 with a 30 s lead. slurmctld checks signal times only every ~30 s, so the signal comes
     # anywhere from ~15 to ~30 s into an allocation, and a job shorter than one allocation may never
-    # see it: 20 epochs (~60 s on 2 ranks) need several allocations. Budget raised for slow hosts.
+    # see it: 20 epochs of a wider CNN (~80 s of compute on 2 ranks; the default width finishes in
+    # ~13 s once the fast paths landed) need several allocations. Budget raised for slow hosts.
     run_dir = tmp_path / "timeout"
     launch = Launch(run_dir, *ONE_PER_NODE, "--time", "1", "--signal-delay-s", "30", "--max-timeouts", "8",
-                    "--config", "configs/smoke.yaml", "train.epochs=20")
+                    "--config", "configs/smoke.yaml", "train.epochs=20", "model.width=40")
     assert launch.finish(560) == 0, launch.text()[-3000:]
     log = launch.rank0_log()
     assert "timeout: checkpoint committed" in log and "preemption: checkpoint" not in log
