@@ -225,33 +225,23 @@ def test_private_run_dirs_are_detected_as_not_shared(tmp_path: Path) -> None:
     assert outputs[1][0] == ""  # rank 1 prints no table
 
 
+def run_preflight_alone(*args: str) -> subprocess.CompletedProcess:
+    """`python -m train.preflight ARGS` as one process (no launcher), bounded in time."""
+    return subprocess.run([sys.executable, "-m", "train.preflight", *args], env=base_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=50, check=False)
+
+
 @pytest.mark.timeout(60)
 def test_single_process_reports_short_lead_time(tmp_path: Path) -> None:
     config = write_config(tmp_path, tmp_path / "run", lead_time_s=1e-6)
-    result = subprocess.run(
-        [sys.executable, "-m", "train.preflight", "--config", str(config), *PREFLIGHT_ARGS],
-        env=base_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=False,
-    )
+    result = run_preflight_alone("--config", str(config), *PREFLIGHT_ARGS)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "[FAIL] signal lead time" in result.stdout
     assert "1 rank: correct" in result.stdout
 
 
 def test_missing_config_is_bad_input(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "train.preflight", "--config", str(tmp_path / "nope.yaml")],
-        env=base_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=False,
-    )
+    result = run_preflight_alone("--config", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2
     assert "nope.yaml" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
