@@ -52,7 +52,14 @@ class DataConfig:
     image_size: int = 32
     """Side length the model sees; the pil loader resizes other sizes to it."""
     augment: bool = True
-    """Train-time RandomCrop(padding=4) + horizontal flip."""
+    """Train-time random crop (random translation) + horizontal flip."""
+    crop_padding: int = 4
+    """Random crop: pad each side by this many pixels, then crop back (translations of up to +-N)."""
+    pad_mode: str = "zeros"
+    """Padding of the random crop: `zeros` (torchvision's RandomCrop) or `reflect` (mirror the border)."""
+    flip: str = "random"
+    """`random` (each image flipped with p=0.5 each epoch), `alternate` (a random half in the first
+    epoch, then every image flips each epoch: each image is seen both ways every two epochs), `none`."""
     max_train_samples: int = 0
     """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
     max_val_samples: int = 0
@@ -68,7 +75,8 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "simple_cnn"
-    """`simple_cnn`, `resnet18` (CIFAR stem) or `fastnet` (airbench-style fast CIFAR net)."""
+    """`simple_cnn`, `resnet18` (CIFAR stem) or `fastnet` (airbench-style fast CIFAR net whose first
+    layer is a fixed patch-whitening filter computed from the training images)."""
     width: int = 0
     """Base channel width (0 = the model's default)."""
     compile: bool = False
@@ -90,9 +98,19 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
     schedule: str = "cosine"
-    """`cosine`, `step` or `constant` after warmup."""
+    """`cosine`, `linear` (straight down to min_lr_ratio), `step` or `constant` after warmup."""
     warmup_epochs: float = 0.0
     """Linear warmup length in epochs (fractions allowed)."""
+    warmup_start_ratio: float = 0.0
+    """LR at the first warmup step as a fraction of `lr` (0 = ramp from lr/warmup_steps)."""
+    norm_lr_scale: float = 1.0
+    """LR multiplier for BatchNorm parameters; their weight decay is divided by it, so the decay per step
+    is unchanged (airbench's "bias scaler": BatchNorm biases learn much faster than conv weights)."""
+    lookahead_every: int = 0
+    """Every N steps pull the weights toward a slow exponential average and copy it back; the run ends
+    on the average (0 = off). Smooths the end of short, high-LR runs."""
+    lookahead_decay: float = 0.7738
+    """Lookahead: weight of the average at the end of the run; it rises as decay * progress^3."""
     step_epochs: int = 30
     """`step` schedule: epochs between decays."""
     step_gamma: float = 0.1
@@ -123,6 +141,9 @@ class TrainConfig:
     """Stop after this many optimizer steps in total (0 = run all epochs)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to RUN_DIR/tb (needs the tensorboard package)."""
+    tta: str = "none"
+    """Test-time augmentation of the final validation: `none`, `flip` (mean of the image and its mirror)
+    or `flip_translate` (also 1-pixel shifts, 6 passes). Earlier epochs validate without it."""
 
 
 @dataclass
@@ -186,9 +207,12 @@ class RunConfig:
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.name": ("cifar10", "imagefolder", "synthetic"),
     "data.loader": ("auto", "tensor", "pil"),
+    "data.pad_mode": ("zeros", "reflect"),
+    "data.flip": ("random", "alternate", "none"),
     "model.name": ("simple_cnn", "resnet18", "fastnet"),
     "optim.name": ("sgd", "adamw"),
-    "optim.schedule": ("cosine", "step", "constant"),
+    "optim.schedule": ("cosine", "linear", "step", "constant"),
+    "train.tta": ("none", "flip", "flip_translate"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "dist.backend": ("auto", "nccl", "gloo"),
 }
@@ -217,6 +241,11 @@ BOUNDS: dict[str, tuple[typing.Callable[[Any], bool], str, str]] = {
     "optim.step_epochs": (lambda v: v >= 1, "must be >= 1", "e.g. optim.step_epochs=30"),
     "optim.step_gamma": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]", "e.g. optim.step_gamma=0.1"),
     "optim.min_lr_ratio": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]", "e.g. 0.0"),
+    "optim.warmup_start_ratio": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]", "e.g. 0.2"),
+    "optim.norm_lr_scale": (lambda v: v > 0, "must be > 0", "use 1 for the same LR as the other weights"),
+    "optim.lookahead_every": (lambda v: v >= 0, "must be >= 0", "use 0 to turn lookahead off, e.g. 5"),
+    "optim.lookahead_decay": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)", "e.g. 0.7738 (0.95**5)"),
+    "data.crop_padding": (lambda v: v >= 0, "must be >= 0", "e.g. data.crop_padding=4"),
     "train.epochs": (lambda v: v >= 1, "must be >= 1", "e.g. train.epochs=10"),
     "train.batch_size": (lambda v: v >= 1, "must be >= 1", "e.g. train.batch_size=256"),
     "train.micro_batch_size": (lambda v: v >= 0, "must be >= 0", "use 0 for batch_size / world size"),

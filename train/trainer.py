@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from train import checkpoint as ckpt
 from train import config as config_mod
 from train.config import RunConfig
-from train.data import BatchPlan, DataBundle, Normalizer, TrainLoader, eval_batches
+from train.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, decode_image, eval_batches
 from train.debug import check_model_io
 from train.dist import (
     DistContext,
@@ -40,8 +40,10 @@ from train.dist import (
     ordered_allreduce_hook,
 )
 from train.exit_codes import OK, PREEMPTED, BadInput
+from train.lookahead import Lookahead
 from train.models import build_model
 from train.preemption import PreemptionWatcher
+from train.tta import tta_logits
 
 VERSION = "0.1.0"
 
@@ -111,29 +113,60 @@ def lr_lambda_factory(cfg: RunConfig, steps_per_epoch: int, total_steps: int):
     warmup = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
     sched = cfg.optim.schedule
 
+    start = cfg.optim.warmup_start_ratio
+
     def factor(step: int) -> float:
         if warmup and step < warmup:
-            return (step + 1) / warmup
+            return start + (1 - start) * step / warmup if start else (step + 1) / warmup
         if sched == "constant":
             return 1.0
         if sched == "step":
             return cfg.optim.step_gamma ** (step // (cfg.optim.step_epochs * steps_per_epoch))
         progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
         floor = cfg.optim.min_lr_ratio
+        if sched == "linear":
+            return 1.0 - (1 - floor) * progress
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
 
 
+def param_groups(cfg: RunConfig, model: nn.Module) -> list[dict[str, Any]]:
+    """Trainable parameters; with optim.norm_lr_scale != 1 the BatchNorm ones get their own group
+    (LR x scale, weight decay / scale: the same decay per step)."""
+    o = cfg.optim
+    norm_ids = {id(p) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                for p in m.parameters(recurse=False)}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if o.norm_lr_scale == 1.0:
+        return [{"params": trainable, "lr": o.lr, "weight_decay": o.weight_decay}]
+    norms = [p for p in trainable if id(p) in norm_ids]
+    others = [p for p in trainable if id(p) not in norm_ids]
+    groups = [{"params": others, "lr": o.lr, "weight_decay": o.weight_decay}]
+    if norms:
+        groups.append({"params": norms, "lr": o.lr * o.norm_lr_scale, "weight_decay": o.weight_decay / o.norm_lr_scale})
+    return groups
+
+
 def build_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+    groups = param_groups(cfg, model)
     o = cfg.optim
     if o.name == "adamw":
-        return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
+        return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
                                  fused=device.type == "cuda" or None)
     # fused: one kernel over all parameters, also on CPU (3-6x faster optimizer step, bench/proposals.py)
-    return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
+    return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
                            weight_decay=o.weight_decay, fused=True)
+
+
+def whitening_sample(images: ImageSet, normalize: Normalizer, limit: int = 5000) -> torch.Tensor:
+    """The first `limit` training images, normalised, unaugmented: what data-dependent initialisations
+    (the fastnet stem) are computed from. Same on every rank."""
+    if images.images is not None:
+        batch = images.images[:limit]
+    else:  # per-file path: decode a smaller sample
+        batch = torch.stack([decode_image(f) for f in images.files[:min(limit, 1000)]])
+    return normalize(batch.to(normalize.scale.device)).contiguous()
 
 
 class MetricsLog:
@@ -260,13 +293,17 @@ class Trainer:
             raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self.plan = BatchPlan(len(data.train), cfg.train.batch_size, cfg.seed, ctx.rank, ctx.world_size,
-                              cfg.train.micro_batch_size)
+                              cfg.train.micro_batch_size, cfg.data.crop_padding, cfg.data.flip)
         total = self.plan.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
         seed_everything(cfg.seed, ctx.rank)
         model = build_model(cfg.model.name, data.num_classes, cfg.model.width).to(self.device)
         self.memory_format = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
+        normalize = Normalizer(data.mean, data.std, self.device, cfg.train.channels_last)
+        self.normalize = normalize
+        if hasattr(model, "init_from_data"):  # data-dependent init; a resume overwrites it anyway
+            model.init_from_data(whitening_sample(data.train, normalize))
         model = model.to(memory_format=self.memory_format)
         if cfg.debug.check_model:
             self._check_model(model)
@@ -284,11 +321,11 @@ class Trainer:
                 self.net.register_comm_hook(None, ordered_allreduce_hook)
         if cfg.model.compile:
             self.net = torch.compile(self.net)
+        self.lookahead = Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay,
+                                   self.total_steps) if cfg.optim.lookahead_every else None
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
-        normalize = Normalizer(data.mean, data.std, self.device, cfg.train.channels_last)
-        self.normalize = normalize
         self.loader = TrainLoader(data.train, self.plan, normalize, self.device, cfg.data.augment,
-                                  cfg.data.num_workers, data.image_size)
+                                  cfg.data.num_workers, data.image_size, cfg.data.pad_mode)
         self.progress = Progress()
         self.fault = FaultSignal(os.environ.get("TORCHLAUNCH_FAULT_SIGNAL"), ctx.rank)
         self.writer = ckpt.AsyncWriter()
@@ -314,6 +351,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
+            "lookahead": self.lookahead.state_dict() if self.lookahead is not None else None,
             "progress": {"epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "global_step": p.global_step,
                          "samples_in_epoch": p.step_in_epoch * self.plan.global_batch,
                          "val_pending": p.val_pending, "best_val_acc": p.best_val_acc,
@@ -337,6 +375,11 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        if self.lookahead is not None:
+            if state.get("lookahead") is None:
+                raise BadInput("config error: optim.lookahead_every: the checkpoint was saved without lookahead "
+                               "(resume with the config it was saved with, or start a new run_dir)")
+            self.lookahead.load_state_dict(state["lookahead"])
         pr = state["progress"]
         if state.get("global_batch") != self.plan.global_batch:
             raise BadInput(f"config error: train.batch_size: the checkpoint was trained with a global batch of "
@@ -430,7 +473,7 @@ class Trainer:
         self.scheduler.step()
         return float(total)
 
-    def evaluate(self) -> dict[str, float] | None:
+    def evaluate(self, tta: str = "none") -> dict[str, float] | None:
         """Loss and top-1 over the validation set, each sample counted once; None if preempted."""
         self.net.eval()
         broadcast_buffers(self.ctx, self.model)  # evaluate exactly the model a checkpoint holds
@@ -450,8 +493,8 @@ class Trainer:
                     continue
                 x, y = item
                 with self.autocast():
-                    logits = self.model(x)  # not the DDP wrapper: its forward is a collective, and
-                    # ranks may hold different numbers of validation batches
+                    logits = tta_logits(self.model, x, tta)  # not the DDP wrapper: its forward is a
+                    # collective, and ranks may hold different numbers of validation batches
                 sums[0] += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
                 sums[1] += float((logits.argmax(1) == y).sum())
                 sums[2] += y.numel()
@@ -492,6 +535,8 @@ class Trainer:
                         loss = self.train_step(micro)
                         p.step_in_epoch = step + 1
                         p.global_step += 1
+                        if self.lookahead is not None:
+                            self.lookahead.after_step(p.global_step)
                         window_steps += 1
                         window_loss += loss
                         report.step()
@@ -525,16 +570,22 @@ class Trainer:
                         if p.global_step >= self.total_steps:
                             break
                     p.val_pending = True
-                val = self.evaluate()
+                last = p.global_step >= self.total_steps or (
+                    p.step_in_epoch >= self.plan.steps_per_epoch and p.epoch + 1 >= self.cfg.train.epochs)
+                tta = self.cfg.train.tta if last else "none"
+                val = self.evaluate(tta)
                 if val is None:
                     return self._preempted(report)
-                p.last_val = {k: v for k, v in val.items() if k != "val_samples"}
+                if tta != "none":
+                    val["tta"] = tta
+                p.last_val = {k: v for k, v in val.items() if k not in ("val_samples", "tta")}
                 if p.best_val_acc is None or val["val_acc"] > p.best_val_acc:
                     p.best_val_acc = val["val_acc"]
                 metrics.write({"step": p.global_step, "epoch": p.epoch, **val,
                                "elapsed_s": time.perf_counter() - run_start})
                 report.line(f"epoch {p.epoch + 1}/{self.cfg.train.epochs} validation: loss {val['val_loss']:.4f} "
-                            f"top-1 {val['val_acc']:.4f} ({int(val['val_samples'])} images)")
+                            f"top-1 {val['val_acc']:.4f} ({int(val['val_samples'])} images"
+                            f"{', test-time augmentation ' + tta if tta != 'none' else ''})")
                 p.val_pending = False
                 finished_epoch = p.step_in_epoch >= self.plan.steps_per_epoch
                 if finished_epoch:
