@@ -79,6 +79,18 @@ def test_all_images_counted_once_with_the_newest_checkpoint(setup: dict, capsys:
     assert report["checkpoint"] == str(setup["run"] / "checkpoints" / "step-000000005")
 
 
+def test_flip_tta_averages_the_mirrored_logits(setup: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"]), "--tta", "flip"], capsys)
+    assert rc == 0, err
+    model = setup["models"][5]
+    mirrored = torch.nn.Module()
+    mirrored.forward = lambda x: 0.5 * model(x) + 0.5 * model(x.flip(-1))
+    acc, loss, n = expected(mirrored, setup["data"])
+    report = json.loads(out)
+    assert report["samples"] == n and report["accuracy"] == pytest.approx(acc, abs=1e-9)
+    assert report["loss"] == pytest.approx(loss, rel=1e-4)
+
+
 def test_val_split_is_the_runs_seeded_split(setup: dict, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"]), "--split", "val"],
                             capsys)

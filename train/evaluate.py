@@ -44,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--split", choices=("all", "val"), default="all",
                    help="imagefolder: all images, or the run's seeded validation split (cifar10: the test batch "
                         "either way; val also applies the run's data.max_val_samples)")
+    p.add_argument("--tta", choices=("auto", "none", "flip", "flip_translate"), default="auto",
+                   help="test-time augmentation (auto: the run's train.tta, as its final validation used)")
     return p.parse_args(argv)
 
 
@@ -157,7 +159,7 @@ def check_classes(data_classes: list[str], ckpt_classes: list[str], root: str) -
 # Evaluation
 
 
-def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int) -> dict[str, float]:
+def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, tta: str = "auto") -> dict[str, float]:
     """Loss sum, correct and count over this rank's contiguous shard, all-reduced over ranks.
 
     Precision, memory format and batching follow the training run's validation, so the accuracy
@@ -172,8 +174,10 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int) 
     from train.dist import all_reduce_sum
     from train.models import build_model
     from train.trainer import resolve_precision
+    from train.tta import tta_logits
 
     cfg = from_dict(state["config"])
+    tta = cfg.train.tta if tta == "auto" else tta
     classes = list(state["classes"])
     model = build_model(cfg.model.name, len(classes), cfg.model.width)
     try:
@@ -193,7 +197,7 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int) 
         for x, y in eval_batches(data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device,
                                  cfg.data.image_size, 0):
             with autocast():
-                logits = model(x)
+                logits = tta_logits(model, x, tta)
             sums[0] += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
             sums[1] += float((logits.argmax(1) == y).sum())
             sums[2] += y.numel()
@@ -227,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data, classes = loaded
         dist.agreed(ctx, lambda: check_classes(classes, list(state["classes"]), args.data_root))
         batch = args.batch_size or default_batch_size(state["config"], ctx.world_size)
-        result = evaluate_model(state, data, ctx, batch)
+        result = evaluate_model(state, data, ctx, batch, args.tta)
         clean = True
     except BadInput:
         clean = True  # raised on every rank together
