@@ -88,7 +88,7 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--data-root", help="CIFAR-10 class folders (the shared JPEG copy unpacked) for time to 94%%")
     p.add_argument("--goal", type=float, default=0.94)
-    p.add_argument("--tta-overrides", nargs="*", default=["train.epochs=16", "train.batch_size=1024", "optim.lr=0.8"],
+    p.add_argument("--tta-overrides", nargs="*", default=[],
                    help="fast.yaml overrides for the GPU run")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
