@@ -91,13 +91,22 @@ def test_wrong_type(override: str, key: str, words: tuple[str, ...]) -> None:
     ("checkpoint.keep=1", "checkpoint.keep", ("must be >= 2",)),
     ("data.val_fraction=1.5", "data.val_fraction", ("between 0 and 1",)),
     ("train.batch_size=0", "train.batch_size", ("must be >= 1",)),
-    ("model.name=vgg", "model.name", ("unknown value 'vgg'", "simple_cnn, resnet18, fastnet")),
+    ("model.name=vgg", "model.name", ("unknown value 'vgg'", "simple_cnn, resnet18, fastnet, torchvision.<name>")),
+    ("model.name=torchvision.", "model.name", ("unknown value 'torchvision.'",)),
+    ("model.width=16", "model.width", ("torchvision.resnet18 has a fixed width", "model.width=0")),
     ("data.name=mnist", "data.name", ("unknown value 'mnist'", "cifar10")),
     ("train.precision=fp8", "train.precision", ("fp8", "bf16")),
     ("preemption.signals=[SIGFOO]", "preemption.signals", ("SIGFOO",)),
 ])
 def test_impossible_values(override: str, key: str, words: tuple[str, ...]) -> None:
-    assert_one_line(config_error(None, [override]), key, *words)
+    base = ["model.name=torchvision.resnet18"] if override.startswith("model.width") else []
+    assert_one_line(config_error(None, [*base, override]), key, *words)
+
+
+def test_torchvision_model_names_pass_validation() -> None:
+    """Any torchvision.<name> passes here (no torch import); train.models checks the name itself."""
+    assert config_mod.load(None, ["model.name=torchvision.resnet18"]).model.name == "torchvision.resnet18"
+    assert config_mod.load(None, ["model.name=torchvision.vit_b_16"]).model.width == 0
 
 
 def test_micro_batch_must_divide_the_batch() -> None:

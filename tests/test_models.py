@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from tests.conftest import REPO, run_module
 from train.exit_codes import BadInput
 from train.models import REGISTRY, build_model
 
@@ -62,3 +65,40 @@ def test_unknown_model_and_fixed_width() -> None:
         build_model("vgg", 10)
     with pytest.raises(BadInput, match="resnet18 has a fixed width"):
         build_model("resnet18", 10, 32)
+
+
+def test_torchvision_model_by_name_is_the_stock_architecture() -> None:
+    torch.manual_seed(0)
+    model = build_model("torchvision.resnet18", 7).eval()
+    assert model.conv1.kernel_size == (7, 7) and model.conv1.stride == (2, 2)  # ImageNet stem, untouched
+    assert isinstance(model.maxpool, torch.nn.MaxPool2d)
+    with torch.no_grad():
+        out = model(torch.randn(4, 3, 32, 32))
+    assert out.shape == (4, 7) and torch.isfinite(out).all()
+
+
+def test_unknown_torchvision_model_is_one_config_line() -> None:
+    with pytest.raises(BadInput) as info:
+        build_model("torchvision.resnet19", 10)
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith("config error: model.name: unknown torchvision classification model "
+                           "'torchvision.resnet19' (did you mean torchvision.resnet18?")
+    assert "torchvision.models.list_models" in text
+    with pytest.raises(BadInput, match=r"^config error: model.width: torchvision.resnet18 has a fixed width"):
+        build_model("torchvision.resnet18", 10, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_worker_trains_a_torchvision_model(tmp_path) -> None:
+    """Two CPU steps through the real worker entry point with the stock torchvision ResNet-18."""
+    run_dir = tmp_path / "run"
+    rc, out, err = run_module("train", [
+        "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={run_dir}", "model.name=torchvision.resnet18",
+        "model.width=0", "data.synthetic_train_size=64", "data.synthetic_val_size=16", "train.batch_size=32",
+        "train.epochs=1", "train.log_every_steps=1"], timeout=140, env={"OMP_NUM_THREADS": "1"})
+    assert rc == 0, out + err
+    assert "starting torchvision.resnet18" in out + err
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(s.get("step") == 2 for s in steps), steps

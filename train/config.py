@@ -75,8 +75,10 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "simple_cnn"
-    """`simple_cnn`, `resnet18` (CIFAR stem) or `fastnet` (airbench-style fast CIFAR net whose first
-    layer is a fixed patch-whitening filter computed from the training images)."""
+    """`simple_cnn`, `resnet18` (CIFAR stem), `fastnet` (airbench-style fast CIFAR net whose first
+    layer is a fixed patch-whitening filter computed from the training images), or `torchvision.<name>`:
+    any torchvision classification model as published, untrained, e.g. `torchvision.resnet18` (ImageNet
+    stem; torchvision.models.list_models names them; model.width=0)."""
     width: int = 0
     """Base channel width (0 = the model's default)."""
     compile: bool = False
@@ -216,6 +218,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "dist.backend": ("auto", "nccl", "gloo"),
 }
+
+TORCHVISION_PREFIX = "torchvision."
+"""model.name=torchvision.<name> builds torchvision's model <name>; train.models checks the name when it
+builds the model (this module never imports torch)."""
+OPEN_CHOICES: dict[str, str] = {"model.name": TORCHVISION_PREFIX}
+"""Keys of CHOICES that also accept any value with this prefix."""
 
 # key -> (predicate, requirement, example fix)
 BOUNDS: dict[str, tuple[typing.Callable[[Any], bool], str, str]] = {
@@ -413,8 +421,12 @@ def validate(cfg: RunConfig) -> RunConfig:
     flat = to_dict(cfg)
     for key, choices in CHOICES.items():
         value = _get_dotted(flat, key)
+        prefix = OPEN_CHOICES.get(key)
+        if prefix and str(value).startswith(prefix) and len(str(value)) > len(prefix):
+            continue
         if value not in choices:
-            raise ConfigError(key, f"unknown value {value!r}", f"choose one of: {', '.join(choices)}")
+            listed = [*choices, f"{prefix}<name>"] if prefix else choices
+            raise ConfigError(key, f"unknown value {value!r}", f"choose one of: {', '.join(listed)}")
     for key, (ok, requirement, fix) in BOUNDS.items():
         value = _get_dotted(flat, key)
         if not ok(value):
@@ -423,6 +435,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         if sig not in KNOWN_SIGNALS:
             raise ConfigError("preemption.signals", f"unknown signal {sig!r}",
                               f"choose from: {', '.join(KNOWN_SIGNALS)}")
+    if cfg.model.name.startswith(TORCHVISION_PREFIX) and cfg.model.width:
+        raise ConfigError("model.width", f"{cfg.model.name} has a fixed width, got {cfg.model.width}",
+                          "use model.width=0")
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
     if not str(cfg.data.root).strip() and cfg.data.name != "synthetic":

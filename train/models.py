@@ -1,12 +1,16 @@
-"""Model registry: the seeds' simple CNN, a CIFAR-stem ResNet-18, and a fast airbench-style net."""
+"""Model registry: the seeds' simple CNN, a CIFAR-stem ResNet-18, a fast airbench-style net, and any
+torchvision classification model by name (`torchvision.<name>`): the stock architectures as published,
+so a run (or a benchmark against peers) can use exactly the model other code trains."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from train.config import TORCHVISION_PREFIX, ConfigError
 from train.exit_codes import BadInput
 
 
@@ -115,7 +119,31 @@ REGISTRY: dict[str, Callable[[int, int], nn.Module]] = {
 }
 
 
+# Models whose training-mode forward returns auxiliary outputs: the trainer expects one logits tensor.
+_NO_AUX = {"googlenet", "inception_v3"}
+
+
+def torchvision_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
+    """torchvision's stock architecture `name`, untrained (weights=None): no download, no stem changes."""
+    import torchvision
+
+    key = TORCHVISION_PREFIX + name
+    if width:
+        raise ConfigError("model.width", f"{key} has a fixed width, got {width}", "use model.width=0")
+    valid = torchvision.models.list_models(module=torchvision.models)  # classification models only
+    if name not in valid:
+        near = difflib.get_close_matches(name, valid, n=1)
+        hint = f"did you mean {TORCHVISION_PREFIX}{near[0]}? " if near else ""
+        raise ConfigError("model.name", f"unknown torchvision classification model {key!r}",
+                          f"{hint}torchvision.models.list_models with module=torchvision.models lists valid "
+                          f"names; write them as {TORCHVISION_PREFIX}<name>, e.g. {TORCHVISION_PREFIX}resnet18")
+    extra = {"aux_logits": False} if name in _NO_AUX else {}
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
+
+
 def build_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
+    if name.startswith(TORCHVISION_PREFIX):
+        return torchvision_model(name.removeprefix(TORCHVISION_PREFIX), num_classes, width)
     if name not in REGISTRY:
         raise BadInput(f"config error: model.name: unknown model {name!r} (choose one of: {', '.join(REGISTRY)})")
     return REGISTRY[name](num_classes, width)
