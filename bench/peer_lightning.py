@@ -1,5 +1,6 @@
 """The same training with a PyTorch Lightning Trainer (benchmark venv only): ImageFolder + PIL
-transforms, resnet18 with the CIFAR stem in channels_last, bf16-mixed, DDP on CPU processes."""
+transforms, the model from peer_reference.build (stock resnet18 by default, or resnet18-cifar) in
+channels_last, bf16-mixed, DDP on CPU processes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from bench.peer_reference import MEAN, STD, build
+from bench.peer_reference import MEAN, MODELS, STD, build
 
 
 class Module(L.LightningModule):
@@ -37,7 +38,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=128, help="global batch")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--model", choices=("resnet18", "tiny"), default="resnet18")
+    p.add_argument("--model", choices=MODELS, default="resnet18", help="resnet18 = stock torchvision model")
     args = p.parse_args()
     start = time.perf_counter()
     torch.set_num_threads(max(1, 2 // args.devices))

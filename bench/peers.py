@@ -1,5 +1,10 @@
-"""Peers end to end: the same resnet18 (CIFAR stem), the same 5,000 images, batch 128, one epoch,
-each system at its best CPU setting; wall time from process start to exit, rounds alternated.
+"""Peers end to end: the same model, the same 5,000 images, batch 128, one epoch, each system at its
+best CPU setting; wall time from process start to exit, rounds alternated.
+
+The model is the issue's: torchvision's stock resnet18 (ImageNet stem), built by the project as
+model.name=torchvision.resnet18 and by the peers as peer_reference.build("resnet18"). With
+cifar_stem=True (bench.run --full runs both) all sides train resnet18 with the CIFAR stem instead,
+~16x the compute per image: a compute-bound comparison where the systems differ little.
 
 - project: python -m launch.local --gpus 2 --device cpu (2 ranks x 1 thread, bf16 + channels_last,
   the tensor data path; includes building the decode cache from the JPEGs, start-up and the final save);
@@ -61,17 +66,22 @@ def _wall(argv: list[str], env: dict[str, str], timeout_s: float = 900) -> float
 
 
 def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, rounds: int = 1,
-        train_images: int = 5000, reference_fp32: bool = False) -> list[Result] | None:
+        train_images: int = 5000, reference_fp32: bool = False, cifar_stem: bool = False) -> list[Result] | None:
     work = work or Path(tempfile.mkdtemp(prefix="bench-peers-"))
     full = unpacked_cifar(work)
     if full is None or peers_py is None:
         return None
-    model, peer_model, batch = "resnet18", "resnet18", 128
+    model, peer_model, batch = ("resnet18", "resnet18-cifar", 128) if cifar_stem else \
+        ("torchvision.resnet18", "resnet18", 128)
+    short, described = ("CIFAR-stem resnet18", "resnet18 with the CIFAR stem") if cifar_stem else \
+        ("stock resnet18", "stock torchvision resnet18 (ImageNet stem)")
+    suffix = "_cifar" if cifar_stem else ""
     if quick:
         train_images, batch, model, peer_model = 200, 32, "simple_cnn", "tiny"  # val split 2: even shards
+        short = described = "simple_cnn / tiny"
     project_root, peer_root = make_folders(full, work, train_images)
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    recipe = work / "peers-project.yaml"
+    recipe = work / f"peers-project{suffix}.yaml"
     recipe.write_text(yaml.safe_dump({
         "seed": 0, "data": {"name": "imagefolder", "root": str(project_root), "val_fraction": VAL_FRACTION,
                             "loader": "tensor"},
@@ -105,8 +115,8 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
              "reference-bf16": reference(True)}
     if quick:
         sides.pop("reference-bf16")
-    elif not reference_fp32:  # default mode: only the faster variant (fp32 measured 0.4x of bf16 here)
-        sides.pop("reference-fp32")
+    elif cifar_stem and not reference_fp32:  # CIFAR stem: fp32 measured 0.4x of bf16 here, so only bf16
+        sides.pop("reference-fp32")  # (stock model: fp32 97 vs bf16 85 img/s here, so both always run)
     rates = paired_rates(sides, rounds, warmup=0)
     ref_key = max((k for k in rates if k.startswith("reference")), key=lambda k: median(rates[k]))
     results = []
@@ -114,13 +124,18 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
                        (ref_key, f"torchvision-reference-style loop ({ref_key.split('-')[1]}, best), 2 workers")):
         ratio, per_round = median_ratio(rates["project"], rates[key])
         others = ", ".join(f"{k} {median(v):,.0f}" for k, v in rates.items())
+        peer = key.split("-")[0]
         results.append(Result(
-            key=f"peers_{key.split('-')[0]}", title=f"End to end vs {key.split('-')[0]} (images/s, project ÷ peer)",
-            project=median(rates["project"]), baseline=median(rates[key]), unit="images/s", ratio=ratio, goal=1.3,
-            higher_is_better=True, command=COMMAND, project_label="launch.local --gpus 2 (CPU), bf16 + channels_last",
+            key=f"peers_{peer}{suffix}",
+            title=f"End to end vs {peer}, {short} (images/s, project ÷ peer)",
+            project=median(rates["project"]), baseline=median(rates[key]), unit="images/s", ratio=ratio,
+            goal=1.0 if cifar_stem else 1.3,  # the issue's 1.3x is set on the stock model; the extra: no slower
+            higher_is_better=True, command=COMMAND + (" --full" if cifar_stem else ""),
+            project_label=f"launch.local --gpus 2 (CPU), bf16 + channels_last, model.name={model}",
             baseline_label=label, rounds=per_round,
-            notes=f"{model}, {n} images, batch {batch}, one epoch, wall time from process start to exit (start-up, "
-                  f"JPEG decoding included); images/s of all sides: {others}; {rounds} round(s)",
+            notes=f"{described}, {n} images, batch {batch}, one epoch, wall time from "
+                  f"process start to exit (start-up, JPEG decoding included); images/s of all sides: {others}; "
+                  f"{rounds} round(s)",
             extra={k: median(v) for k, v in rates.items()}))
     return results
 
@@ -128,5 +143,6 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
 if __name__ == "__main__":
     from bench.common import peers_python
 
-    for r in run(peers_python(), quick="--quick" in sys.argv, work=Path("/tmp/bench-work")) or []:
+    for r in run(peers_python(), quick="--quick" in sys.argv, work=Path("/tmp/bench-work"),
+                 cifar_stem="--cifar-stem" in sys.argv) or []:
         print(json.dumps(r.to_dict()))

@@ -43,7 +43,7 @@ def peers_plot(results: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.bar(names, values, color=["tab:blue" if n == "project" else "tab:gray" for n in names])
     ax.set_ylabel("images/s, end to end")
-    ax.set_title("resnet18, 5,000 images, batch 128, one epoch, 2 CPU cores")
+    ax.set_title("stock resnet18, 5,000 images, batch 128, one epoch, 2 CPU cores")
     fig.tight_layout()
     fig.savefig(out / "bench-peers.png", dpi=110)
     plt.close(fig)

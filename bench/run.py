@@ -71,6 +71,8 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
     if "peers" in names:
         keep(record("peers", lambda: peers.run(peers_py, quick=quick, work=work, rounds=2 if full else 1,
                                                             reference_fp32=full)))
+        if full and not quick:  # the compute-bound extra: CIFAR-stem resnet18 on every side
+            keep(record("peers-cifar", lambda: peers.run(peers_py, work=work, cifar_stem=True)))
     if "proposals" in names:
         keep(record("proposals", lambda: proposals.run(quick=quick)))
     tta_result = None
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = json.loads(store.read_text()) if store.is_file() else {"results": {}}
     doc["results"].update(results)
     order = ["loop", "datapath", "amp", "ddp", "ckpt_save", "ckpt_load", "ckpt_async", "ckpt_resume",
-             "peers_lightning", "peers_reference",
+             "peers_lightning", "peers_reference", "peers_lightning_cifar", "peers_reference_cifar",
              "proposal_fused_sgd", "adopted_xxh3"]
     doc["results"] = {k: doc["results"][k] for k in order if k in doc["results"]}
     if preempt:
