@@ -49,8 +49,9 @@ def run_id(run_dir: str) -> str:
 
 def torchrun_argv(spec: JobSpec, placement: NodePlacement, *, python: str = "python",
                   module: str = "train", rdzv_run_id: str | None = None) -> list[str]:
-    """The exact torchrun command for one node of `spec` (pure: no environment, no files)."""
-    argv = [python, "-m", "torch.distributed.run",
+    """The exact torchrun command for one node of `spec` (pure: no environment, no files).
+    launch.torchrun is torchrun minus its ~0.8 s interpreter teardown at exit."""
+    argv = [python, "-m", "launch.torchrun",
             "--nnodes", str(spec.nodes),
             "--nproc-per-node", str(spec.gpus_per_node),
             "--max-restarts", str(spec.max_restarts)]

@@ -14,7 +14,7 @@ import torch
 from launch import local
 from launch.local import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
 from launch.spec import JobSpec
-from tests.conftest import REPO, error_lines, run_launcher
+from tests.conftest import REPO, error_lines, run_launcher, run_module
 from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -118,7 +118,7 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
                                  f"run_dir={run_dir}", "optim.lr=0.01"], timeout=60)
     assert rc == 0, err
     assert len(out.splitlines()) == 1
-    assert shlex.split(out) == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+    assert shlex.split(out) == [sys.executable, "-m", "launch.torchrun", "--nnodes", "1",
                                 "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
                                 "-m", "train", "--config", str(run_dir / "config.yaml")]
     assert not run_dir.exists()
@@ -170,3 +170,14 @@ def test_bad_launcher_arguments(args: list[str], words: str, tmp_path: Path,
     rc = local.main([*args, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
     err = capsys.readouterr().err.splitlines()
     assert rc == BAD_INPUT and len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("program", "code"), [("true", OK), ("false", FAILURE)])
+def test_launch_torchrun_keeps_torchruns_exit_code_and_report(program: str, code: int) -> None:
+    """launch.torchrun skips only the interpreter teardown: exit code and failure report are torchrun's."""
+    rc, out, err = run_module("launch.torchrun", ["--standalone", "--nproc-per-node", "1", "--no-python", program],
+                              timeout=100)
+    assert rc == code, err
+    assert ("Traceback (most recent call last)" in err and "ChildFailedError" in err) == (code != OK), err
