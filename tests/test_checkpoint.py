@@ -62,6 +62,37 @@ def test_damaged_newest_falls_back_with_warning(tmp_path: Path, damage: str) -> 
     assert len(warnings) == 1 and str(f) in warnings[0] and "falling back" in warnings[0]
 
 
+@pytest.mark.parametrize("where", ["tensor bytes", "zip directory"])
+def test_corruption_is_rejected_although_the_load_runs_alongside(tmp_path: Path, where: str, monkeypatch) -> None:
+    """load_state hashes in a thread while torch.load parses the file: whatever the load makes of the
+    bad bytes (a plausible state, or an error), the checksum mismatch decides and nothing is returned."""
+    info = ckpt.write_checkpoint(tmp_path, 1, state(1.0), {})
+    f = info.path / ckpt.STATE_FILE
+    data = bytearray(f.read_bytes())
+    if where == "tensor bytes":  # inside w's 16 KiB of float32 ones: torch.load alone still succeeds
+        data[data.index(torch.ones(8).numpy().tobytes()) + 100] ^= 0x40
+    else:  # the zip end-of-central-directory record: torch.load alone fails
+        data[data.rindex(b"PK\x05\x06") + 1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    loads: list[str] = []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        try:
+            out = real_load(*args, **kwargs)
+        except Exception:
+            loads.append("raised")
+            raise
+        loads.append("loaded")
+        return out
+
+    monkeypatch.setattr(ckpt.torch, "load", spy)
+    with pytest.raises(ckpt.InvalidCheckpoint, match=r"^checksum mismatch \(corrupted bytes\)$"):
+        ckpt.load_state(info.path)
+    assert loads == ["loaded" if where == "tensor bytes" else "raised"]  # the new path: it did load
+    assert ckpt.verify(info.path) == ckpt.CHECKSUM_MISMATCH
+
+
 def test_malicious_pickle_is_refused_and_nothing_executes(tmp_path: Path) -> None:
     ckpt.write_checkpoint(tmp_path, 1, state(1), {})
     canary = tmp_path / "pwned"

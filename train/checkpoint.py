@@ -246,6 +246,9 @@ def _marker_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
     return None, marker
 
 
+CHECKSUM_MISMATCH = "checksum mismatch (corrupted bytes)"
+
+
 def verify(path: Path) -> str | None:
     """None when the checkpoint folder is committed and its bytes match; else the reason."""
     reason, marker = _marker_problem(path)
@@ -253,28 +256,70 @@ def verify(path: Path) -> str | None:
         return reason
     expected = expected_checksum(marker)
     actual = file_checksum(path / STATE_FILE, expected.partition(":")[0])
-    return None if actual == expected else "checksum mismatch (corrupted bytes)"
+    return None if actual == expected else CHECKSUM_MISMATCH
+
+
+def _in_thread(fn: Callable[..., str], *args: Any) -> Callable[[], str]:
+    """Start fn(*args) in a thread; the returned callable joins it and returns (or raises) its outcome."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="checkpoint-verify", daemon=True)
+    thread.start()
+
+    def result() -> str:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return result
 
 
 def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Verify, then load with weights_only=True: a file that needs arbitrary code is refused.
+    """Verify and load with weights_only=True: a file that needs arbitrary code is refused.
 
-    The checksum pass reads the file into the page cache, so torch.load's own read costs little more."""
-    reason = verify(path)
+    The checksum is computed in a thread while torch.load reads the same file (xxhash and hashlib
+    release the GIL while hashing), so verifying adds little to a load when a core is free. The state
+    is returned only when the checksum matches; on a mismatch the loaded object (or the loader's error)
+    is discarded and the mismatch is reported, as when the file was verified first. Parsing the bad
+    bytes meanwhile is safe: weights_only=True is what refuses crafted files in the first place."""
+    reason, marker = _marker_problem(path)
     if reason is not None:
         raise InvalidCheckpoint(reason)
+    expected = expected_checksum(marker)
+    algorithm = expected.partition(":")[0]
+    _hasher(algorithm)  # an unknown algorithm fails before any work
+    checksum = _in_thread(file_checksum, path / STATE_FILE, algorithm)
     try:
-        state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+        state = _safe_load(path / STATE_FILE, map_location)
+    except BaseException:
+        if checksum() != expected:
+            raise InvalidCheckpoint(CHECKSUM_MISMATCH) from None
+        raise
+    if checksum() != expected:
+        raise InvalidCheckpoint(CHECKSUM_MISMATCH)
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        version = state.get("format_version") if isinstance(state, dict) else None
+        raise InvalidCheckpoint(f"format version {version!r}, this build reads {FORMAT_VERSION}")
+    return state
+
+
+def _safe_load(file: Path, map_location: str | torch.device) -> Any:
+    """torch.load(weights_only=True), its refusals and read errors as InvalidCheckpoint."""
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         lines = [ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln]
         first = lines[0].split(". Please")[0] if lines else (str(e).strip().splitlines() or ["unsupported content"])[0]
         raise InvalidCheckpoint(f"refused by the safe loader (weights_only=True), nothing executed: {first}") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise InvalidCheckpoint(f"cannot be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        version = state.get("format_version") if isinstance(state, dict) else None
-        raise InvalidCheckpoint(f"format version {version!r}, this build reads {FORMAT_VERSION}")
-    return state
 
 
 def candidates(root: Path) -> list[tuple[int, Path]]:
