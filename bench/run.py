@@ -69,7 +69,7 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
         rs, preempt = record("ckpt", lambda: ckpt.run(quick=quick))
         keep(rs)
     if "peers" in names:
-        keep(record("peers", lambda: peers.run(peers_py, quick=quick, work=work, rounds=2 if full else 1,
+        keep(record("peers", lambda: peers.run(peers_py, quick=quick, work=work, rounds=1 if quick else 3,
                                                             reference_fp32=full)))
         if full and not quick:  # the compute-bound extra: CIFAR-stem resnet18 on every side
             keep(record("peers-cifar", lambda: peers.run(peers_py, work=work, cifar_stem=True)))

@@ -1,4 +1,5 @@
 """Local launcher: JobSpec -> torchrun argv (pure), then run it and report the workers' exit code.
+One worker without restarts runs directly, without torchrun's agent (see runs_without_agent).
 
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
@@ -71,6 +72,19 @@ def torchrun_argv(spec: JobSpec, placement: NodePlacement, *, python: str = "pyt
     return argv
 
 
+def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
+    """One worker on one node with no restarts: torchrun's agent would only start it (its own torch
+    import alone costs ~1.7 s on 2 cores), so the worker runs directly. It needs no rendezvous: with
+    no RANK/WORLD_SIZE in its environment train.dist runs it as a single process."""
+    return (spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0
+            and placement.master_addr is None)
+
+
+def worker_argv(spec: JobSpec, *, python: str = "python", module: str = "train") -> list[str]:
+    """The single worker's command when it runs without the agent (pure)."""
+    return [python, "-m", module, "--config", spec.config, *spec.overrides]
+
+
 def worker_threads(procs_per_node: int, cores: int) -> int:
     """OMP threads per worker so that workers x threads <= cores."""
     return max(1, cores // max(1, procs_per_node))
@@ -140,7 +154,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--module", default="train", help=argparse.SUPPRESS)
     p.add_argument("--doctor", action="store_true",
                    help="run the distributed pre-flight (rendezvous, all_reduce, shared storage, ...) instead of training")
-    p.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the command (torchrun, or the worker itself "
+                   "for one worker without restarts) and exit")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return p.parse_args(argv)
 
@@ -175,8 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec, placement, cfg = plan(args)
         module = "train.preflight" if args.doctor else args.module
-        argv_out = torchrun_argv(spec, placement, python=sys.executable, module=module,
-                                 rdzv_run_id=run_id(cfg.run_dir))
+        if runs_without_agent(spec, placement) and not args.doctor:
+            argv_out = worker_argv(spec, python=sys.executable, module=module)
+        else:
+            argv_out = torchrun_argv(spec, placement, python=sys.executable, module=module,
+                                     rdzv_run_id=run_id(cfg.run_dir))
     except BadInput as e:
         print(str(e), file=sys.stderr)
         return BAD_INPUT

@@ -124,6 +124,20 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize(("extra", "direct"), [([], True), (["--max-restarts", "1"], False),
+                                               (["--doctor"], False)])
+def test_one_worker_without_restarts_skips_the_agent(extra: list[str], direct: bool, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    rc = local.main(["--gpus", "1", *extra, "--device", "cpu", "--config", SMOKE, "--dry-run",
+                     f"run_dir={tmp_path}", "seed=3"])
+    argv = shlex.split(capsys.readouterr().out)
+    assert rc == 0
+    if direct:
+        assert argv == [sys.executable, "-m", "train", "--config", str(tmp_path / "config.yaml")]
+    else:
+        assert argv[1:3] == ["-m", "launch.torchrun"] and "--nproc-per-node" in argv
+
+
 def test_dry_run_still_validates_the_config(tmp_path: Path) -> None:
     rc, out, err = run_launcher(["--gpus", "1", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}",
                                  "optim.lr=-1"], timeout=60)
