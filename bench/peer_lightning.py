@@ -39,6 +39,8 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--model", choices=MODELS, default="resnet18", help="resnet18 = stock torchvision model")
+    p.add_argument("--save", default=None, help="default_root_dir: Lightning's default end-of-epoch checkpoint "
+                   "goes there (none without it)")
     args = p.parse_args()
     start = time.perf_counter()
     torch.set_num_threads(max(1, 2 // args.devices))
@@ -48,7 +50,8 @@ def main() -> None:
                                          num_workers=args.workers, drop_last=True,
                                          persistent_workers=args.workers > 0)
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-                        precision="bf16-mixed", max_epochs=1, logger=False, enable_checkpointing=False,
+                        precision="bf16-mixed", max_epochs=1, logger=False, enable_checkpointing=bool(args.save),
+                        default_root_dir=args.save,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Module(args.model), loader)
     if trainer.global_rank == 0:

@@ -50,6 +50,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--model", choices=MODELS, default="resnet18", help="resnet18 = stock torchvision model")
+    p.add_argument("--save", default=None, help="folder for the end-of-epoch checkpoint (model + optimizer), "
+                   "as the reference script writes with --output-dir")
     p.add_argument("--bf16-channels-last", action="store_true",
                    help="more than the reference does on CPU: bf16 autocast + channels_last")
     args = p.parse_args()
@@ -73,6 +75,9 @@ def main() -> None:
         loss.backward()
         opt.step()
         seen += x.shape[0]
+    if args.save:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 0},
+                   f"{args.save}/checkpoint.pth")
     print(json.dumps({"images": seen, "seconds": time.perf_counter() - start, "loss": float(loss)}), flush=True)
 
 

@@ -17,6 +17,8 @@ gradient all-reduce and start-up cost more than its share of the compute.
   thread, and one process x 2 threads;
 - torchvision-reference-style loop (our own minimal equivalent, see peer_reference.py): one process,
   2 DataLoader workers, fp32 as the reference runs on CPU, and a bf16 + channels_last variant.
+Every side writes its end-of-epoch checkpoint (model + optimizer): the project always does, Lightning
+does by default, the reference script does with --output-dir.
 Lightning and the reference loop run in bench/.venv-peers, never in the project's environment."""
 
 from __future__ import annotations
@@ -111,15 +113,23 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
             return n / seconds
         return side
 
+    def saving(argv: list[str], side_env: dict[str, str]) -> float:
+        """Peers save their end-of-epoch checkpoint as their defaults do (the project always does)."""
+        folder = Path(tempfile.mkdtemp(prefix="peer-save-", dir=work))
+        try:
+            return n / _wall([*argv, "--save", str(folder)], side_env)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     def lightning(procs: int) -> Callable[[], float]:
-        return lambda: n / _wall([str(peers_py), "-m", "bench.peer_lightning", "--data", str(peer_root), "--batch",
-                                  str(batch), "--devices", str(procs), "--workers", str(2 // procs), "--model",
-                                  peer_model], dict(env, OMP_NUM_THREADS=str(2 // procs)))
+        return lambda: saving([str(peers_py), "-m", "bench.peer_lightning", "--data", str(peer_root), "--batch",
+                               str(batch), "--devices", str(procs), "--workers", str(2 // procs), "--model",
+                               peer_model], dict(env, OMP_NUM_THREADS=str(2 // procs)))
 
     def reference(bf16: bool) -> Callable[[], float]:
         flags = ["--bf16-channels-last"] if bf16 else []
-        return lambda: n / _wall([str(peers_py), "-m", "bench.peer_reference", "--data", str(peer_root), "--batch",
-                                  str(batch), "--workers", "2", "--model", peer_model, *flags], env)
+        return lambda: saving([str(peers_py), "-m", "bench.peer_reference", "--data", str(peer_root), "--batch",
+                               str(batch), "--workers", "2", "--model", peer_model, *flags], env)
 
     sides = {"project-2x1": project(2), "project-1x2": project(1), "lightning-ddp2x1": lightning(2),
              "lightning-1x2": lightning(1), "reference-fp32": reference(False), "reference-bf16": reference(True)}

@@ -39,7 +39,7 @@ def run_full(work: Path | None = None, overrides: tuple[str, ...] = (), record: 
     if out.returncode != 0:
         raise RuntimeError(f"fast.yaml run failed (exit {out.returncode}): {(out.stdout + out.stderr)[-1500:]}")
     lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    curve = [{"epoch": r["epoch"] + 1, "val_acc": r["val_acc"], "elapsed_s": r.get("elapsed_s")}
+    curve = [{"epoch": r["epoch"] + 1, "val_acc": r["val_acc"], "elapsed_s": r.get("elapsed_s"), "tta": r.get("tta")}
              for r in lines if "val_acc" in r]
     rates = [r["images_per_s"] for r in lines if "images_per_s" in r]
     reached = next((c for c in curve if c["val_acc"] >= GOAL), None)
