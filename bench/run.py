@@ -149,9 +149,10 @@ def render(doc: dict) -> str:
                   "- the recipe: the airbench ideas as project switches (README, \"The time-to-accuracy recipe\"); "
                   "epochs validate without test-time augmentation, the final one with it (flip + 1-pixel "
                   "translations, 6 views)",
-                  "- how accuracy scales with time here (same recipe, single runs on a shared box): 10 epochs "
-                  "90.22% (TTA) after 734 s, 16 epochs 90.92% after 1,017 s; the previous recipe (no whitening, "
-                  "lookahead or TTA) 86.88% after 1,566 s. +0.7 points for 1.6x the time, about +1 point per "
+                  "- how accuracy scales with time here (same recipe, single runs): 10 epochs 90.22% (TTA; 734 s "
+                  "on a loaded box, ~52 s per epoch when quiet), 16 epochs 90.92% (this record); the previous "
+                  "recipe (no whitening, lookahead or TTA) 86.88% after 1,566 s (loaded box). +0.7 points for "
+                  "1.6x the time, about +1 point per "
                   "doubling: 93% on this JPEG copy (quality 75; airbench94 reaches 94% on the original images, "
                   "~91% here) would take at least 4x the time (over an hour on 2 cores) even if the gain per "
                   "doubling held, and it shrinks as accuracy rises; a wider, longer net (airbench95/96-style) "
@@ -160,6 +161,7 @@ def render(doc: dict) -> str:
     else:
         lines += ["Not recorded yet: run `python -m bench.run --full --only tta`.", ""]
     dp, fused, xxh3 = res.get("datapath"), res.get("proposal_fused_sgd"), res.get("adopted_xxh3")
+    pl = res.get("peers_lightning") if "project-1x2" in res.get("peers_lightning", {}).get("extra", {}) else None
     lines += ["## Fast paths adopted in train/ after measuring them here", ""]
     if dp and dp.get("extra", {}).get("proposed_gain"):
         lines.append(f"- data path (`train.data.augment`, `TrainLoader`): the batch is gathered with `index_select` "
@@ -192,7 +194,16 @@ def render(doc: dict) -> str:
               "- Lightning runs in a separate benchmark venv (`bench/.venv-peers`, created by `bench.run`, layered "
               "on the project's torch through a .pth file); it is never a project dependency.",
               "- The 2-rank DDP figure needs 2 idle cores; on a shared 2-core box it measures the load as much as "
-              "DDP (see its load average).", ""]
+              "DDP (see its load average). It fell from 2.13 to 1.84-1.88 when fastnet's whitening stem and "
+              "BatchNorm scales were frozen: the 1-rank baseline got ~11% faster (434 -> 483 images/s: less "
+              "backward work) while 2 ranks stayed at ~905 images/s (measured side by side against the previous "
+              "commit); DDP's static_graph and a single 100 MB bucket did not help (1.80, 1.89).",
+              "- Peers: on the stock resnet18 (little compute per image) one process with 2 threads beats two "
+              "DDP processes for both the project and Lightning, so the best-vs-best ratio is what is reported; "
+              "against Lightning in the DDP layout the issue measured, the project is "
+              + (f"{pl['extra']['project-1x2'] / pl['extra']['lightning-ddp2x1']:.2f}x" if pl else "n/a")
+              + ". Both systems then run the same model's kernels on the same cores: what is left to win is "
+              "start-up and data loading, a few seconds of a ~10 s run.", ""]
     if doc.get("timings_s"):
         total = sum(doc["timings_s"].values())
         lines += ["Last run's duration per benchmark: "
