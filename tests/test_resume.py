@@ -77,11 +77,12 @@ def test_signal_then_rerun_equals_uninterrupted(tmp_path: Path, reference: Path,
     assert global_batches(tmp_path) == global_batches(reference)
 
 
-def test_external_sigterm_to_launcher(tmp_path: Path, reference: Path) -> None:
-    args = [sys.executable, "-m", "launch.local", "--gpus", "2", "--config", "configs/smoke.yaml",
-            f"run_dir={tmp_path}", *SMALL]
+def sigterm_launcher_mid_run(run_dir: Path, gpus: int) -> None:
+    """Start launch.local, send SIGTERM to it once rank 0 has logged 3 metrics lines, expect exit 75."""
+    args = [sys.executable, "-m", "launch.local", "--gpus", str(gpus), "--config", "configs/smoke.yaml",
+            f"run_dir={run_dir}", *SMALL]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metrics = tmp_path / "metrics.jsonl"
+    metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
         assert proc.poll() is None and time.monotonic() < deadline, "run ended or stalled before the signal"
@@ -89,6 +90,10 @@ def test_external_sigterm_to_launcher(tmp_path: Path, reference: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 75, out[-2000:]
+
+
+def test_external_sigterm_to_launcher(tmp_path: Path, reference: Path) -> None:
+    sigterm_launcher_mid_run(tmp_path, gpus=2)
     second = run(tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     assert_models_equal(reference / "model.pt", tmp_path / "model.pt")
@@ -103,17 +108,8 @@ def test_one_worker_runs_without_the_agent_and_resumes_exactly(tmp_path: Path) -
     launch_line = next(ln for ln in done.stderr.splitlines() if ln.startswith("launch: "))
     assert "torchrun" not in launch_line and " -m train --config " in launch_line
     resumed = tmp_path / "resumed"
-    args = [sys.executable, "-m", "launch.local", "--gpus", "1", "--config", "configs/smoke.yaml",
-            f"run_dir={resumed}", *SMALL]
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metrics = resumed / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-        assert proc.poll() is None and time.monotonic() < deadline, "run ended or stalled before the signal"
-        time.sleep(0.05)  # polling a file written by another process; the assertion above bounds it
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 75, out[-2000:]
+    resumed.mkdir()
+    sigterm_launcher_mid_run(resumed, gpus=1)
     second = run(resumed, gpus=1)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resumed from" in second.stdout + second.stderr
