@@ -94,7 +94,7 @@ class FastNet(nn.Module):
 
     @torch.no_grad()
     def init_from_data(self, images: torch.Tensor, eps: float = 5e-4) -> None:
-        """Set the stem to the ZCA-like whitening of 2x2 patches of `images` (N, 3, H, W), float.
+        """Set the stem to the PCA whitening of 2x2 patches of `images` (N, 3, H, W), float.
         Deterministic for given images, so every rank computes the same filters."""
         conv = self.stem[0]
         c, kh, kw = conv.weight.shape[1:]
