@@ -154,3 +154,18 @@ def test_fast_recipe_resumes_bit_for_bit(tmp_path: Path) -> None:
     assert_states_equal(a, b)
     assert a["lookahead"] is not None
     assert_models_equal(reference / "model.pt", resumed / "model.pt")
+
+
+def test_whitening_sample_decodes_files_of_any_size_at_the_training_size(tmp_path: Path) -> None:
+    from tests.test_data import write_folder
+    from train.data import ImageSet, Normalizer
+    from train.trainer import whitening_sample
+
+    files = write_folder(tmp_path / "a", {"x": 2}, size=40) + write_folder(tmp_path / "b", {"y": 2}, size=24)
+    images = ImageSet(labels=torch.zeros(4, dtype=torch.long), files=[str(f) for f in files])
+    normalize = Normalizer((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), torch.device("cpu"), channels_last=False)
+    sample = whitening_sample(images, normalize, image_size=32)
+    assert sample.shape == (4, 3, 32, 32) and sample.dtype == torch.float32
+    model = build_model("fastnet", 10)
+    model.init_from_data(sample)
+    assert torch.isfinite(model.stem[0].weight).all()

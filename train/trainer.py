@@ -159,13 +159,13 @@ def build_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> t
                            weight_decay=o.weight_decay, fused=True)
 
 
-def whitening_sample(images: ImageSet, normalize: Normalizer, limit: int = 5000) -> torch.Tensor:
+def whitening_sample(images: ImageSet, normalize: Normalizer, image_size: int, limit: int = 5000) -> torch.Tensor:
     """The first `limit` training images, normalised, unaugmented: what data-dependent initialisations
     (the fastnet stem) are computed from. Same on every rank."""
     if images.images is not None:
         batch = images.images[:limit]
-    else:  # per-file path: decode a smaller sample
-        batch = torch.stack([decode_image(f) for f in images.files[:min(limit, 1000)]])
+    else:  # per-file path (images of any size): decode a smaller sample at the training size
+        batch = torch.stack([decode_image(f, image_size) for f in images.files[:min(limit, 1000)]])
     return normalize(batch.to(normalize.scale.device)).contiguous()
 
 
@@ -303,7 +303,7 @@ class Trainer:
         normalize = Normalizer(data.mean, data.std, self.device, cfg.train.channels_last)
         self.normalize = normalize
         if hasattr(model, "init_from_data"):  # data-dependent init; a resume overwrites it anyway
-            model.init_from_data(whitening_sample(data.train, normalize))
+            model.init_from_data(whitening_sample(data.train, normalize, data.image_size))
         model = model.to(memory_format=self.memory_format)
         if cfg.debug.check_model:
             self._check_model(model)
