@@ -150,13 +150,13 @@ def render(doc: dict) -> str:
                   "epochs validate without test-time augmentation, the final one with it (flip + 1-pixel "
                   "translations, 6 views)",
                   "- how accuracy scales with time here (same recipe, single runs): 10 epochs 90.22% (TTA; 734 s "
-                  "on a loaded box, ~52 s per epoch when quiet), 16 epochs 90.92% (this record); the previous "
-                  "recipe (no whitening, lookahead or TTA) 86.88% after 1,566 s (loaded box). +0.7 points for "
-                  "1.6x the time, about +1 point per "
-                  "doubling: 93% on this JPEG copy (quality 75; airbench94 reaches 94% on the original images, "
-                  "~91% here) would take at least 4x the time (over an hour on 2 cores) even if the gain per "
-                  "doubling held, and it shrinks as accuracy rises; a wider, longer net (airbench95/96-style) "
-                  "is the way there, at a cost outside this benchmark's budget",
+                  "on a loaded box, ~52 s per epoch when quiet), 16 epochs 90.92% (this record), 40 epochs "
+                  "91.34% after 2,149 s (`train.epochs=40 optim.warmup_epochs=9.2`, box mostly quiet); the previous "
+                  "recipe (no whitening, lookahead or TTA) 86.88% after 1,566 s (loaded box). Returns shrink "
+                  "fast: +0.7 points for 1.6x the time, then +0.4 for 2.5x more. 93% on this JPEG copy "
+                  "(quality 75; airbench94 reaches 94% on the original images, ~91% here) is out of reach "
+                  "for this net at any affordable length; a wider, deeper net (airbench95/96-style, several "
+                  "times the compute per epoch) is the way there, hours on 2 CPU cores",
                   "", "![accuracy vs time](bench-tta.png)", ""]
     else:
         lines += ["Not recorded yet: run `python -m bench.run --full --only tta`.", ""]
