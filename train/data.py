@@ -315,6 +315,8 @@ class BatchPlan:
     crop_padding: int = CROP_PADDING
     flip: str = "random"
     """`random`, `alternate` or `none` (see DataConfig.flip)."""
+    pad_mode: str = "zeros"
+    """`zeros` or `reflect`: how the random crop's border is filled."""
 
     def __post_init__(self) -> None:
         if self.global_batch % self.world_size:
@@ -444,9 +446,8 @@ class TrainLoader:
     """Yields this rank's micro-batches for each step of an epoch, from any starting step."""
 
     def __init__(self, data: ImageSet, plan: BatchPlan, normalize: Normalizer, device: torch.device,
-                 augment_on: bool, num_workers: int, image_size: int, pad_mode: str = "zeros") -> None:
+                 augment_on: bool, num_workers: int, image_size: int) -> None:
         self.data, self.plan, self.normalize, self.device = data, plan, normalize, device
-        self.pad_mode = pad_mode
         self.augment_on, self.num_workers, self.image_size = augment_on, num_workers, image_size
         self.images = data.images
         if self.images is not None and device.type == "cuda":
@@ -486,7 +487,7 @@ class TrainLoader:
     def _micro_batches(self, images: torch.Tensor, labels: torch.Tensor,
                        aug: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self.augment_on:
-            images = augment(images, *aug, padding=self.plan.crop_padding, pad_mode=self.pad_mode)
+            images = augment(images, *aug, padding=self.plan.crop_padding, pad_mode=self.plan.pad_mode)
         x = self.normalize(images)
         m = self.plan.micro
         return [(x[i:i + m], labels[i:i + m]) for i in range(0, x.shape[0], m)]

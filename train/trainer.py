@@ -293,7 +293,8 @@ class Trainer:
             raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self.plan = BatchPlan(len(data.train), cfg.train.batch_size, cfg.seed, ctx.rank, ctx.world_size,
-                              cfg.train.micro_batch_size, cfg.data.crop_padding, cfg.data.flip)
+                              cfg.train.micro_batch_size, cfg.data.crop_padding, cfg.data.flip,
+                              cfg.data.pad_mode)
         total = self.plan.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
@@ -325,7 +326,7 @@ class Trainer:
                                    self.total_steps) if cfg.optim.lookahead_every else None
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
         self.loader = TrainLoader(data.train, self.plan, normalize, self.device, cfg.data.augment,
-                                  cfg.data.num_workers, data.image_size, cfg.data.pad_mode)
+                                  cfg.data.num_workers, data.image_size)
         self.progress = Progress()
         self.fault = FaultSignal(os.environ.get("TORCHLAUNCH_FAULT_SIGNAL"), ctx.rank)
         self.writer = ckpt.AsyncWriter()
