@@ -196,8 +196,14 @@ def render(doc: dict) -> str:
               "- The 2-rank DDP figure needs 2 idle cores; on a shared 2-core box it measures the load as much as "
               "DDP (see its load average). It fell from 2.13 to 1.84-1.88 when fastnet's whitening stem and "
               "BatchNorm scales were frozen: the 1-rank baseline got ~11% faster (434 -> 483 images/s: less "
-              "backward work) while 2 ranks stayed at ~905 images/s (measured side by side against the previous "
-              "commit); DDP's static_graph and a single 100 MB bucket did not help (1.80, 1.89).",
+              "backward work) while 2 ranks stayed at ~905 images/s; DDP's static_graph and a single 100 MB "
+              "bucket did not help (1.80, 1.89). What the 2 ranks lose, measured rank by rank: gloo's TCP "
+              "all-reduce ~10 ms per step (the whole gap to a run with no gradient sync, 1.93-1.96x, was ~4%) and "
+              "ranks wandering between the two cores. Pinning each rank to a core and averaging gradients "
+              "through shared memory (copy + sum ~1.2 ms per step; the rest of the hook's time is waiting for the "
+              "slower rank) brought 2 ranks back up (adopted figure above); timed steps went from 8 to 16 per "
+              "round to steady the figure. Larger per-rank batches scale worse here (512 per rank: 1.81-1.83x, "
+              "memory-bandwidth bound), smaller ones too (64: 1.86x; 32: 1.73x).",
               "- Peers: on the stock resnet18 (little compute per image) one process with 2 threads beats two "
               "DDP processes for both the project and Lightning, so the best-vs-best ratio is what is reported; "
               "against Lightning in the DDP layout the issue measured, the project is "
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["results"].update(results)
     order = ["loop", "datapath", "amp", "ddp", "ckpt_save", "ckpt_load", "ckpt_async", "ckpt_resume",
              "peers_lightning", "peers_reference", "peers_lightning_cifar", "peers_reference_cifar",
-             "proposal_fused_sgd", "adopted_xxh3"]
+             "proposal_fused_sgd", "adopted_xxh3", "adopted_cpu_ddp"]
     doc["results"] = {k: doc["results"][k] for k in order if k in doc["results"]}
     if preempt:
         doc["preemption"] = preempt

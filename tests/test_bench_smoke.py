@@ -67,7 +67,10 @@ def test_datapath_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ddp_quick() -> None:
-    well_formed(ddp.run(quick=True))
+    scaling, adopted = ddp.run(quick=True)
+    well_formed(scaling)
+    well_formed(adopted)
+    assert scaling.project == adopted.project  # the same 2-rank runs, two baselines
 
 
 @pytest.mark.slow

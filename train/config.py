@@ -168,6 +168,11 @@ class DistConfig:
     """Process-group timeout: a lost peer fails the collective after this many seconds."""
     backend: str = "auto"
     """`auto` (nccl on CUDA, gloo on CPU), `nccl` or `gloo`."""
+    pin_cpus: bool = True
+    """CPU workers sharing a machine: each local rank runs on its own slice of the cores it may use."""
+    shared_memory_reduce: bool = True
+    """CPU jobs on one machine: average gradients through /dev/shm instead of gloo's TCP ring (same
+    numbers, bit for bit; falls back to gloo by itself where /dev/shm is missing or too small)."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from train.affinity import pin_local_rank
 from train.exit_codes import BadInput
 
 CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -78,8 +79,10 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def setup(timeout_s: float = 300.0, backend: str = "auto") -> DistContext:
-    """Join the process group described by the environment (or run alone)."""
+def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = False) -> DistContext:
+    """Join the process group described by the environment (or run alone). `pin_cpus`: CPU workers
+    sharing a machine each take their own slice of cores first (train/affinity.py), so that the
+    threads gloo and OpenMP start later inherit it."""
     env = read_env()
     if env is None:
         device = pick_device(0)
@@ -88,6 +91,8 @@ def setup(timeout_s: float = 300.0, backend: str = "auto") -> DistContext:
         return DistContext(device=device)
     local_rank = int(env["LOCAL_RANK"])
     device = pick_device(local_rank)
+    if pin_cpus and device.type == "cpu":
+        pin_local_rank(local_rank, int(env["LOCAL_WORLD_SIZE"]))
     chosen = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if chosen == "nccl" and device.type != "cuda":
         raise BadInput("config error: dist.backend: nccl needs CUDA GPUs (use dist.backend=gloo or auto on CPU)")
@@ -190,14 +195,16 @@ def ordered_allreduce_hook(process_group, bucket):  # no annotations: DDP checks
     local = bucket.buffer()
     gathered = [torch.empty_like(local) for _ in range(world)]
     future = dist.all_gather(gathered, local, group=group, async_op=True).get_future()
+    return future.then(lambda _: rank_order_mean(gathered, out=local))
 
-    def average(_: torch.futures.Future) -> torch.Tensor:
-        total = gathered[0].clone()
-        for part in gathered[1:]:
-            total += part
-        return local.copy_(total.div_(world))
 
-    return future.then(average)
+def rank_order_mean(parts: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """(parts[0] + parts[1] + ... ) / len(parts) into `out`, summed in rank order: the one averaging
+    rule of every exact gradient path (this hook, train/shm_reduce.py)."""
+    out.copy_(parts[0])
+    for part in parts[1:]:
+        out.add_(part)
+    return out.div_(len(parts))
 
 
 # DDP validates the hook's annotations as real objects (this module uses postponed annotations).

@@ -43,6 +43,7 @@ from train.exit_codes import OK, PREEMPTED, BadInput
 from train.lookahead import Lookahead
 from train.models import build_model
 from train.preemption import PreemptionWatcher
+from train.shm_reduce import build_reducer, shared_memory_hook
 from train.tta import tta_logits
 
 VERSION = "0.1.0"
@@ -314,12 +315,12 @@ class Trainer:
             self.optimizer, lr_lambda_factory(cfg, self.plan.steps_per_epoch, self.total_steps))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.net: nn.Module = model
+        self.gradient_path = "local"
         if ctx.distributed:
             self.net = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
-            if ctx.backend == "gloo" and ctx.world_size > 2:  # two ranks sum a+b in any order: already exact
-                self.net.register_comm_hook(None, ordered_allreduce_hook)
+            self.gradient_path = self._choose_gradient_path(self.net, model)
         if cfg.model.compile:
             self.net = torch.compile(self.net)
         self.lookahead = Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay,
@@ -334,6 +335,23 @@ class Trainer:
         self.save_seconds: float | None = None
 
     # ------------------------------------------------------------------ start-up checks
+
+    def _choose_gradient_path(self, net: DistributedDataParallel, model: nn.Module) -> str:
+        """How DDP averages gradients. gloo on one machine: through shared memory (train/shm_reduce.py);
+        gloo across machines: its all-reduce, in rank order above two ranks (bit-exact resume at any
+        world size); NCCL: its own all-reduce. Every rank decides together (a collective)."""
+        ctx = self.ctx
+        if ctx.backend != "gloo":
+            return ctx.backend or "local"
+        if self.cfg.dist.shared_memory_reduce and 1 < ctx.world_size == ctx.local_world_size:
+            reducer = build_reducer(model)
+            if reducer is not None:
+                net.register_comm_hook(reducer, shared_memory_hook)
+                return "shared memory"
+        if ctx.world_size > 2:  # two ranks sum a+b in any order: already exact
+            net.register_comm_hook(None, ordered_allreduce_hook)
+            return "gloo, rank order"
+        return "gloo"
 
     def _check_model(self, model: nn.Module) -> None:
         """One fake batch through the model: shape and device mistakes become one clear line."""
@@ -519,7 +537,8 @@ class Trainer:
         else:
             report.line(f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
                         f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
-                        f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation})")
+                        f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation}), "
+                        f"gradients: {self.gradient_path}")
         if main:
             ckpt.clean_stale(self.ckpt_root)
         self._warn_lead_time(report)

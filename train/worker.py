@@ -113,7 +113,7 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
     from train.trainer import Trainer
 
     watcher = PreemptionWatcher(cfg.preemption.signals)  # first: a signal during start-up is not lost
-    ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend)
+    ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus)
     clean = False
     try:
         if ctx.is_main:
