@@ -58,8 +58,10 @@ def test_pinning_restricts_the_process_to_its_slice() -> None:
 def test_slot_bytes_fit_the_largest_bucket_and_stay_aligned() -> None:
     small = nn.Linear(10, 3)  # 33 floats = 132 bytes: all parameters together, rounded up to 64
     assert slot_bytes(small) == 192
-    big = nn.Linear(4000, 2000)  # one 32 MB weight: larger than DDP's 25 MB cap, so the bucket holds it
-    assert slot_bytes(big) == 4000 * 2000 * 4
+    big = nn.Linear(4000, 2000)  # a 32 MB weight and a bias: everything fits below cap + largest parameter
+    assert slot_bytes(big) == -(-(4000 * 2000 + 2000) * 4 // 64) * 64
+    many = nn.Sequential(*[nn.Linear(1000, 1000, bias=False) for _ in range(40)])  # 40 x 4 MB
+    assert slot_bytes(many) == 25 * 1024 * 1024 + 4_000_000  # a bucket closes after passing the 25 MB cap
     frozen = nn.Linear(10, 3).requires_grad_(False)
     assert slot_bytes(frozen) == 0
 

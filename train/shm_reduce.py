@@ -35,13 +35,15 @@ DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default buc
 
 
 def slot_bytes(model: nn.Module, bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES) -> int:
-    """Bytes one rank's slot needs: the largest bucket DDP can build (its cap, or one larger
-    parameter), never more than all trainable parameters together; rounded up to 64 bytes so that
-    every slot starts aligned for any dtype and ranks never share a cache line."""
+    """Bytes one rank's slot needs: the largest bucket DDP builds after its first step (a bucket
+    closes once it passes the cap, so up to the cap plus one parameter), never more than all
+    trainable parameters together; rounded up to 64 bytes so that every slot starts aligned for any
+    dtype and ranks never share a cache line. (DDP's very first step may use one bucket for the whole
+    model; a bucket larger than the slot goes through gloo, in the same rank order.)"""
     sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     if not sizes:
         return 0
-    need = min(sum(sizes), max(bucket_cap_bytes, max(sizes)))
+    need = min(sum(sizes), bucket_cap_bytes + max(sizes))
     return -(-need // 64) * 64
 
 
@@ -66,9 +68,15 @@ class SharedMemoryReducer:
         parity = self.calls % 2
         self.calls += 1
         views = [self.slots[parity, r, :nbytes].view(grads.dtype) for r in range(self.world_size)]
-        views[self.rank].copy_(grads.reshape(-1))
-        dist.all_reduce(self.barrier_flag, group=self.group)  # every rank's slot is written
-        rank_order_mean(views, out=grads.view(-1))
+        flat = grads.view(-1)
+        if self.world_size == 2:  # halve on the way in, one fused add: a/2 + b/2, DDP's own formula
+            torch.div(flat, 2, out=views[self.rank])
+            dist.all_reduce(self.barrier_flag, group=self.group)  # every rank's slot is written
+            torch.add(views[0], views[1], out=flat)
+        else:
+            views[self.rank].copy_(flat)
+            dist.all_reduce(self.barrier_flag, group=self.group)
+            rank_order_mean(views, out=flat)
         return grads
 
 
