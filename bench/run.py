@@ -205,7 +205,12 @@ def render(doc: dict) -> str:
               "ranks wandering between the two cores. Pinning each rank to a core and averaging gradients "
               "through shared memory (copy + sum ~1.2 ms per step; the rest of the hook's time is waiting for the "
               "slower rank) brought 2 ranks back up (adopted figure above); timed steps went from 8 to 16 per "
-              "round to steady the figure. Larger per-rank batches scale worse here (512 per rank: 1.81-1.83x, "
+              "round to steady the figure. On the stock resnet18 (47 MB of gradients per step) the same paths "
+              "took 2 ranks from ~820-900 to ~930-1,020 images/s (per-rank batch 64, bench/ddp_worker.py, same "
+              "session), and the peers' project-2x1 layout end to end from 405 to 520 images/s. (A first "
+              "version sized the slots to DDP's 25 MB cap; DDP closes a bucket only after passing the cap, so "
+              "resnet18's middle bucket fell back to a synchronous gloo gather and ran 20% slower than gloo: "
+              "slots now hold the cap plus the largest parameter.) Larger per-rank batches scale worse here (512 per rank: 1.81-1.83x, "
               "memory-bandwidth bound), smaller ones too (64: 1.86x; 32: 1.73x).",
               "- Peers: on the stock resnet18 (little compute per image) one process with 2 threads beats two "
               "DDP processes for both the project and Lightning, so the best-vs-best ratio is what is reported; "
