@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import yaml
@@ -73,6 +73,17 @@ def _wall(argv: list[str], env: dict[str, str], timeout_s: float = 900) -> float
     return seconds
 
 
+def side_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment every side starts from. Without OMP_NUM_THREADS: bench.run pins its own process
+    to 1 thread through that variable, and it must not leak into the sides, who each choose their own
+    (the project's launcher: cores // workers; the Lightning script: 2 // devices; the reference
+    script, like torchvision's, leaves torch at its default: every core). Before this, the project's
+    1 x 2 layout and the reference loop ran with one thread."""
+    env = {k: v for k, v in base.items() if k != "OMP_NUM_THREADS"}
+    env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    return env
+
+
 def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, rounds: int = 1,
         train_images: int = 5000, reference_fp32: bool = False, cifar_stem: bool = False) -> list[Result] | None:
     work = work or Path(tempfile.mkdtemp(prefix="bench-peers-"))
@@ -88,7 +99,7 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
         train_images, batch, model, peer_model = 200, 32, "simple_cnn", "tiny"  # val split 2: even shards
         short = described = "simple_cnn / tiny"
     project_root, peer_root = make_folders(full, work, train_images)
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = side_env(os.environ)
     recipe = work / f"peers-project{suffix}.yaml"
     recipe.write_text(yaml.safe_dump({
         "seed": 0, "data": {"name": "imagefolder", "root": str(project_root), "val_fraction": VAL_FRACTION,

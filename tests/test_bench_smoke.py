@@ -117,3 +117,10 @@ def test_run_writes_benchmarks_md(tmp_path: Path) -> None:
     assert "Loop overhead" in text and "AMP on CPU" in text and "python -m bench.run --only loop" in text
     stored = json.loads((tmp_path / "bench-results.json").read_text())
     assert set(stored["results"]) == {"loop", "amp"}
+
+
+def test_peer_sides_choose_their_own_threads() -> None:
+    """bench.run sets OMP_NUM_THREADS=1 for itself; a side that inherited it would run on one thread."""
+    env = peers.side_env({"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"})
+    assert "OMP_NUM_THREADS" not in env
+    assert env["PATH"] == "/usr/bin" and env["CUDA_VISIBLE_DEVICES"] == ""
