@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from train import data as data_mod
+from train import folder_cache
 from train.config import DataConfig
 from train.data import BatchPlan, ImageSet, Normalizer, TrainLoader, augment, eval_shard
 from train.exit_codes import BadInput
@@ -313,3 +314,42 @@ def test_cifar10_offline_and_missing_names_the_path_and_fixes(tmp_path: Path) ->
     msg = one_line_bad_input(data_mod.load_bundle, DataConfig(name="cifar10", root=str(tmp_path), download=False))
     assert str(tmp_path / "cifar-10-batches-py") in msg
     assert "data.download=true" in msg and "data.name=imagefolder" in msg
+
+
+# ------------------------------------------------------------------------------------------ start-up prefetch
+
+
+def test_prefetch_child_publishes_the_cache_the_worker_then_loads(tmp_path: Path) -> None:
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    write_folder(root, {"a": 3, "b": 3})
+    cfg = folder_cfg(root, cache)
+    child = folder_cache.start_prefetch(cfg, env={})
+    assert child is not None
+    folder_cache.finish_prefetch(child)
+    assert child.returncode == 0
+    published = list(cache.glob("imagefolder-*/images.npy"))
+    assert len(published) == 1 and not list(cache.glob(".imagefolder-*"))  # no temp folder left
+    _, files, _ = data_mod.scan_imagefolder(root)
+    assert np.array_equal(np.load(published[0]), data_mod.decode_all(files, 32))
+    bundle = data_mod.load_bundle(cfg)  # finds it: nothing left to decode
+    assert bundle.train.images is not None and len(bundle.train) + len(bundle.val) == 6
+
+
+def test_prefetch_leaves_problems_to_the_worker(tmp_path: Path) -> None:
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    files = write_folder(root, {"a": 2, "b": 2})
+    files[1].write_bytes(b"not an image")
+    child = folder_cache.start_prefetch(folder_cfg(root, cache), env={})
+    folder_cache.finish_prefetch(child)
+    assert child.returncode == 2 and not list(cache.glob("*/images.npy")) and not list(cache.glob(".imagefolder-*"))
+    msg = one_line_bad_input(data_mod.load_bundle, folder_cfg(root, cache))  # the worker's own message
+    assert "cannot decode image" in msg and str(files[1]) in msg
+
+
+@pytest.mark.parametrize("env, overrides", [({"LOCAL_RANK": "1"}, {}), ({}, {"loader": "pil"}),
+                                            ({}, {"name": "synthetic"})])
+def test_prefetch_only_where_the_cache_gets_built(tmp_path: Path, env: dict, overrides: dict) -> None:
+    cfg = folder_cfg(tmp_path, tmp_path / "cache")
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    assert folder_cache.start_prefetch(cfg, env=env) is None

@@ -13,10 +13,6 @@ resuming needs only (epoch, step within the epoch): no data is replayed.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +23,17 @@ from PIL import Image, UnidentifiedImageError
 
 from train.config import DataConfig
 from train.exit_codes import BadInput
+from train.folder_cache import (  # noqa: F401
+    IMAGE_EXTENSIONS,
+    cache_images_file,
+    decode_all,
+    folder_fingerprint,
+    publish,
+    scan_imagefolder,
+)
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 CROP_PADDING = 4
 
 
@@ -147,30 +150,6 @@ def load_cifar10(cfg: DataConfig) -> DataBundle:
     return DataBundle(to_set(train), to_set(test), list(train.classes), CIFAR10_MEAN, CIFAR10_STD, 32)
 
 
-def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
-    """Class folders -> (classes, files, labels), sorted so every rank sees the same order."""
-    if not root.is_dir():
-        raise BadInput(f"data error: data.root {root} does not exist or is not a folder "
-                       f"(point data.root at a folder of class folders, e.g. train/<class>/<image>.jpg)")
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not classes:
-        raise BadInput(f"data error: {root} has no class folders (expected {root}/<class>/<image>.jpg; "
-                       f"point data.root at the folder that holds the class folders)")
-    files: list[str] = []
-    labels: list[int] = []
-    for label, name in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(root / name):
-            dirnames.sort()
-            for fn in sorted(filenames):
-                if fn.lower().endswith(IMAGE_EXTENSIONS):
-                    files.append(os.path.join(dirpath, fn))
-                    labels.append(label)
-    if not files:
-        raise BadInput(f"data error: {root} has class folders but no images with extensions "
-                       f"{', '.join(IMAGE_EXTENSIONS)} (copy images into {root}/<class>/)")
-    return classes, files, labels
-
-
 def decode_image(path: str, size: int | None = None) -> torch.Tensor:
     """One image file -> uint8 (3,H,W), resized to size x size when given; names a corrupt file."""
     try:
@@ -182,15 +161,6 @@ def decode_image(path: str, size: int | None = None) -> torch.Tensor:
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise BadInput(f"data error: cannot decode image {path}: {e} (delete or replace that file)") from None
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
-
-
-def folder_fingerprint(root: Path, files: list[str]) -> str:
-    """Cheap content key: relative paths, sizes and modification times of every image."""
-    h = hashlib.sha256()
-    for f in files:
-        st = os.stat(f)
-        h.update(f"{os.path.relpath(f, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:24]
 
 
 def common_size(files: list[str]) -> tuple[int, int] | None:
@@ -210,46 +180,12 @@ def common_size(files: list[str]) -> tuple[int, int] | None:
 
 
 def cached_images(cache_dir: Path, key: str) -> torch.Tensor | None:
-    """The decoded uint8 array for a folder fingerprint, if an earlier run (or rank) built it."""
-    images_file = cache_dir / f"imagefolder-{key}" / "images.npy"
+    """The decoded uint8 array for a folder fingerprint, if an earlier run (or rank, or the start-up
+    prefetch in train/folder_cache.py) built it."""
+    images_file = cache_images_file(cache_dir, key)
     if images_file.is_file():
         return torch.from_numpy(np.load(images_file, allow_pickle=False))
     return None
-
-
-def decode_all(files: list[str], size: int) -> np.ndarray | None:
-    """Every image decoded into one uint8 (N, 3, size, size) array in a single pass (size check and
-    pixels from one open per file: ~1/3 faster than a header pass, then a decode pass, then a stack);
-    None at the first image that is not size x size. Pixels equal decode_image's."""
-    out = np.empty((len(files), 3, size, size), dtype=np.uint8)
-    for i, f in enumerate(files):
-        try:
-            with Image.open(f) as im:
-                if im.size != (size, size):
-                    return None
-                rgb = im if im.mode == "RGB" else im.convert("RGB")
-                out[i] = np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-            raise BadInput(f"data error: cannot decode image {f}: {e} (delete or replace that file)") from None
-    return out
-
-
-def publish_cache(images: np.ndarray, root: Path, cache_dir: Path, key: str) -> torch.Tensor:
-    """Store the decoded folder on disk under its fingerprint, atomically: the next run (or the other
-    ranks of this one) loads it instead of decoding every file again."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
-    try:
-        np.save(tmp / "images.npy", images, allow_pickle=False)
-        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(images),
-                                                   "shape": list(images.shape)}))
-        try:
-            os.rename(tmp, cache_dir / f"imagefolder-{key}")
-        except OSError:  # another node or rank published the same cache first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return torch.from_numpy(images)
 
 
 def split_indices(n: int, val_fraction: float, split_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,7 +219,7 @@ def folder_images(cfg: DataConfig) -> tuple[ImageSet, list[str]]:
         raise BadInput(f"config error: data.loader: images under {root} {found}, not "
                        f"{cfg.image_size}x{cfg.image_size} (use data.loader=pil, which resizes to data.image_size)")
     if loader == "tensor" or (loader == "auto" and size == (cfg.image_size, cfg.image_size)):
-        images = cached if cached is not None else publish_cache(decoded, root, cache_dir, key)
+        images = cached if cached is not None else torch.from_numpy(publish(decoded, root, cache_dir, key))
         return ImageSet(labels=labels, images=images), classes
     return ImageSet(labels=labels, files=files), classes
 

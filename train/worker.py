@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import traceback
 from pathlib import Path
 
 from train import config as config_mod
 from train.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
+from train.folder_cache import finish_prefetch, start_prefetch
 
 ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
 """Set by launch.local: each rank reports its exit code and reason to RUN_DIR/status/ for it, since
@@ -86,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         earlier = earlier_bad_input(run_dir)
         if earlier:
             return BAD_INPUT  # launch.local already has the reason from the first attempt
-        code, reason = _run(cfg)
+        prefetch = start_prefetch(cfg.data)  # decodes a cold image folder while torch imports
+        try:
+            code, reason = _run(cfg, prefetch)
+        finally:
+            finish_prefetch(prefetch, wait=False)
     except BadInput as e:
         code, reason = BAD_INPUT, str(e).splitlines()[0]
         if not os.environ.get(ATTEMPT_ENV) or run_dir is None:
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
+def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) -> tuple[int, str]:
     """Set up, train, tear down. Imports torch lazily so `--help-config` and config errors are fast."""
     from train import dist
     from train.checkpoint import newest_committed
@@ -119,6 +125,7 @@ def _run(cfg: config_mod.RunConfig) -> tuple[int, str]:
         if ctx.is_main:
             config_mod.write_resolved(cfg)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
+        finish_prefetch(prefetch)
         bundle = agreed(ctx, lambda: load_bundle(cfg.data) if ctx.local_rank == 0 else None)
         if bundle is None:
             bundle = agreed(ctx, lambda: load_bundle(cfg.data))

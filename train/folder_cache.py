@@ -1,0 +1,165 @@
+"""The decode cache of an image folder, without torch: scan, fingerprint, decode once, publish.
+
+Why a module of its own: a worker's start-up is mostly importing torch (and torchvision), ~1-2 s of
+one core. The decode of a cold folder needs only PIL and numpy, so the worker starts it in a child
+process (`python -m train.folder_cache`) before importing torch, on the other core, and loads the
+published cache when its imports are done (train/worker.py). Anything the child cannot do (a
+corrupt file, no space) it leaves undone; the worker then decodes itself and reports the error as
+it always did. Publishing is atomic (a temporary folder renamed into place), so a reader never sees
+a half-written cache, and whichever of several writers finishes first wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from train.config import DataConfig
+from train.exit_codes import BadInput
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
+
+
+def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
+    """Class folders -> (classes, files, labels), sorted so every rank sees the same order."""
+    if not root.is_dir():
+        raise BadInput(f"data error: data.root {root} does not exist or is not a folder "
+                       f"(point data.root at a folder of class folders, e.g. train/<class>/<image>.jpg)")
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise BadInput(f"data error: {root} has no class folders (expected {root}/<class>/<image>.jpg; "
+                       f"point data.root at the folder that holds the class folders)")
+    files: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        for dirpath, dirnames, filenames in os.walk(root / name):
+            dirnames.sort()
+            for fn in sorted(filenames):
+                if fn.lower().endswith(IMAGE_EXTENSIONS):
+                    files.append(os.path.join(dirpath, fn))
+                    labels.append(label)
+    if not files:
+        raise BadInput(f"data error: {root} has class folders but no images with extensions "
+                       f"{', '.join(IMAGE_EXTENSIONS)} (copy images into {root}/<class>/)")
+    return classes, files, labels
+
+
+def folder_fingerprint(root: Path, files: list[str]) -> str:
+    """Cheap content key: relative paths, sizes and modification times of every image."""
+    h = hashlib.sha256()
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.path.relpath(f, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def cache_images_file(cache_dir: Path, key: str) -> Path:
+    return cache_dir / f"imagefolder-{key}" / "images.npy"
+
+
+def decode_all(files: list[str], size: int) -> np.ndarray | None:
+    """Every image decoded into one uint8 (N, 3, size, size) array in a single pass (size check and
+    pixels from one open per file: ~1/3 faster than a header pass, then a decode pass, then a stack);
+    None at the first image that is not size x size. Pixels equal train.data.decode_image's."""
+    out = np.empty((len(files), 3, size, size), dtype=np.uint8)
+    for i, f in enumerate(files):
+        try:
+            with Image.open(f) as im:
+                if im.size != (size, size):
+                    return None
+                rgb = im if im.mode == "RGB" else im.convert("RGB")
+                out[i] = np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            raise BadInput(f"data error: cannot decode image {f}: {e} (delete or replace that file)") from None
+    return out
+
+
+def publish(images: np.ndarray, root: Path, cache_dir: Path, key: str) -> np.ndarray:
+    """Store the decoded folder on disk under its fingerprint, atomically: the next run (or the other
+    ranks of this one) loads it instead of decoding every file again."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
+    try:
+        np.save(tmp / "images.npy", images, allow_pickle=False)
+        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(images),
+                                                   "shape": list(images.shape)}))
+        try:
+            os.rename(tmp, cache_dir / f"imagefolder-{key}")
+        except OSError:  # another node or rank published the same cache first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return images
+
+
+def prepare(root: Path, cache_dir: Path, size: int) -> bool:
+    """Make sure the cache for `root` exists; False when the folder is not for the tensor path
+    (images of another size). Raises BadInput like the worker would."""
+    _, files, _ = scan_imagefolder(root)
+    key = folder_fingerprint(root, files)
+    if cache_images_file(cache_dir, key).is_file():
+        return True
+    images = decode_all(files, size)
+    if images is None:
+        return False
+    publish(images, root, cache_dir, key)
+    return True
+
+
+def start_prefetch(data: DataConfig, env: Mapping[str, str] | None = None) -> subprocess.Popen | None:
+    """Start decoding the configured image folder in a child process, if this worker is the one that
+    builds the cache (local rank 0) and the folder may go through the tensor path. Call before
+    importing torch; `finish_prefetch` before loading the data."""
+    env = os.environ if env is None else env
+    if data.name != "imagefolder" or data.loader not in ("auto", "tensor") or env.get("LOCAL_RANK", "0") != "0":
+        return None
+    argv = [sys.executable, "-m", "train.folder_cache", data.root, data.cache_dir, str(data.image_size)]
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return None  # the worker decodes itself
+
+
+def finish_prefetch(child: subprocess.Popen | None, wait: bool = True) -> None:
+    """Wait for the prefetch (it never raises: the worker checks and reports the data itself), or,
+    with wait=False, stop it: the worker is leaving early."""
+    if child is None or child.poll() is not None:
+        return
+    if not wait:
+        child.terminate()
+    try:
+        child.wait()
+    except KeyboardInterrupt:
+        child.kill()
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The start-up prefetch: quiet, and never the one that reports a problem (the worker does)."""
+    p = argparse.ArgumentParser(prog="python -m train.folder_cache", description=__doc__.splitlines()[0])
+    p.add_argument("root", type=Path)
+    p.add_argument("cache_dir", type=Path)
+    p.add_argument("size", type=int)
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: publish() removes its temp folder
+    try:
+        return 0 if prepare(args.root.expanduser(), args.cache_dir.expanduser(), args.size) else 1
+    except (BadInput, OSError):
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
