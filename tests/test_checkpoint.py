@@ -245,3 +245,41 @@ def test_async_writer_surfaces_errors_and_serialises(tmp_path: Path) -> None:
     writer.submit(boom)
     with pytest.raises(ckpt.CheckpointError, match="boom"):
         writer.wait()
+
+
+FINAL_SAVE_FAILS = """
+import sys
+from train import checkpoint as ckpt
+from train import worker
+
+real = ckpt.write_checkpoint
+
+
+def failing(root, step, state, meta, **kwargs):
+    if step == {final}:
+        raise ckpt.CheckpointError("checkpoint error: injected: no space left on device")
+    return real(root, step, state, meta, **kwargs)
+
+
+ckpt.write_checkpoint = failing
+sys.exit(worker.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("async_save", ["true", "false"])
+def test_a_failed_final_checkpoint_leaves_no_model_pt(tmp_path: Path, async_save: str) -> None:
+    """model.pt is written while the final checkpoint commits, but appears only once that commit
+    succeeded: a failed final save leaves no model.pt (and no temp file), exit 1, and the earlier
+    checkpoint intact to resume from."""
+    run = tmp_path / "run"
+    script = tmp_path / "final_save_fails.py"
+    script.write_text(FINAL_SAVE_FAILS.format(final=32))  # smoke: 16 steps per epoch, 2 epochs
+    out = subprocess.run([sys.executable, str(script), "--config", "configs/smoke.yaml", f"run_dir={run}",
+                          "train.epochs=2", "checkpoint.every_steps=0", "checkpoint.every_epochs=1",
+                          f"checkpoint.async_save={async_save}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "injected: no space left on device" in out.stderr
+    assert not (run / "model.pt").exists() and not (run / ".model.pt.tmp").exists()
+    path, loaded = ckpt.find_latest(run / "checkpoints")
+    assert path.name == "step-000000016" and loaded["progress"]["global_step"] == 16

@@ -428,11 +428,13 @@ class Trainer:
         self.load_state_dict(state)
         return path
 
-    def save(self, synchronous: bool, validated: bool = False) -> None:
+    def save(self, synchronous: bool, validated: bool = False, final: bool = False) -> None:
         """Every rank joins (RNG gather); rank 0 writes. Periodic saves go to the background.
 
         A checkpoint of the same step is rewritten only when validation has run since (the state
-        saved by a preemption during validation is superseded by the validated one)."""
+        saved by a preemption during validation is superseded by the validated one). `final`: training
+        is over, so the live tensors are committed in the background without a snapshot copy while the
+        caller writes model.pt, and the caller waits for the commit."""
         p = self.progress
         position = (p.global_step, p.epoch, p.val_pending)
         if self.last_saved == position:
@@ -454,7 +456,9 @@ class Trainer:
             ckpt.apply_retention(self.ckpt_root, keep)
             return info
 
-        if synchronous or not self.cfg.checkpoint.async_save:
+        if final and self.cfg.checkpoint.async_save:
+            self.writer.submit(lambda: commit(state))  # nothing mutates the tensors any more
+        elif synchronous or not self.cfg.checkpoint.async_save:
             self.writer.wait()
             info = commit(state)
             self.save_seconds = info.seconds
@@ -614,13 +618,19 @@ class Trainer:
                 done = p.epoch >= self.cfg.train.epochs or p.global_step >= self.total_steps
                 every_epochs = self.cfg.checkpoint.every_epochs
                 if done:
-                    self.save(synchronous=True, validated=True)
+                    self.save(synchronous=True, validated=True, final=True)
                 elif finished_epoch and every_epochs and p.epoch % every_epochs == 0:
                     self.save(synchronous=False, validated=True)
                     self.fault("save", p.global_step)
-            self.writer.wait()
-            if main:
-                self._write_final_model()
+            staged = self._stage_final_model() if main else None  # written while the checkpoint commits
+            try:
+                self.writer.wait()
+            except BaseException:
+                if staged is not None:
+                    staged.unlink(missing_ok=True)
+                raise
+            if staged is not None:  # model.pt appears only once the final checkpoint is committed
+                os.replace(staged, self.run_dir / "model.pt")
                 report.line(f"finished: {p.global_step} steps, final validation top-1 "
                             f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {self.run_dir / 'model.pt'}")
             return OK
@@ -660,11 +670,15 @@ class Trainer:
         return {"format_version": ckpt.FORMAT_VERSION, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict()}
 
-    def _write_final_model(self) -> None:
-        target = self.run_dir / "model.pt"
-        tmp = target.with_name(".model.pt.tmp")
-        with open(tmp, "wb") as fh:
-            torch.save(self.model.state_dict(), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
+    def _stage_final_model(self) -> Path:
+        """model.pt's bytes, durable under a temporary name; the caller moves them into place."""
+        tmp = self.run_dir / ".model.pt.tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                torch.save(self.model.state_dict(), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
