@@ -42,26 +42,30 @@ COMMAND = "python -m bench.run --only peers"
 VAL_FRACTION = 0.01
 
 
-def make_folders(full: Path, work: Path, train_images: int) -> tuple[Path, Path]:
-    """(project root, peers root): the project root holds train_images + 1% held out, the peers root
-    exactly the project's training split, so both train on the same images."""
+def make_folders(full: Path, work: Path, train_images: int) -> tuple[Path, Path, Path]:
+    """(project root, peers' train folder, peers' val folder): the project root holds train_images + 1%
+    held out, and the peers get exactly the project's two splits as folders (the reference script's
+    train/ and val/ layout), so every side trains on the same images and validates on the same ones."""
     per_class = round(train_images / (1 - VAL_FRACTION) / 10)
-    project_root, peer_root = work / f"peers-{train_images}-all", work / f"peers-{train_images}-train"
-    if project_root.is_dir() and peer_root.is_dir():
-        return project_root, peer_root
-    for d in (project_root, peer_root):
+    project_root = work / f"peers-{train_images}-all"
+    peer_train, peer_val = work / f"peers-{train_images}-train", work / f"peers-{train_images}-val"
+    if project_root.is_dir() and peer_train.is_dir() and peer_val.is_dir():
+        return project_root, peer_train, peer_val
+    for d in (project_root, peer_train, peer_val):
         shutil.rmtree(d, ignore_errors=True)
     for cls in sorted(p for p in full.iterdir() if p.is_dir()):
         (project_root / cls.name).mkdir(parents=True)
         for f in sorted(cls.iterdir())[:per_class]:
             os.symlink(f.resolve(), project_root / cls.name / f.name)
     _, files, _ = scan_imagefolder(project_root)
-    train_idx, _ = split_indices(len(files), VAL_FRACTION, 0)
-    for i in train_idx.tolist():
-        src = Path(files[i])
-        (peer_root / src.parent.name).mkdir(parents=True, exist_ok=True)
-        os.symlink(src.resolve(), peer_root / src.parent.name / src.name)
-    return project_root, peer_root
+    train_idx, val_idx = split_indices(len(files), VAL_FRACTION, 0)
+    for folder, indices in ((peer_train, train_idx), (peer_val, val_idx)):
+        for cls in sorted(p.name for p in project_root.iterdir()):
+            (folder / cls).mkdir(parents=True)  # every class, also one the val split draws no image from
+        for i in indices.tolist():
+            src = Path(files[i])
+            os.symlink(src.resolve(), folder / src.parent.name / src.name)
+    return project_root, peer_train, peer_val
 
 
 def _wall(argv: list[str], env: dict[str, str], timeout_s: float = 900) -> float:
@@ -98,7 +102,7 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
     if quick:
         train_images, batch, model, peer_model = 200, 32, "simple_cnn", "tiny"  # val split 2: even shards
         short = described = "simple_cnn / tiny"
-    project_root, peer_root = make_folders(full, work, train_images)
+    project_root, peer_root, peer_val = make_folders(full, work, train_images)
     env = side_env(os.environ)
     recipe = work / f"peers-project{suffix}.yaml"
     recipe.write_text(yaml.safe_dump({
@@ -133,13 +137,15 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
             shutil.rmtree(folder, ignore_errors=True)
 
     def lightning(procs: int) -> Callable[[], float]:
-        return lambda: saving([str(peers_py), "-m", "bench.peer_lightning", "--data", str(peer_root), "--batch",
+        return lambda: saving([str(peers_py), "-m", "bench.peer_lightning", "--data", str(peer_root), "--val",
+                               str(peer_val), "--batch",
                                str(batch), "--devices", str(procs), "--workers", str(2 // procs), "--model",
                                peer_model], dict(env, OMP_NUM_THREADS=str(2 // procs)))
 
     def reference(bf16: bool) -> Callable[[], float]:
         flags = ["--bf16-channels-last"] if bf16 else []
-        return lambda: saving([str(peers_py), "-m", "bench.peer_reference", "--data", str(peer_root), "--batch",
+        return lambda: saving([str(peers_py), "-m", "bench.peer_reference", "--data", str(peer_root), "--val",
+                               str(peer_val), "--batch",
                                str(batch), "--workers", "2", "--model", peer_model, *flags], env)
 
     sides = {"project-2x1": project(2), "project-1x2": project(1), "lightning-ddp2x1": lightning(2),
@@ -149,18 +155,26 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
             sides.pop(key)
     elif cifar_stem and not reference_fp32:  # CIFAR stem: fp32 measured 0.4x of bf16 here, so only bf16
         sides.pop("reference-fp32")  # (stock model: fp32 97 vs bf16 85 img/s here, so both always run)
-    rates = paired_rates(sides, rounds, warmup=0)
+    # Two stages. 1: one round of every layout picks each family's best. 2: only those three, the project
+    # between the two peers and the order reversed every round (R P L, L P R, ...), so each ratio pairs
+    # runs seconds apart: with all six layouts per round a pair was up to a minute apart, and the load
+    # swings of a shared box between them moved per-round ratios by +-15%.
+    survey = paired_rates(sides, 1, warmup=0) if len(sides) > 3 else {k: [] for k in sides}
 
     def best(family: str) -> str:
-        return max((k for k in rates if k.startswith(family + "-")), key=lambda k: median(rates[k]))
+        keys = [k for k in sides if k.startswith(family + "-")]
+        return max(keys, key=lambda k: median(survey[k])) if len(keys) > 1 else keys[0]
+
+    mine, light, ref_key = best("project"), best("lightning"), best("reference")
+    rates = paired_rates({ref_key: sides[ref_key], mine: sides[mine], light: sides[light]}, rounds, warmup=0)
+    everything = {k: survey[k] + rates.get(k, []) for k in sides}
 
     layouts = {"2x1": "2 procs x 1 thread", "1x2": "1 proc x 2 threads", "ddp2x1": "DDP 2 procs x 1 thread"}
-    mine, light, ref_key = best("project"), best("lightning"), best("reference")
     results = []
     for key, label in ((light, f"Lightning Trainer, {layouts[light.split('-')[1]]} (best), bf16-mixed, channels_last"),
                        (ref_key, f"torchvision-reference-style loop ({ref_key.split('-')[1]}, best), 2 workers")):
         ratio, per_round = median_ratio(rates[mine], rates[key])
-        others = ", ".join(f"{k} {median(v):,.0f}" for k, v in rates.items())
+        others = ", ".join(f"{k} {median(v):,.0f}" for k, v in everything.items())
         peer = key.split("-")[0]
         results.append(Result(
             key=f"peers_{peer}{suffix}",
@@ -172,9 +186,10 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
                           f"channels_last, model.name={model}",
             baseline_label=label, rounds=per_round,
             notes=f"{described}, {n} images, batch {batch}, one epoch, wall time from "
-                  f"process start to exit (start-up, JPEG decoding included); images/s of all sides: {others}; "
-                  f"{rounds} round(s)",
-            extra={k: median(v) for k, v in rates.items()}))
+                  f"process start to exit (start-up, JPEG decoding included); images/s of all sides: {others} "
+                  f"(one survey round of every layout picks each family's best; then {rounds} round(s) of the "
+                  f"best three, adjacent)",
+            extra={k: median(v) for k, v in everything.items()}))
     return results
 
 

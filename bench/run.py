@@ -69,7 +69,7 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
         rs, preempt = record("ckpt", lambda: ckpt.run(quick=quick))
         keep(rs)
     if "peers" in names:
-        keep(record("peers", lambda: peers.run(peers_py, quick=quick, work=work, rounds=1 if quick else 3,
+        keep(record("peers", lambda: peers.run(peers_py, quick=quick, work=work, rounds=1 if quick else 8,
                                                             reference_fp32=full)))
         if full and not quick:  # the compute-bound extra: CIFAR-stem resnet18 on every side
             keep(record("peers-cifar", lambda: peers.run(peers_py, work=work, cifar_stem=True)))
@@ -193,7 +193,11 @@ def render(doc: dict) -> str:
               "- The torchvision reference classification `train.py` is not shipped in any package and cannot be "
               "fetched here; `bench/peer_reference.py` is our own minimal equivalent of its CPU code path "
               "(ImageFolder + PIL transforms + DataLoader + SGD momentum 0.9, wd 1e-4, one process, fp32 as the "
-              "reference runs on CPU; a bf16 + channels_last variant is also tried and the better one is used).",
+              "reference runs on CPU; a bf16 + channels_last variant is also tried and the better one is used). "
+              "It does the work the script does and where: per step top-1/top-5 of the step's output and its "
+              "metric updates (`.item()`s, a log line every 10 steps), per epoch the StepLR step, evaluation of "
+              "the val folder and, with an output folder, the checkpoint written as model_0.pth and "
+              "checkpoint.pth. Every side validates the same held-out images each epoch, as the project does.",
               "- Lightning runs in a separate benchmark venv (`bench/.venv-peers`, created by `bench.run`, layered "
               "on the project's torch through a .pth file); it is never a project dependency.",
               "- The 2-rank DDP figure needs 2 idle cores; on a shared 2-core box it measures the load as much as "
@@ -219,11 +223,24 @@ def render(doc: dict) -> str:
               + ". Until 2026-11-30 the project's 1 x 2 layout and the reference loop inherited bench.run's own "
               "OMP_NUM_THREADS=1 and ran on one thread (the figures of earlier runs, ~1.0x, were that); every "
               "side now picks its own threads (bench/peers.py side_env, tested). The project's run of ~6.4 s "
-              "is ~2.4 s of start-up (imports of torch and torchvision ~2 s: torchvision pulls in "
-              "torch._dynamo, ~1 s; the cold JPEG decode now runs in a child process meanwhile), ~3.5 s of "
-              "training at ~1,450 images/s and ~0.3 s for validation and the two durable saves. Against the "
-              "reference-style loop in bf16 (its decode overlaps training in 2 DataLoader workers) the margin "
-              "is ~1.25x: the rest of the gap to 1.3x is start-up that both sides pay.", ""]
+              "is ~2.4 s of start-up (importing torch ~1.1 s and torch._dynamo ~1.3 s, which torch.optim "
+              "imports on the first optimizer and torchvision on import, so every side pays it; the cold JPEG "
+              "decode runs in a child process meanwhile), ~3.5 s of training at ~1,450 images/s (the speed of a "
+              "bare loop over tensors already in memory, bench/loop.py) and ~0.3 s for validation and the two "
+              "durable saves (model.pt is written while the final checkpoint commits). The reference-style "
+              "loop trains at ~0.7x of that bare loop (its 2 DataLoader workers decode and augment on the same "
+              "2 cores) and pays the same start-up, so the end-to-end ratio sits near 1.3x and moves with the "
+              "box's load. Measurement: one survey round of all six layouts picks each family's best, then "
+              "the three best run in adjacent rounds (R P L, L P R, ...); before 2026-11-30 all six ran every "
+              "round, a compared pair was up to a minute apart, and the same code gave 1.33, 1.42, 1.16, 1.26 "
+              "and 1.20 in five runs within an hour (per-round ratios 1.09-1.47). 12 adjacent pairs of just "
+              "project-1x2 and reference-bf16 (ABBA, same hour): median 1.32, best time ÷ best time 1.37. "
+              "The adjacent harness's first two runs: 1.31 (per-round 1.21-1.58) and 1.25 (1.11-1.41): the "
+              "1.3x goal is met at the median of all these, not with a margin the box's noise respects. "
+              "Until 2026-11-30 the peers also skipped the per-epoch validation the project does, and the "
+              "reference loop the per-step metrics and second checkpoint file its script writes; adding them "
+              "cost the reference loop +1.8% of its wall time (8.40 -> 8.55 s, mean of 3 interleaved runs "
+              "each).", ""]
     if doc.get("timings_s"):
         total = sum(doc["timings_s"].values())
         lines += ["Last run's duration per benchmark: "

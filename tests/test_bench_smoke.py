@@ -102,13 +102,57 @@ def test_peers_quick(tmp_path: Path) -> None:
 
 @needs_data
 def test_reference_loop_script_runs(tmp_path: Path) -> None:
+    """The reference-style loop trains, evaluates the val folder and writes its checkpoint twice, as
+    torchvision's train.py does with --output-dir."""
     from bench.common import unpacked_cifar
 
-    tiny = subset_folder(unpacked_cifar(tmp_path), tmp_path / "tiny", 4)
-    out = subprocess.run([sys.executable, "-m", "bench.peer_reference", "--data", str(tiny), "--batch", "8",
-                          "--workers", "0", "--model", "tiny"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    full = unpacked_cifar(tmp_path)
+    tiny, val = subset_folder(full, tmp_path / "tiny", 4), subset_folder(full, tmp_path / "val", 1)
+    save = tmp_path / "out"
+    save.mkdir()
+    out = subprocess.run([sys.executable, "-m", "bench.peer_reference", "--data", str(tiny), "--val", str(val),
+                          "--batch", "8", "--workers", "0", "--model", "tiny", "--print-freq", "2",
+                          "--save", str(save)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1])["images"] == 40
+    lines = out.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["images"] == 40 and 0 <= result["val_acc"] <= 100
+    assert sum(line.startswith("Epoch: [0] [") for line in lines) == 2  # 5 steps, a line every 2
+    assert any(line.startswith("Test: Acc@1") for line in lines)
+    assert sorted(f.name for f in save.iterdir()) == ["checkpoint.pth", "model_0.pth"]
+    saved = torch.load(save / "checkpoint.pth", weights_only=True)
+    assert set(saved) == {"model", "optimizer", "lr_scheduler", "epoch"}
+
+
+def test_topk_correct_counts_rows_whose_target_is_in_the_top_k() -> None:
+    from bench.peer_reference import topk_correct
+
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0], [5.0, 4.0, 3.0, 2.0], [0.0, 1.0, 2.0, 3.0]])
+    top1, top3 = topk_correct(logits, torch.tensor([1, 3, 0]), ks=(1, 3))
+    assert top1.item() == pytest.approx(100 / 3) and top3.item() == pytest.approx(100 / 3)
+    top1, top9 = topk_correct(logits, torch.tensor([1, 0, 3]), ks=(1, 9))  # k above the class count: all
+    assert top1.item() == 100 and top9.item() == 100
+
+
+@needs_data
+def test_peer_folders_are_the_projects_two_splits(tmp_path: Path) -> None:
+    """Peers train on exactly the project's training split and validate on exactly its held-out split."""
+    from bench.common import unpacked_cifar
+    from train.data import scan_imagefolder, split_indices
+
+    project_root, peer_train, peer_val = peers.make_folders(unpacked_cifar(tmp_path), tmp_path, 200)
+    _, files, _ = scan_imagefolder(project_root)
+    train_idx, val_idx = split_indices(len(files), peers.VAL_FRACTION, 0)
+
+    def names(idx) -> set[str]:
+        return {f"{Path(files[i]).parent.name}/{Path(files[i]).name}" for i in idx.tolist()}
+
+    def listed(folder: Path) -> set[str]:
+        return {f"{f.parent.name}/{f.name}" for f in folder.glob("*/*")}
+
+    assert listed(peer_train) == names(train_idx) and listed(peer_val) == names(val_idx)
+    assert len(val_idx) >= 1 and not listed(peer_train) & listed(peer_val)
+    assert len({p.name for p in peer_val.iterdir()}) == 10  # every class folder, so labels line up
 
 
 def test_run_writes_benchmarks_md(tmp_path: Path) -> None:
