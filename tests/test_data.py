@@ -353,3 +353,22 @@ def test_prefetch_only_where_the_cache_gets_built(tmp_path: Path, env: dict, ove
     for key, value in overrides.items():
         setattr(cfg, key, value)
     assert folder_cache.start_prefetch(cfg, env=env) is None
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_channel_stats_equal_float64_sums(channels_last: bool) -> None:
+    """The histogram path gives the mean/std a float64 pass over every pixel gives (skewed data, any layout)."""
+    g = torch.Generator().manual_seed(0)
+    images = (torch.rand(300, 3, 16, 16, generator=g) ** torch.tensor([1.0, 2.0, 0.5])[:, None, None] * 255).to(torch.uint8)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    x = images.to(torch.float64) / 255
+    mean, std = data_mod.channel_stats(images)
+    assert mean == tuple(round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist())
+    assert std == tuple(round(v, 4) for v in x.std(dim=(0, 2, 3), unbiased=False).tolist())
+
+
+def test_channel_stats_of_a_constant_channel_cannot_divide_by_zero() -> None:
+    images = torch.zeros(4, 1, 8, 8, dtype=torch.uint8) + 7
+    mean, std = data_mod.channel_stats(images)
+    assert mean == (round(7 / 255, 4),) and std[0] > 0
