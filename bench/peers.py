@@ -102,7 +102,7 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
     if quick:
         train_images, batch, model, peer_model = 200, 32, "simple_cnn", "tiny"  # val split 2: even shards
         short = described = "simple_cnn / tiny"
-    project_root, peer_root, peer_val = make_folders(full, work, train_images)
+    project_root, peer_train, peer_val = make_folders(full, work, train_images)
     env = side_env(os.environ)
     recipe = work / f"peers-project{suffix}.yaml"
     recipe.write_text(yaml.safe_dump({
@@ -136,17 +136,17 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
+    folders = ["--data", str(peer_train), "--val", str(peer_val)]  # the project's two splits
+
     def lightning(procs: int) -> Callable[[], float]:
-        return lambda: saving([str(peers_py), "-m", "bench.peer_lightning", "--data", str(peer_root), "--val",
-                               str(peer_val), "--batch",
-                               str(batch), "--devices", str(procs), "--workers", str(2 // procs), "--model",
-                               peer_model], dict(env, OMP_NUM_THREADS=str(2 // procs)))
+        return lambda: saving([str(peers_py), "-m", "bench.peer_lightning", *folders, "--batch", str(batch),
+                               "--devices", str(procs), "--workers", str(2 // procs), "--model", peer_model],
+                              dict(env, OMP_NUM_THREADS=str(2 // procs)))
 
     def reference(bf16: bool) -> Callable[[], float]:
         flags = ["--bf16-channels-last"] if bf16 else []
-        return lambda: saving([str(peers_py), "-m", "bench.peer_reference", "--data", str(peer_root), "--val",
-                               str(peer_val), "--batch",
-                               str(batch), "--workers", "2", "--model", peer_model, *flags], env)
+        return lambda: saving([str(peers_py), "-m", "bench.peer_reference", *folders, "--batch", str(batch),
+                               "--workers", "2", "--model", peer_model, *flags], env)
 
     sides = {"project-2x1": project(2), "project-1x2": project(1), "lightning-ddp2x1": lightning(2),
              "lightning-1x2": lightning(1), "reference-fp32": reference(False), "reference-bf16": reference(True)}
