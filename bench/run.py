@@ -198,6 +198,11 @@ def render(doc: dict) -> str:
               "metric updates (`.item()`s, a log line every 10 steps), per epoch the StepLR step, evaluation of "
               "the val folder and, with an output folder, the checkpoint written as model_0.pth and "
               "checkpoint.pth. Every side validates the same held-out images each epoch, as the project does.",
+              "- Async save: the stall is the snapshot copy (~90 MB of resnet18 model + optimizer state into "
+              "freshly allocated memory). It measured 0.093-0.098 of a synchronous save early on 2026-11-30 "
+              "and 0.17-0.28 after 15:40 UTC; the code this session started from measured 0.209 in the same "
+              "minute, so the host's page-fault cost moved, not the code. Reusing the previous snapshot's "
+              "buffers (no fresh pages per save) is the known next step.",
               "- Lightning runs in a separate benchmark venv (`bench/.venv-peers`, created by `bench.run`, layered "
               "on the project's torch through a .pth file); it is never a project dependency.",
               "- The 2-rank DDP figure needs 2 idle cores; on a shared 2-core box it measures the load as much as "
@@ -237,8 +242,8 @@ def render(doc: dict) -> str:
               "round, a compared pair was up to a minute apart, and the same code gave 1.33, 1.42, 1.16, 1.26 "
               "and 1.20 in five runs within an hour (per-round ratios 1.09-1.47). 12 adjacent pairs of just "
               "project-1x2 and reference-bf16 (ABBA, same hour): median 1.32, best time ÷ best time 1.37. "
-              "The adjacent harness's first three runs: 1.31 (per-round 1.21-1.58), 1.25 (1.11-1.41) and 1.32 "
-              "(1.21-1.37): the "
+              "The adjacent harness's first four runs: 1.31 (per-round 1.21-1.58), 1.25 (1.11-1.41), 1.32 "
+              "(1.21-1.37) and 1.27 (1.10-1.70): the "
               "1.3x goal is met at the median of all these, not with a margin the box's noise respects. "
               "Until 2026-11-30 the peers also skipped the per-epoch validation the project does, and the "
               "reference loop the per-step metrics and second checkpoint file its script writes; adding them "
