@@ -3,6 +3,13 @@ One worker without restarts runs directly, without torchrun's agent (see runs_wi
 
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
+    python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
+    python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m train)
+
+A user's program runs in every rank through launch.program (torch-free, runpy as `__main__`), so
+it gets what the built-in worker gets: the env contract, signal forwarding, torchrun restarts, the
+exit codes 0/2/75/1, --dry-run and --doctor. Its ranks report to a private status folder instead of
+RUN_DIR/status, since the launcher knows no run dir of a user's program.
 
 Why torchrun runs as a child rather than via exec: torchrun exits 1 whatever its workers returned,
 but schedulers need to tell "bad input, never retry" (2) and "preempted, run me again" (75) apart.
@@ -18,20 +25,26 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch import precheck
+from launch import program as program_mod
 from launch.relay import StderrRelay
 from launch.spec import DEFAULT_MASTER_PORT, JobSpec
 from train import config as config_mod
+from train import status
 from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
-ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"  # must match train.worker.ATTEMPT_ENV (kept torch-free here)
+ATTEMPT_ENV = status.ATTEMPT_ENV
+REPO_ROOT = Path(__file__).resolve().parent.parent
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 
 
@@ -46,6 +59,19 @@ class NodePlacement:
 def run_id(run_dir: str) -> str:
     """Stable rendezvous id: every node of the same run computes the same one."""
     return "tl-" + hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
+
+
+def program_id(program: Sequence[str], placement: NodePlacement, port: int) -> str:
+    """Rendezvous id of a user's program: every node runs the same command line, so computes the same."""
+    text = "\0".join([*program, placement.master_addr or "", str(port)])
+    return "tl-" + hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def program_tail(spec: JobSpec, module: str) -> list[str]:
+    """What each rank runs: the built-in `module` on the resolved config, or the user's program."""
+    if spec.program and module == "train":
+        return ["-m", "launch.program", *spec.program]
+    return ["-m", module, "--config", spec.config, *spec.overrides]
 
 
 def torchrun_argv(spec: JobSpec, placement: NodePlacement, *, python: str = "python",
@@ -68,7 +94,7 @@ def torchrun_argv(spec: JobSpec, placement: NodePlacement, *, python: str = "pyt
                  "--rdzv-endpoint", f"{placement.master_addr}:{spec.master_port}",
                  "--rdzv-id", rdzv_run_id or "torchlaunch",
                  "--rdzv-conf", f"is_host={is_host}"]
-    argv += ["-m", module, "--config", spec.config, *spec.overrides]
+    argv += program_tail(spec, module)
     return argv
 
 
@@ -82,7 +108,7 @@ def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
 
 def worker_argv(spec: JobSpec, *, python: str = "python", module: str = "train") -> list[str]:
     """The single worker's command when it runs without the agent (pure)."""
-    return [python, "-m", module, "--config", spec.config, *spec.overrides]
+    return [python, *program_tail(spec, module)]
 
 
 def worker_threads(procs_per_node: int, cores: int) -> int:
@@ -90,8 +116,17 @@ def worker_threads(procs_per_node: int, cores: int) -> int:
     return max(1, cores // max(1, procs_per_node))
 
 
-def launch_env(spec: JobSpec, base: dict[str, str], cores: int, attempt: str) -> dict[str, str]:
+def launch_env(spec: JobSpec, base: dict[str, str], cores: int, attempt: str,
+               status_folder: Path | None = None) -> dict[str, str]:
     env = dict(base)
+    if spec.program:
+        # The runner (launch.program) must import from any working directory; appended, so the
+        # user's own packages of the same name (cwd or the script's folder come first) still win.
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(REPO_ROOT) not in paths:
+            env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO_ROOT)])
+    if status_folder is not None:
+        env[status.STATUS_DIR_ENV] = str(status_folder)
     env.setdefault("OMP_NUM_THREADS", str(worker_threads(spec.gpus_per_node, cores)))
     # torch 2.14.1: restarts fail with stale addresses in a shared rendezvous store (pytorch#135712).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -112,21 +147,14 @@ def combine_exit_codes(torchrun_code: int, worker_codes: Sequence[int]) -> int:
 
 
 def read_worker_codes(run_dir: Path, attempt: str) -> tuple[list[int], list[str]]:
-    codes, reasons = [], []
-    folder = run_dir / "status"
-    for f in sorted(folder.glob(f"{attempt}-rank*.json")):
-        try:
-            record = json.loads(f.read_text())
-            codes.append(int(record["code"]))
-            reasons.append(str(record.get("reason", "")))
-        except (OSError, ValueError, KeyError):
-            continue
-        finally:
-            f.unlink(missing_ok=True)
-    return codes, reasons
+    """The built-in worker's reports, left in RUN_DIR/status/ (consumed)."""
+    return status.collect(Path(run_dir) / "status", attempt)
 
 
 def visible_gpus() -> int:
+    known = precheck.visible_gpus_without_torch()  # no torch import on machines without GPUs
+    if known is not None:
+        return known
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -139,11 +167,27 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Launcher arguments before `--`, the program after it (None: the built-in worker)."""
+    items = list(argv)
+    if "--" not in items:
+        return items, None
+    cut = items.index("--")
+    return items[:cut], items[cut + 1:]
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    own, program = split_program(argv)
     p = argparse.ArgumentParser(prog="python -m launch.local",
-                                description="Run DDP training with torchrun on this machine (CPU + gloo without GPUs).")
+                                usage="%(prog)s [options] --config YAML [key=value ...] | "
+                                      "[options] -- SCRIPT.py [args] | [options] -- -m MODULE [args]",
+                                description="Run DDP training with torchrun on this machine (CPU + gloo without GPUs): "
+                                            "the built-in worker on a recipe, or any program after --.")
     p.add_argument("--gpus", type=int, default=1, help="worker processes on this node (one per GPU)")
-    p.add_argument("--config", required=True, help="recipe YAML, e.g. configs/smoke.yaml")
+    p.add_argument("--config", help="recipe YAML of the built-in worker, e.g. configs/smoke.yaml "
+                                    "(not with a program after --)")
+    p.add_argument("--run-dir", help="with a program after --: the shared folder --doctor checks "
+                                     "(default: a private temporary folder)")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes in the job")
     p.add_argument("--node-rank", type=int, default=0, help="this node's index (0 hosts the rendezvous)")
     p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
@@ -157,11 +201,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the command (torchrun, or the worker itself "
                    "for one worker without restarts) and exit")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    return p.parse_args(argv)
+    args = p.parse_args(own)
+    args.program = program
+    return args
 
 
-def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.RunConfig]:
-    """Validate everything before starting anything; BadInput on the first problem."""
+def check_placement(args: argparse.Namespace) -> None:
+    """The launcher's own numbers, whatever the program."""
     if args.gpus < 1:
         raise BadInput(f"launch error: --gpus must be >= 1, got {args.gpus} (GPUS=1 runs one worker)")
     if args.nnodes < 1:
@@ -170,7 +216,9 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.R
         raise BadInput(f"launch error: --node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
     if args.max_restarts < 0:
         raise BadInput(f"launch error: --max-restarts must be >= 0, got {args.max_restarts}")
-    cfg = config_mod.load(args.config, args.overrides)
+
+
+def check_devices(args: argparse.Namespace) -> None:
     if args.device != "cpu":
         gpus = visible_gpus()
         if args.device == "cuda" and gpus == 0:
@@ -179,6 +227,38 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.R
         if gpus and args.gpus > gpus:
             raise BadInput(f"launch error: GPUS={args.gpus} but only {gpus} GPU(s) are visible "
                            f"(use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)")
+
+
+def plan_program(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, program_mod.Program]:
+    """A user's program: found on disk (never imported) before anything starts; BadInput otherwise."""
+    check_placement(args)
+    program = program_mod.parse(args.program)
+    if args.config is not None:
+        raise BadInput(f"launch error: --config applies to the built-in worker, not to {program.name} "
+                       f"(pass your program's own arguments after --, or drop the program to train a recipe)")
+    if args.overrides:
+        raise BadInput(f"launch error: config overrides ({args.overrides[0]}) apply to the built-in worker, "
+                       f"not to {program.name} (pass your program's own arguments after --: "
+                       f"-- {shlex.join(program.argv())} ...)")
+    program_mod.check(program)
+    check_devices(args)
+    spec = JobSpec(program=tuple(program.argv()), nodes=args.nnodes, gpus_per_node=args.gpus,
+                   run_dir=args.run_dir, master_port=args.master_port, max_restarts=args.max_restarts)
+    return spec, NodePlacement(args.node_rank, args.master_addr), program
+
+
+def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.RunConfig]:
+    """Validate everything before starting anything; BadInput on the first problem."""
+    check_placement(args)
+    if args.config is None:
+        raise BadInput("launch error: --config is required for the built-in worker (pass a recipe such as "
+                       "--config configs/smoke.yaml, or your own program after --: -- SCRIPT.py [args])")
+    if args.run_dir is not None:
+        raise BadInput(f"launch error: --run-dir {args.run_dir} is for a program after --; the built-in "
+                       f"worker takes run_dir={args.run_dir}")
+    cfg = config_mod.load(args.config, args.overrides)
+    check_devices(args)
+    precheck.check_local(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0)  # before any spawn
     resolved = str(Path(cfg.run_dir) / "config.yaml")
     spec = JobSpec(config=resolved, nodes=args.nnodes, gpus_per_node=args.gpus, run_dir=cfg.run_dir,
                    master_port=args.master_port, max_restarts=args.max_restarts)
@@ -187,6 +267,8 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.R
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.program is not None:
+        return main_program(args)
     try:
         spec, placement, cfg = plan(args)
         module = "train.preflight" if args.doctor else args.module
@@ -207,11 +289,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-    return run(argv_out, env, Path(cfg.run_dir), attempt)
+    return run(argv_out, env, Path(cfg.run_dir) / "status", attempt)
 
 
-def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> int:
+def doctor_config(private: Path, run_dir: str) -> str:
+    """train.preflight reads a recipe; a user's program has none, so it gets the defaults, the
+    synthetic data set (nothing to read) and the run dir to probe for shared storage."""
+    path = private / "doctor.yaml"
+    path.write_text(f"run_dir: {json.dumps(os.path.abspath(run_dir))}\ndata:\n  name: synthetic\n")
+    return str(path)
+
+
+def main_program(args: argparse.Namespace) -> int:
+    """The same launch for a user's program: one rank each through launch.program."""
+    attempt = uuid.uuid4().hex[:12]
+    private = Path(tempfile.gettempdir()) / f"torchlaunch-{attempt}"  # status records (+ doctor recipe)
+    try:
+        spec, placement, program = plan_program(args)
+        module = "train"
+        if args.doctor:
+            module = "train.preflight"
+            spec = spec.replace(config=str(private / "doctor.yaml"))
+        if runs_without_agent(spec, placement) and not args.doctor:
+            argv_out = worker_argv(spec, python=sys.executable, module=module)
+        else:
+            argv_out = torchrun_argv(spec, placement, python=sys.executable, module=module,
+                                     rdzv_run_id=program_id(spec.program, placement, spec.master_port))
+    except BadInput as e:
+        print(str(e), file=sys.stderr)
+        return BAD_INPUT
+    if args.dry_run:
+        print(shlex.join(argv_out))
+        return OK
+    private.mkdir(mode=0o700)
+    try:
+        if args.doctor:
+            doctor_config(private, args.run_dir or str(private / "doctor-run"))
+        env = launch_env(spec, dict(os.environ), available_cores(), attempt, status_folder=private)
+        if args.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+        return run(argv_out, env, private, attempt, label="training" if args.doctor else program.name)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def run(argv: list[str], env: dict[str, str], status_folder: Path, attempt: str, label: str = "training") -> int:
     """Run torchrun, forward stop signals to it, and turn the workers' reports into one exit code."""
+    env = {**env, status.STATUS_DIR_ENV: str(status_folder)}
     read_fd, write_fd = os.pipe()
     if sys.stderr.isatty():
         env = {**env, "TORCHLAUNCH_PROGRESS_BAR": "1"}  # workers see a pipe, the user a terminal
@@ -234,7 +359,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> in
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         relay.finish()
-    codes, reasons = read_worker_codes(run_dir, attempt)
+    codes, reasons = status.collect(status_folder, attempt)
     code = combine_exit_codes(torchrun_code, codes)
     if code == BAD_INPUT:
         reason = next((r for c, r in zip(codes, reasons, strict=True) if c == BAD_INPUT), "bad input")
@@ -244,7 +369,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: Path, attempt: str) -> in
               file=sys.stderr)
     elif code == FAILURE:
         relay.release_held()
-        print(f"launch: training failed (torchrun exit {torchrun_code}, worker codes {sorted(set(codes)) or 'none'})",
+        print(f"launch: {label} failed (torchrun exit {torchrun_code}, worker codes {sorted(set(codes)) or 'none'})",
               file=sys.stderr)
     return code
 

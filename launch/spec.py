@@ -14,10 +14,13 @@ DEFAULT_MASTER_PORT = 29500
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One training job: how many machines and workers, which config, and scheduler knobs."""
+    """One training job: how many machines and workers, which program or config, and scheduler knobs."""
 
-    config: str
-    """Path of the recipe YAML (or a resolved RUN_DIR/config.yaml)."""
+    config: str = ""
+    """Path of the recipe YAML (or a resolved RUN_DIR/config.yaml); empty with a user program."""
+    program: tuple[str, ...] = ()
+    """A user's program, `SCRIPT.py args` or `-m package.module args` (what follows `--` on every
+    launcher); empty: the built-in worker, `python -m train --config ...`."""
     overrides: tuple[str, ...] = ()
     """`key.sub=value` overrides applied on top of the YAML."""
     nodes: int = 1

@@ -1,0 +1,198 @@
+"""Run any script or module as one rank, with the project's exit-code contract (torch-free).
+
+    python -m launch.program SCRIPT.py [args]        # as `python SCRIPT.py args` would
+    python -m launch.program -m package.module [args] # as `python -m package.module args` would
+
+Every launcher starts a user's program through this runner, and the built-in worker is just the
+default program (`-m train ...`, which launch.local starts directly). The program runs in this
+process with runpy as `__main__`: sys.argv and sys.path[0] are what the plain interpreter would set,
+signals go straight to the program's own handlers (nothing in between to forward them), and its end
+becomes one exit code: SystemExit keeps its code, an escaping train.exit_codes.BadInput is one line
+and 2, anything else a traceback and 1. The code and a one-line reason are left for the launcher
+(train/status.py); after a torchrun restart of a launch that already hit bad input the runner exits
+2 at once instead of failing the same way again. The launcher never imports the program; `check`
+finds it on disk only.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from train import status
+from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+
+USAGE = "pass SCRIPT.py [args] or -m package.module [args] after --"
+
+
+@dataclass(frozen=True)
+class Program:
+    """What to run in every rank: a script path or a module name, and its arguments."""
+
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.module or self.script or "?"
+
+    def argv(self) -> list[str]:
+        """The runner's arguments, which are also what would follow `python`."""
+        head = ["-m", self.module] if self.module else [str(self.script)]
+        return [*head, *self.args]
+
+    def absolute(self, cwd: str) -> Program:
+        """The same program with the script path independent of the working directory (Slurm)."""
+        if self.script is None:
+            return self
+        return Program(script=os.path.normpath(os.path.join(cwd, self.script)), args=self.args)
+
+
+def parse(argv: Sequence[str]) -> Program:
+    """`SCRIPT [args]` or `-m MODULE [args]` (a leading `--` is allowed); BadInput when empty."""
+    items = list(argv)
+    if items[:1] == ["--"]:
+        items = items[1:]
+    if not items:
+        raise BadInput(f"launch error: no program given ({USAGE})")
+    if items[0] == "-m":
+        if len(items) < 2 or not items[1] or items[1].startswith("-"):
+            raise BadInput(f"launch error: -m needs a module name ({USAGE})")
+        return Program(module=items[1], args=tuple(items[2:]))
+    if items[0].startswith("-m") and len(items[0]) > 2:  # -mpkg.mod, as python accepts
+        return Program(module=items[0][2:], args=tuple(items[1:]))
+    if items[0].startswith("-"):
+        raise BadInput(f"launch error: program {items[0]!r} looks like an option ({USAGE})")
+    return Program(script=items[0], args=tuple(items[1:]))
+
+
+def module_origin(name: str, search_path: Sequence[str]) -> str | None:
+    """Where `name` would be imported from, found on disk without importing anything (not even its
+    parent packages, whose __init__ may import torch): None when it is nowhere on `search_path`."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    locations: list[str] = list(search_path)
+    origin: str | None = None
+    for i, part in enumerate(parts):
+        if i == 0 and part in sys.builtin_module_names:
+            return "built-in" if len(parts) == 1 else None
+        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        if spec is None:
+            return None
+        origin = spec.origin or (list(spec.submodule_search_locations or [""])[0])
+        locations = list(spec.submodule_search_locations or [])
+        if i < len(parts) - 1 and not locations:
+            return None  # a plain module has no submodules
+    return origin
+
+
+def check(program: Program, cwd: str | None = None, search_path: Sequence[str] | None = None) -> None:
+    """BadInput (one line) when the script or module cannot be found: before anything is started."""
+    cwd = cwd or os.getcwd()
+    if program.script is not None:
+        path = Path(cwd, program.script)
+        if path.is_dir() and (path / "__main__.py").is_file():
+            return
+        if not path.is_file():
+            raise BadInput(f"launch error: script {program.script}: no such file in {cwd} "
+                           f"(pass an existing SCRIPT.py, or -m package.module)")
+        return
+    paths = [cwd, *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
+    if module_origin(str(program.module), [p for p in paths if p] if search_path is None else search_path) is None:
+        raise BadInput(f"launch error: module {program.module}: not found from {cwd} or PYTHONPATH "
+                       f"(run from the folder that holds the package, or add it to PYTHONPATH)")
+
+
+def execute(program: Program, cwd: str | None = None) -> None:
+    """Run the program as `__main__` in this process, sys.argv and sys.path[0] set as python would."""
+    cwd = cwd or os.getcwd()
+    if program.module is not None:
+        sys.argv = [program.module, *program.args]  # run_module replaces argv[0] with the file
+        _set_path0(cwd)  # `python -m` puts the working directory first
+        runpy.run_module(program.module, run_name="__main__", alter_sys=True)
+    else:
+        script = str(program.script)
+        sys.argv = [script, *program.args]
+        _set_path0(os.path.dirname(os.path.realpath(os.path.join(cwd, script))))
+        runpy.run_path(script, run_name="__main__")
+
+
+def _set_path0(entry: str) -> None:
+    if sys.path:
+        sys.path[0] = entry
+    else:
+        sys.path.append(entry)
+
+
+def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
+    """Execute and turn however the program ended into (exit code, one-line reason)."""
+    try:
+        execute(program, cwd)
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            code = OK
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr, flush=True)  # what the interpreter does with a message
+            code = FAILURE
+        return code, describe(program, code)
+    except BadInput as e:
+        reason = (str(e).splitlines() or ["bad input"])[0]
+        if not status.launched() or status.folder() is None:
+            print(reason, file=sys.stderr, flush=True)  # else launch.local prints it once for all ranks
+        return BAD_INPUT, reason
+    except KeyboardInterrupt:
+        reason = f"{program.name} interrupted (SIGINT without a handler)"
+        print(reason, file=sys.stderr, flush=True)
+        return FAILURE, reason
+    except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
+        traceback.print_exc()
+        reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
+        return FAILURE, reason
+    return OK, describe(program, OK)
+
+
+def describe(program: Program, code: int) -> str:
+    if code == OK:
+        return "finished"
+    if code == PREEMPTED:
+        return f"{program.name} exited 75 (preempted)"
+    if code == BAD_INPUT:
+        return f"{program.name} exited 2 (bad input)"
+    return f"{program.name} exited {code}"
+
+
+def rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
+    """Run one rank of a program; the exit code, also left in the launcher's status folder."""
+    try:
+        program = parse(sys.argv[1:] if argv is None else argv)
+    except BadInput as e:
+        print(str(e), file=sys.stderr)
+        return BAD_INPUT
+    if status.earlier_bad_input():
+        return BAD_INPUT  # launch.local already has the reason from the first attempt
+    code, reason = outcome(program, cwd)
+    status.report(rank(), code, reason)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
