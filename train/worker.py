@@ -8,19 +8,18 @@ preemption with a committed checkpoint, 1 for anything else.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import traceback
-from pathlib import Path
 
 from train import config as config_mod
+from train import status
 from train.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 from train.folder_cache import finish_prefetch, start_prefetch
 
-ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
-"""Set by launch.local: each rank reports its exit code and reason to RUN_DIR/status/ for it, since
+ATTEMPT_ENV = status.ATTEMPT_ENV
+"""Set by launch.local: each rank reports its exit code and reason for it (train/status.py), since
 torchrun itself exits 1 whatever its workers returned."""
 
 
@@ -32,38 +31,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def status_dir(run_dir: str) -> Path:
-    return Path(run_dir) / "status"
-
-
 def report_status(run_dir: str | None, rank: int, code: int, reason: str) -> None:
     """Leave this rank's outcome for the launcher that started us (no-op without one)."""
-    attempt = os.environ.get(ATTEMPT_ENV)
-    if not attempt or not run_dir:
-        return
-    try:
-        folder = status_dir(run_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{attempt}-rank{rank}.tmp"
-        tmp.write_text(json.dumps({"code": code, "reason": reason, "rank": rank}))
-        os.replace(tmp, folder / f"{attempt}-rank{rank}.json")
-    except OSError:
-        pass
+    status.report(rank, code, reason, run_dir)
 
 
 def earlier_bad_input(run_dir: str) -> str | None:
     """After a torchrun restart within the same launch: a rank already found bad input, so stop at once."""
-    attempt = os.environ.get(ATTEMPT_ENV)
-    if not attempt or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
-        return None
-    for f in sorted(status_dir(run_dir).glob(f"{attempt}-rank*.json")):
-        try:
-            record = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("code") == BAD_INPUT:
-            return str(record.get("reason", "bad input"))
-    return None
+    return status.earlier_bad_input(run_dir)
 
 
 def _env_rank() -> int:
@@ -95,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             finish_prefetch(prefetch, wait=False)
     except BadInput as e:
         code, reason = BAD_INPUT, str(e).splitlines()[0]
-        if not os.environ.get(ATTEMPT_ENV) or run_dir is None:
+        if not status.launched() or status.folder(run_dir) is None:
             print(reason, file=sys.stderr, flush=True)  # else launch.local prints it once
     except KeyboardInterrupt:
         code, reason = FAILURE, "interrupted before a checkpoint could be agreed"
