@@ -22,6 +22,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from train.config import DataConfig
+from train.datacheck import cifar10_missing_message  # shared with the launchers' pre-spawn check
 from train.exit_codes import BadInput
 from train.folder_cache import (  # noqa: F401
     IMAGE_EXTENSIONS,
@@ -119,13 +120,6 @@ def make_synthetic(cfg: DataConfig) -> DataBundle:
     train, val = draw(cfg.synthetic_train_size), draw(cfg.synthetic_val_size)
     mean, std = channel_stats(train.images)
     return DataBundle(train, val, [f"class{i}" for i in range(k)], mean, std, size)
-
-
-def cifar10_missing_message(root: Path, reason: str, tried_download: bool) -> str:
-    first_fix = "run once with internet access" if tried_download else "set data.download=true when online"
-    return (f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): {first_fix}, "
-            f"or point data.root at a folder holding cifar-10-batches-py, or use data.name=imagefolder "
-            f"data.root=<folder of class folders>")
 
 
 def load_cifar10(cfg: DataConfig) -> DataBundle:

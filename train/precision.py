@@ -1,0 +1,183 @@
+"""CPU precision chosen by measurement, once per machine and model, and fixed for the life of a run.
+
+Why measure: CPU flags do not predict it. On an AMD EPYC bf16 trained ~2x faster than fp32, on an
+Intel Xeon with avx512_bf16 but no AMX fastnet ran 182 images/s in bf16 and 259 in fp32. So
+`train.precision=auto` on CPU times a few training steps of each (~1-2 s), caches the answer under
+the cache dir keyed by CPU model, torch version, threads and model shape, and records the choice in
+RUN_DIR/precision.json: a resumed run reads that record, never the cache, so it keeps the precision
+it started with (exact resume) even when the cache is rewritten or deleted.
+
+fp16 on CPU is emulated (~17x slower than bf16 on the smoke recipe): refused with a one-line fix.
+The top of this module imports no torch, so launchers can use the messages before spawning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from train.exit_codes import BadInput
+
+CACHE_FILE = "cpu-precision.json"
+RUN_RECORD = "precision.json"
+FP32_MARGIN = 1.05
+"""bf16 must beat fp32 by 5% to be picked: within noise, fp32 is the more exact choice."""
+MEASURE_BATCH_CAP = 32
+"""Timed steps use the run's micro-batch up to this size, keeping the measurement near a second."""
+
+
+def fp16_on_cpu_message() -> str:
+    return ("config error: train.precision: fp16 on CPU is emulated, ~17x slower than bf16 "
+            "(use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
+            "`make doctor` measures both on this machine)")
+
+
+def refuse_fp16_on_cpu(precision: str, on_cpu: bool) -> None:
+    """BadInput for fp16 on CPU (launchers before spawning, the worker at start)."""
+    if on_cpu and precision == "fp16":
+        raise BadInput(fp16_on_cpu_message())
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (the cache key and the figure's label in bench and doctor)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Training images/s of one process, each precision, same model and batch, interleaved."""
+
+    fp32: float
+    bf16: float
+    batch: int
+
+    @property
+    def choice(self) -> str:
+        return "bf16" if self.bf16 > self.fp32 * FP32_MARGIN else "fp32"
+
+    def why(self) -> str:
+        return f"bf16 {self.bf16:.0f} vs fp32 {self.fp32:.0f} images/s"
+
+
+def measure_rates(model_name: str, num_classes: int, width: int, image_size: int, batch: int,
+                  channels_last: bool, budget_s: float = 1.5) -> Rates:
+    """Time training steps (forward, backward, SGD) of fp32 and bf16 autocast, interleaved so a
+    change in host load hits both; median per precision. The caller's RNG streams are untouched."""
+    import torch
+    import torch.nn.functional as F
+
+    from train.models import build_model
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(model_name, num_classes, width).to(memory_format=fmt)
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(batch, 3, image_size, image_size).contiguous(memory_format=fmt)
+        y = torch.randint(0, num_classes, (batch,))
+
+        def step(bf16: bool) -> float:
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return time.perf_counter() - start
+
+        step(False), step(True)  # warm-up: allocator, oneDNN kernel selection
+        times: dict[bool, list[float]] = {False: [], True: []}
+        deadline = time.perf_counter() + budget_s
+        while len(times[True]) < 5 and (not times[True] or time.perf_counter() < deadline):
+            for bf16 in (False, True):
+                times[bf16].append(step(bf16))
+    return Rates(fp32=batch / statistics.median(times[False]), bf16=batch / statistics.median(times[True]),
+                 batch=batch)
+
+
+def cache_key(model_name: str, width: int, num_classes: int, image_size: int, batch: int,
+              channels_last: bool, threads: int) -> str:
+    """Machine (CPU model, torch, threads) + model shape: what the bf16/fp32 ratio depends on."""
+    import torch
+
+    return json.dumps({"cpu": cpu_model(), "torch": str(torch.__version__), "threads": threads,
+                       "model": model_name, "width": width, "classes": num_classes, "size": image_size,
+                       "batch": batch, "channels_last": channels_last}, sort_keys=True)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Temp file + rename: a reader (another run, a resume) never sees half a record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def cached_or_measured(cache_dir: Path, key: str, measure: Any) -> tuple[dict[str, Any], str]:
+    """(record, 'cached'|'measured'): the cache's entry for key, else measure() and store it."""
+    cache_file = cache_dir / CACHE_FILE
+    entries = read_json(cache_file)
+    entries = entries if isinstance(entries, dict) else {}
+    hit = entries.get(key)
+    if isinstance(hit, dict) and hit.get("precision") in ("bf16", "fp32"):
+        return hit, "cached"
+    rates: Rates = measure()
+    record = {"precision": rates.choice, "why": rates.why(), "rates": asdict(rates), "cpu": cpu_model(),
+              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    entries = read_json(cache_file)  # re-read: another run may have added its own entry meanwhile
+    entries = entries if isinstance(entries, dict) else {}
+    entries[key] = record
+    try:
+        write_json(cache_file, entries)
+    except OSError:
+        pass  # a read-only cache dir costs a re-measurement next time, nothing more
+    return record, "measured"
+
+
+def choose_for_run(run_dir: Path, cache_dir: Path, model_name: str, width: int, num_classes: int,
+                   image_size: int, micro_batch: int, channels_last: bool) -> tuple[str, str]:
+    """(precision, note) for `auto` on CPU: RUN_DIR's record when the run has one (resume), else the
+    cache or a fresh measurement, then recorded in RUN_DIR. Called on one rank; broadcast by the caller."""
+    import torch
+
+    record_path = run_dir / RUN_RECORD
+    recorded = read_json(record_path)
+    if isinstance(recorded, dict) and recorded.get("precision") in ("bf16", "fp32"):
+        return recorded["precision"], (f"precision: auto -> {recorded['precision']} (recorded at this run's "
+                                       f"start in {record_path}: {recorded.get('why', '')})")
+    batch = max(1, min(micro_batch, MEASURE_BATCH_CAP))
+    key = cache_key(model_name, width, num_classes, image_size, batch, channels_last, torch.get_num_threads())
+    record, source = cached_or_measured(
+        cache_dir, key, lambda: measure_rates(model_name, num_classes, width, image_size, batch, channels_last))
+    write_json(record_path, {**record, "source": source})
+    where = "measured now" if source == "measured" else f"cached in {cache_dir / CACHE_FILE}"
+    return record["precision"], (f"precision: auto -> {record['precision']} on {record.get('cpu', cpu_model())} "
+                                 f"({record['why']}, {model_name}, batch {batch}; {where}; recorded in {record_path})")
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
