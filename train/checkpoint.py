@@ -18,6 +18,7 @@ import io
 import json
 import os
 import pickle
+import random
 import re
 import shutil
 import sys
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -461,3 +463,38 @@ class AsyncWriter:
             error, self._error = self._error, None
             raise error
         return self.last
+
+
+# ----------------------------------------------------------------------------------------------
+# Pieces shared by the Trainer and train/api.py: one commit path, one RNG capture.
+
+
+def commit_with_retention(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any], keep: int,
+                          replace: bool = False) -> CommitInfo:
+    """Commit one checkpoint, then prune to the newest `keep` (+ best): what every save does."""
+    info = write_checkpoint(root, step, state, meta, replace=replace)
+    apply_retention(root, keep)
+    return info
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """This rank's RNG states (torch, CUDA, numpy, python) in weights_only-loadable types."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
+                  int(np_state[3]), float(np_state[4])],
+        "python": random.getstate(),
+    }
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Put back what capture_rng() took, so the next random draw is the one the saved run made."""
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from train.config import DataConfig
+from train.config import DataConfig, is_plugin
 from train.datacheck import cifar10_missing_message  # shared with the launchers' pre-spawn check
 from train.exit_codes import BadInput
 from train.folder_cache import (  # noqa: F401
@@ -327,10 +327,14 @@ class BatchPlan:
     def rank_slice(self) -> slice:
         return slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
 
+    def step_indices(self, perm: torch.Tensor, step: int) -> torch.Tensor:
+        """Every rank's samples of global step `step`: slice step*B:(step+1)*B of the epoch's permutation."""
+        return perm[step * self.global_batch:(step + 1) * self.global_batch]
+
     def rank_step(self, perm: torch.Tensor, epoch: int, step: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """This rank's sample indices and augmentation parameters at (epoch, step)."""
         sl = self.rank_slice()
-        step_indices = perm[step * self.global_batch:(step + 1) * self.global_batch]
+        step_indices = self.step_indices(perm, step)
         aug = tuple(t[sl] for t in self.global_augmentation(epoch, step, step_indices))
         return step_indices[sl], aug
 

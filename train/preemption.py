@@ -12,7 +12,10 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from train.dist import DistContext
 
 
 class PreemptionWatcher:
@@ -43,3 +46,12 @@ class PreemptionWatcher:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+def agree(ctx: DistContext, requested: bool, *others: bool) -> tuple[bool, ...]:
+    """(any rank requested a stop, any rank raised each other flag): one tiny all-reduce (max) that
+    every rank must call at the same step boundary, so all of them checkpoint the same step."""
+    from train.dist import all_reduce_max  # torch stays out of this module's import
+
+    flags = all_reduce_max(ctx, [1.0 if requested else 0.0, *(1.0 if f else 0.0 for f in others)])
+    return tuple(f > 0 for f in flags)

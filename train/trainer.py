@@ -27,12 +27,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from train import checkpoint as ckpt
 from train import config as config_mod
+from train.checkpoint import capture_rng, restore_rng
 from train.config import RunConfig
 from train.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, decode_image, eval_batches
 from train.debug import check_model_io
 from train.dist import (
     DistContext,
-    all_reduce_max,
     all_reduce_sum,
     broadcast_buffers,
     broadcast_object,
@@ -42,7 +42,7 @@ from train.dist import (
 from train.exit_codes import OK, PREEMPTED, BadInput
 from train.lookahead import Lookahead
 from train.models import build_model
-from train.preemption import PreemptionWatcher
+from train.preemption import PreemptionWatcher, agree
 from train.shm_reduce import build_reducer, shared_memory_hook
 from train.tta import tta_logits
 
@@ -79,28 +79,6 @@ def _cpu_bf16_ok() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
-
-
-def capture_rng(device: torch.device) -> dict[str, Any]:
-    """This rank's RNG states in weights_only-loadable types."""
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
-                  int(np_state[3]), float(np_state[4])],
-        "python": random.getstate(),
-    }
-
-
-def restore_rng(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-    n = state["numpy"]
-    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -452,9 +430,7 @@ class Trainer:
         keep = self.cfg.checkpoint.keep
 
         def commit(snapshot: dict[str, Any]) -> ckpt.CommitInfo:
-            info = ckpt.write_checkpoint(self.ckpt_root, step, snapshot, meta, replace=replace)
-            ckpt.apply_retention(self.ckpt_root, keep)
-            return info
+            return ckpt.commit_with_retention(self.ckpt_root, step, snapshot, meta, keep, replace=replace)
 
         if final and self.cfg.checkpoint.async_save:
             self.writer.submit(lambda: commit(state))  # nothing mutates the tensors any more
@@ -507,7 +483,7 @@ class Trainer:
                                    self.device, self.data.image_size, 0)
             n_batches = math.ceil(max(1, len(self.data.val) // self.ctx.world_size + 1) / batch)
             for i in range(n_batches + 1):  # same number of agreement rounds on every rank
-                if all_reduce_max(self.ctx, [1.0 if self.watcher.requested else 0.0])[0]:
+                if agree(self.ctx, self.watcher.requested)[0]:
                     return None
                 item = next(batches, None)
                 if i == 0:
@@ -565,8 +541,7 @@ class Trainer:
                         window_loss += loss
                         report.step()
                         self.fault("step", p.global_step)
-                        preempt, nonfinite = all_reduce_max(
-                            self.ctx, [1.0 if self.watcher.requested else 0.0, 0.0 if math.isfinite(loss) else 1.0])
+                        preempt, nonfinite = agree(self.ctx, self.watcher.requested, not math.isfinite(loss))
                         if nonfinite:
                             raise NonFiniteLoss(
                                 f"training error: non-finite loss at epoch {p.epoch} step {p.step_in_epoch} "

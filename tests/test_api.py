@@ -1,0 +1,330 @@
+"""train/api.py, the public API for user scripts, and examples/custom_loop.py built on it.
+
+Unit tests run the API in this process (no launcher: a single process without a process group);
+the end-to-end tests run the example as a real subprocess and under real torchrun, interrupt it with
+a real SIGTERM at a seeded step, rerun it and compare the final weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import child_env, run_cmd
+from tests.helpers import assert_models_equal
+from train import api
+from train import checkpoint as ckpt
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = str(REPO / "examples" / "custom_loop.py")
+SEEDED = random.Random(14)
+
+
+@pytest.fixture
+def session(monkeypatch: pytest.MonkeyPatch) -> Iterator[api.Context]:
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    ctx = api.setup()
+    try:
+        yield ctx
+    finally:
+        api.teardown()
+
+
+def user_state(seed: int) -> dict:
+    """What a user script saves: module and optimizer state_dicts, nested dicts, numbers."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "lr": 0.25,
+            "extra": {"history": [1.5, 2.5], "ids": torch.arange(5)}}
+
+
+def assert_same(a: object, b: object) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+# ------------------------------------------------------------------ setup / Checkpointer
+
+
+def test_setup_without_launcher_is_one_process(session: api.Context) -> None:
+    assert (session.rank, session.world_size, session.local_rank, session.is_main) == (0, 1, 0, True)
+    assert not session.distributed
+    assert api.setup() is session  # a second call is the same session
+
+
+def test_checkpointer_needs_setup() -> None:
+    with pytest.raises(RuntimeError, match="setup"):
+        api.Checkpointer("/tmp/never-created")
+
+
+def test_save_then_load_latest_round_trips_state(session: api.Context, tmp_path: Path) -> None:
+    checkpointer = api.Checkpointer(tmp_path)
+    assert checkpointer.load_latest() is None and checkpointer.step is None
+    state = user_state(0)
+    checkpointer.save(7, state)
+    checkpointer.wait()
+    assert ckpt.verify(tmp_path / "checkpoints" / "step-000000007") is None
+    loaded = api.Checkpointer(tmp_path).load_latest()
+    assert_same(state, loaded)
+
+
+def test_async_save_snapshots_the_state_at_the_call(session: api.Context, tmp_path: Path) -> None:
+    checkpointer = api.Checkpointer(tmp_path)
+    weights = torch.zeros(1000)
+    checkpointer.save(1, {"w": weights})
+    weights.add_(1.0)  # training goes on while the commit runs
+    checkpointer.wait()
+    fresh = api.Checkpointer(tmp_path)
+    assert torch.equal(fresh.load_latest()["w"], torch.zeros(1000)) and fresh.step == 1
+
+
+def test_corrupt_newest_falls_back_with_warning(session: api.Context, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    checkpointer = api.Checkpointer(tmp_path, synchronous=True)
+    checkpointer.save(1, {"v": torch.tensor([1.0])})
+    checkpointer.save(2, {"v": torch.tensor([2.0])})
+    newest = tmp_path / "checkpoints" / "step-000000002" / ckpt.STATE_FILE
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    fresh = api.Checkpointer(tmp_path)
+    state = fresh.load_latest()
+    assert fresh.step == 1 and torch.equal(state["v"], torch.tensor([1.0]))
+    err = capsys.readouterr().err
+    assert "skipping checkpoint" in err and "step-000000002" in err and "checksum mismatch" in err
+
+
+def test_retention_keeps_newest_two(session: api.Context, tmp_path: Path) -> None:
+    checkpointer = api.Checkpointer(tmp_path, keep=2)
+    for step in range(1, 6):
+        checkpointer.save(step, {"step": step})
+    checkpointer.wait()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000000004", "step-000000005"]
+
+
+def test_load_latest_restores_every_rng(session: api.Context, tmp_path: Path) -> None:
+    checkpointer = api.Checkpointer(tmp_path, synchronous=True)
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    checkpointer.save(1, {})
+
+    def draws() -> tuple:
+        return torch.rand(3), np.random.rand(3).tolist(), random.random()
+
+    expected = draws()
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    api.Checkpointer(tmp_path).load_latest()
+    got = draws()
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+def test_checkpoints_of_the_builtin_worker_are_refused(session: api.Context, tmp_path: Path) -> None:
+    ckpt.write_checkpoint(tmp_path / "checkpoints", 3, {"format_version": ckpt.FORMAT_VERSION, "model": {}}, {})
+    with pytest.raises(api.BadInput, match="not written by api.Checkpointer"):
+        api.Checkpointer(tmp_path).load_latest()
+
+
+def test_keep_below_one_is_bad_input(session: api.Context, tmp_path: Path) -> None:
+    with pytest.raises(api.BadInput, match="keep=0"):
+        api.Checkpointer(tmp_path, keep=0)
+
+
+def run_snippet(code: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    return run_cmd([sys.executable, "-c", textwrap.dedent(code)], timeout=120, env=env)
+
+
+@pytest.mark.parametrize("form", ["plain", "with"])
+def test_save_then_exit_preempted_commits_before_the_process_ends(tmp_path: Path, form: str) -> None:
+    """An async save still being written (held open by the fault-injection stall) when the script
+    calls sys.exit(api.PREEMPTED): the commit completes first (atexit hook / teardown)."""
+    body = "ckpt = api.Checkpointer(RUN); ckpt.save(5, {'w': torch.ones(1000)}); sys.exit(api.PREEMPTED)"
+    if form == "with":
+        body = f"with api.setup():\n    {body}"
+    else:
+        body = f"api.setup()\n{body}"
+    code = f"import sys, torch\nfrom train import api\nRUN = {str(tmp_path)!r}\n{body}\n"
+    rc, out, err = run_snippet(code, env={"TORCHLAUNCH_FAULT_SAVE_STALL_S": "1"})
+    assert rc == api.PREEMPTED, err[-2000:]
+    assert ckpt.verify(tmp_path / "checkpoints" / "step-000000005") is None
+
+
+def test_unwritable_run_dir_exits_2_with_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code = f"""
+        from train import api
+        with api.setup():
+            api.Checkpointer({str(blocker / 'run')!r})
+            raise SystemExit(0)
+    """
+    rc, out, err = run_snippet(code)
+    assert rc == api.BAD_INPUT, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Checkpointer run_dir" in lines[0] and str(blocker / "run") in lines[0] and "writable" in lines[0]
+
+
+def test_broken_env_contract_exits_2_with_one_line() -> None:
+    rc, out, err = run_snippet("from train import api\napi.setup()\n", env={"RANK": "0", "WORLD_SIZE": "2"})
+    assert rc == api.BAD_INPUT
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "MASTER_ADDR" in lines[0], err
+
+
+# ------------------------------------------------------------------ preemption flag
+
+
+def test_preemption_flag_follows_a_real_signal(session: api.Context) -> None:
+    assert api.preemption_requested() is False
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode of this thread
+    assert api.preemption_requested() is True
+    assert api.PREEMPTED == 75
+
+
+def test_teardown_restores_signal_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    before = signal.getsignal(signal.SIGTERM)
+    api.setup()
+    assert signal.getsignal(signal.SIGTERM) is not before
+    api.teardown()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# ------------------------------------------------------------------ sampler
+
+
+def test_sampler_is_a_pure_function_of_seed_epoch_step() -> None:
+    a = api.resumable_sampler(100, 8, seed=5)
+    b = api.resumable_sampler(100, 8, seed=5)
+    other = api.resumable_sampler(100, 8, seed=6)
+    assert a.steps_per_epoch == 12 and a.batch_size == 8
+    first = [idx.tolist() for _, idx in a.batches(0)]
+    assert first == [idx.tolist() for _, idx in b.batches(0)]
+    assert first != [idx.tolist() for _, idx in other.batches(0)]
+    assert first != [idx.tolist() for _, idx in a.batches(1)]  # a new permutation per epoch
+    flat = [i for batch in first for i in batch]
+    assert len(set(flat)) == len(flat) == 96  # no sample twice in an epoch, the partial batch dropped
+
+
+def test_sampler_resume_continues_the_same_order() -> None:
+    sampler = api.resumable_sampler(100, 8, seed=5)
+    full = [(s, idx.tolist()) for s, idx in sampler.batches(2)]
+    k = SEEDED.randrange(1, sampler.steps_per_epoch)
+    assert [(s, idx.tolist()) for s, idx in sampler.batches(2, k)] == full[k:]
+    assert sampler.locate(2 * sampler.steps_per_epoch + k) == (2, k)
+
+
+def test_sampler_ranks_share_the_global_batch() -> None:
+    whole = [idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5).batches(0)]
+    ranks = [[idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5, rank=r, world_size=2).batches(0)]
+             for r in range(2)]
+    assert [r0 + r1 for r0, r1 in zip(*ranks)] == whole
+
+
+@pytest.mark.parametrize("n,batch,world,needle", [(100, 6, 4, "multiple of the world size 4"),
+                                                   (5, 8, 1, "dataset_len=5"), (100, 0, 1, "batch_size=0")])
+def test_sampler_bad_sizes_are_bad_input(n: int, batch: int, world: int, needle: str) -> None:
+    with pytest.raises(api.BadInput, match=needle):
+        api.resumable_sampler(n, batch, 0, rank=0, world_size=world)
+
+
+# ------------------------------------------------------------------ examples/custom_loop.py end to end
+
+
+def run_example(run_dir: Path, epochs: int, torchrun: bool = False) -> tuple[int, str, str]:
+    return run_cmd(example_argv(run_dir, epochs, torchrun), timeout=300)
+
+
+def example_argv(run_dir: Path, epochs: int, torchrun: bool) -> list[str]:
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"] \
+        if torchrun else [sys.executable]
+    return [*prefix, EXAMPLE, "--run-dir", str(run_dir), "--epochs", str(epochs)]
+
+
+def sigterm_at_step(run_dir: Path, epochs: int, step: int, torchrun: bool = False) -> tuple[int, str]:
+    """Start the example, send SIGTERM to it (or to torchrun) when its output shows `step N/`."""
+    proc = subprocess.Popen(example_argv(run_dir, epochs, torchrun), cwd=REPO, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    watchdog = threading.Timer(300, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    watchdog.start()
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(f"step {step}/"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        out = "".join(seen) + proc.stdout.read()
+        proc.wait()
+    finally:
+        watchdog.cancel()
+    assert any(ln.startswith(f"step {step}/") for ln in seen), out[-3000:]
+    return proc.returncode, out
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    return [step for step, p in ckpt.candidates(run_dir / "checkpoints") if ckpt.verify(p) is None]
+
+
+@pytest.mark.slow
+def test_custom_loop_preempted_and_rerun_matches_uninterrupted(tmp_path: Path) -> None:
+    epochs = 8  # 256 steps: the signal lands long before the end
+    rc, out, err = run_example(tmp_path / "reference", epochs)
+    assert rc == 0, err[-2000:]
+    step = SEEDED.randrange(3, 60)
+    run_dir = tmp_path / "interrupted"
+    rc, out = sigterm_at_step(run_dir, epochs, step)
+    assert rc == api.PREEMPTED, out[-3000:]
+    stopped = max(committed_steps(run_dir))
+    assert stopped >= step and not (run_dir / "model.pt").exists()
+    rc, out, err = run_example(run_dir, epochs)
+    assert rc == 0, err[-2000:]
+    assert f"resumed at step {stopped}\n" in out and f"\nstep {stopped + 1}/" in out
+    assert f"\nstep {stopped}/" not in out  # no step is trained twice
+    assert_models_equal(tmp_path / "reference" / "model.pt", run_dir / "model.pt")
+    rc, out, err = run_example(run_dir, epochs)  # a finished run: nothing to do
+    assert rc == 0 and "the run is finished" in out and "step " not in out
+
+
+@pytest.mark.slow
+def test_custom_loop_two_ranks_under_torchrun_resumes_exactly(tmp_path: Path) -> None:
+    epochs = 8
+    rc, out, err = run_example(tmp_path / "reference", epochs, torchrun=True)
+    assert rc == 0, err[-2000:]
+    step = SEEDED.randrange(3, 60)
+    run_dir = tmp_path / "interrupted"
+    rc, out = sigterm_at_step(run_dir, epochs, step, torchrun=True)
+    assert rc != 0, out[-3000:]  # torchrun's own code on SIGTERM is not 75 (launch.local maps it)
+    assert "received SIGTERM" in out and not (run_dir / "model.pt").exists()
+    stopped = max(committed_steps(run_dir))
+    assert stopped >= step
+    rc, out, err = run_example(run_dir, epochs, torchrun=True)
+    assert rc == 0, err[-2000:]
+    assert f"resumed at step {stopped}\n" in out and f"\nstep {stopped + 1}/" in out
+    assert_models_equal(tmp_path / "reference" / "model.pt", run_dir / "model.pt")

@@ -1,0 +1,299 @@
+"""A user's own script or module on every launcher: launch.program's contract, launch.local with real
+torchrun (exit codes, signals, restarts, -m from the working directory), the Slurm and Kubernetes
+renderings (golden files) and, on the dev cluster, requeue of a preempted user program.
+
+The programs under tests/programs/ use no train.api: they only exit, raise, or handle SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch import local
+from launch import program as program_mod
+from launch.local import NodePlacement, torchrun_argv
+from launch.spec import JobSpec
+from tests.conftest import REPO, child_env, error_lines, run_cmd, run_launcher, run_module
+from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+
+GOLDEN = Path(__file__).parent / "golden"
+PROGRAMS = Path(__file__).parent / "programs"
+EXIT_WITH = "tests/programs/exit_with.py"
+CPU = ["--device", "cpu"]
+
+
+def check_golden(name: str, text: str) -> None:
+    """UPDATE_GOLDEN=1 rewrites the file (review the diff before committing)."""
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), f"rendering changed; if intended, UPDATE_GOLDEN=1 and review {path}"
+
+
+def records(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
+
+
+# ---------------------------------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["train.py", "--lr", "0.1"], program_mod.Program(script="train.py", args=("--lr", "0.1"))),
+    (["--", "train.py"], program_mod.Program(script="train.py")),
+    (["-m", "pkg.train", "-m", "x"], program_mod.Program(module="pkg.train", args=("-m", "x"))),
+    (["-mpkg.train", "a"], program_mod.Program(module="pkg.train", args=("a",))),
+])
+def test_parse_program(argv: list[str], expected: program_mod.Program) -> None:
+    program = program_mod.parse(argv)
+    assert program == expected
+    assert program.argv() == ([expected.script] if expected.script else ["-m", expected.module]) + list(expected.args)
+
+
+@pytest.mark.parametrize(("argv", "words"), [([], "no program given"), (["-m"], "-m needs a module name"),
+                                             (["--lr"], "looks like an option")])
+def test_parse_program_rejects(argv: list[str], words: str) -> None:
+    with pytest.raises(BadInput, match=words):
+        program_mod.parse(argv)
+
+
+def test_module_is_found_on_disk_without_importing_it() -> None:
+    search = [str(PROGRAMS)]
+    assert program_mod.module_origin("userpkg.main", search) == str(PROGRAMS / "userpkg" / "main.py")
+    assert program_mod.module_origin("userpkg", search) == str(PROGRAMS / "userpkg" / "__init__.py")
+    assert program_mod.module_origin("userpkg.nope", search) is None
+    assert program_mod.module_origin("exit_with.sub", search) is None  # a plain module has no submodules
+    assert program_mod.module_origin("not-a-name", search) is None
+    assert "userpkg" not in sys.modules  # found, never imported (its parents neither)
+
+
+def test_check_names_the_missing_script_and_module(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match=r"script nope\.py: no such file in .*\(pass an existing SCRIPT\.py"):
+        program_mod.check(program_mod.Program(script="nope.py"), cwd=str(tmp_path))
+    with pytest.raises(BadInput, match=r"module userpkg\.nope: not found"):
+        program_mod.check(program_mod.Program(module="userpkg.nope"), cwd=str(PROGRAMS))
+    program_mod.check(program_mod.Program(module="userpkg.main"), cwd=str(PROGRAMS))
+    program_mod.check(program_mod.Program(script="exit_with.py"), cwd=str(PROGRAMS))
+
+
+def test_torchrun_argv_of_a_program_golden() -> None:
+    spec = JobSpec(program=("train.py", "--epochs", "3"), nodes=2, gpus_per_node=8, master_port=29555,
+                   max_restarts=1)
+    argv = torchrun_argv(spec, NodePlacement(node_rank=1, master_addr="node0"), python="python",
+                         rdzv_run_id="tl-golden")
+    check_golden("local_argv_program.txt", "\n".join(argv) + "\n")
+
+
+def test_program_rendezvous_id_is_the_same_on_every_node() -> None:
+    a = local.program_id(["train.py", "x"], NodePlacement(0, "node0"), 29500)
+    assert a == local.program_id(["train.py", "x"], NodePlacement(1, "node0"), 29500)
+    assert a != local.program_id(["train.py", "y"], NodePlacement(0, "node0"), 29500)
+
+
+@pytest.mark.parametrize(("launcher_args", "tail"), [
+    (["--gpus", "2"], ["--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
+                       "-m", "launch.program", EXIT_WITH, "0", "a b"]),
+    (["--gpus", "1"], None),  # one worker without restarts: no agent, the runner directly
+    (["--gpus", "1", "--max-restarts", "2"], ["--nproc-per-node", "1", "--max-restarts", "2", "--standalone",
+                                              "-m", "launch.program", EXIT_WITH, "0", "a b"]),
+])
+def test_dry_run_prints_the_exact_command(launcher_args: list[str], tail: list[str] | None,
+                                          capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    rc = local.main([*launcher_args, *CPU, "--dry-run", "--", EXIT_WITH, "0", "a b"])
+    out = capsys.readouterr().out
+    assert rc == OK and len(out.splitlines()) == 1
+    argv = shlex.split(out)
+    if tail is None:
+        assert argv == [sys.executable, "-m", "launch.program", EXIT_WITH, "0", "a b"]
+    else:
+        assert argv[:4] == [sys.executable, "-m", "launch.torchrun", "--nnodes"] and argv[5:] == tail
+
+
+def test_dry_run_of_a_module_and_of_the_doctor(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(PROGRAMS)
+    assert local.main([*CPU, "--dry-run", "--", "-m", "userpkg.main", "0", "out"]) == OK
+    assert shlex.split(capsys.readouterr().out) == [sys.executable, "-m", "launch.program", "-m", "userpkg.main",
+                                                    "0", "out"]
+    assert local.main([*CPU, "--doctor", "--dry-run", "--", "-m", "userpkg.main"]) == OK
+    argv = shlex.split(capsys.readouterr().out)
+    assert argv[1:3] == ["-m", "launch.torchrun"] and argv[-4:-1] == ["-m", "train.preflight", "--config"]
+    assert argv[-1].endswith("doctor.yaml") and not Path(argv[-1]).exists()  # a dry run creates nothing
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--", "nope.py"], "launch error: script nope.py: no such file in "),
+    (["--", "-m", "nope_pkg.train"], "launch error: module nope_pkg.train: not found from "),
+    (["--config", "configs/smoke.yaml", "--", EXIT_WITH], "--config applies to the built-in worker, not to "),
+    (["optim.lr=0.1", "--", EXIT_WITH], "config overrides (optim.lr=0.1) apply to the built-in worker"),
+    (["--gpus", "0", "--", EXIT_WITH], "--gpus must be >= 1"),
+    (["--", "-m"], "-m needs a module name"),
+    ([], "--config is required for the built-in worker"),
+])
+def test_bad_program_arguments_are_one_line_and_exit_2(args: list[str], words: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    rc = local.main([*CPU, *args])
+    captured = capsys.readouterr()
+    assert rc == BAD_INPUT and captured.out == ""
+    assert len(captured.err.splitlines()) == 1 and words in captured.err, captured.err
+
+
+# -------------------------------------------------------------------- launch.program without a launcher
+
+
+@pytest.mark.parametrize(("source", "code", "stderr_words"), [
+    ("import sys; sys.exit(75)", PREEMPTED, None),
+    ("print('hi')", OK, None),
+    ("import sys; sys.exit('a message')", FAILURE, "a message"),
+    ("from train.exit_codes import BadInput\nraise BadInput('data error: x: bad (fix x)\\nmore')", BAD_INPUT,
+     "data error: x: bad (fix x)"),
+    ("raise ValueError('boom')", FAILURE, "ValueError: boom"),
+])
+def test_runner_maps_how_the_program_ends(source: str, code: int, stderr_words: str | None, tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(source + "\n")
+    rc, out, err = run_module("launch.program", [str(script)], timeout=60)
+    assert rc == code, err
+    if stderr_words:
+        assert stderr_words in err
+    if code == BAD_INPUT:
+        assert error_lines(err) == ["data error: x: bad (fix x)"]  # one line, no traceback
+    if code == FAILURE and "ValueError" in source:
+        assert "Traceback (most recent call last)" in err
+
+
+def test_runner_sets_argv_and_path_as_python_does(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc, _, err = run_module("launch.program", [str(PROGRAMS / "exit_with.py"), "0", str(out)], timeout=60)
+    assert rc == OK, err
+    (seen,) = records(out)
+    assert seen["argv"] == [str(PROGRAMS / "exit_with.py"), "0", str(out)]
+    assert seen["path0"] == str(PROGRAMS) and seen["name"] == "__main__"
+    rc, _, err = run_cmd([sys.executable, "-m", "launch.program", "-m", "userpkg.main", "3", str(tmp_path / "m")],
+                         timeout=60, cwd=PROGRAMS)
+    assert rc == 3, err
+    (seen,) = records(tmp_path / "m")
+    assert seen["argv"] == [str(PROGRAMS / "userpkg" / "main.py"), "3", str(tmp_path / "m")]
+    assert seen["path0"] == str(PROGRAMS) and seen["name"] == "__main__"
+
+
+def test_runner_reports_for_the_launcher_and_stops_after_a_restart_on_bad_input(tmp_path: Path) -> None:
+    status_dir, runs = tmp_path / "status", tmp_path / "runs"
+    env = {"TORCHLAUNCH_ATTEMPT_ID": "att1", "TORCHLAUNCH_STATUS_DIR": str(status_dir), "RANK": "1"}
+    rc, _, err = run_module("launch.program", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60, env=env)
+    assert rc == BAD_INPUT and error_lines(err) == []  # launch.local prints the reason once for all ranks
+    record = json.loads((status_dir / "att1-rank1.json").read_text())
+    assert record == {"code": 2, "reason": "data error: --data /nonexistent.csv: no such file "
+                                            "(pass an existing CSV)", "rank": 1}
+    rc, _, _ = run_module("launch.program", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60,
+                          env={**env, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert rc == BAD_INPUT
+    assert runs.read_text().count("\n") == 1  # the restarted rank did not run the program again
+
+
+# ------------------------------------------------------------------------ launch.local, real torchrun
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize(("program_code", "launch_code"), [(0, OK), (2, BAD_INPUT), (75, PREEMPTED), (3, FAILURE)])
+def test_exit_codes_through_the_launcher(gpus: int, program_code: int, launch_code: int, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc, _, err = run_launcher(["--gpus", str(gpus), *CPU, "--", EXIT_WITH, str(program_code), str(out)], timeout=120)
+    assert rc == launch_code, err
+    seen = records(out)
+    # torchrun stops the other ranks once one fails, perhaps before they recorded anything
+    ranks = {s["rank"] for s in seen}
+    assert ranks == {str(r) for r in range(gpus)} if program_code == 0 else ranks and ranks <= {"0", "1"}
+    assert all(s["argv"] == [EXIT_WITH, str(program_code), str(out)] for s in seen)
+    assert all(s["path0"] == str(PROGRAMS) for s in seen)
+    if gpus > 1:  # the env contract from torchrun; one worker without the agent runs without one
+        assert {s["world_size"] for s in seen} == {str(gpus)} and len({s["master_port"] for s in seen}) == 1
+    else:
+        assert seen[0]["world_size"] is None
+    if launch_code == BAD_INPUT:
+        assert f"launch: workers stopped on bad input (exit 2, not retried): {EXIT_WITH} exited 2" in err
+    if launch_code == FAILURE:
+        assert f"launch: {EXIT_WITH} failed" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc, _, err = run_cmd([sys.executable, "-m", "launch.local", "--gpus", "2", *CPU, "--", "-m", "userpkg.main",
+                          "0", str(out)], timeout=120, cwd=PROGRAMS)
+    assert rc == OK, err
+    seen = records(out)
+    assert len(seen) == 2 and all(s["path0"] == str(PROGRAMS) and s["cwd"] == str(PROGRAMS) for s in seen)
+    assert all(s["argv"] == [str(PROGRAMS / "userpkg" / "main.py"), "0", str(out)] for s in seen)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_bad_input_is_one_line_and_not_rerun_by_restarts(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    rc, out, err = run_launcher(["--gpus", "2", "--max-restarts", "2", *CPU, "--", "tests/programs/bad_input.py",
+                                 str(runs)], timeout=150)
+    assert rc == BAD_INPUT, err
+    reason = [ln for ln in error_lines(err) if "nonexistent.csv" in ln]
+    assert reason == ["launch: workers stopped on bad input (exit 2, not retried): data error: --data "
+                      "/nonexistent.csv: no such file (pass an existing CSV)"], err
+    assert sorted(runs.read_text().splitlines()) == ["rank 0 restart 0", "rank 1 restart 0"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_restart_after_a_crash(tmp_path: Path) -> None:
+    rc, out, err = run_launcher(["--gpus", "2", "--max-restarts", "1", *CPU, "--", "tests/programs/crash_once.py",
+                                 str(tmp_path)], timeout=150)
+    assert rc == OK, err
+    assert "rank 0 finished after restart 1" in out and "rank 1 finished after restart 1" in out
+    rc, out, err = run_launcher(["--gpus", "2", *CPU, "--", "tests/programs/crash_once.py", str(tmp_path / "b")],
+                                timeout=150)
+    assert rc == FAILURE and "RuntimeError: first attempt crashes on purpose" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path) -> None:
+    out = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-m", "launch.local", "--gpus", str(gpus), *CPU, "--",
+                             "tests/programs/wait_for_term.py", str(out)], cwd=REPO, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("rank*.json"))) < gpus:  # every rank's handler is installed
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == PREEMPTED, err
+    assert "launch: preempted" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_doctor_for_a_user_program(tmp_path: Path) -> None:
+    rc, out, err = run_launcher(["--gpus", "2", *CPU, "--doctor", "--run-dir", str(tmp_path / "shared"), "--",
+                                 EXIT_WITH, "3", str(tmp_path / "never")], timeout=150)
+    assert rc == OK, err
+    assert "preflight: OK" in out + err and "shared storage" in out + err
+    assert not (tmp_path / "never").exists()  # the pre-flight ran instead of the program

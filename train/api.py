@@ -1,0 +1,298 @@
+"""The public API for user training scripts: the project's guarantees for a plain PyTorch loop.
+
+A thin facade over the pieces the built-in worker uses (train.dist, train.checkpoint,
+train.preemption and train.data's batch plan); it adds no second implementation of the commit,
+checksum, retention, RNG capture or cross-rank agreement:
+
+    with api.setup() as ctx:                         # process group from the env contract + signal flag
+        ckpt = api.Checkpointer(run_dir, keep=2)     # atomic, checksummed, retained, async commits
+        sampler = api.resumable_sampler(len(data), batch_size, seed)   # the global-step batch plan
+        state = ckpt.load_latest()                   # newest verified checkpoint (+ this rank's RNG) or None
+        for step, idx in sampler.batches(epoch, start_step): ...
+            if api.preemption_requested():           # agreed by every rank at this same step
+                ckpt.save(step, state)
+                sys.exit(api.PREEMPTED)
+
+Exit codes: 0 done, 1 failure, 2 bad input, 75 preempted with a checkpoint committed. Inside
+`with api.setup()`, a BadInput becomes one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from train import checkpoint as _ckpt
+from train import dist as _dist
+from train.data import BatchPlan
+from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from train.preemption import PreemptionWatcher, agree
+
+__all__ = ["BAD_INPUT", "FAILURE", "OK", "PREEMPTED", "BadInput", "Checkpointer", "Context",
+           "ResumableSampler", "preemption_requested", "resumable_sampler", "setup", "teardown"]
+
+SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
+"""What Kubernetes, Slurm (--signal) and a Ctrl-C send before a stop: the worker's defaults."""
+
+KIND = "torchlaunch.api"
+"""Marks checkpoints written by Checkpointer (the built-in worker's have a different layout)."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who this process is in the job. Use it as a context manager to tear down on the way out."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    dist: _dist.DistContext = field(repr=False)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.dist.distributed
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(exc, BadInput):
+            teardown(clean=True)  # raised on every rank together (agreed), as in the worker
+            print(str(exc).splitlines()[0] if str(exc) else "bad input", file=sys.stderr, flush=True)
+            raise SystemExit(BAD_INPUT) from None
+        teardown(clean=exc is None or isinstance(exc, SystemExit))
+
+
+@dataclass
+class _Session:
+    ctx: Context
+    watcher: PreemptionWatcher
+    stopping: bool = False
+    checkpointers: list[Checkpointer] = field(default_factory=list)
+
+
+_session: _Session | None = None
+
+
+def setup(timeout_s: float = 300.0, backend: str = "auto", signals: Sequence[str] = SIGNALS,
+          pin_cpus: bool = False) -> Context:
+    """Join the process group the launcher described (RANK, WORLD_SIZE, ... ; none: a single process)
+    and install the flag-only preemption handlers. Call once, first thing; a second call returns the
+    same context. A broken environment is bad input: one line on stderr, exit 2."""
+    global _session
+    if _session is not None:
+        return _session.ctx
+    watcher = PreemptionWatcher(list(signals))  # first: a signal during start-up is not lost
+    try:
+        d = _dist.setup(timeout_s, backend, pin_cpus)
+    except BadInput as e:
+        watcher.restore()
+        print(str(e).splitlines()[0], file=sys.stderr, flush=True)
+        raise SystemExit(BAD_INPUT) from None
+    ctx = Context(d.rank, d.world_size, d.local_rank, d.device, d)
+    _session = _Session(ctx, watcher)
+    return ctx
+
+
+def teardown(clean: bool = True) -> None:
+    """Wait for pending checkpoint commits, restore the signal handlers, leave the process group.
+    `clean=False` after a failure skips the closing barrier (a peer may be gone)."""
+    global _session
+    session, _session = _session, None
+    if session is None:
+        return
+    try:
+        for checkpointer in session.checkpointers:
+            checkpointer.wait()
+    finally:
+        session.watcher.restore()
+        _dist.teardown(session.ctx.dist, clean=clean)
+
+
+def _active() -> _Session:
+    if _session is None:
+        raise RuntimeError("call train.api.setup() first (it joins the process group and installs the "
+                           "preemption handlers)")
+    return _session
+
+
+def preemption_requested() -> bool:
+    """True on every rank when any rank got a preemption signal: one tiny all-reduce, so every rank
+    must call it at the same step. Then save (every rank) and exit with PREEMPTED."""
+    session = _active()
+    (requested,) = agree(session.ctx.dist, session.watcher.requested)
+    session.stopping = session.stopping or requested
+    return requested
+
+
+class Checkpointer:
+    """Checkpoints of a user script under RUN_DIR/checkpoints/step-NNNNNNNNN, written exactly as the
+    built-in worker writes its own: atomic commit, checksum, retention of the newest `keep`, async.
+
+    save() is collective (every rank calls it: each rank's RNG states go into the checkpoint); rank 0
+    commits. Saves after preemption_requested() returned True, and `synchronous=True` ones, return
+    only once the commit is durable on every rank; other saves commit in the background, and the
+    process never ends before a pending commit has finished (teardown and an atexit hook wait)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], keep: int = 2, synchronous: bool = False,
+                 map_location: str | torch.device = "cpu") -> None:
+        session = _active()
+        self._ctx = session.ctx
+        if not isinstance(keep, int) or keep < 1:
+            raise BadInput(f"api error: Checkpointer keep={keep!r}: must be an integer >= 1 "
+                           "(the number of newest checkpoints to keep, e.g. keep=2)")
+        self.root = Path(run_dir).expanduser() / "checkpoints"
+        self.keep, self.synchronous, self.map_location = keep, synchronous, map_location
+        self.step: int | None = None
+        """The step of the checkpoint load_latest() returned (None: none yet)."""
+        _dist.agreed(self._ctx.dist, lambda: _check_writable(self.root) if self._ctx.is_main else None)
+        self._writer = _ckpt.AsyncWriter()
+        session.checkpointers.append(self)
+        atexit.register(self._wait_at_exit)
+
+    def load_latest(self) -> dict[str, Any] | None:
+        """The state of the newest checkpoint that verifies (a corrupt one is skipped with a warning),
+        loaded with weights_only=True, or None. Also restores this rank's RNG states (torch, CUDA,
+        numpy, python) as they were at save, so call it last, just before the training loop."""
+        ctx = self._ctx
+        self._writer.wait()  # a commit of this process is never mistaken for a stale leftover
+        chosen: str | None = None
+        found = None
+        if ctx.is_main:
+            _ckpt.clean_stale(self.root)
+            found = _ckpt.find_latest(self.root, self.map_location)
+            chosen = str(found[0]) if found else None
+        chosen = _dist.broadcast_object(ctx.dist, chosen)  # type: ignore[assignment]
+        if chosen is None:
+            return None
+        path = Path(chosen)
+        saved = found[1] if found is not None else _ckpt.load_state(path, self.map_location)
+        if saved.get("kind") != KIND:
+            raise BadInput(f"api error: Checkpointer run_dir: {path} was not written by api.Checkpointer "
+                           "(the built-in worker's checkpoints hold its own state; use another run_dir)")
+        if saved["world_size"] == ctx.world_size:
+            _ckpt.restore_rng(saved["rng"][ctx.rank], ctx.device)
+        elif ctx.is_main:
+            _ckpt.warn(f"{path}: saved by {saved['world_size']} ranks, now {ctx.world_size}: RNG states not "
+                       "restored (each rank keeps the seeding it has)")
+        self.step = int(saved["step"])
+        return saved["state"]
+
+    def save(self, step: int, state: dict[str, Any], synchronous: bool | None = None) -> None:
+        """Checkpoint `state` (tensors, nested dicts/lists, module/optimizer state_dicts, numbers) as
+        step `step`. Every rank calls it at the same step; only rank 0's `state` is written."""
+        ctx = self._ctx
+        rng = _dist.gather_objects(ctx.dist, _ckpt.capture_rng(ctx.device))
+        session = _session
+        sync = self.synchronous if synchronous is None else synchronous
+        sync = sync or (session is not None and session.stopping)
+        if ctx.is_main:
+            payload = {"format_version": _ckpt.FORMAT_VERSION, "kind": KIND, "step": int(step), "state": state,
+                       "rng": rng, "world_size": ctx.world_size,
+                       "versions": {"torch": str(torch.__version__), "python": platform.python_version()}}
+            meta = {"world_size": ctx.world_size, "kind": KIND}
+
+            def commit(snapshot: dict[str, Any]) -> _ckpt.CommitInfo:
+                return _ckpt.commit_with_retention(self.root, int(step), snapshot, meta, self.keep)
+
+            if not sync:
+                snapshot = _ckpt.detach_copy(payload)  # training mutates the live tensors in place
+                self._writer.submit(lambda: commit(snapshot))
+                return
+        if not sync:
+            return
+        error: str | None = None
+        if ctx.is_main:
+            try:
+                self._writer.wait()
+                commit(payload)
+            except Exception as e:  # noqa: BLE001 - every rank raises it, none waits on a dead peer
+                error = str(e) if isinstance(e, _ckpt.CheckpointError) else f"checkpoint error: {type(e).__name__}: {e}"
+        # Every rank waits for rank 0's outcome: after a synchronous save, exiting is safe everywhere.
+        errors = [m for m in _dist.gather_objects(ctx.dist, error) if m]
+        if errors:
+            raise _ckpt.CheckpointError(str(errors[0]))
+
+    def wait(self) -> _ckpt.CommitInfo | None:
+        """Block until this process's pending commit is durable (rank 0; other ranks return None)."""
+        return self._writer.wait()
+
+    def _wait_at_exit(self) -> None:
+        try:
+            self._writer.wait()
+        except BaseException as e:  # noqa: BLE001 - the exit code must not claim a commit that failed
+            print(f"checkpoint error at exit: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                  file=sys.stderr, flush=True)
+            os._exit(FAILURE)
+
+
+def _check_writable(root: Path) -> None:
+    """Rank 0 proves it can create files under root before any training time is spent."""
+    probe = root / f".write-probe-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise BadInput(f"api error: Checkpointer run_dir: cannot write {root}: {e.strerror or e} "
+                       "(pass a writable folder every rank can reach)") from None
+
+
+@dataclass(frozen=True)
+class ResumableSampler:
+    """The global-step batch plan: per epoch a permutation fixed by (seed, epoch); global step s takes
+    samples s*B:(s+1)*B of it and each rank its contiguous share. A pure function of (seed, epoch,
+    step, rank, world size), so a resumed run continues the same sample order without replaying."""
+
+    plan: BatchPlan
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Full global batches per epoch (the last partial batch is dropped)."""
+        return self.plan.steps_per_epoch
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's share of a global batch."""
+        return self.plan.per_rank
+
+    def locate(self, global_step: int) -> tuple[int, int]:
+        """(epoch, step in that epoch) of the next batch after `global_step` steps."""
+        return divmod(global_step, self.steps_per_epoch)
+
+    def batches(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
+        """(step in epoch, this rank's sample indices) from `start_step` to the epoch's end."""
+        perm = self.plan.permutation(epoch)
+        share = self.plan.rank_slice()
+        for step in range(start_step, self.steps_per_epoch):
+            yield step, self.plan.step_indices(perm, step)[share]
+
+
+def resumable_sampler(dataset_len: int, batch_size: int, seed: int, *, rank: int | None = None,
+                      world_size: int | None = None) -> ResumableSampler:
+    """The batch plan for a map-style dataset of `dataset_len` samples. `batch_size` is the GLOBAL
+    batch (split over the ranks); rank and world size default to setup()'s (else 0 of 1)."""
+    ctx = _session.ctx if _session is not None else None
+    rank = (ctx.rank if ctx else 0) if rank is None else rank
+    world_size = (ctx.world_size if ctx else 1) if world_size is None else world_size
+    if batch_size < 1 or batch_size % world_size:
+        raise BadInput(f"api error: resumable_sampler batch_size={batch_size}: the global batch must be a "
+                       f"positive multiple of the world size {world_size} (e.g. {world_size * 32})")
+    if dataset_len < batch_size:
+        raise BadInput(f"api error: resumable_sampler dataset_len={dataset_len} is smaller than "
+                       f"batch_size={batch_size} (use a smaller batch or a larger dataset)")
+    return ResumableSampler(BatchPlan(dataset_len, batch_size, seed, rank, world_size))
