@@ -62,7 +62,7 @@ def assert_same(a: object, b: object) -> None:
             assert_same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same(x, y)
     else:
         assert a == b
@@ -243,7 +243,7 @@ def test_sampler_ranks_share_the_global_batch() -> None:
     whole = [idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5).batches(0)]
     ranks = [[idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5, rank=r, world_size=2).batches(0)]
              for r in range(2)]
-    assert [r0 + r1 for r0, r1 in zip(*ranks)] == whole
+    assert [r0 + r1 for r0, r1 in zip(*ranks, strict=True)] == whole
 
 
 @pytest.mark.parametrize("n,batch,world,needle", [(100, 6, 4, "multiple of the world size 4"),
