@@ -91,7 +91,7 @@ def test_wrong_type(override: str, key: str, words: tuple[str, ...]) -> None:
     ("checkpoint.keep=1", "checkpoint.keep", ("must be >= 2",)),
     ("data.val_fraction=1.5", "data.val_fraction", ("between 0 and 1",)),
     ("train.batch_size=0", "train.batch_size", ("must be >= 1",)),
-    ("model.name=vgg", "model.name", ("unknown value 'vgg'", "simple_cnn, resnet18, fastnet, torchvision.<name>")),
+    ("model.name=vgg", "model.name", ("unknown value 'vgg'", "simple_cnn, resnet18, fastnet, fastnet93, torchvision.<name>")),
     ("model.name=torchvision.", "model.name", ("unknown value 'torchvision.'",)),
     ("model.width=16", "model.width", ("torchvision.resnet18 has a fixed width", "model.width=0")),
     ("data.name=mnist", "data.name", ("unknown value 'mnist'", "cifar10")),

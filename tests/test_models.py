@@ -23,8 +23,8 @@ def test_output_shape(name: str, classes: int) -> None:
     assert torch.isfinite(out).all()
 
 
-def test_registry_has_the_three_models() -> None:
-    assert set(REGISTRY) == {"simple_cnn", "resnet18", "fastnet"}
+def test_registry_has_the_four_models() -> None:
+    assert set(REGISTRY) == {"simple_cnn", "resnet18", "fastnet", "fastnet93"}
 
 
 def param_count(name: str, width: int = 0) -> int:

@@ -60,6 +60,9 @@ class DataConfig:
     flip: str = "random"
     """`random` (each image flipped with p=0.5 each epoch), `alternate` (a random half in the first
     epoch, then every image flips each epoch: each image is seen both ways every two epochs), `none`."""
+    cutout: int = 0
+    """Cutout: blank one random N x N square of every training image (after crop and flip) to the
+    channel mean; drawn per global step like the crops (0 = off; airbench96 uses 12 on 32x32 images)."""
     max_train_samples: int = 0
     """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
     max_val_samples: int = 0
@@ -76,7 +79,8 @@ class DataConfig:
 class ModelConfig:
     name: str = "simple_cnn"
     """`simple_cnn`, `resnet18` (CIFAR stem), `fastnet` (airbench-style fast CIFAR net whose first
-    layer is a fixed patch-whitening filter computed from the training images), or `torchvision.<name>`:
+    layer is a fixed patch-whitening filter computed from the training images), `fastnet93` (fastnet wider
+    and deeper, a residual third conv per group: configs/fast93.yaml), or `torchvision.<name>`:
     any torchvision classification model as published, untrained, e.g. `torchvision.resnet18` (ImageNet
     stem; torchvision.models.list_models names them; model.width=0)."""
     width: int = 0
@@ -216,7 +220,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.loader": ("auto", "tensor", "pil"),
     "data.pad_mode": ("zeros", "reflect"),
     "data.flip": ("random", "alternate", "none"),
-    "model.name": ("simple_cnn", "resnet18", "fastnet"),
+    "model.name": ("simple_cnn", "resnet18", "fastnet", "fastnet93"),
     "optim.name": ("sgd", "adamw"),
     "optim.schedule": ("cosine", "linear", "step", "constant"),
     "train.tta": ("none", "flip", "flip_translate"),
@@ -259,6 +263,7 @@ BOUNDS: dict[str, tuple[typing.Callable[[Any], bool], str, str]] = {
     "optim.lookahead_every": (lambda v: v >= 0, "must be >= 0", "use 0 to turn lookahead off, e.g. 5"),
     "optim.lookahead_decay": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)", "e.g. 0.7738 (0.95**5)"),
     "data.crop_padding": (lambda v: v >= 0, "must be >= 0", "e.g. data.crop_padding=4"),
+    "data.cutout": (lambda v: v >= 0, "must be >= 0", "use 0 for off, e.g. data.cutout=12"),
     "train.epochs": (lambda v: v >= 1, "must be >= 1", "e.g. train.epochs=10"),
     "train.batch_size": (lambda v: v >= 1, "must be >= 1", "e.g. train.batch_size=256"),
     "train.micro_batch_size": (lambda v: v >= 0, "must be >= 0", "use 0 for batch_size / world size"),
@@ -443,6 +448,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.model.name.startswith(TORCHVISION_PREFIX) and cfg.model.width:
         raise ConfigError("model.width", f"{cfg.model.name} has a fixed width, got {cfg.model.width}",
                           "use model.width=0")
+    if cfg.data.cutout > cfg.data.image_size:
+        raise ConfigError("data.cutout", f"{cfg.data.cutout} is larger than data.image_size={cfg.data.image_size}",
+                          f"use a square of at most {cfg.data.image_size}, e.g. data.cutout=12, or 0 for off")
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
     if not str(cfg.data.root).strip() and cfg.data.name != "synthetic":

@@ -4,7 +4,7 @@ Determinism contract (what makes exact resume and world-size changes possible):
 - the global order of an epoch is a permutation that depends only on (seed, epoch);
 - global step s of an epoch is the slice perm[s*B:(s+1)*B] of that order (B = global batch);
 - rank r of W takes the r-th contiguous 1/W of that slice, split into micro-batches;
-- augmentation parameters (crop offsets, flips) are drawn per global step from (seed, epoch, step)
+- augmentation parameters (crop offsets, flips, cutout squares) are drawn per global step from (seed, epoch, step)
   and sliced the same way.
 So the samples and augmentations in a global step do not depend on the world size at all, and
 resuming needs only (epoch, step within the epoch): no data is replayed.
@@ -269,6 +269,10 @@ class BatchPlan:
     """`random`, `alternate` or `none` (see DataConfig.flip)."""
     pad_mode: str = "zeros"
     """`zeros` or `reflect`: how the random crop's border is filled."""
+    cutout: int = 0
+    """Side of the square blanked in every training image after crop and flip (0 = off)."""
+    image_size: int = 32
+    """Side of the training images: bounds where a cutout square may sit."""
 
     def __post_init__(self) -> None:
         if self.global_batch % self.world_size:
@@ -280,6 +284,9 @@ class BatchPlan:
             raise BadInput(f"config error: train.micro_batch_size: {micro} does not divide the per-rank "
                            f"batch {per_rank} (batch_size {self.global_batch} / world size "
                            f"{self.world_size}); use a divisor of {per_rank}")
+        if self.cutout > self.image_size:
+            raise BadInput(f"config error: data.cutout: {self.cutout} is larger than the {self.image_size}-pixel "
+                           f"images (use a square of at most {self.image_size}, e.g. data.cutout=12, or 0 for off)")
         if self.steps_per_epoch < 1:
             raise BadInput(f"config error: train.batch_size: {self.global_batch} is larger than the "
                            f"training set ({self.num_samples} samples); use a smaller batch")
@@ -305,9 +312,11 @@ class BatchPlan:
         return torch.randperm(self.num_samples, generator=g)
 
     def global_augmentation(self, epoch: int, step: int,
-                            indices: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(dy, dx, flip) for every sample of the global step; `indices` (the step's global sample
-        indices) are needed by the `alternate` flip, which is a function of (sample, epoch)."""
+                            indices: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """(dy, dx, flip) for every sample of the global step, plus (cutout_y, cutout_x) corners when
+        `cutout` is on; `indices` (the step's global sample indices) are needed by the `alternate` flip,
+        which is a function of (sample, epoch). The cutout corners are drawn last from the same
+        generator, so turning cutout on leaves every crop and flip of a run unchanged."""
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, step, 2))
         shifts = torch.randint(0, 2 * self.crop_padding + 1, (2, self.global_batch), generator=g)
         flips = torch.randint(0, 2, (self.global_batch,), generator=g).bool()
@@ -317,7 +326,10 @@ class BatchPlan:
             if indices is None:
                 raise ValueError("the alternate flip needs the step's sample indices")
             flips = self.first_epoch_flips()[indices] ^ bool(epoch % 2)
-        return shifts[0], shifts[1], flips
+        if self.cutout <= 0:
+            return shifts[0], shifts[1], flips
+        corners = torch.randint(0, self.image_size - self.cutout + 1, (2, self.global_batch), generator=g)
+        return shifts[0], shifts[1], flips, corners[0], corners[1]
 
     def first_epoch_flips(self) -> torch.Tensor:
         """The `alternate` flip's per-sample coin, fixed by the seed; epoch e flips it e times."""
@@ -357,6 +369,18 @@ def augment(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torc
     cols = torch.where(flip.to(device)[:, None], cols.flip(1), cols)
     flat = (rows[:, :, None] * (w + 2 * p) + cols[:, None, :]).reshape(n, 1, h * w).expand(n, c, h * w)
     return padded.gather(2, flat).reshape(n, c, h, w)
+
+
+def cutout(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero a size x size square at (top, left) of every normalised image of batch x (N, C, H, W): zero is
+    the channel mean there, so the blanked patch carries no colour of its own (airbench's cutout). Works in
+    place on x (a fresh batch from the loader) and returns it."""
+    n, _, h, w = x.shape
+    device = x.device
+    ys = torch.arange(h, device=device)[None, :] - top.to(device)[:, None]  # (n, h)
+    xs = torch.arange(w, device=device)[None, :] - left.to(device)[:, None]  # (n, w)
+    inside = ((ys >= 0) & (ys < size))[:, :, None] & ((xs >= 0) & (xs < size))[:, None, :]
+    return x.masked_fill_(inside[:, None], 0.0)
 
 
 class Normalizer:
@@ -442,9 +466,12 @@ class TrainLoader:
 
     def _micro_batches(self, images: torch.Tensor, labels: torch.Tensor,
                        aug: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        dy, dx, flip, *box = aug
         if self.augment_on:
-            images = augment(images, *aug, padding=self.plan.crop_padding, pad_mode=self.plan.pad_mode)
+            images = augment(images, dy, dx, flip, padding=self.plan.crop_padding, pad_mode=self.plan.pad_mode)
         x = self.normalize(images)
+        if self.augment_on and box:
+            x = cutout(x, box[0], box[1], self.plan.cutout)
         m = self.plan.micro
         return [(x[i:i + m], labels[i:i + m]) for i in range(0, x.shape[0], m)]
 

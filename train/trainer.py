@@ -273,7 +273,7 @@ class Trainer:
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self.plan = BatchPlan(len(data.train), cfg.train.batch_size, cfg.seed, ctx.rank, ctx.world_size,
                               cfg.train.micro_batch_size, cfg.data.crop_padding, cfg.data.flip,
-                              cfg.data.pad_mode)
+                              cfg.data.pad_mode, cutout=cfg.data.cutout, image_size=data.image_size)
         total = self.plan.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
