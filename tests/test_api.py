@@ -188,6 +188,20 @@ def test_unwritable_run_dir_exits_2_with_one_line(tmp_path: Path) -> None:
     assert "Checkpointer run_dir" in lines[0] and str(blocker / "run") in lines[0] and "writable" in lines[0]
 
 
+@pytest.mark.slow
+def test_bad_input_under_launch_local_is_reported_once(tmp_path: Path) -> None:
+    """Under launch.local the BadInput reaches its program runner, so the launcher prints the reason
+    once for both ranks instead of each rank printing its own copy."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    script = tmp_path / "bad_run_dir.py"
+    script.write_text(f"from train import api\nwith api.setup():\n    api.Checkpointer({str(blocker / 'run')!r})\n")
+    rc, out, err = run_cmd([sys.executable, "-m", "launch.local", "--gpus", "2", "--", str(script)], timeout=180)
+    assert rc == api.BAD_INPUT, err[-2000:]
+    assert err.count("api error: Checkpointer run_dir: cannot write") == 1, err[-2000:]
+    assert "Traceback" not in err
+
+
 def test_broken_env_contract_exits_2_with_one_line() -> None:
     rc, out, err = run_snippet("from train import api\napi.setup()\n", env={"RANK": "0", "WORLD_SIZE": "2"})
     assert rc == api.BAD_INPUT

@@ -33,6 +33,7 @@ import torch
 
 from train import checkpoint as _ckpt
 from train import dist as _dist
+from train import status as _status
 from train.data import BatchPlan
 from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from train.preemption import PreemptionWatcher, agree
@@ -72,8 +73,7 @@ class Context:
                  tb: TracebackType | None) -> None:
         if isinstance(exc, BadInput):
             teardown(clean=True)  # raised on every rank together (agreed), as in the worker
-            print(str(exc).splitlines()[0] if str(exc) else "bad input", file=sys.stderr, flush=True)
-            raise SystemExit(BAD_INPUT) from None
+            _exit_bad_input(exc)
         teardown(clean=exc is None or isinstance(exc, SystemExit))
 
 
@@ -101,11 +101,20 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", signals: Sequence[str
         d = _dist.setup(timeout_s, backend, pin_cpus)
     except BadInput as e:
         watcher.restore()
-        print(str(e).splitlines()[0], file=sys.stderr, flush=True)
-        raise SystemExit(BAD_INPUT) from None
+        _exit_bad_input(e)
     ctx = Context(d.rank, d.world_size, d.local_rank, d.device, d)
     _session = _Session(ctx, watcher)
     return ctx
+
+
+def _exit_bad_input(error: BadInput) -> None:
+    """Bad input ends the program with one line and exit 2. Under launch.local the BadInput goes on
+    to its program runner (launch.program), which records the reason for the launcher to print once
+    for all ranks, exactly as for the built-in worker."""
+    if _status.launched() and _status.folder() is not None:
+        raise error
+    print((str(error).splitlines() or ["bad input"])[0], file=sys.stderr, flush=True)
+    raise SystemExit(BAD_INPUT) from None
 
 
 def teardown(clean: bool = True) -> None:
