@@ -10,6 +10,11 @@ wait, bounded, until pod 0's rendezvous port accepts TCP connections (a DNS reco
 torchrun listens yet). Preemption (exit 75) and node disruptions do not count as failures, bad input
 (exit 2) fails the Job at once; the replacement pods resume from the newest checkpoint.
 
+A user's program instead of the built-in worker: `python -m launch.k8s ... -- SCRIPT.py args` (or
+`-- -m pkg.mod args`) puts it after `--` in every pod's launch.local command (no recipe ConfigMap
+then). Its code comes from the image (a Dockerfile FROM the project image that COPYs it) or a volume;
+`--workdir` is the pods' working directory, where a relative SCRIPT.py is found. See docs/KUBERNETES.md.
+
 The same module holds the pods' `--wait-for HOST:PORT` helper, so the image needs nothing else.
 """
 
@@ -70,6 +75,8 @@ class K8sOptions:
     """How long pods i > 0 wait for pod 0's rendezvous port (torchrun's own join timeout is 600 s)."""
     config_dir: str = "/config"
     shared_dir: str = "/shared"
+    workdir: str | None = None
+    """The pods' working directory; None: the shared volume (relative recipe paths land there)."""
 
     @property
     def grace_period_s(self) -> int:
@@ -131,10 +138,15 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         launcher += ["--doctor"]
     if spec.max_restarts:
         launcher += ["--max-restarts", str(spec.max_restarts)]
-    launcher += ["--config", shlex.quote(f"{opts.config_dir}/{recipe_key(spec)}")]
-    lead = [] if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides) \
-        else [f"preemption.lead_time_s={opts.grace_period_s}"]  # the worker warns if a save won't fit
-    launcher += [shlex.quote(o) for o in (*lead, f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
+    if spec.program:
+        if opts.doctor:
+            launcher += ["--run-dir", shlex.quote(run_dir(spec, opts))]  # the shared volume to probe
+        launcher += ["--", *(shlex.quote(a) for a in spec.program)]
+    else:
+        launcher += ["--config", shlex.quote(f"{opts.config_dir}/{recipe_key(spec)}")]
+        lead = [] if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides) \
+            else [f"preemption.lead_time_s={opts.grace_period_s}"]  # the worker warns if a save won't fit
+        launcher += [shlex.quote(o) for o in (*lead, f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
     return "\n".join([
         "set -eu",
         'if [ "$JOB_COMPLETION_INDEX" != 0 ]; then',
@@ -203,8 +215,9 @@ def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
         # tini (PID 1) -> sh -> exec launch.local: signals reach the launcher, zombies are reaped.
         "command": ["/usr/bin/tini", "--", "/bin/sh", "-c"],
         "args": [pod_script(spec, opts)],
-        # Relative paths in the recipe (data roots, caches) land on the shared volume.
-        "workingDir": opts.shared_dir,
+        # Relative paths in the recipe (data roots, caches) land on the shared volume; a user's program
+        # runs from --workdir when given (where its code is: COPYed into the image or mounted).
+        "workingDir": opts.workdir or opts.shared_dir,
         "env": [
             {"name": "MASTER_ADDR", "value": master_addr(opts)},
             {"name": "MASTER_PORT", "value": str(spec.master_port)},
@@ -224,7 +237,7 @@ def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [
-            {"name": "recipe", "mountPath": opts.config_dir, "readOnly": True},
+            *([] if spec.program else [{"name": "recipe", "mountPath": opts.config_dir, "readOnly": True}]),
             {"name": "shared", "mountPath": opts.shared_dir},
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
@@ -248,7 +261,7 @@ def pod_spec(spec: JobSpec, opts: K8sOptions) -> Manifest:
         },
         "containers": [container(spec, opts)],
         "volumes": [
-            {"name": "recipe", "configMap": {"name": f"{opts.name}-recipe"}},
+            *([] if spec.program else [{"name": "recipe", "configMap": {"name": f"{opts.name}-recipe"}}]),
             {"name": "shared", "persistentVolumeClaim": {"claimName": f"{opts.name}-shared"}},
             {"name": "dshm", "emptyDir": {"medium": "Memory",
                                           "sizeLimit": f"{opts.shm_gb_per_gpu * spec.gpus_per_node}Gi"}},
@@ -310,8 +323,8 @@ def job(spec: JobSpec, opts: K8sOptions) -> Manifest:
 def manifests(spec: JobSpec, opts: K8sOptions, recipe_text: str) -> list[Manifest]:
     """Every object of one run, in apply order."""
     validate(spec, opts)
-    return [service(spec, opts), network_policy(opts), config_map(spec, opts, recipe_text), shared_claim(opts),
-            job(spec, opts)]
+    recipe = [] if spec.program else [config_map(spec, opts, recipe_text)]  # a user's program has no recipe
+    return [service(spec, opts), network_policy(opts), *recipe, shared_claim(opts), job(spec, opts)]
 
 
 def validate(spec: JobSpec, opts: K8sOptions) -> None:
@@ -326,6 +339,9 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
             raise BadInput(f"k8s error: {field} must be >= 1, got {value}")
     if opts.backoff_limit is not None and opts.backoff_limit < 0:
         raise BadInput(f"k8s error: --backoff-limit must be >= 0, got {opts.backoff_limit}")
+    if opts.workdir is not None and not opts.workdir.startswith("/"):
+        raise BadInput(f"k8s error: --workdir {opts.workdir!r} must be an absolute path in the image "
+                       f"(where your code is, e.g. /code)")
     if any(o.startswith("run_dir=") for o in spec.overrides):
         raise BadInput("k8s error: set the run directory with --run-dir, not a run_dir= override")
     rd = run_dir(spec, opts)  # relative paths resolve against the pods' working dir, the shared volume
@@ -379,7 +395,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=2, help="pods (one per node)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="worker processes (GPUs) per pod")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="training image, REGISTRY/IMAGE:TAG (make image)")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="recipe YAML; shipped to the pods in a ConfigMap")
+    p.add_argument("--config", default=None, help=f"recipe YAML of the built-in worker (default {DEFAULT_CONFIG}); "
+                                                  "shipped to the pods in a ConfigMap; not with a program after --")
+    p.add_argument("--workdir", default=None, help="the pods' working directory, e.g. /code where the image "
+                                                   "holds your program (default: the shared volume)")
     p.add_argument("--name", default=K8sOptions.name, help="name of the Job, Service, ConfigMap and PVC")
     p.add_argument("--namespace", default=None, help="namespace of every object (default: kubectl's)")
     p.add_argument("--storage-class", default=None, help="ReadWriteMany StorageClass of the shared PVC")
@@ -404,7 +423,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="(inside pods) wait until HOST:PORT accepts TCP connections, then exit 0")
     p.add_argument("--wait-timeout-s", type=int, default=K8sOptions.wait_timeout_s)
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    return p.parse_args(argv)
+    own, program = (list(argv), None)
+    if "--" in own:
+        cut = own.index("--")
+        own, program = own[:cut], own[cut + 1:]
+    args = p.parse_args(own)
+    args.program = program
+    return args
 
 
 def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
@@ -414,23 +439,53 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     for name in ("nodes", "gpus_per_node", "cpus_per_gpu", "mem_gb_per_gpu"):
         if getattr(args, name) < 1:
             raise BadInput(f"k8s error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.program is not None:
+        return plan_program(args)
+    args.config = args.config or DEFAULT_CONFIG
     try:
         with open(args.config, encoding="utf-8") as f:
             recipe_text = f.read()
     except OSError as e:
         raise BadInput(f"k8s error: cannot read --config {args.config}: {e.strerror} "
                        f"(pass a recipe such as configs/cifar10.yaml)") from None
-    config_mod.load(args.config, args.overrides)  # the pods would fail the same way: fail here
+    cfg = config_mod.load(args.config, args.overrides)  # the pods would fail the same way: fail here
+    if args.doctor:
+        from launch import precheck
+
+        precheck.check_remote(cfg, on_cpu=args.cpu_only)  # data visible from here, fp16 on CPU workers
     spec = JobSpec(config=args.config, overrides=tuple(args.overrides), nodes=args.nodes,
                    gpus_per_node=args.gpus_per_node, run_dir=args.run_dir, master_port=args.master_port,
                    max_restarts=args.max_restarts, image=args.image)
-    opts = K8sOptions(name=args.name, namespace=args.namespace, storage_class=args.storage_class,
+    opts = options_from(args)
+    validate(spec, opts)
+    return spec, opts, recipe_text
+
+
+def options_from(args: argparse.Namespace) -> K8sOptions:
+    return K8sOptions(name=args.name, namespace=args.namespace, storage_class=args.storage_class,
                       storage_size=args.storage_size, save_time_s=args.save_time_s, step_time_s=args.step_time_s,
                       backoff_limit=args.backoff_limit, cpu_only=args.cpu_only, cpus_per_gpu=args.cpus_per_gpu,
                       mem_gb_per_gpu=args.mem_gb_per_gpu, wait_timeout_s=args.wait_timeout_s,
-                      doctor=args.doctor)
+                      doctor=args.doctor, workdir=args.workdir)
+
+
+def plan_program(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
+    """A user's program: it lives in the image or a mount, so only its form is checked here."""
+    from launch import program as program_mod
+
+    program = program_mod.parse(args.program)
+    if args.config is not None:
+        raise BadInput(f"k8s error: --config applies to the built-in worker, not to {program.name} "
+                       "(pass your program's own arguments after --)")
+    if args.overrides:
+        raise BadInput(f"k8s error: config overrides ({args.overrides[0]}) apply to the built-in worker, not to "
+                       f"{program.name} (pass your program's own arguments after --)")
+    spec = JobSpec(program=tuple(program.argv()), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                   run_dir=args.run_dir, master_port=args.master_port, max_restarts=args.max_restarts,
+                   image=args.image)
+    opts = options_from(args)
     validate(spec, opts)
-    return spec, opts, recipe_text
+    return spec, opts, ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,11 @@ TorchDistributedEnvironment and runs `train.worker.main` in-process, so the sche
 straight to the worker's flag handler (no forwarding, no second process to race). When the worker
 returns 75 (every rank checkpointed the same step), global rank 0 requeues the job exactly once and
 the next allocation resumes from RUN_DIR's newest checkpoint. See docs/SLURM.md.
+
+Any script or module runs the same way (`... --run-dir DIR -- SCRIPT.py args` or `-- -m pkg.mod args`):
+each task runs it in-process through launch.program.main from the submission directory, so the
+scheduler's signal reaches the script's own handler, and its exit code drives the same requeue (75)
+and no-requeue (2) logic.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
+import json
 import logging
 import os
 import shlex
@@ -29,11 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launch import precheck
+from launch import program as program_mod
 from launch.spec import JobSpec
+from train import config as config_mod
 from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_WORKER = "train.worker:main"
+PROGRAM_RUNNER = "launch.program:main"
+PREFLIGHT = "train.preflight:main"
 DEFAULT_MAX_TIMEOUTS = 3
 SLURM_SIGNAL_SLACK_S = 65
 """Slurm may send the --signal up to 60 s before the requested lead time (its timer resolution)."""
@@ -57,6 +68,8 @@ class SlurmOptions:
     """module:function run in each task; it takes the worker argv and returns an exit code."""
     explicit_master_port: bool = False
     """Without it submitit derives the port from the job id, so jobs sharing a node do not clash."""
+    cwd: str | None = None
+    """Submission directory: a user's program runs there (importable, as with `python -m`)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -65,6 +78,9 @@ class SlurmOptions:
 
 def resolve_run_dir(spec: JobSpec) -> str:
     """The run dir from the spec, a `run_dir=` override or the YAML; logs and checkpoints live there."""
+    if spec.program and not spec.run_dir:
+        raise BadInput("no run dir: pass --run-dir /shared/path with a program after -- "
+                       "(the Slurm logs and submitit's files go there)")
     run_dir = spec.run_dir
     for override in spec.overrides:
         key, _, value = override.partition("=")
@@ -99,6 +115,20 @@ def worker_argv(spec: JobSpec, run_dir: str) -> list[str]:
     return ["--config", os.path.abspath(spec.config), *overrides, f"run_dir={run_dir}"]
 
 
+def doctor_recipe(run_dir: str) -> str:
+    """train.preflight reads a recipe; a user's program has none: defaults, synthetic data, its run dir."""
+    return os.path.join(run_dir, "doctor.yaml")
+
+
+def task_argv(spec: JobSpec, options: SlurmOptions, run_dir: str) -> list[str]:
+    """What every task passes to options.worker: the built-in worker's argv or the user's program."""
+    if not spec.program:
+        return worker_argv(spec, run_dir)
+    if options.worker == PREFLIGHT:
+        return ["--config", doctor_recipe(run_dir), f"preemption.lead_time_s={spec.signal_delay_s}"]
+    return list(spec.program)
+
+
 def submitit_folder(run_dir: str) -> str:
     return os.path.join(run_dir, "slurm", "%j")
 
@@ -112,6 +142,10 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
     setup = [f"export PYTHONPATH={shlex.quote(options.repo_root)}${{PYTHONPATH:+:$PYTHONPATH}}"]
     if options.explicit_master_port:
         setup.append(f"export MASTER_PORT={spec.master_port}")
+    if spec.program:
+        setup.append(f"# program in every task (launch.program): {shlex.join(spec.program)}")
+        if options.cwd:
+            setup.append(f"cd {shlex.quote(options.cwd)}")
     params: dict[str, Any] = {
         "job_name": options.job_name,
         "nodes": spec.nodes,
@@ -203,6 +237,8 @@ class SlurmTask:
     signal_delay_s: int
     max_timeouts: int = DEFAULT_MAX_TIMEOUTS
     worker: str = DEFAULT_WORKER
+    cwd: str | None = None
+    """A user's program runs from here (the submission directory)."""
     timeouts: int = 0
     preemptions: int = 0
     history: list[str] = field(default_factory=list)
@@ -221,6 +257,8 @@ class SlurmTask:
               f"master {dist_env.master_addr}:{dist_env.master_port} "
               f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
               flush=True)
+        if self.cwd:
+            os.chdir(self.cwd)
         code = load_callable(self.worker)(list(self.argv))
         # The worker restored submitit's handlers; from here on a late USR2/TERM must not make
         # submitit requeue a second time.
@@ -351,6 +389,26 @@ def validate(spec: JobSpec, options: SlurmOptions, partitions: dict[str, Partiti
                        "use --tasks-per-node N for CPU workers or a GPU partition")
 
 
+NO_SLURM_CONF = "Could not establish a configuration source"
+"""sbatch's words when neither SLURM_CONF nor the default slurm.conf nor a configless server is found."""
+
+
+def no_slurm_conf_message() -> str:
+    return (f"sbatch cannot find the cluster's slurm.conf (sbatch: fatal: {NO_SLURM_CONF}): for the local "
+            f"test cluster run `eval \"$(slurm/dev-cluster.sh env)\"` in this shell first, otherwise "
+            f"export SLURM_CONF=<your cluster's slurm.conf>")
+
+
+def check_slurm_conf() -> None:
+    """BadInput before sbatch prints four lines of its own: sinfo finds its config exactly as sbatch does."""
+    try:
+        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except (subprocess.SubprocessError, OSError):
+        return
+    if NO_SLURM_CONF in probe.stderr:
+        raise BadInput(no_slurm_conf_message())
+
+
 def submit(spec: JobSpec, options: SlurmOptions) -> Any:
     import submitit
 
@@ -359,9 +417,12 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
     executor = submitit.SlurmExecutor(folder=submitit_folder(run_dir), max_num_timeout=options.max_timeouts,
                                       python=shlex.quote(task_python(spec, options)))
     executor.update_parameters(**executor_parameters(spec, options, run_dir))
-    task = SlurmTask(argv=worker_argv(spec, run_dir), time_min=spec.time_min,
+    if spec.program and options.worker == PREFLIGHT:
+        with open(doctor_recipe(run_dir), "w", encoding="utf-8") as recipe:
+            recipe.write(f"run_dir: {json.dumps(run_dir)}\ndata:\n  name: synthetic\n")
+    task = SlurmTask(argv=task_argv(spec, options, run_dir), time_min=spec.time_min,
                      signal_delay_s=spec.signal_delay_s, max_timeouts=options.max_timeouts,
-                     worker=options.worker)
+                     worker=options.worker, cwd=options.cwd if spec.program else None)
     return executor.submit(task)
 
 
@@ -435,8 +496,13 @@ def exit_status(job: Any, state: str) -> int:
 
 
 def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
+    own, program_argv = split_program(argv)
+    parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s [options] --config YAML [key=value ...] | "
+                                           "[options] --run-dir DIR -- SCRIPT.py [args] | ... -- -m MODULE [args]")
+    parser.add_argument("--config", help="recipe of the built-in worker (not with a program after --)")
+    parser.add_argument("--run-dir", help="with a program after --: the shared folder for logs and "
+                                          "submitit's files (the built-in worker takes run_dir=)")
     parser.add_argument("--nodes", type=int, default=1)
     workers = parser.add_mutually_exclusive_group()
     workers.add_argument("--gpus-per-node", type=int, help="GPUs per node, one task per GPU")
@@ -455,13 +521,14 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
                         help="extra #SBATCH --KEY=VALUE (repeatable)")
     parser.add_argument("--image", help="container image, run with pyxis (srun --container-image)")
     parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
-    parser.add_argument("--job-name", default="train")
+    parser.add_argument("--job-name", help="default: train, or the program's name")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
     parser.add_argument("--doctor", action="store_true",
                         help="run the distributed pre-flight (train.preflight) on the allocation instead of training")
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(own)
+    program = check_program(program_argv, args)
 
     for override in args.overrides:
         if "=" not in override:
@@ -478,7 +545,9 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         per_node = 1
     try:
         spec = JobSpec(
-            config=args.config, overrides=tuple(args.overrides), nodes=args.nodes, gpus_per_node=per_node,
+            config=args.config or "", overrides=tuple(args.overrides), nodes=args.nodes, gpus_per_node=per_node,
+            program=tuple(program.argv()) if program else (),
+            run_dir=os.path.abspath(args.run_dir) if args.run_dir else None,
             master_port=args.master_port or JobSpec.master_port, time_min=args.time,
             partition=args.partition, account=args.account, qos=args.qos, constraint=args.constraint,
             cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb, signal_delay_s=args.signal_delay_s,
@@ -488,11 +557,41 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         flag = str(error).replace("nodes must", "--nodes must").replace(
             "gpus_per_node must", "--gpus-per-node/--tasks-per-node must")
         raise BadInput(flag) from None
-    options = SlurmOptions(use_gpus=use_gpus, max_timeouts=args.max_timeouts, job_name=args.job_name,
+    job_name = args.job_name or (Path(program.name).stem.rpartition(".")[2] if program else "train")
+    options = SlurmOptions(use_gpus=use_gpus, max_timeouts=args.max_timeouts, job_name=job_name,
                            python=args.python,
                            explicit_master_port=args.master_port is not None,
-                           worker="train.preflight:main" if args.doctor else DEFAULT_WORKER)
+                           worker=PREFLIGHT if args.doctor else PROGRAM_RUNNER if program else DEFAULT_WORKER,
+                           cwd=os.getcwd() if program else None)
     return spec, options, args
+
+
+def split_program(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Launcher arguments before `--`, the program after it (None: the built-in worker)."""
+    if "--" not in argv:
+        return list(argv), None
+    cut = argv.index("--")
+    return list(argv[:cut]), list(argv[cut + 1:])
+
+
+def check_program(program_argv: list[str] | None, args: argparse.Namespace) -> program_mod.Program | None:
+    """The user's program with an absolute script path, found on disk (never imported); BadInput otherwise."""
+    if program_argv is None:
+        if args.config is None:
+            raise BadInput("--config is required for the built-in worker (pass a recipe such as "
+                           "--config configs/smoke.yaml, or --run-dir DIR -- SCRIPT.py [args])")
+        if args.run_dir is not None:
+            raise BadInput(f"--run-dir is for a program after --; the built-in worker takes run_dir={args.run_dir}")
+        return None
+    program = program_mod.parse(program_argv).absolute(os.getcwd())
+    if args.config is not None:
+        raise BadInput(f"--config applies to the built-in worker, not to {program.name} "
+                       "(pass your program's own arguments after --)")
+    if args.overrides:
+        raise BadInput(f"config overrides ({args.overrides[0]}) apply to the built-in worker, not to "
+                       f"{program.name} (pass your program's own arguments after --)")
+    program_mod.check(program)
+    return program
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,16 +601,22 @@ def main(argv: list[str] | None = None) -> int:
             validate(spec, options, None)
             print(sbatch_script(spec, options), end="")
             return OK
-        if not os.path.exists(spec.config):
+        if not spec.program and not os.path.exists(spec.config):
             raise BadInput(f"config {spec.config} does not exist; pass --config PATH")
         if shutil.which("sbatch") is None:
             raise BadInput("sbatch not found: run this on a Slurm login node (or use --dry-run)")
+        if not spec.program:
+            precheck.check_remote(config_mod.load(spec.config, spec.overrides), on_cpu=not options.use_gpus)
+        check_slurm_conf()
         validate(spec, options, cluster_partitions())
         job = submit(spec, options)
     except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return BAD_INPUT
     except Exception as error:  # noqa: BLE001 - sbatch refused (e.g. no controller): one line, no traceback
+        if NO_SLURM_CONF in str(error):
+            print(f"error: {no_slurm_conf_message()}", file=sys.stderr)
+            return BAD_INPUT
         last = (str(error).strip().splitlines() or [type(error).__name__])[-1]
         print(f"error: submission failed: {last}", file=sys.stderr)
         return FAILURE

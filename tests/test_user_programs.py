@@ -23,6 +23,7 @@ from launch import program as program_mod
 from launch.local import NodePlacement, torchrun_argv
 from launch.spec import JobSpec
 from tests.conftest import REPO, child_env, error_lines, run_cmd, run_launcher, run_module
+from tests.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -297,3 +298,179 @@ def test_doctor_for_a_user_program(tmp_path: Path) -> None:
     assert rc == OK, err
     assert "preflight: OK" in out + err and "shared storage" in out + err
     assert not (tmp_path / "never").exists()  # the pre-flight ran instead of the program
+
+
+# ---------------------------------------------------------------------------------------------- Slurm
+
+
+def test_sbatch_script_of_a_program_golden() -> None:
+    from launch.slurm import PROGRAM_RUNNER, SlurmOptions, SlurmTask, sbatch_script, task_argv
+
+    spec = JobSpec(program=("/opt/code/train.py", "--epochs", "3"), nodes=2, gpus_per_node=1,
+                   run_dir="/shared/runs/mine", time_min=30)
+    options = SlurmOptions(use_gpus=False, python="/opt/venv/bin/python", repo_root="/opt/repo",
+                           worker=PROGRAM_RUNNER, cwd="/opt/code", job_name="train")
+    check_golden("slurm_program.sbatch", sbatch_script(spec, options))
+    assert task_argv(spec, options, "/shared/runs/mine") == ["/opt/code/train.py", "--epochs", "3"]
+    assert SlurmTask(argv=[], time_min=1, signal_delay_s=1).worker == "train.worker:main"  # default unchanged
+
+
+def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
+    rc, out, err = run_module("launch.slurm", ["--dry-run", "--nodes", "2", "--tasks-per-node", "1", "--run-dir",
+                                               str(tmp_path), "--", EXIT_WITH, "0", "x y"], timeout=60)
+    assert rc == OK, err
+    assert f"# program in every task (launch.program): {REPO / EXIT_WITH} 0 'x y'\ncd {REPO}\n" in out
+    assert f"#SBATCH --output={tmp_path}/slurm/%j/%j_0_log.out" in out and "#SBATCH --job-name=exit_with" in out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--", EXIT_WITH], "no run dir: pass --run-dir"),
+    (["--run-dir", "x", "--", "nope.py"], "script " + str(REPO / "nope.py") + ": no such file"),
+    (["--run-dir", "x", "--config", "configs/smoke.yaml", "--", EXIT_WITH], "--config applies to the built-in"),
+    (["--run-dir", "x", "a=1", "--", EXIT_WITH], "config overrides (a=1) apply to the built-in worker"),
+    ([], "--config is required for the built-in worker"),
+])
+def test_slurm_bad_program_arguments(args: list[str], words: str) -> None:
+    rc, out, err = run_module("launch.slurm", ["--dry-run", "--tasks-per-node", "1", *args], timeout=60)
+    assert rc == BAD_INPUT and out == ""
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
+def slurm_launch(run_dir: Path, program: list[str], *args: str, cwd: Path = REPO) -> subprocess.Popen:
+    """`python -m launch.slurm ARGS --run-dir RUN_DIR --wait -- PROGRAM` in the background."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.parent / f"{run_dir.name}.launcher.log", "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "launch.slurm", *args, "--run-dir", str(run_dir), "--wait",
+                                 "--", *program], cwd=cwd, env=child_env(), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+
+
+def launcher_text(run_dir: Path) -> str:
+    return (run_dir.parent / f"{run_dir.name}.launcher.log").read_text()
+
+
+def finish(proc: subprocess.Popen, run_dir: Path, timeout_s: float) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"launcher did not return in {timeout_s} s:\n{launcher_text(run_dir)[-3000:]}") from None
+
+
+def count(state: Path, rank: int) -> int:
+    path = state / f"count-rank{rank}"
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(400)
+@pytest.mark.usefixtures("cluster")
+def test_slurm_preempted_program_is_requeued_and_finishes(tmp_path: Path) -> None:
+    from tests.test_slurm_cluster import requeue_records, slurm, wait_until
+
+    run_dir, state = tmp_path / "counter", tmp_path / "counter" / "state"
+    proc = slurm_launch(run_dir, ["tests/programs/counter.py", str(state), "150"],
+                        "--nodes", "2", "--tasks-per-node", "1", "--time", "30")
+    wait_until(lambda: count(state, 0) >= 30 and count(state, 1) >= 30, 120, "both ranks to count to 30")
+    slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")
+    assert finish(proc, run_dir, 300) == OK, launcher_text(run_dir)[-3000:]
+    job_id = launcher_text(run_dir).split("submitted job ", 1)[1].split(":", 1)[0]
+    assert requeue_records(job_id) == ["REQUEUED", "COMPLETED"]  # requeued exactly once
+    for rank in (0, 1):
+        starts = (state / f"starts-rank{rank}").read_text().splitlines()
+        assert len(starts) == 2 and starts[0].startswith("0 of 2 cwd ") and not starts[1].startswith("0 ")
+        assert all(line.endswith(f"cwd {REPO}") for line in starts)  # ran from the submission directory
+        assert count(state, rank) == 150
+    logs = "".join(p.read_text() for p in (run_dir / "slurm" / job_id).glob("*_log.out"))
+    assert "at " in logs and "saved, exit 75" in logs and "preemption: checkpoint committed" in logs
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(200)
+@pytest.mark.usefixtures("cluster")
+def test_slurm_bad_input_program_is_not_requeued(tmp_path: Path) -> None:
+    from tests.test_slurm_cluster import requeue_records
+
+    run_dir = tmp_path / "bad"
+    proc = slurm_launch(run_dir, ["tests/programs/bad_input.py", str(tmp_path / "runs")],
+                        "--nodes", "2", "--tasks-per-node", "1", "--time", "10")
+    assert finish(proc, run_dir, 150) == BAD_INPUT, launcher_text(run_dir)[-3000:]
+    job_id = launcher_text(run_dir).split("submitted job ", 1)[1].split(":", 1)[0]
+    assert requeue_records(job_id) == ["FAILED"]
+    assert len((tmp_path / "runs").read_text().splitlines()) == 2  # one start per task, no second allocation
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(200)
+@pytest.mark.usefixtures("cluster")
+def test_slurm_module_from_the_submission_directory(tmp_path: Path) -> None:
+    run_dir, out = tmp_path / "module", tmp_path / "out"
+    proc = slurm_launch(run_dir, ["-m", "userpkg.main", "0", str(out)], "--nodes", "2", "--tasks-per-node", "1",
+                        "--time", "10", cwd=PROGRAMS)
+    assert finish(proc, run_dir, 150) == OK, launcher_text(run_dir)[-3000:]
+    seen = records(out)
+    assert len(seen) == 2 and all(s["cwd"] == str(PROGRAMS) and s["path0"] == str(PROGRAMS) for s in seen)
+    assert {s["world_size"] for s in seen} == {"2"} and all(s["name"] == "__main__" for s in seen)
+
+
+# ----------------------------------------------------------------------------------------- Kubernetes
+
+
+def render_k8s(argv: list[str]) -> tuple[int, str, str]:
+    from tests.test_k8s import render
+
+    return render(argv)
+
+
+def test_k8s_program_manifest_golden() -> None:
+    import yaml
+
+    code, out, err = render_k8s(["--nodes", "2", "--gpus-per-node", "4", "--image", "reg.example/mine:1", "--name",
+                                 "mine", "--workdir", "/code", "--run-dir", "/shared/runs/mine", "--",
+                                 "train.py", "--epochs", "3", "--run-dir", "/shared/runs/mine"])
+    assert code == OK, err
+    check_golden("k8s_program.yaml", out)
+    objs = {d["kind"]: d for d in yaml.safe_load_all(out)}
+    assert "ConfigMap" not in objs  # a user's program has no recipe
+    container = objs["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["workingDir"] == "/code"
+    assert container["args"][0].splitlines()[-1].endswith(
+        "--gpus 4 -- train.py --epochs 3 --run-dir /shared/runs/mine")
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/shared", "/dev/shm", "/tmp"}
+    rules = objs["Job"]["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == [BAD_INPUT]
+
+
+def test_k8s_pod_command_is_accepted_by_launch_local(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod's exec line, with the pod's variables filled in, is a valid launch of the program."""
+    import yaml
+
+    code, out, err = render_k8s(["--nodes", "2", "--gpus-per-node", "2", "--cpu-only", "--", EXIT_WITH, "0", "o d"])
+    assert code == OK, err
+    job = next(d for d in yaml.safe_load_all(out) if d["kind"] == "Job")
+    line = job["spec"]["template"]["spec"]["containers"][0]["args"][0].splitlines()[-1]
+    for var, value in (("JOB_COMPLETION_INDEX", "1"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29511")):
+        line = line.replace(f'"${var}"', value)
+    argv = shlex.split(line)
+    assert argv[:4] == ["exec", "python", "-m", "launch.local"]
+    monkeypatch.chdir(REPO)
+    assert local.main(["--dry-run", *argv[4:]]) == OK
+    printed = shlex.split(capsys.readouterr().out)
+    assert printed[printed.index("--rdzv-endpoint") + 1] == "node0:29511" and "--node-rank" in printed
+    assert printed[-5:] == ["-m", "launch.program", EXIT_WITH, "0", "o d"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--config", "configs/smoke.yaml", "--", "train.py"], "--config applies to the built-in worker"),
+    (["seed=1", "--", "train.py"], "config overrides (seed=1) apply to the built-in worker"),
+    (["--workdir", "code", "--", "train.py"], "--workdir 'code' must be an absolute path"),
+    (["--", "-m"], "-m needs a module name"),
+])
+def test_k8s_bad_program_arguments(args: list[str], words: str) -> None:
+    code, out, err = render_k8s(args)
+    assert code == BAD_INPUT and out == ""
+    assert len(err.splitlines()) == 1 and words in err, err
