@@ -123,6 +123,19 @@ def _dtype_works(device: str, dtype_name: str) -> bool:
         return False
 
 
+def _cpu_rates(model: str) -> dict[str, Any]:
+    """Training images/s in fp32 and bf16 on this CPU (train/precision.py's measurement, ~1-2 s):
+    CPU flags do not say which is faster, so `precision=auto` measures and so does the doctor."""
+    from train.precision import measure_rates
+
+    try:
+        rates = measure_rates(model, 10, 0, 32, 32, channels_last=True, budget_s=0.5)
+    except Exception as exc:  # noqa: BLE001 - a failed measurement is reported, not fatal
+        return {"model": model, "error": f"{type(exc).__name__}: {_first_line(str(exc))}"}
+    return {"model": model, "batch": rates.batch, "fp32": round(rates.fp32, 1), "bf16": round(rates.bf16, 1),
+            "auto_picks": rates.choice}
+
+
 def _first_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[0] if lines else ""
@@ -155,7 +168,7 @@ def _cpu_memory_bytes() -> int | None:
         return None
 
 
-def gather_facts(run_smoke_tests: bool = True) -> dict[str, Any]:
+def gather_facts(run_smoke_tests: bool = True, model: str = "simple_cnn") -> dict[str, Any]:
     """Everything the checks need, as plain JSON-able data (the only impure part of the doctor)."""
     facts: dict[str, Any] = {
         "python": {"version": platform.python_version(), "executable": sys.executable},
@@ -215,6 +228,7 @@ def gather_facts(run_smoke_tests: bool = True) -> dict[str, Any]:
             "capability": None,
             "bf16": _dtype_works("cpu", "bfloat16") if run_smoke_tests else None,
             "fp16": _dtype_works("cpu", "float16") if run_smoke_tests else None,
+            "rates": _cpu_rates(model) if run_smoke_tests and model else None,
         }
     ]
     for index in range(device_count):
@@ -430,6 +444,8 @@ def _check_devices(facts: dict[str, Any]) -> list[Finding]:
             )
             continue
         findings.append(Finding(OK, label, f"conv forward+backward in {smoke['seconds']:.3f}s"))
+        if device["device"] == "cpu" and device.get("rates"):
+            findings.append(_cpu_precision_finding(device["rates"]))
         if device["device"].startswith("cuda") and device.get("bf16") is False:
             findings.append(
                 Finding(
@@ -440,6 +456,18 @@ def _check_devices(facts: dict[str, Any]) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _cpu_precision_finding(rates: dict[str, Any]) -> Finding:
+    """Which precisions are fast on this CPU: both measured rates, the faster named; fp16 is never."""
+    if rates.get("error"):
+        return Finding(WARN, "cpu precision", f"could not time {rates['model']}: {rates['error']}",
+                       "set train.precision=fp32 (always works) or bf16 explicitly")
+    fast = rates["auto_picks"]
+    return Finding(OK, "cpu precision",
+                   f"{rates['model']} trains at bf16 {rates['bf16']:.0f} vs fp32 {rates['fp32']:.0f} images/s "
+                   f"(batch {rates['batch']}): {fast} is the fast one here, precision=auto picks it; "
+                   f"fp16 is emulated on CPU (~17x slower) and refused")
 
 
 def exit_code(findings: list[Finding]) -> int:
@@ -515,9 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
+    parser.add_argument("--model", default="simple_cnn",
+                        help="model whose CPU training rate is timed in fp32 and bf16, e.g. fastnet ('' skips it)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    facts = gather_facts()
+    facts = gather_facts(model=args.model)
     findings = check_facts(facts)
     facts["seconds"] = round(time.perf_counter() - start, 3)
     code = exit_code(findings)

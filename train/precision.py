@@ -138,14 +138,19 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def cached_or_measured(cache_dir: Path, key: str, measure: Any) -> tuple[dict[str, Any], str]:
-    """(record, 'cached'|'measured'): the cache's entry for key, else measure() and store it."""
+    """(record, source): the cache's entry for key ('cached'), else measure() and store it ('measured');
+    a failed measurement picks fp32 and is not cached."""
     cache_file = cache_dir / CACHE_FILE
     entries = read_json(cache_file)
     entries = entries if isinstance(entries, dict) else {}
     hit = entries.get(key)
     if isinstance(hit, dict) and hit.get("precision") in ("bf16", "fp32"):
         return hit, "cached"
-    rates: Rates = measure()
+    try:
+        rates: Rates = measure()
+    except Exception as e:  # noqa: BLE001 - e.g. an op without bf16 kernels: fp32 always trains
+        why = f"the measurement failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}), fp32 is safe"
+        return {"precision": "fp32", "why": why, "cpu": cpu_model()}, "failed to measure"
     record = {"precision": rates.choice, "why": rates.why(), "rates": asdict(rates), "cpu": cpu_model(),
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     entries = read_json(cache_file)  # re-read: another run may have added its own entry meanwhile
@@ -174,7 +179,7 @@ def choose_for_run(run_dir: Path, cache_dir: Path, model_name: str, width: int, 
     record, source = cached_or_measured(
         cache_dir, key, lambda: measure_rates(model_name, num_classes, width, image_size, batch, channels_last))
     write_json(record_path, {**record, "source": source})
-    where = "measured now" if source == "measured" else f"cached in {cache_dir / CACHE_FILE}"
+    where = f"cached in {cache_dir / CACHE_FILE}" if source == "cached" else source.replace("measured", "measured now")
     return record["precision"], (f"precision: auto -> {record['precision']} on {record.get('cpu', cpu_model())} "
                                  f"({record['why']}, {model_name}, batch {batch}; {where}; recorded in {record_path})")
 

@@ -42,6 +42,9 @@ from train.dist import (
 from train.exit_codes import OK, PREEMPTED, BadInput
 from train.lookahead import Lookahead
 from train.models import build_model
+from train.precision import choose_for_run as choose_cpu_precision
+from train.precision import note as precision_note
+from train.precision import refuse_fp16_on_cpu
 from train.preemption import PreemptionWatcher, agree
 from train.shm_reduce import build_reducer, shared_memory_hook
 from train.tta import tta_logits
@@ -67,11 +70,28 @@ class Progress:
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
+    """`auto` without a measurement (evaluation): bf16/fp16 on CUDA, bf16 where oneDNN supports it."""
     if name != "auto":
         return name
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "bf16" if torch.backends.mkldnn.is_available() and _cpu_bf16_ok() else "fp32"
+
+
+def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> str:
+    """The run's precision. CPU: fp16 is refused (emulated, ~17x slower); `auto` is measured once per
+    machine and model and recorded in RUN_DIR (train/precision.py), rank 0 decides for every rank."""
+    refuse_fp16_on_cpu(cfg.train.precision, ctx.device.type == "cpu")
+    if cfg.train.precision != "auto" or ctx.device.type != "cpu":
+        return resolve_precision(cfg.train.precision, ctx.device)
+    choice, line = None, ""
+    if ctx.is_main:
+        micro = cfg.train.micro_batch_size or max(1, cfg.train.batch_size // ctx.world_size)
+        choice, line = choose_cpu_precision(Path(cfg.run_dir), Path(cfg.data.cache_dir).expanduser(),
+                                            cfg.model.name, cfg.model.width, data.num_classes, data.image_size,
+                                            micro, cfg.train.channels_last)
+        precision_note(line)
+    return str(broadcast_object(ctx, choice))
 
 
 def _cpu_bf16_ok() -> bool:
@@ -267,7 +287,7 @@ class Trainer:
             require_tensorboard()  # fail on every rank together, before any collective
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.precision = resolve_precision(cfg.train.precision, self.device)
+        self.precision = training_precision(cfg, ctx, data)
         if self.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)

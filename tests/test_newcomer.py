@@ -1,0 +1,276 @@
+"""Issue 16, newcomer paper cuts: bad data and fp16-on-CPU stop before anything is spawned (and
+without torch), the dev cluster's missing SLURM_CONF is one line with the fix, the CPU precision of
+`auto` is measured once, cached, and recorded in the run so a resume keeps it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import precheck
+from train import precision
+from train.config import DataConfig
+from train.datacheck import check_data, probe_target, unreachable_reason
+from train.exit_codes import BadInput
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): a connection is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_in_process(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, list[str], bool]:
+    """Run launch.local's main in a fresh interpreter: (exit code, stderr lines, torch imported?)."""
+    script = ("import sys; from launch import local; code = local.main(sys.argv[1:]); "
+              "print('TORCH', 'torch' in sys.modules); sys.exit(code)")
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, env=full_env, capture_output=True,
+                       text=True, timeout=60)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    return r.returncode, lines, "TORCH True" in r.stdout
+
+
+# ------------------------------------------------------------------ 1. before spawning
+
+
+def test_offline_cifar10_stops_before_spawning_without_torch(tmp_path: Path) -> None:
+    env = {"TORCHLAUNCH_DOWNLOAD_PROBE": f"127.0.0.1:{closed_port()}"}  # offline by construction
+    code, lines, torch_loaded = launch_in_process(
+        ["--gpus", "4", "--device", "cpu", "--config", "configs/cifar10.yaml", f"run_dir={tmp_path / 'run'}",
+         f"data.root={tmp_path / 'data'}"], env, tmp_path)
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("data error: CIFAR-10 not found under") and "download host unreachable" in lines[0]
+    assert "run once with internet access" in lines[0] and "data.name=imagefolder" in lines[0]
+    assert not torch_loaded
+    assert not (tmp_path / "run").exists()  # nothing written, nothing started
+
+
+def test_download_off_gives_the_workers_own_line(tmp_path: Path) -> None:
+    args = ["--config", "configs/cifar10.yaml", f"run_dir={tmp_path / 'run'}", f"data.root={tmp_path / 'data'}",
+            "data.download=false"]
+    code, lines, torch_loaded = launch_in_process(["--gpus", "2", "--device", "cpu", *args], {}, tmp_path)
+    assert code == 2 and len(lines) == 1 and not torch_loaded
+    worker = subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert worker.returncode == 2
+    assert lines[0] in worker.stderr.splitlines()
+
+
+def test_empty_image_folder_stops_before_spawning(tmp_path: Path) -> None:
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    code, lines, torch_loaded = launch_in_process(
+        ["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={tmp_path / 'run'}",
+         "data.name=imagefolder", f"data.root={tmp_path / 'images'}"], {}, tmp_path)
+    assert code == 2 and len(lines) == 1 and not torch_loaded
+    assert "has class folders but no images" in lines[0]
+
+
+def test_probe_tells_a_listening_port_from_a_closed_one() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert unreachable_reason("127.0.0.1", server.getsockname()[1]) is None
+    reason = unreachable_reason("127.0.0.1", closed_port())
+    assert reason is not None and "127.0.0.1" in reason
+
+
+def test_probe_targets_the_proxy_when_one_is_set() -> None:
+    assert probe_target(env={}) == ("www.cs.toronto.edu", 443)
+    assert probe_target(env={"https_proxy": "http://proxy.corp:3128"}) == ("proxy.corp", 3128)
+    assert probe_target(env={"TORCHLAUNCH_DOWNLOAD_PROBE": "127.0.0.1:9"}) == ("127.0.0.1", 9)
+
+
+def test_cifar10_present_or_downloadable_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    batches = tmp_path / "present" / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    (batches / "test_batch").write_bytes(b"x")
+    check_data(DataConfig(name="cifar10", root=str(tmp_path / "present"), download=False), local=True)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        monkeypatch.setenv("TORCHLAUNCH_DOWNLOAD_PROBE", f"127.0.0.1:{server.getsockname()[1]}")
+        check_data(DataConfig(name="cifar10", root=str(tmp_path / "absent"), download=True), local=True)
+
+
+def test_remote_jobs_judge_only_what_this_host_sees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHLAUNCH_DOWNLOAD_PROBE", f"127.0.0.1:{closed_port()}")
+    absent = DataConfig(name="imagefolder", root=str(tmp_path / "only-on-the-cluster"))
+    check_data(absent, local=False)  # may exist on the compute nodes
+    with pytest.raises(BadInput, match="does not exist"):
+        check_data(absent, local=True)
+    (tmp_path / "cifar").mkdir()
+    check_data(DataConfig(name="cifar10", root=str(tmp_path / "cifar"), download=True), local=False)
+    with pytest.raises(BadInput, match="download is off"):
+        check_data(DataConfig(name="cifar10", root=str(tmp_path / "cifar"), download=False), local=False)
+
+
+def test_plugin_data_names_pass_through(tmp_path: Path) -> None:
+    check_data(DataConfig(name="my_pkg.data:make", root=str(tmp_path / "nothing")), local=True)
+
+
+def test_gpu_count_without_torch(tmp_path: Path) -> None:
+    gpus = tmp_path / "gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (gpus / bus).mkdir(parents=True)
+    nodes = (tmp_path / "nvidiactl",)
+    assert precheck.visible_gpus_without_torch({}, gpus, nodes) == 2
+    assert precheck.visible_gpus_without_torch({"CUDA_VISIBLE_DEVICES": "1"}, gpus, nodes) == 1
+    assert precheck.visible_gpus_without_torch({"CUDA_VISIBLE_DEVICES": ""}, gpus, nodes) == 0
+    assert precheck.visible_gpus_without_torch({"CUDA_VISIBLE_DEVICES": "GPU-3f2a"}, gpus, nodes) is None
+    assert precheck.visible_gpus_without_torch({}, tmp_path / "no-driver", nodes) == 0
+    nodes[0].touch()  # a driver without the proc folder: only torch knows
+    assert precheck.visible_gpus_without_torch({}, tmp_path / "no-driver", nodes) is None
+
+
+def test_gpu_count_agrees_with_torch_here() -> None:
+    fast = precheck.visible_gpus_without_torch()
+    if fast is not None:
+        assert fast == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+# ------------------------------------------------------------------ 2. fp16 on CPU
+
+
+def test_fp16_on_cpu_stops_in_the_launcher_and_in_the_worker(tmp_path: Path) -> None:
+    args = ["--config", "configs/smoke.yaml", f"run_dir={tmp_path / 'run'}", "train.precision=fp16"]
+    code, lines, torch_loaded = launch_in_process(["--gpus", "2", "--device", "cpu", *args], {}, tmp_path)
+    assert code == 2 and len(lines) == 1 and not torch_loaded
+    assert "train.precision=bf16" in lines[0] and "train.precision=fp32" in lines[0]
+    worker = subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    assert worker.returncode == 2
+    assert lines[0] in worker.stderr.splitlines()
+
+
+def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    k8s = subprocess.run([sys.executable, "-m", "launch.k8s", "--doctor", "--cpu-only", "--nodes", "2",
+                          "train.precision=fp16"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert k8s.returncode == 2 and k8s.stdout == ""
+    assert k8s.stderr.strip() == precision.fp16_on_cpu_message()
+    if shutil.which("sbatch") is None:
+        return
+    slurm = subprocess.run([sys.executable, "-m", "launch.slurm", "--nodes", "1", "--tasks-per-node", "2",
+                            "--config", "configs/smoke.yaml", f"run_dir={tmp_path}", "train.precision=fp16"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert slurm.returncode == 2
+    assert slurm.stderr.strip() == f"error: {precision.fp16_on_cpu_message()}"
+
+
+def test_doctor_names_the_fast_cpu_precision() -> None:
+    from train.doctor import _cpu_precision_finding
+
+    finding = _cpu_precision_finding({"model": "fastnet", "batch": 16, "fp32": 259.0, "bf16": 182.0,
+                                      "auto_picks": "fp32"})
+    assert finding.level == "ok"
+    assert "bf16 182 vs fp32 259" in finding.message and "fp32 is the fast one" in finding.message
+    broken = _cpu_precision_finding({"model": "fastnet", "error": "RuntimeError: x"})
+    assert broken.level == "warn" and "train.precision=fp32" in broken.fix
+
+
+def test_doctor_json_reports_both_rates() -> None:
+    r = subprocess.run([sys.executable, "-m", "train.doctor", "--json", "--model", "simple_cnn"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    rates = json.loads(r.stdout)["facts"]["devices"][0]["rates"]
+    assert rates["fp32"] > 0 and rates["bf16"] > 0 and rates["auto_picks"] in ("bf16", "fp32")
+
+
+# ------------------------------------------------------------------ 3. the dev cluster's SLURM_CONF
+
+
+@pytest.mark.slurm
+def test_missing_slurm_conf_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        pytest.skip("no Slurm client tools here")
+    if Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("this host has a default slurm.conf, so sbatch finds a configuration without SLURM_CONF")
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    r = subprocess.run([sys.executable, "-m", "launch.slurm", "--nodes", "2", "--tasks-per-node", "1",
+                        "--config", "configs/smoke.yaml", f"run_dir={tmp_path}"], cwd=REPO,
+                       env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert 'eval "$(slurm/dev-cluster.sh env)"' in lines[0] and "SLURM_CONF=" in lines[0]
+
+
+# ------------------------------------------------------------------ 5. CPU precision by measurement
+
+
+def test_measurement_leaves_the_rng_alone() -> None:
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    rates = precision.measure_rates("simple_cnn", 10, 4, 32, 8, channels_last=False, budget_s=0.05)
+    assert torch.equal(before, torch.get_rng_state())
+    assert rates.fp32 > 0 and rates.bf16 > 0 and rates.batch == 8
+
+
+def test_choice_is_measured_once_cached_and_recorded_in_the_run(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shape = {"model_name": "simple_cnn", "width": 4, "num_classes": 10, "image_size": 32, "micro_batch": 8,
+             "channels_last": False}
+    first, note = precision.choose_for_run(tmp_path / "a", cache, **shape)
+    assert first in ("bf16", "fp32") and "measured now" in note and "bf16" in note and "fp32" in note
+    assert json.loads((tmp_path / "a" / "precision.json").read_text())["precision"] == first
+    again, note = precision.choose_for_run(tmp_path / "b", cache, **shape)
+    assert again == first and "cached in" in note
+    # The cache changes (another day, another measurement): run a resumes with what it started with,
+    # a new run follows the cache.
+    entries = json.loads((cache / precision.CACHE_FILE).read_text())
+    other = "fp32" if first == "bf16" else "bf16"
+    for entry in entries.values():
+        entry["precision"] = other
+    (cache / precision.CACHE_FILE).write_text(json.dumps(entries))
+    resumed, note = precision.choose_for_run(tmp_path / "a", cache, **shape)
+    assert resumed == first and "recorded at this run's start" in note
+    assert precision.choose_for_run(tmp_path / "c", cache, **shape)[0] == other
+
+
+def test_a_failed_measurement_picks_fp32_and_is_not_cached(tmp_path: Path) -> None:
+    choice, note = precision.choose_for_run(tmp_path / "run", tmp_path / "cache", "simple_cnn", 4, 10, 16, 8, False)
+    assert choice == "fp32" and "measurement failed" in note  # simple_cnn's head is sized for 32x32
+    assert not (tmp_path / "cache" / precision.CACHE_FILE).exists()
+
+
+def test_choice_prefers_fp32_unless_bf16_is_clearly_faster() -> None:
+    assert precision.Rates(fp32=100.0, bf16=104.0, batch=8).choice == "fp32"
+    assert precision.Rates(fp32=100.0, bf16=200.0, batch=8).choice == "bf16"
+    assert precision.Rates(fp32=259.0, bf16=182.0, batch=8).choice == "fp32"
+
+
+@pytest.mark.slow
+def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it(tmp_path: Path) -> None:
+    """Two ranks through the real launcher: rank 0 picks, both train in it, the run records it; the
+    rerun (after the cache flipped) reads the record."""
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    args = ["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={run_dir}",
+            "train.precision=auto", f"data.cache_dir={cache}", "train.epochs=1", "train.max_steps=2",
+            "data.synthetic_train_size=256", "data.synthetic_val_size=64", "model.width=4"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.run([sys.executable, "-m", "launch.local", *args], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    chosen = json.loads((run_dir / "precision.json").read_text())["precision"]
+    notes = [ln for ln in first.stderr.splitlines() if ln.startswith("precision: auto ->")]
+    assert len(notes) == 1 and f"-> {chosen}" in notes[0]  # one line, from rank 0 only
+    assert f"({chosen})" in first.stdout + first.stderr  # the run's own start line names the same precision
+    entries = json.loads((cache / precision.CACHE_FILE).read_text())
+    for entry in entries.values():
+        entry["precision"] = "fp32" if chosen == "bf16" else "bf16"
+    (cache / precision.CACHE_FILE).write_text(json.dumps(entries))
+    again = subprocess.run([sys.executable, "-m", "launch.local", *args, "train.max_steps=4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"precision: auto -> {chosen} (recorded at this run's start" in again.stderr
