@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tempfile
 import types
 import typing
@@ -33,7 +34,10 @@ class ConfigError(BadInput):
 @dataclass
 class DataConfig:
     name: str = "synthetic"
-    """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `synthetic`."""
+    """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `synthetic`, or
+    your own as an import path `pkg.module:factory` (imported from the run's working directory or
+    PYTHONPATH; the factory returns (train, val, classes), contract in train/plugins.py and
+    examples/my_data.py)."""
     root: str = "data"
     """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders."""
     download: bool = False
@@ -82,11 +86,22 @@ class ModelConfig:
     layer is a fixed patch-whitening filter computed from the training images), `fastnet93` (fastnet wider
     and deeper, a residual third conv per group: configs/fast93.yaml), or `torchvision.<name>`:
     any torchvision classification model as published, untrained, e.g. `torchvision.resnet18` (ImageNet
-    stem; torchvision.models.list_models names them; model.width=0)."""
+    stem; torchvision.models.list_models names them; model.width=0), or your own as an import path
+    `pkg.module:factory`, called as factory(num_classes=N), plus width=W when model.width is set
+    (imported from the run's working directory or PYTHONPATH; see examples/my_models.py)."""
     width: int = 0
     """Base channel width (0 = the model's default)."""
     compile: bool = False
     """torch.compile the model (slow first steps; helps long GPU runs)."""
+    init_from: str = ""
+    """Start a fresh run from these weights: a run folder (its newest valid checkpoint, else its
+    model.pt), a checkpoint folder (step-...), or a .pt file holding a state_dict or a checkpoint's
+    state.pt; loaded with weights_only on CPU. Ignored (and logged) when the run resumes from its own
+    checkpoint. Empty = the model's own initialisation."""
+    init_strict: bool = True
+    """init_from must match the model exactly (missing, unexpected or differently shaped tensors are
+    exit 2). false: load what fits, keep the fresh init for the rest (e.g. a new classifier head for
+    another class count) and list every skipped tensor in one block."""
 
 
 @dataclass
@@ -233,6 +248,15 @@ TORCHVISION_PREFIX = "torchvision."
 builds the model (this module never imports torch)."""
 OPEN_CHOICES: dict[str, str] = {"model.name": TORCHVISION_PREFIX}
 """Keys of CHOICES that also accept any value with this prefix."""
+PLUGIN_KEYS = ("model.name", "data.name")
+"""Keys that also accept an import path `pkg.module:factory` (train/plugins.py resolves it)."""
+PLUGIN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+"""module.path:attr — checked here without importing anything; the worker imports it."""
+
+
+def is_plugin(name: str) -> bool:
+    """A `model.name` / `data.name` given as an import path (anything with a colon)."""
+    return ":" in str(name)
 
 # key -> (predicate, requirement, example fix)
 BOUNDS: dict[str, tuple[typing.Callable[[Any], bool], str, str]] = {
@@ -431,11 +455,18 @@ def validate(cfg: RunConfig) -> RunConfig:
     flat = to_dict(cfg)
     for key, choices in CHOICES.items():
         value = _get_dotted(flat, key)
+        if key in PLUGIN_KEYS and is_plugin(value):
+            if not re.fullmatch(PLUGIN_PATTERN, str(value)):
+                raise ConfigError(key, f"{value!r} is not an import path",
+                                  "write pkg.module:factory, e.g. examples.my_models:tiny_cnn")
+            continue
         prefix = OPEN_CHOICES.get(key)
         if prefix and str(value).startswith(prefix) and len(str(value)) > len(prefix):
             continue
         if value not in choices:
-            listed = [*choices, f"{prefix}<name>"] if prefix else choices
+            listed = [*choices, f"{prefix}<name>"] if prefix else list(choices)
+            if key in PLUGIN_KEYS:
+                listed.append("pkg.module:factory")
             raise ConfigError(key, f"unknown value {value!r}", f"choose one of: {', '.join(listed)}")
     for key, (ok, requirement, fix) in BOUNDS.items():
         value = _get_dotted(flat, key)
@@ -453,7 +484,7 @@ def validate(cfg: RunConfig) -> RunConfig:
                           f"use a square of at most {cfg.data.image_size}, e.g. data.cutout=12, or 0 for off")
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
-    if not str(cfg.data.root).strip() and cfg.data.name != "synthetic":
+    if not str(cfg.data.root).strip() and cfg.data.name != "synthetic" and not is_plugin(cfg.data.name):
         raise ConfigError("data.root", "must not be empty", "point it at your dataset folder")
     if cfg.train.micro_batch_size and cfg.train.batch_size % cfg.train.micro_batch_size:
         raise ConfigError("train.micro_batch_size",

@@ -13,9 +13,11 @@ resuming needs only (epoch, step within the epoch): no data is replayed.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,17 +56,28 @@ class ImageSet:
 
     labels: torch.Tensor
     images: torch.Tensor | None = None
-    files: list[str] | None = None
+    files: list[str] | PluginSamples | None = None
+    """Image paths, or a plug-in dataset's samples (decoded on demand by the per-sample loader)."""
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def subset(self, index: torch.Tensor) -> ImageSet:
+        if isinstance(self.files, PluginSamples):
+            files: list[str] | PluginSamples | None = self.files.subset(index.tolist())
+        else:
+            files = [self.files[i] for i in index.tolist()] if self.files is not None else None
         return ImageSet(
             labels=self.labels[index],
             images=self.images[index] if self.images is not None else None,
-            files=[self.files[i] for i in index.tolist()] if self.files is not None else None,
+            files=files,
         )
+
+    def decode(self, i: int, size: int) -> torch.Tensor:
+        """Sample i as uint8 (3, size, size) on the per-sample path (file or plug-in sample)."""
+        if isinstance(self.files, PluginSamples):
+            return self.files.image(i, size)
+        return decode_image(self.files[i], size)
 
     def head(self, n: int) -> ImageSet:
         return self if n <= 0 or n >= len(self) else self.subset(torch.arange(n))
@@ -234,12 +247,102 @@ def load_imagefolder(cfg: DataConfig) -> DataBundle:
     return DataBundle(train, everything.subset(val_idx), classes, mean, std, cfg.image_size)
 
 
+class PluginSamples:
+    """A plug-in split read sample by sample (the per-sample loader's path for a plug-in dataset too
+    large to decode into memory): position i is dataset[index[i]], converted to uint8 (3, S, S)."""
+
+    def __init__(self, path: str, split: str, dataset: Any, index: list[int]) -> None:
+        self.path, self.split, self.dataset, self.index = path, split, dataset, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def subset(self, positions: list[int]) -> PluginSamples:
+        return PluginSamples(self.path, self.split, self.dataset, [self.index[p] for p in positions])
+
+    def image(self, i: int, size: int) -> torch.Tensor:
+        from train import plugins
+
+        j = self.index[i]
+        return plugins.to_uint8(self.path, self.split, j, self.dataset[j][0], size)
+
+
+def available_memory() -> int:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), else physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def plugin_labels(path: str, split: str, ds: Any, n: int, num_classes: int) -> torch.Tensor:
+    """The first n labels: from `ds.targets` when the dataset has them (no sample is read), else by
+    reading every sample once."""
+    from train import plugins
+
+    targets = getattr(ds, "targets", None)
+    if targets is not None and len(targets) == len(ds):
+        labels = [plugins.to_label(path, split, i, targets[i], num_classes) for i in range(n)]
+        if labels and labels[0] != plugins.to_label(path, split, 0, ds[0][1], num_classes):
+            raise BadInput(f"config error: data.name: {path!r}: the {split} split's targets[0] differs from the "
+                           f"label of sample 0 (make `targets` list the samples' labels, or remove it)")
+    else:
+        labels = [plugins.to_label(path, split, i, ds[i][1], num_classes) for i in range(n)]
+    return torch.tensor(labels, dtype=torch.int64)
+
+
+def plugin_split(path: str, split: str, ds: Any, n: int, size: int, num_classes: int,
+                 in_memory: bool) -> ImageSet:
+    """The first n samples of a plug-in split as the project's ImageSet: decoded once into one uint8
+    tensor (the fast in-memory loader), or a PluginSamples for the per-sample loader."""
+    from train import plugins
+
+    if not in_memory:
+        return ImageSet(labels=plugin_labels(path, split, ds, n, num_classes),
+                        files=PluginSamples(path, split, ds, list(range(n))))
+    images = torch.empty(n, 3, size, size, dtype=torch.uint8)
+    labels = torch.empty(n, dtype=torch.int64)
+    for i in range(n):
+        image, label = ds[i]
+        images[i] = plugins.to_uint8(path, split, i, image, size)
+        labels[i] = plugins.to_label(path, split, i, label, num_classes)
+    return ImageSet(labels=labels, images=images)
+
+
+def load_plugin(cfg: DataConfig) -> DataBundle:
+    """A `data.name=pkg.module:factory` dataset. data.loader=tensor decodes it into memory, pil reads it
+    per sample through a DataLoader, auto decodes it into memory when the uint8 images take at most a
+    quarter of the available memory. Both paths batch by the global-step plan and augment the batch
+    the same way, so exact resume holds on either."""
+    from train import plugins
+
+    found = plugins.load_data(cfg.name, cfg.root, cfg.image_size)
+    size, k = cfg.image_size, len(found.classes)
+    n_train = min(len(found.train), cfg.max_train_samples or len(found.train))
+    n_val = min(len(found.val), cfg.max_val_samples or len(found.val))
+    in_memory = cfg.loader == "tensor" or (
+        cfg.loader == "auto" and (n_train + n_val) * 3 * size * size <= available_memory() // 4)
+    train = plugin_split(cfg.name, "train", found.train, n_train, size, k, in_memory)
+    val = plugin_split(cfg.name, "val", found.val, n_val, size, k, in_memory)
+    if train.images is not None:
+        mean, std = channel_stats(train.images)
+    else:  # estimate from an evenly spaced sample of at most ~512 images
+        probe = torch.stack([train.decode(i, size) for i in range(0, len(train), max(1, len(train) // 512))])
+        mean, std = channel_stats(probe)
+    return DataBundle(train, val, list(found.classes), mean, std, size)
+
+
 def load_bundle(cfg: DataConfig) -> DataBundle:
     """The configured dataset, truncated by max_train_samples / max_val_samples."""
     if cfg.name == "synthetic":
         bundle = make_synthetic(cfg)
     elif cfg.name == "cifar10":
         bundle = load_cifar10(cfg)
+    elif is_plugin(cfg.name):
+        bundle = load_plugin(cfg)
     else:
         bundle = load_imagefolder(cfg)
     bundle.train = bundle.train.head(cfg.max_train_samples)
@@ -404,13 +507,15 @@ class Normalizer:
 class _FileDataset(torch.utils.data.Dataset):
     """Decodes one file per index: the per-sample path for images of any size."""
 
-    def __init__(self, files: list[str], labels: torch.Tensor, size: int) -> None:
+    def __init__(self, files: list[str] | PluginSamples, labels: torch.Tensor, size: int) -> None:
         self.files, self.labels, self.size = files, labels, size
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if isinstance(self.files, PluginSamples):
+            return self.files.image(i, self.size), int(self.labels[i])
         return decode_image(self.files[i], self.size), int(self.labels[i])
 
 

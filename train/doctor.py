@@ -253,9 +253,46 @@ def gather_facts(run_smoke_tests: bool = True, model: str = "simple_cnn") -> dic
 # --------------------------------------------------------------------------- pure checks
 
 
+def plugin_facts(config: str | None, overrides: list[str]) -> list[dict[str, Any]]:
+    """Which plug-ins (`model.name` / `data.name` = `pkg.module:factory`) of a config import, and from
+    which file: imported the way the worker does (current directory first, then PYTHONPATH), no
+    factory is called. A broken config is itself one failed entry."""
+    from train import config as config_mod
+    from train.exit_codes import BadInput
+
+    try:
+        cfg = config_mod.load(config, overrides)
+    except BadInput as exc:
+        return [{"key": "config", "name": config, "ok": False, "file": None, "error": str(exc)}]
+    from train import plugins
+
+    found = []
+    for key, name in (("model.name", cfg.model.name), ("data.name", cfg.data.name)):
+        if not plugins.is_plugin(name):
+            continue
+        try:
+            plugins.resolve(key, name)
+            found.append({"key": key, "name": name, "ok": True, "file": plugins.origin(key, name)["file"],
+                          "error": None})
+        except BadInput as exc:
+            found.append({"key": key, "name": name, "ok": False, "file": None, "error": str(exc)})
+    return found
+
+
+def _check_plugins(facts: dict[str, Any]) -> list[Finding]:
+    findings = []
+    for p in facts.get("plugins", []):
+        if p["ok"]:
+            findings.append(Finding(OK, p["key"], f"{p['name']} resolves to {p['file']}"))
+        else:
+            problem, _, fix = p["error"].removeprefix("config error: ").rpartition(" (")
+            findings.append(Finding(FAIL, p["key"], problem or fix, fix.removesuffix(")") if problem else ""))
+    return findings
+
+
 def check_facts(facts: dict[str, Any]) -> list[Finding]:
     """Judge the facts; pure, so every failure case is a unit test with a hand-made dict."""
-    findings = [_check_python(facts)]
+    findings = [_check_python(facts), *_check_plugins(facts)]
     torch_facts = facts.get("torch", {})
     if not torch_facts.get("importable", False):
         findings.append(
@@ -545,9 +582,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", default="simple_cnn",
                         help="model whose CPU training rate is timed in fp32 and bf16, e.g. fastnet ('' skips it)")
+    parser.add_argument("--config", default=None,
+                        help="also check that this config's plug-ins (pkg.module:factory) import")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of --config, e.g. "
+                        "model.name=examples.my_models:tiny_cnn")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     facts = gather_facts(model=args.model)
+    if args.config or args.overrides:
+        facts["plugins"] = plugin_facts(args.config, args.overrides)
     findings = check_facts(facts)
     facts["seconds"] = round(time.perf_counter() - start, 3)
     code = exit_code(findings)

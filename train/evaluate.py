@@ -2,12 +2,14 @@
 
     python -m train.evaluate --run-dir runs/a --data-root path/to/images
     python -m train.evaluate --checkpoint runs/a/checkpoints/step-000000480 --data-root data/cifar10
+    python -m train.evaluate --run-dir runs/p          # a run with data.name=pkg.module:factory: its val split
     python -m launch.local ... is not needed: under torchrun each rank takes a contiguous shard and the
     counts are all-reduced, so every sample is counted exactly once whatever the world size.
 
 The checkpoint carries what evaluation needs besides the weights: the resolved config (model, data
 split, precision), the class names (checked against the data, so a label mix-up cannot go unnoticed)
-and the training set's normalisation. stdout holds only the JSON line; errors are one line on stderr
+and the training set's normalisation. Plug-ins (`model.name` / `data.name` = `pkg.module:factory`) are
+imported from the current directory or PYTHONPATH, else from the folder the checkpoint recorded. stdout holds only the JSON line; errors are one line on stderr
 with exit code 2.
 """
 
@@ -35,8 +37,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--run-dir", help="run folder: its newest valid checkpoint is evaluated")
     which.add_argument("--checkpoint", help="one checkpoint folder, e.g. RUN_DIR/checkpoints/step-000000480")
-    p.add_argument("--data-root", required=True,
-                   help=f"folder holding {CIFAR_FOLDER} (its 10k test batch is used) or a folder of class folders")
+    p.add_argument("--data-root", default=None,
+                   help=f"folder holding {CIFAR_FOLDER} (its 10k test batch is used) or a folder of class folders; "
+                        "for a run whose data.name is a plug-in, optional: passed to its factory as root, and its "
+                        "val split is evaluated")
     p.add_argument("--data-name", choices=("auto", "cifar10", "imagefolder"), default="auto",
                    help=f"auto: cifar10 when DATA_ROOT/{CIFAR_FOLDER} exists, else imagefolder")
     p.add_argument("--batch-size", type=int, default=0,
@@ -87,6 +91,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     missing = [k for k in ("config", "classes", "norm", "model") if k not in state]
     if missing:
         raise BadInput(f"evaluate error: {path} lacks {', '.join(missing)} (it was not written by train.trainer)")
+    from train.plugins import add_recorded_paths
+
+    add_recorded_paths(state.get("plugins"))  # where the run imported its plug-ins from
     return state
 
 
@@ -124,12 +131,18 @@ def load_imagefolder_all(cfg: Any) -> tuple[Any, list[str]]:
     return folder_images(cfg)
 
 
-def load_eval_set(train_cfg: dict[str, Any], data_root: str, data_name: str, split: str) -> tuple[Any, list[str]]:
+def load_eval_set(train_cfg: dict[str, Any], data_root: str | None, data_name: str, split: str) -> tuple[Any, list[str]]:
     """(images, class names) to evaluate on, using the run's data settings with data.root replaced."""
-    from train.config import from_dict
-    from train.data import load_imagefolder
+    from train.config import from_dict, is_plugin
+    from train.data import load_bundle, load_imagefolder
 
     cfg = from_dict(train_cfg).data
+    if is_plugin(cfg.name):  # a plug-in dataset: its own val split, as the run validated
+        bundle = load_bundle(replace(cfg, root=data_root) if data_root else cfg)
+        return bundle.val, bundle.classes
+    if data_root is None:
+        raise BadInput(f"evaluate error: --data-root is required: the run trained on data.name={cfg.name} "
+                       f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)")
     root = Path(data_root).expanduser()
     if not root.is_dir():
         raise BadInput(f"data error: --data-root {root} does not exist or is not a folder "

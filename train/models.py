@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from train.config import TORCHVISION_PREFIX, ConfigError
+from train.config import TORCHVISION_PREFIX, ConfigError, is_plugin
 from train.exit_codes import BadInput
 
 
@@ -179,6 +179,11 @@ def torchvision_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
 
 
 def build_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
+    """A built-in name, `torchvision.<name>`, or a plug-in `pkg.module:factory` (train/plugins.py)."""
+    if is_plugin(name):
+        from train import plugins
+
+        return plugins.build_model(name, num_classes, width)
     if name.startswith(TORCHVISION_PREFIX):
         return torchvision_model(name.removeprefix(TORCHVISION_PREFIX), num_classes, width)
     if name not in REGISTRY:

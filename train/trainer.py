@@ -29,7 +29,7 @@ from train import checkpoint as ckpt
 from train import config as config_mod
 from train.checkpoint import capture_rng, restore_rng
 from train.config import RunConfig
-from train.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, decode_image, eval_batches
+from train.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
 from train.debug import check_model_io
 from train.dist import (
     DistContext,
@@ -164,7 +164,7 @@ def whitening_sample(images: ImageSet, normalize: Normalizer, image_size: int, l
     if images.images is not None:
         batch = images.images[:limit]
     else:  # per-file path (images of any size): decode a smaller sample at the training size
-        batch = torch.stack([decode_image(f, image_size) for f in images.files[:min(limit, 1000)]])
+        batch = torch.stack([images.decode(i, image_size) for i in range(min(limit, 1000, len(images)))])
     return normalize(batch.to(normalize.scale.device)).contiguous()
 
 
@@ -304,6 +304,12 @@ class Trainer:
         self.normalize = normalize
         if hasattr(model, "init_from_data"):  # data-dependent init; a resume overwrites it anyway
             model.init_from_data(whitening_sample(data.train, normalize, data.image_size))
+        from train import init_from as init_weights
+        from train import plugins
+
+        init_weights.init_for_run(model, cfg.model.init_from, cfg.model.init_strict, cfg.checkpoint.resume,
+                                  self.ckpt_root, ctx.is_main)  # a fresh run only; after the data init
+        self.plugins = plugins.origins(cfg.model.name, cfg.data.name)  # stored so evaluate finds them
         model = model.to(memory_format=self.memory_format)
         if cfg.debug.check_model:
             self._check_model(model)
@@ -377,6 +383,7 @@ class Trainer:
             "global_batch": self.plan.global_batch,
             "rng": rng,
             "classes": list(self.data.classes),
+            "plugins": self.plugins,
             "norm": {"mean": list(self.data.mean), "std": list(self.data.std)},
             "config": config_mod.to_dict(self.cfg),
             "versions": {"torchlaunch": VERSION, "torch": str(torch.__version__), "python": platform.python_version()},

@@ -90,6 +90,7 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
     from train.data import load_bundle
     from train.debug import anomaly_detection, describe_oom, is_oom
     from train.dist import agreed
+    from train.plugins import check_early
     from train.preemption import PreemptionWatcher
     from train.trainer import Trainer
 
@@ -97,6 +98,7 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
     ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus)
     clean = False
     try:
+        agreed(ctx, lambda: check_early(cfg))  # plug-ins import, init_from exists: before any data work
         if ctx.is_main:
             config_mod.write_resolved(cfg)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
