@@ -276,3 +276,35 @@ def test_doctor_reports_which_plugins_resolve(bad_modules: Path) -> None:
     assert not plugins["data.name"]["ok"] and "has no attribute 'missing'" in plugins["data.name"]["error"]
     failed = [f for f in report["findings"] if f["level"] == "fail"]
     assert [f["check"] for f in failed] == ["data.name"] and "fix the name after ':'" in failed[0]["fix"]
+
+
+def test_init_from_comes_after_fastnet_data_init_and_only_on_a_fresh_run(tmp_path: Path, capsys) -> None:
+    """fastnet sets its stem from the training images at construction; init_from must win over that (it
+    is applied after), and a run folder with its own checkpoint ignores init_from and says so."""
+    from train.dist import DistContext
+    from train.models import FastNet
+    from train.preemption import PreemptionWatcher
+    from train.trainer import Trainer
+
+    source = FastNet(num_classes=10, width=8)
+    with torch.no_grad():
+        for value in source.state_dict().values():
+            if value.is_floating_point():
+                value.add_(0.5)  # nothing like a fresh or data-initialised net
+    weights = tmp_path / "weights.pt"
+    torch.save(source.state_dict(), weights)
+    overrides = ["data.synthetic_train_size=256", "data.synthetic_val_size=64", "train.batch_size=64",
+                 "model.name=fastnet", "model.width=8", f"model.init_from={weights}", f"run_dir={tmp_path / 'run'}"]
+    cfg = config_mod.load("configs/smoke.yaml", overrides)
+    bundle = load_bundle(cfg.data)
+    trainer = Trainer(cfg, DistContext(), bundle, PreemptionWatcher([]))
+    for key, value in trainer.model.state_dict().items():
+        assert torch.equal(value, source.state_dict()[key]), key  # the stem too: not the whitening filters
+    assert "loaded all" in capsys.readouterr().out
+    fake_checkpoint = tmp_path / "run" / "checkpoints" / "step-000000001"
+    fake_checkpoint.mkdir(parents=True)
+    (fake_checkpoint / "COMMITTED.json").write_text("{}")
+    resumed = Trainer(cfg, DistContext(), bundle, PreemptionWatcher([]))
+    assert "ignored: resuming from this run's own checkpoint" in capsys.readouterr().out
+    stem = resumed.model.state_dict()["stem.0.weight"]
+    assert not torch.equal(stem, source.state_dict()["stem.0.weight"])
