@@ -135,9 +135,13 @@ def launch_env(spec: JobSpec, base: dict[str, str], cores: int, attempt: str,
     return env
 
 
-def combine_exit_codes(torchrun_code: int, worker_codes: Sequence[int]) -> int:
-    """The job's exit code from torchrun's and the workers' reports."""
+def combine_exit_codes(torchrun_code: int, worker_codes: Sequence[int], ranks: int | None = None) -> int:
+    """The job's exit code from torchrun's and the workers' reports. When all `ranks` local ranks
+    reported a finish, a non-zero torchrun code can only come from a rank's C++ teardown after its
+    program ended (gloo sometimes aborts there): the run is done."""
     if torchrun_code == 0:
+        return OK
+    if ranks is not None and len(worker_codes) == ranks and all(c == OK for c in worker_codes):
         return OK
     if BAD_INPUT in worker_codes:
         return BAD_INPUT
@@ -289,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-    return run(argv_out, env, Path(cfg.run_dir) / "status", attempt)
+    return run(argv_out, env, Path(cfg.run_dir) / "status", attempt, ranks=spec.gpus_per_node)
 
 
 def doctor_config(private: Path, run_dir: str) -> str:
@@ -329,12 +333,14 @@ def main_program(args: argparse.Namespace) -> int:
         if args.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-        return run(argv_out, env, private, attempt, label="training" if args.doctor else program.name)
+        return run(argv_out, env, private, attempt, label="training" if args.doctor else program.name,
+                   ranks=spec.gpus_per_node)
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def run(argv: list[str], env: dict[str, str], status_folder: Path, attempt: str, label: str = "training") -> int:
+def run(argv: list[str], env: dict[str, str], status_folder: Path, attempt: str, label: str = "training",
+        ranks: int | None = None) -> int:
     """Run torchrun, forward stop signals to it, and turn the workers' reports into one exit code."""
     env = {**env, status.STATUS_DIR_ENV: str(status_folder)}
     read_fd, write_fd = os.pipe()
@@ -360,7 +366,10 @@ def run(argv: list[str], env: dict[str, str], status_folder: Path, attempt: str,
             signal.signal(sig, handler)
         relay.finish()
     codes, reasons = status.collect(status_folder, attempt)
-    code = combine_exit_codes(torchrun_code, codes)
+    code = combine_exit_codes(torchrun_code, codes, ranks)
+    if code == OK and torchrun_code != 0:
+        print(f"launch: every rank reported a finish; exit {torchrun_code} came from a rank's teardown "
+              f"after it (ignored)", file=sys.stderr)
     if code == BAD_INPUT:
         reason = next((r for c, r in zip(codes, reasons, strict=True) if c == BAD_INPUT), "bad input")
         print(f"launch: workers stopped on bad input (exit 2, not retried): {reason}", file=sys.stderr)

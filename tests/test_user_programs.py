@@ -94,6 +94,17 @@ def test_torchrun_argv_of_a_program_golden() -> None:
     check_golden("local_argv_program.txt", "\n".join(argv) + "\n")
 
 
+@pytest.mark.parametrize(("torchrun", "codes", "ranks", "expected"), [
+    (-6, [OK, OK], 2, OK),          # both finished; one aborted in C++ teardown afterwards
+    (1, [OK], 2, FAILURE),          # a rank never reported
+    (1, [OK, OK], None, FAILURE),   # the rank count unknown: torchrun's word stands
+    (1, [OK, PREEMPTED], 2, PREEMPTED),
+])
+def test_a_teardown_abort_after_every_rank_finished_is_a_finish(torchrun: int, codes: list[int],
+                                                               ranks: int | None, expected: int) -> None:
+    assert local.combine_exit_codes(torchrun, codes, ranks) == expected
+
+
 def test_program_rendezvous_id_is_the_same_on_every_node() -> None:
     a = local.program_id(["train.py", "x"], NodePlacement(0, "node0"), 29500)
     assert a == local.program_id(["train.py", "x"], NodePlacement(1, "node0"), 29500)
@@ -474,3 +485,95 @@ def test_k8s_bad_program_arguments(args: list[str], words: str) -> None:
     code, out, err = render_k8s(args)
     assert code == BAD_INPUT and out == ""
     assert len(err.splitlines()) == 1 and words in err, err
+
+
+# ----------------------------------------------- examples/custom_loop.py: interrupted = uninterrupted
+
+
+CUSTOM_LOOP = "examples/custom_loop.py"
+CUSTOM_EPOCHS = "8"
+"""8 epochs of 32 steps on 2 CPU ranks: long enough to be interrupted twice."""
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+"""As in a Slurm task here (SLURM_CPUS_PER_TASK unset): the same float sums on both launchers."""
+
+
+def custom_loop_launch(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "launch.local", "--gpus", "2", *CPU, "--", CUSTOM_LOOP, "--run-dir", str(run_dir),
+            "--epochs", CUSTOM_EPOCHS]
+
+
+@pytest.fixture(scope="module")
+def custom_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted custom_loop run on 2 CPU ranks under launch.local: the weights to match."""
+    run_dir = tmp_path_factory.mktemp("custom") / "reference"
+    rc, out, err = run_cmd(custom_loop_launch(run_dir), timeout=400, env=ONE_THREAD)
+    assert rc == OK, err[-3000:]
+    assert f"finished: {32 * int(CUSTOM_EPOCHS)} steps" in out
+    return run_dir / "model.pt"
+
+
+def run_until_step_then_sigterm(run_dir: Path, step: int) -> tuple[int, str]:
+    """Start the launch, SIGTERM the launcher once rank 0 printed `step`; (exit code, stdout)."""
+    proc = subprocess.Popen(custom_loop_launch(run_dir), cwd=REPO, env=child_env(ONE_THREAD), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded by the test's timeout; the program prints every step
+            seen.append(line)
+            if line.startswith(f"step {step}/"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, "".join(seen) + out + "\n" + err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", [14])
+def test_custom_loop_sigterm_twice_then_bitwise_equal(custom_reference: Path, seed: int, tmp_path: Path) -> None:
+    import random
+
+    from tests.helpers import assert_models_equal
+
+    total = 32 * int(CUSTOM_EPOCHS)
+    rng = random.Random(seed)
+    first = rng.randrange(5, total // 2)
+    second = rng.randrange(first + 20, total - 40)
+    run_dir = tmp_path / "run"
+    code, text = run_until_step_then_sigterm(run_dir, first)
+    assert code == PREEMPTED, text[-3000:]
+    assert "launch: preempted with a committed checkpoint (exit 75)" in text
+    code, text = run_until_step_then_sigterm(run_dir, second)
+    assert code == PREEMPTED, text[-3000:]
+    resumed = int(text.split("resumed at step ", 1)[1].split()[0])
+    assert first <= resumed < second
+    rc, out, err = run_cmd(custom_loop_launch(run_dir), timeout=400, env=ONE_THREAD)
+    assert rc == OK, err[-3000:]
+    assert "resumed at step " in out and f"finished: {total} steps" in out
+    assert_models_equal(run_dir / "model.pt", custom_reference)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("cluster")
+def test_custom_loop_preempted_on_slurm_resumes_bitwise(custom_reference: Path, tmp_path: Path) -> None:
+    from tests.helpers import assert_models_equal
+    from tests.test_slurm_cluster import requeue_records, slurm, wait_until
+
+    run_dir = tmp_path / "custom"
+    proc = slurm_launch(run_dir, [CUSTOM_LOOP, "--run-dir", str(run_dir), "--epochs", CUSTOM_EPOCHS],
+                        "--nodes", "2", "--tasks-per-node", "1", "--time", "30")
+    job_id = wait_until(lambda: launcher_text(run_dir).partition("submitted job ")[2].partition(":")[0], 60,
+                        "the job id")
+    log = run_dir / "slurm" / job_id / f"{job_id}_0_log.out"
+    wait_until(lambda: log.exists() and "step 60/" in log.read_text(), 240, "rank 0 to reach step 60")
+    slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")
+    assert finish(proc, run_dir, 400) == OK, launcher_text(run_dir)[-3000:]
+    assert requeue_records(job_id) == ["REQUEUED", "COMPLETED"]
+    text = log.read_text()
+    assert "preemption: checkpoint committed" in text and "resumed at step " in text
+    assert_models_equal(run_dir / "model.pt", custom_reference)
