@@ -18,6 +18,7 @@ import torch
 
 from tests.conftest import REPO, error_lines, run_cmd, run_launcher, run_module
 from tests.helpers import assert_models_equal, assert_states_equal, final_state
+from tests.test_slurm_cluster import Launch, cluster, trained_steps  # noqa: F401 - cluster is a fixture
 from train import config as config_mod
 from train import init_from
 from train.config import ConfigError
@@ -83,6 +84,21 @@ def test_plugin_under_launch_local_resumes_bit_exact(tmp_path: Path) -> None:
     assert rc == 0, err[-3000:]
     assert_states_equal(final_state(reference), final_state(resumed))
     assert_models_equal(reference / "model.pt", resumed / "model.pt")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(400)
+@pytest.mark.usefixtures("cluster")
+def test_plugin_on_the_slurm_cluster(tmp_path: Path) -> None:
+    """submitit runs the worker in-process in each task, from the submission directory: the plug-ins
+    import there as they do under torchrun."""
+    run_dir = tmp_path / "slurm-plugin"
+    launch = Launch(run_dir, "--nodes", "1", "--tasks-per-node", "2", "--time", "10", "--config",
+                    "configs/smoke.yaml", *SMALL)
+    assert launch.finish(300) == 0, launch.text()[-3000:]
+    assert (run_dir / "model.pt").is_file() and trained_steps(run_dir) == 16
+    assert "starting examples.my_models:tiny_cnn on 2 x cpu" in launch.rank0_log()
+    assert final_state(run_dir)["plugins"]["data"]["name"] == "examples.my_data:color_blobs"
 
 
 def test_both_loader_paths_decode_a_plugin_dataset_identically() -> None:
