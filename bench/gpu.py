@@ -6,7 +6,12 @@
    resnet18, eager and torch.compile, the uint8 set resident on the GPU (TrainLoader does that);
 2. data path images/s: TrainLoader alone on the GPU (gather + batched augmentation + normalize);
 3. time to 94%: configs/fast.yaml through python -m launch.local --gpus 1 (only with --data-root).
-Prints one JSON object (and writes it to --out)."""
+Prints one JSON object (and writes it to --out).
+
+    python -m bench.gpu --peer-airbench --data-root DIR [--test-root DIR] --out-dir OUT
+
+instead runs the PyPI airbench package (airbench94, airbench96) side by side with fast.yaml and fast93.yaml
+on the same images and prints their table (bench/airbench_peer.py; docs/GPU.md)."""
 
 from __future__ import annotations
 
@@ -100,7 +105,15 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--out", type=Path)
+    p.add_argument("--peer-airbench", action="store_true",
+                   help="run airbench94/96 (PyPI airbench 0.1.8, from bench/wheels/) next to fast.yaml and fast93.yaml "
+                        "on the same images and print the table; the options below apply")
+    from bench import airbench_peer
+
+    airbench_peer.add_arguments(p)
     args = p.parse_args()
+    if args.peer_airbench:
+        return airbench_peer.main(args)
     if not torch.cuda.is_available():
         print("bench.gpu: no CUDA GPU visible (run it on a GPU machine; the CPU benchmarks are python -m bench.run)",
               file=sys.stderr)

@@ -1,0 +1,123 @@
+"""bench.gpu --peer-airbench without a GPU: the packed files in airbench's format (checked by airbench's own
+loader, imported from the carried wheel), the table, the metrics summary and the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import airbench_peer
+from tests.conftest import child_env, error_lines, run_module
+from tests.test_data import write_folder
+from train.config import DataConfig
+from train.data import load_bundle
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = {"cat": 12, "dog": 12, "frog": 6}
+
+
+def test_pack_writes_airbench_layout_from_the_project_split(tmp_path: Path) -> None:
+    write_folder(tmp_path / "train", CLASSES, size=32)
+    write_folder(tmp_path / "test", {"cat": 3, "dog": 2, "frog": 4}, size=32, seed=1)
+    cache = str(tmp_path / "cache")
+    packed = airbench_peer.pack(str(tmp_path / "train"), str(tmp_path / "test"), tmp_path / "work", cache)
+    folder = tmp_path / "work" / "cifar10"
+    assert airbench_peer.check_pack(folder) == {"train": (27, 32, 32, 3), "test": (9, 32, 32, 3)}
+    assert packed["train_images"] == 27 and packed["test_images"] == 9
+    train = torch.load(folder / "train.pt", weights_only=True)
+    bundle = load_bundle(DataConfig(name="imagefolder", root=str(tmp_path / "train"), cache_dir=cache, loader="tensor"))
+    assert torch.equal(train["images"], bundle.train.images.permute(0, 2, 3, 1))  # the same training images
+    assert torch.equal(train["labels"], bundle.train.labels) and train["classes"] == ["cat", "dog", "frog"]
+    held_out = airbench_peer.pack(str(tmp_path / "train"), None, tmp_path / "work2", cache)
+    test = torch.load(tmp_path / "work2" / "cifar10" / "test.pt", weights_only=True)
+    assert held_out["test_images"] == 3 and torch.equal(test["labels"], bundle.val.labels)
+
+
+CHILD = """
+import sys, torch
+import airbench
+from airbench import utils
+loader = airbench.CifarLoader(sys.argv[1], train=True, batch_size=8, aug=dict(flip=True, translate=4, cutout=12),
+                              altflip=True, gpu='cpu')
+x, y = next(iter(loader))
+test = airbench.CifarLoader(sys.argv[1], train=False, batch_size=2000, gpu='cpu')
+print('batch', tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, len(test.labels), test.classes[0])
+utils.print_columns(utils.logging_columns_list, is_head=True)
+utils.print_training_details({'run': 0, 'epoch': 3, 'train_loss': 0.5, 'train_acc': 0.8, 'val_acc': 0.9,
+                              'total_time_seconds': 1.5}, is_final_entry=False)
+utils.print_training_details({'epoch': 'eval', 'tta_val_acc': 0.9327, 'total_time_seconds': 19.9},
+                             is_final_entry=True)
+"""
+
+
+def test_airbench_loads_the_packed_files_and_its_table_parses(tmp_path: Path) -> None:
+    write_folder(tmp_path / "train", CLASSES, size=32)
+    airbench_peer.pack(str(tmp_path / "train"), None, tmp_path, str(tmp_path / "cache"))
+    env = child_env({"PYTHONPATH": f"{airbench_peer.WHEEL}"})
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cifar10")], env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "batch (8, 3, 32, 32) torch.float16 (8,) torch.int64 3 cat" in out.stdout
+    assert airbench_peer.parse_airbench_table(out.stdout) == {"tta_val_acc": 0.9327, "total_time_seconds": 19.9}
+
+
+def test_table_and_metrics_summary(tmp_path: Path) -> None:
+    records = [{"step": 10, "images_per_s": 1000.0}, {"step": 20, "images_per_s": 3000.0},
+               {"step": 30, "images_per_s": 4000.0}, {"step": 43, "val_acc": 0.5, "elapsed_s": 2.0},
+               {"step": 86, "val_acc": 0.93, "elapsed_s": 19.5, "tta": "flip_translate"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = airbench_peer.metrics_summary(tmp_path)
+    assert summary == {"val_acc": 0.93, "train_s": 19.5, "epochs": 2, "tta": "flip_translate", "images_per_s": 3500.0}
+    rows = [{"name": "fast93.yaml", "test_acc": 0.9312, "train_s": 19.5, "images_per_s": 98765.4, "command_s": 33.0},
+            {"name": "airbench96", "error": "timed out after 150 s"}]
+    table = airbench_peer.render_table(rows, {"test_images": 10000, "test_source": "t", "train_images": 45000})
+    assert "| fast93.yaml | 93.12% | 19.5 | 98,765 | 33.0 |  |" in table
+    assert "| airbench96 | -% | - | - | - | timed out after 150 s |" in table
+    assert "10,000 images (t)" in table and "same 45,000 images" in table
+
+
+def test_command_line(tmp_path: Path) -> None:
+    rc, out, _ = run_module("bench.gpu", ["--help"])
+    assert rc == 0 and "--peer-airbench" in out and "--test-root" in out and "--pack-only" in out
+    rc, _, err = run_module("bench.gpu", ["--peer-airbench"])
+    assert rc == 2 and error_lines(err) == ["bench error: --peer-airbench needs --data-root (the unpacked "
+                                            "CIFAR-10 train/ folder)"]
+    write_folder(tmp_path / "train", CLASSES, size=32)
+    rc, _, err = run_module("bench.gpu", ["--peer-airbench", "--pack-only", "--data-root", str(tmp_path / "train"),
+                                          "--test-root", str(tmp_path / "nope"), "--work-dir", str(tmp_path / "w"),
+                                          "--cache-dir", str(tmp_path / "cache")])
+    assert rc == 2 and len(error_lines(err)) == 1 and "--test-root" in err and "is not a folder" in err
+    rc, out, err = run_module("bench.gpu", ["--peer-airbench", "--pack-only", "--data-root", str(tmp_path / "train"),
+                                            "--work-dir", str(tmp_path / "w"), "--cache-dir", str(tmp_path / "cache")])
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[-1])["shapes"] == {"train": [27, 32, 32, 3], "test": [3, 32, 32, 3]}
+
+
+@pytest.mark.slow
+def test_project_side_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """The whole call without a GPU (no peers): both recipes plus an --extra run train on the packed split,
+    are evaluated on --test-root, and land in the table and the JSON written after every run."""
+    write_folder(tmp_path / "train", CLASSES, size=32)
+    write_folder(tmp_path / "test", {"cat": 3, "dog": 2, "frog": 4}, size=32, seed=1)
+    out = tmp_path / "out"
+    rc, stdout, err = run_module("bench.gpu", [
+        "--peer-airbench", "--peers", "--data-root", str(tmp_path / "train"), "--test-root", str(tmp_path / "test"),
+        "--work-dir", str(tmp_path / "w"), "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(out),
+        "--project-overrides", "model.width=8", "train.epochs=1", "train.batch_size=8",
+        "--extra", "fast93.yaml:train.epochs=2"], timeout=300)
+    assert rc == 0, err[-3000:]
+    report = json.loads((out / "peer-airbench.json").read_text())
+    runs = {r["name"]: r for r in report["runs"]}
+    assert list(runs) == ["fast.yaml", "fast93.yaml", "fast93.yaml train.epochs=2"]
+    assert runs["fast93.yaml train.epochs=2"]["epochs"] == 2 and runs["fast93.yaml"]["epochs"] == 1
+    for r in runs.values():
+        assert 0.0 <= r["test_acc"] <= 1.0 and r["train_s"] > 0 and r["images_per_s"] > 0 and "error" not in r
+        assert r["run_dir"].startswith(str(tmp_path / "w" / "runs"))
+    assert report["packed"]["test_images"] == 9 and report["packed"]["train_images"] == 27
+    assert (out / "peer-airbench.md").read_text().strip() in stdout
+    assert "| fast93.yaml train.epochs=2 |" in stdout
