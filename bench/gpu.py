@@ -2,8 +2,8 @@
 
     python -m bench.gpu --data-root /path/to/cifar10-jpeg/train --out gpu.json
 
-1. training images/s per GPU: the project's Trainer.train_step, bf16 + channels_last, fastnet and
-   resnet18, eager and torch.compile, the uint8 set resident on the GPU (TrainLoader does that);
+1. training images/s per GPU: the project's Trainer.train_step, bf16 + channels_last, fastnet, fastnet93
+   and resnet18, eager and torch.compile, the uint8 set resident on the GPU (TrainLoader does that);
 2. data path images/s: TrainLoader alone on the GPU (gather + batched augmentation + normalize);
 3. time to 94%: configs/fast.yaml through python -m launch.local --gpus 1 (only with --data-root).
 Prints one JSON object (and writes it to --out).
@@ -119,7 +119,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "train_images_per_s": {}}
-    for model, batch in (("fastnet", 1024), ("resnet18", 512)):
+    for model, batch in (("fastnet", 1024), ("fastnet93", 1024), ("resnet18", 512)):
         for compiled in ((False,) if args.no_compile else (False, True)):
             key = f"{model}{'+compile' if compiled else ''}"
             report["train_images_per_s"][key] = train_rate(model, batch, compiled, args.steps, 15 if compiled else 5)

@@ -121,3 +121,12 @@ def test_project_side_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert report["packed"]["test_images"] == 9 and report["packed"]["train_images"] == 27
     assert (out / "peer-airbench.md").read_text().strip() in stdout
     assert "| fast93.yaml train.epochs=2 |" in stdout
+
+
+def test_session_script_refuses_missing_data_in_one_line(tmp_path: Path) -> None:
+    out = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env=child_env({"GPU_DATA": str(tmp_path / "none"), "OUT": str(tmp_path / "out")}))
+    assert out.returncode == 2 and out.stdout == ""
+    assert error_lines(out.stderr) == [f"gpu_session: {tmp_path / 'none'}/cifar10-train.tar.gz is missing (copy "
+                                       f"/work/shared/data/cifar10-train.tar.gz there and carry {tmp_path / 'none'})"]
+    assert subprocess.run(["bash", "-n", "bench/gpu_session.sh"], cwd=REPO, timeout=30).returncode == 0
