@@ -25,9 +25,11 @@ import torch
 
 from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, tta
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
+from train.precision import cpu_model
 
 ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "peers", "proposals", "tta")
 DOCS = REPO / "docs"
+NO_CPU = "not recorded (measured before 2026-12-01)"
 
 
 def log(msg: str) -> None:
@@ -53,6 +55,7 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
             d = item.to_dict()
             d["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             d["load_average"] = load_average()
+            d["cpu"] = cpu_model()  # every figure names the CPU it was measured on (issue 16)
             results[item.key] = d
             log(f"  {item.key}: {item.ratio:.3g} (goal {'>=' if item.higher_is_better else '<='} {item.goal}) "
                 f"{'MET' if item.met else 'NOT MET'}")
@@ -97,20 +100,21 @@ def render(doc: dict) -> str:
              "and noisy; the ratios are what to compare.", "",
              f"Machine: {doc['machine']}. Torch threads per process in the in-process benchmarks: "
              f"{doc['threads']}. Last `make bench`: {doc.get('last_run', '?')}.", "",
-             "| figure | project | baseline | ratio | goal | met | command |", "|---|---|---|---|---|---|---|"]
+             "| figure | project | baseline | ratio | goal | met | CPU | command |", "|---|---|---|---|---|---|---|---|"]
     for r in res.values():
         op = ">=" if r["higher_is_better"] else "<="
         lines.append(f"| {r['title']} | {fmt(r['project'], r['unit'])} | {fmt(r['baseline'], r['unit'])} | "
                      f"**{r['ratio']:.3g}** | {op} {r['goal']} | {'yes' if r['met'] else '**no**'} | "
-                     f"`{r['command']}` |")
+                     f"{r.get('cpu', NO_CPU)} | `{r['command']}` |")
     pre = doc.get("preemption")
     if pre:
         lines.append(f"| Signal → checkpoint committed ({pre['model']}, 2 CPU ranks, real torchrun) | "
                      f"{pre['signal_to_commit_s']:.2f} s | – | – | <= 5 s | "
-                     f"{'yes' if pre['signal_to_commit_s'] <= 5 else '**no**'} | `python -m bench.run --only ckpt` |")
+                     f"{'yes' if pre['signal_to_commit_s'] <= 5 else '**no**'} | {pre.get('cpu', NO_CPU)} | "
+                     f"`python -m bench.run --only ckpt` |")
         lines.append(f"| Steps lost across preemption + rerun | {pre['steps_lost']} | – | – | 0 | "
                      f"{'yes' if pre['steps_lost'] == 0 and pre['continuous'] else '**no**'} | "
-                     f"`python -m bench.run --only ckpt` |")
+                     f"{pre.get('cpu', NO_CPU)} | `python -m bench.run --only ckpt` |")
     lines += ["", "![measured ÷ goal](bench-ratios.png)", "", "## Details", ""]
     for r in res.values():
         lines += [f"### {r['title']}", "",
@@ -119,7 +123,8 @@ def render(doc: dict) -> str:
                   f"- ratio {r['ratio']:.3g} (per round: {', '.join(f'{x:.3g}' for x in r['rounds'])}); goal "
                   f"{'>=' if r['higher_is_better'] else '<='} {r['goal']}",
                   f"- {r['notes']}",
-                  f"- measured {r['measured_at']}, load average {r['load_average']}; reproduce: `{r['command']}`", ""]
+                  f"- measured {r['measured_at']}, CPU {r.get('cpu', NO_CPU)}, load average {r['load_average']}; "
+                  f"reproduce: `{r['command']}`", ""]
     if pre:
         lines += ["### Preemption: signal → committed checkpoint, and steps lost", "",
                   f"`python -m launch.local --gpus 2 --device cpu` trains {pre['model']} (synthetic data, "
@@ -280,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
              "proposal_fused_sgd", "adopted_xxh3", "adopted_cpu_ddp"]
     doc["results"] = {k: doc["results"][k] for k in order if k in doc["results"]}
     if preempt:
-        doc["preemption"] = preempt
+        doc["preemption"] = {**preempt, "cpu": cpu_model()}
     doc["tta"] = more["tta"] or tta.recorded(args.docs / "bench-tta.json") or doc.get("tta")
-    doc["machine"] = (f"{platform.machine()} Linux, {len(__import__('os').sched_getaffinity(0))} cores, torch "
+    doc["machine"] = (f"{cpu_model()}, {platform.machine()} Linux, {len(__import__('os').sched_getaffinity(0))} cores, torch "
                       f"{torch.__version__}, Python {platform.python_version()}")
     doc["threads"] = args.threads
     if names:

@@ -274,3 +274,21 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it(tmp_path: Path) -> None:
     again = subprocess.run([sys.executable, "-m", "launch.local", *args, "train.max_steps=4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert f"precision: auto -> {chosen} (recorded at this run's start" in again.stderr
+
+
+# ------------------------------------------------------------------ 5. bench names the CPU
+
+
+def test_bench_states_the_cpu_beside_every_figure() -> None:
+    from bench import run as bench_run
+
+    doc = json.loads((REPO / "docs" / "bench-results.json").read_text())
+    first = next(iter(doc["results"]))
+    doc["results"][first]["cpu"] = "Test CPU 9000"
+    doc["preemption"] = {**doc.get("preemption", {}), "cpu": "Test CPU 9000"} if doc.get("preemption") else None
+    text = bench_run.render(doc)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith(("| figure", "|---"))]
+    assert rows and all("Test CPU 9000" in r or bench_run.NO_CPU in r for r in rows)
+    assert f"| {doc['results'][first]['title']} |" in next(r for r in rows if "Test CPU 9000" in r)
+    details = [ln for ln in text.splitlines() if ln.startswith("- measured ")]
+    assert details and all(" CPU " in ln for ln in details)
