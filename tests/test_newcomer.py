@@ -267,6 +267,9 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it(tmp_path: Path) -> None:
     notes = [ln for ln in first.stderr.splitlines() if ln.startswith("precision: auto ->")]
     assert len(notes) == 1 and f"-> {chosen}" in notes[0]  # one line, from rank 0 only
     assert f"({chosen})" in first.stdout + first.stderr  # the run's own start line names the same precision
+    from tests.helpers import final_state
+
+    assert final_state(run_dir)["config"]["train"]["precision"] == chosen  # train.evaluate reads this
     entries = json.loads((cache / precision.CACHE_FILE).read_text())
     for entry in entries.values():
         entry["precision"] = "fp32" if chosen == "bf16" else "bf16"

@@ -80,7 +80,8 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> str:
     """The run's precision. CPU: fp16 is refused (emulated, ~17x slower); `auto` is measured once per
-    machine and model and recorded in RUN_DIR (train/precision.py), rank 0 decides for every rank."""
+    machine and model and recorded in RUN_DIR (train/precision.py), rank 0 decides for every rank; the
+    choice replaces `auto` in cfg, so every checkpoint's config names it."""
     refuse_fp16_on_cpu(cfg.train.precision, ctx.device.type == "cpu")
     if cfg.train.precision != "auto" or ctx.device.type != "cpu":
         return resolve_precision(cfg.train.precision, ctx.device)
@@ -91,7 +92,9 @@ def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> st
                                             cfg.model.name, cfg.model.width, data.num_classes, data.image_size,
                                             micro, cfg.train.channels_last)
         precision_note(line)
-    return str(broadcast_object(ctx, choice))
+    chosen = str(broadcast_object(ctx, choice))
+    cfg.train.precision = chosen  # checkpoints then record it: train.evaluate validates the same way
+    return chosen
 
 
 def _cpu_bf16_ok() -> bool:
