@@ -143,13 +143,21 @@ def parse_airbench_table(text: str) -> dict[str, float]:
     return {}
 
 
+class _Tee(io.StringIO):
+    """Keeps what airbench prints (to parse its table) and passes it on to stderr as it comes (the log)."""
+
+    def write(self, text: str) -> int:
+        sys.stderr.write(text)
+        return super().write(text)
+
+
 def airbench_child(variant: str) -> int:
     """Runs in WORK (airbench reads ./cifar10/): warm-up, one timed training, one JSON line on stdout."""
     import airbench
 
     lib = sys.modules[f"airbench.lib_{variant}"]
     number = variant.removeprefix("airbench")
-    log = io.StringIO()
+    log = _Tee()
     with redirect_stdout(log):
         getattr(airbench, f"warmup{number}")()
         torch.cuda.synchronize()
@@ -157,7 +165,6 @@ def airbench_child(variant: str) -> int:
         model = getattr(airbench, f"train{number}")()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    print(log.getvalue(), file=sys.stderr, flush=True)
     hyp = lib.hyp
     batches = len(airbench.CifarLoader("cifar10", train=True, batch_size=hyp["opt"]["batch_size"]))
     images = math.ceil(batches * hyp["opt"]["train_epochs"]) * hyp["opt"]["batch_size"]

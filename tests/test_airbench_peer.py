@@ -3,6 +3,7 @@ loader, imported from the carried wheel), the table, the metrics summary and the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -64,6 +65,13 @@ def test_airbench_loads_the_packed_files_and_its_table_parses(tmp_path: Path) ->
     assert out.returncode == 0, out.stderr[-2000:]
     assert "batch (8, 3, 32, 32) torch.float16 (8,) torch.int64 3 cat" in out.stdout
     assert airbench_peer.parse_airbench_table(out.stdout) == {"tta_val_acc": 0.9327, "total_time_seconds": 19.9}
+
+
+def test_airbench_output_is_kept_and_forwarded(capsys: pytest.CaptureFixture[str]) -> None:
+    tee = airbench_peer._Tee()
+    with contextlib.redirect_stdout(tee):
+        print("| run | epoch |")
+    assert tee.getvalue() == "| run | epoch |\n" and capsys.readouterr().err == "| run | epoch |\n"
 
 
 def test_table_and_metrics_summary(tmp_path: Path) -> None:
