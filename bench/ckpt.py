@@ -95,13 +95,14 @@ def async_stall(model: str, batch: int, rounds: int) -> Result:
         trainer.writer.wait()  # not counted: the next save would wait for it anyway
         return 1 / seconds
 
-    rates = paired_rates({"async": lambda: save(False), "sync": lambda: save(True)}, rounds)
+    # warmup 2: the first async save into each of the two snapshot buffer sets allocates its pages
+    rates = paired_rates({"async": lambda: save(False), "sync": lambda: save(True)}, rounds, warmup=2)
     shutil.rmtree(trainer.run_dir, ignore_errors=True)  # two resnet18 checkpoints: do not leave them in /tmp
     ratio, per_round = median_ratio(rates["sync"], rates["async"])
     return Result(key="ckpt_async", title="Async save: training stall ÷ synchronous save time",
                   project=1 / median(rates["async"]), baseline=1 / median(rates["sync"]), unit="s", ratio=ratio,
                   goal=0.1, higher_is_better=False, command=COMMAND,
-                  project_label="Trainer.save(synchronous=False): state_dict + detach_copy + submit",
+                  project_label="Trainer.save(synchronous=False): state_dict + copy into reused snapshot buffers + submit",
                   baseline_label="Trainer.save(synchronous=True)", rounds=per_round,
                   notes=f"{model}; the stall is the time save() blocks the training thread; the background write "
                         f"then shares the CPU with training (not counted here)")

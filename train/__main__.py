@@ -3,6 +3,7 @@
 import os
 import sys
 
+from train import startup  # noqa: F401 - first: its clock fallback (no /proc) starts at import
 from train.worker import main
 
 code = main()

@@ -16,7 +16,12 @@ class Lookahead:
 
     def __init__(self, model: nn.Module, every: int, decay: float, total_steps: int) -> None:
         self.model, self.every, self.decay, self.total_steps = model, every, decay, max(1, total_steps)
-        self.average = {k: v.detach().clone() for k, v in self._float_state().items()}
+        live = self._float_state()
+        self.average = {k: v.detach().clone() for k, v in live.items()}
+        # The live tensors, fixed once: load_state_dict and the optimizer update them in place. The
+        # update is two foreach calls on host-side numbers (no per-tensor loop, no device sync).
+        self._live = list(live.values())
+        self._avg = [self.average[k] for k in live]
 
     def _float_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items() if v.is_floating_point()}
@@ -30,10 +35,8 @@ class Lookahead:
 
     @torch.no_grad()
     def _update(self, keep: float) -> None:
-        for key, live in self._float_state().items():
-            avg = self.average[key]
-            avg.lerp_(live, 1.0 - keep)
-            live.copy_(avg)
+        torch._foreach_lerp_(self._avg, self._live, 1.0 - keep)
+        torch._foreach_copy_(self._live, self._avg)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.average)

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from train import checkpoint as ckpt
 from train import config as config_mod
+from train import optim as optim_mod
 from train.checkpoint import capture_rng, restore_rng
 from train.config import RunConfig
 from train.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
@@ -47,6 +48,7 @@ from train.precision import note as precision_note
 from train.precision import refuse_fp16_on_cpu
 from train.preemption import PreemptionWatcher, agree
 from train.shm_reduce import build_reducer, shared_memory_hook
+from train.startup import process_age_s
 from train.tta import tta_logits
 
 VERSION = "0.1.0"
@@ -151,14 +153,12 @@ def param_groups(cfg: RunConfig, model: nn.Module) -> list[dict[str, Any]]:
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    groups = param_groups(cfg, model)
+    """The recipe's optimizer (train/optim.py). Without model.compile it never imports torch._dynamo,
+    the largest item of start-up otherwise (issue 15)."""
     o = cfg.optim
-    if o.name == "adamw":
-        return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
-                                 fused=device.type == "cuda" or None)
-    # fused: one kernel over all parameters, also on CPU (3-6x faster optimizer step, bench/proposals.py)
-    return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
-                           weight_decay=o.weight_decay, fused=True)
+    return optim_mod.build(o.name, param_groups(cfg, model), device, eager_only=not cfg.model.compile, lr=o.lr,
+                           momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
+                           weight_decay=o.weight_decay, betas=tuple(o.betas))
 
 
 def whitening_sample(images: ImageSet, normalize: Normalizer, image_size: int, limit: int = 5000) -> torch.Tensor:
@@ -338,6 +338,7 @@ class Trainer:
         self.progress = Progress()
         self.fault = FaultSignal(os.environ.get("TORCHLAUNCH_FAULT_SIGNAL"), ctx.rank)
         self.writer = ckpt.AsyncWriter()
+        self.snapshots = ckpt.SnapshotBuffers()  # reused between async saves (no fresh pages per save)
         self.last_saved: tuple[int, int, bool] | None = None
         self.save_seconds: float | None = None
 
@@ -469,8 +470,12 @@ class Trainer:
             info = commit(state)
             self.save_seconds = info.seconds
         else:
-            snapshot = ckpt.detach_copy(state)  # training mutates the live tensors in place
-            self.writer.submit(lambda: commit(snapshot))
+            snapshot = self.snapshots.take(state)  # training mutates the live tensors in place
+            try:
+                self.writer.submit(lambda: snapshot.write_with(commit))
+            except BaseException:  # the previous write failed: this snapshot is never written
+                snapshot.release()
+                raise
 
     # ------------------------------------------------------------------ steps
 
@@ -479,8 +484,10 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-        """One optimizer step over this rank's micro-batches; returns the rank's mean loss."""
+    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One optimizer step over this rank's micro-batches; returns the rank's mean loss as a 0-d
+        float32 tensor on the device: reading it (float()) waits for the step, so the loop only reads
+        its running sum at log points (no host synchronisation per step)."""
         self.net.train()
         total = torch.zeros((), device=self.device)
         n = len(micro_batches)
@@ -552,8 +559,11 @@ class Trainer:
         if main:
             ckpt.clean_stale(self.ckpt_root)
         self._warn_lead_time(report)
-        window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
+        window_start, window_steps, window_loss = time.perf_counter(), 0, self._zero_window()
+        window_from = p.global_step  # the window holds the losses of the steps after this one
         run_start = time.perf_counter()
+        startup_note: str | None = None  # start-up figure, for the first progress line of this process
+        first_step = True
         try:
             while p.epoch < self.cfg.train.epochs and p.global_step < self.total_steps:
                 if not p.val_pending:
@@ -562,25 +572,32 @@ class Trainer:
                         if perm is not None:
                             trace.write({"step": p.global_step + 1, "epoch": p.epoch, "world_size": self.ctx.world_size,
                                          "indices": self.plan.rank_step(perm, p.epoch, step)[0].tolist()})
+                        step_start = time.perf_counter() if first_step else 0.0
                         loss = self.train_step(micro)
                         p.step_in_epoch = step + 1
                         p.global_step += 1
                         if self.lookahead is not None:
                             self.lookahead.after_step(p.global_step)
                         window_steps += 1
-                        window_loss += loss
+                        window_loss += loss  # on the device: read only at check points below
+                        if first_step:
+                            first_step = False
+                            startup = self._startup_seconds()
+                            metrics.write({"step": p.global_step, "epoch": p.epoch, "startup_s": startup,
+                                           "first_step_s": time.perf_counter() - step_start})
+                            startup_note = f", start-up {startup:.2f} s (process start to first step)"
                         report.step()
                         self.fault("step", p.global_step)
-                        preempt, nonfinite = agree(self.ctx, self.watcher.requested, not math.isfinite(loss))
-                        if nonfinite:
-                            raise NonFiniteLoss(
-                                f"training error: non-finite loss at epoch {p.epoch} step {p.step_in_epoch} "
-                                f"(global step {p.global_step}); likely causes: learning rate too high "
-                                f"(optim.lr={self.cfg.optim.lr}), fp16 overflow, or bad input values; rerun with "
-                                f"debug.detect_anomaly=true to find the op; the last good checkpoint is kept in "
-                                f"{self.ckpt_root}")
-                        if p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps:
-                            mean_loss = all_reduce_sum(self.ctx, [window_loss])[0] / (window_steps * self.ctx.world_size)
+                        (preempt,) = agree(self.ctx, self.watcher.requested)
+                        log_now = p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps
+                        every = self.cfg.checkpoint.every_steps
+                        save_now = bool(every) and p.global_step % every == 0 and \
+                            p.step_in_epoch < self.plan.steps_per_epoch
+                        if log_now or preempt or save_now or p.step_in_epoch >= self.plan.steps_per_epoch:
+                            # The finite check: before any log line, checkpoint or validation (NAN_CHECK_BOUND)
+                            loss_sum = self._agreed_loss_sum(window_loss, window_from)
+                        if log_now:
+                            mean_loss = loss_sum / (window_steps * self.ctx.world_size)
                             elapsed = time.perf_counter() - window_start
                             rate = window_steps * self.plan.global_batch / max(elapsed, 1e-9)
                             lr = self.scheduler.get_last_lr()[0]
@@ -588,12 +605,13 @@ class Trainer:
                                            "images_per_s": rate, "elapsed_s": time.perf_counter() - run_start})
                             report.line(f"epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/"
                                         f"{self.plan.steps_per_epoch} loss {mean_loss:.4f} lr {lr:.4g} "
-                                        f"{rate:,.0f} img/s")
-                            window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
+                                        f"{rate:,.0f} img/s{startup_note or ''}")
+                            startup_note = None
+                            window_start, window_steps, window_loss = time.perf_counter(), 0, self._zero_window()
+                            window_from = p.global_step
                         if preempt:
                             return self._preempted(report)
-                        every = self.cfg.checkpoint.every_steps
-                        if every and p.global_step % every == 0 and p.step_in_epoch < self.plan.steps_per_epoch:
+                        if save_now:
                             self.save(synchronous=False)
                             self.fault("save", p.global_step)
                         if p.global_step >= self.total_steps:
@@ -646,6 +664,35 @@ class Trainer:
                 metrics.close()
                 trace.close()
                 report.close()
+
+    NAN_CHECK_BOUND = ("a non-finite training loss stops the run (exit 2) at the first check point after it: "
+                       "the next log point (every train.log_every_steps steps), checkpoint, preemption or end of "
+                       "the epoch, whichever comes first; never after a checkpoint or validation of that state")
+    """The finite check reads the running loss sum, which waits for the device: only at check points."""
+
+    def _zero_window(self) -> torch.Tensor:
+        """The running loss sum of the steps since the last log point, kept on the device (float64:
+        the same sums, bit for bit, as adding the losses up as Python floats)."""
+        return torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def _agreed_loss_sum(self, window_loss: torch.Tensor, window_from: int) -> float:
+        """Every rank's loss sum over the window, added up; a NaN/inf on any rank makes the sum
+        non-finite, so every rank raises together (NAN_CHECK_BOUND says when this runs)."""
+        total = all_reduce_sum(self.ctx, [float(window_loss)])[0]
+        if not math.isfinite(total):
+            p = self.progress
+            raise NonFiniteLoss(
+                f"training error: non-finite loss in global steps {window_from + 1}-{p.global_step} (epoch {p.epoch}, "
+                f"step {p.step_in_epoch}); likely causes: learning rate too high (optim.lr={self.cfg.optim.lr}), "
+                f"fp16 overflow, or bad input values; rerun with debug.detect_anomaly=true to find the op; the "
+                f"last good checkpoint is kept in {self.ckpt_root}")
+        return total
+
+    def _startup_seconds(self) -> float:
+        """Process start -> this process's first training step done (one device sync, once)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return process_age_s()
 
     def _preempted(self, report: Reporter) -> int:
         start = time.perf_counter()

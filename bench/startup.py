@@ -1,0 +1,103 @@
+"""Start-up (issue 15): process start -> first training step done ÷ `python -c "import torch"`.
+
+The project side is the worker's own `startup_s` record in metrics.jsonl (from the kernel's process
+start time, so interpreter start-up and every import count). The baseline is a process that only
+imports torch, timed the same way (process start -> torch imported). Rounds alternate the two sides;
+the figure is the median of the per-round ratios. The recipe is configs/fast.yaml on the shared
+CIFAR-10 JPEG copy with a warm decode cache (one untimed run fills it), one process, stopped after
+its first step; without the shared copy, synthetic images of the same size stand in (noted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import REPO, Result, median, median_ratio, unpacked_cifar
+
+COMMAND = "python -m bench.run --only startup"
+BASELINE_CODE = "import torch\nfrom train.startup import process_age_s\nprint(process_age_s())"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the record: start-up is per machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    return env  # the worker picks its own threads, as a user's run does
+
+
+def import_torch_s(timeout_s: float = 300) -> float:
+    out = subprocess.run([sys.executable, "-c", BASELINE_CODE], cwd=REPO, env=_env(), capture_output=True, text=True,
+                         timeout=timeout_s, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def worker_startup(argv_tail: list[str], run_dir: Path, timeout_s: float = 600) -> dict:
+    """One worker run stopped after its first step: its startup record."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    out = subprocess.run([sys.executable, "-m", "train", *argv_tail, f"run_dir={run_dir}", "train.max_steps=1",
+                          "checkpoint.every_epochs=0", "train.tta=none"], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, timeout=timeout_s)
+    if out.returncode != 0:
+        raise RuntimeError(f"worker exited {out.returncode}: {(out.stdout + out.stderr)[-1500:]}")
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return next(r for r in records if "startup_s" in r)
+
+
+def recipe(work: Path, quick: bool) -> tuple[list[str], str]:
+    """The worker's arguments and a description of the data."""
+    cache = work / "decode-cache"
+    if quick:
+        return ["--config", "configs/smoke.yaml"], "configs/smoke.yaml (synthetic), quick"
+    root = unpacked_cifar(work)
+    if root is None:
+        return (["--config", "configs/fast.yaml", "data.name=synthetic", "data.synthetic_train_size=45000",
+                 "data.synthetic_val_size=5000"],
+                "configs/fast.yaml on synthetic 32x32 images (the shared CIFAR-10 copy was not found)")
+    return (["--config", "configs/fast.yaml", f"data.root={root}", f"data.cache_dir={cache}"],
+            "configs/fast.yaml on the shared CIFAR-10 JPEG copy (50,000 images), warm decode cache")
+
+
+def run(quick: bool = False, rounds: int = 5, work: Path | None = None) -> Result:
+    work = Path(work or tempfile.mkdtemp(prefix="bench-startup-"))
+    argv, data = recipe(work, quick)
+    run_dir = work / "startup-run"
+    worker_startup(argv, run_dir)  # untimed: fills the decode cache (and the OS page cache)
+    import_torch_s()
+    n = 1 if quick else rounds
+    project, baseline, first_step = [], [], []
+    for r in range(n):
+        sides = ("worker", "torch") if r % 2 == 0 else ("torch", "worker")
+        for side in sides:
+            if side == "worker":
+                record = worker_startup(argv, run_dir)
+                project.append(record["startup_s"])
+                first_step.append(record.get("first_step_s", float("nan")))
+            else:
+                baseline.append(import_torch_s())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    ratio, per_round = median_ratio(project, baseline)  # seconds ÷ seconds: lower is better
+    return Result(
+        key="startup", title="Start-up: process start → first step done ÷ python -c \"import torch\"",
+        project=median(project), baseline=median(baseline), unit="s", ratio=ratio, goal=1.5, higher_is_better=False,
+        command=COMMAND, project_label="python -m train, startup_s from its metrics.jsonl",
+        baseline_label="python -c \"import torch\" (process start → imported)", rounds=per_round,
+        notes=f"{data}; one process; CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; the first step "
+              f"itself took {median(first_step):.2f} s of the start-up (median); {n} alternating rounds",
+        extra={"first_step_s": first_step, "startup_s": project, "import_torch_s": baseline, "cpu": cpu_model()})
