@@ -48,7 +48,8 @@ class DataConfig:
     """Seed of the train/validation split; independent of `seed` so runs share one split."""
     loader: str = "auto"
     """`tensor` (decoded uint8 cache + batched augmentation), `pil` (per-sample), `auto` (tensor when
-    every image has the same size)."""
+    every image has the same size; a plug-in dataset: when its uint8 images fit in a quarter of the
+    free memory)."""
     num_workers: int = 2
     """DataLoader worker processes per rank for the `pil` loader."""
     cache_dir: str = "~/.cache/torchlaunch"
