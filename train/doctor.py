@@ -126,14 +126,20 @@ def _dtype_works(device: str, dtype_name: str) -> bool:
 def _cpu_rates(model: str) -> dict[str, Any]:
     """Training images/s in fp32 and bf16 on this CPU (train/precision.py's measurement, ~1-2 s):
     CPU flags do not say which is faster, so `precision=auto` measures and so does the doctor."""
+    import torch
+
     from train.precision import measure_rates
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per core: steady on a busy host, where 2 OMP threads stall each other
     try:
         rates = measure_rates(model, 10, 0, 32, 32, channels_last=True, budget_s=0.5)
     except Exception as exc:  # noqa: BLE001 - a failed measurement is reported, not fatal
         return {"model": model, "error": f"{type(exc).__name__}: {_first_line(str(exc))}"}
-    return {"model": model, "batch": rates.batch, "fp32": round(rates.fp32, 1), "bf16": round(rates.bf16, 1),
-            "auto_picks": rates.choice}
+    finally:
+        torch.set_num_threads(threads)
+    return {"model": model, "batch": rates.batch, "threads": 1, "fp32": round(rates.fp32, 1),
+            "bf16": round(rates.bf16, 1), "auto_picks": rates.choice}
 
 
 def _first_line(text: str) -> str:
@@ -503,7 +509,8 @@ def _cpu_precision_finding(rates: dict[str, Any]) -> Finding:
     fast = rates["auto_picks"]
     return Finding(OK, "cpu precision",
                    f"{rates['model']} trains at bf16 {rates['bf16']:.0f} vs fp32 {rates['fp32']:.0f} images/s "
-                   f"(batch {rates['batch']}): {fast} is the fast one here, precision=auto picks it; "
+                   f"(batch {rates['batch']}, one thread): {fast} is the fast one here; precision=auto "
+                   f"measures each run's own model and threads; "
                    f"fp16 is emulated on CPU (~17x slower) and refused")
 
 
