@@ -214,6 +214,7 @@ cmd_up() {
   scontrol update NodeName=n1,n2 State=RESUME >/dev/null 2>&1 || true
   wait_for "$UP_TIMEOUT_S" "nodes n1 n2 idle and sacct answering" cluster_ready
   log "up in $((SECONDS - started)) s; state in $STATE"
+  log "sbatch/sinfo find this cluster only with SLURM_CONF set: in each shell run  eval \"\$(slurm/dev-cluster.sh env)\""
   cmd_env
 }
 
