@@ -262,7 +262,8 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.R
                        f"worker takes run_dir={args.run_dir}")
     cfg = config_mod.load(args.config, args.overrides)
     check_devices(args)
-    precheck.check_local(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0)  # before any spawn
+    if not args.doctor:  # the pre-flight trains nothing: it needs neither the data nor a precision
+        precheck.check_local(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0)  # before any spawn
     resolved = str(Path(cfg.run_dir) / "config.yaml")
     spec = JobSpec(config=resolved, nodes=args.nnodes, gpus_per_node=args.gpus, run_dir=cfg.run_dir,
                    master_port=args.master_port, max_restarts=args.max_restarts)

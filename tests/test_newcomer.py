@@ -295,3 +295,13 @@ def test_bench_states_the_cpu_beside_every_figure() -> None:
     assert f"| {doc['results'][first]['title']} |" in next(r for r in rows if "Test CPU 9000" in r)
     details = [ln for ln in text.splitlines() if ln.startswith("- measured ")]
     assert details and all(" CPU " in ln for ln in details)
+
+
+def test_preflight_needs_no_data(tmp_path: Path) -> None:
+    """`launch.local --doctor` trains nothing, so a missing dataset must not stop it before it starts."""
+    r = subprocess.run([sys.executable, "-m", "launch.local", "--doctor", "--dry-run", "--gpus", "2", "--device",
+                        "cpu", "--config", "configs/cifar10.yaml", f"data.root={tmp_path / 'none'}",
+                        "data.download=false", f"run_dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert "train.preflight" in r.stdout
