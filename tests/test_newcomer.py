@@ -87,6 +87,23 @@ def test_probe_tells_a_listening_port_from_a_closed_one() -> None:
     assert reason is not None and "127.0.0.1" in reason
 
 
+def test_probe_gives_up_on_a_lookup_that_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from train import datacheck
+
+    never = threading.Event()  # a resolver that hangs, as some offline machines' DNS does
+
+    def hang(*args: object, **kwargs: object) -> None:
+        never.wait()
+        raise OSError("released by the test")
+
+    monkeypatch.setattr(datacheck.socket, "create_connection", hang)
+    reason = unreachable_reason("www.example.invalid", 443, timeout_s=0.2)
+    never.set()
+    assert reason is not None and "no answer" in reason
+
+
 def test_probe_targets_the_proxy_when_one_is_set() -> None:
     assert probe_target(env={}) == ("www.cs.toronto.edu", 443)
     assert probe_target(env={"https_proxy": "http://proxy.corp:3128"}) == ("proxy.corp", 3128)
