@@ -269,31 +269,40 @@ def test_choice_prefers_fp32_unless_bf16_is_clearly_faster() -> None:
 
 
 @pytest.mark.slow
-def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it(tmp_path: Path) -> None:
-    """Two ranks through the real launcher: rank 0 picks, both train in it, the run records it; the
-    rerun (after the cache flipped) reads the record."""
+def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Path) -> None:
+    """Two ranks through the real launcher: rank 0 measures and picks, the run records it; preempted at
+    step 2 and rerun after the cache flipped, it keeps its precision and ends bit for bit where an
+    uninterrupted run with that precision named ends (so the measurement left the RNG streams alone)."""
+    from tests.helpers import assert_states_equal, final_state
+
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
-    args = ["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={run_dir}",
-            "train.precision=auto", f"data.cache_dir={cache}", "train.epochs=1", "train.max_steps=2",
-            "data.synthetic_train_size=256", "data.synthetic_val_size=64", "model.width=4"]
+    common = ["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"data.cache_dir={cache}",
+              "train.epochs=2", "data.synthetic_train_size=256", "data.synthetic_val_size=64", "model.width=4"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = subprocess.run([sys.executable, "-m", "launch.local", *args], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
+
+    def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
+        run_env = {**env, "TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else env
+        return subprocess.run([sys.executable, "-m", "launch.local", *common, *extra], cwd=REPO, env=run_env,
+                              capture_output=True, text=True, timeout=300)
+
+    first = launch(f"run_dir={run_dir}", "train.precision=auto", fault="at=step,n=2,rank=0")
+    assert first.returncode == 75, first.stderr
     chosen = json.loads((run_dir / "precision.json").read_text())["precision"]
     notes = [ln for ln in first.stderr.splitlines() if ln.startswith("precision: auto ->")]
-    assert len(notes) == 1 and f"-> {chosen}" in notes[0]  # one line, from rank 0 only
+    assert len(notes) == 1 and f"-> {chosen}" in notes[0] and "measured now" in notes[0]  # rank 0 only
     assert f"({chosen})" in first.stdout + first.stderr  # the run's own start line names the same precision
-    from tests.helpers import final_state
-
-    assert final_state(run_dir)["config"]["train"]["precision"] == chosen  # train.evaluate reads this
     entries = json.loads((cache / precision.CACHE_FILE).read_text())
     for entry in entries.values():
         entry["precision"] = "fp32" if chosen == "bf16" else "bf16"
     (cache / precision.CACHE_FILE).write_text(json.dumps(entries))
-    again = subprocess.run([sys.executable, "-m", "launch.local", *args, "train.max_steps=4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    again = launch(f"run_dir={run_dir}", "train.precision=auto")
     assert again.returncode == 0, again.stderr
     assert f"precision: auto -> {chosen} (recorded at this run's start" in again.stderr
+    resumed = final_state(run_dir)
+    assert resumed["config"]["train"]["precision"] == chosen  # train.evaluate validates in it too
+    reference = launch(f"run_dir={tmp_path / 'reference'}", f"train.precision={chosen}")
+    assert reference.returncode == 0, reference.stderr
+    assert_states_equal(resumed, final_state(tmp_path / "reference"))
 
 
 # ------------------------------------------------------------------ 5. bench names the CPU
