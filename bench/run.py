@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, startup, tta
+from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, startup, tta, userscript
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
 from train.precision import cpu_model
 
-ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "peers", "proposals", "tta")
+ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "peers", "proposals", "tta")
 DOCS = REPO / "docs"
 NO_CPU = "not recorded (measured before 2026-12-01)"
 
@@ -73,6 +73,8 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
         keep(rs)
     if "startup" in names:
         keep(record("startup", lambda: startup.run(quick=quick, work=work)))
+    if "userscript" in names:
+        keep(record("userscript", lambda: userscript.run(quick=quick)))
     if "peers" in names:
         keep(record("peers", lambda: peers.run(peers_py, quick=quick, work=work, rounds=1 if quick else 8,
                                                             reference_fp32=full)))
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     store = args.docs / "bench-results.json"
     doc = json.loads(store.read_text()) if store.is_file() else {"results": {}}
     doc["results"].update(results)
-    order = ["loop", "datapath", "amp", "ddp", "ckpt_save", "ckpt_load", "ckpt_async", "ckpt_resume", "startup",
+    order = ["loop", "datapath", "amp", "ddp", "ckpt_save", "ckpt_load", "ckpt_async", "ckpt_resume", "startup", "userscript",
              "peers_lightning", "peers_reference", "peers_lightning_cifar", "peers_reference_cifar",
              "proposal_fused_sgd", "adopted_xxh3", "adopted_cpu_ddp"]
     doc["results"] = {k: doc["results"][k] for k in order if k in doc["results"]}

@@ -53,7 +53,7 @@ def training_steps_per_s(argv: list[str], run_dir: Path, timeout_s: float = 600)
     return (last_step - first_step) / (last - first)
 
 
-def run(quick: bool = False, rounds: int = 5, epochs: int = 8) -> Result:
+def run(quick: bool = False, rounds: int = 7, epochs: int = 24) -> Result:
     if quick:
         rounds, epochs = 1, 1
     work = Path(tempfile.mkdtemp(prefix="bench-userscript-"))

@@ -577,3 +577,14 @@ def test_custom_loop_preempted_on_slurm_resumes_bitwise(custom_reference: Path, 
     text = log.read_text()
     assert "preemption: checkpoint committed" in text and "resumed at step " in text
     assert_models_equal(run_dir / "model.pt", custom_reference)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_userscript_quick() -> None:
+    """The bench's machinery: both sides train, each timed from its live step lines."""
+    from bench import userscript
+
+    result = userscript.run(quick=True)
+    assert result.key == "userscript" and result.project > 0 and result.baseline > 0
+    assert len(result.rounds) == 1 and result.ratio == pytest.approx(result.project / result.baseline)
