@@ -1,8 +1,9 @@
 """The training loop: AMP, gradient accumulation, clipping, finite checks, validation, checkpoints.
 
 One Trainer per rank. All ranks run the same sequence of collectives: per step one tiny all-reduce
-that carries both "a rank was signalled" and "a rank saw a non-finite loss", so preemption and NaN
-stops are agreed at the same step everywhere.
+of "a rank was signalled", so a preemption is agreed at the same step everywhere. The loss stays on
+the device between check points (log points, saves, preemption, epoch end), where its all-reduced
+sum is read: a non-finite sum on any rank stops every rank together (Trainer.NAN_CHECK_BOUND).
 """
 
 from __future__ import annotations
