@@ -205,7 +205,9 @@ def test_scancel_is_a_clean_failure_without_requeue(cluster: str, tmp_path: Path
 @pytest.mark.timeout(200)
 def test_bad_config_fails_once_without_requeue(cluster: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "bad"
-    launch = Launch(run_dir, *WORKERS, "--time", "10", "--config", "configs/smoke.yaml", "model.name=nope")
+    # A plug-in path passes the launcher's syntax check; only the worker in the job can find it missing.
+    launch = Launch(run_dir, *WORKERS, "--time", "10", "--config", "configs/smoke.yaml",
+                    "model.name=no_such_module_here:factory")
     assert launch.finish(120) == 2, launch.text()[-3000:]
     assert requeue_records(launch.job_id) == ["FAILED"]
 
