@@ -474,12 +474,7 @@ def plan_program(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     from launch import program as program_mod
 
     program = program_mod.parse(args.program)
-    if args.config is not None:
-        raise BadInput(f"k8s error: --config applies to the built-in worker, not to {program.name} "
-                       "(pass your program's own arguments after --)")
-    if args.overrides:
-        raise BadInput(f"k8s error: config overrides ({args.overrides[0]}) apply to the built-in worker, not to "
-                       f"{program.name} (pass your program's own arguments after --)")
+    program_mod.refuse_worker_options(program, args.config, args.overrides, "k8s error: ")
     spec = JobSpec(program=tuple(program.argv()), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                    run_dir=args.run_dir, master_port=args.master_port, max_restarts=args.max_restarts,
                    image=args.image)

@@ -237,13 +237,7 @@ def plan_program(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, prog
     """A user's program: found on disk (never imported) before anything starts; BadInput otherwise."""
     check_placement(args)
     program = program_mod.parse(args.program)
-    if args.config is not None:
-        raise BadInput(f"launch error: --config applies to the built-in worker, not to {program.name} "
-                       f"(pass your program's own arguments after --, or drop the program to train a recipe)")
-    if args.overrides:
-        raise BadInput(f"launch error: config overrides ({args.overrides[0]}) apply to the built-in worker, "
-                       f"not to {program.name} (pass your program's own arguments after --: "
-                       f"-- {shlex.join(program.argv())} ...)")
+    program_mod.refuse_worker_options(program, args.config, args.overrides, "launch error: ")
     program_mod.check(program)
     check_devices(args)
     spec = JobSpec(program=tuple(program.argv()), nodes=args.nnodes, gpus_per_node=args.gpus,

@@ -20,6 +20,7 @@ import importlib.machinery
 import importlib.util
 import os
 import runpy
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
@@ -72,6 +73,18 @@ def parse(argv: Sequence[str]) -> Program:
     if items[0].startswith("-"):
         raise BadInput(f"launch error: program {items[0]!r} looks like an option ({USAGE})")
     return Program(script=items[0], args=tuple(items[1:]))
+
+
+def refuse_worker_options(program: Program, config: str | None, overrides: Sequence[str], prefix: str = "") -> None:
+    """--config and key=value overrides configure the built-in worker; with a user's program they would
+    be silently ignored, so every launcher refuses them with the same line."""
+    if config is not None:
+        raise BadInput(f"{prefix}--config applies to the built-in worker, not to {program.name} "
+                       "(pass your program's own arguments after --, or drop the program to train a recipe)")
+    if overrides:
+        raise BadInput(f"{prefix}config overrides ({overrides[0]}) apply to the built-in worker, not to "
+                       f"{program.name} (pass your program's own arguments after --: "
+                       f"-- {shlex.join(program.argv())} ...)")
 
 
 def module_origin(name: str, search_path: Sequence[str]) -> str | None:

@@ -584,12 +584,7 @@ def check_program(program_argv: list[str] | None, args: argparse.Namespace) -> p
             raise BadInput(f"--run-dir is for a program after --; the built-in worker takes run_dir={args.run_dir}")
         return None
     program = program_mod.parse(program_argv).absolute(os.getcwd())
-    if args.config is not None:
-        raise BadInput(f"--config applies to the built-in worker, not to {program.name} "
-                       "(pass your program's own arguments after --)")
-    if args.overrides:
-        raise BadInput(f"config overrides ({args.overrides[0]}) apply to the built-in worker, not to "
-                       f"{program.name} (pass your program's own arguments after --)")
+    program_mod.refuse_worker_options(program, args.config, args.overrides)
     program_mod.check(program)
     return program
 
