@@ -1,0 +1,186 @@
+"""A user's program in the Kubernetes Job, its pods run as real containers (issue 14, item 3).
+
+`python -m launch.k8s ... -- SCRIPT.py args` renders the Job (the real CLI, its YAML parsed back);
+tests/test_docker_job.py's harness turns each pod into a container and mimics the Job controller
+(podFailurePolicy, backoffLimit). The image holds only the project (.dockerignore admits launch/,
+train/, configs/), so the program's code goes on the shared volume and the pods run from it with
+`--workdir /shared/code`, as docs/KUBERNETES.md documents for code that is not built into an image.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import run_cmd
+from tests.helpers import assert_models_equal
+from tests.test_docker_job import (  # noqa: F401 - image is a fixture used by name
+    DOCKER,
+    JOB_TIMEOUT_S,
+    ROOT,
+    DockerJob,
+    docker,
+    image,
+    shared_folder,
+)
+from train.exit_codes import BAD_INPUT, OK, PREEMPTED
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+CODE_DIR = "/shared/code"
+"""Where the pods find the program: a folder on the shared volume (docs/KUBERNETES.md, option 2)."""
+PROGRAMS = {"custom_loop.py": ROOT / "examples" / "custom_loop.py",
+            "bad_input.py": ROOT / "tests" / "programs" / "bad_input.py"}
+EPOCHS = 4
+TOTAL = 32 * EPOCHS
+"""2048 samples, global batch 64: 32 steps an epoch, 128 in all (a few seconds of training)."""
+STOP_AT = 20
+"""The step after which pod 1 is stopped: early, so the stop lands long before step TOTAL."""
+
+
+def render_job(image_name: str, name: str, program: list[str]) -> dict:
+    """The Job of `python -m launch.k8s ... -- PROGRAM` for 2 CPU pods, as the CLI prints it."""
+    argv = [sys.executable, "-m", "launch.k8s", "--nodes", "2", "--gpus-per-node", "1", "--cpu-only",
+            "--image", image_name, "--name", name, "--workdir", CODE_DIR,
+            "--save-time-s", "20", "--step-time-s", "10", "--", *program]
+    code, out, err = run_cmd(argv, timeout=60)
+    assert code == OK, err
+    job = next(m for m in yaml.safe_load_all(out) if m and m["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == CODE_DIR
+    return job
+
+
+@pytest.fixture(scope="module")
+def make_program_job(image, tmp_path_factory) -> Callable[..., DockerJob]:  # noqa: F811
+    """Jobs of two CPU pods running a user's program from the shared volume; all removed at the end."""
+    jobs: list[DockerJob] = []
+
+    def make(name: str, *program: str) -> DockerJob:
+        job = render_job(image, name, list(program))
+        folder = tmp_path_factory.mktemp(name)
+        folder.chmod(0o755)
+        shared = shared_folder(folder / "shared")
+        code = shared / "code"
+        code.mkdir()
+        for target, source in PROGRAMS.items():
+            shutil.copyfile(source, code / target)
+        code.chmod(0o755)  # read-only for the pods' user: the code is only read
+        prefix = "tl" + uuid.uuid4().hex[:6]
+        dj = DockerJob(job, folder, shared, prefix)
+        dj.network = f"{prefix}-net"
+        docker("network", "create", dj.network)
+        jobs.append(dj)
+        return dj
+
+    yield make
+    for dj in jobs:
+        dj.cleanup()
+
+
+def custom_loop(name: str) -> list[str]:
+    return ["custom_loop.py", "--run-dir", f"/shared/runs/{name}", "--epochs", str(EPOCHS)]
+
+
+@pytest.fixture(scope="module")
+def host_reference(tmp_path_factory) -> Path:
+    """The same script as 2 CPU ranks under launch.local on this machine: the weights to match."""
+    run_dir = tmp_path_factory.mktemp("host") / "run"
+    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--",
+            "examples/custom_loop.py", "--run-dir", str(run_dir), "--epochs", str(EPOCHS)]
+    code, out, err = run_cmd(argv, timeout=300)
+    assert code == OK, err[-3000:]
+    assert f"finished: {TOTAL} steps" in out
+    return run_dir / "model.pt"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_program(make_program_job) -> DockerJob:
+    dj = make_program_job("uref", *custom_loop("uref"))
+    dj.run_until_complete(dj.start_all())
+    return dj
+
+
+def test_user_program_job_trains_end_to_end_bitwise_like_launch_local(uninterrupted_program, host_reference):
+    dj = uninterrupted_program
+    assert sorted(dj.history) == [(0, OK), (1, OK)], dj.history
+    log = dj.logs(0)
+    assert f"finished: {TOTAL} steps" in log and "resumed at step" not in log, log[-3000:]
+    assert_models_equal(dj.run_dir / "model.pt", host_reference)
+
+
+def follow_until(dj: DockerJob, index: int, prefix: str, timeout_s: float = 240) -> str:
+    """Stream pod `index`'s log until a line starts with `prefix`; that line (the stream is bounded by a
+    watchdog that ends it, and by the pod's own end)."""
+    proc = subprocess.Popen([DOCKER, "logs", "-f", dj.container(index)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(timeout_s, proc.kill)
+    watchdog.start()
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(prefix):
+                return line
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait(timeout=30)
+    raise AssertionError(f"pod {index}: no line {prefix!r} within {timeout_s}s:\n{''.join(seen)[-3000:]}")
+
+
+def wait_exited(dj: DockerJob, index: int, timeout_s: float = 120) -> int:
+    """Pod `index`'s exit code, once it has exited (bounded)."""
+    result = docker("wait", dj.container(index), timeout=timeout_s)
+    return int(result.stdout.strip())
+
+
+def test_stopped_program_pod_exits_75_and_the_replacement_resumes_bitwise(make_program_job, uninterrupted_program):
+    dj = make_program_job("ustop", *custom_loop("ustop"))
+    running = dj.start_all()
+    follow_until(dj, 0, f"step {STOP_AT}/{TOTAL} ")  # rank 0 (pod 0) prints every step
+    start = time.monotonic()
+    docker("stop", "-t", str(dj.grace_s), dj.container(1), timeout=dj.grace_s + 30)
+    took = time.monotonic() - start
+    assert dj.state(1) == ("exited", PREEMPTED), f"took {took:.1f}s:\n{dj.logs(1)[-3000:]}"
+    assert took < dj.grace_s  # the program's own handler ran: not SIGKILLed at the end of the grace period
+    assert "preempted with a committed checkpoint (exit 75)" in dj.logs(1)
+    assert dj.action(PREEMPTED) == "Ignore"
+    assert wait_exited(dj, 0) == PREEMPTED, dj.logs(0)[-3000:]  # every pod stops at the agreed step
+    assert not (dj.run_dir / "model.pt").exists()
+
+    dj.run_until_complete(running)
+
+    assert dj.failures == 0, f"a preemption must not count against backoffLimit: {dj.history}"
+    assert sorted(dj.history[:2]) == [(0, PREEMPTED), (1, PREEMPTED)], dj.history  # then replaced, once
+    assert sorted(dj.history[2:]) == [(0, OK), (1, OK)], dj.history
+    log = dj.logs(0)  # the replacement pod 0
+    resumed = int(log.split("resumed at step ", 1)[1].split()[0])
+    assert STOP_AT <= resumed < TOTAL, log[-3000:]
+    print(f"pod 1 stopped after step {STOP_AT} in {took:.1f}s; the replacement resumed at step {resumed}")
+    assert f"\nstep {resumed + 1}/{TOTAL} " in log and f"\nstep {resumed}/{TOTAL} " not in log  # none twice
+    assert f"finished: {TOTAL} steps" in log
+    assert_models_equal(dj.run_dir / "model.pt", uninterrupted_program.run_dir / "model.pt")
+
+
+def test_bad_input_program_fails_the_job_without_retry(make_program_job):
+    runs = "/shared/bad-input-runs.txt"  # one line per start of the program, on any rank
+    dj = make_program_job("ubad", "bad_input.py", runs)
+    running = dj.start_all()
+    with pytest.raises(AssertionError, match="FailJob"):
+        dj.run_until_complete(running, timeout_s=JOB_TIMEOUT_S)
+    assert dj.history[0][1] == BAD_INPUT and dj.failures == 0, dj.history
+    codes = [wait_exited(dj, i) for i in (0, 1)]
+    assert codes == [BAD_INPUT, BAD_INPUT], codes
+    assert "data error: --data /nonexistent.csv: no such file" in dj.logs(dj.history[0][0])
+    starts = sorted((dj.shared / "bad-input-runs.txt").read_text().splitlines())
+    assert starts == ["rank 0 restart 0", "rank 1 restart 0"], starts  # each rank started once, never again
