@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.conftest import run_cmd
 from train import data as data_mod
 from train import folder_cache
 from train.config import DataConfig
@@ -335,6 +338,53 @@ def test_prefetch_child_publishes_the_cache_the_worker_then_loads(tmp_path: Path
     assert bundle.train.images is not None and len(bundle.train) + len(bundle.val) == 6
 
 
+def test_worker_takes_the_prefetch_scan_once_and_loads_what_its_own_scan_gives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    write_folder(root, {"b": 3, "a": 5, "c": 2})
+    cfg = folder_cfg(root, cache)
+    scanned = data_mod.load_bundle(cfg)  # builds the cache through the worker's own scan
+    folder_cache.finish_prefetch(folder_cache.start_prefetch(cfg, env={}))
+
+    def no_scan(root: Path) -> None:
+        raise AssertionError("scanned again")
+
+    monkeypatch.setattr(data_mod, "scan_imagefolder", no_scan)
+    prefetched = data_mod.load_bundle(cfg)
+    assert prefetched.classes == scanned.classes == ["a", "b", "c"]
+    for a, b in ((prefetched.train, scanned.train), (prefetched.val, scanned.val)):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels) and a.labels.dtype == torch.int64
+    assert (prefetched.mean, prefetched.std) == (scanned.mean, scanned.std)
+    with pytest.raises(AssertionError, match="scanned again"):  # taken once: a later load scans anew
+        data_mod.load_bundle(cfg)
+    monkeypatch.undo()
+    smaller = folder_cfg(root, cache, image_size=16)  # the cache holds 32x32: the index must not be used
+    folder_cache.finish_prefetch(folder_cache.start_prefetch(smaller, env={}))
+    resized = data_mod.load_bundle(smaller)
+    assert resized.train.images is None and len(resized.train.files) == len(scanned.train)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_count"])
+def test_damaged_decode_cache_is_rebuilt_not_a_crash(tmp_path: Path, damage: str) -> None:
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    write_folder(root, {"a": 4, "b": 4})
+    cfg = folder_cfg(root, cache)
+    clean = data_mod.load_bundle(cfg)
+    (published,) = cache.glob("imagefolder-*/images.npy")
+    if damage == "truncate":
+        published.write_bytes(published.read_bytes()[:-100])
+    elif damage == "garbage":
+        published.write_bytes(b"not an array")
+    else:
+        np.save(published, np.zeros((5, 3, 32, 32), dtype=np.uint8))
+    folder_cache.finish_prefetch(folder_cache.start_prefetch(cfg, env={}))  # the child's index too
+    rebuilt = data_mod.load_bundle(cfg)
+    assert torch.equal(rebuilt.train.images, clean.train.images) and torch.equal(rebuilt.val.labels, clean.val.labels)
+    (republished,) = cache.glob("imagefolder-*/images.npy")
+    _, files, _ = data_mod.scan_imagefolder(root)
+    assert np.array_equal(np.load(republished), data_mod.decode_all(files, 32))  # the next start reads it
+
+
 def test_prefetch_leaves_problems_to_the_worker(tmp_path: Path) -> None:
     root, cache = tmp_path / "data", tmp_path / "cache"
     files = write_folder(root, {"a": 2, "b": 2})
@@ -400,3 +450,81 @@ def test_folder_fingerprint_is_the_relpath_key_for_any_spelling_of_root(tmp_path
         assert folder_cache.folder_fingerprint(spelling, files) == key  # type: ignore[arg-type]
     (root / "b" / "0.png").write_bytes(b"changed")
     assert folder_cache.folder_fingerprint(root, files) != key
+
+
+# ------------------------------------------------------------------------------------------ CIFAR-10 batches
+
+
+def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
+    """A miniature cifar-10-batches-py (random pixels, every class present) in the files' own pickle layout."""
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {"batch_label": name, "labels": [int(v) for v in rng.integers(0, 10, per_batch)],
+                 "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 "filenames": [f"{name}_{i}.png" for i in range(per_batch)]}
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
+    meta = {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
+            "num_cases_per_batch": per_batch, "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
+    return folder
+
+
+def test_cifar10_native_reader_is_torchvisions_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    write_cifar_batches(tmp_path)
+    bundle = data_mod.load_bundle(DataConfig(name="cifar10", root=str(tmp_path), download=False))
+    cifar_module = sys.modules[torchvision.datasets.CIFAR10.__module__]
+    monkeypatch.setattr(cifar_module, "check_integrity", lambda *a, **k: True)  # the files are not the real ones
+    for ours, train in ((bundle.train, True), (bundle.val, False)):
+        ds = torchvision.datasets.CIFAR10(str(tmp_path), train=train, download=False)
+        expected = torch.from_numpy(ds.data).permute(0, 3, 1, 2)
+        assert ours.images.dtype == torch.uint8 and ours.images.is_contiguous()
+        assert torch.equal(ours.images, expected)
+        assert torch.equal(ours.labels, torch.tensor(ds.targets, dtype=torch.int64))
+        assert bundle.classes == ds.classes
+    assert len(bundle.train) == 100 and len(bundle.val) == 20
+
+
+def test_cifar10_truncated_or_foreign_batch_is_one_line_and_runs_nothing(tmp_path: Path) -> None:
+    folder = write_cifar_batches(tmp_path)
+    batch = folder / "data_batch_3"
+    batch.write_bytes(batch.read_bytes()[:5000])
+    cfg = DataConfig(name="cifar10", root=str(tmp_path), download=False)
+    msg = one_line_bad_input(data_mod.load_bundle, cfg)
+    assert msg.startswith("data error: CIFAR-10 not found under") and "files corrupt" in msg, msg
+    marker = tmp_path / "executed"
+    batch.write_bytes(pickle.dumps(_Exploit(str(marker)), protocol=2))
+    msg = one_line_bad_input(data_mod.load_bundle, cfg)
+    assert "files corrupt" in msg and "unexpected object" in msg, msg
+    assert not marker.exists()
+
+
+class _Exploit:
+    """A pickle that would create a file when loaded by a plain unpickler."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (Path(self.path),))
+
+
+@pytest.mark.timeout(200)
+def test_default_recipe_worker_never_imports_torchvision(tmp_path: Path) -> None:
+    """configs/cifar10.yaml (cifar10 batches, resnet18) in a real worker, in-process so sys.modules can be
+    read after it returns: torchvision (and the torch._dynamo it imports) is no part of its start-up."""
+    write_cifar_batches(tmp_path / "data", per_batch=64)
+    run_dir = tmp_path / "run"
+    overrides = [f"run_dir={run_dir}", f"data.root={tmp_path / 'data'}", "data.download=false", "train.max_steps=1",
+                 "train.batch_size=32", "data.max_val_samples=32", "train.precision=fp32", "train.log_every_steps=1",
+                 "checkpoint.every_steps=0"]
+    probe = ("import sys; from train.worker import main; "
+             f"code = main(['--config', 'configs/cifar10.yaml', *{overrides!r}]); "
+             "print('TORCHVISION', 'torchvision' in sys.modules, 'DYNAMO', 'torch._dynamo' in sys.modules); "
+             "sys.exit(code)")
+    rc, out, err = run_cmd([sys.executable, "-c", probe], timeout=180, env={"OMP_NUM_THREADS": "1"})
+    assert rc == 0, out + err
+    assert "starting resnet18" in out + err
+    assert "TORCHVISION False DYNAMO False" in out, out

@@ -14,7 +14,7 @@ from tests.helpers import assert_models_equal, assert_states_equal, final_state,
 from train import config
 from train.data import BatchPlan, augment
 from train.lookahead import Lookahead
-from train.models import build_model
+from train.models import build_model, patch_matrix
 from train.trainer import lr_lambda_factory, param_groups
 from train.tta import tta_logits
 
@@ -33,6 +33,19 @@ def test_fastnet_stem_whitens_patches_and_is_frozen() -> None:
     assert torch.equal(conv.weight[12:], -conv.weight[:12])
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     assert "stem.0.weight" in frozen and "groups.0.norm1.weight" in frozen and "stem.0.bias" not in frozen
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 8, 8), (2, 3, 7, 9), (3, 1, 4, 5)])
+def test_patch_matrix_is_the_unfolded_patches_bit_for_bit(shape: tuple[int, int, int, int]) -> None:
+    """The whitening init must keep its numbers: its covariance matmul gets the same values in the same layout."""
+    images = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    reference = images.unfold(2, 2, 1).unfold(3, 2, 1).permute(0, 2, 3, 1, 4, 5).reshape(-1, shape[1] * 4)
+    ours = patch_matrix(images, 2, 2)
+    assert ours.dtype == torch.float32 and ours.stride() == reference.stride() == (shape[1] * 4, 1)
+    assert torch.equal(ours, reference)
+    assert torch.equal(patch_matrix(images.to(torch.bfloat16), 3, 2),
+                       images.to(torch.bfloat16).float().unfold(2, 3, 1).unfold(3, 2, 1)
+                       .permute(0, 2, 3, 1, 4, 5).reshape(-1, shape[1] * 6))
 
 
 def test_norm_lr_scale_keeps_decay_per_step() -> None:

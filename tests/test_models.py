@@ -40,6 +40,33 @@ def test_parameter_counts_are_sane() -> None:
     assert param_count("simple_cnn", 16) < param_count("simple_cnn")
 
 
+@pytest.mark.parametrize("seed", [0, 3])
+def test_resnet18_is_the_torchvision_built_model_bit_for_bit(seed: int) -> None:
+    """The native resnet18 replaced torchvision's resnet18 with a swapped stem: old checkpoints must load into
+    it and a seeded fresh run must start from the very same weights (exact-resume and reproducibility)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(seed)
+    ours = build_model("resnet18", 10)
+    rng_ours = torch.get_rng_state()
+    torch.manual_seed(seed)
+    theirs = torchvision.models.resnet18(num_classes=10)
+    theirs.conv1 = torch.nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    theirs.maxpool = torch.nn.Identity()
+    assert torch.equal(rng_ours, torch.get_rng_state())  # later draws of the run continue identically
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert list(a) == list(b)
+    for key in b:
+        assert a[key].shape == b[key].shape and a[key].dtype == b[key].dtype, key
+        assert torch.equal(a[key], b[key]), key
+    # the optimizer's state is saved by parameter position: the order must match too
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    x = torch.randn(4, 3, 32, 32)
+    assert torch.equal(ours(x), theirs(x))  # train mode: batch statistics, running stats updated
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    fresh = build_model("resnet18", 10)
+    fresh.load_state_dict(theirs.state_dict(), strict=True)
+
+
 def test_resnet18_has_the_cifar_stem() -> None:
     model = build_model("resnet18", 10)
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)

@@ -5,8 +5,10 @@ one core. The decode of a cold folder needs only PIL and numpy, so the worker st
 process (`python -m train.folder_cache`) before importing torch, on the other core, and loads the
 published cache when its imports are done (train/worker.py). Anything the child cannot do (a
 corrupt file, no space) it leaves undone; the worker then decodes itself and reports the error as
-it always did. Publishing is atomic (a temporary folder renamed into place), so a reader never sees
-a half-written cache, and whichever of several writers finishes first wins.
+it always did. The child also prints what the worker needs of a cached folder (its fingerprint, classes
+and per-class counts), so the worker skips its own scan of every file (~0.2 s for 50,000 images).
+Publishing is atomic (a temporary folder renamed into place), so a reader never sees a half-written
+cache, and whichever of several writers finishes first wins.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -113,18 +116,39 @@ def publish(images: np.ndarray, root: Path, cache_dir: Path, key: str) -> np.nda
     return images
 
 
-def prepare(root: Path, cache_dir: Path, size: int) -> bool:
-    """Make sure the cache for `root` exists; False when the folder is not for the tensor path
+@dataclass(frozen=True)
+class FolderIndex:
+    """A scanned folder whose decode cache exists: enough for the tensor path without a second scan (files
+    are scanned class by class, so the labels are each class's index repeated `counts[i]` times)."""
+
+    root: str
+    cache_dir: str
+    key: str
+    classes: list[str]
+    counts: list[int]
+
+
+_prefetched: dict[tuple[str, str], FolderIndex] = {}
+"""What a finished prefetch reported, by (root, cache_dir), until the worker's data loading takes it."""
+
+
+def prepare(root: Path, cache_dir: Path, size: int) -> FolderIndex | None:
+    """Make sure the cache for `root` exists; None when the folder is not for the tensor path
     (images of another size). Raises BadInput like the worker would."""
-    _, files, _ = scan_imagefolder(root)
+    classes, files, labels = scan_imagefolder(root)
     key = folder_fingerprint(root, files)
-    if cache_images_file(cache_dir, key).is_file():
-        return True
-    images = decode_all(files, size)
-    if images is None:
-        return False
-    publish(images, root, cache_dir, key)
-    return True
+    if not cache_images_file(cache_dir, key).is_file():
+        images = decode_all(files, size)
+        if images is None:
+            return None
+        publish(images, root, cache_dir, key)
+    counts = [labels.count(i) for i in range(len(classes))]
+    return FolderIndex(str(root), str(cache_dir), key, classes, counts)
+
+
+def take_prefetched(root: Path, cache_dir: Path) -> FolderIndex | None:
+    """The index this process's prefetch reported for (root, cache_dir), once (a later load scans anew)."""
+    return _prefetched.pop((str(root), str(cache_dir)), None)
 
 
 def start_prefetch(data: DataConfig, env: Mapping[str, str] | None = None) -> subprocess.Popen | None:
@@ -136,28 +160,35 @@ def start_prefetch(data: DataConfig, env: Mapping[str, str] | None = None) -> su
         return None
     argv = [sys.executable, "-m", "train.folder_cache", data.root, data.cache_dir, str(data.image_size)]
     try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
     except OSError:
         return None  # the worker decodes itself
 
 
 def finish_prefetch(child: subprocess.Popen | None, wait: bool = True) -> None:
-    """Wait for the prefetch (it never raises: the worker checks and reports the data itself), or,
-    with wait=False, stop it: the worker is leaving early."""
-    if child is None or child.poll() is not None:
+    """Wait for the prefetch and keep the index it printed for take_prefetched (it never raises: the
+    worker checks and reports the data itself), or, with wait=False, stop it: the worker is leaving early."""
+    if child is None or child.returncode is not None:
         return
     if not wait:
         child.terminate()
     try:
-        child.wait()
+        out, _ = child.communicate()
     except KeyboardInterrupt:
         child.kill()
         raise
+    if wait and child.returncode == 0:
+        try:
+            index = FolderIndex(**json.loads(out))
+        except (ValueError, TypeError):
+            return  # the worker scans the folder itself
+        _prefetched[(index.root, index.cache_dir)] = index
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The start-up prefetch: quiet, and never the one that reports a problem (the worker does)."""
+    """The start-up prefetch: prints the folder's index as JSON for the worker, and nothing else (the
+    worker, not this child, reports any problem)."""
     p = argparse.ArgumentParser(prog="python -m train.folder_cache", description=__doc__.splitlines()[0])
     p.add_argument("root", type=Path)
     p.add_argument("cache_dir", type=Path)
@@ -165,9 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: publish() removes its temp folder
     try:
-        return 0 if prepare(args.root.expanduser(), args.cache_dir.expanduser(), args.size) else 1
+        index = prepare(args.root.expanduser(), args.cache_dir.expanduser(), args.size)
     except (BadInput, OSError):
         return 2
+    if index is None:
+        return 1
+    print(json.dumps(asdict(index)))
+    return 0
 
 
 if __name__ == "__main__":
