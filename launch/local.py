@@ -111,6 +111,14 @@ def worker_argv(spec: JobSpec, *, python: str = "python", module: str = "train")
     return [python, *program_tail(spec, module)]
 
 
+def launch_argv(spec: JobSpec, placement: NodePlacement, module: str, doctor: bool, rdzv_run_id: str) -> list[str]:
+    """The command this launcher runs: the single worker itself when no agent is needed (never for the
+    distributed pre-flight), else torchrun."""
+    if runs_without_agent(spec, placement) and not doctor:
+        return worker_argv(spec, python=sys.executable, module=module)
+    return torchrun_argv(spec, placement, python=sys.executable, module=module, rdzv_run_id=rdzv_run_id)
+
+
 def worker_threads(procs_per_node: int, cores: int) -> int:
     """OMP threads per worker so that workers x threads <= cores."""
     return max(1, cores // max(1, procs_per_node))
@@ -271,11 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec, placement, cfg = plan(args)
         module = "train.preflight" if args.doctor else args.module
-        if runs_without_agent(spec, placement) and not args.doctor:
-            argv_out = worker_argv(spec, python=sys.executable, module=module)
-        else:
-            argv_out = torchrun_argv(spec, placement, python=sys.executable, module=module,
-                                     rdzv_run_id=run_id(cfg.run_dir))
+        argv_out = launch_argv(spec, placement, module, args.doctor, run_id(cfg.run_dir))
     except BadInput as e:
         print(str(e), file=sys.stderr)
         return BAD_INPUT
@@ -309,11 +313,8 @@ def main_program(args: argparse.Namespace) -> int:
         if args.doctor:
             module = "train.preflight"
             spec = spec.replace(config=str(private / "doctor.yaml"))
-        if runs_without_agent(spec, placement) and not args.doctor:
-            argv_out = worker_argv(spec, python=sys.executable, module=module)
-        else:
-            argv_out = torchrun_argv(spec, placement, python=sys.executable, module=module,
-                                     rdzv_run_id=program_id(spec.program, placement, spec.master_port))
+        argv_out = launch_argv(spec, placement, module, args.doctor,
+                               program_id(spec.program, placement, spec.master_port))
     except BadInput as e:
         print(str(e), file=sys.stderr)
         return BAD_INPUT
