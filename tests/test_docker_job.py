@@ -264,12 +264,7 @@ def make_job(image, tmp_path_factory):
         (recipe_dir / "smoke.yaml").write_text(recipe)
         folder.chmod(0o755)
         recipe_dir.chmod(0o755)
-        prefix = "tl" + uuid.uuid4().hex[:6]
-        dj = DockerJob(job, recipe_dir, shared_folder(folder / "shared"), prefix)
-        dj.network = f"{prefix}-net"
-        docker("network", "create", dj.network)
-        jobs.append(dj)
-        return dj
+        return open_job(job, recipe_dir, shared_folder(folder / "shared"), jobs)
 
     yield make
     for dj in jobs:
@@ -281,6 +276,17 @@ def uninterrupted(make_job) -> DockerJob:
     """The reference: the Job's two pods train end to end without interruption."""
     dj = make_job("ref")
     dj.run_until_complete(dj.start_all())
+    return dj
+
+
+def open_job(job: dict, recipe_dir: Path, shared: Path, jobs: list[DockerJob]) -> DockerJob:
+    """A DockerJob with its own name prefix and network (the headless Service's stand-in), recorded
+    in `jobs` so the fixture removes it."""
+    prefix = "tl" + uuid.uuid4().hex[:6]
+    dj = DockerJob(job, recipe_dir, shared, prefix)
+    dj.network = f"{prefix}-net"
+    docker("network", "create", dj.network)
+    jobs.append(dj)
     return dj
 
 

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from tests.test_docker_job import (  # noqa: F401 - image is a fixture used by n
     DockerJob,
     docker,
     image,
+    open_job,
     shared_folder,
 )
 from train.exit_codes import BAD_INPUT, OK, PREEMPTED
@@ -74,12 +74,7 @@ def make_program_job(image, tmp_path_factory) -> Callable[..., DockerJob]:  # no
         for target, source in PROGRAMS.items():
             shutil.copyfile(source, code / target)
         code.chmod(0o755)  # read-only for the pods' user: the code is only read
-        prefix = "tl" + uuid.uuid4().hex[:6]
-        dj = DockerJob(job, folder, shared, prefix)
-        dj.network = f"{prefix}-net"
-        docker("network", "create", dj.network)
-        jobs.append(dj)
-        return dj
+        return open_job(job, folder, shared, jobs)
 
     yield make
     for dj in jobs:
