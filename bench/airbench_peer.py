@@ -54,8 +54,8 @@ class PeerError(Exception):
 def project_split(data_root: str, cache_dir: str) -> tuple[Any, Any, list[str]]:
     """The project's training and held-out sets of data_root, exactly as fast.yaml and fast93.yaml split
     it (both recipes must agree on the split, or the comparison would not be on the same images)."""
-    from train import config
-    from train.data import load_bundle
+    from torchlaunch import config
+    from torchlaunch.worker.data import load_bundle
 
     cfgs = [config.load(REPO / "configs" / name, [f"data.root={data_root}", f"data.cache_dir={cache_dir}"])
             for name in PROJECT_CONFIGS]
@@ -73,8 +73,8 @@ def project_split(data_root: str, cache_dir: str) -> tuple[Any, Any, list[str]]:
 
 def folder_set(root: str, cache_dir: str) -> tuple[Any, list[str]]:
     """Every image under a class-folder tree, decoded (through the project's decode cache)."""
-    from train.config import DataConfig
-    from train.data import folder_images
+    from torchlaunch.config import DataConfig
+    from torchlaunch.worker.data import folder_images
 
     if not Path(root).expanduser().is_dir():
         raise PeerError(f"bench error: --test-root {root} is not a folder (pass a folder of class folders, "
@@ -220,7 +220,7 @@ def run_project(config: str, overrides: list[str], data_root: str, test_root: st
     runs.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{Path(config).stem}-", dir=runs))
     name = " ".join([config, *overrides])
-    argv = [sys.executable, "-m", "launch.local", "--gpus", "1", "--config", str(REPO / "configs" / config),
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "1", "--config", str(REPO / "configs" / config),
             f"run_dir={run_dir}", f"data.root={data_root}", f"data.cache_dir={cache_dir}", *GPU_OVERRIDES,
             *common, *overrides]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -236,7 +236,7 @@ def run_project(config: str, overrides: list[str], data_root: str, test_root: st
         return row
     row["test_acc"] = row.get("val_acc")
     if test_root:
-        ev = subprocess.run([sys.executable, "-m", "train.evaluate", "--run-dir", str(run_dir), "--data-root", test_root],
+        ev = subprocess.run([sys.executable, "-m", "torchlaunch.worker.evaluate", "--run-dir", str(run_dir), "--data-root", test_root],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
         lines = [ln for ln in ev.stdout.splitlines() if ln.startswith("{")]
         row["test_acc"] = json.loads(lines[-1])["accuracy"] if ev.returncode == 0 and lines else None
@@ -282,7 +282,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from train.exit_codes import BadInput
+    from torchlaunch.exit_codes import BadInput
 
     if not args.data_root:
         print("bench error: --peer-airbench needs --data-root (the unpacked CIFAR-10 train/ folder)", file=sys.stderr)

@@ -20,7 +20,7 @@ import yaml
 
 from bench.common import REPO, Result, median, median_ratio, paired_rates
 from bench.harness import make_trainer
-from train import checkpoint as ckpt
+from torchlaunch.core import checkpoint as ckpt
 
 COMMAND = "python -m bench.run --only ckpt"
 STEP_LINE = re.compile(r"step \d+/\d+ loss")
@@ -181,7 +181,7 @@ def preemption(model: str, batch: int, max_steps: int, timeout_s: float = 600) -
     work = Path(tempfile.mkdtemp(prefix="bench-preempt-"))
     run_dir = work / "run"
     recipe = _recipe(work, model, batch, max_steps, extra={"checkpoint": {"every_steps": 0}})
-    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe),
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe),
             f"run_dir={run_dir}"]
     env = _env(1)
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

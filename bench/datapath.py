@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from bench.common import Result, median, median_ratio, paired_rates, subset_folder, unpacked_cifar
-from train import config as config_mod
-from train.data import CROP_PADDING, BatchPlan, Normalizer, TrainLoader, load_bundle
+from torchlaunch import config as config_mod
+from torchlaunch.worker.data import CROP_PADDING, BatchPlan, Normalizer, TrainLoader, load_bundle
 
 COMMAND = "python -m bench.run --only datapath"
 

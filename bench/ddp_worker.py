@@ -11,11 +11,11 @@ import time
 
 import torch
 
-from train import config as config_mod
-from train import dist
-from train.data import load_bundle
-from train.preemption import PreemptionWatcher
-from train.trainer import Trainer
+from torchlaunch import config as config_mod
+from torchlaunch.core import dist
+from torchlaunch.core.preemption import PreemptionWatcher
+from torchlaunch.worker.data import load_bundle
+from torchlaunch.worker.trainer import Trainer
 
 
 def main() -> None:

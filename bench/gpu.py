@@ -31,11 +31,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def trainer_on_gpu(model: str, batch: int, compile_model: bool, samples: int = 50_000):
-    from train import config as config_mod
-    from train.data import load_bundle
-    from train.dist import DistContext
-    from train.preemption import PreemptionWatcher
-    from train.trainer import Trainer
+    from torchlaunch import config as config_mod
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.preemption import PreemptionWatcher
+    from torchlaunch.worker.data import load_bundle
+    from torchlaunch.worker.trainer import Trainer
 
     cfg = config_mod.load(None, [f"run_dir={tempfile.mkdtemp(prefix='bench-gpu-')}", f"model.name={model}",
                                  "data.name=synthetic", f"data.synthetic_train_size={samples}",
@@ -77,7 +77,7 @@ whole batch in one pass."""
 
 def time_to_accuracy(data_root: str, goal: float, overrides: list[str], timeout_s: float) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-gpu-tta-"))
-    argv = [sys.executable, "-m", "launch.local", "--gpus", "1", "--config", str(REPO / "configs" / "fast.yaml"),
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "1", "--config", str(REPO / "configs" / "fast.yaml"),
             f"run_dir={run_dir}", f"data.root={data_root}", *GPU_OVERRIDES, *overrides]
     start = time.perf_counter()
     out = subprocess.run(argv, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,

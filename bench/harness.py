@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from train import config as config_mod
-from train.data import DataBundle, load_bundle
-from train.dist import DistContext
-from train.preemption import PreemptionWatcher
-from train.trainer import Trainer
+from torchlaunch import config as config_mod
+from torchlaunch.core.dist import DistContext
+from torchlaunch.core.preemption import PreemptionWatcher
+from torchlaunch.worker.data import DataBundle, load_bundle
+from torchlaunch.worker.trainer import Trainer
 
 
 def make_trainer(overrides: Sequence[str], bundle: DataBundle | None = None) -> Trainer:

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from bench.common import REPO, Result, median, median_ratio, paired_rates, unpacked_cifar
-from train.data import scan_imagefolder, split_indices
+from torchlaunch.worker.data import scan_imagefolder, split_indices
 
 COMMAND = "python -m bench.run --only peers"
 VAL_FRACTION = 0.01
@@ -120,7 +120,7 @@ def run(peers_py: Path | None, quick: bool = False, work: Path | None = None, ro
         def side() -> float:
             k = next(counter)
             run_dir = work / f"peers-run{k}"
-            seconds = _wall([sys.executable, "-m", "launch.local", "--gpus", str(procs), "--device", "cpu",
+            seconds = _wall([sys.executable, "-m", "torchlaunch.launch.local", "--gpus", str(procs), "--device", "cpu",
                              "--config", str(recipe), f"run_dir={run_dir}",
                              f"data.cache_dir={work / f'peers-cache{k}'}"], env)
             shutil.rmtree(run_dir, ignore_errors=True)

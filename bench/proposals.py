@@ -17,8 +17,8 @@ import torch
 import xxhash
 
 from bench.common import Result, median, median_ratio, paired_rates
-from train import checkpoint as ckpt
-from train.models import build_model
+from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.worker.models import build_model
 
 COMMAND = "python -m bench.run --only proposals"
 

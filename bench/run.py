@@ -25,7 +25,7 @@ import torch
 
 from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, startup, tta, userscript
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
-from train.precision import cpu_model
+from torchlaunch.worker.precision import cpu_model
 
 ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "peers", "proposals", "tta")
 DOCS = REPO / "docs"

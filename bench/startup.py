@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.common import REPO, Result, median, median_ratio, unpacked_cifar
 
 COMMAND = "python -m bench.run --only startup"
-BASELINE_CODE = "import torch\nfrom train.startup import process_age_s\nprint(process_age_s())"
+BASELINE_CODE = "import torch\nfrom torchlaunch.startup import process_age_s\nprint(process_age_s())"
 
 
 def cpu_model() -> str:

@@ -27,7 +27,7 @@ def run_full(work: Path | None = None, overrides: tuple[str, ...] = (), record: 
         return None
     run_dir = work / "tta-run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config",
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--config",
             str(REPO / "configs" / "fast.yaml"), f"run_dir={run_dir}", f"data.root={full}",
             f"data.cache_dir={work / 'cache'}", *overrides]
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")

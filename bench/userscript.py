@@ -58,7 +58,7 @@ def run(quick: bool = False, rounds: int = 7, epochs: int = 24) -> Result:
         rounds, epochs = 1, 1
     work = Path(tempfile.mkdtemp(prefix="bench-userscript-"))
     args = [SCRIPT, "--epochs", str(epochs), "--run-dir"]
-    launcher = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--", *args,
+    launcher = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--", *args,
                 str(work / "launcher")]
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args,
              str(work / "torchrun")]
@@ -76,7 +76,7 @@ def run(quick: bool = False, rounds: int = 7, epochs: int = 24) -> Result:
         project_label=f"python -m launch.local --gpus 2 --device cpu -- {SCRIPT}",
         baseline_label=f"python -m torch.distributed.run --standalone --nproc-per-node 2 {SCRIPT}",
         rounds=per_round,
-        notes=f"{SCRIPT} (train.api, a small MLP, global batch 64) for {epochs} epochs of 32 steps on 2 CPU ranks x "
+        notes=f"{SCRIPT} (torchlaunch.api, a small MLP, global batch 64) for {epochs} epochs of 32 steps on 2 CPU ranks x "
               f"1 thread, {rounds} alternating rounds after a warm-up pair; each side timed from rank 0's first "
               f"step line to its last, start-up excluded on both")
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from train import api
+from torchlaunch import api
 
 
 def synthetic_data(seed: int, n: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +26,7 @@ def synthetic_data(seed: int, n: int = 2048) -> tuple[torch.Tensor, torch.Tensor
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Train a small MLP with train.api.")
+    parser = argparse.ArgumentParser(description="Train a small MLP with torchlaunch.api.")
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch, split over the ranks")

@@ -25,7 +25,7 @@ from faults import progress
 from faults.inject import crash_during_checkpoint_write
 from faults.job import Attempt
 from faults.netns import Cluster, Node
-from train import checkpoint
+from torchlaunch.core import checkpoint
 
 CONFIG = "configs/smoke.yaml"
 # 1024 synthetic images, global batch 128 -> 8 steps/epoch x 3 epochs = 24 steps of ~0.25 s on 2 cores.
@@ -54,7 +54,7 @@ def launcher_argv(
     """The real launcher for one node; a rerun passes RUN_DIR/config.yaml, as the contract says."""
     config = [f"{run_dir}/config.yaml"] if rerun else [CONFIG, f"run_dir={run_dir}", *SMALL, *overrides]
     return [
-        sys.executable, "-m", "launch.local", "--nnodes", "2", "--node-rank", str(node.index),
+        sys.executable, "-m", "torchlaunch.launch.local", "--nnodes", "2", "--node-rank", str(node.index),
         "--master-addr", "node0", "--gpus", "1", "--device", "cpu", "--max-restarts", str(max_restarts),
         "--config", *config,
     ]  # fmt: skip

@@ -52,12 +52,12 @@ def run_cmd(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
 def run_launcher(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
                  env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
     """`python -m launch.local ARGS` from the repository root: (returncode, stdout, stderr)."""
-    return run_cmd([sys.executable, "-m", "launch.local", *args], timeout=timeout, env=env)
+    return run_cmd([sys.executable, "-m", "torchlaunch.launch.local", *args], timeout=timeout, env=env)
 
 
 def run_module(module: str, args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
                env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
-    """`python -m MODULE ARGS` from the repository root, e.g. run_module("train.evaluate", [...])."""
+    """`python -m MODULE ARGS` from the repository root, e.g. run_module("torchlaunch.worker.evaluate", [...])."""
     return run_cmd([sys.executable, "-m", module, *args], timeout=timeout, env=env)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from train import checkpoint as ckpt
+from torchlaunch.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python -m launch.local ARGS` from the repo root; raises if it outlives `timeout`."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "launch.local", *args], cwd=REPO, env=full_env,
+    return subprocess.run([sys.executable, "-m", "torchlaunch.launch.local", *args], cwd=REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

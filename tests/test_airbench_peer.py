@@ -15,8 +15,8 @@ import torch
 from bench import airbench_peer
 from tests.conftest import child_env, error_lines, run_module
 from tests.test_data import write_folder
-from train.config import DataConfig
-from train.data import load_bundle
+from torchlaunch.config import DataConfig
+from torchlaunch.worker.data import load_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = {"cat": 12, "dog": 12, "frog": 6}

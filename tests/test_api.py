@@ -23,8 +23,8 @@ import torch
 
 from tests.conftest import child_env, run_cmd
 from tests.helpers import assert_models_equal
-from train import api
-from train import checkpoint as ckpt
+from torchlaunch import api
+from torchlaunch.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "custom_loop.py")
@@ -166,7 +166,7 @@ def test_save_then_exit_preempted_commits_before_the_process_ends(tmp_path: Path
         body = f"with api.setup():\n    {body}"
     else:
         body = f"api.setup()\n{body}"
-    code = f"import sys, torch\nfrom train import api\nRUN = {str(tmp_path)!r}\n{body}\n"
+    code = f"import sys, torch\nfrom torchlaunch import api\nRUN = {str(tmp_path)!r}\n{body}\n"
     rc, out, err = run_snippet(code, env={"TORCHLAUNCH_FAULT_SAVE_STALL_S": "1"})
     assert rc == api.PREEMPTED, err[-2000:]
     assert ckpt.verify(tmp_path / "checkpoints" / "step-000000005") is None
@@ -176,7 +176,7 @@ def test_unwritable_run_dir_exits_2_with_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     code = f"""
-        from train import api
+        from torchlaunch import api
         with api.setup():
             api.Checkpointer({str(blocker / 'run')!r})
             raise SystemExit(0)
@@ -195,15 +195,15 @@ def test_bad_input_under_launch_local_is_reported_once(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     script = tmp_path / "bad_run_dir.py"
-    script.write_text(f"from train import api\nwith api.setup():\n    api.Checkpointer({str(blocker / 'run')!r})\n")
-    rc, out, err = run_cmd([sys.executable, "-m", "launch.local", "--gpus", "2", "--", str(script)], timeout=180)
+    script.write_text(f"from torchlaunch import api\nwith api.setup():\n    api.Checkpointer({str(blocker / 'run')!r})\n")
+    rc, out, err = run_cmd([sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--", str(script)], timeout=180)
     assert rc == api.BAD_INPUT, err[-2000:]
     assert err.count("api error: Checkpointer run_dir: cannot write") == 1, err[-2000:]
     assert "Traceback" not in err
 
 
 def test_broken_env_contract_exits_2_with_one_line() -> None:
-    rc, out, err = run_snippet("from train import api\napi.setup()\n", env={"RANK": "0", "WORLD_SIZE": "2"})
+    rc, out, err = run_snippet("from torchlaunch import api\napi.setup()\n", env={"RANK": "0", "WORLD_SIZE": "2"})
     assert rc == api.BAD_INPUT
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "MASTER_ADDR" in lines[0], err

@@ -21,7 +21,7 @@ SMOKE = str(REPO / "configs" / "smoke.yaml")
 
 def problem_lines(stderr: str) -> list[str]:
     """stderr minus the launcher's echo of the command it started (informational, not an error)."""
-    echo = f"launch: {sys.executable} -m launch.torchrun"
+    echo = f"launch: {sys.executable} -m torchlaunch.launch.torchrun"
     return [ln for ln in error_lines(stderr) if not ln.startswith(echo)]
 
 

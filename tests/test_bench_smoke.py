@@ -15,7 +15,7 @@ import torch
 
 from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, run
 from bench.common import REPO, Result, interleaved_steps, median_ratio, paired_rates, shared_tarball, subset_folder
-from train.data import BatchPlan, augment
+from torchlaunch.worker.data import BatchPlan, augment
 
 needs_data = pytest.mark.skipif(shared_tarball() is None, reason="shared CIFAR-10 tarball not found "
                                 "(/work/shared/data or ../shared/data; set BENCH_CIFAR_TARBALL)")
@@ -138,7 +138,7 @@ def test_topk_correct_counts_rows_whose_target_is_in_the_top_k() -> None:
 def test_peer_folders_are_the_projects_two_splits(tmp_path: Path) -> None:
     """Peers train on exactly the project's training split and validate on exactly its held-out split."""
     from bench.common import unpacked_cifar
-    from train.data import scan_imagefolder, split_indices
+    from torchlaunch.worker.data import scan_imagefolder, split_indices
 
     project_root, peer_train, peer_val = peers.make_folders(unpacked_cifar(tmp_path), tmp_path, 200)
     _, files, _ = scan_imagefolder(project_root)

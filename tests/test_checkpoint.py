@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train import checkpoint as ckpt
+from torchlaunch.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,7 @@ def test_interrupted_replace_is_repaired_at_start(tmp_path: Path) -> None:
 CRASH_WRITER = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from train import checkpoint as ckpt
+    from torchlaunch.core import checkpoint as ckpt
     root = Path(sys.argv[1])
     def hang(tmp):
         (root / "IN_PROGRESS").write_text(str(tmp))
@@ -249,8 +249,8 @@ def test_async_writer_surfaces_errors_and_serialises(tmp_path: Path) -> None:
 
 FINAL_SAVE_FAILS = """
 import sys
-from train import checkpoint as ckpt
-from train import worker
+from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.worker import run as worker
 
 real = ckpt.write_checkpoint
 

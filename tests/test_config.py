@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from train import config as config_mod
-from train.config import ConfigError, RunConfig
-from train.exit_codes import BadInput
+from torchlaunch import config as config_mod
+from torchlaunch.config import ConfigError, RunConfig
+from torchlaunch.exit_codes import BadInput
 
 ONE_LINE = re.compile(r"^config error: (?P<key>[^\s:]+): (?P<what>.+) \((?P<fix>[^()]+)\)$")
 

@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 from tests.conftest import run_cmd
-from train import data as data_mod
-from train import folder_cache
-from train.config import DataConfig
-from train.data import BatchPlan, ImageSet, Normalizer, TrainLoader, augment, eval_shard
-from train.exit_codes import BadInput
+from torchlaunch.config import DataConfig
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.worker import data as data_mod
+from torchlaunch.worker import folder_cache
+from torchlaunch.worker.data import BatchPlan, ImageSet, Normalizer, TrainLoader, augment, eval_shard
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -520,7 +520,7 @@ def test_default_recipe_worker_never_imports_torchvision(tmp_path: Path) -> None
     overrides = [f"run_dir={run_dir}", f"data.root={tmp_path / 'data'}", "data.download=false", "train.max_steps=1",
                  "train.batch_size=32", "data.max_val_samples=32", "train.precision=fp32", "train.log_every_steps=1",
                  "checkpoint.every_steps=0"]
-    probe = ("import sys; from train.worker import main; "
+    probe = ("import sys; from torchlaunch.worker.run import main; "
              f"code = main(['--config', 'configs/cifar10.yaml', *{overrides!r}]); "
              "print('TORCHVISION', 'torchvision' in sys.modules, 'DYNAMO', 'torch._dynamo' in sys.modules); "
              "sys.exit(code)")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from train import debug
-from train.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.tools import debug
 
 
 def cnn_for_32px(num_classes: int = 10) -> nn.Module:

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import k8s
-from launch.spec import JobSpec
-from train.exit_codes import BAD_INPUT, OK, PREEMPTED
+from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
+from torchlaunch.launch import k8s
+from torchlaunch.launch.spec import JobSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -32,7 +32,7 @@ from tests.test_docker_job import (  # noqa: F401 - image is a fixture used by n
     open_job,
     shared_folder,
 )
-from train.exit_codes import BAD_INPUT, OK, PREEMPTED
+from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -49,7 +49,7 @@ STOP_AT = 20
 
 def render_job(image_name: str, name: str, program: list[str]) -> dict:
     """The Job of `python -m launch.k8s ... -- PROGRAM` for 2 CPU pods, as the CLI prints it."""
-    argv = [sys.executable, "-m", "launch.k8s", "--nodes", "2", "--gpus-per-node", "1", "--cpu-only",
+    argv = [sys.executable, "-m", "torchlaunch.launch.k8s", "--nodes", "2", "--gpus-per-node", "1", "--cpu-only",
             "--image", image_name, "--name", name, "--workdir", CODE_DIR,
             "--save-time-s", "20", "--step-time-s", "10", "--", *program]
     code, out, err = run_cmd(argv, timeout=60)
@@ -89,7 +89,7 @@ def custom_loop(name: str) -> list[str]:
 def host_reference(tmp_path_factory) -> Path:
     """The same script as 2 CPU ranks under launch.local on this machine: the weights to match."""
     run_dir = tmp_path_factory.mktemp("host") / "run"
-    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--",
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--",
             "examples/custom_loop.py", "--run-dir", str(run_dir), "--epochs", str(EPOCHS)]
     code, out, err = run_cmd(argv, timeout=300)
     assert code == OK, err[-3000:]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from train import doctor
+from torchlaunch.tools import doctor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -206,7 +206,7 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
     pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     full_env = {**os.environ, "PYTHONPATH": pythonpath, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "train.doctor", *args],
+        [sys.executable, "-m", "torchlaunch.tools.doctor", *args],
         cwd=REPO,
         env=full_env,
         capture_output=True,

@@ -13,11 +13,11 @@ from PIL import Image
 
 from tests.conftest import error_lines, run_cmd
 from tests.test_data import write_folder
-from train import checkpoint as ckpt
-from train import config as config_mod
-from train import evaluate
-from train.data import split_indices
-from train.models import build_model
+from torchlaunch import config as config_mod
+from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.worker import evaluate
+from torchlaunch.worker.data import split_indices
+from torchlaunch.worker.models import build_model
 
 CLASSES = ["cat", "dog", "fox"]
 COUNTS = {"cat": 7, "dog": 6, "fox": 8}  # 21 images: odd, so 2 ranks get unequal shards
@@ -199,7 +199,7 @@ def test_two_ranks_count_every_sample_once(setup: dict, capsys: pytest.CaptureFi
     rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"])], capsys)
     single = json.loads(out)
     rc, out, err = run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            "-m", "train.evaluate", "--run-dir", str(setup["run"]), "--data-root", str(setup["data"]),
+                            "-m", "torchlaunch.worker.evaluate", "--run-dir", str(setup["run"]), "--data-root", str(setup["data"]),
                             "--batch-size", "4"], timeout=120, env={"OMP_NUM_THREADS": "1"})
     assert rc == 0, err
     lines = out.splitlines()
@@ -213,7 +213,7 @@ def test_two_ranks_count_every_sample_once(setup: dict, capsys: pytest.CaptureFi
 @pytest.mark.slow
 def test_two_ranks_agree_on_bad_input(setup: dict, tmp_path: Path) -> None:
     rc, out, err = run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            "-m", "train.evaluate", "--run-dir", str(setup["run"]), "--data-root",
+                            "-m", "torchlaunch.worker.evaluate", "--run-dir", str(setup["run"]), "--data-root",
                             str(tmp_path / "missing")], timeout=120, env={"OMP_NUM_THREADS": "1"})
     assert rc != 0 and out == ""
     assert sum("does not exist" in ln for ln in err.splitlines()) == 1  # printed once, by rank 0

@@ -10,10 +10,10 @@ import torch
 
 from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
 from tests.test_data import write_folder
-from train import config
-from train.data import BatchPlan, ImageSet, Normalizer, TrainLoader, cutout, decode_image
-from train.exit_codes import BadInput
-from train.models import build_model
+from torchlaunch import config
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.worker.data import BatchPlan, ImageSet, Normalizer, TrainLoader, cutout, decode_image
+from torchlaunch.worker.models import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 

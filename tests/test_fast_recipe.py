@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
-from train import config
-from train.data import BatchPlan, augment
-from train.lookahead import Lookahead
-from train.models import build_model, patch_matrix
-from train.trainer import lr_lambda_factory, param_groups
-from train.tta import tta_logits
+from torchlaunch import config
+from torchlaunch.worker.data import BatchPlan, augment
+from torchlaunch.worker.lookahead import Lookahead
+from torchlaunch.worker.models import build_model, patch_matrix
+from torchlaunch.worker.trainer import lr_lambda_factory, param_groups
+from torchlaunch.worker.tta import tta_logits
 
 
 def test_fastnet_stem_whitens_patches_and_is_frozen() -> None:
@@ -171,8 +171,8 @@ def test_fast_recipe_resumes_bit_for_bit(tmp_path: Path) -> None:
 
 def test_whitening_sample_decodes_files_of_any_size_at_the_training_size(tmp_path: Path) -> None:
     from tests.test_data import write_folder
-    from train.data import ImageSet, Normalizer
-    from train.trainer import whitening_sample
+    from torchlaunch.worker.data import ImageSet, Normalizer
+    from torchlaunch.worker.trainer import whitening_sample
 
     files = write_folder(tmp_path / "a", {"x": 2}, size=40) + write_folder(tmp_path / "b", {"y": 2}, size=24)
     images = ImageSet(labels=torch.zeros(4, dtype=torch.long), files=[str(f) for f in files])

@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from tests.helpers import REPO, assert_models_equal, launcher
-from train.affinity import core_slice
-from train.shm_reduce import build_reducer, slot_bytes
+from torchlaunch.core.affinity import core_slice
+from torchlaunch.core.shm_reduce import build_reducer, slot_bytes
 
 # ------------------------------------------------------------------ affinity (pure)
 
@@ -42,7 +42,7 @@ def test_pinning_restricts_the_process_to_its_slice() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("needs 2 cores to pin two ranks apart")
-    code = ("import os, json; from train.affinity import pin_local_rank; "
+    code = ("import os, json; from torchlaunch.core.affinity import pin_local_rank; "
             "r = pin_local_rank(1, 2); print(json.dumps([r, sorted(os.sched_getaffinity(0))]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -39,7 +39,7 @@ def manifest_files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("manifests")
     files = {}
     for name, argv in RENDERINGS.items():
-        out = subprocess.run([sys.executable, "-m", "launch.k8s", *argv], cwd=ROOT, capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "torchlaunch.launch.k8s", *argv], cwd=ROOT, capture_output=True,
                              text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         files[name] = folder / f"{name}.yaml"
         files[name].write_text(out.stdout)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import local
-from launch.local import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
-from launch.spec import JobSpec
 from tests.conftest import REPO, error_lines, run_launcher, run_module
-from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.launch import local
+from torchlaunch.launch.local import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
+from torchlaunch.launch.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden"
 SMOKE = str(REPO / "configs" / "smoke.yaml")
@@ -95,7 +95,7 @@ def test_launch_env() -> None:
 
 
 def test_attempt_env_matches_the_worker() -> None:
-    from train import worker
+    from torchlaunch.worker import run as worker
 
     assert local.ATTEMPT_ENV == worker.ATTEMPT_ENV
 
@@ -118,9 +118,9 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
                                  f"run_dir={run_dir}", "optim.lr=0.01"], timeout=60)
     assert rc == 0, err
     assert len(out.splitlines()) == 1
-    assert shlex.split(out) == [sys.executable, "-m", "launch.torchrun", "--nnodes", "1",
+    assert shlex.split(out) == [sys.executable, "-m", "torchlaunch.launch.torchrun", "--nnodes", "1",
                                 "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
-                                "-m", "train", "--config", str(run_dir / "config.yaml")]
+                                "-m", "torchlaunch.worker", "--config", str(run_dir / "config.yaml")]
     assert not run_dir.exists()
 
 
@@ -133,9 +133,9 @@ def test_one_worker_without_restarts_skips_the_agent(extra: list[str], direct: b
     argv = shlex.split(capsys.readouterr().out)
     assert rc == 0
     if direct:
-        assert argv == [sys.executable, "-m", "train", "--config", str(tmp_path / "config.yaml")]
+        assert argv == [sys.executable, "-m", "torchlaunch.worker", "--config", str(tmp_path / "config.yaml")]
     else:
-        assert argv[1:3] == ["-m", "launch.torchrun"] and "--nproc-per-node" in argv
+        assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and "--nproc-per-node" in argv
 
 
 def test_dry_run_still_validates_the_config(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_bad_launcher_arguments(args: list[str], words: str, tmp_path: Path,
 @pytest.mark.parametrize(("program", "code"), [("true", OK), ("false", FAILURE)])
 def test_launch_torchrun_keeps_torchruns_exit_code_and_report(program: str, code: int) -> None:
     """launch.torchrun skips only the interpreter teardown: exit code and failure report are torchrun's."""
-    rc, out, err = run_module("launch.torchrun", ["--standalone", "--nproc-per-node", "1", "--no-python", program],
+    rc, out, err = run_module("torchlaunch.launch.torchrun", ["--standalone", "--nproc-per-node", "1", "--no-python", program],
                               timeout=100)
     assert rc == code, err
     assert ("Traceback (most recent call last)" in err and "ChildFailedError" in err) == (code != OK), err

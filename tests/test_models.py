@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_module
-from train.exit_codes import BadInput
-from train.models import REGISTRY, build_model
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.worker.models import REGISTRY, build_model
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import precheck
-from train import precision
-from train.config import DataConfig
-from train.datacheck import check_data, probe_target, unreachable_reason
-from train.exit_codes import BadInput
+from torchlaunch.config import DataConfig
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.launch import precheck
+from torchlaunch.worker import precision
+from torchlaunch.worker.datacheck import check_data, probe_target, unreachable_reason
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def closed_port() -> int:
 
 def launch_in_process(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, list[str], bool]:
     """Run launch.local's main in a fresh interpreter: (exit code, stderr lines, torch imported?)."""
-    script = ("import sys; from launch import local; code = local.main(sys.argv[1:]); "
+    script = ("import sys; from torchlaunch.launch import local; code = local.main(sys.argv[1:]); "
               "print('TORCH', 'torch' in sys.modules); sys.exit(code)")
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     r = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, env=full_env, capture_output=True,
@@ -90,7 +90,7 @@ def test_probe_tells_a_listening_port_from_a_closed_one() -> None:
 def test_probe_gives_up_on_a_lookup_that_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from train import datacheck
+    from torchlaunch.worker import datacheck
 
     never = threading.Event()  # a resolver that hangs, as some offline machines' DNS does
 
@@ -174,13 +174,13 @@ def test_fp16_on_cpu_stops_in_the_launcher_and_in_the_worker(tmp_path: Path) -> 
 
 def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    k8s = subprocess.run([sys.executable, "-m", "launch.k8s", "--doctor", "--cpu-only", "--nodes", "2",
+    k8s = subprocess.run([sys.executable, "-m", "torchlaunch.launch.k8s", "--doctor", "--cpu-only", "--nodes", "2",
                           "train.precision=fp16"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert k8s.returncode == 2 and k8s.stdout == ""
     assert k8s.stderr.strip() == precision.fp16_on_cpu_message()
     if shutil.which("sbatch") is None:
         return
-    slurm = subprocess.run([sys.executable, "-m", "launch.slurm", "--nodes", "1", "--tasks-per-node", "2",
+    slurm = subprocess.run([sys.executable, "-m", "torchlaunch.launch.slurm", "--nodes", "1", "--tasks-per-node", "2",
                             "--config", "configs/smoke.yaml", f"run_dir={tmp_path}", "train.precision=fp16"],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert slurm.returncode == 2
@@ -188,7 +188,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
 
 
 def test_doctor_names_the_fast_cpu_precision() -> None:
-    from train.doctor import _cpu_precision_finding
+    from torchlaunch.tools.doctor import _cpu_precision_finding
 
     finding = _cpu_precision_finding({"model": "fastnet", "batch": 16, "fp32": 259.0, "bf16": 182.0,
                                       "auto_picks": "fp32"})
@@ -199,7 +199,7 @@ def test_doctor_names_the_fast_cpu_precision() -> None:
 
 
 def test_doctor_json_reports_both_rates() -> None:
-    r = subprocess.run([sys.executable, "-m", "train.doctor", "--json", "--model", "simple_cnn"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "torchlaunch.tools.doctor", "--json", "--model", "simple_cnn"], cwd=REPO,
                        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     rates = json.loads(r.stdout)["facts"]["devices"][0]["rates"]
     assert rates["fp32"] > 0 and rates["bf16"] > 0 and rates["auto_picks"] in ("bf16", "fp32")
@@ -215,7 +215,7 @@ def test_missing_slurm_conf_is_one_line_with_the_fix(tmp_path: Path) -> None:
     if Path("/etc/slurm/slurm.conf").exists():
         pytest.skip("this host has a default slurm.conf, so sbatch finds a configuration without SLURM_CONF")
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    r = subprocess.run([sys.executable, "-m", "launch.slurm", "--nodes", "2", "--tasks-per-node", "1",
+    r = subprocess.run([sys.executable, "-m", "torchlaunch.launch.slurm", "--nodes", "2", "--tasks-per-node", "1",
                         "--config", "configs/smoke.yaml", f"run_dir={tmp_path}"], cwd=REPO,
                        env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
@@ -282,7 +282,7 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
 
     def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
         run_env = {**env, "TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else env
-        return subprocess.run([sys.executable, "-m", "launch.local", *common, *extra], cwd=REPO, env=run_env,
+        return subprocess.run([sys.executable, "-m", "torchlaunch.launch.local", *common, *extra], cwd=REPO, env=run_env,
                               capture_output=True, text=True, timeout=300)
 
     first = launch(f"run_dir={run_dir}", "train.precision=auto", fault="at=step,n=2,rank=0")
@@ -326,9 +326,9 @@ def test_bench_states_the_cpu_beside_every_figure() -> None:
 
 def test_preflight_needs_no_data(tmp_path: Path) -> None:
     """`launch.local --doctor` trains nothing, so a missing dataset must not stop it before it starts."""
-    r = subprocess.run([sys.executable, "-m", "launch.local", "--doctor", "--dry-run", "--gpus", "2", "--device",
+    r = subprocess.run([sys.executable, "-m", "torchlaunch.launch.local", "--doctor", "--dry-run", "--gpus", "2", "--device",
                         "cpu", "--config", "configs/cifar10.yaml", f"data.root={tmp_path / 'none'}",
                         "data.download=false", f"run_dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
                        text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
-    assert "train.preflight" in r.stdout
+    assert "torchlaunch.tools.preflight" in r.stdout

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from tests.conftest import error_lines, run_cmd
-from train import checkpoint as ckpt
-from train import optim as optim_mod
-from train.lookahead import Lookahead
+from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.worker import optim as optim_mod
+from torchlaunch.worker.lookahead import Lookahead
 
 
 def _net() -> nn.Module:
@@ -53,7 +53,7 @@ def test_dynamo_free_optimizer_matches_torch_bit_for_bit(name: str) -> None:
     else:
         opt_a = optim_mod.build("adamw", groups(ours), torch.device("cpu"), eager_only=True, **kw)
         opt_b = torch.optim.AdamW(groups(theirs), **kw)
-    assert type(opt_a).__module__ == "train.optim"
+    assert type(opt_a).__module__ == "torchlaunch.worker.optim"
     _steps(ours, opt_a, 3)
     _steps(theirs, opt_b, 3)
     for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True):
@@ -78,7 +78,7 @@ def test_dynamo_free_optimizer_matches_torch_bit_for_bit(name: str) -> None:
 def test_worker_skips_dynamo_and_reports_startup(tmp_path: Path) -> None:
     """The real worker in-process (so sys.modules can be inspected after it returns)."""
     run_dir = tmp_path / "run"
-    probe = ("import sys; from train.worker import main; "
+    probe = ("import sys; from torchlaunch.worker.run import main; "
              f"code = main(['--config', 'configs/smoke.yaml', 'run_dir={run_dir}', 'train.max_steps=4', "
              "'train.log_every_steps=2', 'data.synthetic_train_size=512', 'data.synthetic_val_size=64']); "
              "print('DYNAMO', 'torch._dynamo' in sys.modules, 'TORCHVISION', 'torchvision' in sys.modules); "

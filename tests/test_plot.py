@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from train import plot
+from torchlaunch.tools import plot
 
 
 def write_run(

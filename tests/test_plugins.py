@@ -19,11 +19,11 @@ import torch
 from tests.conftest import REPO, error_lines, run_cmd, run_launcher, run_module
 from tests.helpers import assert_models_equal, assert_states_equal, final_state
 from tests.test_slurm_cluster import Launch, cluster, trained_steps  # noqa: F401 - cluster is a fixture
-from train import config as config_mod
-from train import init_from
-from train.config import ConfigError
-from train.data import load_bundle
-from train.exit_codes import BadInput
+from torchlaunch import config as config_mod
+from torchlaunch.config import ConfigError
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.worker import init_from
+from torchlaunch.worker.data import load_bundle
 
 MODEL = "model.name=examples.my_models:tiny_cnn"
 DATA = "data.name=examples.my_data:color_blobs"
@@ -59,7 +59,7 @@ def test_plugin_model_and_data_train_and_evaluate_from_elsewhere(plugin_run: Pat
     assert state["plugins"]["model"]["file"] == str(REPO / "examples" / "my_models.py")
     assert state["plugins"]["data"]["root"] == str(REPO)
     # From a folder where `examples` cannot be imported: the checkpoint's recorded folder is used.
-    rc, out, err = run_cmd([sys.executable, "-m", "train.evaluate", "--run-dir", str(plugin_run)],
+    rc, out, err = run_cmd([sys.executable, "-m", "torchlaunch.worker.evaluate", "--run-dir", str(plugin_run)],
                            cwd=tmp_path, timeout=300)
     assert rc == 0, err[-3000:]
     report = json.loads(out.strip().splitlines()[-1])
@@ -282,7 +282,7 @@ def test_config_checks_import_path_syntax_without_importing() -> None:
 
 @pytest.mark.slow
 def test_doctor_reports_which_plugins_resolve(bad_modules: Path) -> None:
-    rc, out, err = run_cmd([sys.executable, "-m", "train.doctor", "--model", "", "--json", "--config",
+    rc, out, err = run_cmd([sys.executable, "-m", "torchlaunch.tools.doctor", "--model", "", "--json", "--config",
                             "configs/smoke.yaml", MODEL, "data.name=badplug:missing"],
                            env={"PYTHONPATH": f"{REPO}:{bad_modules}"}, timeout=300)
     assert rc == 2, err[-2000:]
@@ -297,10 +297,10 @@ def test_doctor_reports_which_plugins_resolve(bad_modules: Path) -> None:
 def test_init_from_comes_after_fastnet_data_init_and_only_on_a_fresh_run(tmp_path: Path, capsys) -> None:
     """fastnet sets its stem from the training images at construction; init_from must win over that (it
     is applied after), and a run folder with its own checkpoint ignores init_from and says so."""
-    from train.dist import DistContext
-    from train.models import FastNet
-    from train.preemption import PreemptionWatcher
-    from train.trainer import Trainer
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.preemption import PreemptionWatcher
+    from torchlaunch.worker.models import FastNet
+    from torchlaunch.worker.trainer import Trainer
 
     source = FastNet(num_classes=10, width=8)
     with torch.no_grad():

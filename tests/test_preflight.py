@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from train import preflight
-from train.doctor import FAIL, OK, WARN
+from torchlaunch.tools import preflight
+from torchlaunch.tools.doctor import FAIL, OK, WARN
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def test_torchrun_two_ranks_on_shared_dir_pass(tmp_path: Path) -> None:
         "--master-port",
         str(free_port()),
         "-m",
-        "train.preflight",
+        "torchlaunch.tools.preflight",
         "--config",
         str(config),
         *PREFLIGHT_ARGS,
@@ -195,7 +195,7 @@ def start_rank(rank: int, port: int, config: Path, run_dir: Path) -> subprocess.
     cmd = [
         sys.executable,
         "-m",
-        "train.preflight",
+        "torchlaunch.tools.preflight",
         "--config",
         str(config),
         f"run_dir={run_dir}",
@@ -227,7 +227,7 @@ def test_private_run_dirs_are_detected_as_not_shared(tmp_path: Path) -> None:
 
 def run_preflight_alone(*args: str) -> subprocess.CompletedProcess:
     """`python -m train.preflight ARGS` as one process (no launcher), bounded in time."""
-    return subprocess.run([sys.executable, "-m", "train.preflight", *args], env=base_env(), cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "torchlaunch.tools.preflight", *args], env=base_env(), cwd=REPO,
                           capture_output=True, text=True, timeout=50, check=False)
 
 
@@ -251,7 +251,7 @@ def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedPro
     cmd = [
         sys.executable,
         "-m",
-        "launch.local",
+        "torchlaunch.launch.local",
         "--gpus",
         "2",
         "--device",
@@ -259,7 +259,7 @@ def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedPro
         "--config",
         str(config),
         "--module",
-        "train.preflight",
+        "torchlaunch.tools.preflight",
         *overrides,
     ]
     return subprocess.run(

@@ -38,7 +38,7 @@ def test_fastnet_learns_cifar10_and_evaluate_agrees(cifar_shared: Path, decode_c
     print(f"real data: fastnet validation top-1 {last['val_acc']:.4f} on {VAL_IMAGES} images (floor {ACCURACY_FLOOR})")
     assert last["val_acc"] > ACCURACY_FLOOR, f"validation top-1 {last['val_acc']:.4f} <= floor {ACCURACY_FLOOR}"
 
-    rc, out, err = run_module("train.evaluate", ["--run-dir", str(run), "--data-root", str(cifar_shared),
+    rc, out, err = run_module("torchlaunch.worker.evaluate", ["--run-dir", str(run), "--data-root", str(cifar_shared),
                                                  "--split", "val"], timeout=240)
     assert rc == 0, err[-3000:]
     lines = out.splitlines()

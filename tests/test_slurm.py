@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.slurm import (
+from torchlaunch.exit_codes import BAD_INPUT, BadInput
+from torchlaunch.launch.slurm import (
     SlurmOptions,
     executor_parameters,
     is_timeout,
@@ -17,8 +18,7 @@ from launch.slurm import (
     sbatch_script,
     worker_argv,
 )
-from launch.spec import JobSpec
-from train.exit_codes import BAD_INPUT, BadInput
+from torchlaunch.launch.spec import JobSpec
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -87,7 +87,7 @@ def test_timeout_rule(elapsed_s: float, time_min: int, delay_s: int, expected: b
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "launch.slurm", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "torchlaunch.launch.slurm", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -141,7 +141,7 @@ class FinishedJob:
 )
 def test_exit_status_maps_slurm_states_to_project_codes(state: str, error: str | None, code: int,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from launch.slurm import exit_status
+    from torchlaunch.launch.slurm import exit_status
 
     job = FinishedJob(error)
     job.paths = type("Paths", (), {"folder": "/runs/a/slurm/42"})()  # type: ignore[attr-defined]
@@ -158,9 +158,9 @@ def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:
 
 
 def test_doctor_runs_the_preflight_in_each_task() -> None:
-    from launch.slurm import parse_args
+    from torchlaunch.launch.slurm import parse_args
 
     _, options, _ = parse_args(["--nodes", "2", "--tasks-per-node", "2", "--doctor", "--config", "configs/smoke.yaml"])
-    assert options.worker == "train.preflight:main"
+    assert options.worker == "torchlaunch.tools.preflight:main"
     _, options, _ = parse_args(["--nodes", "2", "--tasks-per-node", "2", "--config", "configs/smoke.yaml"])
-    assert options.worker == "train.worker:main"
+    assert options.worker == "torchlaunch.worker.run:main"

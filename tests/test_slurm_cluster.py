@@ -75,7 +75,7 @@ class Launch:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "launch.slurm", *args, f"run_dir={run_dir}", "--wait"],
+                [sys.executable, "-m", "torchlaunch.launch.slurm", *args, f"run_dir={run_dir}", "--wait"],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
 
     def text(self) -> str:
@@ -245,7 +245,7 @@ def test_bad_arguments_rejected_before_submission(cluster: str, tmp_path: Path, 
                                                   message: str) -> None:
     before = slurm("sacct", "-n", "-X", "-a", "-P", "-o", "JobID", "-S", "now-1hours")
     result = subprocess.run(
-        [sys.executable, "-m", "launch.slurm", "--config", "configs/smoke.yaml", *args, f"run_dir={tmp_path}"],
+        [sys.executable, "-m", "torchlaunch.launch.slurm", "--config", "configs/smoke.yaml", *args, f"run_dir={tmp_path}"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1

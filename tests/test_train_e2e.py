@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_cmd, run_launcher
-from train import checkpoint as ckpt
+from torchlaunch.core import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 

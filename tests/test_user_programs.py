@@ -2,7 +2,7 @@
 torchrun (exit codes, signals, restarts, -m from the working directory), the Slurm and Kubernetes
 renderings (golden files) and, on the dev cluster, requeue of a preempted user program.
 
-The programs under tests/programs/ use no train.api: they only exit, raise, or handle SIGTERM.
+The programs under tests/programs/ use no torchlaunch.api: they only exit, raise, or handle SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from launch import local
-from launch import program as program_mod
-from launch.local import NodePlacement, torchrun_argv
-from launch.spec import JobSpec
 from tests.conftest import REPO, child_env, error_lines, run_cmd, run_launcher, run_module
 from tests.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
-from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch import runner as program_mod
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.launch import local
+from torchlaunch.launch.local import NodePlacement, torchrun_argv
+from torchlaunch.launch.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden"
 PROGRAMS = Path(__file__).parent / "programs"
@@ -113,10 +113,10 @@ def test_program_rendezvous_id_is_the_same_on_every_node() -> None:
 
 @pytest.mark.parametrize(("launcher_args", "tail"), [
     (["--gpus", "2"], ["--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
-                       "-m", "launch.program", EXIT_WITH, "0", "a b"]),
+                       "-m", "torchlaunch.runner", EXIT_WITH, "0", "a b"]),
     (["--gpus", "1"], None),  # one worker without restarts: no agent, the runner directly
     (["--gpus", "1", "--max-restarts", "2"], ["--nproc-per-node", "1", "--max-restarts", "2", "--standalone",
-                                              "-m", "launch.program", EXIT_WITH, "0", "a b"]),
+                                              "-m", "torchlaunch.runner", EXIT_WITH, "0", "a b"]),
 ])
 def test_dry_run_prints_the_exact_command(launcher_args: list[str], tail: list[str] | None,
                                           capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,20 +126,20 @@ def test_dry_run_prints_the_exact_command(launcher_args: list[str], tail: list[s
     assert rc == OK and len(out.splitlines()) == 1
     argv = shlex.split(out)
     if tail is None:
-        assert argv == [sys.executable, "-m", "launch.program", EXIT_WITH, "0", "a b"]
+        assert argv == [sys.executable, "-m", "torchlaunch.runner", EXIT_WITH, "0", "a b"]
     else:
-        assert argv[:4] == [sys.executable, "-m", "launch.torchrun", "--nnodes"] and argv[5:] == tail
+        assert argv[:4] == [sys.executable, "-m", "torchlaunch.launch.torchrun", "--nnodes"] and argv[5:] == tail
 
 
 def test_dry_run_of_a_module_and_of_the_doctor(capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(PROGRAMS)
     assert local.main([*CPU, "--dry-run", "--", "-m", "userpkg.main", "0", "out"]) == OK
-    assert shlex.split(capsys.readouterr().out) == [sys.executable, "-m", "launch.program", "-m", "userpkg.main",
+    assert shlex.split(capsys.readouterr().out) == [sys.executable, "-m", "torchlaunch.runner", "-m", "userpkg.main",
                                                     "0", "out"]
     assert local.main([*CPU, "--doctor", "--dry-run", "--", "-m", "userpkg.main"]) == OK
     argv = shlex.split(capsys.readouterr().out)
-    assert argv[1:3] == ["-m", "launch.torchrun"] and argv[-4:-1] == ["-m", "train.preflight", "--config"]
+    assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and argv[-4:-1] == ["-m", "torchlaunch.tools.preflight", "--config"]
     assert argv[-1].endswith("doctor.yaml") and not Path(argv[-1]).exists()  # a dry run creates nothing
 
 
@@ -169,14 +169,14 @@ def test_bad_program_arguments_are_one_line_and_exit_2(args: list[str], words: s
     ("import sys; sys.exit(75)", PREEMPTED, None),
     ("print('hi')", OK, None),
     ("import sys; sys.exit('a message')", FAILURE, "a message"),
-    ("from train.exit_codes import BadInput\nraise BadInput('data error: x: bad (fix x)\\nmore')", BAD_INPUT,
+    ("from torchlaunch.exit_codes import BadInput\nraise BadInput('data error: x: bad (fix x)\\nmore')", BAD_INPUT,
      "data error: x: bad (fix x)"),
     ("raise ValueError('boom')", FAILURE, "ValueError: boom"),
 ])
 def test_runner_maps_how_the_program_ends(source: str, code: int, stderr_words: str | None, tmp_path: Path) -> None:
     script = tmp_path / "prog.py"
     script.write_text(source + "\n")
-    rc, out, err = run_module("launch.program", [str(script)], timeout=60)
+    rc, out, err = run_module("torchlaunch.runner", [str(script)], timeout=60)
     assert rc == code, err
     if stderr_words:
         assert stderr_words in err
@@ -188,12 +188,12 @@ def test_runner_maps_how_the_program_ends(source: str, code: int, stderr_words: 
 
 def test_runner_sets_argv_and_path_as_python_does(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    rc, _, err = run_module("launch.program", [str(PROGRAMS / "exit_with.py"), "0", str(out)], timeout=60)
+    rc, _, err = run_module("torchlaunch.runner", [str(PROGRAMS / "exit_with.py"), "0", str(out)], timeout=60)
     assert rc == OK, err
     (seen,) = records(out)
     assert seen["argv"] == [str(PROGRAMS / "exit_with.py"), "0", str(out)]
     assert seen["path0"] == str(PROGRAMS) and seen["name"] == "__main__"
-    rc, _, err = run_cmd([sys.executable, "-m", "launch.program", "-m", "userpkg.main", "3", str(tmp_path / "m")],
+    rc, _, err = run_cmd([sys.executable, "-m", "torchlaunch.runner", "-m", "userpkg.main", "3", str(tmp_path / "m")],
                          timeout=60, cwd=PROGRAMS)
     assert rc == 3, err
     (seen,) = records(tmp_path / "m")
@@ -204,12 +204,12 @@ def test_runner_sets_argv_and_path_as_python_does(tmp_path: Path) -> None:
 def test_runner_reports_for_the_launcher_and_stops_after_a_restart_on_bad_input(tmp_path: Path) -> None:
     status_dir, runs = tmp_path / "status", tmp_path / "runs"
     env = {"TORCHLAUNCH_ATTEMPT_ID": "att1", "TORCHLAUNCH_STATUS_DIR": str(status_dir), "RANK": "1"}
-    rc, _, err = run_module("launch.program", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60, env=env)
+    rc, _, err = run_module("torchlaunch.runner", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60, env=env)
     assert rc == BAD_INPUT and error_lines(err) == []  # launch.local prints the reason once for all ranks
     record = json.loads((status_dir / "att1-rank1.json").read_text())
     assert record == {"code": 2, "reason": "data error: --data /nonexistent.csv: no such file "
                                             "(pass an existing CSV)", "rank": 1}
-    rc, _, _ = run_module("launch.program", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60,
+    rc, _, _ = run_module("torchlaunch.runner", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60,
                           env={**env, "TORCHELASTIC_RESTART_COUNT": "1"})
     assert rc == BAD_INPUT
     assert runs.read_text().count("\n") == 1  # the restarted rank did not run the program again
@@ -246,7 +246,7 @@ def test_exit_codes_through_the_launcher(gpus: int, program_code: int, launch_co
 @pytest.mark.timeout(200)
 def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    rc, _, err = run_cmd([sys.executable, "-m", "launch.local", "--gpus", "2", *CPU, "--", "-m", "userpkg.main",
+    rc, _, err = run_cmd([sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", *CPU, "--", "-m", "userpkg.main",
                           "0", str(out)], timeout=120, cwd=PROGRAMS)
     assert rc == OK, err
     seen = records(out)
@@ -284,7 +284,7 @@ def test_restart_after_a_crash(tmp_path: Path) -> None:
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path) -> None:
     out = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "launch.local", "--gpus", str(gpus), *CPU, "--",
+    proc = subprocess.Popen([sys.executable, "-m", "torchlaunch.launch.local", "--gpus", str(gpus), *CPU, "--",
                              "tests/programs/wait_for_term.py", str(out)], cwd=REPO, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -315,7 +315,7 @@ def test_doctor_for_a_user_program(tmp_path: Path) -> None:
 
 
 def test_sbatch_script_of_a_program_golden() -> None:
-    from launch.slurm import PROGRAM_RUNNER, SlurmOptions, SlurmTask, sbatch_script, task_argv
+    from torchlaunch.launch.slurm import PROGRAM_RUNNER, SlurmOptions, SlurmTask, sbatch_script, task_argv
 
     spec = JobSpec(program=("/opt/code/train.py", "--epochs", "3"), nodes=2, gpus_per_node=1,
                    run_dir="/shared/runs/mine", time_min=30)
@@ -323,11 +323,11 @@ def test_sbatch_script_of_a_program_golden() -> None:
                            worker=PROGRAM_RUNNER, cwd="/opt/code", job_name="train")
     check_golden("slurm_program.sbatch", sbatch_script(spec, options))
     assert task_argv(spec, options, "/shared/runs/mine") == ["/opt/code/train.py", "--epochs", "3"]
-    assert SlurmTask(argv=[], time_min=1, signal_delay_s=1).worker == "train.worker:main"  # default unchanged
+    assert SlurmTask(argv=[], time_min=1, signal_delay_s=1).worker == "torchlaunch.worker.run:main"  # default unchanged
 
 
 def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
-    rc, out, err = run_module("launch.slurm", ["--dry-run", "--nodes", "2", "--tasks-per-node", "1", "--run-dir",
+    rc, out, err = run_module("torchlaunch.launch.slurm", ["--dry-run", "--nodes", "2", "--tasks-per-node", "1", "--run-dir",
                                                str(tmp_path), "--", EXIT_WITH, "0", "x y"], timeout=60)
     assert rc == OK, err
     assert f"# program in every task (launch.program): {REPO / EXIT_WITH} 0 'x y'\ncd {REPO}\n" in out
@@ -342,7 +342,7 @@ def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
     ([], "--config is required for the built-in worker"),
 ])
 def test_slurm_bad_program_arguments(args: list[str], words: str) -> None:
-    rc, out, err = run_module("launch.slurm", ["--dry-run", "--tasks-per-node", "1", *args], timeout=60)
+    rc, out, err = run_module("torchlaunch.launch.slurm", ["--dry-run", "--tasks-per-node", "1", *args], timeout=60)
     assert rc == BAD_INPUT and out == ""
     assert len(err.splitlines()) == 1 and words in err, err
 
@@ -351,7 +351,7 @@ def slurm_launch(run_dir: Path, program: list[str], *args: str, cwd: Path = REPO
     """`python -m launch.slurm ARGS --run-dir RUN_DIR --wait -- PROGRAM` in the background."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.launcher.log", "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "launch.slurm", *args, "--run-dir", str(run_dir), "--wait",
+        return subprocess.Popen([sys.executable, "-m", "torchlaunch.launch.slurm", *args, "--run-dir", str(run_dir), "--wait",
                                  "--", *program], cwd=cwd, env=child_env(), stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
 
@@ -467,12 +467,12 @@ def test_k8s_pod_command_is_accepted_by_launch_local(capsys: pytest.CaptureFixtu
     for var, value in (("JOB_COMPLETION_INDEX", "1"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29511")):
         line = line.replace(f'"${var}"', value)
     argv = shlex.split(line)
-    assert argv[:4] == ["exec", "python", "-m", "launch.local"]
+    assert argv[:4] == ["exec", "python", "-m", "torchlaunch.launch.local"]
     monkeypatch.chdir(REPO)
     assert local.main(["--dry-run", *argv[4:]]) == OK
     printed = shlex.split(capsys.readouterr().out)
     assert printed[printed.index("--rdzv-endpoint") + 1] == "node0:29511" and "--node-rank" in printed
-    assert printed[-5:] == ["-m", "launch.program", EXIT_WITH, "0", "o d"]
+    assert printed[-5:] == ["-m", "torchlaunch.runner", EXIT_WITH, "0", "o d"]
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -498,7 +498,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def custom_loop_launch(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "launch.local", "--gpus", "2", *CPU, "--", CUSTOM_LOOP, "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", *CPU, "--", CUSTOM_LOOP, "--run-dir", str(run_dir),
             "--epochs", CUSTOM_EPOCHS]
 
 

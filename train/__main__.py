@@ -1,15 +1,8 @@
-"""`python -m train --config PATH [key=value ...]`: run one training rank."""
+"""`python -m train --config PATH [key=value ...]`: the command users type for one built-in rank.
 
-import os
-import sys
+A thin command module: the code is torchlaunch.worker, and nothing inside torchlaunch imports this
+package (a user's own `train` must never collide with the project's)."""
 
-from train import startup  # noqa: F401 - first: its clock fallback (no /proc) starts at import
-from train.worker import main
+import runpy
 
-code = main()
-# Leave without interpreter teardown: with several gloo ranks, C++ threads still winding down at
-# finalisation sometimes abort the process ("terminate called without an active exception") after a
-# clean finish, turning exit 0 into a crash. Everything worth keeping is flushed and fsynced by now.
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
+runpy.run_module("torchlaunch.worker", run_name="__main__", alter_sys=True)

@@ -4,7 +4,7 @@ would; appends one line per run to RUNS_FILE, so a test can count how often it w
 import os
 import sys
 
-from train.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput
 
 if len(sys.argv) > 1:
     with open(sys.argv[1], "a") as runs:

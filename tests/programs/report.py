@@ -1,4 +1,4 @@
-"""Helper of the test programs: what this rank saw, as one JSON file per rank (no torch, no train.api)."""
+"""Helper of the test programs: what this rank saw, as one JSON file per rank (no torch, no torchlaunch.api)."""
 
 from __future__ import annotations
 

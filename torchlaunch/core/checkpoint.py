@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import xxhash
 
-from train.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"

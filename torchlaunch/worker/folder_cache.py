@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from train.config import DataConfig
-from train.exit_codes import BadInput
+from torchlaunch.config import DataConfig
+from torchlaunch.exit_codes import BadInput
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 
@@ -158,7 +158,7 @@ def start_prefetch(data: DataConfig, env: Mapping[str, str] | None = None) -> su
     env = os.environ if env is None else env
     if data.name != "imagefolder" or data.loader not in ("auto", "tensor") or env.get("LOCAL_RANK", "0") != "0":
         return None
-    argv = [sys.executable, "-m", "train.folder_cache", data.root, data.cache_dir, str(data.image_size)]
+    argv = [sys.executable, "-m", "torchlaunch.worker.folder_cache", data.root, data.cache_dir, str(data.image_size)]
     try:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True)

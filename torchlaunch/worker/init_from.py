@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from train import checkpoint as ckpt
-from train.exit_codes import BadInput
+from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.exit_codes import BadInput
 
 KEY = "model.init_from"
 FORMS = ("a run folder, a checkpoint folder RUN_DIR/checkpoints/step-NNNNNNNNN, or a .pt file holding a "

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from train.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput
 
 
 class ConfigError(BadInput):

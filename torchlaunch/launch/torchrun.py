@@ -1,4 +1,4 @@
-"""`python -m launch.torchrun ARGS` = `torchrun ARGS`, leaving without interpreter teardown.
+"""`python -m torchlaunch.launch.torchrun ARGS` = `torchrun ARGS`, leaving without interpreter teardown.
 
 Tearing down an interpreter that has imported torch takes ~0.8 s on a 2-core box (measured: 0.04 s
 with os._exit), and launch.local waits for torchrun's exit, so every run paid it after the last

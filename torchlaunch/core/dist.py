@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from train.affinity import pin_local_rank
-from train.exit_codes import BadInput
+from torchlaunch.core.affinity import pin_local_rank
+from torchlaunch.exit_codes import BadInput
 
 CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

@@ -14,8 +14,8 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from train.config import DataConfig
-from train.exit_codes import BadInput
+from torchlaunch.config import DataConfig
+from torchlaunch.exit_codes import BadInput
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 """Where torchvision downloads CIFAR-10 from (torchvision.datasets.CIFAR10.url)."""
@@ -93,7 +93,7 @@ def check_data(cfg: DataConfig, *, local: bool) -> None:
     if cfg.name == "cifar10":
         check_cifar10(cfg, probe=local)
         return
-    from train.folder_cache import scan_imagefolder  # numpy + PIL, no torch
+    from torchlaunch.worker.folder_cache import scan_imagefolder  # numpy + PIL, no torch
 
     _, files, _ = scan_imagefolder(root)
     if len(files) < 2:

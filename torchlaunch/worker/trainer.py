@@ -26,14 +26,11 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from train import checkpoint as ckpt
-from train import config as config_mod
-from train import optim as optim_mod
-from train.checkpoint import capture_rng, restore_rng
-from train.config import RunConfig
-from train.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
-from train.debug import check_model_io
-from train.dist import (
+from torchlaunch import config as config_mod
+from torchlaunch.config import RunConfig
+from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.core.checkpoint import capture_rng, restore_rng
+from torchlaunch.core.dist import (
     DistContext,
     all_reduce_sum,
     broadcast_buffers,
@@ -41,16 +38,19 @@ from train.dist import (
     gather_objects,
     ordered_allreduce_hook,
 )
-from train.exit_codes import OK, PREEMPTED, BadInput
-from train.lookahead import Lookahead
-from train.models import build_model
-from train.precision import choose_for_run as choose_cpu_precision
-from train.precision import note as precision_note
-from train.precision import refuse_fp16_on_cpu
-from train.preemption import PreemptionWatcher, agree
-from train.shm_reduce import build_reducer, shared_memory_hook
-from train.startup import process_age_s
-from train.tta import tta_logits
+from torchlaunch.core.preemption import PreemptionWatcher, agree
+from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
+from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
+from torchlaunch.startup import process_age_s
+from torchlaunch.tools.debug import check_model_io
+from torchlaunch.worker import optim as optim_mod
+from torchlaunch.worker.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
+from torchlaunch.worker.lookahead import Lookahead
+from torchlaunch.worker.models import build_model
+from torchlaunch.worker.precision import choose_for_run as choose_cpu_precision
+from torchlaunch.worker.precision import note as precision_note
+from torchlaunch.worker.precision import refuse_fp16_on_cpu
+from torchlaunch.worker.tta import tta_logits
 
 VERSION = "0.1.0"
 
@@ -308,8 +308,8 @@ class Trainer:
         self.normalize = normalize
         if hasattr(model, "init_from_data"):  # data-dependent init; a resume overwrites it anyway
             model.init_from_data(whitening_sample(data.train, normalize, data.image_size))
-        from train import init_from as init_weights
-        from train import plugins
+        from torchlaunch.worker import init_from as init_weights
+        from torchlaunch.worker import plugins
 
         init_weights.init_for_run(model, cfg.model.init_from, cfg.model.init_strict, cfg.checkpoint.resume,
                                   self.ckpt_root, ctx.is_main)  # a fresh run only; after the data init

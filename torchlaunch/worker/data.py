@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from train.config import DataConfig, is_plugin
-from train.datacheck import cifar10_missing_message  # shared with the launchers' pre-spawn check
-from train.exit_codes import BadInput
-from train.folder_cache import (  # noqa: F401
+from torchlaunch.config import DataConfig, is_plugin
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.worker.datacheck import cifar10_missing_message  # shared with the launchers' pre-spawn check
+from torchlaunch.worker.folder_cache import (  # noqa: F401
     IMAGE_EXTENSIONS,
     cache_images_file,
     decode_all,
@@ -317,7 +317,7 @@ class PluginSamples:
         return PluginSamples(self.path, self.split, self.dataset, [self.index[p] for p in positions])
 
     def image(self, i: int, size: int) -> torch.Tensor:
-        from train import plugins
+        from torchlaunch.worker import plugins
 
         j = self.index[i]
         return plugins.to_uint8(self.path, self.split, j, self.dataset[j][0], size)
@@ -337,7 +337,7 @@ def available_memory() -> int:
 def plugin_labels(path: str, split: str, ds: Any, n: int, num_classes: int) -> torch.Tensor:
     """The first n labels: from `ds.targets` when the dataset has them (no sample is read), else by
     reading every sample once."""
-    from train import plugins
+    from torchlaunch.worker import plugins
 
     targets = getattr(ds, "targets", None)
     if targets is not None and len(targets) == len(ds):
@@ -354,7 +354,7 @@ def plugin_split(path: str, split: str, ds: Any, n: int, size: int, num_classes:
                  in_memory: bool) -> ImageSet:
     """The first n samples of a plug-in split as the project's ImageSet: decoded once into one uint8
     tensor (the fast in-memory loader), or a PluginSamples for the per-sample loader."""
-    from train import plugins
+    from torchlaunch.worker import plugins
 
     if not in_memory:
         return ImageSet(labels=plugin_labels(path, split, ds, n, num_classes),
@@ -373,7 +373,7 @@ def load_plugin(cfg: DataConfig) -> DataBundle:
     per sample through a DataLoader, auto decodes it into memory when the uint8 images take at most a
     quarter of the available memory. Both paths batch by the global-step plan and augment the batch
     the same way, so exact resume holds on either."""
-    from train import plugins
+    from torchlaunch.worker import plugins
 
     found = plugins.load_data(cfg.name, cfg.root, cfg.image_size)
     size, k = cfg.image_size, len(found.classes)

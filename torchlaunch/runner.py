@@ -1,7 +1,7 @@
 """Run any script or module as one rank, with the project's exit-code contract (torch-free).
 
-    python -m launch.program SCRIPT.py [args]        # as `python SCRIPT.py args` would
-    python -m launch.program -m package.module [args] # as `python -m package.module args` would
+    python -m torchlaunch.runner SCRIPT.py [args]        # as `python SCRIPT.py args` would
+    python -m torchlaunch.runner -m package.module [args] # as `python -m package.module args` would
 
 Every launcher starts a user's program through this runner, and the built-in worker is just the
 default program (`-m train ...`, which launch.local starts directly). The program runs in this
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from train import status
-from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch import status
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
 USAGE = "pass SCRIPT.py [args] or -m package.module [args] after --"
 

@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from train import checkpoint as _ckpt
-from train import dist as _dist
-from train import status as _status
-from train.data import BatchPlan
-from train.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from train.preemption import PreemptionWatcher, agree
+from torchlaunch import status as _status
+from torchlaunch.core import checkpoint as _ckpt
+from torchlaunch.core import dist as _dist
+from torchlaunch.core.preemption import PreemptionWatcher, agree
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.worker.data import BatchPlan
 
 __all__ = ["BAD_INPUT", "FAILURE", "OK", "PREEMPTED", "BadInput", "Checkpointer", "Context",
            "ResumableSampler", "preemption_requested", "resumable_sampler", "setup", "teardown"]
@@ -134,7 +134,7 @@ def teardown(clean: bool = True) -> None:
 
 def _active() -> _Session:
     if _session is None:
-        raise RuntimeError("call train.api.setup() first (it joins the process group and installs the "
+        raise RuntimeError("call torchlaunch.api.setup() first (it joins the process group and installs the "
                            "preemption handlers)")
     return _session
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from train.config import TORCHVISION_PREFIX, ConfigError, is_plugin
-from train.exit_codes import BadInput
+from torchlaunch.config import TORCHVISION_PREFIX, ConfigError, is_plugin
+from torchlaunch.exit_codes import BadInput
 
 
 def simple_cnn(num_classes: int, width: int = 0) -> nn.Module:
@@ -242,7 +242,7 @@ def torchvision_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
 def build_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
     """A built-in name, `torchvision.<name>`, or a plug-in `pkg.module:factory` (train/plugins.py)."""
     if is_plugin(name):
-        from train import plugins
+        from torchlaunch.worker import plugins
 
         return plugins.build_model(name, num_classes, width)
     if name.startswith(TORCHVISION_PREFIX):

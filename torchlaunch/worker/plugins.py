@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.config import PLUGIN_PATTERN, ConfigError, is_plugin
-from train.exit_codes import BadInput
+from torchlaunch.config import PLUGIN_PATTERN, ConfigError, is_plugin
+from torchlaunch.exit_codes import BadInput
 
 __all__ = ["PluginData", "is_plugin", "resolve", "build_model", "load_data", "origin", "origins", "check_early",
            "add_recorded_paths", "check_config"]
@@ -327,7 +327,7 @@ def check_early(cfg: Any) -> None:
     imports and names a callable, and a fresh run's model.init_from exists."""
     check_config(cfg.model.name, cfg.data.name)
     if cfg.model.init_from:
-        from train import init_from
+        from torchlaunch.worker import init_from
 
         if not init_from.will_resume(cfg.checkpoint.resume, Path(cfg.run_dir).expanduser() / "checkpoints"):
             init_from.locate(cfg.model.init_from)

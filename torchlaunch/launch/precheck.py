@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from train.config import RunConfig
-from train.datacheck import check_data
-from train.precision import refuse_fp16_on_cpu
+from torchlaunch.config import RunConfig
+from torchlaunch.worker.datacheck import check_data
+from torchlaunch.worker.precision import refuse_fp16_on_cpu
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))

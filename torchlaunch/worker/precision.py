@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from train.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput
 
 CACHE_FILE = "cpu-precision.json"
 RUN_RECORD = "precision.json"
@@ -81,7 +81,7 @@ def measure_rates(model_name: str, num_classes: int, width: int, image_size: int
     import torch
     import torch.nn.functional as F
 
-    from train.models import build_model
+    from torchlaunch.worker.models import build_model
 
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     with torch.random.fork_rng(devices=[]):

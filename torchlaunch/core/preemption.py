@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from train.dist import DistContext
+    from torchlaunch.core.dist import DistContext
 
 
 class PreemptionWatcher:
@@ -51,7 +51,7 @@ class PreemptionWatcher:
 def agree(ctx: DistContext, requested: bool, *others: bool) -> tuple[bool, ...]:
     """(any rank requested a stop, any rank raised each other flag): one tiny all-reduce (max) that
     every rank must call at the same step boundary, so all of them checkpoint the same step."""
-    from train.dist import all_reduce_max  # torch stays out of this module's import
+    from torchlaunch.core.dist import all_reduce_max  # torch stays out of this module's import
 
     flags = all_reduce_max(ctx, [1.0 if requested else 0.0, *(1.0 if f else 0.0 for f in others)])
     return tuple(f > 0 for f in flags)

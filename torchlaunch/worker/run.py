@@ -13,10 +13,10 @@ import subprocess
 import sys
 import traceback
 
-from train import config as config_mod
-from train import status
-from train.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
-from train.folder_cache import finish_prefetch, start_prefetch
+from torchlaunch import config as config_mod
+from torchlaunch import status
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
+from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
 """Set by launch.local: each rank reports its exit code and reason for it (train/status.py), since
@@ -85,14 +85,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) -> tuple[int, str]:
     """Set up, train, tear down. Imports torch lazily so `--help-config` and config errors are fast."""
-    from train import dist
-    from train.checkpoint import newest_committed
-    from train.data import load_bundle
-    from train.debug import anomaly_detection, describe_oom, is_oom
-    from train.dist import agreed
-    from train.plugins import check_early
-    from train.preemption import PreemptionWatcher
-    from train.trainer import Trainer
+    from torchlaunch.core import dist
+    from torchlaunch.core.checkpoint import newest_committed
+    from torchlaunch.core.dist import agreed
+    from torchlaunch.core.preemption import PreemptionWatcher
+    from torchlaunch.tools.debug import anomaly_detection, describe_oom, is_oom
+    from torchlaunch.worker.data import load_bundle
+    from torchlaunch.worker.plugins import check_early
+    from torchlaunch.worker.trainer import Trainer
 
     watcher = PreemptionWatcher(cfg.preemption.signals)  # first: a signal during start-up is not lost
     ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus)

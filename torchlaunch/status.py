@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from train.exit_codes import BAD_INPUT
+from torchlaunch.exit_codes import BAD_INPUT
 
 ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
 """Set by launch.local: the id of this launch; records of other launches are never read."""

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput
 
 _DEVICE_MISMATCH_MARKERS = (
     "expected all tensors to be on the same device",

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.dist import rank_order_mean
+from torchlaunch.core.dist import rank_order_mean
 
 SHM_DIR = "/dev/shm"
 DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb

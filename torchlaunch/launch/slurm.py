@@ -1,0 +1,631 @@
+"""Slurm launcher on submitit: one task per GPU (or per CPU worker), requeue on preemption and timeout.
+
+    python -m launch.slurm --nodes 2 --gpus-per-node 8 --partition gpu --time 240 \\
+        --config configs/cifar10.yaml run_dir=/shared/runs/a
+
+The pure part maps a JobSpec to submitit's executor parameters and to the sbatch script submitit
+would write (`--dry-run` prints it). Each task exports the env contract with submitit's
+TorchDistributedEnvironment and runs `train.worker.main` in-process, so the scheduler's signal goes
+straight to the worker's flag handler (no forwarding, no second process to race). When the worker
+returns 75 (every rank checkpointed the same step), global rank 0 requeues the job exactly once and
+the next allocation resumes from RUN_DIR's newest checkpoint. See docs/SLURM.md.
+
+Any script or module runs the same way (`... --run-dir DIR -- SCRIPT.py args` or `-- -m pkg.mod args`):
+each task runs it in-process through launch.program.main from the submission directory, so the
+scheduler's signal reaches the script's own handler, and its exit code drives the same requeue (75)
+and no-requeue (2) logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchlaunch import config as config_mod
+from torchlaunch import runner as program_mod
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.launch import precheck
+from torchlaunch.launch.spec import JobSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_WORKER = "torchlaunch.worker.run:main"
+PROGRAM_RUNNER = "torchlaunch.runner:main"
+PREFLIGHT = "torchlaunch.tools.preflight:main"
+DEFAULT_MAX_TIMEOUTS = 3
+SLURM_SIGNAL_SLACK_S = 65
+"""Slurm may send the --signal up to 60 s before the requested lead time (its timer resolution)."""
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What only the Slurm launcher needs beyond the JobSpec."""
+
+    use_gpus: bool = True
+    """Request gpus_per_node GPUs per node; False runs gpus_per_node CPU worker processes per node."""
+    max_timeouts: int = DEFAULT_MAX_TIMEOUTS
+    """Requeues allowed after running out of time; preemptions do not count."""
+    job_name: str = "train"
+    python: str | None = None
+    """Interpreter in each task: this one (sys.executable), or python3 inside a --image container."""
+    repo_root: str = str(REPO_ROOT)
+    worker: str = DEFAULT_WORKER
+    """module:function run in each task; it takes the worker argv and returns an exit code."""
+    explicit_master_port: bool = False
+    """Without it submitit derives the port from the job id, so jobs sharing a node do not clash."""
+    cwd: str | None = None
+    """Submission directory: a user's program runs there (importable, as with `python -m`)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure part: JobSpec -> worker argv, submitit parameters, sbatch script.
+
+
+def resolve_run_dir(spec: JobSpec) -> str:
+    """The run dir from the spec, a `run_dir=` override or the YAML; logs and checkpoints live there."""
+    if spec.program and not spec.run_dir:
+        raise BadInput("no run dir: pass --run-dir /shared/path with a program after -- "
+                       "(the Slurm logs and submitit's files go there)")
+    run_dir = spec.run_dir
+    for override in spec.overrides:
+        key, _, value = override.partition("=")
+        if key.strip() == "run_dir":
+            run_dir = value.strip()
+    if run_dir is None:
+        run_dir = _yaml_run_dir(spec.config)
+    if not run_dir:
+        raise BadInput(f"no run dir: pass run_dir=/shared/path (config {spec.config} sets none)")
+    return os.path.abspath(run_dir)
+
+
+def _yaml_run_dir(config: str) -> str | None:
+    import yaml
+
+    try:
+        with open(config, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream) or {}
+    except OSError as error:
+        raise BadInput(f"cannot read config {config}: {error.strerror}; pass an existing --config") from None
+    value = data.get("run_dir") if isinstance(data, dict) else None
+    return str(value) if value else None
+
+
+def worker_argv(spec: JobSpec, run_dir: str) -> list[str]:
+    """Argv of `python -m train`: identical on every rank and every requeue. The signal lead time is
+    passed on so the worker can warn when a checkpoint would not fit in it."""
+    keys = {o.partition("=")[0].strip() for o in spec.overrides}
+    overrides = [o for o in spec.overrides if o.partition("=")[0].strip() != "run_dir"]
+    if "preemption.lead_time_s" not in keys:
+        overrides.append(f"preemption.lead_time_s={spec.signal_delay_s}")
+    return ["--config", os.path.abspath(spec.config), *overrides, f"run_dir={run_dir}"]
+
+
+def doctor_recipe(run_dir: str) -> str:
+    """train.preflight reads a recipe; a user's program has none: defaults, synthetic data, its run dir."""
+    return os.path.join(run_dir, "doctor.yaml")
+
+
+def task_argv(spec: JobSpec, options: SlurmOptions, run_dir: str) -> list[str]:
+    """What every task passes to options.worker: the built-in worker's argv or the user's program."""
+    if not spec.program:
+        return worker_argv(spec, run_dir)
+    if options.worker == PREFLIGHT:
+        return ["--config", doctor_recipe(run_dir), f"preemption.lead_time_s={spec.signal_delay_s}"]
+    return list(spec.program)
+
+
+def submitit_folder(run_dir: str) -> str:
+    return os.path.join(run_dir, "slurm", "%j")
+
+
+def task_python(spec: JobSpec, options: SlurmOptions) -> str:
+    return options.python or ("python3" if spec.image else sys.executable)
+
+
+def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
+    """submitit.SlurmExecutor.update_parameters(**this): one task per GPU / CPU worker."""
+    setup = [f"export PYTHONPATH={shlex.quote(options.repo_root)}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    if options.explicit_master_port:
+        setup.append(f"export MASTER_PORT={spec.master_port}")
+    if spec.program:
+        setup.append(f"# program in every task (launch.program): {shlex.join(spec.program)}")
+        if options.cwd:
+            setup.append(f"cd {shlex.quote(options.cwd)}")
+    params: dict[str, Any] = {
+        "job_name": options.job_name,
+        "nodes": spec.nodes,
+        "ntasks_per_node": spec.gpus_per_node,
+        "time": spec.time_min,
+        "signal_delay_s": spec.signal_delay_s,
+        "setup": setup,
+        # --requeue: the job stays eligible for requeue after preemption, node failure or our
+        # own `scontrol requeue` even where the cluster sets JobRequeue=0.
+        "additional_parameters": {"requeue": True, **spec.extra},
+    }
+    if options.use_gpus:
+        params["gpus_per_node"] = spec.gpus_per_node
+    optional = {
+        "partition": spec.partition,
+        "account": spec.account,
+        "qos": spec.qos,
+        "constraint": spec.constraint,
+        "cpus_per_task": spec.cpus_per_task,
+        "mem": f"{spec.mem_gb}GB" if spec.mem_gb is not None else None,
+    }
+    params.update({key: value for key, value in optional.items() if value is not None})
+    if spec.image:
+        # pyxis: every task runs inside the image with the repo and the run dir mounted.
+        mounts = ",".join(f"{path}:{path}" for path in (options.repo_root, run_dir))
+        params["srun_args"] = ["--container-image", spec.image, "--container-mounts", mounts,
+                               "--container-workdir", options.repo_root]
+    return params
+
+
+def submitit_command(python: str, folder: str) -> str:
+    """What submitit runs in each task (SlurmExecutor._submitit_command_str, with our python)."""
+    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(folder)])
+
+
+def sbatch_script(spec: JobSpec, options: SlurmOptions) -> str:
+    """The sbatch script submitit submits for this spec, rendered without a cluster."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    run_dir = resolve_run_dir(spec)
+    folder = submitit_folder(run_dir)
+    params = executor_parameters(spec, options, run_dir)
+    return _make_sbatch_string(command=submitit_command(task_python(spec, options), folder), folder=folder,
+                               **params)
+
+
+# ----------------------------------------------------------------------------------------------
+# What runs in each Slurm task.
+
+
+class WorkerExit(RuntimeError):
+    """Raised in a task so submitit records a failure (and Slurm does not requeue): carries the code."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(f"worker exit code {code}: {why}")
+        self.code = code
+
+
+def is_timeout(elapsed_s: float, time_min: int, signal_delay_s: int) -> bool:
+    """A stop counts as a timeout only inside the allocation's final signal window.
+
+    Slurm sends the time-limit signal signal_delay_s (up to 60 s more) before the end; a signal
+    earlier than that is a preemption and must not spend the timeout budget. submitit's own rule,
+    run time >= min(0.8 T, T - 10 min), calls every signal in a job of T <= 10 min a timeout.
+    """
+    return elapsed_s >= time_min * 60 - signal_delay_s - SLURM_SIGNAL_SLACK_S
+
+
+def leave(code: int) -> None:
+    """Exit now with `code`, output flushed, without a submitit result and without running C++
+    static destructors (see the OK path in SlurmTask.__call__)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def load_callable(reference: str) -> Callable[[list[str]], int]:
+    module_name, _, function_name = reference.partition(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+@dataclass
+class SlurmTask:
+    """The picklable callable submitit runs in every task; its fields survive requeues."""
+
+    argv: list[str]
+    time_min: int
+    signal_delay_s: int
+    max_timeouts: int = DEFAULT_MAX_TIMEOUTS
+    worker: str = DEFAULT_WORKER
+    cwd: str | None = None
+    """A user's program runs from here (the submission directory)."""
+    timeouts: int = 0
+    preemptions: int = 0
+    history: list[str] = field(default_factory=list)
+
+    def __call__(self) -> int:
+        import submitit
+
+        started = time.time()
+        # One thread per allotted CPU: torch would otherwise start a thread per core in every task.
+        os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+        dist_env = submitit.helpers.TorchDistributedEnvironment().export(
+            set_cuda_visible_devices=False, overwrite=True
+        )
+        rank = dist_env.rank
+        print(f"slurm task: rank {rank}/{dist_env.world_size} local {dist_env.local_rank} "
+              f"master {dist_env.master_addr}:{dist_env.master_port} "
+              f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
+              flush=True)
+        if self.cwd:
+            os.chdir(self.cwd)
+        code = load_callable(self.worker)(list(self.argv))
+        # The worker restored submitit's handlers; from here on a late USR2/TERM must not make
+        # submitit requeue a second time.
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+        if code == OK:
+            # submitit writes the result after we return; then skip C++ static destructors, which
+            # sometimes abort a rank at exit on torch 2.14.1 ("terminate called without an active
+            # exception") and would turn a finished job into FAILED.
+            atexit.register(leave, OK)
+            return OK
+        if code == PREEMPTED:
+            self._requeue(rank, time.time() - started)
+        if code == BAD_INPUT:
+            raise WorkerExit(code, "bad input, not requeued; fix the config and submit again")
+        raise WorkerExit(code, "worker failed; see this task's log")
+
+    def _requeue(self, rank: int, elapsed_s: float) -> None:
+        """Rank 0 requeues once; every rank leaves without a result so submitit waits for the rerun."""
+        timed_out = is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
+        if rank != 0:
+            print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
+            leave(PREEMPTED)
+        job_id = os.environ["SLURM_JOB_ID"]
+        live_state = controller_state(job_id)
+        if live_state != "RUNNING":
+            # scancel (or the hard time limit) got here first: the job is ending for good.
+            raise WorkerExit(PREEMPTED, f"job {job_id} is {live_state}, not requeued; a checkpoint is "
+                             "committed: submit the same command again to resume")
+        if timed_out and self.timeouts >= self.max_timeouts:
+            raise WorkerExit(PREEMPTED, f"timed out {self.timeouts + 1} times (limit {self.max_timeouts}); "
+                             "a checkpoint is committed: submit the same command again to resume")
+        self.timeouts += timed_out
+        self.preemptions += not timed_out
+        kind = "timeout" if timed_out else "preemption"
+        self.history.append(f"{kind} after {elapsed_s:.0f}s")
+        self._save_for_requeue()
+        # Needed for preemption too: Slurm requeues a preempted job only if it is still running when
+        # GraceTime ends; a job whose tasks exit earlier would just complete. Requeueing now also
+        # frees the nodes at once. If Slurm's own requeue won the race, ours is refused: fine.
+        # Leaving without a result pickle is what keeps submitit waiting for the next allocation.
+        requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+        if requeue.returncode != 0:
+            print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})",
+                  flush=True)
+        print(f"slurm task: {kind}: checkpoint committed, job {job_id} requeued "
+              f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})", flush=True)
+        leave(PREEMPTED)
+
+    def _save_for_requeue(self) -> None:
+        """Rewrite the submitted pickle so the next allocation sees the updated counters."""
+        import submitit
+        from submitit.core import utils
+
+        paths = submitit.JobEnvironment().paths
+        delayed = utils.DelayedSubmission(self)
+        delayed.set_timeout(self.time_min, self.max_timeouts - self.timeouts)
+        with utils.temporary_save_path(paths.submitted_pickle) as tmp:
+            delayed.dump(tmp)
+
+    def checkpoint(self) -> Any:
+        """submitit calls this only when its own USR2 handler runs: a signal before the worker
+        installed its handlers. Nothing trained since the last checkpoint, so requeue as is."""
+        from submitit.core import utils
+
+        return utils.DelayedSubmission(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# Talking to the cluster (validation, submission, following).
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: int
+    gres: str
+
+
+def cluster_partitions() -> dict[str, Partition] | None:
+    """Partitions from sinfo, or None when no cluster is reachable (then nothing is checked)."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%R|%D|%G"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    partitions: dict[str, Partition] = {}
+    for line in out.splitlines():
+        name, nodes, gres = line.split("|")
+        known = partitions.get(name)
+        count = int(nodes) + (known.nodes if known else 0)
+        gres_all = ",".join(g for g in ((known.gres if known else ""), gres) if g and g != "(null)")
+        partitions[name] = Partition(name, count, gres_all)
+    return partitions
+
+
+def default_partition() -> str | None:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
+
+
+def validate(spec: JobSpec, options: SlurmOptions, partitions: dict[str, Partition] | None) -> None:
+    """Raise BadInput (one line, exit 2) for what the cluster would reject or never schedule."""
+    if options.max_timeouts < 0:
+        raise BadInput(f"--max-timeouts must be >= 0, got {options.max_timeouts}")
+    if spec.time_min < 1:
+        raise BadInput(f"--time must be >= 1 minute, got {spec.time_min}")
+    if spec.signal_delay_s < 1 or spec.signal_delay_s >= spec.time_min * 60:
+        raise BadInput(f"--signal-delay-s must be between 1 and --time*60-1 s, got {spec.signal_delay_s}")
+    if partitions is None:
+        return
+    name = spec.partition or default_partition()
+    if name is None:
+        return
+    partition = partitions.get(name)
+    if partition is None:
+        raise BadInput(f"unknown partition {name!r}; this cluster has: {', '.join(sorted(partitions))}")
+    if spec.nodes > partition.nodes:
+        raise BadInput(f"--nodes {spec.nodes} but partition {name!r} has {partition.nodes} nodes")
+    if options.use_gpus and "gpu" not in partition.gres:
+        raise BadInput(f"partition {name!r} has no GPUs (GRES: {partition.gres or 'none'}); "
+                       "use --tasks-per-node N for CPU workers or a GPU partition")
+
+
+NO_SLURM_CONF = "Could not establish a configuration source"
+"""sbatch's words when neither SLURM_CONF nor the default slurm.conf nor a configless server is found."""
+
+
+def no_slurm_conf_message() -> str:
+    return (f"sbatch cannot find the cluster's slurm.conf (sbatch: fatal: {NO_SLURM_CONF}): for the local "
+            f"test cluster run `eval \"$(slurm/dev-cluster.sh env)\"` in this shell first, otherwise "
+            f"export SLURM_CONF=<your cluster's slurm.conf>")
+
+
+def check_slurm_conf() -> None:
+    """BadInput before sbatch prints four lines of its own: sinfo finds its config exactly as sbatch does."""
+    try:
+        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except (subprocess.SubprocessError, OSError):
+        return
+    if NO_SLURM_CONF in probe.stderr:
+        raise BadInput(no_slurm_conf_message())
+
+
+def submit(spec: JobSpec, options: SlurmOptions) -> Any:
+    import submitit
+
+    run_dir = resolve_run_dir(spec)
+    os.makedirs(run_dir, exist_ok=True)
+    executor = submitit.SlurmExecutor(folder=submitit_folder(run_dir), max_num_timeout=options.max_timeouts,
+                                      python=shlex.quote(task_python(spec, options)))
+    executor.update_parameters(**executor_parameters(spec, options, run_dir))
+    if spec.program and options.worker == PREFLIGHT:
+        with open(doctor_recipe(run_dir), "w", encoding="utf-8") as recipe:
+            recipe.write(f"run_dir: {json.dumps(run_dir)}\ndata:\n  name: synthetic\n")
+    task = SlurmTask(argv=task_argv(spec, options, run_dir), time_min=spec.time_min,
+                     signal_delay_s=spec.signal_delay_s, max_timeouts=options.max_timeouts,
+                     worker=options.worker, cwd=options.cwd if spec.program else None)
+    return executor.submit(task)
+
+
+def rank0_log(job: Any) -> Path:
+    return Path(job.paths.folder) / f"{job.job_id}_0_log.out"
+
+
+def controller_state(job_id: str) -> str:
+    """The job's live state from slurmctld: RUNNING while a timeout or preemption signal is pending,
+    COMPLETING once scancel or the hard time limit is ending it."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return "UNKNOWN"
+    return out.strip() or "UNKNOWN"
+
+
+def job_state(job_id: str) -> str:
+    """The job's state from accounting (first word: "CANCELLED by 0" -> "CANCELLED")."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return "UNKNOWN"
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return lines[-1] if lines else "UNKNOWN"
+
+
+def follow(job: Any, poll_s: float = 1.0, out: Any = None) -> int:
+    """Stream rank 0's log until the job reaches a terminal state; return the job's exit status."""
+    out = out or sys.stdout
+    log_path = rank0_log(job)
+    offset = 0
+    state = "UNKNOWN"
+    while True:
+        state = job_state(job.job_id)
+        if log_path.exists():
+            with open(log_path, encoding="utf-8", errors="replace") as stream:
+                stream.seek(offset)
+                chunk = stream.read()
+                offset = stream.tell()
+            out.write(chunk)
+            out.flush()
+        if state.split()[0] in TERMINAL_STATES:
+            break
+        time.sleep(poll_s)
+    return exit_status(job, state)
+
+
+def exit_status(job: Any, state: str) -> int:
+    """Map the final Slurm state and rank 0's result to the project's exit codes."""
+    kind = state.split()[0]
+    if kind == "COMPLETED":
+        return OK
+    if kind == "CANCELLED":
+        print(f"job {job.job_id} was cancelled ({state}); its newest checkpoint is in the run dir",
+              file=sys.stderr)
+        return FAILURE
+    error = str(job.exception()) if kind == "FAILED" else ""
+    for code in (PREEMPTED, BAD_INPUT):
+        if f"worker exit code {code}:" in error:
+            print(error.rsplit("WorkerExit: ", 1)[-1].splitlines()[0], file=sys.stderr)
+            return code
+    print(f"job {job.job_id} ended {state}; see the logs in {job.paths.folder}", file=sys.stderr)
+    return FAILURE
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line.
+
+
+def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespace]:
+    own, program_argv = split_program(argv)
+    parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s [options] --config YAML [key=value ...] | "
+                                           "[options] --run-dir DIR -- SCRIPT.py [args] | ... -- -m MODULE [args]")
+    parser.add_argument("--config", help="recipe of the built-in worker (not with a program after --)")
+    parser.add_argument("--run-dir", help="with a program after --: the shared folder for logs and "
+                                          "submitit's files (the built-in worker takes run_dir=)")
+    parser.add_argument("--nodes", type=int, default=1)
+    workers = parser.add_mutually_exclusive_group()
+    workers.add_argument("--gpus-per-node", type=int, help="GPUs per node, one task per GPU")
+    workers.add_argument("--tasks-per-node", type=int, help="CPU worker processes per node (no GPUs)")
+    parser.add_argument("--partition")
+    parser.add_argument("--time", type=int, default=60, help="minutes per allocation")
+    parser.add_argument("--cpus-per-task", type=int)
+    parser.add_argument("--mem-gb", type=int)
+    parser.add_argument("--account")
+    parser.add_argument("--qos")
+    parser.add_argument("--constraint")
+    parser.add_argument("--signal-delay-s", type=int, default=90)
+    parser.add_argument("--max-timeouts", type=int, default=DEFAULT_MAX_TIMEOUTS)
+    parser.add_argument("--master-port", type=int)
+    parser.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra #SBATCH --KEY=VALUE (repeatable)")
+    parser.add_argument("--image", help="container image, run with pyxis (srun --container-image)")
+    parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
+    parser.add_argument("--job-name", help="default: train, or the program's name")
+    parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
+    parser.add_argument("--doctor", action="store_true",
+                        help="run the distributed pre-flight (train.preflight) on the allocation instead of training")
+    parser.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args(own)
+    program = check_program(program_argv, args)
+
+    for override in args.overrides:
+        if "=" not in override:
+            raise BadInput(f"override {override!r} is not key=value")
+    extra: dict[str, str] = {}
+    for item in args.sbatch:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise BadInput(f"--sbatch {item!r} is not KEY=VALUE")
+        extra[key.lstrip("-")] = value if sep else True  # type: ignore[assignment]
+    use_gpus = args.tasks_per_node is None
+    per_node = args.gpus_per_node if use_gpus else args.tasks_per_node
+    if per_node is None:
+        per_node = 1
+    try:
+        spec = JobSpec(
+            config=args.config or "", overrides=tuple(args.overrides), nodes=args.nodes, gpus_per_node=per_node,
+            program=tuple(program.argv()) if program else (),
+            run_dir=os.path.abspath(args.run_dir) if args.run_dir else None,
+            master_port=args.master_port or JobSpec.master_port, time_min=args.time,
+            partition=args.partition, account=args.account, qos=args.qos, constraint=args.constraint,
+            cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb, signal_delay_s=args.signal_delay_s,
+            image=args.image, extra=extra,
+        )
+    except ValueError as error:
+        flag = str(error).replace("nodes must", "--nodes must").replace(
+            "gpus_per_node must", "--gpus-per-node/--tasks-per-node must")
+        raise BadInput(flag) from None
+    job_name = args.job_name or (Path(program.name).stem.rpartition(".")[2] if program else "train")
+    options = SlurmOptions(use_gpus=use_gpus, max_timeouts=args.max_timeouts, job_name=job_name,
+                           python=args.python,
+                           explicit_master_port=args.master_port is not None,
+                           worker=PREFLIGHT if args.doctor else PROGRAM_RUNNER if program else DEFAULT_WORKER,
+                           cwd=os.getcwd() if program else None)
+    return spec, options, args
+
+
+def split_program(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Launcher arguments before `--`, the program after it (None: the built-in worker)."""
+    if "--" not in argv:
+        return list(argv), None
+    cut = argv.index("--")
+    return list(argv[:cut]), list(argv[cut + 1:])
+
+
+def check_program(program_argv: list[str] | None, args: argparse.Namespace) -> program_mod.Program | None:
+    """The user's program with an absolute script path, found on disk (never imported); BadInput otherwise."""
+    if program_argv is None:
+        if args.config is None:
+            raise BadInput("--config is required for the built-in worker (pass a recipe such as "
+                           "--config configs/smoke.yaml, or --run-dir DIR -- SCRIPT.py [args])")
+        if args.run_dir is not None:
+            raise BadInput(f"--run-dir is for a program after --; the built-in worker takes run_dir={args.run_dir}")
+        return None
+    program = program_mod.parse(program_argv).absolute(os.getcwd())
+    program_mod.refuse_worker_options(program, args.config, args.overrides)
+    program_mod.check(program)
+    return program
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        spec, options, args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.dry_run:
+            validate(spec, options, None)
+            print(sbatch_script(spec, options), end="")
+            return OK
+        if not spec.program and not os.path.exists(spec.config):
+            raise BadInput(f"config {spec.config} does not exist; pass --config PATH")
+        if shutil.which("sbatch") is None:
+            raise BadInput("sbatch not found: run this on a Slurm login node (or use --dry-run)")
+        if not spec.program:
+            precheck.check_remote(config_mod.load(spec.config, spec.overrides), on_cpu=not options.use_gpus)
+        check_slurm_conf()
+        validate(spec, options, cluster_partitions())
+        job = submit(spec, options)
+    except BadInput as error:
+        print(f"error: {error}", file=sys.stderr)
+        return BAD_INPUT
+    except Exception as error:  # noqa: BLE001 - sbatch refused (e.g. no controller): one line, no traceback
+        if NO_SLURM_CONF in str(error):
+            print(f"error: {no_slurm_conf_message()}", file=sys.stderr)
+            return BAD_INPUT
+        last = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+        print(f"error: submission failed: {last}", file=sys.stderr)
+        return FAILURE
+    log = rank0_log(job)
+    print(f"submitted job {job.job_id}: {spec.nodes} node(s) x {spec.gpus_per_node} task(s)")
+    print(f"  rank 0 log: {log}")
+    print(f"  all logs:   {job.paths.folder}")
+    print(f"  follow:     tail -F {log}")
+    print(f"  status:     sacct -j {job.job_id}")
+    print(f"  cancel:     scancel {job.job_id}", flush=True)
+    if not args.wait:
+        return OK
+    return follow(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""Evaluate a trained checkpoint on a dataset and print one JSON line.
+
+    python -m train.evaluate --run-dir runs/a --data-root path/to/images
+    python -m train.evaluate --checkpoint runs/a/checkpoints/step-000000480 --data-root data/cifar10
+    python -m train.evaluate --run-dir runs/p          # a run with data.name=pkg.module:factory: its val split
+    python -m launch.local ... is not needed: under torchrun each rank takes a contiguous shard and the
+    counts are all-reduced, so every sample is counted exactly once whatever the world size.
+
+The checkpoint carries what evaluation needs besides the weights: the resolved config (model, data
+split, precision), the class names (checked against the data, so a label mix-up cannot go unnoticed)
+and the training set's normalisation. Plug-ins (`model.name` / `data.name` = `pkg.module:factory`) are
+imported from the current directory or PYTHONPATH, else from the folder the checkpoint recorded. stdout holds only the JSON line; errors are one line on stderr
+with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
+
+CIFAR_FOLDER = "cifar-10-batches-py"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m train.evaluate",
+                                description="Top-1 accuracy of a checkpoint on CIFAR-10 batches or a folder of "
+                                            "class folders; prints one JSON line.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-dir", help="run folder: its newest valid checkpoint is evaluated")
+    which.add_argument("--checkpoint", help="one checkpoint folder, e.g. RUN_DIR/checkpoints/step-000000480")
+    p.add_argument("--data-root", default=None,
+                   help=f"folder holding {CIFAR_FOLDER} (its 10k test batch is used) or a folder of class folders; "
+                        "for a run whose data.name is a plug-in, optional: passed to its factory as root, and its "
+                        "val split is evaluated")
+    p.add_argument("--data-name", choices=("auto", "cifar10", "imagefolder"), default="auto",
+                   help=f"auto: cifar10 when DATA_ROOT/{CIFAR_FOLDER} exists, else imagefolder")
+    p.add_argument("--batch-size", type=int, default=0,
+                   help="images per forward pass per rank (0: the same as the training run's validation)")
+    p.add_argument("--split", choices=("all", "val"), default="all",
+                   help="imagefolder: all images, or the run's seeded validation split (cifar10: the test batch "
+                        "either way; val also applies the run's data.max_val_samples)")
+    p.add_argument("--tta", choices=("auto", "none", "flip", "flip_translate"), default="auto",
+                   help="test-time augmentation (auto: the run's train.tta, as its final validation used)")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint
+
+
+def pick_checkpoint(args: argparse.Namespace) -> Path:
+    """The checkpoint folder to evaluate (rank 0 decides; verification happens in load_state)."""
+    from torchlaunch.core import checkpoint as ckpt
+
+    if args.checkpoint:
+        path = Path(args.checkpoint).expanduser()
+        if path.is_file() and path.name == ckpt.STATE_FILE:
+            path = path.parent
+        if not path.is_dir():
+            raise BadInput(f"evaluate error: --checkpoint {path} is not a checkpoint folder "
+                           f"(pass RUN_DIR/checkpoints/step-NNNNNNNNN, or --run-dir RUN_DIR)")
+        return path
+    root = Path(args.run_dir).expanduser() / "checkpoints"
+    skipped: list[str] = []
+    found = ckpt.find_latest(root, "cpu", on_skip=skipped.append)
+    if found is None:
+        why = f"; skipped: {' | '.join(skipped)}" if skipped else ""
+        raise BadInput(f"evaluate error: no valid checkpoint under {root}{why} "
+                       f"(train first, or pass --checkpoint DIR)")
+    for line in skipped:
+        ckpt.warn(line)
+    return found[0]
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    from torchlaunch.core import checkpoint as ckpt
+
+    try:
+        state = ckpt.load_state(path, "cpu")
+    except ckpt.InvalidCheckpoint as e:
+        raise BadInput(f"evaluate error: {path} is not a valid checkpoint: {e} (pick another one)") from None
+    missing = [k for k in ("config", "classes", "norm", "model") if k not in state]
+    if missing:
+        raise BadInput(f"evaluate error: {path} lacks {', '.join(missing)} (it was not written by train.trainer)")
+    from torchlaunch.worker.plugins import add_recorded_paths
+
+    add_recorded_paths(state.get("plugins"))  # where the run imported its plug-ins from
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Data
+
+
+def detect_data_name(root: Path, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "cifar10" if (root / CIFAR_FOLDER).is_dir() else "imagefolder"
+
+
+def load_cifar10_test(root: Path) -> tuple[Any, list[str]]:
+    """The 10k CIFAR-10 test batch through torchvision (md5-checked before it is unpickled)."""
+    import numpy as np
+    import torch
+    import torchvision
+
+    from torchlaunch.worker.data import ImageSet, cifar10_missing_message
+
+    try:
+        ds = torchvision.datasets.CIFAR10(str(root), train=False, download=False)
+    except (OSError, RuntimeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadInput(cifar10_missing_message(root, reason, tried_download=False)) from None
+    images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
+    return ImageSet(labels=torch.tensor(ds.targets, dtype=torch.int64), images=images), list(ds.classes)
+
+
+def load_imagefolder_all(cfg: Any) -> tuple[Any, list[str]]:
+    """Every image under cfg.root, decoded the way training decodes (same cache, same loader choice)."""
+    from torchlaunch.worker.data import folder_images
+
+    return folder_images(cfg)
+
+
+def load_eval_set(train_cfg: dict[str, Any], data_root: str | None, data_name: str, split: str) -> tuple[Any, list[str]]:
+    """(images, class names) to evaluate on, using the run's data settings with data.root replaced."""
+    from torchlaunch.config import from_dict, is_plugin
+    from torchlaunch.worker.data import load_bundle, load_imagefolder
+
+    cfg = from_dict(train_cfg).data
+    if is_plugin(cfg.name):  # a plug-in dataset: its own val split, as the run validated
+        bundle = load_bundle(replace(cfg, root=data_root) if data_root else cfg)
+        return bundle.val, bundle.classes
+    if data_root is None:
+        raise BadInput(f"evaluate error: --data-root is required: the run trained on data.name={cfg.name} "
+                       f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)")
+    root = Path(data_root).expanduser()
+    if not root.is_dir():
+        raise BadInput(f"data error: --data-root {root} does not exist or is not a folder "
+                       f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)")
+    name = detect_data_name(root, data_name)
+    if name == "cifar10":
+        images, classes = load_cifar10_test(root)
+    elif split == "val":
+        bundle = load_imagefolder(replace(cfg, root=str(root)))
+        images, classes = bundle.val, bundle.classes
+    else:
+        images, classes = load_imagefolder_all(replace(cfg, root=str(root)))
+    if split == "val":
+        images = images.head(cfg.max_val_samples)
+    return images, classes
+
+
+def check_classes(data_classes: list[str], ckpt_classes: list[str], root: str) -> None:
+    if list(data_classes) != list(ckpt_classes):
+        def show(c: list[str]) -> str:
+            return f"{len(c)}: {', '.join(c[:12])}{', ...' if len(c) > 12 else ''}"
+        raise BadInput(f"data error: the classes under {root} ({show(data_classes)}) differ from the "
+                       f"checkpoint's ({show(ckpt_classes)}) (evaluate on data with the same class folders)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, tta: str = "auto") -> dict[str, float]:
+    """Loss sum, correct and count over this rank's contiguous shard, all-reduced over ranks.
+
+    Precision, memory format and batching follow the training run's validation, so the accuracy
+    printed here equals the run's val_acc on the same split."""
+    import contextlib
+
+    import torch
+    from torch import nn
+
+    from torchlaunch.config import from_dict
+    from torchlaunch.core.dist import all_reduce_sum
+    from torchlaunch.worker.data import Normalizer, eval_batches
+    from torchlaunch.worker.models import build_model
+    from torchlaunch.worker.trainer import resolve_precision
+    from torchlaunch.worker.tta import tta_logits
+
+    cfg = from_dict(state["config"])
+    tta = cfg.train.tta if tta == "auto" else tta
+    classes = list(state["classes"])
+    model = build_model(cfg.model.name, len(classes), cfg.model.width)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise BadInput(f"evaluate error: the checkpoint's weights do not fit model.name={cfg.model.name}: "
+                       f"{str(e).splitlines()[0]} (the checkpoint is inconsistent; pick another one)") from None
+    memory_format = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
+    model = model.to(ctx.device, memory_format=memory_format).eval()
+    precision = resolve_precision(cfg.train.precision, ctx.device)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = (lambda: torch.autocast(ctx.device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
+    norm = state["norm"]
+    normalize = Normalizer(tuple(norm["mean"]), tuple(norm["std"]), ctx.device, cfg.train.channels_last)
+    sums = [0.0, 0.0, 0.0]
+    with torch.no_grad():
+        for x, y in eval_batches(data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device,
+                                 cfg.data.image_size, 0):
+            with autocast():
+                logits = tta_logits(model, x, tta)
+            sums[0] += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
+            sums[1] += float((logits.argmax(1) == y).sum())
+            sums[2] += y.numel()
+    loss_sum, correct, count = all_reduce_sum(ctx, sums)
+    return {"loss": loss_sum / count if count else math.nan, "correct": correct, "samples": count}
+
+
+def default_batch_size(train_cfg: dict[str, Any], world_size: int) -> int:
+    """The batch the trainer validates with: max(per-rank micro-batch, 256)."""
+    t = train_cfg.get("train", {})
+    per_rank = int(t.get("batch_size", 256)) // max(1, world_size)
+    return max(int(t.get("micro_batch_size", 0) or 0) or per_rank, 256)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from torchlaunch.core import dist
+
+    if args.batch_size < 0:
+        raise BadInput(f"evaluate error: --batch-size must be >= 0, got {args.batch_size} (0 = the run's default)")
+    ctx = dist.setup()
+    clean = False
+    try:
+        chosen = dist.agreed(ctx, lambda: str(pick_checkpoint(args)) if ctx.is_main else None)
+        chosen = dist.broadcast_object(ctx, chosen)
+        state = dist.agreed(ctx, lambda: load_checkpoint(Path(chosen)))
+        # Local rank 0 first: it fills the decode cache that the other ranks then read.
+        def load() -> tuple[Any, list[str]]:
+            return load_eval_set(state["config"], args.data_root, args.data_name, args.split)
+        loaded = dist.agreed(ctx, lambda: load() if ctx.local_rank == 0 else None)
+        loaded = dist.agreed(ctx, lambda: loaded or load())
+        data, classes = loaded
+        dist.agreed(ctx, lambda: check_classes(classes, list(state["classes"]), args.data_root))
+        batch = args.batch_size or default_batch_size(state["config"], ctx.world_size)
+        result = evaluate_model(state, data, ctx, batch, args.tta)
+        clean = True
+    except BadInput:
+        clean = True  # raised on every rank together
+        raise
+    finally:
+        dist.teardown(ctx, clean=clean)
+    progress = state.get("progress", {})
+    return {
+        "accuracy": result["correct"] / result["samples"] if result["samples"] else math.nan,
+        "samples": int(result["samples"]),
+        "loss": result["loss"],
+        "checkpoint": str(chosen),
+        "step": progress.get("global_step"),
+        "classes": len(state["classes"]),
+        "rank0": ctx.is_main,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        report = run(args)
+    except BadInput as e:
+        if os.environ.get("RANK", "0") == "0":  # every rank holds the same agreed message: print it once
+            print(str(e).splitlines()[0], file=sys.stderr, flush=True)
+        return BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - anything unexpected: traceback and exit 1
+        traceback.print_exc()
+        print(f"evaluate failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        return FAILURE
+    if report.pop("rank0"):
+        print(json.dumps(report), flush=True)
+    return OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
