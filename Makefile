@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test faults test-fast lint bench doctor preflight image k8s-manifests clean
+.PHONY: install train-local test faults test-fast lint format bench doctor preflight image k8s-manifests clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -33,8 +33,16 @@ faults: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not slurm and not docker and not netns" $(PYTEST_ARGS)
 
+LINT_PATHS := torchlaunch launch train tests bench faults examples
+
+# ruff format is enforced: `make format` rewrites, `make lint` fails on any unformatted file.
 lint: install
-	$(PY) -m ruff check $(wildcard launch train tests bench faults)
+	$(PY) -m ruff check $(LINT_PATHS)
+	$(PY) -m ruff format --check $(LINT_PATHS)
+
+format: install
+	$(PY) -m ruff format $(LINT_PATHS)
+	$(PY) -m ruff check --fix $(LINT_PATHS)
 
 doctor: install
 	$(PY) -m train.doctor $(ARGS)

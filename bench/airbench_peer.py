@@ -57,16 +57,22 @@ def project_split(data_root: str, cache_dir: str) -> tuple[Any, Any, list[str]]:
     from torchlaunch import config
     from torchlaunch.worker.data import load_bundle
 
-    cfgs = [config.load(REPO / "configs" / name, [f"data.root={data_root}", f"data.cache_dir={cache_dir}"])
-            for name in PROJECT_CONFIGS]
+    cfgs = [
+        config.load(REPO / "configs" / name, [f"data.root={data_root}", f"data.cache_dir={cache_dir}"])
+        for name in PROJECT_CONFIGS
+    ]
     splits = {(c.data.val_fraction, c.data.split_seed, c.data.image_size) for c in cfgs}
     if len(splits) != 1:
-        raise PeerError(f"bench error: {', '.join(PROJECT_CONFIGS)} hold out different splits {sorted(splits)} "
-                        f"(give them the same data.val_fraction and data.split_seed)")
+        raise PeerError(
+            f"bench error: {', '.join(PROJECT_CONFIGS)} hold out different splits {sorted(splits)} "
+            f"(give them the same data.val_fraction and data.split_seed)"
+        )
     data = cfgs[0].data
     if not Path(data_root).expanduser().is_dir():
-        raise PeerError(f"bench error: --data-root {data_root} is not a folder (unpack the shared CIFAR-10 "
-                        f"copy and pass its train/ folder)")
+        raise PeerError(
+            f"bench error: --data-root {data_root} is not a folder (unpack the shared CIFAR-10 "
+            f"copy and pass its train/ folder)"
+        )
     bundle = load_bundle(data)
     return bundle.train, bundle.val, bundle.classes
 
@@ -77,18 +83,25 @@ def folder_set(root: str, cache_dir: str) -> tuple[Any, list[str]]:
     from torchlaunch.worker.data import folder_images
 
     if not Path(root).expanduser().is_dir():
-        raise PeerError(f"bench error: --test-root {root} is not a folder (pass a folder of class folders, "
-                        f"or leave it out to test on the held-out 10% of --data-root)")
+        raise PeerError(
+            f"bench error: --test-root {root} is not a folder (pass a folder of class folders, "
+            f"or leave it out to test on the held-out 10% of --data-root)"
+        )
     return folder_images(DataConfig(name="imagefolder", root=root, loader="tensor", cache_dir=cache_dir))
 
 
 def pack_file(images: torch.Tensor, labels: torch.Tensor, classes: list[str], path: Path) -> None:
     """One airbench file: uint8 NCHW images become torchvision's NHWC `data` layout."""
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
-        raise PeerError(f"bench error: images for {path.name} are {tuple(images.shape)} {images.dtype}, "
-                        f"need uint8 N x 3 x H x W (use data.loader=tensor images of one size)")
-    payload = {"images": images.permute(0, 2, 3, 1).contiguous(), "labels": labels.to(torch.int64).clone(),
-               "classes": list(classes)}
+        raise PeerError(
+            f"bench error: images for {path.name} are {tuple(images.shape)} {images.dtype}, "
+            f"need uint8 N x 3 x H x W (use data.loader=tensor images of one size)"
+        )
+    payload = {
+        "images": images.permute(0, 2, 3, 1).contiguous(),
+        "labels": labels.to(torch.int64).clone(),
+        "classes": list(classes),
+    }
     tmp = path.with_suffix(".tmp")
     torch.save(payload, tmp)
     os.replace(tmp, path)
@@ -102,8 +115,10 @@ def pack(data_root: str, test_root: str | None, work: Path, cache_dir: str) -> d
     if test_root:
         test, test_classes = folder_set(test_root, cache_dir)
         if test_classes != classes:
-            raise PeerError(f"bench error: --test-root {test_root} has classes {test_classes}, the training "
-                            f"folder {classes} (use the same class folders)")
+            raise PeerError(
+                f"bench error: --test-root {test_root} has classes {test_classes}, the training "
+                f"folder {classes} (use the same class folders)"
+            )
         source = str(test_root)
     folder = work / "cifar10"
     folder.mkdir(parents=True, exist_ok=True)
@@ -172,9 +187,21 @@ def airbench_child(variant: str) -> int:
     accuracy = airbench.evaluate(model, test, tta_level=hyp["net"]["tta_level"])
     own = parse_airbench_table(log.getvalue())
     train_s = own.get("total_time_seconds", wall)
-    print(json.dumps({"name": variant, "test_acc": accuracy, "test_images": len(test.labels), "train_s": train_s,
-                      "images_per_s": images / train_s, "images": images, "train_call_s": wall,
-                      "epochs": hyp["opt"]["train_epochs"], "own_table": own}))
+    print(
+        json.dumps(
+            {
+                "name": variant,
+                "test_acc": accuracy,
+                "test_images": len(test.labels),
+                "train_s": train_s,
+                "images_per_s": images / train_s,
+                "images": images,
+                "train_call_s": wall,
+                "epochs": hyp["opt"]["train_epochs"],
+                "own_table": own,
+            }
+        )
+    )
     return 0
 
 
@@ -182,8 +209,14 @@ def run_airbench(variant: str, work: Path, timeout_s: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(WHEEL)]), "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     try:
-        out = subprocess.run([sys.executable, "-m", "bench.airbench_peer", "--child", variant], cwd=work, env=env,
-                             capture_output=True, text=True, timeout=timeout_s)
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.airbench_peer", "--child", variant],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired as e:
         return {"name": variant, "error": f"timed out after {timeout_s:.0f} s", "log_tail": str(e.stderr)[-3000:]}
     row: dict[str, Any] = {"name": variant, "command_s": time.perf_counter() - start}
@@ -207,37 +240,72 @@ def metrics_summary(run_dir: Path) -> dict[str, Any]:
     rates = [r["images_per_s"] for r in records if "images_per_s" in r]
     summary: dict[str, Any] = {}
     if vals:
-        summary.update(val_acc=vals[-1]["val_acc"], train_s=vals[-1].get("elapsed_s"),
-                       epochs=len(vals), tta=vals[-1].get("tta", "none"))
+        summary.update(
+            val_acc=vals[-1]["val_acc"],
+            train_s=vals[-1].get("elapsed_s"),
+            epochs=len(vals),
+            tta=vals[-1].get("tta", "none"),
+        )
     if rates:
         summary["images_per_s"] = statistics.median(rates[1:] or rates)  # the first window holds the warm-up
     return summary
 
 
-def run_project(config: str, overrides: list[str], data_root: str, test_root: str | None,
-                timeout_s: float, runs: Path, cache_dir: str, common: tuple[str, ...] = ()) -> dict[str, Any]:
+def run_project(
+    config: str,
+    overrides: list[str],
+    data_root: str,
+    test_root: str | None,
+    timeout_s: float,
+    runs: Path,
+    cache_dir: str,
+    common: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """One recipe through the launcher on one GPU, on the decode cache the packing step filled."""
     runs.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{Path(config).stem}-", dir=runs))
     name = " ".join([config, *overrides])
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "1", "--config", str(REPO / "configs" / config),
-            f"run_dir={run_dir}", f"data.root={data_root}", f"data.cache_dir={cache_dir}", *GPU_OVERRIDES,
-            *common, *overrides]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        "1",
+        "--config",
+        str(REPO / "configs" / config),
+        f"run_dir={run_dir}",
+        f"data.root={data_root}",
+        f"data.cache_dir={cache_dir}",
+        *GPU_OVERRIDES,
+        *common,
+        *overrides,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
     try:
         out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
         return {"name": name, "error": f"timed out after {timeout_s:.0f} s", "log_tail": str(e.stderr)[-3000:]}
-    row: dict[str, Any] = {"name": name, "command_s": time.perf_counter() - start, "run_dir": str(run_dir),
-                           **metrics_summary(run_dir), "log_tail": (out.stdout + out.stderr)[-3000:]}
+    row: dict[str, Any] = {
+        "name": name,
+        "command_s": time.perf_counter() - start,
+        "run_dir": str(run_dir),
+        **metrics_summary(run_dir),
+        "log_tail": (out.stdout + out.stderr)[-3000:],
+    }
     if out.returncode:
         row["error"] = f"exit {out.returncode}"
         return row
     row["test_acc"] = row.get("val_acc")
     if test_root:
-        ev = subprocess.run([sys.executable, "-m", "torchlaunch.worker.evaluate", "--run-dir", str(run_dir), "--data-root", test_root],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        ev = subprocess.run(
+            [sys.executable, "-m", "torchlaunch.worker.evaluate", "--run-dir", str(run_dir), "--data-root", test_root],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         lines = [ln for ln in ev.stdout.splitlines() if ln.startswith("{")]
         row["test_acc"] = json.loads(lines[-1])["accuracy"] if ev.returncode == 0 and lines else None
         if row["test_acc"] is None:
@@ -250,34 +318,57 @@ def run_project(config: str, overrides: list[str], data_root: str, test_root: st
 
 def render_table(rows: list[dict[str, Any]], packed: dict[str, Any]) -> str:
     """Markdown: one row per run, figures the same way for both sides."""
+
     def num(v: Any, fmt: str) -> str:
         return format(v, fmt) if isinstance(v, int | float) and not isinstance(v, bool) else "-"
 
-    lines = [f"Test top-1 on {packed.get('test_images', '?'):,} images ({packed.get('test_source', '?')}); "
-             f"every run trains on the same {packed.get('train_images', '?'):,} images.", "",
-             "| run | test top-1 | training s | images/s | command s | note |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Test top-1 on {packed.get('test_images', '?'):,} images ({packed.get('test_source', '?')}); "
+        f"every run trains on the same {packed.get('train_images', '?'):,} images.",
+        "",
+        "| run | test top-1 | training s | images/s | command s | note |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         acc = r.get("test_acc")
-        lines.append(f"| {r['name']} | {num(acc * 100 if isinstance(acc, float) else None, '.2f')}% "
-                     f"| {num(r.get('train_s'), '.1f')} | {num(r.get('images_per_s'), ',.0f')} "
-                     f"| {num(r.get('command_s'), '.1f')} | {r.get('error', '')} |")
+        lines.append(
+            f"| {r['name']} | {num(acc * 100 if isinstance(acc, float) else None, '.2f')}% "
+            f"| {num(r.get('train_s'), '.1f')} | {num(r.get('images_per_s'), ',.0f')} "
+            f"| {num(r.get('command_s'), '.1f')} | {r.get('error', '')} |"
+        )
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("--peer-airbench")
-    g.add_argument("--test-root", help="held-out test images as class folders (default: the held-out 10%% of "
-                                       "--data-root, which no run trains on)")
+    g.add_argument(
+        "--test-root",
+        help="held-out test images as class folders (default: the held-out 10%% of "
+        "--data-root, which no run trains on)",
+    )
     g.add_argument("--out-dir", type=Path, help="where peer-airbench.{md,json} go (default: a temp folder)")
-    g.add_argument("--work-dir", type=Path, help="where cifar10/{train,test}.pt are packed and the project's "
-                                                  "runs/ go (default: a temp folder)")
+    g.add_argument(
+        "--work-dir",
+        type=Path,
+        help="where cifar10/{train,test}.pt are packed and the project's runs/ go (default: a temp folder)",
+    )
     g.add_argument("--cache-dir", default="~/.cache/torchlaunch", help="the project's decode cache")
     g.add_argument("--pack-only", action="store_true", help="pack and check the airbench files, train nothing")
     g.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS, help="airbench recipes to run")
-    g.add_argument("--extra", action="append", default=[], metavar="CONFIG[:KEY=VALUE,...]",
-                   help="one more project run, e.g. fast93.yaml:train.epochs=32 (repeatable)")
-    g.add_argument("--project-overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="applied to every project run, e.g. train.max_steps=2 for a dry run")
+    g.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="CONFIG[:KEY=VALUE,...]",
+        help="one more project run, e.g. fast93.yaml:train.epochs=32 (repeatable)",
+    )
+    g.add_argument(
+        "--project-overrides",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="applied to every project run, e.g. train.max_steps=2 for a dry run",
+    )
     g.add_argument("--stage-timeout", type=float, default=150, help="seconds for each run (default 150)")
 
 
@@ -306,8 +397,11 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(packed))
         return 0
     if args.peers and not torch.cuda.is_available():
-        print("bench error: no CUDA GPU visible (airbench needs one; --pack-only packs without, and --peers with "
-              "no names runs only the project's side)", file=sys.stderr)
+        print(
+            "bench error: no CUDA GPU visible (airbench needs one; --pack-only packs without, and --peers with "
+            "no names runs only the project's side)",
+            file=sys.stderr,
+        )
         return 2
     jobs: list[tuple[str, Any]] = []
     for config, peer in zip(PROJECT_CONFIGS, PEERS, strict=True):  # each project recipe next to its peer
@@ -321,9 +415,20 @@ def main(args: argparse.Namespace) -> int:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)"
     report = {"gpu": gpu, "torch": torch.__version__, "packed": packed, "runs": rows}
     for kind, what in jobs:
-        row = (run_project(what[0], what[1], args.data_root, args.test_root, args.stage_timeout, work / "runs",
-                           args.cache_dir, tuple(args.project_overrides)) if kind == "project"
-               else run_airbench(what, work, args.stage_timeout))
+        row = (
+            run_project(
+                what[0],
+                what[1],
+                args.data_root,
+                args.test_root,
+                args.stage_timeout,
+                work / "runs",
+                args.cache_dir,
+                tuple(args.project_overrides),
+            )
+            if kind == "project"
+            else run_airbench(what, work, args.stage_timeout)
+        )
         rows.append(row)
         brief = {k: v for k, v in row.items() if k not in ("log_tail", "own_table")}
         print(json.dumps(brief), file=sys.stderr, flush=True)

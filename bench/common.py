@@ -73,8 +73,9 @@ def paired_rates(sides: dict[str, Callable[[], float]], rounds: int, warmup: int
     return out
 
 
-def interleaved_steps(a: Callable[[], object], b: Callable[[], object], groups: int, per_group: int,
-                      warmup: int = 1) -> tuple[list[float], list[float]]:
+def interleaved_steps(
+    a: Callable[[], object], b: Callable[[], object], groups: int, per_group: int, warmup: int = 1
+) -> tuple[list[float], list[float]]:
     """Alternate single steps of a and b (a b, b a, ...) and return per-group steps/s for each.
 
     Step-level interleaving cancels load swings of a shared box far better than long rounds."""
@@ -86,7 +87,7 @@ def interleaved_steps(a: Callable[[], object], b: Callable[[], object], groups: 
         ta = tb = 0.0
         for i in range(per_group):
             first_a = (g * per_group + i) % 2 == 0
-            for fn in ((a, b) if first_a else (b, a)):
+            for fn in (a, b) if first_a else (b, a):
                 start = time.perf_counter()
                 fn()
                 spent = time.perf_counter() - start
@@ -169,10 +170,15 @@ def ensure_peers_venv(log: Callable[[str], None] = print) -> Path | None:
     venv = py.parent.parent
     log(f"bench: creating {venv} (lightning + matplotlib, benchmark only)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    ours = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    ours = subprocess.run(
+        [sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "project-venv.pth").write_text(ours + "\n")
     cmd = [str(py), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt"), "lightning", "matplotlib"]
     if subprocess.run(cmd).returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:

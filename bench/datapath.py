@@ -25,8 +25,9 @@ def pil_loader(root: Path, batch: int, workers: int, mean, std):
 
     tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std)])
     ds = torchvision.datasets.ImageFolder(str(root), transform=tf)
-    return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True,
-                                       persistent_workers=workers > 0)
+    return torch.utils.data.DataLoader(
+        ds, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True, persistent_workers=workers > 0
+    )
 
 
 def flat_gather_augment(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
@@ -55,11 +56,17 @@ class ProposedLoader(TrainLoader):
             x = self.normalize(flat_gather_augment(images, *aug))
             m = self.plan.micro
             labels = self.labels.index_select(0, idx)
-            yield step, [(x[i:i + m], labels[i:i + m]) for i in range(0, x.shape[0], m)]
+            yield step, [(x[i : i + m], labels[i : i + m]) for i in range(0, x.shape[0], m)]
 
 
-def run(quick: bool = False, work: Path | None = None, rounds: int = 5, batch: int = 256,
-        pil_images: int = 6144, workers: tuple[int, ...] = (0, 1, 2)) -> Result | None:
+def run(
+    quick: bool = False,
+    work: Path | None = None,
+    rounds: int = 5,
+    batch: int = 256,
+    pil_images: int = 6144,
+    workers: tuple[int, ...] = (0, 1, 2),
+) -> Result | None:
     work = work or Path(tempfile.mkdtemp(prefix="bench-data-"))
     full = unpacked_cifar(work)
     if full is None:
@@ -67,14 +74,22 @@ def run(quick: bool = False, work: Path | None = None, rounds: int = 5, batch: i
     if quick:
         rounds, batch, pil_images, workers = 1, 64, 256, (0,)
         full = subset_folder(full, work / "subset-100", 100)
-    cfg = config_mod.load(None, ["data.name=imagefolder", f"data.root={full}", "data.loader=tensor",
-                                 f"data.cache_dir={work / 'cache'}"])
+    cfg = config_mod.load(
+        None, ["data.name=imagefolder", f"data.root={full}", "data.loader=tensor", f"data.cache_dir={work / 'cache'}"]
+    )
     start = time.perf_counter()
     bundle = load_bundle(cfg.data)
     cache_seconds = time.perf_counter() - start
     plan = BatchPlan(len(bundle.train), batch, seed=0)
-    loader = TrainLoader(bundle.train, plan, Normalizer(bundle.mean, bundle.std, torch.device("cpu"), True),
-                         torch.device("cpu"), True, 0, 32)
+    loader = TrainLoader(
+        bundle.train,
+        plan,
+        Normalizer(bundle.mean, bundle.std, torch.device("cpu"), True),
+        torch.device("cpu"),
+        True,
+        0,
+        32,
+    )
     proposed = ProposedLoader(bundle.train, plan, loader.normalize, torch.device("cpu"), True, 0, 32)
     for (_, a), (_, b) in zip(loader.epoch(0, 0), proposed.epoch(0, 0), strict=False):  # the proposal must be exact
         if not (torch.equal(a[0][0], b[0][0]) and torch.equal(a[0][1], b[0][1])):
@@ -90,6 +105,7 @@ def run(quick: bool = False, work: Path | None = None, rounds: int = 5, batch: i
             for _, micro in itertools.islice(which.epoch(next(epochs), 0), project_images // batch):
                 n += micro[0][0].shape[0]
             return n / (time.perf_counter() - start)
+
         return measure
 
     loaders = {w: pil_loader(full, batch, w, bundle.mean, bundle.std) for w in workers}
@@ -101,6 +117,7 @@ def run(quick: bool = False, work: Path | None = None, rounds: int = 5, batch: i
             for x, _ in itertools.islice(loaders[w], pil_images // batch):
                 n += x.shape[0]
             return n / (time.perf_counter() - start)
+
         return measure
 
     sides = {"project": tensor_path(loader), "proposed": tensor_path(proposed), **{f"pil-{w}": pil(w) for w in workers}}
@@ -110,13 +127,25 @@ def run(quick: bool = False, work: Path | None = None, rounds: int = 5, batch: i
     gain, _ = median_ratio(rates["proposed"], rates["project"])
     pil_summary = ", ".join(f"{w} workers {median(rates[f'pil-{w}']):,.0f} img/s" for w in workers)
     return Result(
-        key="datapath", title="Data path (images/s, project TrainLoader ÷ ImageFolder + PIL DataLoader)",
-        project=median(rates["project"]), baseline=median(rates[f"pil-{best_w}"]), unit="images/s", ratio=ratio,
-        goal=15.0, higher_is_better=True, command=COMMAND, project_label="TrainLoader (uint8 cache, batched aug)",
-        baseline_label=f"ImageFolder + PIL, {best_w} workers (best)", rounds=per_round,
+        key="datapath",
+        title="Data path (images/s, project TrainLoader ÷ ImageFolder + PIL DataLoader)",
+        project=median(rates["project"]),
+        baseline=median(rates[f"pil-{best_w}"]),
+        unit="images/s",
+        ratio=ratio,
+        goal=15.0,
+        higher_is_better=True,
+        command=COMMAND,
+        project_label="TrainLoader (uint8 cache, batched aug)",
+        baseline_label=f"ImageFolder + PIL, {best_w} workers (best)",
+        rounds=per_round,
         notes=f"batch {batch}, {len(bundle.train)} training images; PIL path: {pil_summary}; load_bundle (decode "
-              f"cache, stats) {cache_seconds:.1f} s before timing; {torch.get_num_threads()} torch thread(s) in the "
-              f"project loader; {rounds} interleaved rounds. Proposed fast path (index_select + one flat gather, "
-              f"bit-identical): {median(rates['proposed']):,.0f} img/s, {gain:.2f}x the current TrainLoader",
-        extra={"proposed_images_per_s": median(rates["proposed"]), "proposed_gain": gain,
-               "pil": {str(w): median(rates[f"pil-{w}"]) for w in workers}})
+        f"cache, stats) {cache_seconds:.1f} s before timing; {torch.get_num_threads()} torch thread(s) in the "
+        f"project loader; {rounds} interleaved rounds. Proposed fast path (index_select + one flat gather, "
+        f"bit-identical): {median(rates['proposed']):,.0f} img/s, {gain:.2f}x the current TrainLoader",
+        extra={
+            "proposed_images_per_s": median(rates["proposed"]),
+            "proposed_gain": gain,
+            "pil": {str(w): median(rates[f"pil-{w}"]) for w in workers},
+        },
+    )

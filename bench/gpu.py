@@ -37,11 +37,22 @@ def trainer_on_gpu(model: str, batch: int, compile_model: bool, samples: int = 5
     from torchlaunch.worker.data import load_bundle
     from torchlaunch.worker.trainer import Trainer
 
-    cfg = config_mod.load(None, [f"run_dir={tempfile.mkdtemp(prefix='bench-gpu-')}", f"model.name={model}",
-                                 "data.name=synthetic", f"data.synthetic_train_size={samples}",
-                                 "data.synthetic_val_size=256", f"train.batch_size={batch}", "train.precision=bf16",
-                                 "train.channels_last=true", "train.epochs=1000", "debug.check_model=false",
-                                 f"model.compile={str(compile_model).lower()}"])
+    cfg = config_mod.load(
+        None,
+        [
+            f"run_dir={tempfile.mkdtemp(prefix='bench-gpu-')}",
+            f"model.name={model}",
+            "data.name=synthetic",
+            f"data.synthetic_train_size={samples}",
+            "data.synthetic_val_size=256",
+            f"train.batch_size={batch}",
+            "train.precision=bf16",
+            "train.channels_last=true",
+            "train.epochs=1000",
+            "debug.check_model=false",
+            f"model.compile={str(compile_model).lower()}",
+        ],
+    )
     return Trainer(cfg, DistContext(device=torch.device("cuda", 0)), load_bundle(cfg.data), PreemptionWatcher([]))
 
 
@@ -77,37 +88,59 @@ whole batch in one pass."""
 
 def time_to_accuracy(data_root: str, goal: float, overrides: list[str], timeout_s: float) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-gpu-tta-"))
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "1", "--config", str(REPO / "configs" / "fast.yaml"),
-            f"run_dir={run_dir}", f"data.root={data_root}", *GPU_OVERRIDES, *overrides]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        "1",
+        "--config",
+        str(REPO / "configs" / "fast.yaml"),
+        f"run_dir={run_dir}",
+        f"data.root={data_root}",
+        *GPU_OVERRIDES,
+        *overrides,
+    ]
     start = time.perf_counter()
-    out = subprocess.run(argv, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
-                         timeout=timeout_s)
+    out = subprocess.run(
+        argv, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=timeout_s
+    )
     wall = time.perf_counter() - start
     curve = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         curve = [json.loads(ln) for ln in metrics.read_text().splitlines() if "val_acc" in ln]
     reached = next((c for c in curve if c["val_acc"] >= goal), None)
-    return {"exit": out.returncode, "wall_s": wall, "goal": goal,
-            "time_to_goal_s": reached["elapsed_s"] if reached else None,
-            "curve": [(c["epoch"] + 1, c["val_acc"], c.get("elapsed_s")) for c in curve],
-            "tail": (out.stdout + out.stderr)[-1500:] if out.returncode else ""}
+    return {
+        "exit": out.returncode,
+        "wall_s": wall,
+        "goal": goal,
+        "time_to_goal_s": reached["elapsed_s"] if reached else None,
+        "curve": [(c["epoch"] + 1, c["val_acc"], c.get("elapsed_s")) for c in curve],
+        "tail": (out.stdout + out.stderr)[-1500:] if out.returncode else "",
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--data-root", help="CIFAR-10 class folders (the shared JPEG copy unpacked) for time to 94%%")
-    p.add_argument("--goal", type=float, default=0.94,
-                   help="validation top-1 to time; the shared JPEG copy tops out near 0.91 with fast.yaml on CPU "
-                        "(use --goal 0.90 there, or the original CIFAR-10 images for 0.94)")
-    p.add_argument("--tta-overrides", nargs="*", default=[],
-                   help="fast.yaml overrides for the GPU run")
+    p.add_argument(
+        "--goal",
+        type=float,
+        default=0.94,
+        help="validation top-1 to time; the shared JPEG copy tops out near 0.91 with fast.yaml on CPU "
+        "(use --goal 0.90 there, or the original CIFAR-10 images for 0.94)",
+    )
+    p.add_argument("--tta-overrides", nargs="*", default=[], help="fast.yaml overrides for the GPU run")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--out", type=Path)
-    p.add_argument("--peer-airbench", action="store_true",
-                   help="run airbench94/96 (PyPI airbench 0.1.8, from bench/wheels/) next to fast.yaml and fast93.yaml "
-                        "on the same images and print the table; the options below apply")
+    p.add_argument(
+        "--peer-airbench",
+        action="store_true",
+        help="run airbench94/96 (PyPI airbench 0.1.8, from bench/wheels/) next to fast.yaml and fast93.yaml "
+        "on the same images and print the table; the options below apply",
+    )
     from bench import airbench_peer
 
     airbench_peer.add_arguments(p)
@@ -115,12 +148,14 @@ def main() -> int:
     if args.peer_airbench:
         return airbench_peer.main(args)
     if not torch.cuda.is_available():
-        print("bench.gpu: no CUDA GPU visible (run it on a GPU machine; the CPU benchmarks are python -m bench.run)",
-              file=sys.stderr)
+        print(
+            "bench.gpu: no CUDA GPU visible (run it on a GPU machine; the CPU benchmarks are python -m bench.run)",
+            file=sys.stderr,
+        )
         return 2
     report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "train_images_per_s": {}}
     for model, batch in (("fastnet", 1024), ("fastnet93", 1024), ("resnet18", 512)):
-        for compiled in ((False,) if args.no_compile else (False, True)):
+        for compiled in (False,) if args.no_compile else (False, True):
             key = f"{model}{'+compile' if compiled else ''}"
             report["train_images_per_s"][key] = train_rate(model, batch, compiled, args.steps, 15 if compiled else 5)
             print(f"{key}: {report['train_images_per_s'][key]:,.0f} images/s", file=sys.stderr, flush=True)

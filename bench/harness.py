@@ -23,11 +23,17 @@ def make_trainer(overrides: Sequence[str], bundle: DataBundle | None = None) -> 
     return Trainer(cfg, DistContext(), data, PreemptionWatcher([]))
 
 
-def bare_step_fn(model: nn.Module, amp_dtype: torch.dtype | None, lr: float = 0.1, momentum: float = 0.9,
-                 nesterov: bool = True, weight_decay: float = 5e-4, label_smoothing: float = 0.0):
+def bare_step_fn(
+    model: nn.Module,
+    amp_dtype: torch.dtype | None,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    nesterov: bool = True,
+    weight_decay: float = 5e-4,
+    label_smoothing: float = 0.0,
+):
     """The textbook PyTorch step (autocast, backward, SGD step, zero_grad): the baseline loop."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=nesterov,
-                          weight_decay=weight_decay)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
     criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:

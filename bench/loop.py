@@ -22,10 +22,20 @@ def run(quick: bool = False, groups: int = 7, per_group: int = 6, batch: int = 1
     if quick:
         groups, per_group, batch, model = 2, 2, 32, "simple_cnn"
     steps = groups * per_group + 1
-    trainer = make_trainer([f"model.name={model}", "data.name=synthetic", f"data.synthetic_train_size={batch * steps}",
-                            "data.synthetic_val_size=64", f"train.batch_size={batch}", "train.precision=bf16",
-                            "train.channels_last=true", "optim.lr=0.05", "optim.weight_decay=5e-4",
-                            "train.epochs=1000"])
+    trainer = make_trainer(
+        [
+            f"model.name={model}",
+            "data.name=synthetic",
+            f"data.synthetic_train_size={batch * steps}",
+            "data.synthetic_val_size=64",
+            f"train.batch_size={batch}",
+            "train.precision=bf16",
+            "train.channels_last=true",
+            "optim.lr=0.05",
+            "optim.weight_decay=5e-4",
+            "train.epochs=1000",
+        ]
+    )
     bare_model = copy.deepcopy(trainer.model)
     bare_step = bare_step_fn(bare_model, torch.bfloat16, lr=0.05)
     # The bare loop's batches: exactly what the project's loader yields, materialised up front.
@@ -43,9 +53,18 @@ def run(quick: bool = False, groups: int = 7, per_group: int = 6, batch: int = 1
     rate_p, rate_b = interleaved_steps(project, bare, groups, per_group)
     ratio, per_round = median_ratio(rate_p, rate_b)
     return Result(
-        key="loop", title="Loop overhead (steps/s, project ÷ bare loop)",
-        project=median(rate_p), baseline=median(rate_b), unit="steps/s", ratio=ratio, goal=0.97,
-        higher_is_better=True, command=COMMAND, project_label="Trainer.train_step + TrainLoader",
-        baseline_label="bare loop, batches in memory", rounds=per_round,
+        key="loop",
+        title="Loop overhead (steps/s, project ÷ bare loop)",
+        project=median(rate_p),
+        baseline=median(rate_b),
+        unit="steps/s",
+        ratio=ratio,
+        goal=0.97,
+        higher_is_better=True,
+        command=COMMAND,
+        project_label="Trainer.train_step + TrainLoader",
+        baseline_label="bare loop, batches in memory",
+        rounds=per_round,
         notes=f"{model}, batch {batch}, bf16 autocast + channels_last, steps interleaved one by one, "
-              f"{groups} groups of {per_group} step pairs, {torch.get_num_threads()} torch thread(s)")
+        f"{groups} groups of {per_group} step pairs, {torch.get_num_threads()} torch thread(s)",
+    )

@@ -48,26 +48,45 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--model", choices=MODELS, default="resnet18", help="resnet18 = stock torchvision model")
-    p.add_argument("--save", default=None, help="default_root_dir: Lightning's default end-of-epoch checkpoint "
-                   "goes there (none without it)")
+    p.add_argument(
+        "--save",
+        default=None,
+        help="default_root_dir: Lightning's default end-of-epoch checkpoint goes there (none without it)",
+    )
     args = p.parse_args()
     start = time.perf_counter()
     torch.set_num_threads(max(1, 2 // args.devices))
     tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = torchvision.datasets.ImageFolder(args.data, transform=tf)
-    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch // args.devices, shuffle=True,
-                                         num_workers=args.workers, drop_last=True,
-                                         persistent_workers=args.workers > 0)
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_size=args.batch // args.devices,
+        shuffle=True,
+        num_workers=args.workers,
+        drop_last=True,
+        persistent_workers=args.workers > 0,
+    )
     val_loader = None
     if args.val:
-        val_ds = torchvision.datasets.ImageFolder(args.val, transform=T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)]),
-                                                 allow_empty=True)  # a small split can miss a class
-        val_loader = torch.utils.data.DataLoader(val_ds, batch_size=args.batch // args.devices,
-                                                 num_workers=args.workers)
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-                        precision="bf16-mixed", max_epochs=1, logger=False, enable_checkpointing=bool(args.save),
-                        default_root_dir=args.save,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        val_ds = torchvision.datasets.ImageFolder(
+            args.val, transform=T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)]), allow_empty=True
+        )  # a small split can miss a class
+        val_loader = torch.utils.data.DataLoader(
+            val_ds, batch_size=args.batch // args.devices, num_workers=args.workers
+        )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        precision="bf16-mixed",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=bool(args.save),
+        default_root_dir=args.save,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(Module(args.model), loader, val_loader)
     if trainer.global_rank == 0:
         print(json.dumps({"seconds": time.perf_counter() - start, "steps": trainer.global_step}), flush=True)

@@ -43,8 +43,9 @@ MODELS = ("resnet18", "resnet18-cifar", "tiny")
 def build(name: str) -> nn.Module:
     """`resnet18` (stock) or `resnet18-cifar` for the benchmark; `tiny` only for the machinery's smoke test."""
     if name == "tiny":
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                             nn.Linear(8, 10))
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)
+        )
     if name == "resnet18-cifar":
         return cifar_resnet18()
     if name == "resnet18":
@@ -78,7 +79,8 @@ class Meters:
 
     def line(self) -> str:
         return f"{self.header} [{self.steps}]  " + "  ".join(
-            f"{k}: {self.sums[k] / self.counts[k]:.4f}" for k in self.sums)
+            f"{k}: {self.sums[k] / self.counts[k]:.4f}" for k in self.sums
+        )
 
     def mean(self, key: str) -> float:
         return self.sums[key] / self.counts[key]
@@ -103,29 +105,40 @@ def evaluate(model: nn.Module, criterion: nn.Module, loader, fmt: torch.memory_f
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True, help="training image folder (the script's DATA/train)")
-    p.add_argument("--val", default=None, help="validation image folder (the script's DATA/val), evaluated "
-                   "after each epoch as the script does")
+    p.add_argument(
+        "--val",
+        default=None,
+        help="validation image folder (the script's DATA/val), evaluated after each epoch as the script does",
+    )
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--print-freq", type=int, default=10)
     p.add_argument("--model", choices=MODELS, default="resnet18", help="resnet18 = stock torchvision model")
-    p.add_argument("--save", default=None, help="output folder: the end-of-epoch checkpoint (model + optimizer "
-                   "+ lr_scheduler), written as model_0.pth and checkpoint.pth as the script's --output-dir")
-    p.add_argument("--bf16-channels-last", action="store_true",
-                   help="more than the reference does on CPU: bf16 autocast + channels_last")
+    p.add_argument(
+        "--save",
+        default=None,
+        help="output folder: the end-of-epoch checkpoint (model + optimizer "
+        "+ lr_scheduler), written as model_0.pth and checkpoint.pth as the script's --output-dir",
+    )
+    p.add_argument(
+        "--bf16-channels-last",
+        action="store_true",
+        help="more than the reference does on CPU: bf16 autocast + channels_last",
+    )
     args = p.parse_args()
     start = time.perf_counter()
     bf16 = args.bf16_channels_last
     tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = torchvision.datasets.ImageFolder(args.data, transform=tf)
-    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
-                                         drop_last=True)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=args.batch, shuffle=True, num_workers=args.workers, drop_last=True
+    )
     val_loader = None
     if args.val:
-        val_ds = torchvision.datasets.ImageFolder(args.val, transform=T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)]),
-                                                 allow_empty=True)  # a small split can miss a class
-        val_loader = torch.utils.data.DataLoader(val_ds, batch_size=args.batch, shuffle=False,
-                                                 num_workers=args.workers)
+        val_ds = torchvision.datasets.ImageFolder(
+            args.val, transform=T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)]), allow_empty=True
+        )  # a small split can miss a class
+        val_loader = torch.utils.data.DataLoader(val_ds, batch_size=args.batch, shuffle=False, num_workers=args.workers)
     model = build(args.model)
     fmt = torch.channels_last if bf16 else torch.contiguous_format
     model = model.to(memory_format=fmt)
@@ -153,12 +166,18 @@ def main() -> None:
     scheduler.step()
     val_acc = evaluate(model, criterion, val_loader, fmt, bf16) if val_loader is not None else None
     if args.save:
-        checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                      "lr_scheduler": scheduler.state_dict(), "epoch": 0}
+        checkpoint = {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "lr_scheduler": scheduler.state_dict(),
+            "epoch": 0,
+        }
         for name in ("model_0.pth", "checkpoint.pth"):
             torch.save(checkpoint, f"{args.save}/{name}")
-    print(json.dumps({"images": seen, "seconds": time.perf_counter() - start, "loss": float(loss),
-                      "val_acc": val_acc}), flush=True)
+    print(
+        json.dumps({"images": seen, "seconds": time.perf_counter() - start, "loss": float(loss), "val_acc": val_acc}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -36,16 +36,27 @@ def optimizer(model: str, rounds: int) -> Result:
     kw = dict(lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     fused = torch.optim.SGD(net.parameters(), fused=True, **kw)
     foreach = torch.optim.SGD(net.parameters(), foreach=True, **kw)
-    rates = paired_rates({"fused": lambda: 1 / _seconds(fused.step), "foreach": lambda: 1 / _seconds(foreach.step)},
-                         rounds)
+    rates = paired_rates(
+        {"fused": lambda: 1 / _seconds(fused.step), "foreach": lambda: 1 / _seconds(foreach.step)}, rounds
+    )
     ratio, per_round = median_ratio(rates["fused"], rates["foreach"])
     params = sum(p.numel() for p in net.parameters()) / 1e6
-    return Result(key="proposal_fused_sgd", title="Adopted: fused SGD step ÷ foreach SGD step (steps/s)",
-                  project=median(rates["fused"]), baseline=median(rates["foreach"]), unit="steps/s", ratio=ratio,
-                  goal=1.0, higher_is_better=True, command=COMMAND, project_label="SGD(fused=True) on CPU, what train/ uses",
-                  baseline_label="SGD(foreach=True), the previous default", rounds=per_round,
-                  notes=f"{model} ({params:.1f} M parameters), optimizer step only, nesterov + weight decay, "
-                        f"{torch.get_num_threads()} thread(s)")
+    return Result(
+        key="proposal_fused_sgd",
+        title="Adopted: fused SGD step ÷ foreach SGD step (steps/s)",
+        project=median(rates["fused"]),
+        baseline=median(rates["foreach"]),
+        unit="steps/s",
+        ratio=ratio,
+        goal=1.0,
+        higher_is_better=True,
+        command=COMMAND,
+        project_label="SGD(fused=True) on CPU, what train/ uses",
+        baseline_label="SGD(foreach=True), the previous default",
+        rounds=per_round,
+        notes=f"{model} ({params:.1f} M parameters), optimizer step only, nesterov + weight decay, "
+        f"{torch.get_num_threads()} thread(s)",
+    )
 
 
 def checksum(model: str, rounds: int) -> Result:
@@ -55,8 +66,9 @@ def checksum(model: str, rounds: int) -> Result:
         p.grad = torch.randn_like(p)
     opt.step()
     root = Path(tempfile.mkdtemp(prefix="bench-crc-"))
-    info = ckpt.write_checkpoint(root, 1, {"format_version": ckpt.FORMAT_VERSION, "model": net.state_dict(),
-                                           "optimizer": opt.state_dict()}, {})
+    info = ckpt.write_checkpoint(
+        root, 1, {"format_version": ckpt.FORMAT_VERSION, "model": net.state_dict(), "optimizer": opt.state_dict()}, {}
+    )
     state = info.path / ckpt.STATE_FILE
 
     def stream(update) -> None:
@@ -80,14 +92,23 @@ def checksum(model: str, rounds: int) -> Result:
 
     rates = paired_rates({"xxh3": xxh3, "sha": sha, "load": verify_load, "plain": plain_load}, rounds)
     ratio, per_round = median_ratio(rates["xxh3"], rates["sha"])
-    return Result(key="adopted_xxh3", title="Adopted: checkpoint verify with xxh3-128 ÷ with sha256 (passes/s)",
-                  project=median(rates["xxh3"]), baseline=median(rates["sha"]), unit="passes/s", ratio=ratio,
-                  goal=1.0, higher_is_better=True, command=COMMAND,
-                  project_label="xxh3-128 over the state file, what train.checkpoint uses",
-                  baseline_label="hashlib.sha256, the previous checksum", rounds=per_round,
-                  notes=f"{info.size / 1e6:.0f} MB state file ({model} + SGD), page cache warm; plain torch.load "
-                        f"{1 / median(rates['plain']):.3f} s, load_state (verify + load) "
-                        f"{1 / median(rates['load']):.3f} s")
+    return Result(
+        key="adopted_xxh3",
+        title="Adopted: checkpoint verify with xxh3-128 ÷ with sha256 (passes/s)",
+        project=median(rates["xxh3"]),
+        baseline=median(rates["sha"]),
+        unit="passes/s",
+        ratio=ratio,
+        goal=1.0,
+        higher_is_better=True,
+        command=COMMAND,
+        project_label="xxh3-128 over the state file, what train.checkpoint uses",
+        baseline_label="hashlib.sha256, the previous checksum",
+        rounds=per_round,
+        notes=f"{info.size / 1e6:.0f} MB state file ({model} + SGD), page cache warm; plain torch.load "
+        f"{1 / median(rates['plain']):.3f} s, load_state (verify + load) "
+        f"{1 / median(rates['load']):.3f} s",
+    )
 
 
 def run(quick: bool = False, rounds: int = 7) -> list[Result]:

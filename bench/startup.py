@@ -50,8 +50,15 @@ def _env() -> dict[str, str]:
 
 
 def import_torch_s(timeout_s: float = 300) -> float:
-    out = subprocess.run([sys.executable, "-c", BASELINE_CODE], cwd=REPO, env=_env(), capture_output=True, text=True,
-                         timeout=timeout_s, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", BASELINE_CODE],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=True,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -59,9 +66,24 @@ def worker_startup(argv_tail: list[str], run_dir: Path, timeout_s: float = 600) 
     """One worker run, stopped once it has logged its first step (the rest of the run is training
     and validation, not start-up): its startup record from metrics.jsonl."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, "-m", "train", *argv_tail, f"run_dir={run_dir}", "train.max_steps=2",
-                             "train.log_every_steps=1", "checkpoint.every_epochs=0", "train.tta=none"], cwd=REPO,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "train",
+            *argv_tail,
+            f"run_dir={run_dir}",
+            "train.max_steps=2",
+            "train.log_every_steps=1",
+            "checkpoint.every_epochs=0",
+            "train.tta=none",
+        ],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     tail: list[str] = []
     watchdog = threading.Timer(timeout_s, proc.kill)  # a hung worker ends the read loop (EOF), bounded
     watchdog.start()
@@ -87,12 +109,22 @@ def recipe(work: Path, quick: bool) -> tuple[list[str], str]:
         return ["--config", "configs/smoke.yaml"], "configs/smoke.yaml (synthetic), quick"
     root = unpacked_cifar(work)
     if root is None:
-        return (["--config", "configs/fast.yaml", "data.name=synthetic", "data.synthetic_train_size=45000",
-                 "data.synthetic_val_size=5000", "train.batch_size=128"],
-                "configs/fast.yaml on synthetic 32x32 images (the shared CIFAR-10 copy was not found)")
-    return (["--config", "configs/fast.yaml", f"data.root={root}", f"data.cache_dir={cache}", "train.batch_size=128"],
-            "configs/fast.yaml (first step: one 128-image pass) on the shared CIFAR-10 JPEG copy (50,000 images), "
-            "warm decode cache")
+        return (
+            [
+                "--config",
+                "configs/fast.yaml",
+                "data.name=synthetic",
+                "data.synthetic_train_size=45000",
+                "data.synthetic_val_size=5000",
+                "train.batch_size=128",
+            ],
+            "configs/fast.yaml on synthetic 32x32 images (the shared CIFAR-10 copy was not found)",
+        )
+    return (
+        ["--config", "configs/fast.yaml", f"data.root={root}", f"data.cache_dir={cache}", "train.batch_size=128"],
+        "configs/fast.yaml (first step: one 128-image pass) on the shared CIFAR-10 JPEG copy (50,000 images), "
+        "warm decode cache",
+    )
 
 
 def run(quick: bool = False, rounds: int = 5, work: Path | None = None) -> Result:
@@ -115,11 +147,25 @@ def run(quick: bool = False, rounds: int = 5, work: Path | None = None) -> Resul
     shutil.rmtree(run_dir, ignore_errors=True)
     ratio, per_round = median_ratio(project, baseline)  # seconds ÷ seconds: lower is better
     return Result(
-        key="startup", title="Start-up: process start → first step done ÷ python -c \"import torch\"",
-        project=median(project), baseline=median(baseline), unit="s", ratio=ratio, goal=1.5, higher_is_better=False,
-        command=COMMAND, project_label="python -m train, startup_s from its metrics.jsonl",
-        baseline_label="python -c \"import torch\" (process start → imported)", rounds=per_round,
+        key="startup",
+        title='Start-up: process start → first step done ÷ python -c "import torch"',
+        project=median(project),
+        baseline=median(baseline),
+        unit="s",
+        ratio=ratio,
+        goal=1.5,
+        higher_is_better=False,
+        command=COMMAND,
+        project_label="python -m train, startup_s from its metrics.jsonl",
+        baseline_label='python -c "import torch" (process start → imported)',
+        rounds=per_round,
         notes=f"{data}; one process; CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; the first step "
-              f"itself took {median(first_step):.2f} s of the start-up (median); {n} alternating rounds",
-        extra={"first_step_s": first_step, "startup_s": project, "import_torch_s": baseline, "cpu": cpu_model(),
-               "ready_s": [a - b for a, b in zip(project, first_step, strict=True)]})
+        f"itself took {median(first_step):.2f} s of the start-up (median); {n} alternating rounds",
+        extra={
+            "first_step_s": first_step,
+            "startup_s": project,
+            "import_torch_s": baseline,
+            "cpu": cpu_model(),
+            "ready_s": [a - b for a, b in zip(project, first_step, strict=True)],
+        },
+    )

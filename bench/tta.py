@@ -27,9 +27,21 @@ def run_full(work: Path | None = None, overrides: tuple[str, ...] = (), record: 
         return None
     run_dir = work / "tta-run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--config",
-            str(REPO / "configs" / "fast.yaml"), f"run_dir={run_dir}", f"data.root={full}",
-            f"data.cache_dir={work / 'cache'}", *overrides]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--config",
+        str(REPO / "configs" / "fast.yaml"),
+        f"run_dir={run_dir}",
+        f"data.root={full}",
+        f"data.cache_dir={work / 'cache'}",
+        *overrides,
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     load_before = load_average()
     start = time.perf_counter()
@@ -39,16 +51,27 @@ def run_full(work: Path | None = None, overrides: tuple[str, ...] = (), record: 
     if out.returncode != 0:
         raise RuntimeError(f"fast.yaml run failed (exit {out.returncode}): {(out.stdout + out.stderr)[-1500:]}")
     lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    curve = [{"epoch": r["epoch"] + 1, "val_acc": r["val_acc"], "elapsed_s": r.get("elapsed_s"), "tta": r.get("tta")}
-             for r in lines if "val_acc" in r]
+    curve = [
+        {"epoch": r["epoch"] + 1, "val_acc": r["val_acc"], "elapsed_s": r.get("elapsed_s"), "tta": r.get("tta")}
+        for r in lines
+        if "val_acc" in r
+    ]
     rates = [r["images_per_s"] for r in lines if "images_per_s" in r]
     reached = next((c for c in curve if c["val_acc"] >= GOAL), None)
-    result = {"command": COMMAND, "argv": " ".join(["python", *argv[1:]]), "wall_s": wall, "curve": curve,
-              "final_val_acc": curve[-1]["val_acc"] if curve else None, "goal": GOAL,
-              "time_to_goal_s": reached["elapsed_s"] if reached else None,
-              "median_images_per_s": sorted(rates)[len(rates) // 2] if rates else None,
-              "load_average_before": load_before, "load_average_after": load_average(),
-              "overrides": list(overrides), "recorded_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    result = {
+        "command": COMMAND,
+        "argv": " ".join(["python", *argv[1:]]),
+        "wall_s": wall,
+        "curve": curve,
+        "final_val_acc": curve[-1]["val_acc"] if curve else None,
+        "goal": GOAL,
+        "time_to_goal_s": reached["elapsed_s"] if reached else None,
+        "median_images_per_s": sorted(rates)[len(rates) // 2] if rates else None,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "overrides": list(overrides),
+        "recorded_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(result, indent=1) + "\n")
     return result

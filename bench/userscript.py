@@ -30,8 +30,13 @@ SCRIPT = "examples/custom_loop.py"
 def training_steps_per_s(argv: list[str], run_dir: Path, timeout_s: float = 600) -> float:
     """Run one launch; steps/s between rank 0's first step line and its `finished:` line."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     first = last = None
     first_step = last_step = 0
@@ -58,35 +63,67 @@ def run(quick: bool = False, rounds: int = 7, epochs: int = 24) -> Result:
         rounds, epochs = 1, 1
     work = Path(tempfile.mkdtemp(prefix="bench-userscript-"))
     args = [SCRIPT, "--epochs", str(epochs), "--run-dir"]
-    launcher = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--", *args,
-                str(work / "launcher")]
-    plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args,
-             str(work / "torchrun")]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--",
+        *args,
+        str(work / "launcher"),
+    ]
+    plain = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *args,
+        str(work / "torchrun"),
+    ]
     try:
-        rates = paired_rates({"launcher": lambda: training_steps_per_s(launcher, work / "launcher"),
-                              "torchrun": lambda: training_steps_per_s(plain, work / "torchrun")},
-                             rounds, warmup=0 if quick else 1)
+        rates = paired_rates(
+            {
+                "launcher": lambda: training_steps_per_s(launcher, work / "launcher"),
+                "torchrun": lambda: training_steps_per_s(plain, work / "torchrun"),
+            },
+            rounds,
+            warmup=0 if quick else 1,
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ratio, per_round = median_ratio(rates["launcher"], rates["torchrun"])
     return Result(
-        key="userscript", title="A user's script under launch.local ÷ under plain torchrun (training steps/s)",
-        project=median(rates["launcher"]), baseline=median(rates["torchrun"]), unit="steps/s", ratio=ratio,
-        goal=0.97, higher_is_better=True, command=COMMAND,
+        key="userscript",
+        title="A user's script under launch.local ÷ under plain torchrun (training steps/s)",
+        project=median(rates["launcher"]),
+        baseline=median(rates["torchrun"]),
+        unit="steps/s",
+        ratio=ratio,
+        goal=0.97,
+        higher_is_better=True,
+        command=COMMAND,
         project_label=f"python -m launch.local --gpus 2 --device cpu -- {SCRIPT}",
         baseline_label=f"python -m torch.distributed.run --standalone --nproc-per-node 2 {SCRIPT}",
         rounds=per_round,
         notes=f"{SCRIPT} (torchlaunch.api, a small MLP, global batch 64) for {epochs} epochs of 32 steps on 2 CPU ranks x "
-              f"1 thread, {rounds} alternating rounds after a warm-up pair; each side timed from rank 0's first "
-              f"step line to its last, start-up excluded on both")
+        f"1 thread, {rounds} alternating rounds after a warm-up pair; each side timed from rank 0's first "
+        f"step line to its last, start-up excluded on both",
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     result = run(quick=parser.parse_args().quick)
-    print(f"{result.title}: {result.project:.1f} / {result.baseline:.1f} steps/s = {result.ratio:.3f} "
-          f"(rounds {', '.join(f'{r:.3f}' for r in result.rounds)}; goal >= {result.goal})")
+    print(
+        f"{result.title}: {result.project:.1f} / {result.baseline:.1f} steps/s = {result.ratio:.3f} "
+        f"(rounds {', '.join(f'{r:.3f}' for r in result.rounds)}; goal >= {result.goal})"
+    )
     return 0
 
 

@@ -41,15 +41,19 @@ class ColorBlobs(Dataset):
         yy, xx = torch.meshgrid(torch.arange(s), torch.arange(s), indexing="ij")
         cy, cx = torch.randint(s // 4, 3 * s // 4, (2,), generator=g)
         blob = torch.exp(-((yy - cy) ** 2 + (xx - cx) ** 2).float() / (2 * (s / 5) ** 2))
-        image = (0.3 + 0.35 * blob[None] * colour[:, None, None] + 0.35 * torch.randn(3, s, s, generator=g))
+        image = 0.3 + 0.35 * blob[None] * colour[:, None, None] + 0.35 * torch.randn(3, s, s, generator=g)
         image = image.clamp(0, 1)
         if self.as_pil:
             return Image.fromarray((image * 255).round().byte().permute(1, 2, 0).numpy()), label
         return image, label
 
 
-def color_blobs(image_size: int = 32, train_size: int = 1024, val_size: int = 256
-                ) -> tuple[Dataset, Dataset, list[str]]:
+def color_blobs(
+    image_size: int = 32, train_size: int = 1024, val_size: int = 256
+) -> tuple[Dataset, Dataset, list[str]]:
     """PIL images for training, float tensors for validation; 4 classes."""
-    return (ColorBlobs(train_size, image_size, seed=1, as_pil=True),
-            ColorBlobs(val_size, image_size, seed=2, as_pil=False), list(CLASSES))
+    return (
+        ColorBlobs(train_size, image_size, seed=1, as_pil=True),
+        ColorBlobs(val_size, image_size, seed=2, as_pil=False),
+        list(CLASSES),
+    )

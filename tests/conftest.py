@@ -31,32 +31,43 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_cmd(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
-            env: Mapping[str, str] | None = None, cwd: Path = REPO) -> tuple[int, str, str]:
+def run_cmd(
+    argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None, cwd: Path = REPO
+) -> tuple[int, str, str]:
     """Run argv to completion in its own process group; (returncode, stdout, stderr).
 
     On timeout the whole group (launcher, torchrun and its workers) is killed, so a hung test never
     leaves processes behind, and the test fails with what the command printed so far."""
-    proc = subprocess.Popen(list(argv), cwd=cwd, env=child_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=child_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{' '.join(argv)} did not finish within {timeout:.0f} s\nstdout:\n{out[-3000:]}\n"
-                    f"stderr:\n{err[-3000:]}")
+        pytest.fail(
+            f"{' '.join(argv)} did not finish within {timeout:.0f} s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+        )
     return proc.returncode, out, err
 
 
-def run_launcher(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
-                 env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+def run_launcher(
+    args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
     """`python -m launch.local ARGS` from the repository root: (returncode, stdout, stderr)."""
     return run_cmd([sys.executable, "-m", "torchlaunch.launch.local", *args], timeout=timeout, env=env)
 
 
-def run_module(module: str, args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S,
-               env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+def run_module(
+    module: str, args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
     """`python -m MODULE ARGS` from the repository root, e.g. run_module("torchlaunch.worker.evaluate", [...])."""
     return run_cmd([sys.executable, "-m", module, *args], timeout=timeout, env=env)
 

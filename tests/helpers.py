@@ -17,8 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python -m launch.local ARGS` from the repo root; raises if it outlives `timeout`."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "torchlaunch.launch.local", *args], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torchlaunch.launch.local", *args],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def final_state(run_dir: Path) -> dict:
@@ -37,8 +43,9 @@ def assert_states_equal(a: dict, b: dict) -> None:
     for pid in opt_a:
         for name, value in opt_a[pid].items():
             other = opt_b[pid][name]
-            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, \
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, (
                 f"optimizer state {pid}/{name} differs"
+            )
     assert a["scaler"] == b["scaler"]
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
 

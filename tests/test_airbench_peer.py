@@ -60,8 +60,9 @@ def test_airbench_loads_the_packed_files_and_its_table_parses(tmp_path: Path) ->
     write_folder(tmp_path / "train", CLASSES, size=32)
     airbench_peer.pack(str(tmp_path / "train"), None, tmp_path, str(tmp_path / "cache"))
     env = child_env({"PYTHONPATH": f"{airbench_peer.WHEEL}"})
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cifar10")], env=env, capture_output=True,
-                         text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "cifar10")], env=env, capture_output=True, text=True, timeout=180
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "batch (8, 3, 32, 32) torch.float16 (8,) torch.int64 3 cat" in out.stdout
     assert airbench_peer.parse_airbench_table(out.stdout) == {"tta_val_acc": 0.9327, "total_time_seconds": 19.9}
@@ -75,14 +76,20 @@ def test_airbench_output_is_kept_and_forwarded(capsys: pytest.CaptureFixture[str
 
 
 def test_table_and_metrics_summary(tmp_path: Path) -> None:
-    records = [{"step": 10, "images_per_s": 1000.0}, {"step": 20, "images_per_s": 3000.0},
-               {"step": 30, "images_per_s": 4000.0}, {"step": 43, "val_acc": 0.5, "elapsed_s": 2.0},
-               {"step": 86, "val_acc": 0.93, "elapsed_s": 19.5, "tta": "flip_translate"}]
+    records = [
+        {"step": 10, "images_per_s": 1000.0},
+        {"step": 20, "images_per_s": 3000.0},
+        {"step": 30, "images_per_s": 4000.0},
+        {"step": 43, "val_acc": 0.5, "elapsed_s": 2.0},
+        {"step": 86, "val_acc": 0.93, "elapsed_s": 19.5, "tta": "flip_translate"},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = airbench_peer.metrics_summary(tmp_path)
     assert summary == {"val_acc": 0.93, "train_s": 19.5, "epochs": 2, "tta": "flip_translate", "images_per_s": 3500.0}
-    rows = [{"name": "fast93.yaml", "test_acc": 0.9312, "train_s": 19.5, "images_per_s": 98765.4, "command_s": 33.0},
-            {"name": "airbench96", "error": "timed out after 150 s"}]
+    rows = [
+        {"name": "fast93.yaml", "test_acc": 0.9312, "train_s": 19.5, "images_per_s": 98765.4, "command_s": 33.0},
+        {"name": "airbench96", "error": "timed out after 150 s"},
+    ]
     table = airbench_peer.render_table(rows, {"test_images": 10000, "test_source": "t", "train_images": 45000})
     assert "| fast93.yaml | 93.12% | 19.5 | 98,765 | 33.0 |  |" in table
     assert "| airbench96 | -% | - | - | - | timed out after 150 s |" in table
@@ -93,15 +100,39 @@ def test_command_line(tmp_path: Path) -> None:
     rc, out, _ = run_module("bench.gpu", ["--help"])
     assert rc == 0 and "--peer-airbench" in out and "--test-root" in out and "--pack-only" in out
     rc, _, err = run_module("bench.gpu", ["--peer-airbench"])
-    assert rc == 2 and error_lines(err) == ["bench error: --peer-airbench needs --data-root (the unpacked "
-                                            "CIFAR-10 train/ folder)"]
+    assert rc == 2 and error_lines(err) == [
+        "bench error: --peer-airbench needs --data-root (the unpacked CIFAR-10 train/ folder)"
+    ]
     write_folder(tmp_path / "train", CLASSES, size=32)
-    rc, _, err = run_module("bench.gpu", ["--peer-airbench", "--pack-only", "--data-root", str(tmp_path / "train"),
-                                          "--test-root", str(tmp_path / "nope"), "--work-dir", str(tmp_path / "w"),
-                                          "--cache-dir", str(tmp_path / "cache")])
+    rc, _, err = run_module(
+        "bench.gpu",
+        [
+            "--peer-airbench",
+            "--pack-only",
+            "--data-root",
+            str(tmp_path / "train"),
+            "--test-root",
+            str(tmp_path / "nope"),
+            "--work-dir",
+            str(tmp_path / "w"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+    )
     assert rc == 2 and len(error_lines(err)) == 1 and "--test-root" in err and "is not a folder" in err
-    rc, out, err = run_module("bench.gpu", ["--peer-airbench", "--pack-only", "--data-root", str(tmp_path / "train"),
-                                            "--work-dir", str(tmp_path / "w"), "--cache-dir", str(tmp_path / "cache")])
+    rc, out, err = run_module(
+        "bench.gpu",
+        [
+            "--peer-airbench",
+            "--pack-only",
+            "--data-root",
+            str(tmp_path / "train"),
+            "--work-dir",
+            str(tmp_path / "w"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+    )
     assert rc == 0, err
     assert json.loads(out.splitlines()[-1])["shapes"] == {"train": [27, 32, 32, 3], "test": [3, 32, 32, 3]}
 
@@ -113,11 +144,30 @@ def test_project_side_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     write_folder(tmp_path / "train", CLASSES, size=32)
     write_folder(tmp_path / "test", {"cat": 3, "dog": 2, "frog": 4}, size=32, seed=1)
     out = tmp_path / "out"
-    rc, stdout, err = run_module("bench.gpu", [
-        "--peer-airbench", "--peers", "--data-root", str(tmp_path / "train"), "--test-root", str(tmp_path / "test"),
-        "--work-dir", str(tmp_path / "w"), "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(out),
-        "--project-overrides", "model.width=8", "train.epochs=1", "train.batch_size=8",
-        "--extra", "fast93.yaml:train.epochs=2"], timeout=300)
+    rc, stdout, err = run_module(
+        "bench.gpu",
+        [
+            "--peer-airbench",
+            "--peers",
+            "--data-root",
+            str(tmp_path / "train"),
+            "--test-root",
+            str(tmp_path / "test"),
+            "--work-dir",
+            str(tmp_path / "w"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out-dir",
+            str(out),
+            "--project-overrides",
+            "model.width=8",
+            "train.epochs=1",
+            "train.batch_size=8",
+            "--extra",
+            "fast93.yaml:train.epochs=2",
+        ],
+        timeout=300,
+    )
     assert rc == 0, err[-3000:]
     report = json.loads((out / "peer-airbench.json").read_text())
     runs = {r["name"]: r for r in report["runs"]}
@@ -132,9 +182,17 @@ def test_project_side_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
 
 
 def test_session_script_refuses_missing_data_in_one_line(tmp_path: Path) -> None:
-    out = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env=child_env({"GPU_DATA": str(tmp_path / "none"), "OUT": str(tmp_path / "out")}))
+    out = subprocess.run(
+        ["bash", "bench/gpu_session.sh"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env({"GPU_DATA": str(tmp_path / "none"), "OUT": str(tmp_path / "out")}),
+    )
     assert out.returncode == 2 and out.stdout == ""
-    assert error_lines(out.stderr) == [f"gpu_session: {tmp_path / 'none'}/cifar10-train.tar.gz is missing (copy "
-                                       f"/work/shared/data/cifar10-train.tar.gz there and carry {tmp_path / 'none'})"]
+    assert error_lines(out.stderr) == [
+        f"gpu_session: {tmp_path / 'none'}/cifar10-train.tar.gz is missing (copy "
+        f"/work/shared/data/cifar10-train.tar.gz there and carry {tmp_path / 'none'})"
+    ]
     assert subprocess.run(["bash", "-n", "bench/gpu_session.sh"], cwd=REPO, timeout=30).returncode == 0

@@ -49,8 +49,13 @@ def user_state(seed: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "lr": 0.25,
-            "extra": {"history": [1.5, 2.5], "ids": torch.arange(5)}}
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "epoch": 3,
+        "lr": 0.25,
+        "extra": {"history": [1.5, 2.5], "ids": torch.arange(5)},
+    }
 
 
 def assert_same(a: object, b: object) -> None:
@@ -103,8 +108,9 @@ def test_async_save_snapshots_the_state_at_the_call(session: api.Context, tmp_pa
     assert torch.equal(fresh.load_latest()["w"], torch.zeros(1000)) and fresh.step == 1
 
 
-def test_corrupt_newest_falls_back_with_warning(session: api.Context, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_corrupt_newest_falls_back_with_warning(
+    session: api.Context, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     checkpointer = api.Checkpointer(tmp_path, synchronous=True)
     checkpointer.save(1, {"v": torch.tensor([1.0])})
     checkpointer.save(2, {"v": torch.tensor([2.0])})
@@ -178,7 +184,7 @@ def test_unwritable_run_dir_exits_2_with_one_line(tmp_path: Path) -> None:
     code = f"""
         from torchlaunch import api
         with api.setup():
-            api.Checkpointer({str(blocker / 'run')!r})
+            api.Checkpointer({str(blocker / "run")!r})
             raise SystemExit(0)
     """
     rc, out, err = run_snippet(code)
@@ -195,8 +201,12 @@ def test_bad_input_under_launch_local_is_reported_once(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     script = tmp_path / "bad_run_dir.py"
-    script.write_text(f"from torchlaunch import api\nwith api.setup():\n    api.Checkpointer({str(blocker / 'run')!r})\n")
-    rc, out, err = run_cmd([sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--", str(script)], timeout=180)
+    script.write_text(
+        f"from torchlaunch import api\nwith api.setup():\n    api.Checkpointer({str(blocker / 'run')!r})\n"
+    )
+    rc, out, err = run_cmd(
+        [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--", str(script)], timeout=180
+    )
     assert rc == api.BAD_INPUT, err[-2000:]
     assert err.count("api error: Checkpointer run_dir: cannot write") == 1, err[-2000:]
     assert "Traceback" not in err
@@ -255,13 +265,16 @@ def test_sampler_resume_continues_the_same_order() -> None:
 
 def test_sampler_ranks_share_the_global_batch() -> None:
     whole = [idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5).batches(0)]
-    ranks = [[idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5, rank=r, world_size=2).batches(0)]
-             for r in range(2)]
+    ranks = [
+        [idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5, rank=r, world_size=2).batches(0)] for r in range(2)
+    ]
     assert [r0 + r1 for r0, r1 in zip(*ranks, strict=True)] == whole
 
 
-@pytest.mark.parametrize("n,batch,world,needle", [(100, 6, 4, "multiple of the world size 4"),
-                                                   (5, 8, 1, "dataset_len=5"), (100, 0, 1, "batch_size=0")])
+@pytest.mark.parametrize(
+    "n,batch,world,needle",
+    [(100, 6, 4, "multiple of the world size 4"), (5, 8, 1, "dataset_len=5"), (100, 0, 1, "batch_size=0")],
+)
 def test_sampler_bad_sizes_are_bad_input(n: int, batch: int, world: int, needle: str) -> None:
     with pytest.raises(api.BadInput, match=needle):
         api.resumable_sampler(n, batch, 0, rank=0, world_size=world)
@@ -275,15 +288,25 @@ def run_example(run_dir: Path, epochs: int, torchrun: bool = False) -> tuple[int
 
 
 def example_argv(run_dir: Path, epochs: int, torchrun: bool) -> list[str]:
-    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"] \
-        if torchrun else [sys.executable]
+    prefix = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        if torchrun
+        else [sys.executable]
+    )
     return [*prefix, EXAMPLE, "--run-dir", str(run_dir), "--epochs", str(epochs)]
 
 
 def sigterm_at_step(run_dir: Path, epochs: int, step: int, torchrun: bool = False) -> tuple[int, str]:
     """Start the example, send SIGTERM to it (or to torchrun) when its output shows `step N/`."""
-    proc = subprocess.Popen(example_argv(run_dir, epochs, torchrun), cwd=REPO, env=child_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        example_argv(run_dir, epochs, torchrun),
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     watchdog = threading.Timer(300, lambda: os.killpg(proc.pid, signal.SIGKILL))
     watchdog.start()
     seen: list[str] = []

@@ -38,52 +38,85 @@ def assert_bad_input(args: list[str], *words: str, timeout: float = 120) -> str:
 
 def test_missing_config_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
-    assert_bad_input(["--gpus", "2", "--config", str(missing)], "config error: --config", "file not found", str(missing))
+    assert_bad_input(
+        ["--gpus", "2", "--config", str(missing)], "config error: --config", "file not found", str(missing)
+    )
 
 
 def test_malformed_yaml(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  epochs: 3\n   batch_size: 4\n")
-    assert_bad_input(["--gpus", "2", "--config", str(bad), f"run_dir={tmp_path}/run"],
-                     "config error: --config", str(bad), "not valid YAML", "line 3")
+    assert_bad_input(
+        ["--gpus", "2", "--config", str(bad), f"run_dir={tmp_path}/run"],
+        "config error: --config",
+        str(bad),
+        "not valid YAML",
+        "line 3",
+    )
 
 
 def test_unknown_key(tmp_path: Path) -> None:
-    assert_bad_input(["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "optim.lrr=0.1"],
-                     "config error: optim.lrr: unknown key", "did you mean optim.lr?")
+    assert_bad_input(
+        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "optim.lrr=0.1"],
+        "config error: optim.lrr: unknown key",
+        "did you mean optim.lr?",
+    )
 
 
 def test_wrong_type(tmp_path: Path) -> None:
-    assert_bad_input(["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "train.epochs=three"],
-                     "config error: train.epochs: expected an integer", "'three'")
+    assert_bad_input(
+        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "train.epochs=three"],
+        "config error: train.epochs: expected an integer",
+        "'three'",
+    )
 
 
 def test_negative_learning_rate(tmp_path: Path) -> None:
-    line = assert_bad_input(["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "optim.lr=-0.1"],
-                            "config error: optim.lr: must be > 0", "-0.1")
+    line = assert_bad_input(
+        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "optim.lr=-0.1"],
+        "config error: optim.lr: must be > 0",
+        "-0.1",
+    )
     assert not (tmp_path / "config.yaml").exists(), line  # refused before anything was written or started
 
 
 @pytest.mark.slow
 def test_missing_data_root(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-folder"
-    assert_bad_input(["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=imagefolder",
-                      f"data.root={missing}"], str(missing), "does not exist")
+    assert_bad_input(
+        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=imagefolder", f"data.root={missing}"],
+        str(missing),
+        "does not exist",
+    )
 
 
 @pytest.mark.slow
 def test_missing_cifar10_offline(tmp_path: Path) -> None:
-    assert_bad_input(["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=cifar10",
-                      f"data.root={tmp_path}", "data.download=false"],
-                     str(tmp_path / "cifar-10-batches-py"), "data.download=true")
+    assert_bad_input(
+        [
+            "--gpus",
+            "2",
+            "--config",
+            SMOKE,
+            f"run_dir={tmp_path}/run",
+            "data.name=cifar10",
+            f"data.root={tmp_path}",
+            "data.download=false",
+        ],
+        str(tmp_path / "cifar-10-batches-py"),
+        "data.download=true",
+    )
 
 
 @pytest.mark.slow
 def test_empty_image_folder(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert_bad_input(["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=imagefolder",
-                      f"data.root={empty}"], str(empty), "no class folders")
+    assert_bad_input(
+        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=imagefolder", f"data.root={empty}"],
+        str(empty),
+        "no class folders",
+    )
 
 
 @pytest.mark.slow
@@ -92,9 +125,21 @@ def test_corrupt_image_is_named(tmp_path: Path) -> None:
     write_folder(root, {"a": 20, "b": 20})
     bad = root / "b" / "0007.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-    assert_bad_input(["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=imagefolder",
-                      f"data.root={root}", f"data.cache_dir={tmp_path}/cache", "train.batch_size=8"],
-                     str(bad), "cannot decode image")
+    assert_bad_input(
+        [
+            "--gpus",
+            "2",
+            "--config",
+            SMOKE,
+            f"run_dir={tmp_path}/run",
+            "data.name=imagefolder",
+            f"data.root={root}",
+            f"data.cache_dir={tmp_path}/cache",
+            "train.batch_size=8",
+        ],
+        str(bad),
+        "cannot decode image",
+    )
 
 
 @pytest.mark.gpu
@@ -102,5 +147,7 @@ def test_corrupt_image_is_named(tmp_path: Path) -> None:
 def test_more_gpus_than_available(tmp_path: Path) -> None:
     """The CPU-only twin of this test is test_local_launcher.py::test_more_gpus_than_visible."""
     visible = torch.cuda.device_count()
-    assert_bad_input(["--gpus", str(visible + 1), "--config", SMOKE, f"run_dir={tmp_path}"],
-                     f"GPUS={visible + 1} but only {visible} GPU(s) are visible")
+    assert_bad_input(
+        ["--gpus", str(visible + 1), "--config", SMOKE, f"run_dir={tmp_path}"],
+        f"GPUS={visible + 1} but only {visible} GPU(s) are visible",
+    )

@@ -17,8 +17,10 @@ from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, run
 from bench.common import REPO, Result, interleaved_steps, median_ratio, paired_rates, shared_tarball, subset_folder
 from torchlaunch.worker.data import BatchPlan, augment
 
-needs_data = pytest.mark.skipif(shared_tarball() is None, reason="shared CIFAR-10 tarball not found "
-                                "(/work/shared/data or ../shared/data; set BENCH_CIFAR_TARBALL)")
+needs_data = pytest.mark.skipif(
+    shared_tarball() is None,
+    reason="shared CIFAR-10 tarball not found (/work/shared/data or ../shared/data; set BENCH_CIFAR_TARBALL)",
+)
 
 
 def well_formed(r: Result) -> None:
@@ -110,9 +112,31 @@ def test_reference_loop_script_runs(tmp_path: Path) -> None:
     tiny, val = subset_folder(full, tmp_path / "tiny", 4), subset_folder(full, tmp_path / "val", 1)
     save = tmp_path / "out"
     save.mkdir()
-    out = subprocess.run([sys.executable, "-m", "bench.peer_reference", "--data", str(tiny), "--val", str(val),
-                          "--batch", "8", "--workers", "0", "--model", "tiny", "--print-freq", "2",
-                          "--save", str(save)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.peer_reference",
+            "--data",
+            str(tiny),
+            "--val",
+            str(val),
+            "--batch",
+            "8",
+            "--workers",
+            "0",
+            "--model",
+            "tiny",
+            "--print-freq",
+            "2",
+            "--save",
+            str(save),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     result = json.loads(lines[-1])

@@ -174,8 +174,12 @@ CRASH_WRITER = textwrap.dedent("""
 
 def test_kill_9_in_the_middle_of_a_write_keeps_previous(tmp_path: Path) -> None:
     ckpt.write_checkpoint(tmp_path, 1, state(1), {})
-    proc = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, str(tmp_path)], cwd=REPO,
-                            stdin=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASH_WRITER, str(tmp_path)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         deadline_checks = 0
         while not (tmp_path / "IN_PROGRESS").exists():
@@ -274,10 +278,23 @@ def test_a_failed_final_checkpoint_leaves_no_model_pt(tmp_path: Path, async_save
     run = tmp_path / "run"
     script = tmp_path / "final_save_fails.py"
     script.write_text(FINAL_SAVE_FAILS.format(final=32))  # smoke: 16 steps per epoch, 2 epochs
-    out = subprocess.run([sys.executable, str(script), "--config", "configs/smoke.yaml", f"run_dir={run}",
-                          "train.epochs=2", "checkpoint.every_steps=0", "checkpoint.every_epochs=1",
-                          f"checkpoint.async_save={async_save}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--config",
+            "configs/smoke.yaml",
+            f"run_dir={run}",
+            "train.epochs=2",
+            "checkpoint.every_steps=0",
+            "checkpoint.every_epochs=1",
+            f"checkpoint.async_save={async_save}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "injected: no space left on device" in out.stderr
     assert not (run / "model.pt").exists() and not (run / ".model.pt.tmp").exists()

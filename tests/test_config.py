@@ -34,23 +34,27 @@ def assert_one_line(err: ConfigError, key: str, *words: str) -> None:
     assert isinstance(err, BadInput)  # becomes exit code 2 in the worker and the launcher
 
 
-@pytest.mark.parametrize(("text", "key", "value"), [
-    ("optim.lr=0.2", "optim.lr", 0.2),
-    ("train.epochs=3", "train.epochs", 3),
-    ("data.download=true", "data.download", True),
-    ("data.download=false", "data.download", False),
-    ("run_dir=runs/a", "run_dir", "runs/a"),
-    ("optim.betas=[0.8, 0.95]", "optim.betas", [0.8, 0.95]),
-    ("data.root=", "data.root", ""),
-    ("model.name=a=b", "model.name", "a=b"),  # only the first '=' separates key and value
-])
+@pytest.mark.parametrize(
+    ("text", "key", "value"),
+    [
+        ("optim.lr=0.2", "optim.lr", 0.2),
+        ("train.epochs=3", "train.epochs", 3),
+        ("data.download=true", "data.download", True),
+        ("data.download=false", "data.download", False),
+        ("run_dir=runs/a", "run_dir", "runs/a"),
+        ("optim.betas=[0.8, 0.95]", "optim.betas", [0.8, 0.95]),
+        ("data.root=", "data.root", ""),
+        ("model.name=a=b", "model.name", "a=b"),  # only the first '=' separates key and value
+    ],
+)
 def test_override_values_are_yaml_scalars(text: str, key: str, value: object) -> None:
     assert config_mod.parse_override(text) == (key, value)
 
 
 def test_overrides_apply_on_top_of_the_yaml_file() -> None:
-    cfg = config_mod.load(REPO / "configs/smoke.yaml",
-                          ["optim.lr=1e-3", "train.epochs=2", "data.synthetic_val_size=511", "run_dir=/x/y"])
+    cfg = config_mod.load(
+        REPO / "configs/smoke.yaml", ["optim.lr=1e-3", "train.epochs=2", "data.synthetic_val_size=511", "run_dir=/x/y"]
+    )
     assert cfg.optim.lr == pytest.approx(1e-3) and isinstance(cfg.optim.lr, float)  # YAML 1.1 reads 1e-3 as text
     assert cfg.train.epochs == 2
     assert cfg.data.synthetic_val_size == 511
@@ -74,30 +78,40 @@ def test_unknown_key_suggests_the_near_one(tmp_path: Path) -> None:
     assert_one_line(config_error(None, ["nothing.like.this=1"]), "nothing", "unknown key")
 
 
-@pytest.mark.parametrize(("override", "key", "words"), [
-    ("train.epochs=abc", "train.epochs", ("expected an integer", "'abc'")),
-    ("train.epochs=1.5", "train.epochs", ("expected an integer",)),
-    ("optim.lr=fast", "optim.lr", ("expected a number", "'fast'")),
-    ("data.download=maybe", "data.download", ("expected true or false",)),
-    ("optim.lr=true", "optim.lr", ("expected a number",)),
-])
+@pytest.mark.parametrize(
+    ("override", "key", "words"),
+    [
+        ("train.epochs=abc", "train.epochs", ("expected an integer", "'abc'")),
+        ("train.epochs=1.5", "train.epochs", ("expected an integer",)),
+        ("optim.lr=fast", "optim.lr", ("expected a number", "'fast'")),
+        ("data.download=maybe", "data.download", ("expected true or false",)),
+        ("optim.lr=true", "optim.lr", ("expected a number",)),
+    ],
+)
 def test_wrong_type(override: str, key: str, words: tuple[str, ...]) -> None:
     assert_one_line(config_error(None, [override]), key, *words)
 
 
-@pytest.mark.parametrize(("override", "key", "words"), [
-    ("optim.lr=-0.1", "optim.lr", ("must be > 0", "-0.1", "positive learning rate")),
-    ("optim.lr=0", "optim.lr", ("must be > 0",)),
-    ("checkpoint.keep=1", "checkpoint.keep", ("must be >= 2",)),
-    ("data.val_fraction=1.5", "data.val_fraction", ("between 0 and 1",)),
-    ("train.batch_size=0", "train.batch_size", ("must be >= 1",)),
-    ("model.name=vgg", "model.name", ("unknown value 'vgg'", "simple_cnn, resnet18, fastnet, fastnet93, torchvision.<name>")),
-    ("model.name=torchvision.", "model.name", ("unknown value 'torchvision.'",)),
-    ("model.width=16", "model.width", ("torchvision.resnet18 has a fixed width", "model.width=0")),
-    ("data.name=mnist", "data.name", ("unknown value 'mnist'", "cifar10")),
-    ("train.precision=fp8", "train.precision", ("fp8", "bf16")),
-    ("preemption.signals=[SIGFOO]", "preemption.signals", ("SIGFOO",)),
-])
+@pytest.mark.parametrize(
+    ("override", "key", "words"),
+    [
+        ("optim.lr=-0.1", "optim.lr", ("must be > 0", "-0.1", "positive learning rate")),
+        ("optim.lr=0", "optim.lr", ("must be > 0",)),
+        ("checkpoint.keep=1", "checkpoint.keep", ("must be >= 2",)),
+        ("data.val_fraction=1.5", "data.val_fraction", ("between 0 and 1",)),
+        ("train.batch_size=0", "train.batch_size", ("must be >= 1",)),
+        (
+            "model.name=vgg",
+            "model.name",
+            ("unknown value 'vgg'", "simple_cnn, resnet18, fastnet, fastnet93, torchvision.<name>"),
+        ),
+        ("model.name=torchvision.", "model.name", ("unknown value 'torchvision.'",)),
+        ("model.width=16", "model.width", ("torchvision.resnet18 has a fixed width", "model.width=0")),
+        ("data.name=mnist", "data.name", ("unknown value 'mnist'", "cifar10")),
+        ("train.precision=fp8", "train.precision", ("fp8", "bf16")),
+        ("preemption.signals=[SIGFOO]", "preemption.signals", ("SIGFOO",)),
+    ],
+)
 def test_impossible_values(override: str, key: str, words: tuple[str, ...]) -> None:
     base = ["model.name=torchvision.resnet18"] if override.startswith("model.width") else []
     assert_one_line(config_error(None, [*base, override]), key, *words)
@@ -198,8 +212,18 @@ def test_write_resolved_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_all_keys_lists_nested_leaves() -> None:
     keys = config_mod.all_keys()
-    for required in ("run_dir", "seed", "data.name", "data.root", "model.name", "train.epochs",
-                     "train.batch_size", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.resume",
-                     "dist.timeout_s"):
+    for required in (
+        "run_dir",
+        "seed",
+        "data.name",
+        "data.root",
+        "model.name",
+        "train.epochs",
+        "train.batch_size",
+        "checkpoint.every_steps",
+        "checkpoint.keep",
+        "checkpoint.resume",
+        "dist.timeout_s",
+    ):
         assert required in keys
     assert "data" not in keys  # sections are not leaves

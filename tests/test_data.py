@@ -90,8 +90,15 @@ def synthetic_loader(plan: BatchPlan, n: int = 96) -> TrainLoader:
     images = torch.randint(0, 256, (n, 3, 8, 8), generator=g, dtype=torch.uint8)
     labels = torch.randint(0, 10, (n,), generator=g)
     norm = Normalizer((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), torch.device("cpu"), channels_last=False)
-    return TrainLoader(ImageSet(labels=labels, images=images), plan, norm, torch.device("cpu"),
-                       augment_on=True, num_workers=0, image_size=8)
+    return TrainLoader(
+        ImageSet(labels=labels, images=images),
+        plan,
+        norm,
+        torch.device("cpu"),
+        augment_on=True,
+        num_workers=0,
+        image_size=8,
+    )
 
 
 @pytest.mark.parametrize("start", [0, 1, 3, 5])
@@ -120,8 +127,8 @@ def reference_crop_flip(img: torch.Tensor, dy: int, dx: int, flip: bool, pad: in
     """RandomCrop(padding=4, zero fill) + horizontal flip, spelled out for one image."""
     c, h, w = img.shape
     padded = torch.zeros(c, h + 2 * pad, w + 2 * pad, dtype=img.dtype)
-    padded[:, pad:pad + h, pad:pad + w] = img
-    out = padded[:, dy:dy + h, dx:dx + w]
+    padded[:, pad : pad + h, pad : pad + w] = img
+    out = padded[:, dy : dy + h, dx : dx + w]
     return out.flip(-1) if flip else out
 
 
@@ -211,8 +218,9 @@ def test_corrupt_image_is_named(tmp_path: Path, loader: str) -> None:
     assert str(bad) in msg and "delete or replace" in msg
 
 
-def test_decode_cache_is_reused_and_rebuilt_when_a_file_changes(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_cache_is_reused_and_rebuilt_when_a_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, cache = tmp_path / "data", tmp_path / "cache"
     files = write_folder(root, {"a": 4, "b": 4})
     cfg = folder_cfg(root, cache, val_fraction=0.25)
@@ -308,8 +316,9 @@ def test_synthetic_is_deterministic() -> None:
     assert torch.equal(a.val.images, b.val.images)
     assert a.train.images.shape == (64, 3, 32, 32) and len(a.val) == 33 and a.num_classes == 5
     assert a.mean == b.mean and a.std == b.std
-    c = data_mod.make_synthetic(DataConfig(synthetic_train_size=64, synthetic_val_size=33, synthetic_classes=5,
-                                           split_seed=1))
+    c = data_mod.make_synthetic(
+        DataConfig(synthetic_train_size=64, synthetic_val_size=33, synthetic_classes=5, split_seed=1)
+    )
     assert not torch.equal(a.train.images, c.train.images)
 
 
@@ -339,7 +348,8 @@ def test_prefetch_child_publishes_the_cache_the_worker_then_loads(tmp_path: Path
 
 
 def test_worker_takes_the_prefetch_scan_once_and_loads_what_its_own_scan_gives(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, cache = tmp_path / "data", tmp_path / "cache"
     write_folder(root, {"b": 3, "a": 5, "c": 2})
     cfg = folder_cfg(root, cache)
@@ -396,8 +406,9 @@ def test_prefetch_leaves_problems_to_the_worker(tmp_path: Path) -> None:
     assert "cannot decode image" in msg and str(files[1]) in msg
 
 
-@pytest.mark.parametrize("env, overrides", [({"LOCAL_RANK": "1"}, {}), ({}, {"loader": "pil"}),
-                                            ({}, {"name": "synthetic"})])
+@pytest.mark.parametrize(
+    "env, overrides", [({"LOCAL_RANK": "1"}, {}), ({}, {"loader": "pil"}), ({}, {"name": "synthetic"})]
+)
 def test_prefetch_only_where_the_cache_gets_built(tmp_path: Path, env: dict, overrides: dict) -> None:
     cfg = folder_cfg(tmp_path, tmp_path / "cache")
     for key, value in overrides.items():
@@ -409,7 +420,9 @@ def test_prefetch_only_where_the_cache_gets_built(tmp_path: Path, env: dict, ove
 def test_channel_stats_equal_float64_sums(channels_last: bool) -> None:
     """The histogram path gives the mean/std a float64 pass over every pixel gives (skewed data, any layout)."""
     g = torch.Generator().manual_seed(0)
-    images = (torch.rand(300, 3, 16, 16, generator=g) ** torch.tensor([1.0, 2.0, 0.5])[:, None, None] * 255).to(torch.uint8)
+    images = (torch.rand(300, 3, 16, 16, generator=g) ** torch.tensor([1.0, 2.0, 0.5])[:, None, None] * 255).to(
+        torch.uint8
+    )
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     x = images.to(torch.float64) / 255
@@ -461,12 +474,18 @@ def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        entry = {"batch_label": name, "labels": [int(v) for v in rng.integers(0, 10, per_batch)],
-                 "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 "filenames": [f"{name}_{i}.png" for i in range(per_batch)]}
+        entry = {
+            "batch_label": name,
+            "labels": [int(v) for v in rng.integers(0, 10, per_batch)],
+            "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            "filenames": [f"{name}_{i}.png" for i in range(per_batch)],
+        }
         (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
-    meta = {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
-            "num_cases_per_batch": per_batch, "num_vis": 3072}
+    meta = {
+        "label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
+        "num_cases_per_batch": per_batch,
+        "num_vis": 3072,
+    }
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return folder
 
@@ -517,13 +536,23 @@ def test_default_recipe_worker_never_imports_torchvision(tmp_path: Path) -> None
     read after it returns: torchvision (and the torch._dynamo it imports) is no part of its start-up."""
     write_cifar_batches(tmp_path / "data", per_batch=64)
     run_dir = tmp_path / "run"
-    overrides = [f"run_dir={run_dir}", f"data.root={tmp_path / 'data'}", "data.download=false", "train.max_steps=1",
-                 "train.batch_size=32", "data.max_val_samples=32", "train.precision=fp32", "train.log_every_steps=1",
-                 "checkpoint.every_steps=0"]
-    probe = ("import sys; from torchlaunch.worker.run import main; "
-             f"code = main(['--config', 'configs/cifar10.yaml', *{overrides!r}]); "
-             "print('TORCHVISION', 'torchvision' in sys.modules, 'DYNAMO', 'torch._dynamo' in sys.modules); "
-             "sys.exit(code)")
+    overrides = [
+        f"run_dir={run_dir}",
+        f"data.root={tmp_path / 'data'}",
+        "data.download=false",
+        "train.max_steps=1",
+        "train.batch_size=32",
+        "data.max_val_samples=32",
+        "train.precision=fp32",
+        "train.log_every_steps=1",
+        "checkpoint.every_steps=0",
+    ]
+    probe = (
+        "import sys; from torchlaunch.worker.run import main; "
+        f"code = main(['--config', 'configs/cifar10.yaml', *{overrides!r}]); "
+        "print('TORCHVISION', 'torchvision' in sys.modules, 'DYNAMO', 'torch._dynamo' in sys.modules); "
+        "sys.exit(code)"
+    )
     rc, out, err = run_cmd([sys.executable, "-c", probe], timeout=180, env={"OMP_NUM_THREADS": "1"})
     assert rc == 0, out + err
     assert "starting resnet18" in out + err

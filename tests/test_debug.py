@@ -61,9 +61,7 @@ def test_head_that_does_not_match_the_input_size_names_the_layer() -> None:
 
 
 def test_wrong_input_channels_names_the_conv() -> None:
-    with pytest.raises(
-        BadInput, match=r"layer 'features.0' \(Conv2d.*expects input \(N, 3, \*, \*\)"
-    ):
+    with pytest.raises(BadInput, match=r"layer 'features.0' \(Conv2d.*expects input \(N, 3, \*, \*\)"):
         debug.check_model_io(Named(), (1, 32, 32), num_classes=10, device="cpu")
 
 
@@ -107,9 +105,7 @@ def test_device_mismatch_names_layer_and_devices() -> None:
 def test_cpu_layer_with_cuda_input_names_the_layer() -> None:
     model = Named().cuda()
     model.head = nn.Linear(16, 10)  # created after .cuda(): left on the CPU
-    with pytest.raises(
-        BadInput, match=r"layer 'head'.*parameters on cpu but its input is on cuda:0"
-    ):
+    with pytest.raises(BadInput, match=r"layer 'head'.*parameters on cpu but its input is on cuda:0"):
         debug.check_model_io(model, (3, 32, 32), 10, "cuda:0")
 
 
@@ -147,9 +143,7 @@ def test_describe_oom_names_the_config_keys_and_keeps_the_global_batch() -> None
         channels_last=False,
         last_checkpoint="runs/a/checkpoints/step-000000400",
     )
-    assert text.startswith(
-        "out of memory on cuda:0: CUDA out of memory. Tried to allocate 2.00 GiB"
-    )
+    assert text.startswith("out of memory on cuda:0: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert "256 images per rank" in text
     assert "train.micro_batch_size=128 (train.batch_size=1024 unchanged, 2 micro-batches" in text
     assert "train.precision=bf16" in text and "train.channels_last=true" in text

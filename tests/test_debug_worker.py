@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
 
 
-
 def run_worker(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(
@@ -31,9 +30,7 @@ def run_worker(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
         f"run_dir={tmp_path / 'run'}",
         *overrides,
     ]
-    return subprocess.run(
-        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
-    )
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.mark.slow
@@ -45,9 +42,7 @@ def test_head_mismatch_exits_2_with_one_line_naming_the_layer(tmp_path: Path) ->
     [line] = [ln for ln in result.stderr.splitlines() if "model check:" in ln]
     assert "(Linear(" in line and "expects input (*," in line and "64x64 sample" in line
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
-        (tmp_path / "run" / "checkpoints").iterdir()
-    )
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
 @pytest.mark.slow

@@ -58,8 +58,13 @@ def image() -> str:
         pytest.skip("no Docker engine answers: start one with docker/engine.sh up")
     if os.geteuid() != 0:
         pytest.skip("needs root: the shared volume is handed to the image's uid like fsGroup does")
-    result = subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--local", IMAGE], cwd=ROOT,
-                            capture_output=True, text=True, timeout=1500)
+    result = subprocess.run(
+        [str(ROOT / "docker" / "build-image.sh"), "--local", IMAGE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return IMAGE
 
@@ -84,6 +89,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 # ---- the image ---------------------------------------------------------------------------------------
 
+
 def test_image_metadata(image):
     info = json.loads(docker("image", "inspect", image).stdout)[0]
     assert info["Config"]["User"] == f"{RUN_AS}:{RUN_AS}"
@@ -104,10 +110,27 @@ def test_code_change_rebuilds_from_cached_dependencies(image, tmp_path):
     tag = f"torchlaunch-probe:{uuid.uuid4().hex[:8]}"
     start = time.monotonic()
     result = subprocess.run(
-        [DOCKER, "build", "--network", "host", "-f", "docker/Dockerfile", "-t", tag,
-         "--build-arg", "BASE_IMAGE=" + os.environ.get("BASE_LOCAL", "local/bookworm-python:1"),
-         "--build-arg", "WHEELHOUSE_URL=http://127.0.0.1:" + os.environ.get("WHEELHOUSE_PORT", "38421") + "/", "."],
-        cwd=context, capture_output=True, text=True, timeout=600, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        [
+            DOCKER,
+            "build",
+            "--network",
+            "host",
+            "-f",
+            "docker/Dockerfile",
+            "-t",
+            tag,
+            "--build-arg",
+            "BASE_IMAGE=" + os.environ.get("BASE_LOCAL", "local/bookworm-python:1"),
+            "--build-arg",
+            "WHEELHOUSE_URL=http://127.0.0.1:" + os.environ.get("WHEELHOUSE_PORT", "38421") + "/",
+            ".",
+        ],
+        cwd=context,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "DOCKER_BUILDKIT": "1"},
+    )
     elapsed = time.monotonic() - start
     docker("rmi", "-f", tag, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -116,9 +139,22 @@ def test_code_change_rebuilds_from_cached_dependencies(image, tmp_path):
 
 def test_container_runs_smoke_as_non_root(image, tmp_path):
     shared = shared_folder(tmp_path / "shared")
-    result = docker("run", "--rm", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
-                    "--security-opt", "no-new-privileges", "-v", f"{shared}:/shared", image,
-                    timeout=JOB_TIMEOUT_S, check=False)
+    result = docker(
+        "run",
+        "--rm",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "-v",
+        f"{shared}:/shared",
+        image,
+        timeout=JOB_TIMEOUT_S,
+        check=False,
+    )
     assert result.returncode == OK, result.stdout[-2000:] + result.stderr[-2000:]
     model = shared / "runs" / "smoke" / "model.pt"
     assert model.stat().st_uid == RUN_AS  # written by the image's user, not root
@@ -126,6 +162,7 @@ def test_container_runs_smoke_as_non_root(image, tmp_path):
 
 
 # ---- the Job, pod by pod ---------------------------------------------------------------------------------
+
 
 @dataclass
 class DockerJob:
@@ -164,12 +201,30 @@ class DockerJob:
         c = self.pod["containers"][0]
         sc = c["securityContext"]
         hostname = f"{self.name}-{index}"
-        argv = ["run", "-d", "--name", self.container(index), "--network", self.network,
-                "--hostname", hostname, "--network-alias", hostname,
-                "--network-alias", f"{hostname}.{self.pod['subdomain']}",
-                "--user", f"{sc['runAsUser']}:{sc['runAsGroup']}", "--cap-drop", "ALL",
-                "--workdir", c["workingDir"], "--entrypoint", c["command"][0],
-                "-e", f"JOB_COMPLETION_INDEX={index}"]
+        argv = [
+            "run",
+            "-d",
+            "--name",
+            self.container(index),
+            "--network",
+            self.network,
+            "--hostname",
+            hostname,
+            "--network-alias",
+            hostname,
+            "--network-alias",
+            f"{hostname}.{self.pod['subdomain']}",
+            "--user",
+            f"{sc['runAsUser']}:{sc['runAsGroup']}",
+            "--cap-drop",
+            "ALL",
+            "--workdir",
+            c["workingDir"],
+            "--entrypoint",
+            c["command"][0],
+            "-e",
+            f"JOB_COMPLETION_INDEX={index}",
+        ]
         if not sc["allowPrivilegeEscalation"]:
             argv += ["--security-opt", "no-new-privileges"]
         if sc["readOnlyRootFilesystem"]:
@@ -253,8 +308,13 @@ def make_job(image, tmp_path_factory):
     jobs: list[DockerJob] = []
 
     def make(name: str, *overrides: str) -> DockerJob:
-        spec = JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=1, image=image,
-                       overrides=(f"train.epochs={EPOCHS}", *overrides))
+        spec = JobSpec(
+            config="configs/smoke.yaml",
+            nodes=2,
+            gpus_per_node=1,
+            image=image,
+            overrides=(f"train.epochs={EPOCHS}", *overrides),
+        )
         opts = k8s.K8sOptions(name=name, cpu_only=True, save_time_s=20, step_time_s=10)
         recipe = (ROOT / "configs" / "smoke.yaml").read_text()
         job = next(m for m in k8s.manifests(spec, opts, recipe) if m["kind"] == "Job")

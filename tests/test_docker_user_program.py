@@ -38,8 +38,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 CODE_DIR = "/shared/code"
 """Where the pods find the program: a folder on the shared volume (docs/KUBERNETES.md, option 2)."""
-PROGRAMS = {"custom_loop.py": ROOT / "examples" / "custom_loop.py",
-            "bad_input.py": ROOT / "tests" / "programs" / "bad_input.py"}
+PROGRAMS = {
+    "custom_loop.py": ROOT / "examples" / "custom_loop.py",
+    "bad_input.py": ROOT / "tests" / "programs" / "bad_input.py",
+}
 EPOCHS = 4
 TOTAL = 32 * EPOCHS
 """2048 samples, global batch 64: 32 steps an epoch, 128 in all (a few seconds of training)."""
@@ -49,9 +51,28 @@ STOP_AT = 20
 
 def render_job(image_name: str, name: str, program: list[str]) -> dict:
     """The Job of `python -m launch.k8s ... -- PROGRAM` for 2 CPU pods, as the CLI prints it."""
-    argv = [sys.executable, "-m", "torchlaunch.launch.k8s", "--nodes", "2", "--gpus-per-node", "1", "--cpu-only",
-            "--image", image_name, "--name", name, "--workdir", CODE_DIR,
-            "--save-time-s", "20", "--step-time-s", "10", "--", *program]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.k8s",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--cpu-only",
+        "--image",
+        image_name,
+        "--name",
+        name,
+        "--workdir",
+        CODE_DIR,
+        "--save-time-s",
+        "20",
+        "--step-time-s",
+        "10",
+        "--",
+        *program,
+    ]
     code, out, err = run_cmd(argv, timeout=60)
     assert code == OK, err
     job = next(m for m in yaml.safe_load_all(out) if m and m["kind"] == "Job")
@@ -89,8 +110,21 @@ def custom_loop(name: str) -> list[str]:
 def host_reference(tmp_path_factory) -> Path:
     """The same script as 2 CPU ranks under launch.local on this machine: the weights to match."""
     run_dir = tmp_path_factory.mktemp("host") / "run"
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--",
-            "examples/custom_loop.py", "--run-dir", str(run_dir), "--epochs", str(EPOCHS)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--",
+        "examples/custom_loop.py",
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        str(EPOCHS),
+    ]
     code, out, err = run_cmd(argv, timeout=300)
     assert code == OK, err[-3000:]
     assert f"finished: {TOTAL} steps" in out
@@ -115,8 +149,9 @@ def test_user_program_job_trains_end_to_end_bitwise_like_launch_local(uninterrup
 def follow_until(dj: DockerJob, index: int, prefix: str, timeout_s: float = 240) -> str:
     """Stream pod `index`'s log until a line starts with `prefix`; that line (the stream is bounded by a
     watchdog that ends it, and by the pod's own end)."""
-    proc = subprocess.Popen([DOCKER, "logs", "-f", dj.container(index)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [DOCKER, "logs", "-f", dj.container(index)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     watchdog = threading.Timer(timeout_s, proc.kill)
     watchdog.start()
     seen: list[str] = []

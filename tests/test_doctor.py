@@ -243,8 +243,7 @@ def _fake_nvidia_smi(tmp_path: Path) -> Path:
     bin_dir.mkdir()
     script = bin_dir / "nvidia-smi"
     script.write_text(
-        "#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\n"
-        "echo 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\n"
+        "#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\necho 'NVIDIA H100 80GB HBM3, 580.65.06, 81559'\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return bin_dir

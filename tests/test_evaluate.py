@@ -30,17 +30,32 @@ def setup(tmp_path: Path) -> dict:
     data = tmp_path / "data"
     write_folder(data, COUNTS)
     run = tmp_path / "run"
-    cfg = config_mod.load(None, [f"run_dir={run}", "data.name=imagefolder", f"data.root={data}",
-                                 f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.3",
-                                 "model.name=simple_cnn", "model.width=8", "train.precision=fp32",
-                                 "train.channels_last=false"])
+    cfg = config_mod.load(
+        None,
+        [
+            f"run_dir={run}",
+            "data.name=imagefolder",
+            f"data.root={data}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.val_fraction=0.3",
+            "model.name=simple_cnn",
+            "model.width=8",
+            "train.precision=fp32",
+            "train.channels_last=false",
+        ],
+    )
     models = {}
     for step, seed in ((3, 0), (5, 1)):
         torch.manual_seed(seed)
         model = build_model("simple_cnn", len(CLASSES), 8).eval()
-        state = {"format_version": ckpt.FORMAT_VERSION, "model": model.state_dict(), "classes": CLASSES,
-                 "norm": {"mean": list(MEAN), "std": list(STD)}, "config": config_mod.to_dict(cfg),
-                 "progress": {"global_step": step}}
+        state = {
+            "format_version": ckpt.FORMAT_VERSION,
+            "model": model.state_dict(),
+            "classes": CLASSES,
+            "norm": {"mean": list(MEAN), "std": list(STD)},
+            "config": config_mod.to_dict(cfg),
+            "progress": {"global_step": step},
+        }
         ckpt.write_checkpoint(run / "checkpoints", step, state, {})
         models[step] = model
     return {"data": data, "run": run, "models": models, "cfg": cfg}
@@ -80,7 +95,9 @@ def test_all_images_counted_once_with_the_newest_checkpoint(setup: dict, capsys:
 
 
 def test_flip_tta_averages_the_mirrored_logits(setup: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"]), "--tta", "flip"], capsys)
+    rc, out, err = run_eval(
+        ["--run-dir", str(setup["run"]), "--data-root", str(setup["data"]), "--tta", "flip"], capsys
+    )
     assert rc == 0, err
     model = setup["models"][5]
     mirrored = torch.nn.Module()
@@ -92,8 +109,9 @@ def test_flip_tta_averages_the_mirrored_logits(setup: dict, capsys: pytest.Captu
 
 
 def test_val_split_is_the_runs_seeded_split(setup: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"]), "--split", "val"],
-                            capsys)
+    rc, out, err = run_eval(
+        ["--run-dir", str(setup["run"]), "--data-root", str(setup["data"]), "--split", "val"], capsys
+    )
     assert rc == 0, err
     report = json.loads(out)
     _, val_idx = split_indices(21, 0.3, 0)
@@ -105,8 +123,9 @@ def test_val_split_is_the_runs_seeded_split(setup: dict, capsys: pytest.CaptureF
 
 def test_explicit_checkpoint_and_batch_size(setup: dict, capsys: pytest.CaptureFixture[str]) -> None:
     older = setup["run"] / "checkpoints" / "step-000000003"
-    rc, out, err = run_eval(["--checkpoint", str(older / "state.pt"), "--data-root", str(setup["data"]),
-                             "--batch-size", "4"], capsys)
+    rc, out, err = run_eval(
+        ["--checkpoint", str(older / "state.pt"), "--data-root", str(setup["data"]), "--batch-size", "4"], capsys
+    )
     assert rc == 0, err
     report = json.loads(out)
     acc, _, _ = expected(setup["models"][3], setup["data"])
@@ -173,8 +192,9 @@ class FakeCifar10:
         self.targets = [label for _, label in files]
 
 
-def test_cifar10_batches_are_detected(setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cifar10_batches_are_detected(
+    setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torchvision
 
     root = tmp_path / "cifar"
@@ -198,9 +218,26 @@ def test_two_ranks_count_every_sample_once(setup: dict, capsys: pytest.CaptureFi
     """Under torchrun each rank evaluates a contiguous shard (11 + 10 of 21): same numbers as one process."""
     rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"])], capsys)
     single = json.loads(out)
-    rc, out, err = run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            "-m", "torchlaunch.worker.evaluate", "--run-dir", str(setup["run"]), "--data-root", str(setup["data"]),
-                            "--batch-size", "4"], timeout=120, env={"OMP_NUM_THREADS": "1"})
+    rc, out, err = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "torchlaunch.worker.evaluate",
+            "--run-dir",
+            str(setup["run"]),
+            "--data-root",
+            str(setup["data"]),
+            "--batch-size",
+            "4",
+        ],
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert rc == 0, err
     lines = out.splitlines()
     assert len(lines) == 1, out  # only rank 0 prints
@@ -212,8 +249,23 @@ def test_two_ranks_count_every_sample_once(setup: dict, capsys: pytest.CaptureFi
 
 @pytest.mark.slow
 def test_two_ranks_agree_on_bad_input(setup: dict, tmp_path: Path) -> None:
-    rc, out, err = run_cmd([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            "-m", "torchlaunch.worker.evaluate", "--run-dir", str(setup["run"]), "--data-root",
-                            str(tmp_path / "missing")], timeout=120, env={"OMP_NUM_THREADS": "1"})
+    rc, out, err = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "torchlaunch.worker.evaluate",
+            "--run-dir",
+            str(setup["run"]),
+            "--data-root",
+            str(tmp_path / "missing"),
+        ],
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert rc != 0 and out == ""
     assert sum("does not exist" in ln for ln in err.splitlines()) == 1  # printed once, by rank 0

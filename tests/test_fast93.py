@@ -26,9 +26,14 @@ def test_recipe_loads_and_validates() -> None:
     assert config.load(None, []).data.cutout == 0  # off unless a recipe asks for it
 
 
-@pytest.mark.parametrize("override, words", [("data.cutout=-1", "must be >= 0"),
-                                             ("data.cutout=40", "larger than data.image_size=32"),
-                                             ("model.name=fastnet94", "unknown value")])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("data.cutout=-1", "must be >= 0"),
+        ("data.cutout=40", "larger than data.image_size=32"),
+        ("model.name=fastnet94", "unknown value"),
+    ],
+)
 def test_bad_values_are_one_line(override: str, words: str) -> None:
     with pytest.raises(config.ConfigError) as err:
         config.load(REPO / "configs" / "fast93.yaml", [override])
@@ -67,7 +72,7 @@ def test_cutout_blanks_exactly_the_square() -> None:
     got = cutout(x.clone(), top, left, 3)
     for i in range(4):
         want = x[i].clone()
-        want[:, top[i]:top[i] + 3, left[i]:left[i] + 3] = 0
+        want[:, top[i] : top[i] + 3, left[i] : left[i] + 3] = 0
         assert torch.equal(got[i], want)
     cl = x.clone().contiguous(memory_format=torch.channels_last)
     assert torch.equal(cutout(cl, top, left, 3), got)  # the training memory format gives the same pixels
@@ -82,12 +87,18 @@ def test_cutout_is_a_function_of_seed_epoch_step_and_world_size_invariant() -> N
     perm = whole.permutation(1)
     idx = perm[32:64]
     a = whole.global_augmentation(1, 1, idx)
-    assert len(a) == 5 and all(torch.equal(u, v) for u, v in zip(a, plan(cutout=3).global_augmentation(1, 1, idx), strict=True))
+    assert len(a) == 5 and all(
+        torch.equal(u, v) for u, v in zip(a, plan(cutout=3).global_augmentation(1, 1, idx), strict=True)
+    )
     assert int(a[3].min()) >= 0 and int(a[3].max()) <= 8 - 3 and int(a[4].max()) <= 8 - 3
     assert len(set(a[3].tolist())) > 1  # positions vary across the batch
-    for other in (whole.global_augmentation(2, 1, idx), whole.global_augmentation(1, 2, idx),
-                  BatchPlan(96, 32, seed=5, crop_padding=2, flip="alternate", image_size=8,
-                            cutout=3).global_augmentation(1, 1, idx)):
+    for other in (
+        whole.global_augmentation(2, 1, idx),
+        whole.global_augmentation(1, 2, idx),
+        BatchPlan(96, 32, seed=5, crop_padding=2, flip="alternate", image_size=8, cutout=3).global_augmentation(
+            1, 1, idx
+        ),
+    ):
         assert not (torch.equal(a[3], other[3]) and torch.equal(a[4], other[4]))
     # turning cutout on keeps every crop and flip of the run
     off = plan().global_augmentation(1, 1, idx)
@@ -111,11 +122,23 @@ def test_cutout_is_identical_for_the_tensor_and_the_file_loader(tmp_path: Path) 
     labels = torch.tensor([0] * 24 + [1] * 24)
     decoded = torch.stack([decode_image(str(f)) for f in files])
     norm = Normalizer((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), torch.device("cpu"), channels_last=True)
-    p = BatchPlan(48, 16, seed=1, rank=1, world_size=2, micro_batch=4, crop_padding=2, pad_mode="reflect",
-                  flip="alternate", cutout=4, image_size=8)
+    p = BatchPlan(
+        48,
+        16,
+        seed=1,
+        rank=1,
+        world_size=2,
+        micro_batch=4,
+        crop_padding=2,
+        pad_mode="reflect",
+        flip="alternate",
+        cutout=4,
+        image_size=8,
+    )
     tensor = TrainLoader(ImageSet(labels=labels, images=decoded), p, norm, torch.device("cpu"), True, 0, 8)
-    per_file = TrainLoader(ImageSet(labels=labels, files=[str(f) for f in files]), p, norm, torch.device("cpu"),
-                           True, 0, 8)
+    per_file = TrainLoader(
+        ImageSet(labels=labels, files=[str(f) for f in files]), p, norm, torch.device("cpu"), True, 0, 8
+    )
     blanked = 0
     for epoch in (0, 1):
         for (s1, m1), (s2, m2) in zip(tensor.epoch(epoch, 1), per_file.epoch(epoch, 1), strict=True):
@@ -126,10 +149,21 @@ def test_cutout_is_identical_for_the_tensor_and_the_file_loader(tmp_path: Path) 
     assert blanked == 2 * 2 * 8 * 16  # 2 epochs x 2 steps x 8 images, each with its 4x4 square blanked
 
 
-RECIPE = ["--config", "configs/fast93.yaml", "data.name=synthetic", "data.image_size=32", "model.width=8",
-          "data.synthetic_train_size=384", "data.synthetic_val_size=64", "train.batch_size=64",
-          "train.micro_batch_size=16", "train.epochs=2", "optim.warmup_epochs=0.5", "checkpoint.every_steps=4",
-          "checkpoint.every_epochs=1"]
+RECIPE = [
+    "--config",
+    "configs/fast93.yaml",
+    "data.name=synthetic",
+    "data.image_size=32",
+    "model.width=8",
+    "data.synthetic_train_size=384",
+    "data.synthetic_val_size=64",
+    "train.batch_size=64",
+    "train.micro_batch_size=16",
+    "train.epochs=2",
+    "optim.warmup_epochs=0.5",
+    "checkpoint.every_steps=4",
+    "checkpoint.every_epochs=1",
+]
 
 
 @pytest.mark.slow
@@ -139,7 +173,9 @@ def test_tiny_fast93_run_resumes_bit_for_bit(tmp_path: Path) -> None:
     done = launcher(["--gpus", "2", *RECIPE, f"run_dir={reference}"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "fastnet93" in done.stdout + done.stderr
-    first = launcher(["--gpus", "2", *RECIPE, f"run_dir={resumed}"], env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=7,rank=1"})
+    first = launcher(
+        ["--gpus", "2", *RECIPE, f"run_dir={resumed}"], env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=7,rank=1"}
+    )
     assert first.returncode == 75, first.stderr[-2000:]
     second = launcher(["--gpus", "2", *RECIPE, f"run_dir={resumed}"])
     assert second.returncode == 0, second.stderr[-2000:]

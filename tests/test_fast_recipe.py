@@ -43,9 +43,15 @@ def test_patch_matrix_is_the_unfolded_patches_bit_for_bit(shape: tuple[int, int,
     ours = patch_matrix(images, 2, 2)
     assert ours.dtype == torch.float32 and ours.stride() == reference.stride() == (shape[1] * 4, 1)
     assert torch.equal(ours, reference)
-    assert torch.equal(patch_matrix(images.to(torch.bfloat16), 3, 2),
-                       images.to(torch.bfloat16).float().unfold(2, 3, 1).unfold(3, 2, 1)
-                       .permute(0, 2, 3, 1, 4, 5).reshape(-1, shape[1] * 6))
+    assert torch.equal(
+        patch_matrix(images.to(torch.bfloat16), 3, 2),
+        images.to(torch.bfloat16)
+        .float()
+        .unfold(2, 3, 1)
+        .unfold(3, 2, 1)
+        .permute(0, 2, 3, 1, 4, 5)
+        .reshape(-1, shape[1] * 6),
+    )
 
 
 def test_norm_lr_scale_keeps_decay_per_step() -> None:
@@ -63,8 +69,10 @@ def test_norm_lr_scale_keeps_decay_per_step() -> None:
 
 
 def test_triangular_schedule() -> None:
-    cfg = config.load(None, ["optim.schedule=linear", "optim.warmup_epochs=2", "optim.warmup_start_ratio=0.2",
-                             "optim.min_lr_ratio=0.07"])
+    cfg = config.load(
+        None,
+        ["optim.schedule=linear", "optim.warmup_epochs=2", "optim.warmup_start_ratio=0.2", "optim.min_lr_ratio=0.07"],
+    )
     factor = lr_lambda_factory(cfg, steps_per_epoch=10, total_steps=100)
     assert factor(0) == pytest.approx(0.2) and factor(10) == pytest.approx(0.6) and factor(20) == pytest.approx(1.0)
     assert factor(60) == pytest.approx(1 - 0.93 * 0.5) and factor(100) == pytest.approx(0.07)
@@ -98,7 +106,7 @@ def test_reflect_padded_crop_matches_pad_then_slice() -> None:
     got = augment(images, dy, dx, flip, padding=2, pad_mode="reflect")
     padded = nn.functional.pad(images, (2, 2, 2, 2), mode="reflect")
     for i in range(5):
-        want = padded[i, :, dy[i]:dy[i] + 8, dx[i]:dx[i] + 8]
+        want = padded[i, :, dy[i] : dy[i] + 8, dx[i] : dx[i] + 8]
         assert torch.equal(got[i], want.flip(-1) if flip[i] else want)
 
 
@@ -137,19 +145,41 @@ def test_tta_levels() -> None:
 
 
 def test_new_keys_reject_bad_values_in_one_line() -> None:
-    for override, key in (("data.flip=sometimes", "data.flip"), ("data.pad_mode=edge", "data.pad_mode"),
-                          ("train.tta=crop", "train.tta"), ("optim.norm_lr_scale=0", "optim.norm_lr_scale"),
-                          ("optim.lookahead_decay=1", "optim.lookahead_decay"), ("optim.schedule=cos", "optim.schedule")):
+    for override, key in (
+        ("data.flip=sometimes", "data.flip"),
+        ("data.pad_mode=edge", "data.pad_mode"),
+        ("train.tta=crop", "train.tta"),
+        ("optim.norm_lr_scale=0", "optim.norm_lr_scale"),
+        ("optim.lookahead_decay=1", "optim.lookahead_decay"),
+        ("optim.schedule=cos", "optim.schedule"),
+    ):
         with pytest.raises(config.ConfigError) as err:
             config.load(None, [override])
         assert str(err.value).startswith(f"config error: {key}:") and "\n" not in str(err.value)
 
 
-RECIPE = ["--config", "configs/smoke.yaml", "model.name=fastnet", "model.width=8", "train.precision=bf16",
-          "data.synthetic_train_size=512", "data.synthetic_val_size=64", "train.batch_size=64", "train.epochs=2",
-          "data.crop_padding=2", "data.pad_mode=reflect", "data.flip=alternate", "optim.lr=0.2",
-          "optim.norm_lr_scale=16", "optim.schedule=linear", "optim.warmup_start_ratio=0.2",
-          "optim.lookahead_every=3", "train.tta=flip_translate", "checkpoint.every_steps=5", "train.label_smoothing=0.2"]
+RECIPE = [
+    "--config",
+    "configs/smoke.yaml",
+    "model.name=fastnet",
+    "model.width=8",
+    "train.precision=bf16",
+    "data.synthetic_train_size=512",
+    "data.synthetic_val_size=64",
+    "train.batch_size=64",
+    "train.epochs=2",
+    "data.crop_padding=2",
+    "data.pad_mode=reflect",
+    "data.flip=alternate",
+    "optim.lr=0.2",
+    "optim.norm_lr_scale=16",
+    "optim.schedule=linear",
+    "optim.warmup_start_ratio=0.2",
+    "optim.lookahead_every=3",
+    "train.tta=flip_translate",
+    "checkpoint.every_steps=5",
+    "train.label_smoothing=0.2",
+]
 
 
 @pytest.mark.slow
@@ -159,7 +189,9 @@ def test_fast_recipe_resumes_bit_for_bit(tmp_path: Path) -> None:
     done = launcher(["--gpus", "2", *RECIPE, f"run_dir={reference}"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "test-time augmentation flip_translate" in done.stdout + done.stderr
-    first = launcher(["--gpus", "2", *RECIPE, f"run_dir={resumed}"], env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=11,rank=1"})
+    first = launcher(
+        ["--gpus", "2", *RECIPE, f"run_dir={resumed}"], env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=11,rank=1"}
+    )
     assert first.returncode == 75, first.stderr[-2000:]
     second = launcher(["--gpus", "2", *RECIPE, f"run_dir={resumed}"])
     assert second.returncode == 0, second.stderr[-2000:]

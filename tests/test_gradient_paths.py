@@ -24,16 +24,19 @@ from torchlaunch.core.shm_reduce import build_reducer, slot_bytes
 # ------------------------------------------------------------------ affinity (pure)
 
 
-@pytest.mark.parametrize("available, rank, world, expected", [
-    ([0, 1], 0, 2, [0]),
-    ([0, 1], 1, 2, [1]),
-    ([3, 1, 2, 0], 1, 2, [2, 3]),          # sorted, contiguous halves
-    ([0, 1, 2, 3, 4], 1, 2, [2, 3, 4]),    # the remainder goes to the last rank
-    ([0, 1, 2, 3, 4], 0, 2, [0, 1]),
-    ([0, 1, 2, 3], 0, 1, None),           # one rank: leave the mask alone
-    ([0], 0, 2, None),                    # fewer cores than ranks: leave it alone
-    ([0, 1], 2, 2, None),                 # a rank outside the node
-])
+@pytest.mark.parametrize(
+    "available, rank, world, expected",
+    [
+        ([0, 1], 0, 2, [0]),
+        ([0, 1], 1, 2, [1]),
+        ([3, 1, 2, 0], 1, 2, [2, 3]),  # sorted, contiguous halves
+        ([0, 1, 2, 3, 4], 1, 2, [2, 3, 4]),  # the remainder goes to the last rank
+        ([0, 1, 2, 3, 4], 0, 2, [0, 1]),
+        ([0, 1, 2, 3], 0, 1, None),  # one rank: leave the mask alone
+        ([0], 0, 2, None),  # fewer cores than ranks: leave it alone
+        ([0, 1], 2, 2, None),  # a rank outside the node
+    ],
+)
 def test_core_slice(available: list[int], rank: int, world: int, expected: list[int] | None) -> None:
     assert core_slice(available, rank, world) == expected
 
@@ -42,10 +45,18 @@ def test_pinning_restricts_the_process_to_its_slice() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("needs 2 cores to pin two ranks apart")
-    code = ("import os, json; from torchlaunch.core.affinity import pin_local_rank; "
-            "r = pin_local_rank(1, 2); print(json.dumps([r, sorted(os.sched_getaffinity(0))]))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import os, json; from torchlaunch.core.affinity import pin_local_rank; "
+        "r = pin_local_rank(1, 2); print(json.dumps([r, sorted(os.sched_getaffinity(0))]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0, out.stderr
     returned, actual = json.loads(out.stdout)
     assert returned == actual == core_slice(cores, 1, 2)
@@ -92,8 +103,13 @@ def _probe_rank(rank: int, world: int, store_file: str, shm_dir: str, out_dir: s
 def _probe(tmp_path: Path, world: int, shm_dir: str) -> list[dict]:
     out = tmp_path / "out"
     out.mkdir()
-    mp.start_processes(_probe_rank, args=(world, str(tmp_path / "store"), shm_dir, str(out)), nprocs=world,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _probe_rank,
+        args=(world, str(tmp_path / "store"), shm_dir, str(out)),
+        nprocs=world,
+        start_method="spawn",
+        join=True,
+    )
     return [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
 
 
@@ -113,8 +129,13 @@ def test_every_rank_falls_back_to_gloo_together_when_shm_is_unusable(tmp_path: P
 
 # ------------------------------------------------------------------ real runs: same bits either way
 
-SMALL = ["data.synthetic_train_size=576", "data.synthetic_val_size=128", "train.batch_size=48",
-         "train.epochs=1", "checkpoint.every_steps=0"]
+SMALL = [
+    "data.synthetic_train_size=576",
+    "data.synthetic_val_size=128",
+    "train.batch_size=48",
+    "train.epochs=1",
+    "checkpoint.every_steps=0",
+]
 
 
 @pytest.mark.slow
@@ -123,8 +144,17 @@ def test_shared_memory_and_gloo_train_identical_models(tmp_path: Path, ranks: in
     runs = {}
     for shm in ("true", "false"):
         run_dir = tmp_path / f"shm-{shm}"
-        done = launcher(["--gpus", str(ranks), "--config", "configs/smoke.yaml", f"run_dir={run_dir}", *SMALL,
-                         f"dist.shared_memory_reduce={shm}"])
+        done = launcher(
+            [
+                "--gpus",
+                str(ranks),
+                "--config",
+                "configs/smoke.yaml",
+                f"run_dir={run_dir}",
+                *SMALL,
+                f"dist.shared_memory_reduce={shm}",
+            ]
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         runs[shm] = (run_dir, done.stdout + done.stderr)
     assert re.findall(r"gradients: ([^\n]+)", runs["true"][1]) == ["shared memory"]

@@ -40,14 +40,33 @@ def by_kind(text: str) -> dict[str, dict]:
 def test_default_rendering_is_k8s_job_yaml():
     code, out, _ = render(["--dry-run"])
     assert code == OK
-    assert out == (ROOT / "k8s" / "job.yaml").read_text(), \
+    assert out == (ROOT / "k8s" / "job.yaml").read_text(), (
         "k8s/job.yaml is stale: python -m launch.k8s --dry-run > k8s/job.yaml"
+    )
 
 
 def test_four_nodes_of_eight_gpus_matches_golden():
-    argv = ["--nodes", "4", "--gpus-per-node", "8", "--image", "reg.example/ddp:1.2", "--name", "cifar",
-            "--storage-class", "nfs", "--storage-size", "1Ti", "--save-time-s", "90", "--namespace", "ml",
-            "--config", "configs/cifar10.yaml", "train.epochs=5"]
+    argv = [
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--image",
+        "reg.example/ddp:1.2",
+        "--name",
+        "cifar",
+        "--storage-class",
+        "nfs",
+        "--storage-size",
+        "1Ti",
+        "--save-time-s",
+        "90",
+        "--namespace",
+        "ml",
+        "--config",
+        "configs/cifar10.yaml",
+        "train.epochs=5",
+    ]
     code, out, _ = render(argv)
     assert code == OK
     assert out == (GOLDEN / "k8s_4x8.yaml").read_text()
@@ -113,8 +132,12 @@ def run_pod_script(tmp_path: Path, index: int, spec: JobSpec, opts: k8s.K8sOptio
     log = tmp_path / f"calls-{index}"
     (fake / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
     (fake / "python").chmod(0o755)
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "JOB_COMPLETION_INDEX": str(index), "MASTER_ADDR": "run-0.run",
-           "MASTER_PORT": "29500"}
+    env = {
+        "PATH": f"{fake}:/usr/bin:/bin",
+        "JOB_COMPLETION_INDEX": str(index),
+        "MASTER_ADDR": "run-0.run",
+        "MASTER_PORT": "29500",
+    }
     subprocess.run(["/bin/sh", "-c", k8s.pod_script(spec, opts)], env=env, check=True, timeout=30)
     return log.read_text().splitlines()
 
@@ -149,16 +172,19 @@ def test_wait_for_gives_up_within_its_bound():
     assert code == FAILURE and "did not accept connections" in err
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--name", "Bad_Name"], "--name"),
-    (["--config", "configs/nope.yaml"], "cannot read --config"),
-    (["train.epochs=-1"], "train.epochs"),
-    (["run_dir=/elsewhere"], "--run-dir"),
-    (["--run-dir", "/tmp/x"], "under /shared/"),
-    (["--nodes", "0"], "--nodes"),
-    (["--save-time-s", "0"], "--save-time-s"),
-    (["--wait-for", "no-port"], "HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--name", "Bad_Name"], "--name"),
+        (["--config", "configs/nope.yaml"], "cannot read --config"),
+        (["train.epochs=-1"], "train.epochs"),
+        (["run_dir=/elsewhere"], "--run-dir"),
+        (["--run-dir", "/tmp/x"], "under /shared/"),
+        (["--nodes", "0"], "--nodes"),
+        (["--save-time-s", "0"], "--save-time-s"),
+        (["--wait-for", "no-port"], "HOST:PORT"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, needle):
     code, out, err = render(argv)
     assert code == BAD_INPUT and out == ""

@@ -21,8 +21,18 @@ TOOLS_BIN = Path(os.environ.get("TOOLS_BIN", ROOT / ".cache" / "tools-venv" / "b
 # The default rendering, a multi-node GPU job pinned by digest in a namespace, and a CPU-only job.
 RENDERINGS = {
     "default": [],
-    "gpu-pinned": ["--nodes", "4", "--gpus-per-node", "8", "--namespace", "ml", "--storage-class", "nfs",
-                   "--image", "reg.example/ddp@sha256:" + "0" * 64],
+    "gpu-pinned": [
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--namespace",
+        "ml",
+        "--storage-class",
+        "nfs",
+        "--image",
+        "reg.example/ddp@sha256:" + "0" * 64,
+    ],
     "cpu": ["--nodes", "2", "--gpus-per-node", "1", "--cpu-only", "--config", "configs/smoke.yaml"],
 }
 
@@ -39,8 +49,14 @@ def manifest_files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("manifests")
     files = {}
     for name, argv in RENDERINGS.items():
-        out = subprocess.run([sys.executable, "-m", "torchlaunch.launch.k8s", *argv], cwd=ROOT, capture_output=True,
-                             text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = subprocess.run(
+            [sys.executable, "-m", "torchlaunch.launch.k8s", *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         files[name] = folder / f"{name}.yaml"
         files[name].write_text(out.stdout)
     return files

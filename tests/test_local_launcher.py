@@ -38,8 +38,9 @@ def test_single_node_argv_golden() -> None:
 
 def test_multi_node_argv_golden() -> None:
     spec = JobSpec(config="runs/golden/config.yaml", nodes=2, gpus_per_node=8, master_port=29555)
-    argv = torchrun_argv(spec, NodePlacement(node_rank=1, master_addr="node0"), python="python",
-                         rdzv_run_id="tl-golden")
+    argv = torchrun_argv(
+        spec, NodePlacement(node_rank=1, master_addr="node0"), python="python", rdzv_run_id="tl-golden"
+    )
     check_golden("local_argv_multi.txt", argv)
 
 
@@ -61,26 +62,37 @@ def test_run_id_is_stable_per_run_dir() -> None:
     assert local.run_id("runs/a").startswith("tl-")
 
 
-@pytest.mark.parametrize(("procs", "cores", "threads"), [
-    (1, 2, 2), (2, 2, 1), (4, 2, 1), (3, 16, 5), (8, 64, 8), (0, 4, 4),
-])
+@pytest.mark.parametrize(
+    ("procs", "cores", "threads"),
+    [
+        (1, 2, 2),
+        (2, 2, 1),
+        (4, 2, 1),
+        (3, 16, 5),
+        (8, 64, 8),
+        (0, 4, 4),
+    ],
+)
 def test_worker_threads_never_oversubscribe(procs: int, cores: int, threads: int) -> None:
     assert worker_threads(procs, cores) == threads
     assert threads >= 1 and (procs * threads <= cores or threads == 1)
 
 
-@pytest.mark.parametrize(("torchrun", "workers", "expected"), [
-    (0, [], OK),
-    (0, [OK, OK], OK),
-    (1, [BAD_INPUT, BAD_INPUT], BAD_INPUT),
-    (1, [BAD_INPUT, FAILURE], BAD_INPUT),      # bad input wins: retrying cannot help
-    (1, [PREEMPTED, PREEMPTED], PREEMPTED),
-    (1, [PREEMPTED, OK], PREEMPTED),
-    (1, [PREEMPTED, FAILURE], FAILURE),        # a crash during preemption is not a clean checkpoint
-    (1, [], FAILURE),                          # torchrun failed before any worker reported
-    (1, [OK, OK], FAILURE),
-    (-15, [PREEMPTED], PREEMPTED),
-])
+@pytest.mark.parametrize(
+    ("torchrun", "workers", "expected"),
+    [
+        (0, [], OK),
+        (0, [OK, OK], OK),
+        (1, [BAD_INPUT, BAD_INPUT], BAD_INPUT),
+        (1, [BAD_INPUT, FAILURE], BAD_INPUT),  # bad input wins: retrying cannot help
+        (1, [PREEMPTED, PREEMPTED], PREEMPTED),
+        (1, [PREEMPTED, OK], PREEMPTED),
+        (1, [PREEMPTED, FAILURE], FAILURE),  # a crash during preemption is not a clean checkpoint
+        (1, [], FAILURE),  # torchrun failed before any worker reported
+        (1, [OK, OK], FAILURE),
+        (-15, [PREEMPTED], PREEMPTED),
+    ],
+)
 def test_combine_exit_codes(torchrun: int, workers: list[int], expected: int) -> None:
     assert combine_exit_codes(torchrun, workers) == expected
 
@@ -114,22 +126,38 @@ def test_read_worker_codes_takes_only_this_attempt(tmp_path: Path) -> None:
 
 def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    rc, out, err = run_launcher(["--gpus", "2", "--device", "cpu", "--config", SMOKE, "--dry-run",
-                                 f"run_dir={run_dir}", "optim.lr=0.01"], timeout=60)
+    rc, out, err = run_launcher(
+        ["--gpus", "2", "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={run_dir}", "optim.lr=0.01"],
+        timeout=60,
+    )
     assert rc == 0, err
     assert len(out.splitlines()) == 1
-    assert shlex.split(out) == [sys.executable, "-m", "torchlaunch.launch.torchrun", "--nnodes", "1",
-                                "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
-                                "-m", "torchlaunch.worker", "--config", str(run_dir / "config.yaml")]
+    assert shlex.split(out) == [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.torchrun",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        "--standalone",
+        "-m",
+        "torchlaunch.worker",
+        "--config",
+        str(run_dir / "config.yaml"),
+    ]
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize(("extra", "direct"), [([], True), (["--max-restarts", "1"], False),
-                                               (["--doctor"], False)])
-def test_one_worker_without_restarts_skips_the_agent(extra: list[str], direct: bool, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    rc = local.main(["--gpus", "1", *extra, "--device", "cpu", "--config", SMOKE, "--dry-run",
-                     f"run_dir={tmp_path}", "seed=3"])
+@pytest.mark.parametrize(("extra", "direct"), [([], True), (["--max-restarts", "1"], False), (["--doctor"], False)])
+def test_one_worker_without_restarts_skips_the_agent(
+    extra: list[str], direct: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = local.main(
+        ["--gpus", "1", *extra, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}", "seed=3"]
+    )
     argv = shlex.split(capsys.readouterr().out)
     assert rc == 0
     if direct:
@@ -139,17 +167,20 @@ def test_one_worker_without_restarts_skips_the_agent(extra: list[str], direct: b
 
 
 def test_dry_run_still_validates_the_config(tmp_path: Path) -> None:
-    rc, out, err = run_launcher(["--gpus", "1", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}",
-                                 "optim.lr=-1"], timeout=60)
+    rc, out, err = run_launcher(
+        ["--gpus", "1", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}", "optim.lr=-1"], timeout=60
+    )
     assert rc == 2 and out == ""
-    assert error_lines(err) == ["config error: optim.lr: must be > 0, got -1.0 "
-                                "(use a positive learning rate such as optim.lr=0.1)"]
+    assert error_lines(err) == [
+        "config error: optim.lr: must be > 0, got -1.0 (use a positive learning rate such as optim.lr=0.1)"
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here: --device cuda is valid")
 def test_device_cuda_without_gpu(tmp_path: Path) -> None:
-    rc, out, err = run_launcher(["--gpus", "1", "--device", "cuda", "--config", SMOKE, f"run_dir={tmp_path}"],
-                                timeout=60)
+    rc, out, err = run_launcher(
+        ["--gpus", "1", "--device", "cuda", "--config", SMOKE, f"run_dir={tmp_path}"], timeout=60
+    )
     assert rc == 2 and out == ""
     lines = error_lines(err)
     assert len(lines) == 1 and "--device cuda but no GPU is visible" in lines[0], err
@@ -157,8 +188,14 @@ def test_device_cuda_without_gpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("visible", "gpus", "code"), [(1, 2, BAD_INPUT), (4, 8, BAD_INPUT), (2, 2, OK)])
-def test_more_gpus_than_visible(visible: int, gpus: int, code: int, tmp_path: Path,
-                                monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_more_gpus_than_visible(
+    visible: int,
+    gpus: int,
+    code: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # No GPU exists on the CI machines, so the visible-GPU count is faked in-process; everything
     # else (argument parsing, config loading, the check itself) is the real launcher code.
     monkeypatch.setattr(local, "visible_gpus", lambda: visible)
@@ -166,21 +203,27 @@ def test_more_gpus_than_visible(visible: int, gpus: int, code: int, tmp_path: Pa
     captured = capsys.readouterr()
     assert rc == code
     if code == BAD_INPUT:
-        assert captured.err.splitlines() == [f"launch error: GPUS={gpus} but only {visible} GPU(s) are visible "
-                                             f"(use GPUS<={visible} or check CUDA_VISIBLE_DEVICES)"]
+        assert captured.err.splitlines() == [
+            f"launch error: GPUS={gpus} but only {visible} GPU(s) are visible "
+            f"(use GPUS<={visible} or check CUDA_VISIBLE_DEVICES)"
+        ]
         assert captured.out == ""
     else:
         assert "--nproc-per-node 2" in captured.out
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--gpus", "0"], "--gpus must be >= 1"),
-    (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 outside 0..1"),
-    (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
-    (["--nnodes", "2"], "--master-addr is required"),
-])
-def test_bad_launcher_arguments(args: list[str], words: str, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--gpus", "0"], "--gpus must be >= 1"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 outside 0..1"),
+        (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
+        (["--nnodes", "2"], "--master-addr is required"),
+    ],
+)
+def test_bad_launcher_arguments(
+    args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = local.main([*args, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
     err = capsys.readouterr().err.splitlines()
     assert rc == BAD_INPUT and len(err) == 1 and words in err[0], err
@@ -191,7 +234,8 @@ def test_bad_launcher_arguments(args: list[str], words: str, tmp_path: Path,
 @pytest.mark.parametrize(("program", "code"), [("true", OK), ("false", FAILURE)])
 def test_launch_torchrun_keeps_torchruns_exit_code_and_report(program: str, code: int) -> None:
     """launch.torchrun skips only the interpreter teardown: exit code and failure report are torchrun's."""
-    rc, out, err = run_module("torchlaunch.launch.torchrun", ["--standalone", "--nproc-per-node", "1", "--no-python", program],
-                              timeout=100)
+    rc, out, err = run_module(
+        "torchlaunch.launch.torchrun", ["--standalone", "--nproc-per-node", "1", "--no-python", program], timeout=100
+    )
     assert rc == code, err
     assert ("Traceback (most recent call last)" in err and "ChildFailedError" in err) == (code != OK), err

@@ -109,8 +109,10 @@ def test_unknown_torchvision_model_is_one_config_line() -> None:
         build_model("torchvision.resnet19", 10)
     text = str(info.value)
     assert "\n" not in text
-    assert text.startswith("config error: model.name: unknown torchvision classification model "
-                           "'torchvision.resnet19' (did you mean torchvision.resnet18?")
+    assert text.startswith(
+        "config error: model.name: unknown torchvision classification model "
+        "'torchvision.resnet19' (did you mean torchvision.resnet18?"
+    )
     assert "torchvision.models.list_models" in text
     with pytest.raises(BadInput, match=r"^config error: model.width: torchvision.resnet18 has a fixed width"):
         build_model("torchvision.resnet18", 10, 32)
@@ -121,10 +123,23 @@ def test_unknown_torchvision_model_is_one_config_line() -> None:
 def test_worker_trains_a_torchvision_model(tmp_path) -> None:
     """Two CPU steps through the real worker entry point with the stock torchvision ResNet-18."""
     run_dir = tmp_path / "run"
-    rc, out, err = run_module("train", [
-        "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={run_dir}", "model.name=torchvision.resnet18",
-        "model.width=0", "data.synthetic_train_size=64", "data.synthetic_val_size=16", "train.batch_size=32",
-        "train.epochs=1", "train.log_every_steps=1"], timeout=140, env={"OMP_NUM_THREADS": "1"})
+    rc, out, err = run_module(
+        "train",
+        [
+            "--config",
+            str(REPO / "configs/smoke.yaml"),
+            f"run_dir={run_dir}",
+            "model.name=torchvision.resnet18",
+            "model.width=0",
+            "data.synthetic_train_size=64",
+            "data.synthetic_val_size=16",
+            "train.batch_size=32",
+            "train.epochs=1",
+            "train.log_every_steps=1",
+        ],
+        timeout=140,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert rc == 0, out + err
     assert "starting torchvision.resnet18" in out + err
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -33,11 +33,14 @@ def closed_port() -> int:
 
 def launch_in_process(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, list[str], bool]:
     """Run launch.local's main in a fresh interpreter: (exit code, stderr lines, torch imported?)."""
-    script = ("import sys; from torchlaunch.launch import local; code = local.main(sys.argv[1:]); "
-              "print('TORCH', 'torch' in sys.modules); sys.exit(code)")
+    script = (
+        "import sys; from torchlaunch.launch import local; code = local.main(sys.argv[1:]); "
+        "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
+    )
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    r = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, env=full_env, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=60
+    )
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     return r.returncode, lines, "TORCH True" in r.stdout
 
@@ -48,8 +51,19 @@ def launch_in_process(args: list[str], env: dict[str, str], tmp_path: Path) -> t
 def test_offline_cifar10_stops_before_spawning_without_torch(tmp_path: Path) -> None:
     env = {"TORCHLAUNCH_DOWNLOAD_PROBE": f"127.0.0.1:{closed_port()}"}  # offline by construction
     code, lines, torch_loaded = launch_in_process(
-        ["--gpus", "4", "--device", "cpu", "--config", "configs/cifar10.yaml", f"run_dir={tmp_path / 'run'}",
-         f"data.root={tmp_path / 'data'}"], env, tmp_path)
+        [
+            "--gpus",
+            "4",
+            "--device",
+            "cpu",
+            "--config",
+            "configs/cifar10.yaml",
+            f"run_dir={tmp_path / 'run'}",
+            f"data.root={tmp_path / 'data'}",
+        ],
+        env,
+        tmp_path,
+    )
     assert code == 2, lines
     assert len(lines) == 1, lines
     assert lines[0].startswith("data error: CIFAR-10 not found under") and "download host unreachable" in lines[0]
@@ -59,12 +73,23 @@ def test_offline_cifar10_stops_before_spawning_without_torch(tmp_path: Path) -> 
 
 
 def test_download_off_gives_the_workers_own_line(tmp_path: Path) -> None:
-    args = ["--config", "configs/cifar10.yaml", f"run_dir={tmp_path / 'run'}", f"data.root={tmp_path / 'data'}",
-            "data.download=false"]
+    args = [
+        "--config",
+        "configs/cifar10.yaml",
+        f"run_dir={tmp_path / 'run'}",
+        f"data.root={tmp_path / 'data'}",
+        "data.download=false",
+    ]
     code, lines, torch_loaded = launch_in_process(["--gpus", "2", "--device", "cpu", *args], {}, tmp_path)
     assert code == 2 and len(lines) == 1 and not torch_loaded
-    worker = subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    worker = subprocess.run(
+        [sys.executable, "-m", "train", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert worker.returncode == 2
     assert lines[0] in worker.stderr.splitlines()
 
@@ -72,8 +97,20 @@ def test_download_off_gives_the_workers_own_line(tmp_path: Path) -> None:
 def test_empty_image_folder_stops_before_spawning(tmp_path: Path) -> None:
     (tmp_path / "images" / "cat").mkdir(parents=True)
     code, lines, torch_loaded = launch_in_process(
-        ["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={tmp_path / 'run'}",
-         "data.name=imagefolder", f"data.root={tmp_path / 'images'}"], {}, tmp_path)
+        [
+            "--gpus",
+            "2",
+            "--device",
+            "cpu",
+            "--config",
+            "configs/smoke.yaml",
+            f"run_dir={tmp_path / 'run'}",
+            "data.name=imagefolder",
+            f"data.root={tmp_path / 'images'}",
+        ],
+        {},
+        tmp_path,
+    )
     assert code == 2 and len(lines) == 1 and not torch_loaded
     assert "has class folders but no images" in lines[0]
 
@@ -166,23 +203,61 @@ def test_fp16_on_cpu_stops_in_the_launcher_and_in_the_worker(tmp_path: Path) -> 
     code, lines, torch_loaded = launch_in_process(["--gpus", "2", "--device", "cpu", *args], {}, tmp_path)
     assert code == 2 and len(lines) == 1 and not torch_loaded
     assert "train.precision=bf16" in lines[0] and "train.precision=fp32" in lines[0]
-    worker = subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    worker = subprocess.run(
+        [sys.executable, "-m", "train", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert worker.returncode == 2
     assert lines[0] in worker.stderr.splitlines()
 
 
 def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    k8s = subprocess.run([sys.executable, "-m", "torchlaunch.launch.k8s", "--doctor", "--cpu-only", "--nodes", "2",
-                          "train.precision=fp16"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    k8s = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.k8s",
+            "--doctor",
+            "--cpu-only",
+            "--nodes",
+            "2",
+            "train.precision=fp16",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert k8s.returncode == 2 and k8s.stdout == ""
     assert k8s.stderr.strip() == precision.fp16_on_cpu_message()
     if shutil.which("sbatch") is None:
         return
-    slurm = subprocess.run([sys.executable, "-m", "torchlaunch.launch.slurm", "--nodes", "1", "--tasks-per-node", "2",
-                            "--config", "configs/smoke.yaml", f"run_dir={tmp_path}", "train.precision=fp16"],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    slurm = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.slurm",
+            "--nodes",
+            "1",
+            "--tasks-per-node",
+            "2",
+            "--config",
+            "configs/smoke.yaml",
+            f"run_dir={tmp_path}",
+            "train.precision=fp16",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert slurm.returncode == 2
     assert slurm.stderr.strip() == f"error: {precision.fp16_on_cpu_message()}"
 
@@ -190,8 +265,9 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
 def test_doctor_names_the_fast_cpu_precision() -> None:
     from torchlaunch.tools.doctor import _cpu_precision_finding
 
-    finding = _cpu_precision_finding({"model": "fastnet", "batch": 16, "fp32": 259.0, "bf16": 182.0,
-                                      "auto_picks": "fp32"})
+    finding = _cpu_precision_finding(
+        {"model": "fastnet", "batch": 16, "fp32": 259.0, "bf16": 182.0, "auto_picks": "fp32"}
+    )
     assert finding.level == "ok"
     assert "bf16 182 vs fp32 259" in finding.message and "fp32 is the fast one" in finding.message
     broken = _cpu_precision_finding({"model": "fastnet", "error": "RuntimeError: x"})
@@ -199,8 +275,14 @@ def test_doctor_names_the_fast_cpu_precision() -> None:
 
 
 def test_doctor_json_reports_both_rates() -> None:
-    r = subprocess.run([sys.executable, "-m", "torchlaunch.tools.doctor", "--json", "--model", "simple_cnn"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, "-m", "torchlaunch.tools.doctor", "--json", "--model", "simple_cnn"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     rates = json.loads(r.stdout)["facts"]["devices"][0]["rates"]
     assert rates["fp32"] > 0 and rates["bf16"] > 0 and rates["auto_picks"] in ("bf16", "fp32")
 
@@ -215,9 +297,25 @@ def test_missing_slurm_conf_is_one_line_with_the_fix(tmp_path: Path) -> None:
     if Path("/etc/slurm/slurm.conf").exists():
         pytest.skip("this host has a default slurm.conf, so sbatch finds a configuration without SLURM_CONF")
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    r = subprocess.run([sys.executable, "-m", "torchlaunch.launch.slurm", "--nodes", "2", "--tasks-per-node", "1",
-                        "--config", "configs/smoke.yaml", f"run_dir={tmp_path}"], cwd=REPO,
-                       env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.slurm",
+            "--nodes",
+            "2",
+            "--tasks-per-node",
+            "1",
+            "--config",
+            "configs/smoke.yaml",
+            f"run_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, lines
@@ -237,8 +335,14 @@ def test_measurement_leaves_the_rng_alone() -> None:
 
 def test_choice_is_measured_once_cached_and_recorded_in_the_run(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    shape = {"model_name": "simple_cnn", "width": 4, "num_classes": 10, "image_size": 32, "micro_batch": 8,
-             "channels_last": False}
+    shape = {
+        "model_name": "simple_cnn",
+        "width": 4,
+        "num_classes": 10,
+        "image_size": 32,
+        "micro_batch": 8,
+        "channels_last": False,
+    }
     first, note = precision.choose_for_run(tmp_path / "a", cache, **shape)
     assert first in ("bf16", "fp32") and "measured now" in note and "bf16" in note and "fp32" in note
     assert json.loads((tmp_path / "a" / "precision.json").read_text())["precision"] == first
@@ -276,14 +380,31 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
     from tests.helpers import assert_states_equal, final_state
 
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
-    common = ["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"data.cache_dir={cache}",
-              "train.epochs=2", "data.synthetic_train_size=256", "data.synthetic_val_size=64", "model.width=4"]
+    common = [
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--config",
+        "configs/smoke.yaml",
+        f"data.cache_dir={cache}",
+        "train.epochs=2",
+        "data.synthetic_train_size=256",
+        "data.synthetic_val_size=64",
+        "model.width=4",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
         run_env = {**env, "TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else env
-        return subprocess.run([sys.executable, "-m", "torchlaunch.launch.local", *common, *extra], cwd=REPO, env=run_env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "torchlaunch.launch.local", *common, *extra],
+            cwd=REPO,
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     first = launch(f"run_dir={run_dir}", "train.precision=auto", fault="at=step,n=2,rank=0")
     assert first.returncode == 75, first.stderr
@@ -326,9 +447,28 @@ def test_bench_states_the_cpu_beside_every_figure() -> None:
 
 def test_preflight_needs_no_data(tmp_path: Path) -> None:
     """`launch.local --doctor` trains nothing, so a missing dataset must not stop it before it starts."""
-    r = subprocess.run([sys.executable, "-m", "torchlaunch.launch.local", "--doctor", "--dry-run", "--gpus", "2", "--device",
-                        "cpu", "--config", "configs/cifar10.yaml", f"data.root={tmp_path / 'none'}",
-                        "data.download=false", f"run_dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.local",
+            "--doctor",
+            "--dry-run",
+            "--gpus",
+            "2",
+            "--device",
+            "cpu",
+            "--config",
+            "configs/cifar10.yaml",
+            f"data.root={tmp_path / 'none'}",
+            "data.download=false",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr
     assert "torchlaunch.tools.preflight" in r.stdout

@@ -44,11 +44,18 @@ def test_dynamo_free_optimizer_matches_torch_bit_for_bit(name: str) -> None:
     ours, theirs = _net(), None
     ours(torch.zeros(1, 3, 8, 8))  # materialise the lazy layer before copying
     theirs = copy.deepcopy(ours)
-    groups = lambda m: [{"params": list(m.parameters())[:2], "weight_decay": 5e-4},  # noqa: E731
-                        {"params": list(m.parameters())[2:], "lr": 0.05, "weight_decay": 0.0}]
+
+    def groups(m):
+        return [
+            {"params": list(m.parameters())[:2], "weight_decay": 5e-4},
+            {"params": list(m.parameters())[2:], "lr": 0.05, "weight_decay": 0.0},
+        ]
+
     kw = {"lr": 0.1, "weight_decay": 5e-4}
     if name == "sgd":
-        opt_a = optim_mod.build("sgd", groups(ours), torch.device("cpu"), eager_only=True, momentum=0.9, nesterov=True, **kw)
+        opt_a = optim_mod.build(
+            "sgd", groups(ours), torch.device("cpu"), eager_only=True, momentum=0.9, nesterov=True, **kw
+        )
         opt_b = torch.optim.SGD(groups(theirs), momentum=0.9, nesterov=True, fused=True, **kw)
     else:
         opt_a = optim_mod.build("adamw", groups(ours), torch.device("cpu"), eager_only=True, **kw)
@@ -65,9 +72,11 @@ def test_dynamo_free_optimizer_matches_torch_bit_for_bit(name: str) -> None:
             assert torch.equal(sa["state"][k][key], value), (k, key)
     # A resumed optimizer continues identically: load torch's state into ours and step both on.
     resumed = copy.deepcopy(theirs)
-    opt_c = optim_mod.build(name, groups(resumed), torch.device("cpu"), eager_only=True, momentum=0.9,
-                            nesterov=True, **kw) if name == "sgd" else \
-        optim_mod.build(name, groups(resumed), torch.device("cpu"), eager_only=True, **kw)
+    opt_c = (
+        optim_mod.build(name, groups(resumed), torch.device("cpu"), eager_only=True, momentum=0.9, nesterov=True, **kw)
+        if name == "sgd"
+        else optim_mod.build(name, groups(resumed), torch.device("cpu"), eager_only=True, **kw)
+    )
     opt_c.load_state_dict(copy.deepcopy(opt_b.state_dict()))  # as from a file: no aliasing
     _steps(resumed, opt_c, 2)
     _steps(theirs, opt_b, 2)
@@ -78,11 +87,13 @@ def test_dynamo_free_optimizer_matches_torch_bit_for_bit(name: str) -> None:
 def test_worker_skips_dynamo_and_reports_startup(tmp_path: Path) -> None:
     """The real worker in-process (so sys.modules can be inspected after it returns)."""
     run_dir = tmp_path / "run"
-    probe = ("import sys; from torchlaunch.worker.run import main; "
-             f"code = main(['--config', 'configs/smoke.yaml', 'run_dir={run_dir}', 'train.max_steps=4', "
-             "'train.log_every_steps=2', 'data.synthetic_train_size=512', 'data.synthetic_val_size=64']); "
-             "print('DYNAMO', 'torch._dynamo' in sys.modules, 'TORCHVISION', 'torchvision' in sys.modules); "
-             "sys.exit(code)")
+    probe = (
+        "import sys; from torchlaunch.worker.run import main; "
+        f"code = main(['--config', 'configs/smoke.yaml', 'run_dir={run_dir}', 'train.max_steps=4', "
+        "'train.log_every_steps=2', 'data.synthetic_train_size=512', 'data.synthetic_val_size=64']); "
+        "print('DYNAMO', 'torch._dynamo' in sys.modules, 'TORCHVISION', 'torchvision' in sys.modules); "
+        "sys.exit(code)"
+    )
     rc, out, err = run_cmd([sys.executable, "-c", probe], timeout=180)
     assert rc == 0, out + err
     assert "DYNAMO False TORCHVISION False" in out, out
@@ -97,16 +108,30 @@ def test_worker_skips_dynamo_and_reports_startup(tmp_path: Path) -> None:
 
 def test_non_finite_loss_exits_2_within_the_bound(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    rc, out, err = run_cmd([sys.executable, "-m", "train", "--config", "configs/smoke.yaml", f"run_dir={run_dir}",
-                            "optim.lr=1e30", "optim.warmup_epochs=0", "train.log_every_steps=4",
-                            "checkpoint.every_steps=3"], timeout=180)
+    rc, out, err = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "--config",
+            "configs/smoke.yaml",
+            f"run_dir={run_dir}",
+            "optim.lr=1e30",
+            "optim.warmup_epochs=0",
+            "train.log_every_steps=4",
+            "checkpoint.every_steps=3",
+        ],
+        timeout=180,
+    )
     assert rc == 2, out + err
     lines = error_lines(err)
     assert len(lines) == 1 and "non-finite loss in global steps" in lines[0] and "optim.lr" in lines[0], err
     last = int(lines[0].split("global steps ")[1].split(" ")[0].split("-")[1])
     # The bound (Trainer.NAN_CHECK_BOUND): the first log point (4) or checkpoint (3) after the NaN.
     assert last <= 4, lines[0]
-    train_losses = [json.loads(ln)["loss"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+    train_losses = [
+        json.loads(ln)["loss"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln
+    ]
     assert all(v == v and abs(v) != float("inf") for v in train_losses)
     committed = ckpt.candidates(run_dir / "checkpoints")
     for _, path in committed:  # every checkpoint that exists was checked finite before it was written
@@ -167,6 +192,7 @@ def test_each_async_save_holds_its_own_steps_bytes(tmp_path: Path) -> None:
         def write(state):
             assert next_taken[step].wait(60), "the next snapshot was never taken"
             return ckpt.write_checkpoint(root, step, state, {})
+
         return lambda: snap.write_with(write)
 
     for step in range(1, 7):
@@ -187,9 +213,19 @@ def test_trainer_async_save_commits_the_step_it_was_asked_for(tmp_path: Path) ->
     the weights of its own step (the reused buffers alternate between the two writes)."""
     from bench.harness import make_trainer
 
-    trainer = make_trainer(["model.name=simple_cnn", "model.width=4", "data.name=synthetic",
-                            "data.synthetic_train_size=64", "data.synthetic_val_size=16", "train.batch_size=16",
-                            "train.precision=fp32", f"run_dir={tmp_path / 'run'}", "checkpoint.keep=5"])
+    trainer = make_trainer(
+        [
+            "model.name=simple_cnn",
+            "model.width=4",
+            "data.name=synthetic",
+            "data.synthetic_train_size=64",
+            "data.synthetic_val_size=16",
+            "train.batch_size=16",
+            "train.precision=fp32",
+            f"run_dir={tmp_path / 'run'}",
+            "checkpoint.keep=5",
+        ]
+    )
     batches = trainer.loader.epoch(0, 0)
     expected = {}
     for _ in range(3):

@@ -12,9 +12,7 @@ import pytest
 from torchlaunch.tools import plot
 
 
-def write_run(
-    run_dir: Path, steps: int = 40, lr: float = 0.1, restart_at: int | None = None
-) -> Path:
+def write_run(run_dir: Path, steps: int = 40, lr: float = 0.1, restart_at: int | None = None) -> Path:
     """A synthetic run: train lines every 5 steps, validation every 20; optionally a resume."""
     run_dir.mkdir(parents=True)
     lines = []

@@ -32,8 +32,9 @@ SMALL = [MODEL, DATA, "model.width=0", "train.epochs=2", "checkpoint.every_steps
 
 
 def train(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    return run_module("train", ["--config", "configs/smoke.yaml", f"run_dir={run_dir}", *SMALL, *extra],
-                      timeout=300, env=env)
+    return run_module(
+        "train", ["--config", "configs/smoke.yaml", f"run_dir={run_dir}", *SMALL, *extra], timeout=300, env=env
+    )
 
 
 def final_val_acc(run_dir: Path) -> float:
@@ -59,8 +60,9 @@ def test_plugin_model_and_data_train_and_evaluate_from_elsewhere(plugin_run: Pat
     assert state["plugins"]["model"]["file"] == str(REPO / "examples" / "my_models.py")
     assert state["plugins"]["data"]["root"] == str(REPO)
     # From a folder where `examples` cannot be imported: the checkpoint's recorded folder is used.
-    rc, out, err = run_cmd([sys.executable, "-m", "torchlaunch.worker.evaluate", "--run-dir", str(plugin_run)],
-                           cwd=tmp_path, timeout=300)
+    rc, out, err = run_cmd(
+        [sys.executable, "-m", "torchlaunch.worker.evaluate", "--run-dir", str(plugin_run)], cwd=tmp_path, timeout=300
+    )
     assert rc == 0, err[-3000:]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["samples"] == 256 and report["classes"] == 4
@@ -76,8 +78,9 @@ def test_plugin_under_launch_local_resumes_bit_exact(tmp_path: Path) -> None:
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     rc, out, err = run_launcher([*common, f"run_dir={reference}"], timeout=300)
     assert rc == 0, err[-3000:]
-    rc, out, err = run_launcher([*common, f"run_dir={resumed}"], timeout=300,
-                                env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=5,rank=1"})
+    rc, out, err = run_launcher(
+        [*common, f"run_dir={resumed}"], timeout=300, env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=5,rank=1"}
+    )
     assert rc == 75, err[-3000:]
     assert "preempted: checkpoint committed" in out + err
     rc, out, err = run_launcher([*common, f"run_dir={resumed}"], timeout=300)
@@ -93,8 +96,9 @@ def test_plugin_on_the_slurm_cluster(tmp_path: Path) -> None:
     """submitit runs the worker in-process in each task, from the submission directory: the plug-ins
     import there as they do under torchrun."""
     run_dir = tmp_path / "slurm-plugin"
-    launch = Launch(run_dir, "--nodes", "1", "--tasks-per-node", "2", "--time", "10", "--config",
-                    "configs/smoke.yaml", *SMALL)
+    launch = Launch(
+        run_dir, "--nodes", "1", "--tasks-per-node", "2", "--time", "10", "--config", "configs/smoke.yaml", *SMALL
+    )
     assert launch.finish(300) == 0, launch.text()[-3000:]
     assert (run_dir / "model.pt").is_file() and trained_steps(run_dir) == 16
     assert "starting examples.my_models:tiny_cnn on 2 x cpu" in launch.rank0_log()
@@ -169,10 +173,13 @@ def test_init_from_every_source_loads_the_same_weights(plugin_run: Path, tmp_pat
     assert torch.equal(fresh[0].weight, saved["0.weight"])
 
 
-@pytest.mark.parametrize("content,expected", [
-    (b"not a torch file", "cannot load"),
-    (None, "holds a list, not a state_dict of tensors"),
-])
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (b"not a torch file", "cannot load"),
+        (None, "holds a list, not a state_dict of tensors"),
+    ],
+)
 def test_init_from_bad_file_is_one_line(tmp_path: Path, content: bytes | None, expected: str) -> None:
     from examples.my_models import tiny_cnn
 
@@ -191,7 +198,7 @@ def test_init_from_bad_file_is_one_line(tmp_path: Path, content: bytes | None, e
 # Bad plug-ins: exit 2 with one line naming the key, the path and the fix
 
 
-BAD_MODULE = textwrap.dedent('''
+BAD_MODULE = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -217,34 +224,67 @@ BAD_MODULE = textwrap.dedent('''
         return [torch.zeros(3, 32, 32)] * 4, [(torch.zeros(3, 32, 32), 0)] * 4, ["a", "b"]
 
     NOT_CALLABLE = 3
-''')
+""")
 
 BAD_CASES = [
-    ("model.name=nomod.models:net", "config error: model.name: cannot import module 'nomod.models'",
-     "add that folder to PYTHONPATH"),
+    (
+        "model.name=nomod.models:net",
+        "config error: model.name: cannot import module 'nomod.models'",
+        "add that folder to PYTHONPATH",
+    ),
     ("model.name=badplug:missing", "config error: model.name: module 'badplug'", "has no attribute 'missing'"),
-    ("model.name=badplug:raises", "config error: model.name: factory 'badplug:raises' raised ValueError: boom",
-     "factory(num_classes=N[, width=W])"),
-    ("model.name=badplug:not_module", "config error: model.name: factory 'badplug:not_module' returned int",
-     "not a torch.nn.Module"),
+    (
+        "model.name=badplug:raises",
+        "config error: model.name: factory 'badplug:raises' raised ValueError: boom",
+        "factory(num_classes=N[, width=W])",
+    ),
+    (
+        "model.name=badplug:not_module",
+        "config error: model.name: factory 'badplug:not_module' returned int",
+        "not a torch.nn.Module",
+    ),
     ("model.name=badplug:NOT_CALLABLE", "config error: model.name: 'badplug:NOT_CALLABLE'", "not a callable"),
-    ("model.name=brokenimport:net", "config error: model.name: module 'brokenimport'",
-     "No module named 'dependency_that_is_not_installed'"),
-    ("data.name=badplug:data_raises", "config error: data.name: factory 'badplug:data_raises' raised "
-     "RuntimeError: no data here", "fix the factory"),
-    ("data.name=badplug:data_not_a_triple", "config error: data.name: factory 'badplug:data_not_a_triple' "
-     "returned list", "return (train, val, classes)"),
-    ("data.name=badplug:data_bad_shape", "config error: data.name: 'badplug:data_bad_shape': train sample 0 "
-     "image is Tensor of shape (32, 32)", "3xHxW tensor"),
-    ("data.name=badplug:data_bad_label", "config error: data.name: 'badplug:data_bad_label': val sample 0 label",
-     "not an int in [0, 2)"),
-    ("data.name=badplug:data_bad_item", "config error: data.name: 'badplug:data_bad_item': train sample 0 is "
-     "Tensor", "(image, label)"),
+    (
+        "model.name=brokenimport:net",
+        "config error: model.name: module 'brokenimport'",
+        "No module named 'dependency_that_is_not_installed'",
+    ),
+    (
+        "data.name=badplug:data_raises",
+        "config error: data.name: factory 'badplug:data_raises' raised RuntimeError: no data here",
+        "fix the factory",
+    ),
+    (
+        "data.name=badplug:data_not_a_triple",
+        "config error: data.name: factory 'badplug:data_not_a_triple' returned list",
+        "return (train, val, classes)",
+    ),
+    (
+        "data.name=badplug:data_bad_shape",
+        "config error: data.name: 'badplug:data_bad_shape': train sample 0 image is Tensor of shape (32, 32)",
+        "3xHxW tensor",
+    ),
+    (
+        "data.name=badplug:data_bad_label",
+        "config error: data.name: 'badplug:data_bad_label': val sample 0 label",
+        "not an int in [0, 2)",
+    ),
+    (
+        "data.name=badplug:data_bad_item",
+        "config error: data.name: 'badplug:data_bad_item': train sample 0 is Tensor",
+        "(image, label)",
+    ),
     ("data.name=nomod:data", "config error: data.name: cannot import module 'nomod'", "PYTHONPATH"),
-    ("model.name=my-pkg.models:net", "config error: model.name: 'my-pkg.models:net' is not an import path",
-     "pkg.module:factory"),
-    ("model.init_from=/nonexistent/weights.pt", "config error: model.init_from: /nonexistent/weights.pt does "
-     "not exist", "a run folder"),
+    (
+        "model.name=my-pkg.models:net",
+        "config error: model.name: 'my-pkg.models:net' is not an import path",
+        "pkg.module:factory",
+    ),
+    (
+        "model.init_from=/nonexistent/weights.pt",
+        "config error: model.init_from: /nonexistent/weights.pt does not exist",
+        "a run folder",
+    ),
 ]
 
 
@@ -258,10 +298,14 @@ def bad_modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("override,start,fix", BAD_CASES, ids=[c[0] for c in BAD_CASES])
-def test_bad_plugin_exits_2_with_one_line(bad_modules: Path, tmp_path: Path, override: str, start: str,
-                                          fix: str) -> None:
-    rc, out, err = run_module("train", ["--config", "configs/smoke.yaml", f"run_dir={tmp_path}", "model.width=0",
-                                        override], env={"PYTHONPATH": f"{REPO}:{bad_modules}"})
+def test_bad_plugin_exits_2_with_one_line(
+    bad_modules: Path, tmp_path: Path, override: str, start: str, fix: str
+) -> None:
+    rc, out, err = run_module(
+        "train",
+        ["--config", "configs/smoke.yaml", f"run_dir={tmp_path}", "model.width=0", override],
+        env={"PYTHONPATH": f"{REPO}:{bad_modules}"},
+    )
     assert rc == 2, err[-2000:]
     lines = error_lines(err)
     assert len(lines) == 1, err
@@ -282,9 +326,22 @@ def test_config_checks_import_path_syntax_without_importing() -> None:
 
 @pytest.mark.slow
 def test_doctor_reports_which_plugins_resolve(bad_modules: Path) -> None:
-    rc, out, err = run_cmd([sys.executable, "-m", "torchlaunch.tools.doctor", "--model", "", "--json", "--config",
-                            "configs/smoke.yaml", MODEL, "data.name=badplug:missing"],
-                           env={"PYTHONPATH": f"{REPO}:{bad_modules}"}, timeout=300)
+    rc, out, err = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.tools.doctor",
+            "--model",
+            "",
+            "--json",
+            "--config",
+            "configs/smoke.yaml",
+            MODEL,
+            "data.name=badplug:missing",
+        ],
+        env={"PYTHONPATH": f"{REPO}:{bad_modules}"},
+        timeout=300,
+    )
     assert rc == 2, err[-2000:]
     report = json.loads(out)
     plugins = {p["key"]: p for p in report["facts"]["plugins"]}
@@ -309,8 +366,15 @@ def test_init_from_comes_after_fastnet_data_init_and_only_on_a_fresh_run(tmp_pat
                 value.add_(0.5)  # nothing like a fresh or data-initialised net
     weights = tmp_path / "weights.pt"
     torch.save(source.state_dict(), weights)
-    overrides = ["data.synthetic_train_size=256", "data.synthetic_val_size=64", "train.batch_size=64",
-                 "model.name=fastnet", "model.width=8", f"model.init_from={weights}", f"run_dir={tmp_path / 'run'}"]
+    overrides = [
+        "data.synthetic_train_size=256",
+        "data.synthetic_val_size=64",
+        "train.batch_size=64",
+        "model.name=fastnet",
+        "model.width=8",
+        f"model.init_from={weights}",
+        f"run_dir={tmp_path / 'run'}",
+    ]
     cfg = config_mod.load("configs/smoke.yaml", overrides)
     bundle = load_bundle(cfg.data)
     trainer = Trainer(cfg, DistContext(), bundle, PreemptionWatcher([]))

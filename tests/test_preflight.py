@@ -135,9 +135,7 @@ def free_port() -> int:
 
 def write_config(tmp_path: Path, run_dir: Path, lead_time_s: float = 120) -> Path:
     config = tmp_path / "preflight.yaml"
-    config.write_text(
-        f"run_dir: {run_dir}\ncheckpoint:\n  keep: 2\npreemption:\n  lead_time_s: {lead_time_s}\n"
-    )
+    config.write_text(f"run_dir: {run_dir}\ncheckpoint:\n  keep: 2\npreemption:\n  lead_time_s: {lead_time_s}\n")
     return config
 
 
@@ -171,9 +169,7 @@ def test_torchrun_two_ranks_on_shared_dir_pass(tmp_path: Path) -> None:
         str(config),
         *PREFLIGHT_ARGS,
     ]
-    result = subprocess.run(
-        cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=100, check=False
-    )
+    result = subprocess.run(cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=100, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("preflight summary") == 1  # one table, from rank 0 only
     assert "2 ranks correct" in result.stdout
@@ -201,9 +197,7 @@ def start_rank(rank: int, port: int, config: Path, run_dir: Path) -> subprocess.
         f"run_dir={run_dir}",
         *PREFLIGHT_ARGS,
     ]
-    return subprocess.Popen(
-        cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
@@ -227,8 +221,15 @@ def test_private_run_dirs_are_detected_as_not_shared(tmp_path: Path) -> None:
 
 def run_preflight_alone(*args: str) -> subprocess.CompletedProcess:
     """`python -m train.preflight ARGS` as one process (no launcher), bounded in time."""
-    return subprocess.run([sys.executable, "-m", "torchlaunch.tools.preflight", *args], env=base_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=50, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "torchlaunch.tools.preflight", *args],
+        env=base_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
 
 
 @pytest.mark.timeout(60)
@@ -262,9 +263,7 @@ def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedPro
         "torchlaunch.tools.preflight",
         *overrides,
     ]
-    return subprocess.run(
-        cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=150, check=False
-    )
+    return subprocess.run(cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
 
 
 @pytest.mark.slow

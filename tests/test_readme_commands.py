@@ -120,12 +120,14 @@ def placeholders(cmd: str, scratch: Path) -> str:
 
 def with_args(extra: str) -> Callable[[str, Path], str]:
     """Add config overrides to a `make` command's ARGS (merged into ARGS="..." when it has one)."""
+
     def rewrite(cmd: str, scratch: Path) -> str:
         cmd = placeholders(cmd, scratch)
         match = re.search(r'ARGS="([^"]*)"', cmd)
         if match:
-            return cmd[:match.start()] + f'ARGS="{match.group(1)} {extra}"' + cmd[match.end():]
+            return cmd[: match.start()] + f'ARGS="{match.group(1)} {extra}"' + cmd[match.end() :]
         return f'{cmd} ARGS="{extra}"'
+
     return rewrite
 
 
@@ -138,34 +140,67 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^make faults\b", "skip", "root and network namespaces: CI's fault-injection stage (.ci/run)"),
     Rule(r"^make bench\b", "skip", "~20 minutes of benchmarks; tests/test_bench_smoke.py runs each one smoke-sized"),
     Rule(r"^make (install|lint)$", "run", ""),
-    Rule(r"^make image\b", "skip", "builds a Docker image from the public CUDA base image (internet); "
-         "tests/test_docker_job.py builds the local variant"),
-    Rule(r"^make train-local GPUS=4$", "run",
-         "offline by construction (TORCHLAUNCH_DOWNLOAD_PROBE points at a closed loopback port): the "
-         "README promises one line naming the fixes within seconds; online it downloads 170 MB",
-         expect=2, stderr_has=r"data error: CIFAR-10 not found|GPU\(s\) are visible"),  # GPU hosts: < 4 GPUs
+    Rule(
+        r"^make image\b",
+        "skip",
+        "builds a Docker image from the public CUDA base image (internet); "
+        "tests/test_docker_job.py builds the local variant",
+    ),
+    Rule(
+        r"^make train-local GPUS=4$",
+        "run",
+        "offline by construction (TORCHLAUNCH_DOWNLOAD_PROBE points at a closed loopback port): the "
+        "README promises one line naming the fixes within seconds; online it downloads 170 MB",
+        expect=2,
+        stderr_has=r"data error: CIFAR-10 not found|GPU\(s\) are visible",
+    ),  # GPU hosts: < 4 GPUs
     Rule(r"^make train-local .*CONFIG=configs/smoke\.yaml", "run", "smoke-sized", with_args(SMOKE)),
-    Rule(r"^make train-local .*CONFIG=configs/fast\.yaml", "run",
-         "/path/to/cifar10/train is a small class-folder tree made here; smoke-sized (the recipe takes ~15 min)",
-         with_args(SMOKE)),
-    Rule(r"^make train-local .*CONFIG=configs/fast93\.yaml", "run",
-         "/path/to/cifar10/train is a small class-folder tree made here; smoke-sized (the recipe takes hours on CPU)",
-         with_args(SMOKE)),
-    Rule(r"^python -m bench\.gpu ", "skip", "needs a CUDA GPU (bench/gpu_session.sh on a lent H200; "
-         "tests/test_airbench_peer.py runs its CPU-testable parts)"),
-    Rule(r"^make train-local .*data\.name=imagefolder", "run",
-         "/path/to/train is a small class-folder tree made here; smoke-sized", with_args(SMOKE)),
+    Rule(
+        r"^make train-local .*CONFIG=configs/fast\.yaml",
+        "run",
+        "/path/to/cifar10/train is a small class-folder tree made here; smoke-sized (the recipe takes ~15 min)",
+        with_args(SMOKE),
+    ),
+    Rule(
+        r"^make train-local .*CONFIG=configs/fast93\.yaml",
+        "run",
+        "/path/to/cifar10/train is a small class-folder tree made here; smoke-sized (the recipe takes hours on CPU)",
+        with_args(SMOKE),
+    ),
+    Rule(
+        r"^python -m bench\.gpu ",
+        "skip",
+        "needs a CUDA GPU (bench/gpu_session.sh on a lent H200; "
+        "tests/test_airbench_peer.py runs its CPU-testable parts)",
+    ),
+    Rule(
+        r"^make train-local .*data\.name=imagefolder",
+        "run",
+        "/path/to/train is a small class-folder tree made here; smoke-sized",
+        with_args(SMOKE),
+    ),
     Rule(r"^make (doctor|preflight)\b", "run", ""),
-    Rule(r"^python -m train --config configs/cifar10\.yaml", "run",
-         "CI is offline: a class-folder tree of 32x32 images stands in for CIFAR-10's download; smoke-sized",
-         with_overrides(f"data.name=imagefolder data.root={{images}} train.batch_size=16 {SMOKE}")),
+    Rule(
+        r"^python -m train --config configs/cifar10\.yaml",
+        "run",
+        "CI is offline: a class-folder tree of 32x32 images stands in for CIFAR-10's download; smoke-sized",
+        with_overrides(f"data.name=imagefolder data.root={{images}} train.batch_size=16 {SMOKE}"),
+    ),
     Rule(r"^python -m train\.evaluate ", "run", "path/to/images is the class-folder tree made here", placeholders),
-    Rule(r"^python -m train\.plot ", "run", "runs/b: the quick start's run (runs/smoke) is the second run",
-         lambda cmd, scratch: cmd.replace("runs/b", "runs/smoke")),
+    Rule(
+        r"^python -m train\.plot ",
+        "run",
+        "runs/b: the quick start's run (runs/smoke) is the second run",
+        lambda cmd, scratch: cmd.replace("runs/b", "runs/smoke"),
+    ),
     Rule(r"^python -m launch\.slurm .*--gpus-per-node", "skip", "needs a Slurm partition with GPUs"),
-    Rule(r"^python -m launch\.k8s .*kubectl apply", "run",
-         "the manifests are rendered; `kubectl apply` needs a Kubernetes cluster (tests/test_docker_job.py "
-         "runs the rendered Job's pods as real containers)", lambda cmd, scratch: cmd.split("&&")[0].strip()),
+    Rule(
+        r"^python -m launch\.k8s .*kubectl apply",
+        "run",
+        "the manifests are rendered; `kubectl apply` needs a Kubernetes cluster (tests/test_docker_job.py "
+        "runs the rendered Job's pods as real containers)",
+        lambda cmd, scratch: cmd.split("&&")[0].strip(),
+    ),
     Rule(r"^python -m launch\.k8s ", "run", ""),
     Rule(r"^kubectl ", "skip", "needs a Kubernetes cluster"),
     Rule(r"^python examples/custom_loop\.py ", "run", ""),
@@ -176,9 +211,13 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^slurm/dev-cluster\.sh (up|status)$", "run", "", needs="slurm"),
     Rule(r"^eval \"\$\(slurm/dev-cluster\.sh env\)\"$", "run", "", needs="slurm"),
     Rule(r"^python -m launch\.slurm .*--wait.* -- ", "run", "", needs="slurm"),
-    Rule(r"^python -m launch\.slurm .*--tasks-per-node", "run",
-         "waits for the job (so nothing is left running) and is smoke-sized",
-         lambda cmd, scratch: f"{cmd}{'' if '--wait' in cmd else ' --wait'} {SMOKE}", needs="slurm"),
+    Rule(
+        r"^python -m launch\.slurm .*--tasks-per-node",
+        "run",
+        "waits for the job (so nothing is left running) and is smoke-sized",
+        lambda cmd, scratch: f"{cmd}{'' if '--wait' in cmd else ' --wait'} {SMOKE}",
+        needs="slurm",
+    ),
 )
 
 
@@ -203,8 +242,14 @@ def make_images(root: Path, classes: int = 2, per_class: int = 600) -> None:
 def scratch_copy(target: Path) -> Path:
     """The working tree's files (tracked, and untracked but not ignored: what a commit would hold),
     modification times kept so make sees .venv as installed; .venv itself linked."""
-    listing = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-                             capture_output=True, text=True, timeout=60).stdout.split("\0")
+    listing = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split("\0")
     for name in filter(None, listing):
         source = REPO / name
         if source.is_file():
@@ -221,15 +266,24 @@ class Session:
     def __init__(self, tree: Path, scratch: Path) -> None:
         self.tree, self.scratch = tree, scratch
         bin_dir = Path(sys.executable).parent
-        self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-                    "TORCHLAUNCH_DOWNLOAD_PROBE": f"127.0.0.1:{closed_port()}"}
+        self.env = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "TORCHLAUNCH_DOWNLOAD_PROBE": f"127.0.0.1:{closed_port()}",
+        }
         self.env.pop("PYTHONPATH", None)
 
     def run(self, cmd: str) -> subprocess.CompletedProcess:
         env_file = self.scratch / "env.out"
         script = f"{cmd}\n__rc=$?\nenv -0 > {env_file}\nexit $__rc\n"
-        result = subprocess.run(["bash", "-c", script], cwd=self.tree, env=self.env, capture_output=True, text=True,
-                                timeout=COMMAND_TIMEOUT_S)
+        result = subprocess.run(
+            ["bash", "-c", script],
+            cwd=self.tree,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
         if env_file.is_file():
             self.env = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
         return result
@@ -264,8 +318,10 @@ def run_commands(needs: str, tmp_path: Path, readme: Path = README) -> list[str]
         ok = result.returncode == rule.expect and re.search(rule.stderr_has, result.stderr) is not None
         report.append(f"{'ran' if ok else 'FAILED'}: {actual}")
         if not ok:
-            failures.append(f"{actual}\n  exit {result.returncode} (expected {rule.expect})\n"
-                            f"  stdout tail: {result.stdout[-1500:]}\n  stderr tail: {result.stderr[-2500:]}")
+            failures.append(
+                f"{actual}\n  exit {result.returncode} (expected {rule.expect})\n"
+                f"  stdout tail: {result.stdout[-1500:]}\n  stderr tail: {result.stderr[-2500:]}"
+            )
     print("\n".join(report))
     assert not failures, "README commands failed:\n" + "\n".join(failures)
     return report
@@ -275,14 +331,28 @@ def run_commands(needs: str, tmp_path: Path, readme: Path = README) -> list[str]
 
 
 def test_extraction_reads_indented_and_shell_blocks_only() -> None:
-    text = "\n".join([
-        "Intro with `make inline` code.", "",
-        "    make a GPUS=2   # comment", "    python -m x --flag='a # b'", "",
-        "```", " make diagram -> not a command", "```",
-        "```python", "x = 1", "```",
-        "```bash", "$ python -m y \\", "    --long", "# only a comment", "```",
-        "- a list", "    continuation of a list item after no blank line",
-    ])
+    text = "\n".join(
+        [
+            "Intro with `make inline` code.",
+            "",
+            "    make a GPUS=2   # comment",
+            "    python -m x --flag='a # b'",
+            "",
+            "```",
+            " make diagram -> not a command",
+            "```",
+            "```python",
+            "x = 1",
+            "```",
+            "```bash",
+            "$ python -m y \\",
+            "    --long",
+            "# only a comment",
+            "```",
+            "- a list",
+            "    continuation of a list item after no blank line",
+        ]
+    )
     assert readme_commands(text) == ["make a GPUS=2", "python -m x --flag='a # b'", "python -m y --long"]
 
 
@@ -290,8 +360,10 @@ def test_every_command_has_a_rule() -> None:
     commands = readme_commands(README.read_text(encoding="utf-8"))
     assert commands, "no commands found in README.md"
     missing = [c for c in commands if rule_for(c) is None]
-    assert not missing, ("README commands neither run nor listed in tests/test_readme_commands.py RULES "
-                         "(add a rule: run, rewrite with a reason, or skip with a reason): " + "; ".join(missing))
+    assert not missing, (
+        "README commands neither run nor listed in tests/test_readme_commands.py RULES "
+        "(add a rule: run, rewrite with a reason, or skip with a reason): " + "; ".join(missing)
+    )
     for cmd in commands:
         rule = rule_for(cmd)
         assert rule is not None and (rule.reason or (rule.action == "run" and rule.rewrite is None)), cmd
@@ -301,8 +373,7 @@ def test_rewrites_keep_the_command_and_say_why(tmp_path: Path) -> None:
     rule = rule_for('make train-local GPUS=2 ARGS="data.name=imagefolder data.root=/path/to/train"')
     assert rule is not None and rule.rewrite is not None and rule.reason
     out = rule.rewrite('make train-local GPUS=2 ARGS="data.name=imagefolder data.root=/path/to/train"', tmp_path)
-    assert out == (f'make train-local GPUS=2 ARGS="data.name=imagefolder data.root={tmp_path / "images"} '
-                   f'{SMOKE}"')
+    assert out == (f'make train-local GPUS=2 ARGS="data.name=imagefolder data.root={tmp_path / "images"} {SMOKE}"')
 
 
 @pytest.mark.slow

@@ -19,17 +19,33 @@ ACCURACY_FLOOR = 0.25
 VAL_IMAGES = 2000
 
 
-def test_fastnet_learns_cifar10_and_evaluate_agrees(cifar_shared: Path, decode_cache_dir: Path,
-                                                     tmp_path: Path) -> None:
+def test_fastnet_learns_cifar10_and_evaluate_agrees(cifar_shared: Path, decode_cache_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    rc, out, err = run_launcher([
-        "--gpus", "2", "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={run}",
-        "data.name=imagefolder", f"data.root={cifar_shared}", f"data.cache_dir={decode_cache_dir}",
-        "data.max_train_samples=4096", f"data.max_val_samples={VAL_IMAGES}",
-        "model.name=fastnet", "model.width=16", "train.precision=bf16", "train.channels_last=true",
-        "train.epochs=2", "train.batch_size=128", "optim.lr=2.0", "optim.warmup_epochs=0.3",
-        "train.label_smoothing=0.1", "checkpoint.every_steps=0",
-    ], timeout=480)
+    rc, out, err = run_launcher(
+        [
+            "--gpus",
+            "2",
+            "--config",
+            str(REPO / "configs/smoke.yaml"),
+            f"run_dir={run}",
+            "data.name=imagefolder",
+            f"data.root={cifar_shared}",
+            f"data.cache_dir={decode_cache_dir}",
+            "data.max_train_samples=4096",
+            f"data.max_val_samples={VAL_IMAGES}",
+            "model.name=fastnet",
+            "model.width=16",
+            "train.precision=bf16",
+            "train.channels_last=true",
+            "train.epochs=2",
+            "train.batch_size=128",
+            "optim.lr=2.0",
+            "optim.warmup_epochs=0.3",
+            "train.label_smoothing=0.1",
+            "checkpoint.every_steps=0",
+        ],
+        timeout=480,
+    )
     assert rc == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if "val_acc" in r]
@@ -38,8 +54,11 @@ def test_fastnet_learns_cifar10_and_evaluate_agrees(cifar_shared: Path, decode_c
     print(f"real data: fastnet validation top-1 {last['val_acc']:.4f} on {VAL_IMAGES} images (floor {ACCURACY_FLOOR})")
     assert last["val_acc"] > ACCURACY_FLOOR, f"validation top-1 {last['val_acc']:.4f} <= floor {ACCURACY_FLOOR}"
 
-    rc, out, err = run_module("torchlaunch.worker.evaluate", ["--run-dir", str(run), "--data-root", str(cifar_shared),
-                                                 "--split", "val"], timeout=240)
+    rc, out, err = run_module(
+        "torchlaunch.worker.evaluate",
+        ["--run-dir", str(run), "--data-root", str(cifar_shared), "--split", "val"],
+        timeout=240,
+    )
     assert rc == 0, err[-3000:]
     lines = out.splitlines()
     assert len(lines) == 1, out

@@ -23,16 +23,33 @@ from tests.helpers import REPO, assert_models_equal, assert_states_equal, final_
 pytestmark = pytest.mark.slow
 
 # 1024 samples / batch 64 = 16 steps per epoch, 3 epochs = 48 steps; checkpoints every 5 steps.
-SMALL = ["data.synthetic_train_size=1024", "data.synthetic_val_size=300", "train.batch_size=64",
-         "train.epochs=3", "checkpoint.every_steps=5", "train.log_every_steps=4", "debug.trace_batches=true"]
+SMALL = [
+    "data.synthetic_train_size=1024",
+    "data.synthetic_val_size=300",
+    "train.batch_size=64",
+    "train.epochs=3",
+    "checkpoint.every_steps=5",
+    "train.log_every_steps=4",
+    "debug.trace_batches=true",
+]
 STEPS_PER_EPOCH = 16
 TOTAL_STEPS = 48
 
 
-def run(run_dir: Path, gpus: int = 2, extra: list[str] = (), env: dict | None = None,
-        restarts: int = 0) -> subprocess.CompletedProcess:
-    args = ["--gpus", str(gpus), "--max-restarts", str(restarts), "--config", "configs/smoke.yaml",
-            f"run_dir={run_dir}", *SMALL, *extra]
+def run(
+    run_dir: Path, gpus: int = 2, extra: list[str] = (), env: dict | None = None, restarts: int = 0
+) -> subprocess.CompletedProcess:
+    args = [
+        "--gpus",
+        str(gpus),
+        "--max-restarts",
+        str(restarts),
+        "--config",
+        "configs/smoke.yaml",
+        f"run_dir={run_dir}",
+        *SMALL,
+        *extra,
+    ]
     return launcher(args, env=env)
 
 
@@ -56,11 +73,11 @@ def global_batches(run_dir: Path) -> dict[int, list[int]]:
 
 seeded = random.Random(1234)
 INTERRUPTIONS = [
-    ("step", seeded.randrange(1, STEPS_PER_EPOCH - 1), 0),          # mid-epoch, seeded
+    ("step", seeded.randrange(1, STEPS_PER_EPOCH - 1), 0),  # mid-epoch, seeded
     ("step", STEPS_PER_EPOCH + seeded.randrange(1, STEPS_PER_EPOCH - 1), 1),  # mid-epoch, other rank
-    ("step", STEPS_PER_EPOCH, 1),                                    # last step of an epoch
-    ("val", 1, 0),                                                   # during validation of epoch 2
-    ("save", 10, 1),                                                 # right after a save
+    ("step", STEPS_PER_EPOCH, 1),  # last step of an epoch
+    ("val", 1, 0),  # during validation of epoch 2
+    ("save", 10, 1),  # right after a save
 ]
 
 
@@ -79,8 +96,17 @@ def test_signal_then_rerun_equals_uninterrupted(tmp_path: Path, reference: Path,
 
 def sigterm_launcher_mid_run(run_dir: Path, gpus: int) -> None:
     """Start launch.local, send SIGTERM to it once rank 0 has logged 3 metrics lines, expect exit 75."""
-    args = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", str(gpus), "--config", "configs/smoke.yaml",
-            f"run_dir={run_dir}", *SMALL]
+    args = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        str(gpus),
+        "--config",
+        "configs/smoke.yaml",
+        f"run_dir={run_dir}",
+        *SMALL,
+    ]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -139,11 +165,21 @@ def test_world_size_change_continues_global_order(tmp_path: Path, reference: Pat
 
 def test_kill_9_mid_checkpoint_write_then_rerun_matches(tmp_path: Path, reference: Path) -> None:
     """The whole job dies (SIGKILL to every process) while rank 0 is provably inside a save."""
-    args = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--config", "configs/smoke.yaml",
-            f"run_dir={tmp_path}", *SMALL]
+    args = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        "2",
+        "--config",
+        "configs/smoke.yaml",
+        f"run_dir={tmp_path}",
+        *SMALL,
+    ]
     env = {**os.environ, "TORCHLAUNCH_FAULT_SAVE_STALL_S": "600", "TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP": "15"}
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     ckpts = tmp_path / "checkpoints"
     deadline = time.monotonic() + 180
     try:

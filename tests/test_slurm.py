@@ -27,9 +27,20 @@ FIXED = SlurmOptions(python="/opt/venv/bin/python", repo_root="/opt/repo")
 
 def full_spec() -> JobSpec:
     return JobSpec(
-        config="configs/cifar10.yaml", overrides=("optim.lr=0.2",), nodes=2, gpus_per_node=8,
-        run_dir="/shared/runs/a", time_min=240, partition="gpu", account="vision", qos="high",
-        constraint="h100", cpus_per_task=12, mem_gb=480, signal_delay_s=120, extra={"mail-type": "END"},
+        config="configs/cifar10.yaml",
+        overrides=("optim.lr=0.2",),
+        nodes=2,
+        gpus_per_node=8,
+        run_dir="/shared/runs/a",
+        time_min=240,
+        partition="gpu",
+        account="vision",
+        qos="high",
+        constraint="h100",
+        cpus_per_task=12,
+        mem_gb=480,
+        signal_delay_s=120,
+        extra={"mail-type": "END"},
     )
 
 
@@ -38,8 +49,14 @@ def test_sbatch_script_matches_golden() -> None:
 
 
 def test_sbatch_script_cpu_workers_with_pyxis_matches_golden() -> None:
-    spec = JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=2, run_dir="/shared/runs/b",
-                   time_min=30, image="nvcr.io/nvidia/pytorch:25.01-py3")
+    spec = JobSpec(
+        config="configs/smoke.yaml",
+        nodes=2,
+        gpus_per_node=2,
+        run_dir="/shared/runs/b",
+        time_min=30,
+        image="nvcr.io/nvidia/pytorch:25.01-py3",
+    )
     options = SlurmOptions(use_gpus=False, repo_root="/opt/repo")
     assert sbatch_script(spec, options) == (GOLDEN / "slurm_cpu_pyxis.sbatch").read_text()
 
@@ -57,8 +74,13 @@ def test_worker_argv_pins_the_run_dir_and_keeps_overrides(tmp_path: Path) -> Non
     run_dir = resolve_run_dir(spec)
     assert run_dir == f"{tmp_path}/x"
     argv = worker_argv(spec, run_dir)
-    assert argv == ["--config", str(REPO / "configs/smoke.yaml"), "train.epochs=2", "preemption.lead_time_s=90",
-                    f"run_dir={tmp_path}/x"]
+    assert argv == [
+        "--config",
+        str(REPO / "configs/smoke.yaml"),
+        "train.epochs=2",
+        "preemption.lead_time_s=90",
+        f"run_dir={tmp_path}/x",
+    ]
 
 
 def test_run_dir_defaults_to_the_yaml_one_made_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,13 +109,31 @@ def test_timeout_rule(elapsed_s: float, time_min: int, delay_s: int, expected: b
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "torchlaunch.launch.slurm", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "torchlaunch.launch.slurm", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
-    result = run_cli("--nodes", "2", "--gpus-per-node", "8", "--partition", "gpu", "--time", "240",
-                     "--config", "configs/cifar10.yaml", "--dry-run", f"run_dir={tmp_path}")
+    result = run_cli(
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--partition",
+        "gpu",
+        "--time",
+        "240",
+        "--config",
+        "configs/cifar10.yaml",
+        "--dry-run",
+        f"run_dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --gpus-per-node=8" in result.stdout and "#SBATCH --requeue" in result.stdout
     assert "#SBATCH --signal=USR2@90" in result.stdout
@@ -139,8 +179,9 @@ class FinishedJob:
         ("TIMEOUT", None, 1),
     ],
 )
-def test_exit_status_maps_slurm_states_to_project_codes(state: str, error: str | None, code: int,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_exit_status_maps_slurm_states_to_project_codes(
+    state: str, error: str | None, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     from torchlaunch.launch.slurm import exit_status
 
     job = FinishedJob(error)
@@ -154,7 +195,9 @@ def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:
     argv = worker_argv(full_spec(), "/shared/runs/a")
     assert "preemption.lead_time_s=120" in argv and argv[-1] == "run_dir=/shared/runs/a"
     own = full_spec().replace(overrides=("preemption.lead_time_s=300",))
-    assert [a for a in worker_argv(own, "/r") if a.startswith("preemption.lead_time_s")] == ["preemption.lead_time_s=300"]
+    assert [a for a in worker_argv(own, "/r") if a.startswith("preemption.lead_time_s")] == [
+        "preemption.lead_time_s=300"
+    ]
 
 
 def test_doctor_runs_the_preflight_in_each_task() -> None:

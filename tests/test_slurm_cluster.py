@@ -76,7 +76,12 @@ class Launch:
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "torchlaunch.launch.slurm", *args, f"run_dir={run_dir}", "--wait"],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
 
     def text(self) -> str:
         return self.output.read_text()
@@ -141,8 +146,13 @@ def test_two_nodes_two_tasks_end_to_end(cluster: str, tmp_path: Path) -> None:
     assert trained_steps(run_dir) == 128  # 8 epochs x 16 steps of a global batch of 128
     log = launch.rank0_log()
     assert "starting simple_cnn on 4 x cpu" in log and "Job completed successfully" in log
-    ranks = sorted(int(m) for m in re.findall(r"slurm task: rank (\d+)/4", "".join(
-        p.read_text() for p in (run_dir / "slurm" / launch.job_id).glob("*_log.out"))))
+    ranks = sorted(
+        int(m)
+        for m in re.findall(
+            r"slurm task: rank (\d+)/4",
+            "".join(p.read_text() for p in (run_dir / "slurm" / launch.job_id).glob("*_log.out")),
+        )
+    )
     assert ranks == [0, 1, 2, 3]
     assert requeue_records(launch.job_id) == ["COMPLETED"]
 
@@ -160,8 +170,10 @@ def test_preemption_checkpoints_requeues_once_and_resumes_exactly(reference: Pat
     requeued_s = time.monotonic() - signalled
     wait_until(lambda: "resumed from" in launch.rank0_log(), 120, "the resumed run")
     resumed_s = time.monotonic() - signalled
-    print(f"\npreemption: checkpoint {committed_s:.1f} s, requeued {requeued_s:.1f} s, "
-          f"training again {resumed_s:.1f} s after the preempting job was submitted")
+    print(
+        f"\npreemption: checkpoint {committed_s:.1f} s, requeued {requeued_s:.1f} s, "
+        f"training again {resumed_s:.1f} s after the preempting job was submitted"
+    )
     assert committed
     assert launch.finish(240) == 0, launch.text()[-3000:]
     log = launch.rank0_log()
@@ -177,8 +189,20 @@ def test_timeout_requeues_and_finishes(cluster: str, tmp_path: Path) -> None:
     # see it: 20 epochs of a wider CNN (~80 s of compute on 2 ranks; the default width finishes in
     # ~13 s once the fast paths landed) need several allocations. Budget raised for slow hosts.
     run_dir = tmp_path / "timeout"
-    launch = Launch(run_dir, *ONE_PER_NODE, "--time", "1", "--signal-delay-s", "30", "--max-timeouts", "8",
-                    "--config", "configs/smoke.yaml", "train.epochs=20", "model.width=40")
+    launch = Launch(
+        run_dir,
+        *ONE_PER_NODE,
+        "--time",
+        "1",
+        "--signal-delay-s",
+        "30",
+        "--max-timeouts",
+        "8",
+        "--config",
+        "configs/smoke.yaml",
+        "train.epochs=20",
+        "model.width=40",
+    )
     assert launch.finish(560) == 0, launch.text()[-3000:]
     log = launch.rank0_log()
     assert "timeout: checkpoint committed" in log and "preemption: checkpoint" not in log
@@ -206,8 +230,9 @@ def test_scancel_is_a_clean_failure_without_requeue(cluster: str, tmp_path: Path
 def test_bad_config_fails_once_without_requeue(cluster: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "bad"
     # A plug-in path passes the launcher's syntax check; only the worker in the job can find it missing.
-    launch = Launch(run_dir, *WORKERS, "--time", "10", "--config", "configs/smoke.yaml",
-                    "model.name=no_such_module_here:factory")
+    launch = Launch(
+        run_dir, *WORKERS, "--time", "10", "--config", "configs/smoke.yaml", "model.name=no_such_module_here:factory"
+    )
     assert launch.finish(120) == 2, launch.text()[-3000:]
     assert requeue_records(launch.job_id) == ["FAILED"]
 
@@ -219,11 +244,29 @@ def test_plain_sbatch_script_two_nodes(reference: Path, tmp_path: Path) -> None:
     # One thread per worker, as the submitit tasks use (SLURM_CPUS_PER_TASK): the same float sums.
     env = {**os.environ, "WORKERS_PER_NODE": "2", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     job_id = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", "--time=10", f"--output={run_dir}/sbatch-%j.out",
-         str(REPO / "slurm" / "train.sbatch"), *SMOKE, f"run_dir={run_dir}"],
-        cwd=REPO, env=env, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    final = wait_until(lambda: [s for s in requeue_records(job_id) if s not in ("PENDING", "RUNNING")],
-                       240, "the sbatch job to end", poll_s=1)
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=2",
+            "--time=10",
+            f"--output={run_dir}/sbatch-%j.out",
+            str(REPO / "slurm" / "train.sbatch"),
+            *SMOKE,
+            f"run_dir={run_dir}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
+    final = wait_until(
+        lambda: [s for s in requeue_records(job_id) if s not in ("PENDING", "RUNNING")],
+        240,
+        "the sbatch job to end",
+        poll_s=1,
+    )
     output = (run_dir / f"sbatch-{job_id}.out").read_text()
     assert final == ["COMPLETED"], output[-3000:]
     assert "workers exited 0" in output
@@ -241,12 +284,24 @@ def test_plain_sbatch_script_two_nodes(reference: Path, tmp_path: Path) -> None:
         (["--nodes", "0"], "--nodes must be >= 1"),
     ],
 )
-def test_bad_arguments_rejected_before_submission(cluster: str, tmp_path: Path, args: list[str],
-                                                  message: str) -> None:
+def test_bad_arguments_rejected_before_submission(cluster: str, tmp_path: Path, args: list[str], message: str) -> None:
     before = slurm("sacct", "-n", "-X", "-a", "-P", "-o", "JobID", "-S", "now-1hours")
     result = subprocess.run(
-        [sys.executable, "-m", "torchlaunch.launch.slurm", "--config", "configs/smoke.yaml", *args, f"run_dir={tmp_path}"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.slurm",
+            "--config",
+            "configs/smoke.yaml",
+            *args,
+            f"run_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert slurm("sacct", "-n", "-X", "-a", "-P", "-o", "JobID", "-S", "now-1hours") == before

@@ -27,9 +27,23 @@ def test_smoke_through_make_train_local(tmp_path: Path) -> None:
     venv = Path(sys.prefix)
     # VENV/PY point make at the interpreter running the tests; `-o VENV/.installed` tells make the install
     # step is done, so this test never pip-installs (CI ran `make install` before the tests).
-    rc, out, err = run_cmd(["make", "-C", str(REPO), "--no-print-directory", "-o", f"{venv}/.installed",
-                            f"VENV={venv}", f"PY={sys.executable}", "train-local", "GPUS=2",
-                            "CONFIG=configs/smoke.yaml", f"ARGS=run_dir={run}"], timeout=300)
+    rc, out, err = run_cmd(
+        [
+            "make",
+            "-C",
+            str(REPO),
+            "--no-print-directory",
+            "-o",
+            f"{venv}/.installed",
+            f"VENV={venv}",
+            f"PY={sys.executable}",
+            "train-local",
+            "GPUS=2",
+            "CONFIG=configs/smoke.yaml",
+            f"ARGS=run_dir={run}",
+        ],
+        timeout=300,
+    )
     assert rc == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     assert "--nproc-per-node 2" in err  # the launcher's echo of the torchrun command it ran
 
@@ -58,9 +72,19 @@ def test_validation_counts_an_odd_set_exactly_once_on_two_ranks(tmp_path: Path, 
     """511 images over 2 ranks: shards of 255 and 256, no padding duplicates, nothing dropped.
     1 image: one rank has no validation batch at all, and must not hang the other."""
     run = tmp_path / "run"
-    rc, out, err = run_launcher(["--gpus", "2", "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={run}",
-                                 f"data.synthetic_val_size={val_size}", "train.epochs=1", "checkpoint.every_steps=0"],
-                                timeout=240)
+    rc, out, err = run_launcher(
+        [
+            "--gpus",
+            "2",
+            "--config",
+            str(REPO / "configs/smoke.yaml"),
+            f"run_dir={run}",
+            f"data.synthetic_val_size={val_size}",
+            "train.epochs=1",
+            "checkpoint.every_steps=0",
+        ],
+        timeout=240,
+    )
     assert rc == 0, err[-3000:]
     _, val = read_metrics(run)
     assert len(val) == 1

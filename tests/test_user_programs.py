@@ -48,20 +48,25 @@ def records(folder: Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------- pure parts
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["train.py", "--lr", "0.1"], program_mod.Program(script="train.py", args=("--lr", "0.1"))),
-    (["--", "train.py"], program_mod.Program(script="train.py")),
-    (["-m", "pkg.train", "-m", "x"], program_mod.Program(module="pkg.train", args=("-m", "x"))),
-    (["-mpkg.train", "a"], program_mod.Program(module="pkg.train", args=("a",))),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train.py", "--lr", "0.1"], program_mod.Program(script="train.py", args=("--lr", "0.1"))),
+        (["--", "train.py"], program_mod.Program(script="train.py")),
+        (["-m", "pkg.train", "-m", "x"], program_mod.Program(module="pkg.train", args=("-m", "x"))),
+        (["-mpkg.train", "a"], program_mod.Program(module="pkg.train", args=("a",))),
+    ],
+)
 def test_parse_program(argv: list[str], expected: program_mod.Program) -> None:
     program = program_mod.parse(argv)
     assert program == expected
     assert program.argv() == ([expected.script] if expected.script else ["-m", expected.module]) + list(expected.args)
 
 
-@pytest.mark.parametrize(("argv", "words"), [([], "no program given"), (["-m"], "-m needs a module name"),
-                                             (["--lr"], "looks like an option")])
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [([], "no program given"), (["-m"], "-m needs a module name"), (["--lr"], "looks like an option")],
+)
 def test_parse_program_rejects(argv: list[str], words: str) -> None:
     with pytest.raises(BadInput, match=words):
         program_mod.parse(argv)
@@ -87,21 +92,25 @@ def test_check_names_the_missing_script_and_module(tmp_path: Path) -> None:
 
 
 def test_torchrun_argv_of_a_program_golden() -> None:
-    spec = JobSpec(program=("train.py", "--epochs", "3"), nodes=2, gpus_per_node=8, master_port=29555,
-                   max_restarts=1)
-    argv = torchrun_argv(spec, NodePlacement(node_rank=1, master_addr="node0"), python="python",
-                         rdzv_run_id="tl-golden")
+    spec = JobSpec(program=("train.py", "--epochs", "3"), nodes=2, gpus_per_node=8, master_port=29555, max_restarts=1)
+    argv = torchrun_argv(
+        spec, NodePlacement(node_rank=1, master_addr="node0"), python="python", rdzv_run_id="tl-golden"
+    )
     check_golden("local_argv_program.txt", "\n".join(argv) + "\n")
 
 
-@pytest.mark.parametrize(("torchrun", "codes", "ranks", "expected"), [
-    (-6, [OK, OK], 2, OK),          # both finished; one aborted in C++ teardown afterwards
-    (1, [OK], 2, FAILURE),          # a rank never reported
-    (1, [OK, OK], None, FAILURE),   # the rank count unknown: torchrun's word stands
-    (1, [OK, PREEMPTED], 2, PREEMPTED),
-])
-def test_a_teardown_abort_after_every_rank_finished_is_a_finish(torchrun: int, codes: list[int],
-                                                               ranks: int | None, expected: int) -> None:
+@pytest.mark.parametrize(
+    ("torchrun", "codes", "ranks", "expected"),
+    [
+        (-6, [OK, OK], 2, OK),  # both finished; one aborted in C++ teardown afterwards
+        (1, [OK], 2, FAILURE),  # a rank never reported
+        (1, [OK, OK], None, FAILURE),  # the rank count unknown: torchrun's word stands
+        (1, [OK, PREEMPTED], 2, PREEMPTED),
+    ],
+)
+def test_a_teardown_abort_after_every_rank_finished_is_a_finish(
+    torchrun: int, codes: list[int], ranks: int | None, expected: int
+) -> None:
     assert local.combine_exit_codes(torchrun, codes, ranks) == expected
 
 
@@ -111,15 +120,48 @@ def test_program_rendezvous_id_is_the_same_on_every_node() -> None:
     assert a != local.program_id(["train.py", "y"], NodePlacement(0, "node0"), 29500)
 
 
-@pytest.mark.parametrize(("launcher_args", "tail"), [
-    (["--gpus", "2"], ["--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
-                       "-m", "torchlaunch.runner", EXIT_WITH, "0", "a b"]),
-    (["--gpus", "1"], None),  # one worker without restarts: no agent, the runner directly
-    (["--gpus", "1", "--max-restarts", "2"], ["--nproc-per-node", "1", "--max-restarts", "2", "--standalone",
-                                              "-m", "torchlaunch.runner", EXIT_WITH, "0", "a b"]),
-])
-def test_dry_run_prints_the_exact_command(launcher_args: list[str], tail: list[str] | None,
-                                          capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("launcher_args", "tail"),
+    [
+        (
+            ["--gpus", "2"],
+            [
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "0",
+                "--standalone",
+                "-m",
+                "torchlaunch.runner",
+                EXIT_WITH,
+                "0",
+                "a b",
+            ],
+        ),
+        (["--gpus", "1"], None),  # one worker without restarts: no agent, the runner directly
+        (
+            ["--gpus", "1", "--max-restarts", "2"],
+            [
+                "--nproc-per-node",
+                "1",
+                "--max-restarts",
+                "2",
+                "--standalone",
+                "-m",
+                "torchlaunch.runner",
+                EXIT_WITH,
+                "0",
+                "a b",
+            ],
+        ),
+    ],
+)
+def test_dry_run_prints_the_exact_command(
+    launcher_args: list[str],
+    tail: list[str] | None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(REPO)
     rc = local.main([*launcher_args, *CPU, "--dry-run", "--", EXIT_WITH, "0", "a b"])
     out = capsys.readouterr().out
@@ -131,30 +173,45 @@ def test_dry_run_prints_the_exact_command(launcher_args: list[str], tail: list[s
         assert argv[:4] == [sys.executable, "-m", "torchlaunch.launch.torchrun", "--nnodes"] and argv[5:] == tail
 
 
-def test_dry_run_of_a_module_and_of_the_doctor(capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_of_a_module_and_of_the_doctor(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(PROGRAMS)
     assert local.main([*CPU, "--dry-run", "--", "-m", "userpkg.main", "0", "out"]) == OK
-    assert shlex.split(capsys.readouterr().out) == [sys.executable, "-m", "torchlaunch.runner", "-m", "userpkg.main",
-                                                    "0", "out"]
+    assert shlex.split(capsys.readouterr().out) == [
+        sys.executable,
+        "-m",
+        "torchlaunch.runner",
+        "-m",
+        "userpkg.main",
+        "0",
+        "out",
+    ]
     assert local.main([*CPU, "--doctor", "--dry-run", "--", "-m", "userpkg.main"]) == OK
     argv = shlex.split(capsys.readouterr().out)
-    assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and argv[-4:-1] == ["-m", "torchlaunch.tools.preflight", "--config"]
+    assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and argv[-4:-1] == [
+        "-m",
+        "torchlaunch.tools.preflight",
+        "--config",
+    ]
     assert argv[-1].endswith("doctor.yaml") and not Path(argv[-1]).exists()  # a dry run creates nothing
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--", "nope.py"], "launch error: script nope.py: no such file in "),
-    (["--", "-m", "nope_pkg.train"], "launch error: module nope_pkg.train: not found from "),
-    (["--config", "configs/smoke.yaml", "--", EXIT_WITH], "--config applies to the built-in worker, not to "),
-    (["optim.lr=0.1", "--", EXIT_WITH], "config overrides (optim.lr=0.1) apply to the built-in worker"),
-    (["--gpus", "0", "--", EXIT_WITH], "--gpus must be >= 1"),
-    (["--", "-m"], "-m needs a module name"),
-    ([], "--config is required for the built-in worker"),
-])
-def test_bad_program_arguments_are_one_line_and_exit_2(args: list[str], words: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--", "nope.py"], "launch error: script nope.py: no such file in "),
+        (["--", "-m", "nope_pkg.train"], "launch error: module nope_pkg.train: not found from "),
+        (["--config", "configs/smoke.yaml", "--", EXIT_WITH], "--config applies to the built-in worker, not to "),
+        (["optim.lr=0.1", "--", EXIT_WITH], "config overrides (optim.lr=0.1) apply to the built-in worker"),
+        (["--gpus", "0", "--", EXIT_WITH], "--gpus must be >= 1"),
+        (["--", "-m"], "-m needs a module name"),
+        ([], "--config is required for the built-in worker"),
+    ],
+)
+def test_bad_program_arguments_are_one_line_and_exit_2(
+    args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     rc = local.main([*CPU, *args])
     captured = capsys.readouterr()
@@ -165,14 +222,20 @@ def test_bad_program_arguments_are_one_line_and_exit_2(args: list[str], words: s
 # -------------------------------------------------------------------- launch.program without a launcher
 
 
-@pytest.mark.parametrize(("source", "code", "stderr_words"), [
-    ("import sys; sys.exit(75)", PREEMPTED, None),
-    ("print('hi')", OK, None),
-    ("import sys; sys.exit('a message')", FAILURE, "a message"),
-    ("from torchlaunch.exit_codes import BadInput\nraise BadInput('data error: x: bad (fix x)\\nmore')", BAD_INPUT,
-     "data error: x: bad (fix x)"),
-    ("raise ValueError('boom')", FAILURE, "ValueError: boom"),
-])
+@pytest.mark.parametrize(
+    ("source", "code", "stderr_words"),
+    [
+        ("import sys; sys.exit(75)", PREEMPTED, None),
+        ("print('hi')", OK, None),
+        ("import sys; sys.exit('a message')", FAILURE, "a message"),
+        (
+            "from torchlaunch.exit_codes import BadInput\nraise BadInput('data error: x: bad (fix x)\\nmore')",
+            BAD_INPUT,
+            "data error: x: bad (fix x)",
+        ),
+        ("raise ValueError('boom')", FAILURE, "ValueError: boom"),
+    ],
+)
 def test_runner_maps_how_the_program_ends(source: str, code: int, stderr_words: str | None, tmp_path: Path) -> None:
     script = tmp_path / "prog.py"
     script.write_text(source + "\n")
@@ -193,8 +256,11 @@ def test_runner_sets_argv_and_path_as_python_does(tmp_path: Path) -> None:
     (seen,) = records(out)
     assert seen["argv"] == [str(PROGRAMS / "exit_with.py"), "0", str(out)]
     assert seen["path0"] == str(PROGRAMS) and seen["name"] == "__main__"
-    rc, _, err = run_cmd([sys.executable, "-m", "torchlaunch.runner", "-m", "userpkg.main", "3", str(tmp_path / "m")],
-                         timeout=60, cwd=PROGRAMS)
+    rc, _, err = run_cmd(
+        [sys.executable, "-m", "torchlaunch.runner", "-m", "userpkg.main", "3", str(tmp_path / "m")],
+        timeout=60,
+        cwd=PROGRAMS,
+    )
     assert rc == 3, err
     (seen,) = records(tmp_path / "m")
     assert seen["argv"] == [str(PROGRAMS / "userpkg" / "main.py"), "3", str(tmp_path / "m")]
@@ -207,10 +273,17 @@ def test_runner_reports_for_the_launcher_and_stops_after_a_restart_on_bad_input(
     rc, _, err = run_module("torchlaunch.runner", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60, env=env)
     assert rc == BAD_INPUT and error_lines(err) == []  # launch.local prints the reason once for all ranks
     record = json.loads((status_dir / "att1-rank1.json").read_text())
-    assert record == {"code": 2, "reason": "data error: --data /nonexistent.csv: no such file "
-                                            "(pass an existing CSV)", "rank": 1}
-    rc, _, _ = run_module("torchlaunch.runner", [str(PROGRAMS / "bad_input.py"), str(runs)], timeout=60,
-                          env={**env, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert record == {
+        "code": 2,
+        "reason": "data error: --data /nonexistent.csv: no such file (pass an existing CSV)",
+        "rank": 1,
+    }
+    rc, _, _ = run_module(
+        "torchlaunch.runner",
+        [str(PROGRAMS / "bad_input.py"), str(runs)],
+        timeout=60,
+        env={**env, "TORCHELASTIC_RESTART_COUNT": "1"},
+    )
     assert rc == BAD_INPUT
     assert runs.read_text().count("\n") == 1  # the restarted rank did not run the program again
 
@@ -246,8 +319,23 @@ def test_exit_codes_through_the_launcher(gpus: int, program_code: int, launch_co
 @pytest.mark.timeout(200)
 def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    rc, _, err = run_cmd([sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", *CPU, "--", "-m", "userpkg.main",
-                          "0", str(out)], timeout=120, cwd=PROGRAMS)
+    rc, _, err = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.local",
+            "--gpus",
+            "2",
+            *CPU,
+            "--",
+            "-m",
+            "userpkg.main",
+            "0",
+            str(out),
+        ],
+        timeout=120,
+        cwd=PROGRAMS,
+    )
     assert rc == OK, err
     seen = records(out)
     assert len(seen) == 2 and all(s["path0"] == str(PROGRAMS) and s["cwd"] == str(PROGRAMS) for s in seen)
@@ -258,24 +346,29 @@ def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
 @pytest.mark.timeout(200)
 def test_bad_input_is_one_line_and_not_rerun_by_restarts(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    rc, out, err = run_launcher(["--gpus", "2", "--max-restarts", "2", *CPU, "--", "tests/programs/bad_input.py",
-                                 str(runs)], timeout=150)
+    rc, out, err = run_launcher(
+        ["--gpus", "2", "--max-restarts", "2", *CPU, "--", "tests/programs/bad_input.py", str(runs)], timeout=150
+    )
     assert rc == BAD_INPUT, err
     reason = [ln for ln in error_lines(err) if "nonexistent.csv" in ln]
-    assert reason == ["launch: workers stopped on bad input (exit 2, not retried): data error: --data "
-                      "/nonexistent.csv: no such file (pass an existing CSV)"], err
+    assert reason == [
+        "launch: workers stopped on bad input (exit 2, not retried): data error: --data "
+        "/nonexistent.csv: no such file (pass an existing CSV)"
+    ], err
     assert sorted(runs.read_text().splitlines()) == ["rank 0 restart 0", "rank 1 restart 0"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_restart_after_a_crash(tmp_path: Path) -> None:
-    rc, out, err = run_launcher(["--gpus", "2", "--max-restarts", "1", *CPU, "--", "tests/programs/crash_once.py",
-                                 str(tmp_path)], timeout=150)
+    rc, out, err = run_launcher(
+        ["--gpus", "2", "--max-restarts", "1", *CPU, "--", "tests/programs/crash_once.py", str(tmp_path)], timeout=150
+    )
     assert rc == OK, err
     assert "rank 0 finished after restart 1" in out and "rank 1 finished after restart 1" in out
-    rc, out, err = run_launcher(["--gpus", "2", *CPU, "--", "tests/programs/crash_once.py", str(tmp_path / "b")],
-                                timeout=150)
+    rc, out, err = run_launcher(
+        ["--gpus", "2", *CPU, "--", "tests/programs/crash_once.py", str(tmp_path / "b")], timeout=150
+    )
     assert rc == FAILURE and "RuntimeError: first attempt crashes on purpose" in err
 
 
@@ -284,9 +377,25 @@ def test_restart_after_a_crash(tmp_path: Path) -> None:
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path) -> None:
     out = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "torchlaunch.launch.local", "--gpus", str(gpus), *CPU, "--",
-                             "tests/programs/wait_for_term.py", str(out)], cwd=REPO, env=child_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.local",
+            "--gpus",
+            str(gpus),
+            *CPU,
+            "--",
+            "tests/programs/wait_for_term.py",
+            str(out),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(list(out.glob("rank*.json"))) < gpus:  # every rank's handler is installed
@@ -304,8 +413,21 @@ def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_doctor_for_a_user_program(tmp_path: Path) -> None:
-    rc, out, err = run_launcher(["--gpus", "2", *CPU, "--doctor", "--run-dir", str(tmp_path / "shared"), "--",
-                                 EXIT_WITH, "3", str(tmp_path / "never")], timeout=150)
+    rc, out, err = run_launcher(
+        [
+            "--gpus",
+            "2",
+            *CPU,
+            "--doctor",
+            "--run-dir",
+            str(tmp_path / "shared"),
+            "--",
+            EXIT_WITH,
+            "3",
+            str(tmp_path / "never"),
+        ],
+        timeout=150,
+    )
     assert rc == OK, err
     assert "preflight: OK" in out + err and "shared storage" in out + err
     assert not (tmp_path / "never").exists()  # the pre-flight ran instead of the program
@@ -317,30 +439,47 @@ def test_doctor_for_a_user_program(tmp_path: Path) -> None:
 def test_sbatch_script_of_a_program_golden() -> None:
     from torchlaunch.launch.slurm import PROGRAM_RUNNER, SlurmOptions, SlurmTask, sbatch_script, task_argv
 
-    spec = JobSpec(program=("/opt/code/train.py", "--epochs", "3"), nodes=2, gpus_per_node=1,
-                   run_dir="/shared/runs/mine", time_min=30)
-    options = SlurmOptions(use_gpus=False, python="/opt/venv/bin/python", repo_root="/opt/repo",
-                           worker=PROGRAM_RUNNER, cwd="/opt/code", job_name="train")
+    spec = JobSpec(
+        program=("/opt/code/train.py", "--epochs", "3"),
+        nodes=2,
+        gpus_per_node=1,
+        run_dir="/shared/runs/mine",
+        time_min=30,
+    )
+    options = SlurmOptions(
+        use_gpus=False,
+        python="/opt/venv/bin/python",
+        repo_root="/opt/repo",
+        worker=PROGRAM_RUNNER,
+        cwd="/opt/code",
+        job_name="train",
+    )
     check_golden("slurm_program.sbatch", sbatch_script(spec, options))
     assert task_argv(spec, options, "/shared/runs/mine") == ["/opt/code/train.py", "--epochs", "3"]
     assert SlurmTask(argv=[], time_min=1, signal_delay_s=1).worker == "torchlaunch.worker.run:main"  # default unchanged
 
 
 def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
-    rc, out, err = run_module("torchlaunch.launch.slurm", ["--dry-run", "--nodes", "2", "--tasks-per-node", "1", "--run-dir",
-                                               str(tmp_path), "--", EXIT_WITH, "0", "x y"], timeout=60)
+    rc, out, err = run_module(
+        "torchlaunch.launch.slurm",
+        ["--dry-run", "--nodes", "2", "--tasks-per-node", "1", "--run-dir", str(tmp_path), "--", EXIT_WITH, "0", "x y"],
+        timeout=60,
+    )
     assert rc == OK, err
     assert f"# program in every task (launch.program): {REPO / EXIT_WITH} 0 'x y'\ncd {REPO}\n" in out
     assert f"#SBATCH --output={tmp_path}/slurm/%j/%j_0_log.out" in out and "#SBATCH --job-name=exit_with" in out
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--", EXIT_WITH], "no run dir: pass --run-dir"),
-    (["--run-dir", "x", "--", "nope.py"], "script " + str(REPO / "nope.py") + ": no such file"),
-    (["--run-dir", "x", "--config", "configs/smoke.yaml", "--", EXIT_WITH], "--config applies to the built-in"),
-    (["--run-dir", "x", "a=1", "--", EXIT_WITH], "config overrides (a=1) apply to the built-in worker"),
-    ([], "--config is required for the built-in worker"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--", EXIT_WITH], "no run dir: pass --run-dir"),
+        (["--run-dir", "x", "--", "nope.py"], "script " + str(REPO / "nope.py") + ": no such file"),
+        (["--run-dir", "x", "--config", "configs/smoke.yaml", "--", EXIT_WITH], "--config applies to the built-in"),
+        (["--run-dir", "x", "a=1", "--", EXIT_WITH], "config overrides (a=1) apply to the built-in worker"),
+        ([], "--config is required for the built-in worker"),
+    ],
+)
 def test_slurm_bad_program_arguments(args: list[str], words: str) -> None:
     rc, out, err = run_module("torchlaunch.launch.slurm", ["--dry-run", "--tasks-per-node", "1", *args], timeout=60)
     assert rc == BAD_INPUT and out == ""
@@ -351,9 +490,24 @@ def slurm_launch(run_dir: Path, program: list[str], *args: str, cwd: Path = REPO
     """`python -m launch.slurm ARGS --run-dir RUN_DIR --wait -- PROGRAM` in the background."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.launcher.log", "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "torchlaunch.launch.slurm", *args, "--run-dir", str(run_dir), "--wait",
-                                 "--", *program], cwd=cwd, env=child_env(), stdout=out,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torchlaunch.launch.slurm",
+                *args,
+                "--run-dir",
+                str(run_dir),
+                "--wait",
+                "--",
+                *program,
+            ],
+            cwd=cwd,
+            env=child_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 def launcher_text(run_dir: Path) -> str:
@@ -383,8 +537,16 @@ def test_slurm_preempted_program_is_requeued_and_finishes(tmp_path: Path) -> Non
     from tests.test_slurm_cluster import requeue_records, slurm, wait_until
 
     run_dir, state = tmp_path / "counter", tmp_path / "counter" / "state"
-    proc = slurm_launch(run_dir, ["tests/programs/counter.py", str(state), "150"],
-                        "--nodes", "2", "--tasks-per-node", "1", "--time", "30")
+    proc = slurm_launch(
+        run_dir,
+        ["tests/programs/counter.py", str(state), "150"],
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "1",
+        "--time",
+        "30",
+    )
     wait_until(lambda: count(state, 0) >= 30 and count(state, 1) >= 30, 120, "both ranks to count to 30")
     slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")
     assert finish(proc, run_dir, 300) == OK, launcher_text(run_dir)[-3000:]
@@ -406,8 +568,16 @@ def test_slurm_bad_input_program_is_not_requeued(tmp_path: Path) -> None:
     from tests.test_slurm_cluster import requeue_records
 
     run_dir = tmp_path / "bad"
-    proc = slurm_launch(run_dir, ["tests/programs/bad_input.py", str(tmp_path / "runs")],
-                        "--nodes", "2", "--tasks-per-node", "1", "--time", "10")
+    proc = slurm_launch(
+        run_dir,
+        ["tests/programs/bad_input.py", str(tmp_path / "runs")],
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "1",
+        "--time",
+        "10",
+    )
     assert finish(proc, run_dir, 150) == BAD_INPUT, launcher_text(run_dir)[-3000:]
     job_id = launcher_text(run_dir).split("submitted job ", 1)[1].split(":", 1)[0]
     assert requeue_records(job_id) == ["FAILED"]
@@ -419,8 +589,17 @@ def test_slurm_bad_input_program_is_not_requeued(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("cluster")
 def test_slurm_module_from_the_submission_directory(tmp_path: Path) -> None:
     run_dir, out = tmp_path / "module", tmp_path / "out"
-    proc = slurm_launch(run_dir, ["-m", "userpkg.main", "0", str(out)], "--nodes", "2", "--tasks-per-node", "1",
-                        "--time", "10", cwd=PROGRAMS)
+    proc = slurm_launch(
+        run_dir,
+        ["-m", "userpkg.main", "0", str(out)],
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "1",
+        "--time",
+        "10",
+        cwd=PROGRAMS,
+    )
     assert finish(proc, run_dir, 150) == OK, launcher_text(run_dir)[-3000:]
     seen = records(out)
     assert len(seen) == 2 and all(s["cwd"] == str(PROGRAMS) and s["path0"] == str(PROGRAMS) for s in seen)
@@ -439,24 +618,43 @@ def render_k8s(argv: list[str]) -> tuple[int, str, str]:
 def test_k8s_program_manifest_golden() -> None:
     import yaml
 
-    code, out, err = render_k8s(["--nodes", "2", "--gpus-per-node", "4", "--image", "reg.example/mine:1", "--name",
-                                 "mine", "--workdir", "/code", "--run-dir", "/shared/runs/mine", "--",
-                                 "train.py", "--epochs", "3", "--run-dir", "/shared/runs/mine"])
+    code, out, err = render_k8s(
+        [
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--image",
+            "reg.example/mine:1",
+            "--name",
+            "mine",
+            "--workdir",
+            "/code",
+            "--run-dir",
+            "/shared/runs/mine",
+            "--",
+            "train.py",
+            "--epochs",
+            "3",
+            "--run-dir",
+            "/shared/runs/mine",
+        ]
+    )
     assert code == OK, err
     check_golden("k8s_program.yaml", out)
     objs = {d["kind"]: d for d in yaml.safe_load_all(out)}
     assert "ConfigMap" not in objs  # a user's program has no recipe
     container = objs["Job"]["spec"]["template"]["spec"]["containers"][0]
     assert container["workingDir"] == "/code"
-    assert container["args"][0].splitlines()[-1].endswith(
-        "--gpus 4 -- train.py --epochs 3 --run-dir /shared/runs/mine")
+    assert container["args"][0].splitlines()[-1].endswith("--gpus 4 -- train.py --epochs 3 --run-dir /shared/runs/mine")
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/shared", "/dev/shm", "/tmp"}
     rules = objs["Job"]["spec"]["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == [BAD_INPUT]
 
 
-def test_k8s_pod_command_is_accepted_by_launch_local(capsys: pytest.CaptureFixture[str],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_k8s_pod_command_is_accepted_by_launch_local(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The pod's exec line, with the pod's variables filled in, is a valid launch of the program."""
     import yaml
 
@@ -475,12 +673,15 @@ def test_k8s_pod_command_is_accepted_by_launch_local(capsys: pytest.CaptureFixtu
     assert printed[-5:] == ["-m", "torchlaunch.runner", EXIT_WITH, "0", "o d"]
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--config", "configs/smoke.yaml", "--", "train.py"], "--config applies to the built-in worker"),
-    (["seed=1", "--", "train.py"], "config overrides (seed=1) apply to the built-in worker"),
-    (["--workdir", "code", "--", "train.py"], "--workdir 'code' must be an absolute path"),
-    (["--", "-m"], "-m needs a module name"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--config", "configs/smoke.yaml", "--", "train.py"], "--config applies to the built-in worker"),
+        (["seed=1", "--", "train.py"], "config overrides (seed=1) apply to the built-in worker"),
+        (["--workdir", "code", "--", "train.py"], "--workdir 'code' must be an absolute path"),
+        (["--", "-m"], "-m needs a module name"),
+    ],
+)
 def test_k8s_bad_program_arguments(args: list[str], words: str) -> None:
     code, out, err = render_k8s(args)
     assert code == BAD_INPUT and out == ""
@@ -498,8 +699,20 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def custom_loop_launch(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", *CPU, "--", CUSTOM_LOOP, "--run-dir", str(run_dir),
-            "--epochs", CUSTOM_EPOCHS]
+    return [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        "--gpus",
+        "2",
+        *CPU,
+        "--",
+        CUSTOM_LOOP,
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        CUSTOM_EPOCHS,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -514,8 +727,15 @@ def custom_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_until_step_then_sigterm(run_dir: Path, step: int) -> tuple[int, str]:
     """Start the launch, SIGTERM the launcher once rank 0 printed `step`; (exit code, stdout)."""
-    proc = subprocess.Popen(custom_loop_launch(run_dir), cwd=REPO, env=child_env(ONE_THREAD), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        custom_loop_launch(run_dir),
+        cwd=REPO,
+        env=child_env(ONE_THREAD),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     seen: list[str] = []
     try:
         assert proc.stdout is not None
@@ -565,10 +785,19 @@ def test_custom_loop_preempted_on_slurm_resumes_bitwise(custom_reference: Path, 
     from tests.test_slurm_cluster import requeue_records, slurm, wait_until
 
     run_dir = tmp_path / "custom"
-    proc = slurm_launch(run_dir, [CUSTOM_LOOP, "--run-dir", str(run_dir), "--epochs", CUSTOM_EPOCHS],
-                        "--nodes", "2", "--tasks-per-node", "1", "--time", "30")
-    job_id = wait_until(lambda: launcher_text(run_dir).partition("submitted job ")[2].partition(":")[0], 60,
-                        "the job id")
+    proc = slurm_launch(
+        run_dir,
+        [CUSTOM_LOOP, "--run-dir", str(run_dir), "--epochs", CUSTOM_EPOCHS],
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "1",
+        "--time",
+        "30",
+    )
+    job_id = wait_until(
+        lambda: launcher_text(run_dir).partition("submitted job ")[2].partition(":")[0], 60, "the job id"
+    )
     log = run_dir / "slurm" / job_id / f"{job_id}_0_log.out"
     wait_until(lambda: log.exists() and "step 60/" in log.read_text(), 240, "rank 0 to reach step 60")
     slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")

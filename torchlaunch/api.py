@@ -38,8 +38,20 @@ from torchlaunch.core.preemption import PreemptionWatcher, agree
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.worker.data import BatchPlan
 
-__all__ = ["BAD_INPUT", "FAILURE", "OK", "PREEMPTED", "BadInput", "Checkpointer", "Context",
-           "ResumableSampler", "preemption_requested", "resumable_sampler", "setup", "teardown"]
+__all__ = [
+    "BAD_INPUT",
+    "FAILURE",
+    "OK",
+    "PREEMPTED",
+    "BadInput",
+    "Checkpointer",
+    "Context",
+    "ResumableSampler",
+    "preemption_requested",
+    "resumable_sampler",
+    "setup",
+    "teardown",
+]
 
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """What Kubernetes, Slurm (--signal) and a Ctrl-C send before a stop: the worker's defaults."""
@@ -69,8 +81,9 @@ class Context:
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if isinstance(exc, BadInput):
             teardown(clean=True)  # raised on every rank together (agreed), as in the worker
             _exit_bad_input(exc)
@@ -88,8 +101,9 @@ class _Session:
 _session: _Session | None = None
 
 
-def setup(timeout_s: float = 300.0, backend: str = "auto", signals: Sequence[str] = SIGNALS,
-          pin_cpus: bool = False) -> Context:
+def setup(
+    timeout_s: float = 300.0, backend: str = "auto", signals: Sequence[str] = SIGNALS, pin_cpus: bool = False
+) -> Context:
     """Join the process group the launcher described (RANK, WORLD_SIZE, ... ; none: a single process)
     and install the flag-only preemption handlers. Call once, first thing; a second call returns the
     same context. A broken environment is bad input: one line on stderr, exit 2."""
@@ -134,8 +148,9 @@ def teardown(clean: bool = True) -> None:
 
 def _active() -> _Session:
     if _session is None:
-        raise RuntimeError("call torchlaunch.api.setup() first (it joins the process group and installs the "
-                           "preemption handlers)")
+        raise RuntimeError(
+            "call torchlaunch.api.setup() first (it joins the process group and installs the preemption handlers)"
+        )
     return _session
 
 
@@ -157,13 +172,20 @@ class Checkpointer:
     only once the commit is durable on every rank; other saves commit in the background, and the
     process never ends before a pending commit has finished (teardown and an atexit hook wait)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], keep: int = 2, synchronous: bool = False,
-                 map_location: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        keep: int = 2,
+        synchronous: bool = False,
+        map_location: str | torch.device = "cpu",
+    ) -> None:
         session = _active()
         self._ctx = session.ctx
         if not isinstance(keep, int) or keep < 1:
-            raise BadInput(f"api error: Checkpointer keep={keep!r}: must be an integer >= 1 "
-                           "(the number of newest checkpoints to keep, e.g. keep=2)")
+            raise BadInput(
+                f"api error: Checkpointer keep={keep!r}: must be an integer >= 1 "
+                "(the number of newest checkpoints to keep, e.g. keep=2)"
+            )
         self.root = Path(run_dir).expanduser() / "checkpoints"
         self.keep, self.synchronous, self.map_location = keep, synchronous, map_location
         self.step: int | None = None
@@ -191,13 +213,17 @@ class Checkpointer:
         path = Path(chosen)
         saved = found[1] if found is not None else _ckpt.load_state(path, self.map_location)
         if saved.get("kind") != KIND:
-            raise BadInput(f"api error: Checkpointer run_dir: {path} was not written by api.Checkpointer "
-                           "(the built-in worker's checkpoints hold its own state; use another run_dir)")
+            raise BadInput(
+                f"api error: Checkpointer run_dir: {path} was not written by api.Checkpointer "
+                "(the built-in worker's checkpoints hold its own state; use another run_dir)"
+            )
         if saved["world_size"] == ctx.world_size:
             _ckpt.restore_rng(saved["rng"][ctx.rank], ctx.device)
         elif ctx.is_main:
-            _ckpt.warn(f"{path}: saved by {saved['world_size']} ranks, now {ctx.world_size}: RNG states not "
-                       "restored (each rank keeps the seeding it has)")
+            _ckpt.warn(
+                f"{path}: saved by {saved['world_size']} ranks, now {ctx.world_size}: RNG states not "
+                "restored (each rank keeps the seeding it has)"
+            )
         self.step = int(saved["step"])
         return saved["state"]
 
@@ -210,9 +236,15 @@ class Checkpointer:
         sync = self.synchronous if synchronous is None else synchronous
         sync = sync or (session is not None and session.stopping)
         if ctx.is_main:
-            payload = {"format_version": _ckpt.FORMAT_VERSION, "kind": KIND, "step": int(step), "state": state,
-                       "rng": rng, "world_size": ctx.world_size,
-                       "versions": {"torch": str(torch.__version__), "python": platform.python_version()}}
+            payload = {
+                "format_version": _ckpt.FORMAT_VERSION,
+                "kind": KIND,
+                "step": int(step),
+                "state": state,
+                "rng": rng,
+                "world_size": ctx.world_size,
+                "versions": {"torch": str(torch.__version__), "python": platform.python_version()},
+            }
             meta = {"world_size": ctx.world_size, "kind": KIND}
 
             def commit(snapshot: dict[str, Any]) -> _ckpt.CommitInfo:
@@ -244,8 +276,11 @@ class Checkpointer:
         try:
             self._writer.wait()
         except BaseException as e:  # noqa: BLE001 - the exit code must not claim a commit that failed
-            print(f"checkpoint error at exit: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"checkpoint error at exit: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(FAILURE)
 
 
@@ -257,8 +292,10 @@ def _check_writable(root: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise BadInput(f"api error: Checkpointer run_dir: cannot write {root}: {e.strerror or e} "
-                       "(pass a writable folder every rank can reach)") from None
+        raise BadInput(
+            f"api error: Checkpointer run_dir: cannot write {root}: {e.strerror or e} "
+            "(pass a writable folder every rank can reach)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -291,17 +328,22 @@ class ResumableSampler:
             yield step, self.plan.step_indices(perm, step)[share]
 
 
-def resumable_sampler(dataset_len: int, batch_size: int, seed: int, *, rank: int | None = None,
-                      world_size: int | None = None) -> ResumableSampler:
+def resumable_sampler(
+    dataset_len: int, batch_size: int, seed: int, *, rank: int | None = None, world_size: int | None = None
+) -> ResumableSampler:
     """The batch plan for a map-style dataset of `dataset_len` samples. `batch_size` is the GLOBAL
     batch (split over the ranks); rank and world size default to setup()'s (else 0 of 1)."""
     ctx = _session.ctx if _session is not None else None
     rank = (ctx.rank if ctx else 0) if rank is None else rank
     world_size = (ctx.world_size if ctx else 1) if world_size is None else world_size
     if batch_size < 1 or batch_size % world_size:
-        raise BadInput(f"api error: resumable_sampler batch_size={batch_size}: the global batch must be a "
-                       f"positive multiple of the world size {world_size} (e.g. {world_size * 32})")
+        raise BadInput(
+            f"api error: resumable_sampler batch_size={batch_size}: the global batch must be a "
+            f"positive multiple of the world size {world_size} (e.g. {world_size * 32})"
+        )
     if dataset_len < batch_size:
-        raise BadInput(f"api error: resumable_sampler dataset_len={dataset_len} is smaller than "
-                       f"batch_size={batch_size} (use a smaller batch or a larger dataset)")
+        raise BadInput(
+            f"api error: resumable_sampler dataset_len={dataset_len} is smaller than "
+            f"batch_size={batch_size} (use a smaller batch or a larger dataset)"
+        )
     return ResumableSampler(BatchPlan(dataset_len, batch_size, seed, rank, world_size))

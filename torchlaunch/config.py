@@ -259,6 +259,7 @@ def is_plugin(name: str) -> bool:
     """A `model.name` / `data.name` given as an import path (anything with a colon)."""
     return ":" in str(name)
 
+
 # key -> (predicate, requirement, example fix)
 BOUNDS: dict[str, tuple[typing.Callable[[Any], bool], str, str]] = {
     "seed": (lambda v: v >= 0, "must be >= 0", "use a non-negative integer seed"),
@@ -382,8 +383,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}",
-                          "indent the section's keys under it")
+        raise ConfigError(
+            prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}", "indent the section's keys under it"
+        )
     hints = _type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for k in data:
@@ -434,20 +436,27 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a YAML mapping, turning a missing file or bad syntax into one clear line."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError("--config", f"file not found: {p}",
-                          "pass an existing YAML file, e.g. --config configs/smoke.yaml")
+        raise ConfigError(
+            "--config", f"file not found: {p}", "pass an existing YAML file, e.g. --config configs/smoke.yaml"
+        )
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError("--config", f"{p} is not valid YAML{where}",
-                          "fix the syntax, e.g. `key: value` pairs with consistent indentation") from None
+        raise ConfigError(
+            "--config",
+            f"{p} is not valid YAML{where}",
+            "fix the syntax, e.g. `key: value` pairs with consistent indentation",
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError("--config", f"{p} must hold a mapping of keys, got {type(data).__name__}",
-                          "write `section:` blocks of `key: value` pairs")
+        raise ConfigError(
+            "--config",
+            f"{p} must hold a mapping of keys, got {type(data).__name__}",
+            "write `section:` blocks of `key: value` pairs",
+        )
     return data
 
 
@@ -458,8 +467,11 @@ def validate(cfg: RunConfig) -> RunConfig:
         value = _get_dotted(flat, key)
         if key in PLUGIN_KEYS and is_plugin(value):
             if not re.fullmatch(PLUGIN_PATTERN, str(value)):
-                raise ConfigError(key, f"{value!r} is not an import path",
-                                  "write pkg.module:factory, e.g. examples.my_models:tiny_cnn")
+                raise ConfigError(
+                    key,
+                    f"{value!r} is not an import path",
+                    "write pkg.module:factory, e.g. examples.my_models:tiny_cnn",
+                )
             continue
         prefix = OPEN_CHOICES.get(key)
         if prefix and str(value).startswith(prefix) and len(str(value)) > len(prefix):
@@ -475,22 +487,29 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise ConfigError(key, f"{requirement}, got {value!r}", fix)
     for sig in cfg.preemption.signals:
         if sig not in KNOWN_SIGNALS:
-            raise ConfigError("preemption.signals", f"unknown signal {sig!r}",
-                              f"choose from: {', '.join(KNOWN_SIGNALS)}")
+            raise ConfigError(
+                "preemption.signals", f"unknown signal {sig!r}", f"choose from: {', '.join(KNOWN_SIGNALS)}"
+            )
     if cfg.model.name.startswith(TORCHVISION_PREFIX) and cfg.model.width:
-        raise ConfigError("model.width", f"{cfg.model.name} has a fixed width, got {cfg.model.width}",
-                          "use model.width=0")
+        raise ConfigError(
+            "model.width", f"{cfg.model.name} has a fixed width, got {cfg.model.width}", "use model.width=0"
+        )
     if cfg.data.cutout > cfg.data.image_size:
-        raise ConfigError("data.cutout", f"{cfg.data.cutout} is larger than data.image_size={cfg.data.image_size}",
-                          f"use a square of at most {cfg.data.image_size}, e.g. data.cutout=12, or 0 for off")
+        raise ConfigError(
+            "data.cutout",
+            f"{cfg.data.cutout} is larger than data.image_size={cfg.data.image_size}",
+            f"use a square of at most {cfg.data.image_size}, e.g. data.cutout=12, or 0 for off",
+        )
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
     if not str(cfg.data.root).strip() and cfg.data.name != "synthetic" and not is_plugin(cfg.data.name):
         raise ConfigError("data.root", "must not be empty", "point it at your dataset folder")
     if cfg.train.micro_batch_size and cfg.train.batch_size % cfg.train.micro_batch_size:
-        raise ConfigError("train.micro_batch_size",
-                          f"{cfg.train.micro_batch_size} does not divide train.batch_size={cfg.train.batch_size}",
-                          "pick a divisor of the global batch")
+        raise ConfigError(
+            "train.micro_batch_size",
+            f"{cfg.train.micro_batch_size} does not divide train.batch_size={cfg.train.batch_size}",
+            "pick a divisor of the global batch",
+        )
     return cfg
 
 

@@ -79,12 +79,16 @@ def refuse_worker_options(program: Program, config: str | None, overrides: Seque
     """--config and key=value overrides configure the built-in worker; with a user's program they would
     be silently ignored, so every launcher refuses them with the same line."""
     if config is not None:
-        raise BadInput(f"{prefix}--config applies to the built-in worker, not to {program.name} "
-                       "(pass your program's own arguments after --, or drop the program to train a recipe)")
+        raise BadInput(
+            f"{prefix}--config applies to the built-in worker, not to {program.name} "
+            "(pass your program's own arguments after --, or drop the program to train a recipe)"
+        )
     if overrides:
-        raise BadInput(f"{prefix}config overrides ({overrides[0]}) apply to the built-in worker, not to "
-                       f"{program.name} (pass your program's own arguments after --: "
-                       f"-- {shlex.join(program.argv())} ...)")
+        raise BadInput(
+            f"{prefix}config overrides ({overrides[0]}) apply to the built-in worker, not to "
+            f"{program.name} (pass your program's own arguments after --: "
+            f"-- {shlex.join(program.argv())} ...)"
+        )
 
 
 def module_origin(name: str, search_path: Sequence[str]) -> str | None:
@@ -116,13 +120,17 @@ def check(program: Program, cwd: str | None = None, search_path: Sequence[str] |
         if path.is_dir() and (path / "__main__.py").is_file():
             return
         if not path.is_file():
-            raise BadInput(f"launch error: script {program.script}: no such file in {cwd} "
-                           f"(pass an existing SCRIPT.py, or -m package.module)")
+            raise BadInput(
+                f"launch error: script {program.script}: no such file in {cwd} "
+                f"(pass an existing SCRIPT.py, or -m package.module)"
+            )
         return
     paths = [cwd, *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
     if module_origin(str(program.module), [p for p in paths if p] if search_path is None else search_path) is None:
-        raise BadInput(f"launch error: module {program.module}: not found from {cwd} or PYTHONPATH "
-                       f"(run from the folder that holds the package, or add it to PYTHONPATH)")
+        raise BadInput(
+            f"launch error: module {program.module}: not found from {cwd} or PYTHONPATH "
+            f"(run from the folder that holds the package, or add it to PYTHONPATH)"
+        )
 
 
 def execute(program: Program, cwd: str | None = None) -> None:

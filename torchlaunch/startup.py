@@ -18,7 +18,7 @@ def process_age_s() -> float:
     try:
         with open("/proc/self/stat") as fh:
             stat = fh.read()
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 (state) onward
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 (state) onward
         start_ticks = int(fields[19])  # field 22, starttime: clock ticks after boot
         return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):

@@ -85,7 +85,7 @@ def _hasher(algorithm: str) -> Any:
 
 
 def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
-    """"algorithm:hex" of a file, read in 8 MiB blocks."""
+    """ "algorithm:hex" of a file, read in 8 MiB blocks."""
     h = _hasher(algorithm)
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 23), b""):
@@ -152,8 +152,14 @@ class CommitInfo:
     seconds: float
 
 
-def write_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any],
-                     before_commit: Callable[[Path], None] | None = None, replace: bool = False) -> CommitInfo:
+def write_checkpoint(
+    root: Path,
+    step: int,
+    state: dict[str, Any],
+    meta: dict[str, Any],
+    before_commit: Callable[[Path], None] | None = None,
+    replace: bool = False,
+) -> CommitInfo:
     """Commit `state` as step `step` under `root`; raise CheckpointError and keep the previous on failure.
 
     A committed checkpoint of the same step is kept as it is unless `replace` (a newer state of the same
@@ -173,8 +179,9 @@ def write_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[st
         if before_commit is not None:
             before_commit(tmp)
         _fault_injection_stall(tmp, step)
-        marker = dict(meta, step=step, checksum=digest, bytes=size,
-                      format_version=FORMAT_VERSION, committed_at=time.time())
+        marker = dict(
+            meta, step=step, checksum=digest, bytes=size, format_version=FORMAT_VERSION, committed_at=time.time()
+        )
         if final.exists() and (final / MARKER_FILE).exists():
             # Commit inside the temp folder first, then swap: a crash between the two renames leaves
             # the old folder aside, and clean_stale() puts it back at the next start (no step is lost).
@@ -200,8 +207,10 @@ def write_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[st
         previous = newest_committed(root)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         if os_error.errno == errno.ENOSPC:
-            raise CheckpointError(f"checkpoint error: no space left on device writing {final} "
-                                  f"(free space or point run_dir at a larger volume); {kept}") from None
+            raise CheckpointError(
+                f"checkpoint error: no space left on device writing {final} "
+                f"(free space or point run_dir at a larger volume); {kept}"
+            ) from None
         raise CheckpointError(f"checkpoint error: writing {final} failed: {os_error} ({kept})") from None
     return CommitInfo(final, step, marker["checksum"], marker["bytes"], time.perf_counter() - start)
 
@@ -344,8 +353,9 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def find_latest(root: Path, map_location: str | torch.device = "cpu",
-                on_skip: Callable[[str], None] = warn) -> tuple[Path, dict[str, Any]] | None:
+def find_latest(
+    root: Path, map_location: str | torch.device = "cpu", on_skip: Callable[[str], None] = warn
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that verifies and loads; each skipped one is reported with its reason."""
     for _, path in candidates(root):
         try:
@@ -355,8 +365,9 @@ def find_latest(root: Path, map_location: str | torch.device = "cpu",
     return None
 
 
-def resolve_resume(resume: str, root: Path, map_location: str | torch.device = "cpu",
-                   on_skip: Callable[[str], None] = warn) -> tuple[Path, dict[str, Any]] | None:
+def resolve_resume(
+    resume: str, root: Path, map_location: str | torch.device = "cpu", on_skip: Callable[[str], None] = warn
+) -> tuple[Path, dict[str, Any]] | None:
     """`auto` -> newest valid or None; `never` -> None; a path -> that checkpoint or BadInput."""
     if resume == "never":
         return None
@@ -366,13 +377,17 @@ def resolve_resume(resume: str, root: Path, map_location: str | torch.device = "
     if path.is_file() and path.name == STATE_FILE:
         path = path.parent
     if not path.is_dir():
-        raise BadInput(f"config error: checkpoint.resume: {path} does not exist "
-                       "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)")
+        raise BadInput(
+            f"config error: checkpoint.resume: {path} does not exist "
+            "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)"
+        )
     try:
         return path, load_state(path, map_location)
     except InvalidCheckpoint as e:
-        raise BadInput(f"config error: checkpoint.resume: {path} is not a valid checkpoint: {e} "
-                       "(pick another checkpoint or use checkpoint.resume=auto)") from None
+        raise BadInput(
+            f"config error: checkpoint.resume: {path} is not a valid checkpoint: {e} "
+            "(pick another checkpoint or use checkpoint.resume=auto)"
+        ) from None
 
 
 def clean_stale(root: Path) -> list[Path]:
@@ -383,7 +398,7 @@ def clean_stale(root: Path) -> list[Path]:
         return removed
     for p in sorted(root.iterdir()):
         if p.name.startswith(REPLACED_PREFIX):
-            original = root / p.name[len(REPLACED_PREFIX):].rsplit("-", 1)[0]
+            original = root / p.name[len(REPLACED_PREFIX) :].rsplit("-", 1)[0]
             if not original.exists() and verify(p) is None:
                 os.rename(p, original)
                 continue
@@ -578,8 +593,9 @@ class AsyncWriter:
 # Pieces shared by the Trainer and train/api.py: one commit path, one RNG capture.
 
 
-def commit_with_retention(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any], keep: int,
-                          replace: bool = False) -> CommitInfo:
+def commit_with_retention(
+    root: Path, step: int, state: dict[str, Any], meta: dict[str, Any], keep: int, replace: bool = False
+) -> CommitInfo:
     """Commit one checkpoint, then prune to the newest `keep` (+ best): what every save does."""
     info = write_checkpoint(root, step, state, meta, replace=replace)
     apply_retention(root, keep)
@@ -592,8 +608,13 @@ def capture_rng(device: torch.device) -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
-                  int(np_state[3]), float(np_state[4])],
+        "numpy": [
+            np_state[0],
+            torch.from_numpy(np_state[1].astype(np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
         "python": random.getstate(),
     }
 

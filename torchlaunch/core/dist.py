@@ -50,8 +50,10 @@ def read_env(env: Mapping[str, str] | None = None) -> dict[str, int | str] | Non
     if "RANK" in present and "WORLD_SIZE" in present and len(present) < len(CONTRACT):
         missing = [k for k in CONTRACT if k not in env and k not in ("LOCAL_WORLD_SIZE",)]
         if missing:
-            raise BadInput(f"env error: {', '.join(missing)} not set while RANK/WORLD_SIZE are "
-                           "(start workers with a launcher: python -m launch.local, torchrun, submitit)")
+            raise BadInput(
+                f"env error: {', '.join(missing)} not set while RANK/WORLD_SIZE are "
+                "(start workers with a launcher: python -m launch.local, torchrun, submitit)"
+            )
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
     parsed: dict[str, int | str] = {}
@@ -63,8 +65,10 @@ def read_env(env: Mapping[str, str] | None = None) -> dict[str, int | str] | Non
             raise BadInput(f"env error: {key}={raw!r} is not an integer (fix the launcher's environment)") from None
     parsed["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
     if not 0 <= int(parsed["RANK"]) < int(parsed["WORLD_SIZE"]):
-        raise BadInput(f"env error: RANK={parsed['RANK']} outside WORLD_SIZE={parsed['WORLD_SIZE']} "
-                       "(fix the launcher's environment)")
+        raise BadInput(
+            f"env error: RANK={parsed['RANK']} outside WORLD_SIZE={parsed['WORLD_SIZE']} "
+            "(fix the launcher's environment)"
+        )
     return parsed
 
 
@@ -73,8 +77,10 @@ def pick_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         if local_rank >= count:
-            raise BadInput(f"env error: LOCAL_RANK={local_rank} but only {count} GPU(s) are visible "
-                           "(start at most one worker per GPU, or check CUDA_VISIBLE_DEVICES)")
+            raise BadInput(
+                f"env error: LOCAL_RANK={local_rank} but only {count} GPU(s) are visible "
+                "(start at most one worker per GPU, or check CUDA_VISIBLE_DEVICES)"
+            )
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
@@ -208,8 +214,11 @@ def rank_order_mean(parts: list[torch.Tensor], out: torch.Tensor) -> torch.Tenso
 
 
 # DDP validates the hook's annotations as real objects (this module uses postponed annotations).
-ordered_allreduce_hook.__annotations__ = {"process_group": object, "bucket": dist.GradBucket,
-                                          "return": torch.futures.Future[torch.Tensor]}
+ordered_allreduce_hook.__annotations__ = {
+    "process_group": object,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
 
 
 def agreed(ctx: DistContext, build):  # noqa: ANN001, ANN201 - any builder, any result

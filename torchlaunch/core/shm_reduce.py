@@ -94,13 +94,17 @@ def shared_memory_hook(state: SharedMemoryReducer, bucket: dist.GradBucket) -> t
 
 
 # DDP validates the hook's annotations as real objects (this module uses postponed annotations).
-shared_memory_hook.__annotations__ = {"state": SharedMemoryReducer, "bucket": dist.GradBucket,
-                                      "return": torch.futures.Future[torch.Tensor]}
+shared_memory_hook.__annotations__ = {
+    "state": SharedMemoryReducer,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
 
 
 def _map_slots(path: str, world_size: int, nbytes: int) -> torch.Tensor:
-    return torch.from_file(path, shared=True, size=2 * world_size * nbytes, dtype=torch.uint8) \
-        .view(2, world_size, nbytes)
+    return torch.from_file(path, shared=True, size=2 * world_size * nbytes, dtype=torch.uint8).view(
+        2, world_size, nbytes
+    )
 
 
 def build_reducer(model: nn.Module, shm_dir: str = SHM_DIR) -> SharedMemoryReducer | None:

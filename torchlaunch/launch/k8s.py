@@ -102,8 +102,10 @@ def metadata(opts: K8sOptions, name: str, *, skips: dict[str, str] | None = None
     else:
         waived["CKV_K8S_21"] = "namespace chosen at apply time (kubectl apply -n NS); --namespace pins one"
     if waived:
-        meta["annotations"] = {f"checkov.io/skip{i}": f"{check}={reason}"
-                               for i, (check, reason) in enumerate(sorted(waived.items()), start=1)}
+        meta["annotations"] = {
+            f"checkov.io/skip{i}": f"{check}={reason}"
+            for i, (check, reason) in enumerate(sorted(waived.items()), start=1)
+        }
     return meta
 
 
@@ -126,12 +128,21 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
     exec keeps the launcher as tini's direct child, so SIGTERM from the kubelet reaches it, and it
     forwards it to torchrun and the workers (checkpoint, exit 75).
     """
-    launcher = ["python", "-m", "torchlaunch.launch.local",
-                "--nnodes", str(spec.nodes),
-                "--node-rank", '"$JOB_COMPLETION_INDEX"',
-                "--master-addr", '"$MASTER_ADDR"',
-                "--master-port", '"$MASTER_PORT"',
-                "--gpus", str(spec.gpus_per_node)]
+    launcher = [
+        "python",
+        "-m",
+        "torchlaunch.launch.local",
+        "--nnodes",
+        str(spec.nodes),
+        "--node-rank",
+        '"$JOB_COMPLETION_INDEX"',
+        "--master-addr",
+        '"$MASTER_ADDR"',
+        "--master-port",
+        '"$MASTER_PORT"',
+        "--gpus",
+        str(spec.gpus_per_node),
+    ]
     if opts.cpu_only:
         launcher += ["--device", "cpu"]
     if opts.doctor:
@@ -144,16 +155,24 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         launcher += ["--", *(shlex.quote(a) for a in spec.program)]
     else:
         launcher += ["--config", shlex.quote(f"{opts.config_dir}/{recipe_key(spec)}")]
-        lead = [] if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides) \
-            else [f"preemption.lead_time_s={opts.grace_period_s}"]  # the worker warns if a save won't fit
+        lead = (
+            []
+            if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides)
+            else [f"preemption.lead_time_s={opts.grace_period_s}"]
+        )  # the worker warns if a save won't fit
         launcher += [shlex.quote(o) for o in (*lead, f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
-    return "\n".join([
-        "set -eu",
-        'if [ "$JOB_COMPLETION_INDEX" != 0 ]; then',
-        f'  python -m torchlaunch.launch.k8s --wait-for "$MASTER_ADDR:$MASTER_PORT" --wait-timeout-s {opts.wait_timeout_s}',
-        "fi",
-        "exec " + " ".join(launcher),
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -eu",
+                'if [ "$JOB_COMPLETION_INDEX" != 0 ]; then',
+                f'  python -m torchlaunch.launch.k8s --wait-for "$MASTER_ADDR:$MASTER_PORT" --wait-timeout-s {opts.wait_timeout_s}',
+                "fi",
+                "exec " + " ".join(launcher),
+            ]
+        )
+        + "\n"
+    )
 
 
 def service(spec: JobSpec, opts: K8sOptions) -> Manifest:
@@ -167,8 +186,9 @@ def service(spec: JobSpec, opts: K8sOptions) -> Manifest:
             # Resolve pod 0 before it is Ready: there is no readiness probe worth waiting for.
             "publishNotReadyAddresses": True,
             "selector": labels(opts),
-            "ports": [{"name": "rendezvous", "port": spec.master_port, "targetPort": spec.master_port,
-                       "protocol": "TCP"}],
+            "ports": [
+                {"name": "rendezvous", "port": spec.master_port, "targetPort": spec.master_port, "protocol": "TCP"}
+            ],
         },
     }
 
@@ -263,8 +283,10 @@ def pod_spec(spec: JobSpec, opts: K8sOptions) -> Manifest:
         "volumes": [
             *([] if spec.program else [{"name": "recipe", "configMap": {"name": f"{opts.name}-recipe"}}]),
             {"name": "shared", "persistentVolumeClaim": {"claimName": f"{opts.name}-shared"}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory",
-                                          "sizeLimit": f"{opts.shm_gb_per_gpu * spec.gpus_per_node}Gi"}},
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": f"{opts.shm_gb_per_gpu * spec.gpus_per_node}Gi"},
+            },
             {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
         ],
     }
@@ -293,8 +315,11 @@ def network_policy(opts: K8sOptions) -> Manifest:
 def job(spec: JobSpec, opts: K8sOptions) -> Manifest:
     on_container_exit = {"containerName": CONTAINER, "operator": "In"}
     image = spec.image or DEFAULT_IMAGE
-    skips = {} if "@sha256:" in image else {
-        "CKV_K8S_43": "`make image` tags images; pass --image REG/IMG@sha256:DIGEST to pin a digest"}
+    skips = (
+        {}
+        if "@sha256:" in image
+        else {"CKV_K8S_43": "`make image` tags images; pass --image REG/IMG@sha256:DIGEST to pin a digest"}
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -307,11 +332,13 @@ def job(spec: JobSpec, opts: K8sOptions) -> Manifest:
             # A replacement starts only once the old pod is gone: never two pods of one index
             # writing the run directory or answering at pod 0's name.
             "podReplacementPolicy": "Failed",
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {**on_container_exit, "values": [BAD_INPUT]}},
-                {"action": "Ignore", "onExitCodes": {**on_container_exit, "values": [PREEMPTED]}},
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "FailJob", "onExitCodes": {**on_container_exit, "values": [BAD_INPUT]}},
+                    {"action": "Ignore", "onExitCodes": {**on_container_exit, "values": [PREEMPTED]}},
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
             "template": {
                 "metadata": {"labels": labels(opts)},
                 "spec": pod_spec(spec, opts),
@@ -331,23 +358,32 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
     # Pod hostnames are `<name>-<index>` and must stay DNS labels (<= 63 characters).
     longest = len(f"{opts.name}-{spec.nodes - 1}")
     if not DNS_LABEL.match(opts.name) or longest > 63:
-        raise BadInput(f"k8s error: --name {opts.name!r} must be a DNS label (lowercase letters, digits, '-', "
-                       f"starting with a letter) short enough for '<name>-<index>' to fit 63 characters")
-    for field, value in (("--save-time-s", opts.save_time_s), ("--step-time-s", opts.step_time_s),
-                         ("--wait-timeout-s", opts.wait_timeout_s)):
+        raise BadInput(
+            f"k8s error: --name {opts.name!r} must be a DNS label (lowercase letters, digits, '-', "
+            f"starting with a letter) short enough for '<name>-<index>' to fit 63 characters"
+        )
+    for field, value in (
+        ("--save-time-s", opts.save_time_s),
+        ("--step-time-s", opts.step_time_s),
+        ("--wait-timeout-s", opts.wait_timeout_s),
+    ):
         if value < 1:
             raise BadInput(f"k8s error: {field} must be >= 1, got {value}")
     if opts.backoff_limit is not None and opts.backoff_limit < 0:
         raise BadInput(f"k8s error: --backoff-limit must be >= 0, got {opts.backoff_limit}")
     if opts.workdir is not None and not opts.workdir.startswith("/"):
-        raise BadInput(f"k8s error: --workdir {opts.workdir!r} must be an absolute path in the image "
-                       f"(where your code is, e.g. /code)")
+        raise BadInput(
+            f"k8s error: --workdir {opts.workdir!r} must be an absolute path in the image "
+            f"(where your code is, e.g. /code)"
+        )
     if any(o.startswith("run_dir=") for o in spec.overrides):
         raise BadInput("k8s error: set the run directory with --run-dir, not a run_dir= override")
     rd = run_dir(spec, opts)  # relative paths resolve against the pods' working dir, the shared volume
     if rd.startswith("/") and not rd.startswith(opts.shared_dir + "/"):
-        raise BadInput(f"k8s error: --run-dir {rd!r} must be under {opts.shared_dir}/ (the shared volume), "
-                       f"or a pod replacement would lose the checkpoints")
+        raise BadInput(
+            f"k8s error: --run-dir {rd!r} must be under {opts.shared_dir}/ (the shared volume), "
+            f"or a pod replacement would lose the checkpoints"
+        )
 
 
 # ---- edge: YAML, files, sockets, argv ---------------------------------------------------------------
@@ -389,44 +425,70 @@ def wait_for(endpoint: str, timeout_s: float, *, poll_s: float = 1.0) -> bool:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launch.k8s",
-                                description="Render the Kubernetes manifests (Service, ConfigMap, PVC, "
-                                            "Indexed Job) of a training run to stdout.")
+    p = argparse.ArgumentParser(
+        prog="python -m launch.k8s",
+        description="Render the Kubernetes manifests (Service, ConfigMap, PVC, "
+        "Indexed Job) of a training run to stdout.",
+    )
     p.add_argument("--nodes", type=int, default=2, help="pods (one per node)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="worker processes (GPUs) per pod")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="training image, REGISTRY/IMAGE:TAG (make image)")
-    p.add_argument("--config", default=None, help=f"recipe YAML of the built-in worker (default {DEFAULT_CONFIG}); "
-                                                  "shipped to the pods in a ConfigMap; not with a program after --")
-    p.add_argument("--workdir", default=None, help="the pods' working directory, e.g. /code where the image "
-                                                   "holds your program (default: the shared volume)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"recipe YAML of the built-in worker (default {DEFAULT_CONFIG}); "
+        "shipped to the pods in a ConfigMap; not with a program after --",
+    )
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="the pods' working directory, e.g. /code where the image holds your program (default: the shared volume)",
+    )
     p.add_argument("--name", default=K8sOptions.name, help="name of the Job, Service, ConfigMap and PVC")
     p.add_argument("--namespace", default=None, help="namespace of every object (default: kubectl's)")
     p.add_argument("--storage-class", default=None, help="ReadWriteMany StorageClass of the shared PVC")
     p.add_argument("--storage-size", default=K8sOptions.storage_size, help="size of the shared PVC")
-    p.add_argument("--run-dir", default=None, help="run directory on the shared volume "
-                                                   "(default /shared/runs/NAME)")
+    p.add_argument("--run-dir", default=None, help="run directory on the shared volume (default /shared/runs/NAME)")
     p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port of pod 0")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts inside a pod")
     p.add_argument("--cpus-per-gpu", type=int, default=K8sOptions.cpus_per_gpu)
     p.add_argument("--mem-gb-per-gpu", type=int, default=K8sOptions.mem_gb_per_gpu)
-    p.add_argument("--save-time-s", type=int, default=K8sOptions.save_time_s,
-                   help="measured checkpoint save time; sizes terminationGracePeriodSeconds")
-    p.add_argument("--step-time-s", type=int, default=K8sOptions.step_time_s,
-                   help="worst-case time of one step; sizes terminationGracePeriodSeconds")
+    p.add_argument(
+        "--save-time-s",
+        type=int,
+        default=K8sOptions.save_time_s,
+        help="measured checkpoint save time; sizes terminationGracePeriodSeconds",
+    )
+    p.add_argument(
+        "--step-time-s",
+        type=int,
+        default=K8sOptions.step_time_s,
+        help="worst-case time of one step; sizes terminationGracePeriodSeconds",
+    )
     p.add_argument("--backoff-limit", type=int, default=None, help="pod failures tolerated (default 3 x nodes)")
     p.add_argument("--cpu-only", action="store_true", help="CPU workers (gloo), no GPU requests")
-    p.add_argument("--doctor", action="store_true",
-                   help="render a pre-flight Job (rendezvous, all_reduce, shared PVC) instead of training")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the manifests (this launcher only ever prints; apply them with kubectl)")
-    p.add_argument("--wait-for", metavar="HOST:PORT", default=None,
-                   help="(inside pods) wait until HOST:PORT accepts TCP connections, then exit 0")
+    p.add_argument(
+        "--doctor",
+        action="store_true",
+        help="render a pre-flight Job (rendezvous, all_reduce, shared PVC) instead of training",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the manifests (this launcher only ever prints; apply them with kubectl)",
+    )
+    p.add_argument(
+        "--wait-for",
+        metavar="HOST:PORT",
+        default=None,
+        help="(inside pods) wait until HOST:PORT accepts TCP connections, then exit 0",
+    )
     p.add_argument("--wait-timeout-s", type=int, default=K8sOptions.wait_timeout_s)
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     own, program = (list(argv), None)
     if "--" in own:
         cut = own.index("--")
-        own, program = own[:cut], own[cut + 1:]
+        own, program = own[:cut], own[cut + 1 :]
     args = p.parse_args(own)
     args.program = program
     return args
@@ -446,27 +508,45 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
         with open(args.config, encoding="utf-8") as f:
             recipe_text = f.read()
     except OSError as e:
-        raise BadInput(f"k8s error: cannot read --config {args.config}: {e.strerror} "
-                       f"(pass a recipe such as configs/cifar10.yaml)") from None
+        raise BadInput(
+            f"k8s error: cannot read --config {args.config}: {e.strerror} (pass a recipe such as configs/cifar10.yaml)"
+        ) from None
     cfg = config_mod.load(args.config, args.overrides)  # the pods would fail the same way: fail here
     if args.doctor:
         from torchlaunch.launch import precheck
 
         precheck.check_remote(cfg, on_cpu=args.cpu_only)  # data visible from here, fp16 on CPU workers
-    spec = JobSpec(config=args.config, overrides=tuple(args.overrides), nodes=args.nodes,
-                   gpus_per_node=args.gpus_per_node, run_dir=args.run_dir, master_port=args.master_port,
-                   max_restarts=args.max_restarts, image=args.image)
+    spec = JobSpec(
+        config=args.config,
+        overrides=tuple(args.overrides),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        run_dir=args.run_dir,
+        master_port=args.master_port,
+        max_restarts=args.max_restarts,
+        image=args.image,
+    )
     opts = options_from(args)
     validate(spec, opts)
     return spec, opts, recipe_text
 
 
 def options_from(args: argparse.Namespace) -> K8sOptions:
-    return K8sOptions(name=args.name, namespace=args.namespace, storage_class=args.storage_class,
-                      storage_size=args.storage_size, save_time_s=args.save_time_s, step_time_s=args.step_time_s,
-                      backoff_limit=args.backoff_limit, cpu_only=args.cpu_only, cpus_per_gpu=args.cpus_per_gpu,
-                      mem_gb_per_gpu=args.mem_gb_per_gpu, wait_timeout_s=args.wait_timeout_s,
-                      doctor=args.doctor, workdir=args.workdir)
+    return K8sOptions(
+        name=args.name,
+        namespace=args.namespace,
+        storage_class=args.storage_class,
+        storage_size=args.storage_size,
+        save_time_s=args.save_time_s,
+        step_time_s=args.step_time_s,
+        backoff_limit=args.backoff_limit,
+        cpu_only=args.cpu_only,
+        cpus_per_gpu=args.cpus_per_gpu,
+        mem_gb_per_gpu=args.mem_gb_per_gpu,
+        wait_timeout_s=args.wait_timeout_s,
+        doctor=args.doctor,
+        workdir=args.workdir,
+    )
 
 
 def plan_program(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
@@ -475,9 +555,15 @@ def plan_program(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
 
     program = program_mod.parse(args.program)
     program_mod.refuse_worker_options(program, args.config, args.overrides, "k8s error: ")
-    spec = JobSpec(program=tuple(program.argv()), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                   run_dir=args.run_dir, master_port=args.master_port, max_restarts=args.max_restarts,
-                   image=args.image)
+    spec = JobSpec(
+        program=tuple(program.argv()),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        run_dir=args.run_dir,
+        master_port=args.master_port,
+        max_restarts=args.max_restarts,
+        image=args.image,
+    )
     opts = options_from(args)
     validate(spec, opts)
     return spec, opts, ""
@@ -492,8 +578,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return BAD_INPUT
         if wait_for(args.wait_for, args.wait_timeout_s):
             return OK
-        print(f"k8s: {args.wait_for} did not accept connections within {args.wait_timeout_s}s "
-              f"(is pod 0 running?)", file=sys.stderr)
+        print(
+            f"k8s: {args.wait_for} did not accept connections within {args.wait_timeout_s}s (is pod 0 running?)",
+            file=sys.stderr,
+        )
         return FAILURE
     try:
         spec, opts, recipe_text = plan(args)

@@ -75,26 +75,47 @@ def program_tail(spec: JobSpec, module: str) -> list[str]:
     return ["-m", module, "--config", spec.config, *spec.overrides]
 
 
-def torchrun_argv(spec: JobSpec, placement: NodePlacement, *, python: str = "python",
-                  module: str = BUILTIN_WORKER, rdzv_run_id: str | None = None) -> list[str]:
+def torchrun_argv(
+    spec: JobSpec,
+    placement: NodePlacement,
+    *,
+    python: str = "python",
+    module: str = BUILTIN_WORKER,
+    rdzv_run_id: str | None = None,
+) -> list[str]:
     """The exact torchrun command for one node of `spec` (pure: no environment, no files).
     launch.torchrun is torchrun minus its ~0.8 s interpreter teardown at exit."""
-    argv = [python, "-m", "torchlaunch.launch.torchrun",
-            "--nnodes", str(spec.nodes),
-            "--nproc-per-node", str(spec.gpus_per_node),
-            "--max-restarts", str(spec.max_restarts)]
+    argv = [
+        python,
+        "-m",
+        "torchlaunch.launch.torchrun",
+        "--nnodes",
+        str(spec.nodes),
+        "--nproc-per-node",
+        str(spec.gpus_per_node),
+        "--max-restarts",
+        str(spec.max_restarts),
+    ]
     if spec.nodes == 1 and placement.master_addr is None:
         argv.append("--standalone")  # private rendezvous on a free local port
     else:
         if placement.master_addr is None:
-            raise BadInput("launch error: --master-addr is required with --nnodes > 1 "
-                           "(pass the host name or address of node 0)")
+            raise BadInput(
+                "launch error: --master-addr is required with --nnodes > 1 (pass the host name or address of node 0)"
+            )
         is_host = "true" if placement.node_rank == 0 else "false"
-        argv += ["--node-rank", str(placement.node_rank),
-                 "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{placement.master_addr}:{spec.master_port}",
-                 "--rdzv-id", rdzv_run_id or "torchlaunch",
-                 "--rdzv-conf", f"is_host={is_host}"]
+        argv += [
+            "--node-rank",
+            str(placement.node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{placement.master_addr}:{spec.master_port}",
+            "--rdzv-id",
+            rdzv_run_id or "torchlaunch",
+            "--rdzv-conf",
+            f"is_host={is_host}",
+        ]
     argv += program_tail(spec, module)
     return argv
 
@@ -103,8 +124,7 @@ def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
     """One worker on one node with no restarts: torchrun's agent would only start it (its own torch
     import alone costs ~1.7 s on 2 cores), so the worker runs directly. It needs no rendezvous: with
     no RANK/WORLD_SIZE in its environment train.dist runs it as a single process."""
-    return (spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0
-            and placement.master_addr is None)
+    return spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0 and placement.master_addr is None
 
 
 def worker_argv(spec: JobSpec, *, python: str = "python", module: str = BUILTIN_WORKER) -> list[str]:
@@ -125,8 +145,9 @@ def worker_threads(procs_per_node: int, cores: int) -> int:
     return max(1, cores // max(1, procs_per_node))
 
 
-def launch_env(spec: JobSpec, base: dict[str, str], cores: int, attempt: str,
-               status_folder: Path | None = None) -> dict[str, str]:
+def launch_env(
+    spec: JobSpec, base: dict[str, str], cores: int, attempt: str, status_folder: Path | None = None
+) -> dict[str, str]:
     env = dict(base)
     if spec.program:
         # The runner (launch.program) must import from any working directory; appended, so the
@@ -186,33 +207,48 @@ def split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
     if "--" not in items:
         return items, None
     cut = items.index("--")
-    return items[:cut], items[cut + 1:]
+    return items[:cut], items[cut + 1 :]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     own, program = split_program(argv)
-    p = argparse.ArgumentParser(prog="python -m launch.local",
-                                usage="%(prog)s [options] --config YAML [key=value ...] | "
-                                      "[options] -- SCRIPT.py [args] | [options] -- -m MODULE [args]",
-                                description="Run DDP training with torchrun on this machine (CPU + gloo without GPUs): "
-                                            "the built-in worker on a recipe, or any program after --.")
+    p = argparse.ArgumentParser(
+        prog="python -m launch.local",
+        usage="%(prog)s [options] --config YAML [key=value ...] | "
+        "[options] -- SCRIPT.py [args] | [options] -- -m MODULE [args]",
+        description="Run DDP training with torchrun on this machine (CPU + gloo without GPUs): "
+        "the built-in worker on a recipe, or any program after --.",
+    )
     p.add_argument("--gpus", type=int, default=1, help="worker processes on this node (one per GPU)")
-    p.add_argument("--config", help="recipe YAML of the built-in worker, e.g. configs/smoke.yaml "
-                                    "(not with a program after --)")
-    p.add_argument("--run-dir", help="with a program after --: the shared folder --doctor checks "
-                                     "(default: a private temporary folder)")
+    p.add_argument(
+        "--config", help="recipe YAML of the built-in worker, e.g. configs/smoke.yaml (not with a program after --)"
+    )
+    p.add_argument(
+        "--run-dir",
+        help="with a program after --: the shared folder --doctor checks (default: a private temporary folder)",
+    )
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes in the job")
     p.add_argument("--node-rank", type=int, default=0, help="this node's index (0 hosts the rendezvous)")
     p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
     p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on node 0")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts of the worker group")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="auto: GPUs when visible, else CPU processes on gloo")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="auto: GPUs when visible, else CPU processes on gloo",
+    )
     p.add_argument("--module", default=BUILTIN_WORKER, help=argparse.SUPPRESS)
-    p.add_argument("--doctor", action="store_true",
-                   help="run the distributed pre-flight (rendezvous, all_reduce, shared storage, ...) instead of training")
-    p.add_argument("--dry-run", action="store_true", help="print the command (torchrun, or the worker itself "
-                   "for one worker without restarts) and exit")
+    p.add_argument(
+        "--doctor",
+        action="store_true",
+        help="run the distributed pre-flight (rendezvous, all_reduce, shared storage, ...) instead of training",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command (torchrun, or the worker itself for one worker without restarts) and exit",
+    )
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     args = p.parse_args(own)
     args.program = program
@@ -235,11 +271,15 @@ def check_devices(args: argparse.Namespace) -> None:
     if args.device != "cpu":
         gpus = visible_gpus()
         if args.device == "cuda" and gpus == 0:
-            raise BadInput("launch error: --device cuda but no GPU is visible (check the driver and "
-                           "CUDA_VISIBLE_DEVICES, or use --device cpu)")
+            raise BadInput(
+                "launch error: --device cuda but no GPU is visible (check the driver and "
+                "CUDA_VISIBLE_DEVICES, or use --device cpu)"
+            )
         if gpus and args.gpus > gpus:
-            raise BadInput(f"launch error: GPUS={args.gpus} but only {gpus} GPU(s) are visible "
-                           f"(use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)")
+            raise BadInput(
+                f"launch error: GPUS={args.gpus} but only {gpus} GPU(s) are visible "
+                f"(use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)"
+            )
 
 
 def plan_program(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, program_mod.Program]:
@@ -249,8 +289,14 @@ def plan_program(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, prog
     program_mod.refuse_worker_options(program, args.config, args.overrides, "launch error: ")
     program_mod.check(program)
     check_devices(args)
-    spec = JobSpec(program=tuple(program.argv()), nodes=args.nnodes, gpus_per_node=args.gpus,
-                   run_dir=args.run_dir, master_port=args.master_port, max_restarts=args.max_restarts)
+    spec = JobSpec(
+        program=tuple(program.argv()),
+        nodes=args.nnodes,
+        gpus_per_node=args.gpus,
+        run_dir=args.run_dir,
+        master_port=args.master_port,
+        max_restarts=args.max_restarts,
+    )
     return spec, NodePlacement(args.node_rank, args.master_addr), program
 
 
@@ -258,18 +304,28 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.R
     """Validate everything before starting anything; BadInput on the first problem."""
     check_placement(args)
     if args.config is None:
-        raise BadInput("launch error: --config is required for the built-in worker (pass a recipe such as "
-                       "--config configs/smoke.yaml, or your own program after --: -- SCRIPT.py [args])")
+        raise BadInput(
+            "launch error: --config is required for the built-in worker (pass a recipe such as "
+            "--config configs/smoke.yaml, or your own program after --: -- SCRIPT.py [args])"
+        )
     if args.run_dir is not None:
-        raise BadInput(f"launch error: --run-dir {args.run_dir} is for a program after --; the built-in "
-                       f"worker takes run_dir={args.run_dir}")
+        raise BadInput(
+            f"launch error: --run-dir {args.run_dir} is for a program after --; the built-in "
+            f"worker takes run_dir={args.run_dir}"
+        )
     cfg = config_mod.load(args.config, args.overrides)
     check_devices(args)
     if not args.doctor:  # the pre-flight trains nothing: it needs neither the data nor a precision
         precheck.check_local(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0)  # before any spawn
     resolved = str(Path(cfg.run_dir) / "config.yaml")
-    spec = JobSpec(config=resolved, nodes=args.nnodes, gpus_per_node=args.gpus, run_dir=cfg.run_dir,
-                   master_port=args.master_port, max_restarts=args.max_restarts)
+    spec = JobSpec(
+        config=resolved,
+        nodes=args.nnodes,
+        gpus_per_node=args.gpus,
+        run_dir=cfg.run_dir,
+        master_port=args.master_port,
+        max_restarts=args.max_restarts,
+    )
     return spec, NodePlacement(args.node_rank, args.master_addr), cfg
 
 
@@ -314,8 +370,9 @@ def main_program(args: argparse.Namespace) -> int:
         if args.doctor:
             module = "torchlaunch.tools.preflight"
             spec = spec.replace(config=str(private / "doctor.yaml"))
-        argv_out = launch_argv(spec, placement, module, args.doctor,
-                               program_id(spec.program, placement, spec.master_port))
+        argv_out = launch_argv(
+            spec, placement, module, args.doctor, program_id(spec.program, placement, spec.master_port)
+        )
     except BadInput as e:
         print(str(e), file=sys.stderr)
         return BAD_INPUT
@@ -330,14 +387,21 @@ def main_program(args: argparse.Namespace) -> int:
         if args.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-        return run(argv_out, env, private, attempt, label="training" if args.doctor else program.name,
-                   ranks=spec.gpus_per_node)
+        return run(
+            argv_out, env, private, attempt, label="training" if args.doctor else program.name, ranks=spec.gpus_per_node
+        )
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def run(argv: list[str], env: dict[str, str], status_folder: Path, attempt: str, label: str = "training",
-        ranks: int | None = None) -> int:
+def run(
+    argv: list[str],
+    env: dict[str, str],
+    status_folder: Path,
+    attempt: str,
+    label: str = "training",
+    ranks: int | None = None,
+) -> int:
     """Run torchrun, forward stop signals to it, and turn the workers' reports into one exit code."""
     env = {**env, status.STATUS_DIR_ENV: str(status_folder)}
     read_fd, write_fd = os.pipe()
@@ -365,18 +429,25 @@ def run(argv: list[str], env: dict[str, str], status_folder: Path, attempt: str,
     codes, reasons = status.collect(status_folder, attempt)
     code = combine_exit_codes(torchrun_code, codes, ranks)
     if code == OK and torchrun_code != 0:
-        print(f"launch: every rank reported a finish; exit {torchrun_code} came from a rank's teardown "
-              f"after it (ignored)", file=sys.stderr)
+        print(
+            f"launch: every rank reported a finish; exit {torchrun_code} came from a rank's teardown "
+            f"after it (ignored)",
+            file=sys.stderr,
+        )
     if code == BAD_INPUT:
         reason = next((r for c, r in zip(codes, reasons, strict=True) if c == BAD_INPUT), "bad input")
         print(f"launch: workers stopped on bad input (exit 2, not retried): {reason}", file=sys.stderr)
     elif code == PREEMPTED:
-        print("launch: preempted with a committed checkpoint (exit 75); run the same command again to resume",
-              file=sys.stderr)
+        print(
+            "launch: preempted with a committed checkpoint (exit 75); run the same command again to resume",
+            file=sys.stderr,
+        )
     elif code == FAILURE:
         relay.release_held()
-        print(f"launch: {label} failed (torchrun exit {torchrun_code}, worker codes {sorted(set(codes)) or 'none'})",
-              file=sys.stderr)
+        print(
+            f"launch: {label} failed (torchrun exit {torchrun_code}, worker codes {sorted(set(codes)) or 'none'})",
+            file=sys.stderr,
+        )
     return code
 
 

@@ -21,8 +21,11 @@ NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))
 
 
-def visible_gpus_without_torch(env: dict[str, str] | None = None, nvidia_gpus: Path = NVIDIA_GPUS,
-                               device_nodes: tuple[Path, ...] = GPU_DEVICE_NODES) -> int | None:
+def visible_gpus_without_torch(
+    env: dict[str, str] | None = None,
+    nvidia_gpus: Path = NVIDIA_GPUS,
+    device_nodes: tuple[Path, ...] = GPU_DEVICE_NODES,
+) -> int | None:
     """The visible GPU count when it is certain without loading CUDA, else None (ask torch).
 
     0 when CUDA_VISIBLE_DEVICES hides every GPU or no GPU driver is loaded at all (torch would say

@@ -52,7 +52,7 @@ class StderrRelay:
             pending += chunk
             start = 0
             for match in SEGMENT_END.finditer(pending):
-                self._route(pending[start:match.end()])
+                self._route(pending[start : match.end()])
                 start = match.end()
             pending = pending[start:]
         if pending:

@@ -48,8 +48,7 @@ PREFLIGHT = "torchlaunch.tools.preflight:main"
 DEFAULT_MAX_TIMEOUTS = 3
 SLURM_SIGNAL_SLACK_S = 65
 """Slurm may send the --signal up to 60 s before the requested lead time (its timer resolution)."""
-TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                   "BOOT_FAIL", "DEADLINE")
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 @dataclass(frozen=True)
@@ -79,8 +78,10 @@ class SlurmOptions:
 def resolve_run_dir(spec: JobSpec) -> str:
     """The run dir from the spec, a `run_dir=` override or the YAML; logs and checkpoints live there."""
     if spec.program and not spec.run_dir:
-        raise BadInput("no run dir: pass --run-dir /shared/path with a program after -- "
-                       "(the Slurm logs and submitit's files go there)")
+        raise BadInput(
+            "no run dir: pass --run-dir /shared/path with a program after -- "
+            "(the Slurm logs and submitit's files go there)"
+        )
     run_dir = spec.run_dir
     for override in spec.overrides:
         key, _, value = override.partition("=")
@@ -171,8 +172,14 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
     if spec.image:
         # pyxis: every task runs inside the image with the repo and the run dir mounted.
         mounts = ",".join(f"{path}:{path}" for path in (options.repo_root, run_dir))
-        params["srun_args"] = ["--container-image", spec.image, "--container-mounts", mounts,
-                               "--container-workdir", options.repo_root]
+        params["srun_args"] = [
+            "--container-image",
+            spec.image,
+            "--container-mounts",
+            mounts,
+            "--container-workdir",
+            options.repo_root,
+        ]
     return params
 
 
@@ -188,8 +195,7 @@ def sbatch_script(spec: JobSpec, options: SlurmOptions) -> str:
     run_dir = resolve_run_dir(spec)
     folder = submitit_folder(run_dir)
     params = executor_parameters(spec, options, run_dir)
-    return _make_sbatch_string(command=submitit_command(task_python(spec, options), folder), folder=folder,
-                               **params)
+    return _make_sbatch_string(command=submitit_command(task_python(spec, options), folder), folder=folder, **params)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,14 +255,14 @@ class SlurmTask:
         started = time.time()
         # One thread per allotted CPU: torch would otherwise start a thread per core in every task.
         os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
-        dist_env = submitit.helpers.TorchDistributedEnvironment().export(
-            set_cuda_visible_devices=False, overwrite=True
-        )
+        dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         rank = dist_env.rank
-        print(f"slurm task: rank {rank}/{dist_env.world_size} local {dist_env.local_rank} "
-              f"master {dist_env.master_addr}:{dist_env.master_port} "
-              f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
-              flush=True)
+        print(
+            f"slurm task: rank {rank}/{dist_env.world_size} local {dist_env.local_rank} "
+            f"master {dist_env.master_addr}:{dist_env.master_port} "
+            f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
+            flush=True,
+        )
         if self.cwd:
             os.chdir(self.cwd)
         code = load_callable(self.worker)(list(self.argv))
@@ -286,11 +292,17 @@ class SlurmTask:
         live_state = controller_state(job_id)
         if live_state != "RUNNING":
             # scancel (or the hard time limit) got here first: the job is ending for good.
-            raise WorkerExit(PREEMPTED, f"job {job_id} is {live_state}, not requeued; a checkpoint is "
-                             "committed: submit the same command again to resume")
+            raise WorkerExit(
+                PREEMPTED,
+                f"job {job_id} is {live_state}, not requeued; a checkpoint is "
+                "committed: submit the same command again to resume",
+            )
         if timed_out and self.timeouts >= self.max_timeouts:
-            raise WorkerExit(PREEMPTED, f"timed out {self.timeouts + 1} times (limit {self.max_timeouts}); "
-                             "a checkpoint is committed: submit the same command again to resume")
+            raise WorkerExit(
+                PREEMPTED,
+                f"timed out {self.timeouts + 1} times (limit {self.max_timeouts}); "
+                "a checkpoint is committed: submit the same command again to resume",
+            )
         self.timeouts += timed_out
         self.preemptions += not timed_out
         kind = "timeout" if timed_out else "preemption"
@@ -302,10 +314,12 @@ class SlurmTask:
         # Leaving without a result pickle is what keeps submitit waiting for the next allocation.
         requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
         if requeue.returncode != 0:
-            print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})",
-                  flush=True)
-        print(f"slurm task: {kind}: checkpoint committed, job {job_id} requeued "
-              f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})", flush=True)
+            print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})", flush=True)
+        print(
+            f"slurm task: {kind}: checkpoint committed, job {job_id} requeued "
+            f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
+            flush=True,
+        )
         leave(PREEMPTED)
 
     def _save_for_requeue(self) -> None:
@@ -343,8 +357,9 @@ def cluster_partitions() -> dict[str, Partition] | None:
     if shutil.which("sinfo") is None:
         return None
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%R|%D|%G"], capture_output=True, text=True,
-                             timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%R|%D|%G"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return None
     partitions: dict[str, Partition] = {}
@@ -359,8 +374,7 @@ def cluster_partitions() -> dict[str, Partition] | None:
 
 def default_partition() -> str | None:
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
-                             timeout=20, check=True).stdout
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return None
     return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
@@ -385,8 +399,10 @@ def validate(spec: JobSpec, options: SlurmOptions, partitions: dict[str, Partiti
     if spec.nodes > partition.nodes:
         raise BadInput(f"--nodes {spec.nodes} but partition {name!r} has {partition.nodes} nodes")
     if options.use_gpus and "gpu" not in partition.gres:
-        raise BadInput(f"partition {name!r} has no GPUs (GRES: {partition.gres or 'none'}); "
-                       "use --tasks-per-node N for CPU workers or a GPU partition")
+        raise BadInput(
+            f"partition {name!r} has no GPUs (GRES: {partition.gres or 'none'}); "
+            "use --tasks-per-node N for CPU workers or a GPU partition"
+        )
 
 
 NO_SLURM_CONF = "Could not establish a configuration source"
@@ -394,9 +410,11 @@ NO_SLURM_CONF = "Could not establish a configuration source"
 
 
 def no_slurm_conf_message() -> str:
-    return (f"sbatch cannot find the cluster's slurm.conf (sbatch: fatal: {NO_SLURM_CONF}): for the local "
-            f"test cluster run `eval \"$(slurm/dev-cluster.sh env)\"` in this shell first, otherwise "
-            f"export SLURM_CONF=<your cluster's slurm.conf>")
+    return (
+        f"sbatch cannot find the cluster's slurm.conf (sbatch: fatal: {NO_SLURM_CONF}): for the local "
+        f'test cluster run `eval "$(slurm/dev-cluster.sh env)"` in this shell first, otherwise '
+        f"export SLURM_CONF=<your cluster's slurm.conf>"
+    )
 
 
 def check_slurm_conf() -> None:
@@ -414,15 +432,23 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
 
     run_dir = resolve_run_dir(spec)
     os.makedirs(run_dir, exist_ok=True)
-    executor = submitit.SlurmExecutor(folder=submitit_folder(run_dir), max_num_timeout=options.max_timeouts,
-                                      python=shlex.quote(task_python(spec, options)))
+    executor = submitit.SlurmExecutor(
+        folder=submitit_folder(run_dir),
+        max_num_timeout=options.max_timeouts,
+        python=shlex.quote(task_python(spec, options)),
+    )
     executor.update_parameters(**executor_parameters(spec, options, run_dir))
     if spec.program and options.worker == PREFLIGHT:
         with open(doctor_recipe(run_dir), "w", encoding="utf-8") as recipe:
             recipe.write(f"run_dir: {json.dumps(run_dir)}\ndata:\n  name: synthetic\n")
-    task = SlurmTask(argv=task_argv(spec, options, run_dir), time_min=spec.time_min,
-                     signal_delay_s=spec.signal_delay_s, max_timeouts=options.max_timeouts,
-                     worker=options.worker, cwd=options.cwd if spec.program else None)
+    task = SlurmTask(
+        argv=task_argv(spec, options, run_dir),
+        time_min=spec.time_min,
+        signal_delay_s=spec.signal_delay_s,
+        max_timeouts=options.max_timeouts,
+        worker=options.worker,
+        cwd=options.cwd if spec.program else None,
+    )
     return executor.submit(task)
 
 
@@ -434,8 +460,9 @@ def controller_state(job_id: str) -> str:
     """The job's live state from slurmctld: RUNNING while a timeout or preemption signal is pending,
     COMPLETING once scancel or the hard time limit is ending it."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
-                             timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return "UNKNOWN"
     return out.strip() or "UNKNOWN"
@@ -444,8 +471,13 @@ def controller_state(job_id: str) -> str:
 def job_state(job_id: str) -> str:
     """The job's state from accounting (first word: "CANCELLED by 0" -> "CANCELLED")."""
     try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return "UNKNOWN"
     lines = [line.strip() for line in out.splitlines() if line.strip()]
@@ -479,8 +511,7 @@ def exit_status(job: Any, state: str) -> int:
     if kind == "COMPLETED":
         return OK
     if kind == "CANCELLED":
-        print(f"job {job.job_id} was cancelled ({state}); its newest checkpoint is in the run dir",
-              file=sys.stderr)
+        print(f"job {job.job_id} was cancelled ({state}); its newest checkpoint is in the run dir", file=sys.stderr)
         return FAILURE
     error = str(job.exception()) if kind == "FAILED" else ""
     for code in (PREEMPTED, BAD_INPUT):
@@ -497,12 +528,18 @@ def exit_status(job: Any, state: str) -> int:
 
 def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespace]:
     own, program_argv = split_program(argv)
-    parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.split("\n\n")[0],
-                                     usage="%(prog)s [options] --config YAML [key=value ...] | "
-                                           "[options] --run-dir DIR -- SCRIPT.py [args] | ... -- -m MODULE [args]")
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.slurm",
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [options] --config YAML [key=value ...] | "
+        "[options] --run-dir DIR -- SCRIPT.py [args] | ... -- -m MODULE [args]",
+    )
     parser.add_argument("--config", help="recipe of the built-in worker (not with a program after --)")
-    parser.add_argument("--run-dir", help="with a program after --: the shared folder for logs and "
-                                          "submitit's files (the built-in worker takes run_dir=)")
+    parser.add_argument(
+        "--run-dir",
+        help="with a program after --: the shared folder for logs and "
+        "submitit's files (the built-in worker takes run_dir=)",
+    )
     parser.add_argument("--nodes", type=int, default=1)
     workers = parser.add_mutually_exclusive_group()
     workers.add_argument("--gpus-per-node", type=int, help="GPUs per node, one task per GPU")
@@ -517,14 +554,18 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
     parser.add_argument("--signal-delay-s", type=int, default=90)
     parser.add_argument("--max-timeouts", type=int, default=DEFAULT_MAX_TIMEOUTS)
     parser.add_argument("--master-port", type=int)
-    parser.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra #SBATCH --KEY=VALUE (repeatable)")
+    parser.add_argument(
+        "--sbatch", action="append", default=[], metavar="KEY=VALUE", help="extra #SBATCH --KEY=VALUE (repeatable)"
+    )
     parser.add_argument("--image", help="container image, run with pyxis (srun --container-image)")
     parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
     parser.add_argument("--job-name", help="default: train, or the program's name")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
-    parser.add_argument("--doctor", action="store_true",
-                        help="run the distributed pre-flight (train.preflight) on the allocation instead of training")
+    parser.add_argument(
+        "--doctor",
+        action="store_true",
+        help="run the distributed pre-flight (train.preflight) on the allocation instead of training",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(own)
@@ -545,24 +586,41 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         per_node = 1
     try:
         spec = JobSpec(
-            config=args.config or "", overrides=tuple(args.overrides), nodes=args.nodes, gpus_per_node=per_node,
+            config=args.config or "",
+            overrides=tuple(args.overrides),
+            nodes=args.nodes,
+            gpus_per_node=per_node,
             program=tuple(program.argv()) if program else (),
             run_dir=os.path.abspath(args.run_dir) if args.run_dir else None,
-            master_port=args.master_port or JobSpec.master_port, time_min=args.time,
-            partition=args.partition, account=args.account, qos=args.qos, constraint=args.constraint,
-            cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb, signal_delay_s=args.signal_delay_s,
-            image=args.image, extra=extra,
+            master_port=args.master_port or JobSpec.master_port,
+            time_min=args.time,
+            partition=args.partition,
+            account=args.account,
+            qos=args.qos,
+            constraint=args.constraint,
+            cpus_per_task=args.cpus_per_task,
+            mem_gb=args.mem_gb,
+            signal_delay_s=args.signal_delay_s,
+            image=args.image,
+            extra=extra,
         )
     except ValueError as error:
-        flag = str(error).replace("nodes must", "--nodes must").replace(
-            "gpus_per_node must", "--gpus-per-node/--tasks-per-node must")
+        flag = (
+            str(error)
+            .replace("nodes must", "--nodes must")
+            .replace("gpus_per_node must", "--gpus-per-node/--tasks-per-node must")
+        )
         raise BadInput(flag) from None
     job_name = args.job_name or (Path(program.name).stem.rpartition(".")[2] if program else "train")
-    options = SlurmOptions(use_gpus=use_gpus, max_timeouts=args.max_timeouts, job_name=job_name,
-                           python=args.python,
-                           explicit_master_port=args.master_port is not None,
-                           worker=PREFLIGHT if args.doctor else PROGRAM_RUNNER if program else DEFAULT_WORKER,
-                           cwd=os.getcwd() if program else None)
+    options = SlurmOptions(
+        use_gpus=use_gpus,
+        max_timeouts=args.max_timeouts,
+        job_name=job_name,
+        python=args.python,
+        explicit_master_port=args.master_port is not None,
+        worker=PREFLIGHT if args.doctor else PROGRAM_RUNNER if program else DEFAULT_WORKER,
+        cwd=os.getcwd() if program else None,
+    )
     return spec, options, args
 
 
@@ -571,15 +629,17 @@ def split_program(argv: list[str]) -> tuple[list[str], list[str] | None]:
     if "--" not in argv:
         return list(argv), None
     cut = argv.index("--")
-    return list(argv[:cut]), list(argv[cut + 1:])
+    return list(argv[:cut]), list(argv[cut + 1 :])
 
 
 def check_program(program_argv: list[str] | None, args: argparse.Namespace) -> program_mod.Program | None:
     """The user's program with an absolute script path, found on disk (never imported); BadInput otherwise."""
     if program_argv is None:
         if args.config is None:
-            raise BadInput("--config is required for the built-in worker (pass a recipe such as "
-                           "--config configs/smoke.yaml, or --run-dir DIR -- SCRIPT.py [args])")
+            raise BadInput(
+                "--config is required for the built-in worker (pass a recipe such as "
+                "--config configs/smoke.yaml, or --run-dir DIR -- SCRIPT.py [args])"
+            )
         if args.run_dir is not None:
             raise BadInput(f"--run-dir is for a program after --; the built-in worker takes run_dir={args.run_dir}")
         return None

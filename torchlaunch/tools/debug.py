@@ -229,9 +229,7 @@ def describe_oom(
     return "\n".join(lines)
 
 
-def _smaller_micro_batch(
-    batch_size: int | None, per_rank: int | None, world_size: int
-) -> int | None:
+def _smaller_micro_batch(batch_size: int | None, per_rank: int | None, world_size: int) -> int | None:
     """The largest per-rank batch at most half the current one that still divides the batch."""
     if not batch_size or not per_rank or per_rank < 2:
         return None

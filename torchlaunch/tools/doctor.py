@@ -138,8 +138,14 @@ def _cpu_rates(model: str) -> dict[str, Any]:
         return {"model": model, "error": f"{type(exc).__name__}: {_first_line(str(exc))}"}
     finally:
         torch.set_num_threads(threads)
-    return {"model": model, "batch": rates.batch, "threads": 1, "fp32": round(rates.fp32, 1),
-            "bf16": round(rates.bf16, 1), "auto_picks": rates.choice}
+    return {
+        "model": model,
+        "batch": rates.batch,
+        "threads": 1,
+        "fp32": round(rates.fp32, 1),
+        "bf16": round(rates.bf16, 1),
+        "auto_picks": rates.choice,
+    }
 
 
 def _first_line(text: str) -> str:
@@ -184,10 +190,7 @@ def gather_facts(run_smoke_tests: bool = True, model: str = "simple_cnn") -> dic
             "hostname": platform.node(),
             "cpu_count": os.cpu_count(),
         },
-        "env": {
-            k: os.environ.get(k)
-            for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
-        },
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS")},
         "nvidia_smi": _nvidia_smi_facts(),
     }
     try:
@@ -278,8 +281,9 @@ def plugin_facts(config: str | None, overrides: list[str]) -> list[dict[str, Any
             continue
         try:
             plugins.resolve(key, name)
-            found.append({"key": key, "name": name, "ok": True, "file": plugins.origin(key, name)["file"],
-                          "error": None})
+            found.append(
+                {"key": key, "name": name, "ok": True, "file": plugins.origin(key, name)["file"], "error": None}
+            )
         except BadInput as exc:
             found.append({"key": key, "name": name, "ok": False, "file": None, "error": str(exc)})
     return found
@@ -356,8 +360,7 @@ def _check_gpu_visibility(facts: dict[str, Any]) -> list[Finding]:
             Finding(
                 FAIL,
                 "torch-build",
-                f"nvidia-smi shows {driver_gpus} GPU(s) but torch {facts['torch']['version']} "
-                "is a CPU-only build",
+                f"nvidia-smi shows {driver_gpus} GPU(s) but torch {facts['torch']['version']} is a CPU-only build",
                 "reinstall a CUDA build of torch (pip install -c constraints.txt torch, from "
                 "the CUDA wheel index), not the +cpu wheel",
             )
@@ -408,9 +411,7 @@ def _check_gpu_visibility(facts: dict[str, Any]) -> list[Finding]:
                 FAIL,
                 "cudnn",
                 "cuDNN is not available: convolutions will be slow or fail",
-                "install the nvidia-cudnn wheel that "
-                "matches torch (pip install -c "
-                "constraints.txt -e .)",
+                "install the nvidia-cudnn wheel that matches torch (pip install -c constraints.txt -e .)",
             )
         )
     return findings
@@ -441,9 +442,7 @@ def _check_distributed(facts: dict[str, Any]) -> list[Finding]:
         ]
     findings = []
     if dist.get("gloo"):
-        findings.append(
-            Finding(OK, "gloo", "gloo backend available (CPU runs, object collectives)")
-        )
+        findings.append(Finding(OK, "gloo", "gloo backend available (CPU runs, object collectives)"))
     else:
         findings.append(
             Finding(
@@ -504,14 +503,21 @@ def _check_devices(facts: dict[str, Any]) -> list[Finding]:
 def _cpu_precision_finding(rates: dict[str, Any]) -> Finding:
     """Which precisions are fast on this CPU: both measured rates, the faster named; fp16 is never."""
     if rates.get("error"):
-        return Finding(WARN, "cpu precision", f"could not time {rates['model']}: {rates['error']}",
-                       "set train.precision=fp32 (always works) or bf16 explicitly")
+        return Finding(
+            WARN,
+            "cpu precision",
+            f"could not time {rates['model']}: {rates['error']}",
+            "set train.precision=fp32 (always works) or bf16 explicitly",
+        )
     fast = rates["auto_picks"]
-    return Finding(OK, "cpu precision",
-                   f"{rates['model']} trains at bf16 {rates['bf16']:.0f} vs fp32 {rates['fp32']:.0f} images/s "
-                   f"(batch {rates['batch']}, one thread): {fast} is the fast one here; precision=auto "
-                   f"measures each run's own model and threads; "
-                   f"fp16 is emulated on CPU (~17x slower) and refused")
+    return Finding(
+        OK,
+        "cpu precision",
+        f"{rates['model']} trains at bf16 {rates['bf16']:.0f} vs fp32 {rates['fp32']:.0f} images/s "
+        f"(batch {rates['batch']}, one thread): {fast} is the fast one here; precision=auto "
+        f"measures each run's own model and threads; "
+        f"fp16 is emulated on CPU (~17x slower) and refused",
+    )
 
 
 def exit_code(findings: list[Finding]) -> int:
@@ -549,9 +555,7 @@ def render_table(facts: dict[str, Any], findings: list[Finding]) -> str:
     rows = [header]
     for d in facts.get("devices", []):
         smoke = d.get("smoke")
-        smoke_text = (
-            "-" if smoke is None else (f"ok {smoke['seconds']:.3f}s" if smoke["ok"] else "FAILED")
-        )
+        smoke_text = "-" if smoke is None else (f"ok {smoke['seconds']:.3f}s" if smoke["ok"] else "FAILED")
         rows.append(
             (
                 d["device"],
@@ -581,18 +585,19 @@ def _yes_no(value: bool | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m train.doctor", description=__doc__.splitlines()[0]
+    parser = argparse.ArgumentParser(prog="python -m train.doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument(
+        "--model",
+        default="simple_cnn",
+        help="model whose CPU training rate is timed in fp32 and bf16, e.g. fastnet ('' skips it)",
     )
     parser.add_argument(
-        "--json", action="store_true", help="print one JSON object instead of a table"
+        "--config", default=None, help="also check that this config's plug-ins (pkg.module:factory) import"
     )
-    parser.add_argument("--model", default="simple_cnn",
-                        help="model whose CPU training rate is timed in fp32 and bf16, e.g. fastnet ('' skips it)")
-    parser.add_argument("--config", default=None,
-                        help="also check that this config's plug-ins (pkg.module:factory) import")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of --config, e.g. "
-                        "model.name=examples.my_models:tiny_cnn")
+    parser.add_argument(
+        "overrides", nargs="*", help="key=value overrides of --config, e.g. model.name=examples.my_models:tiny_cnn"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     facts = gather_facts(model=args.model)

@@ -115,9 +115,7 @@ def make_figure(runs: Sequence[RunMetrics], title: str | None = None) -> Any:
         color = f"C{index % 10}"
         for row, (key, _label) in enumerate(PANELS):
             records = run.val if key == "val_acc" else run.train
-            points = [
-                (r["step"], r.get("wall_s"), r[key]) for r in records if r.get(key) is not None
-            ]
+            points = [(r["step"], r.get("wall_s"), r[key]) for r in records if r.get(key) is not None]
             for col in (0, 1):
                 ax = axes[row][col]
                 xs = [p[col] for p in points]
@@ -160,13 +158,9 @@ def _names(run_dirs: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m train.plot", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m train.plot", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    parser.add_argument(
-        "-o", "--output", default="curves.png", help="image to write (png, svg, pdf)"
-    )
+    parser.add_argument("-o", "--output", default="curves.png", help="image to write (png, svg, pdf)")
     parser.add_argument("--title", default=None)
     args = parser.parse_args(argv)
     try:
@@ -175,18 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"plot: matplotlib is not installed: {INSTALL_HINT}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     try:
-        runs = [
-            read_metrics(d, name)
-            for d, name in zip(args.run_dirs, _names(args.run_dirs), strict=True)
-        ]
+        runs = [read_metrics(d, name) for d, name in zip(args.run_dirs, _names(args.run_dirs), strict=True)]
     except BadInput as exc:
         print(exc, file=sys.stderr)
         return exit_codes.BAD_INPUT
     for run in runs:
         if run.skipped_lines:
-            print(
-                f"plot: {run.name}: skipped {run.skipped_lines} unreadable line(s)", file=sys.stderr
-            )
+            print(f"plot: {run.name}: skipped {run.skipped_lines} unreadable line(s)", file=sys.stderr)
         if not run.train and not run.val:
             print(f"plot: {run.name}: no records yet", file=sys.stderr)
     figure = make_figure(runs, args.title)

@@ -92,8 +92,7 @@ def check_free_space(
             FAIL,
             "free space",
             what,
-            "free space there, point run_dir at a larger filesystem, or lower checkpoint.keep "
-            "(>= 2)",
+            "free space there, point run_dir at a larger filesystem, or lower checkpoint.keep (>= 2)",
         )
     if not params_known:
         return Finding(WARN, "free space", what + "; model size unknown, estimate assumed")
@@ -108,8 +107,7 @@ def check_lead_time(lead_time_s: float, save_s: float, checkpoint_bytes: int) ->
             WARN,
             "signal lead time",
             f"preemption.lead_time_s is unknown (0); {measured}",
-            "set preemption.lead_time_s to the Slurm --signal delay or the pod's "
-            "terminationGracePeriodSeconds",
+            "set preemption.lead_time_s to the Slurm --signal delay or the pod's terminationGracePeriodSeconds",
         )
     needed = LEAD_TIME_FACTOR * save_s
     if lead_time_s < needed:
@@ -206,15 +204,11 @@ def check_all_reduce(results: Sequence[dict[str, Any]], world_size: int) -> list
                 "NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to locate it",
             )
         )
-    bandwidths = ", ".join(
-        f"{_size(r['bytes'])}: {r['bus_bytes_per_s'] / 1e9:.2f} GB/s" for r in results
-    )
+    bandwidths = ", ".join(f"{_size(r['bytes'])}: {r['bus_bytes_per_s'] / 1e9:.2f} GB/s" for r in results)
     if not wrong and world_size == 1:
         findings.append(Finding(OK, "all_reduce", "1 rank: correct, no bandwidth to measure"))
     elif not wrong:
-        findings.append(
-            Finding(OK, "all_reduce", f"{world_size} ranks correct; bus bw {bandwidths}")
-        )
+        findings.append(Finding(OK, "all_reduce", f"{world_size} ranks correct; bus bw {bandwidths}"))
     return findings
 
 
@@ -280,9 +274,7 @@ def count_parameters(settings: PreflightSettings) -> int | None:
 # --------------------------------------------------------------------------- the distributed part
 
 
-def measure_all_reduce(
-    ctx: Any, sizes_bytes: Sequence[int], iters: int = 3
-) -> list[dict[str, Any]]:
+def measure_all_reduce(ctx: Any, sizes_bytes: Sequence[int], iters: int = 3) -> list[dict[str, Any]]:
     """Sum of rank-dependent tensors at a few sizes: correctness, then timed bus bandwidth.
 
     The iteration count is fixed (not a time budget) so every rank runs the same collectives.
@@ -396,9 +388,7 @@ def run_checks(
 
     host = socket.gethostname()
     run_dir = Path(settings.run_dir).absolute()
-    findings: list[Finding] = [
-        Finding(OK, "rendezvous", f"{ctx.world_size} rank(s) joined in {rendezvous_s:.2f}s")
-    ]
+    findings: list[Finding] = [Finding(OK, "rendezvous", f"{ctx.world_size} rank(s) joined in {rendezvous_s:.2f}s")]
 
     results = measure_all_reduce(ctx, default_sizes(ctx.device.type, max_mib))
     findings += check_all_reduce(results, ctx.world_size)
@@ -435,11 +425,7 @@ def run_checks(
         params = num_params if num_params is not None else PROBE_PARAMS_WHEN_UNKNOWN
         checkpoint_bytes = expected_checkpoint_bytes(params)
         free = shutil.disk_usage(run_dir).free
-        findings.append(
-            check_free_space(
-                free, checkpoint_bytes, settings.keep, str(run_dir), num_params is not None
-            )
-        )
+        findings.append(check_free_space(free, checkpoint_bytes, settings.keep, str(run_dir), num_params is not None))
         probe_bytes = min(checkpoint_bytes, MAX_PROBE_BYTES, max(free // 4, 1))
         save_s = measure_save(run_dir, probe_bytes) * checkpoint_bytes / probe_bytes
         findings.append(check_lead_time(settings.lead_time_s, save_s, checkpoint_bytes))
@@ -484,14 +470,10 @@ def _setup(settings: PreflightSettings) -> tuple[_Context, Callable[[bool], None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m train.preflight", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m train.preflight", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the run's YAML (or RUN_DIR/config.yaml)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value, as for the worker")
-    parser.add_argument(
-        "--max-mib", type=float, default=256.0, help="largest all_reduce size measured (MiB)"
-    )
+    parser.add_argument("--max-mib", type=float, default=256.0, help="largest all_reduce size measured (MiB)")
     parser.add_argument(
         "--token-wait-s",
         type=float,

@@ -109,8 +109,9 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
     channel, so the sums are exact integers and there is no float pass over the pixels: 45,000 CIFAR
     images take ~0.09 s instead of ~1 s for float64 sums, at every start and every resume."""
     values = torch.arange(256, dtype=torch.float64)
-    counts = torch.stack([torch.bincount(images[:, c].reshape(-1), minlength=256)
-                          for c in range(images.shape[1])]).to(torch.float64)
+    counts = torch.stack([torch.bincount(images[:, c].reshape(-1), minlength=256) for c in range(images.shape[1])]).to(
+        torch.float64
+    )
     n = counts[0].sum()
     mean = counts @ values / n
     mean_sq = counts @ (values * values) / n
@@ -126,8 +127,9 @@ def make_synthetic(cfg: DataConfig) -> DataBundle:
     g = torch.Generator().manual_seed(mix_seed(cfg.split_seed, 7919))
     k, size = cfg.synthetic_classes, cfg.image_size
     coarse = torch.rand(k, 3, 4, 4, generator=g)
-    templates = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear",
-                                                align_corners=False) * 96 + 80
+    templates = (
+        torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False) * 96 + 80
+    )
 
     def draw(n: int) -> ImageSet:
         labels = torch.randint(0, k, (n,), generator=g)
@@ -148,8 +150,13 @@ class _CifarUnpickler(pickle.Unpickler):
     as `_codecs.encode` when written by Python 3): the files are read without torchvision's md5 pass, so a
     foreign pickle must not run code."""
 
-    _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-                ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self._ALLOWED:
@@ -194,10 +201,17 @@ def load_cifar10(cfg: DataConfig) -> DataBundle:
     except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as e:
         # URLError is an OSError; torchvision raises RuntimeError; a truncated or foreign file the rest
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise BadInput(cifar10_missing_message(root, f"download failed or files corrupt: {reason}",
-                                               cfg.download and not present)) from None
-    return DataBundle(ImageSet(labels=train_labels, images=train_images),
-                      ImageSet(labels=val_labels, images=val_images), classes, CIFAR10_MEAN, CIFAR10_STD, 32)
+        raise BadInput(
+            cifar10_missing_message(root, f"download failed or files corrupt: {reason}", cfg.download and not present)
+        ) from None
+    return DataBundle(
+        ImageSet(labels=train_labels, images=train_images),
+        ImageSet(labels=val_labels, images=val_images),
+        classes,
+        CIFAR10_MEAN,
+        CIFAR10_STD,
+        32,
+    )
 
 
 def decode_image(path: str, size: int | None = None) -> torch.Tensor:
@@ -280,8 +294,10 @@ def folder_images(cfg: DataConfig) -> tuple[ImageSet, list[str]]:
             size = (cfg.image_size, cfg.image_size) if decoded is not None else common_size(files)
     if loader == "tensor" and size != (cfg.image_size, cfg.image_size):
         found = "differ in size" if size is None else f"are {size[0]}x{size[1]}"
-        raise BadInput(f"config error: data.loader: images under {root} {found}, not "
-                       f"{cfg.image_size}x{cfg.image_size} (use data.loader=pil, which resizes to data.image_size)")
+        raise BadInput(
+            f"config error: data.loader: images under {root} {found}, not "
+            f"{cfg.image_size}x{cfg.image_size} (use data.loader=pil, which resizes to data.image_size)"
+        )
     if loader == "tensor" or (loader == "auto" and size == (cfg.image_size, cfg.image_size)):
         images = cached if cached is not None else torch.from_numpy(publish(decoded, root, cache_dir, key))
         return ImageSet(labels=labels, images=images), classes
@@ -291,8 +307,10 @@ def folder_images(cfg: DataConfig) -> tuple[ImageSet, list[str]]:
 def load_imagefolder(cfg: DataConfig) -> DataBundle:
     everything, classes = folder_images(cfg)
     if len(everything) < 2:
-        raise BadInput(f"data error: {cfg.root} has only {len(everything)} image(s); need at least 2 to hold "
-                       f"out a validation split (add images)")
+        raise BadInput(
+            f"data error: {cfg.root} has only {len(everything)} image(s); need at least 2 to hold "
+            f"out a validation split (add images)"
+        )
     train_idx, val_idx = split_indices(len(everything), cfg.val_fraction, cfg.split_seed)
     train = everything.subset(train_idx)
     if train.images is not None:
@@ -343,22 +361,24 @@ def plugin_labels(path: str, split: str, ds: Any, n: int, num_classes: int) -> t
     if targets is not None and len(targets) == len(ds):
         labels = [plugins.to_label(path, split, i, targets[i], num_classes) for i in range(n)]
         if labels and labels[0] != plugins.to_label(path, split, 0, ds[0][1], num_classes):
-            raise BadInput(f"config error: data.name: {path!r}: the {split} split's targets[0] differs from the "
-                           f"label of sample 0 (make `targets` list the samples' labels, or remove it)")
+            raise BadInput(
+                f"config error: data.name: {path!r}: the {split} split's targets[0] differs from the "
+                f"label of sample 0 (make `targets` list the samples' labels, or remove it)"
+            )
     else:
         labels = [plugins.to_label(path, split, i, ds[i][1], num_classes) for i in range(n)]
     return torch.tensor(labels, dtype=torch.int64)
 
 
-def plugin_split(path: str, split: str, ds: Any, n: int, size: int, num_classes: int,
-                 in_memory: bool) -> ImageSet:
+def plugin_split(path: str, split: str, ds: Any, n: int, size: int, num_classes: int, in_memory: bool) -> ImageSet:
     """The first n samples of a plug-in split as the project's ImageSet: decoded once into one uint8
     tensor (the fast in-memory loader), or a PluginSamples for the per-sample loader."""
     from torchlaunch.worker import plugins
 
     if not in_memory:
-        return ImageSet(labels=plugin_labels(path, split, ds, n, num_classes),
-                        files=PluginSamples(path, split, ds, list(range(n))))
+        return ImageSet(
+            labels=plugin_labels(path, split, ds, n, num_classes), files=PluginSamples(path, split, ds, list(range(n)))
+        )
     images = torch.empty(n, 3, size, size, dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)
     for i in range(n):
@@ -380,7 +400,8 @@ def load_plugin(cfg: DataConfig) -> DataBundle:
     n_train = min(len(found.train), cfg.max_train_samples or len(found.train))
     n_val = min(len(found.val), cfg.max_val_samples or len(found.val))
     in_memory = cfg.loader == "tensor" or (
-        cfg.loader == "auto" and (n_train + n_val) * 3 * size * size <= available_memory() // 4)
+        cfg.loader == "auto" and (n_train + n_val) * 3 * size * size <= available_memory() // 4
+    )
     train = plugin_split(cfg.name, "train", found.train, n_train, size, k, in_memory)
     val = plugin_split(cfg.name, "val", found.val, n_val, size, k, in_memory)
     if train.images is not None:
@@ -404,8 +425,10 @@ def load_bundle(cfg: DataConfig) -> DataBundle:
     bundle.train = bundle.train.head(cfg.max_train_samples)
     bundle.val = bundle.val.head(cfg.max_val_samples)
     if len(bundle.train) == 0 or len(bundle.val) == 0:
-        raise BadInput("data error: empty training or validation split (add data or raise "
-                       "data.max_train_samples / data.max_val_samples)")
+        raise BadInput(
+            "data error: empty training or validation split (add data or raise "
+            "data.max_train_samples / data.max_val_samples)"
+        )
     return bundle
 
 
@@ -435,20 +458,28 @@ class BatchPlan:
 
     def __post_init__(self) -> None:
         if self.global_batch % self.world_size:
-            raise BadInput(f"config error: train.batch_size: {self.global_batch} is not divisible by the "
-                           f"world size {self.world_size} (use a multiple of {self.world_size})")
+            raise BadInput(
+                f"config error: train.batch_size: {self.global_batch} is not divisible by the "
+                f"world size {self.world_size} (use a multiple of {self.world_size})"
+            )
         per_rank = self.global_batch // self.world_size
         micro = self.micro_batch or per_rank
         if micro > per_rank or per_rank % micro:
-            raise BadInput(f"config error: train.micro_batch_size: {micro} does not divide the per-rank "
-                           f"batch {per_rank} (batch_size {self.global_batch} / world size "
-                           f"{self.world_size}); use a divisor of {per_rank}")
+            raise BadInput(
+                f"config error: train.micro_batch_size: {micro} does not divide the per-rank "
+                f"batch {per_rank} (batch_size {self.global_batch} / world size "
+                f"{self.world_size}); use a divisor of {per_rank}"
+            )
         if self.cutout > self.image_size:
-            raise BadInput(f"config error: data.cutout: {self.cutout} is larger than the {self.image_size}-pixel "
-                           f"images (use a square of at most {self.image_size}, e.g. data.cutout=12, or 0 for off)")
+            raise BadInput(
+                f"config error: data.cutout: {self.cutout} is larger than the {self.image_size}-pixel "
+                f"images (use a square of at most {self.image_size}, e.g. data.cutout=12, or 0 for off)"
+            )
         if self.steps_per_epoch < 1:
-            raise BadInput(f"config error: train.batch_size: {self.global_batch} is larger than the "
-                           f"training set ({self.num_samples} samples); use a smaller batch")
+            raise BadInput(
+                f"config error: train.batch_size: {self.global_batch} is larger than the "
+                f"training set ({self.num_samples} samples); use a smaller batch"
+            )
 
     @property
     def per_rank(self) -> int:
@@ -470,8 +501,9 @@ class BatchPlan:
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 1))
         return torch.randperm(self.num_samples, generator=g)
 
-    def global_augmentation(self, epoch: int, step: int,
-                            indices: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    def global_augmentation(
+        self, epoch: int, step: int, indices: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """(dy, dx, flip) for every sample of the global step, plus (cutout_y, cutout_x) corners when
         `cutout` is on; `indices` (the step's global sample indices) are needed by the `alternate` flip,
         which is a function of (sample, epoch). The cutout corners are drawn last from the same
@@ -500,7 +532,7 @@ class BatchPlan:
 
     def step_indices(self, perm: torch.Tensor, step: int) -> torch.Tensor:
         """Every rank's samples of global step `step`: slice step*B:(step+1)*B of the epoch's permutation."""
-        return perm[step * self.global_batch:(step + 1) * self.global_batch]
+        return perm[step * self.global_batch : (step + 1) * self.global_batch]
 
     def rank_step(self, perm: torch.Tensor, epoch: int, step: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """This rank's sample indices and augmentation parameters at (epoch, step)."""
@@ -514,8 +546,14 @@ class BatchPlan:
 # Batched augmentation on tensors
 
 
-def augment(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor,
-            padding: int = CROP_PADDING, pad_mode: str = "zeros") -> torch.Tensor:
+def augment(
+    images: torch.Tensor,
+    dy: torch.Tensor,
+    dx: torch.Tensor,
+    flip: torch.Tensor,
+    padding: int = CROP_PADDING,
+    pad_mode: str = "zeros",
+) -> torch.Tensor:
     """RandomCrop(size, padding, zero or reflect fill) + horizontal flip for a whole uint8 batch at
     once: one gather over the flattened padded images (4-5x faster than 4-D advanced indexing)."""
     n, c, h, w = images.shape
@@ -545,8 +583,9 @@ def cutout(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int) ->
 class Normalizer:
     """uint8 -> float normalised by the dataset's mean/std, in the training memory format."""
 
-    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
-                 channels_last: bool) -> None:
+    def __init__(
+        self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device, channels_last: bool
+    ) -> None:
         self.scale = (1.0 / (255.0 * torch.tensor(std, device=device))).view(1, 3, 1, 1)
         self.shift = (torch.tensor(mean, device=device) / torch.tensor(std, device=device)).view(1, 3, 1, 1)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -586,8 +625,16 @@ def _reraise_bad_input(e: Exception) -> None:
 class TrainLoader:
     """Yields this rank's micro-batches for each step of an epoch, from any starting step."""
 
-    def __init__(self, data: ImageSet, plan: BatchPlan, normalize: Normalizer, device: torch.device,
-                 augment_on: bool, num_workers: int, image_size: int) -> None:
+    def __init__(
+        self,
+        data: ImageSet,
+        plan: BatchPlan,
+        normalize: Normalizer,
+        device: torch.device,
+        augment_on: bool,
+        num_workers: int,
+        image_size: int,
+    ) -> None:
         self.data, self.plan, self.normalize, self.device = data, plan, normalize, device
         self.augment_on, self.num_workers, self.image_size = augment_on, num_workers, image_size
         self.images = data.images
@@ -604,8 +651,7 @@ class TrainLoader:
             for step in steps:
                 idx, aug = self.plan.rank_step(perm, epoch, step)
                 idx = idx.to(self.images.device)
-                yield step, self._micro_batches(self.images.index_select(0, idx),
-                                                self.labels.index_select(0, idx), aug)
+                yield step, self._micro_batches(self.images.index_select(0, idx), self.labels.index_select(0, idx), aug)
             return
         yield from self._file_epoch(perm, epoch, steps)
 
@@ -613,20 +659,27 @@ class TrainLoader:
         batches = [self.plan.rank_step(perm, epoch, s)[0].tolist() for s in steps]
         loader = torch.utils.data.DataLoader(
             _FileDataset(self.data.files, self.data.labels, self.image_size),
-            batch_sampler=batches, num_workers=self.num_workers,
-            pin_memory=self.device.type == "cuda", multiprocessing_context="fork" if self.num_workers else None,
+            batch_sampler=batches,
+            num_workers=self.num_workers,
+            pin_memory=self.device.type == "cuda",
+            multiprocessing_context="fork" if self.num_workers else None,
         )
         try:
             for step, (images, labels) in zip(steps, loader, strict=True):
                 _, aug = self.plan.rank_step(perm, epoch, step)
-                yield step, self._micro_batches(images.to(self.device, non_blocking=True),
-                                                labels.to(self.device, non_blocking=True), aug)
+                yield (
+                    step,
+                    self._micro_batches(
+                        images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True), aug
+                    ),
+                )
         except Exception as e:  # noqa: BLE001 - only to recover a worker's BadInput message
             _reraise_bad_input(e)
             raise
 
-    def _micro_batches(self, images: torch.Tensor, labels: torch.Tensor,
-                       aug: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _micro_batches(
+        self, images: torch.Tensor, labels: torch.Tensor, aug: tuple[torch.Tensor, ...]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         dy, dx, flip, *box = aug
         if self.augment_on:
             images = augment(images, dy, dx, flip, padding=self.plan.crop_padding, pad_mode=self.plan.pad_mode)
@@ -634,7 +687,7 @@ class TrainLoader:
         if self.augment_on and box:
             x = cutout(x, box[0], box[1], self.plan.cutout)
         m = self.plan.micro
-        return [(x[i:i + m], labels[i:i + m]) for i in range(0, x.shape[0], m)]
+        return [(x[i : i + m], labels[i : i + m]) for i in range(0, x.shape[0], m)]
 
 
 def eval_shard(n: int, rank: int, world_size: int) -> range:
@@ -642,8 +695,16 @@ def eval_shard(n: int, rank: int, world_size: int) -> range:
     return range(rank * n // world_size, (rank + 1) * n // world_size)
 
 
-def eval_batches(data: ImageSet, rank: int, world_size: int, batch: int, normalize: Normalizer,
-                 device: torch.device, image_size: int, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def eval_batches(
+    data: ImageSet,
+    rank: int,
+    world_size: int,
+    batch: int,
+    normalize: Normalizer,
+    device: torch.device,
+    image_size: int,
+    num_workers: int = 0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     shard = eval_shard(len(data), rank, world_size)
     if data.images is not None:
         for start in range(shard.start, shard.stop, batch):
@@ -651,8 +712,9 @@ def eval_batches(data: ImageSet, rank: int, world_size: int, batch: int, normali
             yield normalize(data.images[start:stop].to(device)), data.labels[start:stop].to(device)
         return
     index_batches = [list(range(s, min(s + batch, shard.stop))) for s in range(shard.start, shard.stop, batch)]
-    loader = torch.utils.data.DataLoader(_FileDataset(data.files, data.labels, image_size),
-                                         batch_sampler=index_batches, num_workers=num_workers)
+    loader = torch.utils.data.DataLoader(
+        _FileDataset(data.files, data.labels, image_size), batch_sampler=index_batches, num_workers=num_workers
+    )
     try:
         for images, labels in loader:
             yield normalize(images.to(device)), labels.to(device)

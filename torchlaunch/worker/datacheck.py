@@ -28,9 +28,11 @@ PROBE_TIMEOUT_S = 1.5
 def cifar10_missing_message(root: Path, reason: str, tried_download: bool) -> str:
     """The one line for a missing CIFAR-10, shared by the worker (train/data.py) and the launchers."""
     first_fix = "run once with internet access" if tried_download else "set data.download=true when online"
-    return (f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): {first_fix}, "
-            f"or point data.root at a folder holding cifar-10-batches-py, or use data.name=imagefolder "
-            f"data.root=<folder of class folders>")
+    return (
+        f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): {first_fix}, "
+        f"or point data.root at a folder holding cifar-10-batches-py, or use data.name=imagefolder "
+        f"data.root=<folder of class folders>"
+    )
 
 
 def probe_target(url: str = CIFAR10_URL, env: dict[str, str] | None = None) -> tuple[str, int]:
@@ -97,5 +99,7 @@ def check_data(cfg: DataConfig, *, local: bool) -> None:
 
     _, files, _ = scan_imagefolder(root)
     if len(files) < 2:
-        raise BadInput(f"data error: {cfg.root} has only {len(files)} image(s); need at least 2 to hold "
-                       f"out a validation split (add images)")
+        raise BadInput(
+            f"data error: {cfg.root} has only {len(files)} image(s); need at least 2 to hold "
+            f"out a validation split (add images)"
+        )

@@ -31,25 +31,46 @@ CIFAR_FOLDER = "cifar-10-batches-py"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m train.evaluate",
-                                description="Top-1 accuracy of a checkpoint on CIFAR-10 batches or a folder of "
-                                            "class folders; prints one JSON line.")
+    p = argparse.ArgumentParser(
+        prog="python -m train.evaluate",
+        description="Top-1 accuracy of a checkpoint on CIFAR-10 batches or a folder of "
+        "class folders; prints one JSON line.",
+    )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--run-dir", help="run folder: its newest valid checkpoint is evaluated")
     which.add_argument("--checkpoint", help="one checkpoint folder, e.g. RUN_DIR/checkpoints/step-000000480")
-    p.add_argument("--data-root", default=None,
-                   help=f"folder holding {CIFAR_FOLDER} (its 10k test batch is used) or a folder of class folders; "
-                        "for a run whose data.name is a plug-in, optional: passed to its factory as root, and its "
-                        "val split is evaluated")
-    p.add_argument("--data-name", choices=("auto", "cifar10", "imagefolder"), default="auto",
-                   help=f"auto: cifar10 when DATA_ROOT/{CIFAR_FOLDER} exists, else imagefolder")
-    p.add_argument("--batch-size", type=int, default=0,
-                   help="images per forward pass per rank (0: the same as the training run's validation)")
-    p.add_argument("--split", choices=("all", "val"), default="all",
-                   help="imagefolder: all images, or the run's seeded validation split (cifar10: the test batch "
-                        "either way; val also applies the run's data.max_val_samples)")
-    p.add_argument("--tta", choices=("auto", "none", "flip", "flip_translate"), default="auto",
-                   help="test-time augmentation (auto: the run's train.tta, as its final validation used)")
+    p.add_argument(
+        "--data-root",
+        default=None,
+        help=f"folder holding {CIFAR_FOLDER} (its 10k test batch is used) or a folder of class folders; "
+        "for a run whose data.name is a plug-in, optional: passed to its factory as root, and its "
+        "val split is evaluated",
+    )
+    p.add_argument(
+        "--data-name",
+        choices=("auto", "cifar10", "imagefolder"),
+        default="auto",
+        help=f"auto: cifar10 when DATA_ROOT/{CIFAR_FOLDER} exists, else imagefolder",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="images per forward pass per rank (0: the same as the training run's validation)",
+    )
+    p.add_argument(
+        "--split",
+        choices=("all", "val"),
+        default="all",
+        help="imagefolder: all images, or the run's seeded validation split (cifar10: the test batch "
+        "either way; val also applies the run's data.max_val_samples)",
+    )
+    p.add_argument(
+        "--tta",
+        choices=("auto", "none", "flip", "flip_translate"),
+        default="auto",
+        help="test-time augmentation (auto: the run's train.tta, as its final validation used)",
+    )
     return p.parse_args(argv)
 
 
@@ -66,16 +87,17 @@ def pick_checkpoint(args: argparse.Namespace) -> Path:
         if path.is_file() and path.name == ckpt.STATE_FILE:
             path = path.parent
         if not path.is_dir():
-            raise BadInput(f"evaluate error: --checkpoint {path} is not a checkpoint folder "
-                           f"(pass RUN_DIR/checkpoints/step-NNNNNNNNN, or --run-dir RUN_DIR)")
+            raise BadInput(
+                f"evaluate error: --checkpoint {path} is not a checkpoint folder "
+                f"(pass RUN_DIR/checkpoints/step-NNNNNNNNN, or --run-dir RUN_DIR)"
+            )
         return path
     root = Path(args.run_dir).expanduser() / "checkpoints"
     skipped: list[str] = []
     found = ckpt.find_latest(root, "cpu", on_skip=skipped.append)
     if found is None:
         why = f"; skipped: {' | '.join(skipped)}" if skipped else ""
-        raise BadInput(f"evaluate error: no valid checkpoint under {root}{why} "
-                       f"(train first, or pass --checkpoint DIR)")
+        raise BadInput(f"evaluate error: no valid checkpoint under {root}{why} (train first, or pass --checkpoint DIR)")
     for line in skipped:
         ckpt.warn(line)
     return found[0]
@@ -131,7 +153,9 @@ def load_imagefolder_all(cfg: Any) -> tuple[Any, list[str]]:
     return folder_images(cfg)
 
 
-def load_eval_set(train_cfg: dict[str, Any], data_root: str | None, data_name: str, split: str) -> tuple[Any, list[str]]:
+def load_eval_set(
+    train_cfg: dict[str, Any], data_root: str | None, data_name: str, split: str
+) -> tuple[Any, list[str]]:
     """(images, class names) to evaluate on, using the run's data settings with data.root replaced."""
     from torchlaunch.config import from_dict, is_plugin
     from torchlaunch.worker.data import load_bundle, load_imagefolder
@@ -141,12 +165,16 @@ def load_eval_set(train_cfg: dict[str, Any], data_root: str | None, data_name: s
         bundle = load_bundle(replace(cfg, root=data_root) if data_root else cfg)
         return bundle.val, bundle.classes
     if data_root is None:
-        raise BadInput(f"evaluate error: --data-root is required: the run trained on data.name={cfg.name} "
-                       f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)")
+        raise BadInput(
+            f"evaluate error: --data-root is required: the run trained on data.name={cfg.name} "
+            f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)"
+        )
     root = Path(data_root).expanduser()
     if not root.is_dir():
-        raise BadInput(f"data error: --data-root {root} does not exist or is not a folder "
-                       f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)")
+        raise BadInput(
+            f"data error: --data-root {root} does not exist or is not a folder "
+            f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)"
+        )
     name = detect_data_name(root, data_name)
     if name == "cifar10":
         images, classes = load_cifar10_test(root)
@@ -162,10 +190,14 @@ def load_eval_set(train_cfg: dict[str, Any], data_root: str | None, data_name: s
 
 def check_classes(data_classes: list[str], ckpt_classes: list[str], root: str) -> None:
     if list(data_classes) != list(ckpt_classes):
+
         def show(c: list[str]) -> str:
             return f"{len(c)}: {', '.join(c[:12])}{', ...' if len(c) > 12 else ''}"
-        raise BadInput(f"data error: the classes under {root} ({show(data_classes)}) differ from the "
-                       f"checkpoint's ({show(ckpt_classes)}) (evaluate on data with the same class folders)")
+
+        raise BadInput(
+            f"data error: the classes under {root} ({show(data_classes)}) differ from the "
+            f"checkpoint's ({show(ckpt_classes)}) (evaluate on data with the same class folders)"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,8 +228,10 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, 
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        raise BadInput(f"evaluate error: the checkpoint's weights do not fit model.name={cfg.model.name}: "
-                       f"{str(e).splitlines()[0]} (the checkpoint is inconsistent; pick another one)") from None
+        raise BadInput(
+            f"evaluate error: the checkpoint's weights do not fit model.name={cfg.model.name}: "
+            f"{str(e).splitlines()[0]} (the checkpoint is inconsistent; pick another one)"
+        ) from None
     memory_format = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
     model = model.to(ctx.device, memory_format=memory_format).eval()
     precision = resolve_precision(cfg.train.precision, ctx.device)
@@ -207,8 +241,9 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, 
     normalize = Normalizer(tuple(norm["mean"]), tuple(norm["std"]), ctx.device, cfg.train.channels_last)
     sums = [0.0, 0.0, 0.0]
     with torch.no_grad():
-        for x, y in eval_batches(data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device,
-                                 cfg.data.image_size, 0):
+        for x, y in eval_batches(
+            data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device, cfg.data.image_size, 0
+        ):
             with autocast():
                 logits = tta_logits(model, x, tta)
             sums[0] += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
@@ -236,9 +271,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         chosen = dist.agreed(ctx, lambda: str(pick_checkpoint(args)) if ctx.is_main else None)
         chosen = dist.broadcast_object(ctx, chosen)
         state = dist.agreed(ctx, lambda: load_checkpoint(Path(chosen)))
+
         # Local rank 0 first: it fills the decode cache that the other ranks then read.
         def load() -> tuple[Any, list[str]]:
             return load_eval_set(state["config"], args.data_root, args.data_name, args.split)
+
         loaded = dist.agreed(ctx, lambda: load() if ctx.local_rank == 0 else None)
         loaded = dist.agreed(ctx, lambda: loaded or load())
         data, classes = loaded

@@ -38,12 +38,16 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".
 def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
     """Class folders -> (classes, files, labels), sorted so every rank sees the same order."""
     if not root.is_dir():
-        raise BadInput(f"data error: data.root {root} does not exist or is not a folder "
-                       f"(point data.root at a folder of class folders, e.g. train/<class>/<image>.jpg)")
+        raise BadInput(
+            f"data error: data.root {root} does not exist or is not a folder "
+            f"(point data.root at a folder of class folders, e.g. train/<class>/<image>.jpg)"
+        )
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
-        raise BadInput(f"data error: {root} has no class folders (expected {root}/<class>/<image>.jpg; "
-                       f"point data.root at the folder that holds the class folders)")
+        raise BadInput(
+            f"data error: {root} has no class folders (expected {root}/<class>/<image>.jpg; "
+            f"point data.root at the folder that holds the class folders)"
+        )
     files: list[str] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
@@ -54,8 +58,10 @@ def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
                     files.append(os.path.join(dirpath, fn))
                     labels.append(label)
     if not files:
-        raise BadInput(f"data error: {root} has class folders but no images with extensions "
-                       f"{', '.join(IMAGE_EXTENSIONS)} (copy images into {root}/<class>/)")
+        raise BadInput(
+            f"data error: {root} has class folders but no images with extensions "
+            f"{', '.join(IMAGE_EXTENSIONS)} (copy images into {root}/<class>/)"
+        )
     return classes, files, labels
 
 
@@ -68,7 +74,7 @@ def folder_fingerprint(root: Path, files: list[str]) -> str:
     lines: list[str] = []
     for f in files:
         st = os.stat(f)
-        rel = f[len(prefix):] if f.startswith(prefix) else os.path.relpath(f, root)
+        rel = f[len(prefix) :] if f.startswith(prefix) else os.path.relpath(f, root)
         lines.append(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n")
         if len(lines) == 4096:
             h.update("".join(lines).encode())
@@ -105,8 +111,9 @@ def publish(images: np.ndarray, root: Path, cache_dir: Path, key: str) -> np.nda
     tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
     try:
         np.save(tmp / "images.npy", images, allow_pickle=False)
-        (tmp / "meta.json").write_text(json.dumps({"root": str(root), "count": len(images),
-                                                   "shape": list(images.shape)}))
+        (tmp / "meta.json").write_text(
+            json.dumps({"root": str(root), "count": len(images), "shape": list(images.shape)})
+        )
         try:
             os.rename(tmp, cache_dir / f"imagefolder-{key}")
         except OSError:  # another node or rank published the same cache first
@@ -160,8 +167,9 @@ def start_prefetch(data: DataConfig, env: Mapping[str, str] | None = None) -> su
         return None
     argv = [sys.executable, "-m", "torchlaunch.worker.folder_cache", data.root, data.cache_dir, str(data.image_size)]
     try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
     except OSError:
         return None  # the worker decodes itself
 

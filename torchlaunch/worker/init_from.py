@@ -19,8 +19,7 @@ from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.exit_codes import BadInput
 
 KEY = "model.init_from"
-FORMS = ("a run folder, a checkpoint folder RUN_DIR/checkpoints/step-NNNNNNNNN, or a .pt file holding a "
-         "state_dict")
+FORMS = "a run folder, a checkpoint folder RUN_DIR/checkpoints/step-NNNNNNNNN, or a .pt file holding a state_dict"
 _PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 
 
@@ -55,8 +54,10 @@ def _from_file(path: Path) -> dict[str, Any]:
     elif isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         obj = obj["state_dict"]  # the common {"state_dict": ...} wrapper
     if not isinstance(obj, Mapping) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise _bad(f"{path} holds a {type(obj).__name__}, not a state_dict of tensors",
-                   "save it with torch.save(model.state_dict(), PATH)")
+        raise _bad(
+            f"{path} holds a {type(obj).__name__}, not a state_dict of tensors",
+            "save it with torch.save(model.state_dict(), PATH)",
+        )
     return dict(obj)
 
 
@@ -82,7 +83,7 @@ def load_weights(text: str) -> tuple[Path, dict[str, torch.Tensor]]:
 def _strip(key: str) -> str:
     for prefix in _PREFIXES:
         while key.startswith(prefix):
-            key = key[len(prefix):]
+            key = key[len(prefix) :]
     return key
 
 
@@ -100,14 +101,18 @@ class Match:
         return not (self.missing or self.unexpected or self.mismatched)
 
     def counts(self) -> str:
-        return (f"{len(self.missing)} missing, {len(self.unexpected)} unexpected, "
-                f"{len(self.mismatched)} shape-mismatched of the model's {len(self.loaded) + len(self.missing) + len(self.mismatched)} tensors")
+        return (
+            f"{len(self.missing)} missing, {len(self.unexpected)} unexpected, "
+            f"{len(self.mismatched)} shape-mismatched of the model's {len(self.loaded) + len(self.missing) + len(self.mismatched)} tensors"
+        )
 
     def block(self, source: Path) -> str:
         """The one report printed on rank 0 when init_strict=false: every skipped tensor, named."""
         lines = [f"init_from {source}: loaded {len(self.loaded)} tensors; {self.counts()}"]
-        lines += [f"  shape mismatch (kept fresh init): {k}: checkpoint {list(a)} vs model {list(b)}"
-                  for k, a, b in self.mismatched]
+        lines += [
+            f"  shape mismatch (kept fresh init): {k}: checkpoint {list(a)} vs model {list(b)}"
+            for k, a, b in self.mismatched
+        ]
         lines += [f"  missing in checkpoint (kept fresh init): {k}" for k in self.missing]
         lines += [f"  unexpected in checkpoint (ignored): {k}" for k in self.unexpected]
         return "\n".join(lines)
@@ -133,14 +138,23 @@ def apply(model: nn.Module, text: str, strict: bool) -> str:
     source, state = load_weights(text)
     m = match(model, state)
     if not m.exact and strict:
-        first = (m.mismatched and f"e.g. {m.mismatched[0][0]} {list(m.mismatched[0][1])} vs {list(m.mismatched[0][2])}"
-                 or m.missing and f"e.g. missing {m.missing[0]}" or f"e.g. unexpected {m.unexpected[0]}")
-        raise BadInput(f"config error: model.init_strict: {source} does not match the model: {m.counts()}, "
-                       f"{first} (set model.init_strict=false to load what fits and keep the fresh init for the "
-                       f"rest, or init_from weights of the same model.name and class count)")
+        first = (
+            m.mismatched
+            and f"e.g. {m.mismatched[0][0]} {list(m.mismatched[0][1])} vs {list(m.mismatched[0][2])}"
+            or m.missing
+            and f"e.g. missing {m.missing[0]}"
+            or f"e.g. unexpected {m.unexpected[0]}"
+        )
+        raise BadInput(
+            f"config error: model.init_strict: {source} does not match the model: {m.counts()}, "
+            f"{first} (set model.init_strict=false to load what fits and keep the fresh init for the "
+            f"rest, or init_from weights of the same model.name and class count)"
+        )
     if not m.loaded:
-        raise BadInput(f"config error: {KEY}: none of {source}'s {len(state)} tensors fit the model "
-                       f"({m.counts()}; init_from weights of the same architecture)")
+        raise BadInput(
+            f"config error: {KEY}: none of {source}'s {len(state)} tensors fit the model "
+            f"({m.counts()}; init_from weights of the same architecture)"
+        )
     with torch.no_grad():
         model.load_state_dict({k: state[k] for k in m.loaded}, strict=False)
     if m.exact:

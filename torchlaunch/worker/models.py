@@ -18,9 +18,18 @@ def simple_cnn(num_classes: int, width: int = 0) -> nn.Module:
     """The classic first CNN: three conv blocks, then a linear classifier (32x32 inputs)."""
     w = width or 32
     return nn.Sequential(
-        nn.Conv2d(3, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-        nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-        nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.BatchNorm2d(4 * w), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Conv2d(3, w, 3, padding=1),
+        nn.BatchNorm2d(w),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(w, 2 * w, 3, padding=1),
+        nn.BatchNorm2d(2 * w),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(2 * w, 4 * w, 3, padding=1),
+        nn.BatchNorm2d(4 * w),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
         nn.Flatten(),
         nn.Linear(4 * w * 4 * 4, num_classes),
     )
@@ -90,7 +99,7 @@ def _dirac_conv(cin: int, cout: int) -> nn.Conv2d:
     shallow one trains fast from the first step (airbench's initialisation)."""
     conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
     with torch.no_grad():
-        nn.init.dirac_(conv.weight[:min(cin, cout)])
+        nn.init.dirac_(conv.weight[: min(cin, cout)])
     return conv
 
 
@@ -145,7 +154,7 @@ def patch_matrix(images: torch.Tensor, kh: int, kw: int) -> torch.Tensor:
     out = torch.empty(n, h - kh + 1, w - kw + 1, c, kh, kw, dtype=torch.float32, device=images.device)
     for i in range(kh):
         for j in range(kw):
-            out[..., i, j] = pixels[:, i:i + h - kh + 1, j:j + w - kw + 1]
+            out[..., i, j] = pixels[:, i : i + h - kh + 1, j : j + w - kw + 1]
     return out.reshape(-1, c * kh * kw)
 
 
@@ -170,8 +179,9 @@ class FastNet(nn.Module):
         widths = self.widths(width)
         self.stem = nn.Sequential(nn.Conv2d(3, 24, 2, padding=0, bias=True), nn.GELU())
         self.stem[0].weight.requires_grad_(False)
-        self.groups = nn.Sequential(self.group(24, widths[0]), self.group(widths[0], widths[1]),
-                                    self.group(widths[1], widths[2]))
+        self.groups = nn.Sequential(
+            self.group(24, widths[0]), self.group(widths[0], widths[1]), self.group(widths[1], widths[2])
+        )
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.head = nn.Linear(widths[2], num_classes, bias=False)
         self.scale = 1 / 9
@@ -232,9 +242,12 @@ def torchvision_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
     if name not in valid:
         near = difflib.get_close_matches(name, valid, n=1)
         hint = f"did you mean {TORCHVISION_PREFIX}{near[0]}? " if near else ""
-        raise ConfigError("model.name", f"unknown torchvision classification model {key!r}",
-                          f"{hint}torchvision.models.list_models with module=torchvision.models lists valid "
-                          f"names; write them as {TORCHVISION_PREFIX}<name>, e.g. {TORCHVISION_PREFIX}resnet18")
+        raise ConfigError(
+            "model.name",
+            f"unknown torchvision classification model {key!r}",
+            f"{hint}torchvision.models.list_models with module=torchvision.models lists valid "
+            f"names; write them as {TORCHVISION_PREFIX}<name>, e.g. {TORCHVISION_PREFIX}resnet18",
+        )
     extra = {"aux_logits": False} if name in _NO_AUX else {}
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
 

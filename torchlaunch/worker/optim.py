@@ -67,14 +67,24 @@ def fused_supported(device: torch.device) -> bool:
     """Whether torch has fused SGD/AdamW kernels for this device type (CPU and CUDA do in 2.x)."""
     try:
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
         return device.type in _get_fused_kernels_supported_devices()
     except ImportError:
         return device.type in ("cpu", "cuda")
 
 
-def build(name: str, groups: list[dict[str, Any]], device: torch.device, eager_only: bool, *, lr: float,
-          momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
-          betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
+def build(
+    name: str,
+    groups: list[dict[str, Any]],
+    device: torch.device,
+    eager_only: bool,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+) -> torch.optim.Optimizer:
     """SGD or AdamW over `groups`. SGD: fused kernels where torch has them for the device (one kernel
     over all parameters: 3-6x faster optimizer step on CPU, bench/proposals.py), else foreach. AdamW:
     fused on CUDA, foreach elsewhere (its CPU update is kept as it was: same bits on resume).

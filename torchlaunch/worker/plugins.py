@@ -46,8 +46,18 @@ from typing import Any
 from torchlaunch.config import PLUGIN_PATTERN, ConfigError, is_plugin
 from torchlaunch.exit_codes import BadInput
 
-__all__ = ["PluginData", "is_plugin", "resolve", "build_model", "load_data", "origin", "origins", "check_early",
-           "add_recorded_paths", "check_config"]
+__all__ = [
+    "PluginData",
+    "is_plugin",
+    "resolve",
+    "build_model",
+    "load_data",
+    "origin",
+    "origins",
+    "check_early",
+    "add_recorded_paths",
+    "check_config",
+]
 
 MODEL_CALL = "factory(num_classes=N[, width=W])"
 DATA_CALL = "factory([root=..., image_size=...]) -> (train, val, classes)"
@@ -69,8 +79,9 @@ def _first_line(e: BaseException) -> str:
 
 def _split(key: str, path: str) -> tuple[str, str]:
     if not re.fullmatch(PLUGIN_PATTERN, path):
-        raise ConfigError(key, f"{path!r} is not an import path",
-                          "write pkg.module:factory, e.g. examples.my_models:tiny_cnn")
+        raise ConfigError(
+            key, f"{path!r} is not an import path", "write pkg.module:factory, e.g. examples.my_models:tiny_cnn"
+        )
     module, attr = path.split(":", 1)
     return module, attr
 
@@ -91,17 +102,24 @@ def _import(key: str, path: str, module: str) -> Any:
         missing = e.name or ""
         if missing and (module == missing or module.startswith(missing + ".")):
             top = module.split(".")[0]
-            raise ConfigError(key, f"cannot import module {module!r} of {path!r} (No module named {missing!r})",
-                              f"run from the folder that holds {top}, or add that folder to PYTHONPATH") from None
-        raise ConfigError(key, f"module {module!r} of {path!r} failed to import: {_first_line(e)}",
-                          f"install {missing or 'the missing package'} where the workers run") from None
+            raise ConfigError(
+                key,
+                f"cannot import module {module!r} of {path!r} (No module named {missing!r})",
+                f"run from the folder that holds {top}, or add that folder to PYTHONPATH",
+            ) from None
+        raise ConfigError(
+            key,
+            f"module {module!r} of {path!r} failed to import: {_first_line(e)}",
+            f"install {missing or 'the missing package'} where the workers run",
+        ) from None
     except BadInput:
         raise
     except BaseException as e:  # noqa: BLE001 - any error while importing user code is the user's to fix
         if isinstance(e, KeyboardInterrupt):
             raise
-        raise ConfigError(key, f"importing module {module!r} of {path!r} raised {_first_line(e)}",
-                          f"fix {module} so that it imports") from None
+        raise ConfigError(
+            key, f"importing module {module!r} of {path!r} raised {_first_line(e)}", f"fix {module} so that it imports"
+        ) from None
 
 
 def resolve(key: str, path: str) -> Callable[..., Any]:
@@ -115,12 +133,18 @@ def resolve(key: str, path: str) -> Callable[..., Any]:
             names = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
             near = difflib.get_close_matches(part, names, n=1)
             hint = f"did you mean {module_name}:{near[0]}? " if near else ""
-            raise ConfigError(key, f"module {module_name!r} ({where}) has no attribute {part!r} (from {path!r})",
-                              f"{hint}define {part} there or fix the name after ':'")
+            raise ConfigError(
+                key,
+                f"module {module_name!r} ({where}) has no attribute {part!r} (from {path!r})",
+                f"{hint}define {part} there or fix the name after ':'",
+            )
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ConfigError(key, f"{path!r} is an object of type {type(obj).__name__}, not a callable factory",
-                          "point it at a function or class that builds the object")
+        raise ConfigError(
+            key,
+            f"{path!r} is an object of type {type(obj).__name__}, not a callable factory",
+            "point it at a function or class that builds the object",
+        )
     return obj
 
 
@@ -132,7 +156,9 @@ def origin(key: str, path: str) -> dict[str, str | None]:
     file = getattr(module, "__file__", None)
     root = None
     if file:
-        root = str(Path(file).resolve().parents[len(module_name.split(".")) - (0 if file.endswith("__init__.py") else 1)])
+        root = str(
+            Path(file).resolve().parents[len(module_name.split(".")) - (0 if file.endswith("__init__.py") else 1)]
+        )
     return {"name": path, "file": str(Path(file).resolve()) if file else None, "root": root}
 
 
@@ -183,12 +209,18 @@ def build_model(path: str, num_classes: int, width: int = 0) -> Any:
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 - a factory's failure is reported as bad input
-        raise ConfigError("model.name", f"factory {path!r} raised {_first_line(e)} when called as "
-                          f"{path.split(':')[1]}({', '.join(f'{k}={v}' for k, v in kwargs.items())})",
-                          f"fix the factory; it is called as {MODEL_CALL}") from None
+        raise ConfigError(
+            "model.name",
+            f"factory {path!r} raised {_first_line(e)} when called as "
+            f"{path.split(':')[1]}({', '.join(f'{k}={v}' for k, v in kwargs.items())})",
+            f"fix the factory; it is called as {MODEL_CALL}",
+        ) from None
     if not isinstance(model, nn.Module):
-        raise ConfigError("model.name", f"factory {path!r} returned {type(model).__name__}, not a torch.nn.Module",
-                          "return the model instance, e.g. `return MyNet(num_classes)`")
+        raise ConfigError(
+            "model.name",
+            f"factory {path!r} returned {type(model).__name__}, not a torch.nn.Module",
+            "return the model instance, e.g. `return MyNet(num_classes)`",
+        )
     return model
 
 
@@ -203,8 +235,9 @@ def _accepted_kwargs(factory: Callable[..., Any], offered: dict[str, Any]) -> di
         return {}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return dict(offered)
-    names = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                   inspect.Parameter.KEYWORD_ONLY)}
+    names = {
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
     return {k: v for k, v in offered.items() if k in names}
 
 
@@ -218,28 +251,42 @@ def load_data(path: str, root: str, image_size: int) -> PluginData:
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001
-        raise ConfigError("data.name", f"factory {path!r} raised {_first_line(e)}",
-                          f"fix the factory; it is called as {DATA_CALL}") from None
+        raise ConfigError(
+            "data.name", f"factory {path!r} raised {_first_line(e)}", f"fix the factory; it is called as {DATA_CALL}"
+        ) from None
     if isinstance(result, (tuple, list)) and len(result) == 3:
         result = PluginData(*result)
     if not isinstance(result, PluginData):
-        raise ConfigError("data.name", f"factory {path!r} returned {type(result).__name__}",
-                          "return (train, val, classes) or train.plugins.PluginData; see examples/my_data.py")
+        raise ConfigError(
+            "data.name",
+            f"factory {path!r} returned {type(result).__name__}",
+            "return (train, val, classes) or train.plugins.PluginData; see examples/my_data.py",
+        )
     classes = result.classes
-    if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence) or len(classes) < 2 \
-            or not all(isinstance(c, str) for c in classes):
-        raise ConfigError("data.name", f"factory {path!r}: classes must be a list of at least 2 strings, got "
-                          f"{str(classes)[:60]}", "return the class names as the third item")
+    if (
+        isinstance(classes, (str, bytes))
+        or not isinstance(classes, Sequence)
+        or len(classes) < 2
+        or not all(isinstance(c, str) for c in classes)
+    ):
+        raise ConfigError(
+            "data.name",
+            f"factory {path!r}: classes must be a list of at least 2 strings, got {str(classes)[:60]}",
+            "return the class names as the third item",
+        )
     result.classes = list(classes)
     for split in ("train", "val"):
         ds = getattr(result, split)
         if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-            raise ConfigError("data.name", f"factory {path!r}: the {split} split is a {type(ds).__name__}, not a "
-                              "map-style dataset", "return objects with __len__ and __getitem__ (e.g. a "
-                              "torch.utils.data.Dataset)")
+            raise ConfigError(
+                "data.name",
+                f"factory {path!r}: the {split} split is a {type(ds).__name__}, not a map-style dataset",
+                "return objects with __len__ and __getitem__ (e.g. a torch.utils.data.Dataset)",
+            )
         if len(ds) == 0:
-            raise ConfigError("data.name", f"factory {path!r}: the {split} split is empty",
-                              "return at least one sample in each split")
+            raise ConfigError(
+                "data.name", f"factory {path!r}: the {split} split is empty", "return at least one sample in each split"
+            )
         check_sample(path, split, 0, _get(path, split, ds, 0), len(result.classes))
     return result
 
@@ -250,8 +297,11 @@ def _get(path: str, split: str, ds: Any, index: int) -> Any:
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001
-        raise ConfigError("data.name", f"{path!r}: reading {split} sample {index} raised {_first_line(e)}",
-                          "fix the dataset's __getitem__") from None
+        raise ConfigError(
+            "data.name",
+            f"{path!r}: reading {split} sample {index} raised {_first_line(e)}",
+            "fix the dataset's __getitem__",
+        ) from None
 
 
 def describe(value: Any) -> str:
@@ -270,15 +320,23 @@ def check_sample(path: str, split: str, index: int, sample: Any, num_classes: in
     import torch
     from PIL import Image
 
-    fix = ("return (image, label): image a 3xHxW tensor (uint8, or float in [0, 1]) or a PIL image, "
-           "label an int; see examples/my_data.py")
+    fix = (
+        "return (image, label): image a 3xHxW tensor (uint8, or float in [0, 1]) or a PIL image, "
+        "label an int; see examples/my_data.py"
+    )
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        raise ConfigError("data.name", f"{path!r}: {split} sample {index} is {describe(sample)}, not an "
-                          "(image, label) pair", fix)
+        raise ConfigError(
+            "data.name", f"{path!r}: {split} sample {index} is {describe(sample)}, not an (image, label) pair", fix
+        )
     image, label = sample
     if isinstance(image, torch.Tensor):
-        ok = image.dim() == 3 and image.shape[0] == 3 and image.shape[1] > 0 and image.shape[2] > 0 \
+        ok = (
+            image.dim() == 3
+            and image.shape[0] == 3
+            and image.shape[1] > 0
+            and image.shape[2] > 0
             and (image.dtype == torch.uint8 or image.is_floating_point())
+        )
     else:
         ok = isinstance(image, Image.Image)
     if not ok:
@@ -286,8 +344,11 @@ def check_sample(path: str, split: str, index: int, sample: Any, num_classes: in
     if isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point():
         label = int(label)
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
-        raise ConfigError("data.name", f"{path!r}: {split} sample {index} label is {describe(label)}, not an "
-                          f"int in [0, {num_classes})", fix)
+        raise ConfigError(
+            "data.name",
+            f"{path!r}: {split} sample {index} label is {describe(label)}, not an int in [0, {num_classes})",
+            fix,
+        )
 
 
 def to_uint8(path: str, split: str, index: int, image: Any, size: int) -> Any:
@@ -302,14 +363,22 @@ def to_uint8(path: str, split: str, index: int, image: Any, size: int) -> Any:
             im = im.resize((size, size), Image.Resampling.BILINEAR)
         return torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1)
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != 3:
-        raise ConfigError("data.name", f"{path!r}: {split} sample {index} image is {describe(image)}",
-                          "return a 3xHxW tensor or a PIL image for every sample")
+        raise ConfigError(
+            "data.name",
+            f"{path!r}: {split} sample {index} image is {describe(image)}",
+            "return a 3xHxW tensor or a PIL image for every sample",
+        )
     x = image.detach().cpu()
     if x.is_floating_point():
         x = (x.float() * 255.0).round().clamp(0, 255)
     if tuple(x.shape[1:]) != (size, size):
-        x = torch.nn.functional.interpolate(x.float()[None], size=(size, size), mode="bilinear",
-                                            align_corners=False, antialias=True)[0].round().clamp(0, 255)
+        x = (
+            torch.nn.functional.interpolate(
+                x.float()[None], size=(size, size), mode="bilinear", align_corners=False, antialias=True
+            )[0]
+            .round()
+            .clamp(0, 255)
+        )
     return x.to(torch.uint8).contiguous()
 
 
@@ -317,8 +386,11 @@ def to_label(path: str, split: str, index: int, label: Any, num_classes: int) ->
     if hasattr(label, "item") and not isinstance(label, int):
         label = label.item()
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
-        raise ConfigError("data.name", f"{path!r}: {split} sample {index} label is {describe(label)}, not an "
-                          f"int in [0, {num_classes})", "return an int label for every sample")
+        raise ConfigError(
+            "data.name",
+            f"{path!r}: {split} sample {index} label is {describe(label)}, not an int in [0, {num_classes})",
+            "return an int label for every sample",
+        )
     return label
 
 

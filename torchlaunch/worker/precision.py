@@ -35,9 +35,11 @@ MEASURE_BATCH_CAP = 32
 
 
 def fp16_on_cpu_message() -> str:
-    return ("config error: train.precision: fp16 on CPU is emulated, ~17x slower than bf16 "
-            "(use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
-            "`make doctor` measures both on this machine)")
+    return (
+        "config error: train.precision: fp16 on CPU is emulated, ~17x slower than bf16 "
+        "(use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
+        "`make doctor` measures both on this machine)"
+    )
 
 
 def refuse_fp16_on_cpu(precision: str, on_cpu: bool) -> None:
@@ -74,8 +76,15 @@ class Rates:
         return f"bf16 {self.bf16:.0f} vs fp32 {self.fp32:.0f} images/s"
 
 
-def measure_rates(model_name: str, num_classes: int, width: int, image_size: int, batch: int,
-                  channels_last: bool, budget_s: float = 1.5) -> Rates:
+def measure_rates(
+    model_name: str,
+    num_classes: int,
+    width: int,
+    image_size: int,
+    batch: int,
+    channels_last: bool,
+    budget_s: float = 1.5,
+) -> Rates:
     """Time training steps (forward, backward, SGD update) of fp32 and bf16 autocast, interleaved so a
     change in host load hits both; median per precision. The caller's RNG streams are untouched."""
     import torch
@@ -110,18 +119,29 @@ def measure_rates(model_name: str, num_classes: int, width: int, image_size: int
         while len(times[True]) < 5 and (not times[True] or time.perf_counter() < deadline):
             for bf16 in (False, True):
                 times[bf16].append(step(bf16))
-    return Rates(fp32=batch / statistics.median(times[False]), bf16=batch / statistics.median(times[True]),
-                 batch=batch)
+    return Rates(fp32=batch / statistics.median(times[False]), bf16=batch / statistics.median(times[True]), batch=batch)
 
 
-def cache_key(model_name: str, width: int, num_classes: int, image_size: int, batch: int,
-              channels_last: bool, threads: int) -> str:
+def cache_key(
+    model_name: str, width: int, num_classes: int, image_size: int, batch: int, channels_last: bool, threads: int
+) -> str:
     """Machine (CPU model, torch, threads) + model shape: what the bf16/fp32 ratio depends on."""
     import torch
 
-    return json.dumps({"cpu": cpu_model(), "torch": str(torch.__version__), "threads": threads,
-                       "model": model_name, "width": width, "classes": num_classes, "size": image_size,
-                       "batch": batch, "channels_last": channels_last}, sort_keys=True)
+    return json.dumps(
+        {
+            "cpu": cpu_model(),
+            "torch": str(torch.__version__),
+            "threads": threads,
+            "model": model_name,
+            "width": width,
+            "classes": num_classes,
+            "size": image_size,
+            "batch": batch,
+            "channels_last": channels_last,
+        },
+        sort_keys=True,
+    )
 
 
 def read_json(path: Path) -> Any:
@@ -154,8 +174,13 @@ def cached_or_measured(cache_dir: Path, key: str, measure: Any) -> tuple[dict[st
     except Exception as e:  # noqa: BLE001 - e.g. an op without bf16 kernels: fp32 always trains
         why = f"the measurement failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}), fp32 is safe"
         return {"precision": "fp32", "why": why, "cpu": cpu_model()}, "failed to measure"
-    record = {"precision": rates.choice, "why": rates.why(), "rates": asdict(rates), "cpu": cpu_model(),
-              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    record = {
+        "precision": rates.choice,
+        "why": rates.why(),
+        "rates": asdict(rates),
+        "cpu": cpu_model(),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
     entries = read_json(cache_file)  # re-read: another run may have added its own entry meanwhile
     entries = entries if isinstance(entries, dict) else {}
     entries[key] = record
@@ -166,8 +191,16 @@ def cached_or_measured(cache_dir: Path, key: str, measure: Any) -> tuple[dict[st
     return record, "measured"
 
 
-def choose_for_run(run_dir: Path, cache_dir: Path, model_name: str, width: int, num_classes: int,
-                   image_size: int, micro_batch: int, channels_last: bool) -> tuple[str, str]:
+def choose_for_run(
+    run_dir: Path,
+    cache_dir: Path,
+    model_name: str,
+    width: int,
+    num_classes: int,
+    image_size: int,
+    micro_batch: int,
+    channels_last: bool,
+) -> tuple[str, str]:
     """(precision, note) for `auto` on CPU: RUN_DIR's record when the run has one (resume), else the
     cache or a fresh measurement, then recorded in RUN_DIR. Called on one rank; broadcast by the caller."""
     import torch
@@ -175,16 +208,21 @@ def choose_for_run(run_dir: Path, cache_dir: Path, model_name: str, width: int, 
     record_path = run_dir / RUN_RECORD
     recorded = read_json(record_path)
     if isinstance(recorded, dict) and recorded.get("precision") in ("bf16", "fp32"):
-        return recorded["precision"], (f"precision: auto -> {recorded['precision']} (recorded at this run's "
-                                       f"start in {record_path}: {recorded.get('why', '')})")
+        return recorded["precision"], (
+            f"precision: auto -> {recorded['precision']} (recorded at this run's "
+            f"start in {record_path}: {recorded.get('why', '')})"
+        )
     batch = max(1, min(micro_batch, MEASURE_BATCH_CAP))
     key = cache_key(model_name, width, num_classes, image_size, batch, channels_last, torch.get_num_threads())
     record, source = cached_or_measured(
-        cache_dir, key, lambda: measure_rates(model_name, num_classes, width, image_size, batch, channels_last))
+        cache_dir, key, lambda: measure_rates(model_name, num_classes, width, image_size, batch, channels_last)
+    )
     write_json(record_path, {**record, "source": source})
     where = f"cached in {cache_dir / CACHE_FILE}" if source == "cached" else source.replace("measured", "measured now")
-    return record["precision"], (f"precision: auto -> {record['precision']} on {record.get('cpu', cpu_model())} "
-                                 f"({record['why']}, {model_name}, batch {batch}; {where}; recorded in {record_path})")
+    return record["precision"], (
+        f"precision: auto -> {record['precision']} on {record.get('cpu', cpu_model())} "
+        f"({record['why']}, {model_name}, batch {batch}; {where}; recorded in {record_path})"
+    )
 
 
 def note(text: str) -> None:

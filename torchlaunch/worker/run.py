@@ -116,10 +116,16 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
             if not is_oom(e):
                 raise
             newest = newest_committed(trainer.ckpt_root)
-            report = describe_oom(e, device=ctx.device, batch_size=cfg.train.batch_size,
-                                  micro_batch_size=cfg.train.micro_batch_size, world_size=ctx.world_size,
-                                  precision=trainer.precision, channels_last=cfg.train.channels_last,
-                                  last_checkpoint=str(newest) if newest else None)
+            report = describe_oom(
+                e,
+                device=ctx.device,
+                batch_size=cfg.train.batch_size,
+                micro_batch_size=cfg.train.micro_batch_size,
+                world_size=ctx.world_size,
+                precision=trainer.precision,
+                channels_last=cfg.train.channels_last,
+                last_checkpoint=str(newest) if newest else None,
+            )
             print(report, file=sys.stderr, flush=True)
             raise BadInput(report.splitlines()[0]) from None  # the same batch would run out again
         clean = True

@@ -91,9 +91,16 @@ def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> st
     choice, line = None, ""
     if ctx.is_main:
         micro = cfg.train.micro_batch_size or max(1, cfg.train.batch_size // ctx.world_size)
-        choice, line = choose_cpu_precision(Path(cfg.run_dir), Path(cfg.data.cache_dir).expanduser(),
-                                            cfg.model.name, cfg.model.width, data.num_classes, data.image_size,
-                                            micro, cfg.train.channels_last)
+        choice, line = choose_cpu_precision(
+            Path(cfg.run_dir),
+            Path(cfg.data.cache_dir).expanduser(),
+            cfg.model.name,
+            cfg.model.width,
+            data.num_classes,
+            data.image_size,
+            micro,
+            cfg.train.channels_last,
+        )
         precision_note(line)
     chosen = str(broadcast_object(ctx, choice))
     cfg.train.precision = chosen  # checkpoints then record it: train.evaluate validates the same way
@@ -140,8 +147,12 @@ def param_groups(cfg: RunConfig, model: nn.Module) -> list[dict[str, Any]]:
     """Trainable parameters; with optim.norm_lr_scale != 1 the BatchNorm ones get their own group
     (LR x scale, weight decay / scale: the same decay per step)."""
     o = cfg.optim
-    norm_ids = {id(p) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-                for p in m.parameters(recurse=False)}
+    norm_ids = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        for p in m.parameters(recurse=False)
+    }
     trainable = [p for p in model.parameters() if p.requires_grad]
     if o.norm_lr_scale == 1.0:
         return [{"params": trainable, "lr": o.lr, "weight_decay": o.weight_decay}]
@@ -157,9 +168,17 @@ def build_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> t
     """The recipe's optimizer (train/optim.py). Without model.compile it never imports torch._dynamo,
     the largest item of start-up otherwise (issue 15)."""
     o = cfg.optim
-    return optim_mod.build(o.name, param_groups(cfg, model), device, eager_only=not cfg.model.compile, lr=o.lr,
-                           momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
-                           weight_decay=o.weight_decay, betas=tuple(o.betas))
+    return optim_mod.build(
+        o.name,
+        param_groups(cfg, model),
+        device,
+        eager_only=not cfg.model.compile,
+        lr=o.lr,
+        momentum=o.momentum,
+        nesterov=o.nesterov and o.momentum > 0,
+        weight_decay=o.weight_decay,
+        betas=tuple(o.betas),
+    )
 
 
 def whitening_sample(images: ImageSet, normalize: Normalizer, image_size: int, limit: int = 5000) -> torch.Tensor:
@@ -185,8 +204,11 @@ class MetricsLog:
         if tensorboard_dir is not None:
             self.tb = open_tensorboard(tensorboard_dir, purge_step=resume_step + 1 if resume_step is not None else None)
         if resume_step is not None and path.is_file():
-            kept = [ln for ln in path.read_text().splitlines() if _line_step(ln) is not None
-                    and _line_step(ln) <= resume_step]
+            kept = [
+                ln
+                for ln in path.read_text().splitlines()
+                if _line_step(ln) is not None and _line_step(ln) <= resume_step
+            ]
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(ln + "\n" for ln in kept))
             os.replace(tmp, path)
@@ -214,8 +236,10 @@ def require_tensorboard():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise BadInput("config error: train.tensorboard: the tensorboard package is not installed "
-                       "(pip install -e '.[tensorboard]', or set train.tensorboard=false)") from None
+        raise BadInput(
+            "config error: train.tensorboard: the tensorboard package is not installed "
+            "(pip install -e '.[tensorboard]', or set train.tensorboard=false)"
+        ) from None
     return SummaryWriter
 
 
@@ -295,9 +319,19 @@ class Trainer:
         if self.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        self.plan = BatchPlan(len(data.train), cfg.train.batch_size, cfg.seed, ctx.rank, ctx.world_size,
-                              cfg.train.micro_batch_size, cfg.data.crop_padding, cfg.data.flip,
-                              cfg.data.pad_mode, cutout=cfg.data.cutout, image_size=data.image_size)
+        self.plan = BatchPlan(
+            len(data.train),
+            cfg.train.batch_size,
+            cfg.seed,
+            ctx.rank,
+            ctx.world_size,
+            cfg.train.micro_batch_size,
+            cfg.data.crop_padding,
+            cfg.data.flip,
+            cfg.data.pad_mode,
+            cutout=cfg.data.cutout,
+            image_size=data.image_size,
+        )
         total = self.plan.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
@@ -311,8 +345,9 @@ class Trainer:
         from torchlaunch.worker import init_from as init_weights
         from torchlaunch.worker import plugins
 
-        init_weights.init_for_run(model, cfg.model.init_from, cfg.model.init_strict, cfg.checkpoint.resume,
-                                  self.ckpt_root, ctx.is_main)  # a fresh run only; after the data init
+        init_weights.init_for_run(
+            model, cfg.model.init_from, cfg.model.init_strict, cfg.checkpoint.resume, self.ckpt_root, ctx.is_main
+        )  # a fresh run only; after the data init
         self.plugins = plugins.origins(cfg.model.name, cfg.data.name)  # stored so evaluate finds them
         model = model.to(memory_format=self.memory_format)
         if cfg.debug.check_model:
@@ -320,22 +355,29 @@ class Trainer:
         self.model = model
         self.optimizer = build_optimizer(cfg, model, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda_factory(cfg, self.plan.steps_per_epoch, self.total_steps))
+            self.optimizer, lr_lambda_factory(cfg, self.plan.steps_per_epoch, self.total_steps)
+        )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.net: nn.Module = model
         self.gradient_path = "local"
         if ctx.distributed:
             self.net = DistributedDataParallel(
-                model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                gradient_as_bucket_view=True)
+                model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                gradient_as_bucket_view=True,
+            )
             self.gradient_path = self._choose_gradient_path(self.net, model)
         if cfg.model.compile:
             self.net = torch.compile(self.net)
-        self.lookahead = Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay,
-                                   self.total_steps) if cfg.optim.lookahead_every else None
+        self.lookahead = (
+            Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay, self.total_steps)
+            if cfg.optim.lookahead_every
+            else None
+        )
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
-        self.loader = TrainLoader(data.train, self.plan, normalize, self.device, cfg.data.augment,
-                                  cfg.data.num_workers, data.image_size)
+        self.loader = TrainLoader(
+            data.train, self.plan, normalize, self.device, cfg.data.augment, cfg.data.num_workers, data.image_size
+        )
         self.progress = Progress()
         self.fault = FaultSignal(os.environ.get("TORCHLAUNCH_FAULT_SIGNAL"), ctx.rank)
         self.writer = ckpt.AsyncWriter()
@@ -380,10 +422,15 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "lookahead": self.lookahead.state_dict() if self.lookahead is not None else None,
-            "progress": {"epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "global_step": p.global_step,
-                         "samples_in_epoch": p.step_in_epoch * self.plan.global_batch,
-                         "val_pending": p.val_pending, "best_val_acc": p.best_val_acc,
-                         "last_val": dict(p.last_val)},
+            "progress": {
+                "epoch": p.epoch,
+                "step_in_epoch": p.step_in_epoch,
+                "global_step": p.global_step,
+                "samples_in_epoch": p.step_in_epoch * self.plan.global_batch,
+                "val_pending": p.val_pending,
+                "best_val_acc": p.best_val_acc,
+                "last_val": dict(p.last_val),
+            },
             "world_size": self.ctx.world_size,
             "global_batch": self.plan.global_batch,
             "rng": rng,
@@ -398,24 +445,36 @@ class Trainer:
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as e:
-            raise BadInput(f"checkpoint error: the checkpoint's model does not match model.name="
-                           f"{self.cfg.model.name}: {str(e).splitlines()[0]} (resume with the config it was "
-                           f"saved with, or start a new run_dir)") from None
+            raise BadInput(
+                f"checkpoint error: the checkpoint's model does not match model.name="
+                f"{self.cfg.model.name}: {str(e).splitlines()[0]} (resume with the config it was "
+                f"saved with, or start a new run_dir)"
+            ) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if self.lookahead is not None:
             if state.get("lookahead") is None:
-                raise BadInput("config error: optim.lookahead_every: the checkpoint was saved without lookahead "
-                               "(resume with the config it was saved with, or start a new run_dir)")
+                raise BadInput(
+                    "config error: optim.lookahead_every: the checkpoint was saved without lookahead "
+                    "(resume with the config it was saved with, or start a new run_dir)"
+                )
             self.lookahead.load_state_dict(state["lookahead"])
         pr = state["progress"]
         if state.get("global_batch") != self.plan.global_batch:
-            raise BadInput(f"config error: train.batch_size: the checkpoint was trained with a global batch of "
-                           f"{state.get('global_batch')}, now {self.plan.global_batch} (keep the global batch; "
-                           f"change train.micro_batch_size to fit memory instead)")
-        self.progress = Progress(pr["epoch"], pr["step_in_epoch"], pr["global_step"], pr["val_pending"],
-                                 pr["best_val_acc"], dict(pr["last_val"]))
+            raise BadInput(
+                f"config error: train.batch_size: the checkpoint was trained with a global batch of "
+                f"{state.get('global_batch')}, now {self.plan.global_batch} (keep the global batch; "
+                f"change train.micro_batch_size to fit memory instead)"
+            )
+        self.progress = Progress(
+            pr["epoch"],
+            pr["step_in_epoch"],
+            pr["global_step"],
+            pr["val_pending"],
+            pr["best_val_acc"],
+            dict(pr["last_val"]),
+        )
         rng = state["rng"]
         if state["world_size"] == self.ctx.world_size:
             restore_rng(rng[self.ctx.rank], self.device)
@@ -454,8 +513,12 @@ class Trainer:
         self.last_saved = position
         if not self.ctx.is_main:
             return
-        meta = {"epoch": p.epoch, "step_in_epoch": p.step_in_epoch, "world_size": self.ctx.world_size,
-                "val_pending": p.val_pending}
+        meta = {
+            "epoch": p.epoch,
+            "step_in_epoch": p.step_in_epoch,
+            "world_size": self.ctx.world_size,
+            "val_pending": p.val_pending,
+        }
         if validated:
             meta.update(p.last_val)
         step = p.global_step
@@ -494,8 +557,11 @@ class Trainer:
         n = len(micro_batches)
         for i, (x, y) in enumerate(micro_batches):
             sync = i == n - 1
-            ctx = self.net.no_sync() if (not sync and isinstance(self.net, DistributedDataParallel)) \
+            ctx = (
+                self.net.no_sync()
+                if (not sync and isinstance(self.net, DistributedDataParallel))
                 else contextlib.nullcontext()
+            )
             with ctx:
                 with self.autocast():
                     loss = self.criterion(self.net(x), y) / n
@@ -517,8 +583,16 @@ class Trainer:
         sums = [0.0, 0.0, 0.0]
         batch = max(self.plan.micro, 256)
         with torch.no_grad():
-            batches = eval_batches(self.data.val, self.ctx.rank, self.ctx.world_size, batch, self.normalize,
-                                   self.device, self.data.image_size, 0)
+            batches = eval_batches(
+                self.data.val,
+                self.ctx.rank,
+                self.ctx.world_size,
+                batch,
+                self.normalize,
+                self.device,
+                self.data.image_size,
+                0,
+            )
             n_batches = math.ceil(max(1, len(self.data.val) // self.ctx.world_size + 1) / batch)
             for i in range(n_batches + 1):  # same number of agreement rounds on every rank
                 if agree(self.ctx, self.watcher.requested)[0]:
@@ -544,19 +618,29 @@ class Trainer:
         resumed = self.resume()
         p = self.progress
         main = self.ctx.is_main
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl", main, p.global_step if resumed else None,
-                             self.run_dir / "tb" if self.cfg.train.tensorboard else None)
-        trace = MetricsLog(self.run_dir / "trace" / f"rank{self.ctx.rank}.jsonl", self.cfg.debug.trace_batches,
-                           p.global_step if resumed else None)
+        metrics = MetricsLog(
+            self.run_dir / "metrics.jsonl",
+            main,
+            p.global_step if resumed else None,
+            self.run_dir / "tb" if self.cfg.train.tensorboard else None,
+        )
+        trace = MetricsLog(
+            self.run_dir / "trace" / f"rank{self.ctx.rank}.jsonl",
+            self.cfg.debug.trace_batches,
+            p.global_step if resumed else None,
+        )
         report = Reporter(main, self.total_steps, p.global_step)
         if resumed:
-            report.line(f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} "
-                        f"(global step {p.global_step})")
+            report.line(
+                f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} (global step {p.global_step})"
+            )
         else:
-            report.line(f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
-                        f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
-                        f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation}), "
-                        f"gradients: {self.gradient_path}")
+            report.line(
+                f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
+                f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
+                f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation}), "
+                f"gradients: {self.gradient_path}"
+            )
         if main:
             ckpt.clean_stale(self.ckpt_root)
         self._warn_lead_time(report)
@@ -571,8 +655,14 @@ class Trainer:
                     perm = self.plan.permutation(p.epoch) if self.cfg.debug.trace_batches else None
                     for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
                         if perm is not None:
-                            trace.write({"step": p.global_step + 1, "epoch": p.epoch, "world_size": self.ctx.world_size,
-                                         "indices": self.plan.rank_step(perm, p.epoch, step)[0].tolist()})
+                            trace.write(
+                                {
+                                    "step": p.global_step + 1,
+                                    "epoch": p.epoch,
+                                    "world_size": self.ctx.world_size,
+                                    "indices": self.plan.rank_step(perm, p.epoch, step)[0].tolist(),
+                                }
+                            )
                         step_start = time.perf_counter() if first_step else 0.0
                         loss = self.train_step(micro)
                         p.step_in_epoch = step + 1
@@ -584,16 +674,25 @@ class Trainer:
                         if first_step:
                             first_step = False
                             startup = self._startup_seconds()
-                            metrics.write({"step": p.global_step, "epoch": p.epoch, "startup_s": startup,
-                                           "first_step_s": time.perf_counter() - step_start})
+                            metrics.write(
+                                {
+                                    "step": p.global_step,
+                                    "epoch": p.epoch,
+                                    "startup_s": startup,
+                                    "first_step_s": time.perf_counter() - step_start,
+                                }
+                            )
                             startup_note = f", start-up {startup:.2f} s (process start to first step)"
                         report.step()
                         self.fault("step", p.global_step)
                         (preempt,) = agree(self.ctx, self.watcher.requested)
-                        log_now = p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps
+                        log_now = (
+                            p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps
+                        )
                         every = self.cfg.checkpoint.every_steps
-                        save_now = bool(every) and p.global_step % every == 0 and \
-                            p.step_in_epoch < self.plan.steps_per_epoch
+                        save_now = (
+                            bool(every) and p.global_step % every == 0 and p.step_in_epoch < self.plan.steps_per_epoch
+                        )
                         if log_now or preempt or save_now or p.step_in_epoch >= self.plan.steps_per_epoch:
                             # The finite check: before any log line, checkpoint or validation (NAN_CHECK_BOUND)
                             loss_sum = self._agreed_loss_sum(window_loss, window_from)
@@ -602,11 +701,21 @@ class Trainer:
                             elapsed = time.perf_counter() - window_start
                             rate = window_steps * self.plan.global_batch / max(elapsed, 1e-9)
                             lr = self.scheduler.get_last_lr()[0]
-                            metrics.write({"step": p.global_step, "epoch": p.epoch, "loss": mean_loss, "lr": lr,
-                                           "images_per_s": rate, "elapsed_s": time.perf_counter() - run_start})
-                            report.line(f"epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/"
-                                        f"{self.plan.steps_per_epoch} loss {mean_loss:.4f} lr {lr:.4g} "
-                                        f"{rate:,.0f} img/s{startup_note or ''}")
+                            metrics.write(
+                                {
+                                    "step": p.global_step,
+                                    "epoch": p.epoch,
+                                    "loss": mean_loss,
+                                    "lr": lr,
+                                    "images_per_s": rate,
+                                    "elapsed_s": time.perf_counter() - run_start,
+                                }
+                            )
+                            report.line(
+                                f"epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/"
+                                f"{self.plan.steps_per_epoch} loss {mean_loss:.4f} lr {lr:.4g} "
+                                f"{rate:,.0f} img/s{startup_note or ''}"
+                            )
                             startup_note = None
                             window_start, window_steps, window_loss = time.perf_counter(), 0, self._zero_window()
                             window_from = p.global_step
@@ -619,7 +728,8 @@ class Trainer:
                             break
                     p.val_pending = True
                 last = p.global_step >= self.total_steps or (
-                    p.step_in_epoch >= self.plan.steps_per_epoch and p.epoch + 1 >= self.cfg.train.epochs)
+                    p.step_in_epoch >= self.plan.steps_per_epoch and p.epoch + 1 >= self.cfg.train.epochs
+                )
                 tta = self.cfg.train.tta if last else "none"
                 val = self.evaluate(tta)
                 if val is None:
@@ -629,11 +739,14 @@ class Trainer:
                 p.last_val = {k: v for k, v in val.items() if k not in ("val_samples", "tta")}
                 if p.best_val_acc is None or val["val_acc"] > p.best_val_acc:
                     p.best_val_acc = val["val_acc"]
-                metrics.write({"step": p.global_step, "epoch": p.epoch, **val,
-                               "elapsed_s": time.perf_counter() - run_start})
-                report.line(f"epoch {p.epoch + 1}/{self.cfg.train.epochs} validation: loss {val['val_loss']:.4f} "
-                            f"top-1 {val['val_acc']:.4f} ({int(val['val_samples'])} images"
-                            f"{', test-time augmentation ' + tta if tta != 'none' else ''})")
+                metrics.write(
+                    {"step": p.global_step, "epoch": p.epoch, **val, "elapsed_s": time.perf_counter() - run_start}
+                )
+                report.line(
+                    f"epoch {p.epoch + 1}/{self.cfg.train.epochs} validation: loss {val['val_loss']:.4f} "
+                    f"top-1 {val['val_acc']:.4f} ({int(val['val_samples'])} images"
+                    f"{', test-time augmentation ' + tta if tta != 'none' else ''})"
+                )
                 p.val_pending = False
                 finished_epoch = p.step_in_epoch >= self.plan.steps_per_epoch
                 if finished_epoch:
@@ -655,8 +768,10 @@ class Trainer:
                 raise
             if staged is not None:  # model.pt appears only once the final checkpoint is committed
                 os.replace(staged, self.run_dir / "model.pt")
-                report.line(f"finished: {p.global_step} steps, final validation top-1 "
-                            f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {self.run_dir / 'model.pt'}")
+                report.line(
+                    f"finished: {p.global_step} steps, final validation top-1 "
+                    f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {self.run_dir / 'model.pt'}"
+                )
             return OK
         finally:
             try:
@@ -666,9 +781,11 @@ class Trainer:
                 trace.close()
                 report.close()
 
-    NAN_CHECK_BOUND = ("a non-finite training loss stops the run (exit 2) at the first check point after it: "
-                       "the next log point (every train.log_every_steps steps), checkpoint, preemption or end of "
-                       "the epoch, whichever comes first; never after a checkpoint or validation of that state")
+    NAN_CHECK_BOUND = (
+        "a non-finite training loss stops the run (exit 2) at the first check point after it: "
+        "the next log point (every train.log_every_steps steps), checkpoint, preemption or end of "
+        "the epoch, whichever comes first; never after a checkpoint or validation of that state"
+    )
     """The finite check reads the running loss sum, which waits for the device: only at check points."""
 
     def _zero_window(self) -> torch.Tensor:
@@ -686,7 +803,8 @@ class Trainer:
                 f"training error: non-finite loss in global steps {window_from + 1}-{p.global_step} (epoch {p.epoch}, "
                 f"step {p.step_in_epoch}); likely causes: learning rate too high (optim.lr={self.cfg.optim.lr}), "
                 f"fp16 overflow, or bad input values; rerun with debug.detect_anomaly=true to find the op; the "
-                f"last good checkpoint is kept in {self.ckpt_root}")
+                f"last good checkpoint is kept in {self.ckpt_root}"
+            )
         return total
 
     def _startup_seconds(self) -> float:
@@ -701,8 +819,10 @@ class Trainer:
         if self.ctx.is_main:
             waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
             since = f", {waited:.1f} s after the signal" if waited is not None else ""
-            report.line(f"preempted: checkpoint committed at global step {self.progress.global_step} in "
-                        f"{time.perf_counter() - start:.2f} s{since}; run the same command again to resume")
+            report.line(
+                f"preempted: checkpoint committed at global step {self.progress.global_step} in "
+                f"{time.perf_counter() - start:.2f} s{since}; run the same command again to resume"
+            )
         return PREEMPTED
 
     def _warn_lead_time(self, report: Reporter) -> None:
@@ -715,13 +835,18 @@ class Trainer:
         seconds = time.perf_counter() - start
         shutil.rmtree(probe, ignore_errors=True)
         if lead < 3 * seconds:
-            report.line(f"warning: preemption.lead_time_s={lead:g} is below 3x the measured save time "
-                        f"({seconds:.2f} s): a preemption may kill the job before its checkpoint commits "
-                        f"(raise the scheduler's signal lead time / grace period)")
+            report.line(
+                f"warning: preemption.lead_time_s={lead:g} is below 3x the measured save time "
+                f"({seconds:.2f} s): a preemption may kill the job before its checkpoint commits "
+                f"(raise the scheduler's signal lead time / grace period)"
+            )
 
     def state_dict_for_probe(self) -> dict[str, Any]:
-        return {"format_version": ckpt.FORMAT_VERSION, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+        return {
+            "format_version": ckpt.FORMAT_VERSION,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
 
     def _stage_final_model(self) -> Path:
         """model.pt's bytes, durable under a temporary name; the caller moves them into place."""

@@ -29,7 +29,9 @@ def tta_logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, l
         raise ValueError(f"unknown TTA level {level!r} (choose one of {', '.join(LEVELS)})")
     h, w = x.shape[-2:]
     padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
-    shifted = [padded[..., 0:h, 0:w], padded[..., 2:h + 2, 2:w + 2]]
-    memory_format = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    shifted = [padded[..., 0:h, 0:w], padded[..., 2 : h + 2, 2 : w + 2]]
+    memory_format = (
+        torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    )
     views = [_mirror_mean(model, v.contiguous(memory_format=memory_format)) for v in shifted]
     return 0.5 * plain + 0.25 * (views[0] + views[1])

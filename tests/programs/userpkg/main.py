@@ -8,6 +8,14 @@ if __name__ == "__main__":
     rank = os.environ.get("RANK", "0")
     os.makedirs(sys.argv[2], exist_ok=True)
     with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
-        json.dump({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "cwd": os.getcwd(),
-                   "world_size": os.environ.get("WORLD_SIZE")}, f)
+        json.dump(
+            {
+                "argv": sys.argv,
+                "path0": sys.path[0],
+                "name": __name__,
+                "cwd": os.getcwd(),
+                "world_size": os.environ.get("WORLD_SIZE"),
+            },
+            f,
+        )
     sys.exit(int(sys.argv[1]))
