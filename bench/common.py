@@ -160,15 +160,20 @@ def peers_python() -> Path:
     return REPO / "bench" / ".venv-peers" / "bin" / "python"
 
 
+PEER_PACKAGES = ("lightning", "accelerate", "matplotlib")
+
+
 def ensure_peers_venv(log: Callable[[str], None] = print) -> Path | None:
-    """Create bench/.venv-peers on top of the project's torch (a .pth file), then pip install
-    lightning + matplotlib into it. None when pip cannot install them (offline without an index)."""
+    """Create bench/.venv-peers on top of the project's torch (a .pth file), then pip install the
+    peers into it: Lightning and HF Accelerate (the frameworks whose real scripts the tests run under
+    our launchers, never project dependencies) and matplotlib. None when pip cannot install them
+    (offline without an index)."""
     py = peers_python()
-    probe = [str(py), "-c", "import lightning, matplotlib"]
+    probe = [str(py), "-c", "import lightning, accelerate, matplotlib"]
     if py.is_file() and subprocess.run(probe, capture_output=True).returncode == 0:
         return py
     venv = py.parent.parent
-    log(f"bench: creating {venv} (lightning + matplotlib, benchmark only)")
+    log(f"bench: creating {venv} (lightning + accelerate + matplotlib, peers only)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     site = subprocess.run(
         [str(py), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
@@ -180,9 +185,9 @@ def ensure_peers_venv(log: Callable[[str], None] = print) -> Path | None:
         check=True,
     ).stdout.strip()
     Path(site, "project-venv.pth").write_text(ours + "\n")
-    cmd = [str(py), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt"), "lightning", "matplotlib"]
+    cmd = [str(py), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt"), *PEER_PACKAGES]
     if subprocess.run(cmd).returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
-        log("bench: could not install lightning/matplotlib into the peers venv; peer benchmark and plots skipped")
+        log(f"bench: could not install {' '.join(PEER_PACKAGES)} into the peers venv; peer tests and plots skipped")
         return None
     return py
 

@@ -44,6 +44,35 @@ wait_for() {
   done
 }
 
+# Like wait_for, but returns 1 instead of exiting, and gives up at once when the daemon whose pid file
+# is $2 has died: a daemon that exits during start-up (slurmctld with no TRES from a slurmdbd that is
+# not serving yet) must be restarted, not waited for.
+wait_ready() {
+  local deadline=$((SECONDS + $1)) pidfile=$2; shift 2
+  until "$@" >/dev/null 2>&1; do
+    alive "$pidfile" || return 1
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+  alive "$pidfile"
+}
+
+# Start a daemon with $1 (a start function) and retry once: the function stops what it started when
+# its readiness check fails, so the second try starts from nothing.
+start_retrying() {
+  local fn=$1 name=$2
+  "$fn" && return 0
+  log "$name did not become ready; retrying once (log: $STATE/log)"
+  "$fn" || die "$name did not become ready twice (logs: $STATE/log)"
+}
+
+# Lines of $1 that say the daemon started: slurmdbd serves its clients only after logging it.
+started_lines() {
+  local n
+  n=$(grep -c ' started$' "$1" 2>/dev/null) || true
+  echo "${n:-0}"
+}
+
 install_packages() {
   local missing=()
   for p in "${PACKAGES[@]}"; do
@@ -171,16 +200,29 @@ start_mariadb() {
     GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
 }
 
+# slurmdbd is ready once it has logged "started" and serves the TRES table slurmctld asks for first.
+slurmdbd_ready() {
+  (($(started_lines "$STATE/log/slurmdbd.log") > $1)) && sacctmgr -n list tres | grep -q cpu
+}
+
 start_slurmdbd() {
   alive "$STATE/run/slurmdbd.pid" && return 0
+  local before
+  before=$(started_lines "$STATE/log/slurmdbd.log")
   slurmdbd
-  wait_for "$UP_TIMEOUT_S" "slurmdbd" sacctmgr -n list cluster
+  wait_ready "$UP_TIMEOUT_S" "$STATE/run/slurmdbd.pid" slurmdbd_ready "$before" && return 0
+  stop_pidfile "$STATE/run/slurmdbd.pid" slurmdbd
+  return 1
 }
+
+slurmctld_ready() { scontrol ping | grep -q 'is UP'; }
 
 start_slurmctld() {
   alive "$STATE/run/slurmctld.pid" && return 0
   slurmctld -f "$SLURM_CONF_PATH"
-  wait_for "$UP_TIMEOUT_S" "slurmctld" scontrol ping
+  wait_ready "$UP_TIMEOUT_S" "$STATE/run/slurmctld.pid" slurmctld_ready && return 0
+  stop_pidfile "$STATE/run/slurmctld.pid" slurmctld
+  return 1
 }
 
 start_slurmd() {
@@ -207,8 +249,8 @@ cmd_up() {
   write_configs
   start_munge
   start_mariadb
-  start_slurmdbd
-  start_slurmctld
+  start_retrying start_slurmdbd slurmdbd
+  start_retrying start_slurmctld slurmctld
   start_slurmd
   # Nodes left DOWN/DRAIN by an earlier run come back on their own (ReturnToService=2); this is a nudge.
   scontrol update NodeName=n1,n2 State=RESUME >/dev/null 2>&1 || true
