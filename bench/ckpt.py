@@ -1,4 +1,4 @@
-"""Checkpointing (issue 3): durable save/load ÷ plain torch.save/torch.load, async-save stall ÷ sync
+"""Checkpointing: durable save/load ÷ plain torch.save/torch.load, async-save stall ÷ sync
 save, resume latency ÷ fresh start, and signal → committed checkpoint with real torchrun."""
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
             d = item.to_dict()
             d["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             d["load_average"] = load_average()
-            d["cpu"] = cpu_model()  # every figure names the CPU it was measured on (issue 16)
+            d["cpu"] = cpu_model()  # every figure names the CPU it was measured on: the box changes between sessions
             results[item.key] = d
             log(
                 f"  {item.key}: {item.ratio:.3g} (goal {'>=' if item.higher_is_better else '<='} {item.goal}) "
@@ -163,7 +163,7 @@ def render(doc: dict) -> str:
             f"exit: {pre['last_step_logged_before_exit']}) and exited {pre['rerun_exit']}; metrics.jsonl holds "
             f"steps {pre['steps_logged']} — {'each exactly once, no gap' if pre['continuous'] else 'NOT continuous'}. "
             f"Bitwise equality with an uninterrupted run is asserted by the test suite "
-            f"(issue 3), not here.",
+            f"(tests/test_resume.py), not here.",
             "",
         ]
     t = doc.get("tta")

@@ -1,4 +1,4 @@
-"""Start-up (issue 15): process start -> first training step done ÷ `python -c "import torch"`.
+"""Start-up: process start -> first training step done ÷ `python -c "import torch"`.
 
 The project side is the worker's own `startup_s` record in metrics.jsonl (from the kernel's process
 start time, so interpreter start-up and every import count). The baseline is a process that only

@@ -1,5 +1,5 @@
 """Every command in README.md's code blocks is run here, or listed as not runnable with the reason,
-so the README cannot drift from the code (issue 16).
+so the README cannot drift from the code.
 
 What counts as a command: each line of an indented code block, or of a fenced block tagged bash, sh,
 shell or console (untagged fences are diagrams, ```python blocks are code excerpts); `# comments`
