@@ -1,0 +1,51 @@
+"""What /proc says about a process: alive, the same process as recorded (start time), its state.
+
+A pid from a record is data: before anything is signalled, its start time must match the one recorded
+with it, so a recycled pid (or a forged one) is never signalled. Linux only; elsewhere every answer is
+"unknown" and nothing is signalled.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+STOPPED_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a tracer", "D": "in uninterruptible I/O (D)"}
+"""Process states in which a signal is not acted on, so no stack can be asked for."""
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (which may contain spaces and parentheses)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    _, sep, rest = text.rpartition(")")
+    return rest.split() if sep else None
+
+
+def state(pid: int) -> str | None:
+    """The one-letter process state (R, S, D, T, Z...) or None when there is no such process."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process start time in clock ticks since boot: with the pid, it names one process."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int | None, ticks: int | None) -> bool:
+    """True when `pid` runs and started at `ticks` (never for pid 1, ourselves, or unknown values)."""
+    if pid is None or ticks is None or pid <= 1 or pid == os.getpid():
+        return False
+    return start_ticks(pid) == ticks and state(pid) not in (None, "Z", "X")
+
+
+def unresponsive(pid: int) -> str | None:
+    """Why `pid` cannot act on a signal now (stopped, D state), else None."""
+    return STOPPED_STATES.get(state(pid) or "")

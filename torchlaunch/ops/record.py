@@ -1,0 +1,200 @@
+"""The job record: who runs this job, where, with which command, since when, and how it ended.
+
+One file per node, RUN_DIR/job/node-<N>.json, written atomically by that node's launcher at start and
+again at the end (outcome, exit code, reason). It is the one handle `python -m launch status|cancel`
+needs for a job started by any launcher: the scheduler and its job id (Slurm, Kubernetes) or the host
+and launcher pid (local). A cancel request is a separate file, RUN_DIR/job/cancel.json, naming the
+launch it stops, so that the same launch command run later (a new launch id) is not cancelled by it.
+
+Reading is tolerant: a forged, truncated or non-UTF-8 record becomes a problem string, and every field
+is type-checked on its own, so a bad value is dropped rather than crashing `status`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from torchlaunch.ops import procs
+from torchlaunch.ops.files import as_float, as_int, as_str, read_json, write_json
+
+VERSION = 1
+JOB_DIR = "job"
+CANCEL_FILE = "cancel.json"
+SCHEDULERS = ("local", "slurm", "k8s")
+OUTCOMES = ("finished", "failed", "bad_input", "preempted", "hung", "cancelled")
+MAX_NODES = 1 << 16
+LAUNCH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""A launch id names files (status records): never a path or a glob pattern."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One node's launcher: identity and, once it ended, its outcome."""
+
+    launch_id: str
+    scheduler: str = "local"
+    job_id: str | None = None
+    host: str | None = None
+    node_rank: int = 0
+    nnodes: int = 1
+    local_ranks: int | None = None
+    launcher_pid: int | None = None
+    launcher_start: int | None = None
+    command: tuple[str, ...] = ()
+    cwd: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    code: int | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["command"] = list(self.command)
+        data["version"] = VERSION
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord | None:
+        """The record with each field checked; None without a usable launch id."""
+        launch_id = as_str(data.get("launch_id"), 64)
+        if not launch_id or not LAUNCH_ID.match(launch_id):
+            return None
+        scheduler = as_str(data.get("scheduler"), 16)
+        command = data.get("command")
+        outcome = as_str(data.get("outcome"), 32)
+        extra = data.get("extra")
+        return cls(
+            launch_id=launch_id,
+            scheduler=scheduler if scheduler in SCHEDULERS else "local",
+            job_id=as_str(data.get("job_id"), 256),
+            host=as_str(data.get("host"), 256),
+            node_rank=as_int(data.get("node_rank"), 0, MAX_NODES) or 0,
+            nnodes=as_int(data.get("nnodes"), 1, MAX_NODES) or 1,
+            local_ranks=as_int(data.get("local_ranks"), 0, 1 << 16),
+            launcher_pid=as_int(data.get("launcher_pid"), 2, 1 << 31),
+            launcher_start=as_int(data.get("launcher_start"), 0),
+            command=tuple(c[:4096] for c in command[:1000] if isinstance(c, str)) if isinstance(command, list) else (),
+            cwd=as_str(data.get("cwd")),
+            started=as_float(data.get("started"), 0),
+            ended=as_float(data.get("ended"), 0),
+            code=as_int(data.get("code"), -255, 255),
+            outcome=outcome if outcome in OUTCOMES else None,
+            reason=as_str(data.get("reason"), 1000),
+            extra={str(k)[:64]: v[:1000] for k, v in list(extra.items())[:32] if isinstance(v, str)}
+            if isinstance(extra, dict)
+            else {},
+        )
+
+    def launcher_alive(self) -> bool | None:
+        """True/False when this host can tell (local launcher on this host), else None."""
+        if self.launcher_pid is None or self.host != socket.gethostname():
+            return None
+        return procs.same_process(self.launcher_pid, self.launcher_start)
+
+
+def job_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / JOB_DIR
+
+
+def record_path(run_dir: str | Path, node_rank: int = 0) -> Path:
+    return job_dir(run_dir) / f"node-{node_rank}.json"
+
+
+def new_launch_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def start(
+    run_dir: str | Path,
+    *,
+    scheduler: str,
+    command: Sequence[str],
+    launch_id: str | None = None,
+    job_id: str | None = None,
+    node_rank: int = 0,
+    nnodes: int = 1,
+    local_ranks: int | None = None,
+    extra: dict[str, str] | None = None,
+) -> JobRecord:
+    """Record this launcher (this process) as running the job on this node; returns the record."""
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler {scheduler!r} is not one of {SCHEDULERS}")
+    pid = os.getpid()
+    rec = JobRecord(
+        launch_id=launch_id or new_launch_id(),
+        scheduler=scheduler,
+        job_id=job_id,
+        host=socket.gethostname(),
+        node_rank=node_rank,
+        nnodes=nnodes,
+        local_ranks=local_ranks,
+        launcher_pid=pid,
+        launcher_start=procs.start_ticks(pid),
+        command=tuple(command),
+        cwd=os.getcwd(),
+        started=time.time(),
+        extra=dict(extra or {}),
+    )
+    write_json(record_path(run_dir, node_rank), rec.to_json(), durable=True)
+    return rec
+
+
+def finish(run_dir: str | Path, rec: JobRecord, code: int, outcome: str, reason: str = "") -> JobRecord:
+    """Record how this node's launch ended (outcome is one of OUTCOMES)."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r} is not one of {OUTCOMES}")
+    done = replace(rec, ended=time.time(), code=code, outcome=outcome, reason=reason[:1000])
+    write_json(record_path(run_dir, rec.node_rank), done.to_json(), durable=True)
+    return done
+
+
+def read_all(run_dir: str | Path) -> tuple[list[JobRecord], list[str]]:
+    """Every node's record (by node rank) and one problem line per unusable file."""
+    records: list[JobRecord] = []
+    problems: list[str] = []
+    folder = job_dir(run_dir)
+    try:
+        paths = sorted(p for p in folder.glob("node-*.json") if p.is_file())
+    except OSError:
+        paths = []
+    for path in paths[:MAX_NODES]:
+        data, why = read_json(path)
+        rec = JobRecord.from_json(data) if data is not None else None
+        if rec is None:
+            problems.append(f"{path.name}: {why or 'no launch_id'} (ignored)")
+        else:
+            records.append(rec)
+    return sorted(records, key=lambda r: r.node_rank), problems
+
+
+def request_cancel(run_dir: str | Path, launch_id: str, how: str) -> None:
+    """Ask the launch `launch_id` to stop for good (its launcher maps the ensuing exit to cancelled)."""
+    write_json(
+        job_dir(run_dir) / CANCEL_FILE,
+        {"launch_id": launch_id, "requested": time.time(), "how": how, "host": socket.gethostname()},
+        durable=True,
+    )
+
+
+def cancel_request(run_dir: str | Path) -> tuple[str | None, float | None]:
+    """(launch id, request time) of the cancel request, or (None, None)."""
+    data, _ = read_json(job_dir(run_dir) / CANCEL_FILE)
+    launch = as_str(data.get("launch_id"), 64) if data is not None else None
+    if data is None or not launch or not LAUNCH_ID.match(launch):
+        return None, None
+    return launch, as_float(data.get("requested"), 0)
+
+
+def cancel_requested(run_dir: str | Path, launch_id: str) -> bool:
+    """For the launcher at its end: was this launch asked to stop for good?"""
+    return cancel_request(run_dir)[0] == launch_id

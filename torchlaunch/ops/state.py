@@ -1,0 +1,261 @@
+"""The run's state, decided from what the run dir (and optionally the scheduler) says: a pure function.
+
+Inputs are facts already read (`Facts`): the nodes' job records, the cancel request, whether each
+local launcher still runs, rank status records left behind, heartbeats, the newest verified
+checkpoint and the scheduler's own word for the job. `decide` turns them into one of STATES plus the
+numbers `status` prints. The rules, in order (docs/OPERATING.md has the picture):
+
+1. no job record                          -> unknown
+2. every node recorded an outcome         -> the worst outcome (bad_input > hung > cancelled > failed >
+   preempted > finished); preempted becomes cancelled under a cancel request for that launch, and
+   requeued when the scheduler already queued or restarted the same job
+3. a cancel request and the job is gone   -> cancelled
+4. the scheduler says the job ended       -> its word (COMPLETED finished, CANCELLED cancelled, ...)
+5. a launcher is gone without an outcome  -> the ranks' records (2 bad_input, 75 preempted) else failed
+6. the scheduler says pending             -> pending (requeued after a preemption)
+7. running, but no rank progressed for the hang timeout -> hung; else running
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from torchlaunch.exit_codes import BAD_INPUT, PREEMPTED
+from torchlaunch.ops import watchdog
+from torchlaunch.ops.progress import RankBeat
+from torchlaunch.ops.record import JobRecord
+
+STATES = (
+    "pending",
+    "running",
+    "preempted",
+    "requeued",
+    "finished",
+    "failed",
+    "bad_input",
+    "hung",
+    "cancelled",
+    "unknown",
+)
+SEVERITY = ("bad_input", "hung", "cancelled", "failed", "preempted", "finished")
+
+SCHEDULER_WORDS = {
+    "PENDING": "pending",
+    "CONFIGURING": "pending",
+    "REQUEUED": "requeued",
+    "REQUEUE_HOLD": "requeued",
+    "REQUEUE_FED": "requeued",
+    "RESV_DEL_HOLD": "pending",
+    "SUSPENDED": "pending",
+    "RUNNING": "running",
+    "COMPLETING": "running",
+    "STAGE_OUT": "running",
+    "RESIZING": "running",
+    "SIGNALING": "running",
+    "COMPLETED": "finished",
+    "SUCCEEDED": "finished",
+    "CANCELLED": "cancelled",
+    "FAILED": "failed",
+    "TIMEOUT": "failed",
+    "NODE_FAIL": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "BOOT_FAIL": "failed",
+    "DEADLINE": "failed",
+    "PREEMPTED": "preempted",
+}
+"""Slurm (squeue/sacct) and Kubernetes (as cli.kubectl_state words it) job states, in our words."""
+
+
+def scheduler_word(raw: str | None) -> str | None:
+    """Our word for a scheduler's state ("CANCELLED by 1000" -> cancelled); None when unknown."""
+    if not raw:
+        return None
+    head = raw.strip().split()[0].rstrip("+").upper() if raw.strip() else ""
+    return SCHEDULER_WORDS.get(head)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: str
+    committed: float | None  # the marker's mtime
+
+
+@dataclass(frozen=True)
+class Facts:
+    records: Sequence[JobRecord] = ()
+    alive: dict[int, bool | None] = field(default_factory=dict)  # node rank -> launcher runs (None: cannot tell)
+    cancel_launch: str | None = None
+    rank_codes: Sequence[tuple[int, int, str]] = ()  # (rank, code, reason) from torchlaunch.status records
+    beats: Sequence[RankBeat] = ()
+    checkpoint: Checkpoint | None = None
+    scheduler_state: str | None = None
+    hang_timeout: float | None = None  # None: the default; 0: disabled
+    now: float = 0.0
+    problems: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class RankView:
+    rank: int
+    host: str | None
+    step: int | None
+    age_s: float | None
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class Status:
+    state: str
+    reason: str
+    scheduler: str | None = None
+    job_id: str | None = None
+    launch_id: str | None = None
+    hosts: tuple[str, ...] = ()
+    started: float | None = None
+    step: int | None = None
+    total: int | None = None
+    epoch: int | None = None
+    images_per_s: float | None = None
+    eta_s: float | None = None
+    last_progress_age_s: float | None = None
+    checkpoint: Checkpoint | None = None
+    checkpoint_age_s: float | None = None
+    ranks: tuple[RankView, ...] = ()
+    cancel_requested: bool = False
+    problems: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        ckpt = self.checkpoint
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "scheduler": self.scheduler,
+            "job_id": self.job_id,
+            "launch_id": self.launch_id,
+            "hosts": list(self.hosts),
+            "started": self.started,
+            "step": self.step,
+            "total": self.total,
+            "epoch": self.epoch,
+            "images_per_s": self.images_per_s,
+            "eta_s": self.eta_s,
+            "last_progress_age_s": self.last_progress_age_s,
+            "checkpoint": None
+            if ckpt is None
+            else {"step": ckpt.step, "path": ckpt.path, "age_s": self.checkpoint_age_s},
+            "ranks": [
+                {"rank": r.rank, "host": r.host, "step": r.step, "age_s": r.age_s, "pid": r.pid} for r in self.ranks
+            ],
+            "cancel_requested": self.cancel_requested,
+            "problems": list(self.problems),
+        }
+
+
+def current_launch(records: Sequence[JobRecord]) -> list[JobRecord]:
+    """The records of the newest launch (the one whose node record started last)."""
+    if not records:
+        return []
+    newest = max(records, key=lambda r: (r.started or 0.0, r.node_rank == 0))
+    return [r for r in records if r.launch_id == newest.launch_id]
+
+
+def _worst(outcomes: Sequence[str]) -> str:
+    return min(outcomes, key=SEVERITY.index)
+
+
+def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple[str, str]:
+    launch = nodes[0].launch_id
+    cancel = facts.cancel_launch == launch
+    word = scheduler_word(facts.scheduler_state)
+    ended = [r for r in nodes if r.outcome is not None]
+    expected = max(r.nnodes for r in nodes)
+    if ended and len(ended) >= min(expected, len(nodes)) and len(ended) == len(nodes):
+        outcome = _worst([r.outcome for r in ended if r.outcome])
+        why = next((r.reason for r in ended if r.outcome == outcome and r.reason), "") or f"launcher recorded {outcome}"
+        if outcome == "preempted" and cancel:
+            return "cancelled", "cancelled: stopped with a committed checkpoint; the same command resumes it"
+        if outcome == "preempted" and word in ("pending", "requeued", "running"):
+            return "requeued", f"preempted, requeued by the scheduler (now {facts.scheduler_state})"
+        return outcome, why
+    gone = [r for r in nodes if r.outcome is None and facts.alive.get(r.node_rank) is False]
+    if cancel and (gone or word in ("cancelled", "finished", "failed", "preempted")):
+        return "cancelled", "cancelled on request"
+    if word in ("finished", "cancelled", "failed", "preempted") and not any(
+        facts.alive.get(r.node_rank) for r in nodes
+    ):
+        return word, f"scheduler says {facts.scheduler_state}"
+    if gone:
+        codes = {code for _, code, _ in facts.rank_codes}
+        host = gone[0].host or "?"
+        if BAD_INPUT in codes:
+            reason = next(r for _, c, r in facts.rank_codes if c == BAD_INPUT)
+            return "bad_input", reason or "a rank reported bad input"
+        if PREEMPTED in codes:
+            return "preempted", "ranks reported a committed checkpoint (exit 75); the launcher ended without a record"
+        return "failed", f"launcher pid {gone[0].launcher_pid} on {host} ended without recording an outcome"
+    if word in ("pending", "requeued"):
+        return word, f"scheduler says {facts.scheduler_state}"
+    timeout = watchdog.resolve_timeout(facts.hang_timeout, [b.step_time for b in beats])
+    seen = [watchdog.Seen(b.rank, b.time or 0.0, b.step, b.host) for b in beats]
+    verdict = watchdog.decide(seen, facts.now, timeout)
+    if verdict.hung:
+        return "hung", f"{verdict.reason}; stalled ranks {', '.join(map(str, verdict.stalled))}"
+    if cancel:
+        return "running", "cancel requested; waiting for the checkpoint and the stop"
+    if not beats:
+        return "running", "started; no rank reported progress yet"
+    return "running", "making progress"
+
+
+def decide(facts: Facts) -> Status:
+    """The run's state and the numbers `status` shows."""
+    ckpt = facts.checkpoint
+    ckpt_age = facts.now - ckpt.committed if ckpt and ckpt.committed is not None else None
+    nodes = current_launch(facts.records)
+    if not nodes:
+        return Status(
+            "unknown",
+            "no job record in RUN_DIR/job/ (not a run dir, or started by a launcher that does not record jobs)",
+            checkpoint=ckpt,
+            checkpoint_age_s=ckpt_age,
+            problems=tuple(facts.problems),
+        )
+    launch = nodes[0].launch_id
+    beats = [b for b in facts.beats if b.launch in (None, launch)]
+    state, reason = _state(facts, nodes, beats)
+    head = next((b for b in beats if b.rank == 0), beats[0] if beats else None)
+    stepped = [b.step for b in beats if b.step is not None]
+    step = min(stepped) if stepped else None
+    total = head.total if head else None
+    step_times = [b.step_time for b in beats if b.step_time]
+    step_time = statistics.median(step_times) if step_times else None
+    rates = [b.images_per_s for b in beats if b.images_per_s]
+    running = state == "running"
+    eta = (total - step) * step_time if running and total is not None and step is not None and step_time else None
+    ages = [facts.now - b.time for b in beats if b.time is not None]
+    node0 = min(nodes, key=lambda r: r.node_rank)
+    return Status(
+        state=state,
+        reason=reason,
+        scheduler=node0.scheduler,
+        job_id=node0.job_id,
+        launch_id=launch,
+        hosts=tuple(r.host or "?" for r in nodes),
+        started=min((r.started for r in nodes if r.started is not None), default=None),
+        step=step,
+        total=total,
+        epoch=head.epoch if head else None,
+        images_per_s=sum(rates) if rates and running else None,
+        eta_s=max(eta, 0.0) if eta is not None else None,
+        last_progress_age_s=min(ages) if ages else None,
+        checkpoint=ckpt,
+        checkpoint_age_s=ckpt_age,
+        ranks=tuple(
+            RankView(b.rank, b.host, b.step, facts.now - b.time if b.time is not None else None, b.pid) for b in beats
+        ),
+        cancel_requested=facts.cancel_launch == launch,
+        problems=tuple(facts.problems),
+    )
