@@ -188,7 +188,7 @@ def cancel_plan(run: Path, st: state.Status, nodes: Sequence[record.JobRecord]) 
         for n in nodes:
             if n.outcome is not None or n.launcher_pid is None:
                 continue
-            if n.host == here and n.launcher_alive():
+            if n.host == here and n.launcher_alive() and n.launcher_pid != os.getpid():
                 steps.append(("signal", n.launcher_pid))
             elif n.host != here:
                 steps.append(("print", ["ssh", n.host or "?", "kill", "-TERM", str(n.launcher_pid)]))

@@ -7,7 +7,6 @@ with it, so a recycled pid (or a forged one) is never signalled. Linux only; els
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 STOPPED_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a tracer", "D": "in uninterruptible I/O (D)"}
@@ -40,8 +39,8 @@ def start_ticks(pid: int) -> int | None:
 
 
 def same_process(pid: int | None, ticks: int | None) -> bool:
-    """True when `pid` runs and started at `ticks` (never for pid 1, ourselves, or unknown values)."""
-    if pid is None or ticks is None or pid <= 1 or pid == os.getpid():
+    """True when `pid` runs and started at `ticks` (never for pid 1 or unknown values)."""
+    if pid is None or ticks is None or pid <= 1:
         return False
     return start_ticks(pid) == ticks and state(pid) not in (None, "Z", "X")
 
