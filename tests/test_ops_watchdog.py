@@ -1,0 +1,206 @@
+"""The hang watchdog: its pure decision, and real stack dumps of real (torch-free) child processes
+that register faulthandler as the runner does: a blocked rank's stack names the blocking line, a
+SIGSTOPped rank is reported as stopped instead of waited for, an unregistered one is never signalled."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torchlaunch.ops import procs, progress, watchdog
+from torchlaunch.ops.watchdog import Seen
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = socket.gethostname()
+
+CHILD = """\
+import os
+from torchlaunch.ops import progress
+
+registered = os.environ.get("REGISTER") == "1"
+if registered:
+    progress.register_stack_dump()
+progress.heartbeat(3, total=10)
+r, w = os.pipe()
+
+
+def block_here():
+    print("ready", flush=True)
+    os.read(r, 1)  # the blocking line
+
+
+block_here()
+"""
+BLOCKING_LINE = CHILD.splitlines().index("    os.read(r, 1)  # the blocking line") + 1
+
+
+def test_decide_is_armed_by_a_step_and_disabled_by_zero() -> None:
+    fresh = [Seen(0, 100.0, None)]
+    assert not watchdog.decide(fresh, 10_000.0, 60).hung  # never reported a step: not judged
+    old = [Seen(0, 100.0, 5), Seen(1, 90.0, 4)]
+    verdict = watchdog.decide(old, 161.0, 60)
+    assert verdict.hung and verdict.stalled == (1, 0) and verdict.idle_s == pytest.approx(61)
+    assert not watchdog.decide(old, 159.0, 60).hung
+    assert not watchdog.decide([Seen(0, 100.0, 5), Seen(1, 150.0, 6)], 161.0, 60).hung  # one rank progressed
+    assert not watchdog.decide(old, 1e9, None).hung
+
+
+def test_default_timeout() -> None:
+    assert watchdog.default_timeout([]) == 600
+    assert watchdog.default_timeout([0.5, None, 1.0]) == 600
+    assert watchdog.default_timeout([30.0, 20.0, 40.0]) == 1500
+    assert watchdog.resolve_timeout(0, [1.0]) is None
+    assert watchdog.resolve_timeout(5, [100.0]) == 5
+    assert watchdog.resolve_timeout(None, [100.0]) == 5000
+
+
+def test_observe_counts_a_new_beat_as_progress(tmp_path: Path) -> None:
+    clock = {"t": 0.0}
+    where = progress.folder(tmp_path)
+    beat = progress.Heartbeat(where, 0, launch_id="L1", interval_s=0.0, clock=lambda: clock["t"])
+    other = progress.Heartbeat(where, 1, launch_id="OLD", interval_s=0.0)
+    other.beat(1)
+    dog = watchdog.Watchdog(tmp_path, "L1", option_s=30, clock=lambda: clock["t"])
+    beat.beat(1)
+    assert [s.rank for s in dog.observe()[0]] == [0]  # another launch's heartbeat is not this node's
+    clock["t"] = 20.0
+    beat.beat(2)
+    assert not dog.check().hung  # seen to progress at t=20 (the watchdog's own clock, not the file's)
+    clock["t"] = 45.0
+    assert not dog.check().hung
+    clock["t"] = 51.0
+    verdict = dog.check()
+    assert verdict.hung and verdict.stalled == (0,)
+
+
+def test_heartbeat_writes_at_most_every_interval(tmp_path: Path) -> None:
+    clock = {"t": 0.0}
+    hb = progress.Heartbeat(tmp_path, 0, interval_s=5.0, clock=lambda: clock["t"])
+    for step in range(60):
+        clock["t"] = step / 8  # exact in binary: no rounding at the interval's edge
+        hb.beat(step, samples_per_step=32)
+    beats, problems = progress.read_all(tmp_path)
+    assert problems == [] and beats[0].beat == 2  # at t=0 and t=5.0: two writes for 60 steps
+    assert beats[0].step == 40 and beats[0].step_time == pytest.approx(0.125)
+    assert beats[0].images_per_s == pytest.approx(256.0)
+
+
+def test_heartbeat_is_a_no_op_outside_a_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(progress.PROGRESS_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    progress.heartbeat(1)
+    assert progress.register_stack_dump() is None and list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator:
+    children: list[subprocess.Popen] = []
+    script = tmp_path / "rank.py"
+    script.write_text(CHILD)
+
+    def start(rank: int, register: bool = True) -> subprocess.Popen:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            progress.PROGRESS_DIR_ENV: str(progress.folder(tmp_path)),
+            progress.LAUNCH_ENV: "L1",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "REGISTER": "1" if register else "0",
+        }
+        child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+        children.append(child)
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        return child
+
+    yield start
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+        child.wait(timeout=30)
+
+
+def beat_of(run: Path, rank: int) -> progress.RankBeat:
+    beats, _ = progress.read_all(progress.folder(run))
+    return next(b for b in beats if b.rank == rank)
+
+
+def test_a_blocked_rank_is_dumped_at_its_blocking_line(tmp_path: Path, spawn) -> None:
+    child = spawn(0)
+    b = beat_of(tmp_path, 0)
+    assert (b.pid, b.step, b.dump_signal) == (child.pid, 3, int(progress.DUMP_SIGNAL))
+    verdict = watchdog.Verdict(True, (0,), 700.0, "no rank progressed for 700s")
+    err = io.StringIO()
+    folder, results = watchdog.dump_stacks(tmp_path, [b], verdict, wait_s=60, err=err)
+    assert folder.parent == tmp_path / "hangs" and results[0].how == "faulthandler"
+    text = (folder / "rank-0.txt").read_text()
+    assert f'rank.py", line {BLOCKING_LINE} in block_here' in text
+    assert "stalled ranks 0" in err.getvalue() and "[rank 0]   File" in err.getvalue()
+    assert child.poll() is None  # the dump signal does not end the rank
+
+
+def test_a_stopped_rank_is_named_not_waited_for(tmp_path: Path, spawn) -> None:
+    child = spawn(1)
+    os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while procs.state(child.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling /proc until the kernel shows the stop
+    stack = progress.stack_path(progress.folder(tmp_path), 1)
+    before = stack.stat().st_size
+    result = watchdog.dump_rank(beat_of(tmp_path, 1), progress.folder(tmp_path), wait_s=600)
+    assert result.how == "stopped" and "stopped (SIGSTOP" in result.text and f"pid {child.pid}" in result.text
+    assert stack.stat().st_size == before  # it was not asked (the request would wait until SIGCONT)
+
+
+def test_an_unregistered_rank_is_never_signalled(tmp_path: Path, spawn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy
+    child = spawn(2, register=False)
+    result = watchdog.dump_rank(beat_of(tmp_path, 2), progress.folder(tmp_path), wait_s=60)
+    assert result.how == "unavailable" and child.poll() is None
+
+
+def test_a_gone_or_recycled_pid_is_not_signalled(tmp_path: Path) -> None:
+    forged = progress.RankBeat.from_json(
+        {"rank": 0, "pid": os.getpid(), "pid_start": 1, "dump_signal": 9, "stack_file": "rank-0.stack"}
+    )
+    assert forged is not None
+    assert watchdog.dump_rank(forged, tmp_path).how == "gone"  # start time does not match: not that process
+    odd = progress.RankBeat.from_json({"rank": 0, "stack_file": "../../etc/passwd"})
+    assert odd is not None and odd.stack_file is None
+
+
+def test_the_watchdog_thread_dumps_and_reports_a_hang(tmp_path: Path, spawn) -> None:
+    spawn(0)
+    spawn(1)
+    hung = threading.Event()
+    found: dict[str, object] = {}
+
+    def on_hang(verdict: watchdog.Verdict, folder: Path) -> None:
+        found.update(verdict=verdict, folder=folder)
+        hung.set()
+
+    dog = watchdog.Watchdog(tmp_path, "L1", option_s=1.0, poll_s=0.05)
+    dog.start(on_hang)
+    try:
+        assert hung.wait(120), "the watchdog never reported the hang"
+    finally:
+        dog.stop()
+    folder = found["folder"]
+    assert isinstance(folder, Path) and sorted(p.name for p in folder.iterdir()) == [
+        "rank-0.txt",
+        "rank-1.txt",
+        "summary.txt",
+    ]
+    assert "in block_here" in (folder / "rank-1.txt").read_text()
+    assert set(found["verdict"].stalled) == {0, 1}  # type: ignore[union-attr]
