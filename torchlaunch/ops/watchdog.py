@@ -160,7 +160,7 @@ def dump_rank(beat: progress.RankBeat, where: Path, wait_s: float = DUMP_WAIT_S)
 
 def hang_folder(run_dir: Path, when: float | None = None) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if when is None else when))
-    return run_dir / HANGS_DIR / f"{stamp}-{socket.gethostname()}"
+    return run_dir / HANGS_DIR / f"{stamp}-{socket.gethostname()}-{os.getpid()}"
 
 
 def dump_stacks(

@@ -1,0 +1,225 @@
+"""`python -m launch logs` (rank files merged in time order with [rank N] prefixes, --rank, --follow),
+the per-rank tee that writes them (keeps a crashing rank's last lines), and `cancel` for a local
+launcher (a real process signalled), Slurm (scancel, faked on PATH) and Kubernetes (the command printed)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchlaunch.ops import cli, ranklog, record
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = socket.gethostname()
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def write_log(run: Path, rank: int, lines: list[tuple[float, str]]) -> None:
+    path = ranklog.log_path(run, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        for when, text in lines:
+            f.write(ranklog.stamp(when) + b" " + text.encode() + b"\n")
+
+
+def logs(*args: str) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    code = cli.main(["logs", *args], out=out)
+    return code, out.getvalue().splitlines()
+
+
+def test_logs_merge_ranks_in_time_order_with_prefixes(tmp_path: Path) -> None:
+    write_log(tmp_path, 0, [(100.0, "r0 first"), (102.0, "r0 third")])
+    write_log(tmp_path, 1, [(101.0, "r1 second"), (102.0, "r1 same ms as r0")])
+    with open(ranklog.log_path(tmp_path, 1), "ab") as f:
+        f.write(b"no stamp \xff here\npartial line still being writ")
+    code, lines = logs(str(tmp_path))
+    assert code == 0
+    assert lines == [
+        "[rank 0] r0 first",
+        "[rank 1] r1 second",
+        "[rank 0] r0 third",
+        "[rank 1] r1 same ms as r0",
+        "[rank 1] no stamp \ufffd here",
+    ]
+    assert logs(str(tmp_path), "--rank", "1")[1][0] == "[rank 1] r1 second"
+    assert all(line.startswith("[rank 0]") for line in logs(str(tmp_path), "--rank", "0")[1])
+
+
+def test_logs_of_a_missing_rank_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, 0, [(1.0, "x")])
+    assert logs(str(tmp_path), "--rank", "3")[0] == 2
+    assert capsys.readouterr().err.strip() == (f"launch error: no log for rank 3 in {tmp_path}/logs (ranks: 0)")
+
+
+def test_logs_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
+    rec = record.JobRecord(launch_id="F1", started=time.time())
+    from torchlaunch.ops.files import write_json
+
+    write_json(record.record_path(tmp_path), rec.to_json())
+    write_log(tmp_path, 0, [(1.0, "before")])
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "launch", "logs", str(tmp_path), "--follow"],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "[rank 0] before\n"
+        write_log(tmp_path, 1, [(2.0, "after")])
+        assert follower.stdout.readline() == "[rank 1] after\n"
+        record.finish(tmp_path, rec, 0, "finished")
+        assert follower.wait(timeout=60) == 0
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait(timeout=30)
+
+
+TEE_CHILD = """\
+import os, sys
+from pathlib import Path
+from torchlaunch.ops import ranklog
+ranklog.start_tee(Path(sys.argv[1]))
+print("to stdout", flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+sys.stdout.write("no newline at the end")
+sys.stdout.flush()
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_the_tee_keeps_a_killed_ranks_output(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "rank-0.log"
+    done = subprocess.run(
+        [sys.executable, "-c", TEE_CHILD, str(log)], env=env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -9
+    assert done.stdout == "to stdout\nno newline at the end" and done.stderr == "to stderr\n"
+    deadline = time.monotonic() + 60
+    while "no newline" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.02)  # the tee drains after the rank died: poll its file under a deadline
+    lines = log.read_text().splitlines()
+    assert [ln.split(" ", 1)[1] for ln in lines] == ["to stdout", "to stderr", "no newline at the end"]
+    assert all(ranklog.STAMP.match(ln.encode()) for ln in lines)
+
+
+LAUNCHER = """\
+import signal, sys
+from torchlaunch.ops import record
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+rec = record.start(sys.argv[1], scheduler="local", command=["python", "-m", "launch.local"], launch_id="LC1")
+print("ready", flush=True)
+signal.sigwait({signal.SIGTERM})
+outcome = "cancelled" if record.cancel_requested(sys.argv[1], rec.launch_id) else "preempted"
+record.finish(sys.argv[1], rec, 75, outcome, "stopped with a committed checkpoint")
+"""
+
+
+def status(run: Path) -> dict:
+    out = io.StringIO()
+    assert cli.main(["status", str(run), "--json", "--no-scheduler"], out=out) == 0
+    return json.loads(out.getvalue())
+
+
+def test_cancel_a_local_launch(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        assert status(tmp_path)["state"] == "running"
+        out = io.StringIO()
+        assert cli.main(["cancel", str(tmp_path), "--dry-run"], out=out) == 0
+        assert f"kill -TERM {child.pid}" in out.getvalue() and child.poll() is None
+        out = io.StringIO()
+        assert cli.main(["cancel", str(tmp_path)], out=out) == 0
+        assert f"asked launcher pid {child.pid}" in out.getvalue()
+        assert child.wait(timeout=60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+    assert status(tmp_path)["state"] == "cancelled"
+    assert record.cancel_requested(tmp_path, "LC1") and not record.cancel_requested(tmp_path, "LATER")
+    out = io.StringIO()
+    assert cli.main(["cancel", str(tmp_path)], out=out) == 0 and "already cancelled" in out.getvalue()
+
+
+def fake_tools(folder: Path, squeue: str = "", sacct: str = "") -> Path:
+    """scancel/squeue/sacct stand-ins that log their argv."""
+    folder.mkdir()
+    for name, answer in (("scancel", ""), ("squeue", squeue), ("sacct", sacct)):
+        tool = folder / name
+        tool.write_text(f'#!/bin/sh\necho "$0 $*" >> {folder}/calls\nprintf "{answer}"\n')
+        tool.chmod(0o755)
+    return folder / "calls"
+
+
+def slurm_record(run: Path, job_id: str) -> None:
+    from torchlaunch.ops.files import write_json
+
+    rec = record.JobRecord(launch_id="S1", scheduler="slurm", job_id=job_id, host="node7", started=time.time())
+    write_json(record.record_path(run), rec.to_json())
+
+
+def test_cancel_a_slurm_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_tools(tmp_path / "bin", squeue="RUNNING\\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    run = tmp_path / "run"
+    slurm_record(run, "4242")
+    out = io.StringIO()
+    assert cli.main(["cancel", str(run)], out=out) == 0
+    assert "scancel 4242" in out.getvalue()
+    assert f"{tmp_path}/bin/scancel 4242" in calls.read_text().splitlines()
+    assert record.cancel_requested(run, "S1")
+    (tmp_path / "bin" / "squeue").write_text("#!/bin/sh\n")  # the job left the queue
+    (tmp_path / "bin" / "sacct").write_text('#!/bin/sh\nprintf "CANCELLED by 1000\\n"\n')
+    out = io.StringIO()
+    assert cli.main(["status", str(run), "--json"], out=out) == 0
+    assert json.loads(out.getvalue())["state"] == "cancelled"
+
+
+def test_a_forged_slurm_job_id_is_never_passed_to_scancel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_tools(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    run = tmp_path / "run"
+    slurm_record(run, "1; touch pwned")
+    assert cli.main(["cancel", str(run)], out=io.StringIO()) == 1
+    assert "scancel" not in (calls.read_text() if calls.exists() else "")
+
+
+def test_cancel_a_kubernetes_job_prints_the_command(tmp_path: Path) -> None:
+    from torchlaunch.ops.files import write_json
+
+    rec = record.JobRecord(launch_id="K1", scheduler="k8s", job_id="cifar-run", extra={"namespace": "ml"})
+    write_json(record.record_path(tmp_path), rec.to_json())
+    out = io.StringIO()
+    assert cli.main(["cancel", str(tmp_path)], out=out) == 0
+    assert "run this to stop it: kubectl delete job cifar-run --wait=false --namespace ml" in out.getvalue()
+    assert record.cancel_requested(tmp_path, "K1")
+
+
+def test_cancel_signals_only_the_recorded_process(tmp_path: Path) -> None:
+    from torchlaunch.ops.files import write_json
+
+    rec = record.JobRecord(launch_id="X1", host=HOST, launcher_pid=os.getppid(), launcher_start=1, started=time.time())
+    write_json(record.record_path(tmp_path), rec.to_json())
+    out = io.StringIO()
+    previous = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["cancel", str(tmp_path)], out=out) == 0  # the launcher is gone: nothing to stop
+    assert signal.getsignal(signal.SIGTERM) is previous and "already failed" in out.getvalue()
