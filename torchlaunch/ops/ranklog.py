@@ -89,8 +89,8 @@ def tee_main(log: str, sources: Sequence[tuple[int, int]]) -> int:
                 selector.unregister(key.fd)
                 stampers[key.fd].flush()
                 continue
+            stampers[key.fd].feed(chunk)  # the log first: whatever reached the terminal is in the log
             _write_all(key.data, chunk)
-            stampers[key.fd].feed(chunk)
     os.close(out)
     return 0
 

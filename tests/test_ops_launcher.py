@@ -1,0 +1,100 @@
+"""The launcher's side of operating a job (ops.launcher.Operation) end to end with real torch-free
+ranks: record at start, heartbeats and per-rank logs from the ranks, a hang noticed and dumped, the
+ranks ended, the launch recorded as hung with exit code 1; and the outcome mapping for every code."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.ops import cli, launcher, record, watchdog
+
+REPO = Path(__file__).resolve().parents[1]
+
+RANK = """\
+import os
+from torchlaunch.ops import launcher, progress
+
+launcher.prepare_rank()
+progress.heartbeat(3, total=10)
+r, w = os.pipe()
+
+
+def wait_for_peer():
+    print("ready", flush=True)
+    os.read(r, 1)
+
+
+wait_for_peer()
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "cancelled", "hung", "outcome", "exit_code"),
+    [
+        (OK, False, False, "finished", OK),
+        (BAD_INPUT, True, False, "bad_input", BAD_INPUT),
+        (PREEMPTED, False, False, "preempted", PREEMPTED),
+        (PREEMPTED, True, False, "cancelled", PREEMPTED),
+        (FAILURE, True, False, "cancelled", PREEMPTED),
+        (FAILURE, False, False, "failed", FAILURE),
+        (-9, False, True, "hung", FAILURE),
+    ],
+)
+def test_outcome_and_exit_code(code: int, cancelled: bool, hung: bool, outcome: str, exit_code: int) -> None:
+    got = launcher.outcome_of(code, cancelled=cancelled, hung=hung)
+    assert (got, launcher.exit_code_of(got, code)) == (outcome, exit_code)
+
+
+def test_a_hung_node_is_dumped_ended_and_recorded(tmp_path: Path) -> None:
+    op = launcher.Operation(
+        tmp_path,
+        scheduler="local",
+        command=["python", "-m", "launch.local"],
+        launch_id="H1",
+        local_ranks=2,
+        hang_timeout=1.0,
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), **op.rank_env()}
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    ranks = []
+    try:
+        for rank in range(2):
+            child_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            ranks.append(
+                subprocess.Popen([sys.executable, str(script)], env=child_env, stdout=subprocess.PIPE, text=True)
+            )
+        assert all(r.stdout is not None and r.stdout.readline() == "ready\n" for r in ranks)
+
+        def on_hang(verdict: watchdog.Verdict, folder: Path) -> None:
+            for r in ranks:
+                watchdog.terminate_group(r, grace_s=30)
+
+        op.start(on_hang)
+        codes = [r.wait(timeout=120) for r in ranks]
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                r.kill()
+                r.wait(timeout=30)
+    assert codes == [-15, -15]
+    assert op.finish(codes[0]) == FAILURE
+    recs, _ = record.read_all(tmp_path)
+    assert recs[0].outcome == "hung" and "stalled ranks" in (recs[0].reason or "")
+    out = io.StringIO()
+    assert cli.main(["status", str(tmp_path), "--json", "--no-scheduler"], out=out) == 0
+    assert json.loads(out.getvalue())["state"] == "hung"
+    (hang,) = (tmp_path / "hangs").iterdir()
+    assert "in wait_for_peer" in (hang / "rank-0.txt").read_text()
+    assert "in wait_for_peer" in (hang / "rank-1.txt").read_text()
+    out = io.StringIO()
+    assert cli.main(["logs", str(tmp_path)], out=out) == 0
+    assert sorted(out.getvalue().splitlines()) == ["[rank 0] ready", "[rank 1] ready"]

@@ -1,0 +1,120 @@
+"""What a node's launcher does to make its job operable, in one object: record who runs the job, give
+the ranks the heartbeat and log folders, watch for a hang, and record how the launch ended.
+
+    op = Operation(run_dir, scheduler="local", command=sys.argv, launch_id=attempt, local_ranks=4)
+    env.update(op.rank_env())
+    op.start(on_hang=lambda verdict, folder: watchdog.terminate_group(child))
+    code = op.finish(code)          # hung -> 1 (retryable), cancelled -> 75 and never requeued
+
+And in each rank, before its program runs: `prepare_rank()` (stack-dump handler + log tee).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.ops import progress, ranklog, record, watchdog
+
+LOGS_DIR_ENV = "TORCHLAUNCH_LOGS_DIR"
+"""Set by the launcher to RUN_DIR/logs: each rank tees its output into rank-N.log there."""
+
+
+def outcome_of(code: int, *, cancelled: bool, hung: bool) -> str:
+    """The recorded outcome of a launch that ended with `code`."""
+    if hung:
+        return "hung"
+    if code == OK:
+        return "finished"
+    if code == BAD_INPUT:
+        return "bad_input"
+    if cancelled:
+        return "cancelled"
+    return "preempted" if code == PREEMPTED else "failed"
+
+
+def exit_code_of(outcome: str, code: int) -> int:
+    """The launcher's exit code: a hang is retryable (1: torchrun restarts, Slurm requeues); a cancelled
+    launch keeps 75 (a checkpoint is committed, the same command resumes); the Slurm task must not
+    requeue it, which it learns from record.cancel_requested."""
+    if outcome == "hung":
+        return FAILURE
+    if outcome == "cancelled":
+        return PREEMPTED
+    return code
+
+
+class Operation:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        scheduler: str,
+        command: Sequence[str],
+        launch_id: str,
+        job_id: str | None = None,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        local_ranks: int | None = None,
+        hang_timeout: float | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.launch_id = launch_id
+        self._args = dict(
+            scheduler=scheduler,
+            command=list(command),
+            launch_id=launch_id,
+            job_id=job_id,
+            node_rank=node_rank,
+            nnodes=nnodes,
+            local_ranks=local_ranks,
+            extra=extra,
+        )
+        self.hang_timeout = hang_timeout
+        self.record: record.JobRecord | None = None
+        self.dog: watchdog.Watchdog | None = None
+        self.hung: watchdog.Verdict | None = None
+
+    def rank_env(self) -> dict[str, str]:
+        """What every rank of this node needs in its environment (with TORCHLAUNCH_ATTEMPT_ID)."""
+        return {
+            progress.PROGRESS_DIR_ENV: str(progress.folder(self.run_dir).absolute()),
+            LOGS_DIR_ENV: str(ranklog.folder(self.run_dir).absolute()),
+            progress.LAUNCH_ENV: self.launch_id,
+        }
+
+    def start(self, on_hang: Callable[[watchdog.Verdict, Path], None] | None = None) -> record.JobRecord:
+        self.record = record.start(self.run_dir, **self._args)  # type: ignore[arg-type]
+        if on_hang is not None and self.hang_timeout != 0:
+
+            def hung(verdict: watchdog.Verdict, folder: Path) -> None:
+                self.hung = verdict
+                on_hang(verdict, folder)
+
+            poll_s = min(5.0, self.hang_timeout / 4) if self.hang_timeout else 5.0
+            self.dog = watchdog.Watchdog(self.run_dir, self.launch_id, option_s=self.hang_timeout, poll_s=poll_s)
+            self.dog.start(hung)
+        return self.record
+
+    def finish(self, code: int, reason: str = "") -> int:
+        """Stop watching, record the outcome, return the exit code the launcher should end with."""
+        if self.dog is not None:
+            self.dog.stop()
+        cancelled = record.cancel_requested(self.run_dir, self.launch_id)
+        outcome = outcome_of(code, cancelled=cancelled, hung=self.hung is not None)
+        if self.hung is not None:
+            reason = f"hang: {self.hung.reason}; stalled ranks {', '.join(map(str, self.hung.stalled))}"
+        if self.record is not None:
+            self.record = record.finish(self.run_dir, self.record, code, outcome, reason)
+        return exit_code_of(outcome, code)
+
+
+def prepare_rank() -> None:
+    """In each rank before its program: the stack-dump handler and the per-rank log (no-op without a launcher)."""
+    progress.register_stack_dump()
+    logs = os.environ.get(LOGS_DIR_ENV)
+    if logs:
+        ranklog.start_tee(Path(logs) / f"rank-{progress._env_rank('RANK')}.log")
