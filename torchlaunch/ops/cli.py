@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, NoReturn
 
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
-from torchlaunch.ops import gather, ranklog, record, state
+from torchlaunch.ops import gather, ranklog, record, state, watchdog
 from torchlaunch.ops.files import printable
 
 FOLLOW_POLL_S = 0.5
@@ -245,23 +245,15 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
     return code
 
 
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value < 0 or value != value:
-        raise argparse.ArgumentTypeError("must be >= 0 seconds (0 disables)")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="python -m launch", description="Operate a launched job through its run dir.")
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("status", help="state, progress, checkpoint and ranks of one run")
     p.add_argument("run_dir")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--hang-timeout", type=_timeout, default=None, help="seconds; default max(600, 50 x step time)")
+    p.add_argument(
+        "--hang-timeout", type=watchdog.parse_timeout, default=None, help="seconds; default max(600, 50 x step time)"
+    )
     p.add_argument("--no-scheduler", action="store_true", help="do not ask squeue/sacct/kubectl")
     p = sub.add_parser("logs", help="the ranks' output with [rank N] prefixes")
     p.add_argument("run_dir")

@@ -12,6 +12,7 @@ signal (SIGSTOPped: state T; uninterruptible I/O: state D), writes why instead o
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -48,6 +49,17 @@ def resolve_timeout(option: float | None, step_times: Sequence[float | None]) ->
     if option is None:
         return default_timeout(step_times)
     return None if option == 0 else float(option)
+
+
+def parse_timeout(text: str) -> float:
+    """The `--hang-timeout S` option's type for every launcher's parser: seconds >= 0 (0 disables)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds >= 0 (0 disables)")
+    return value
 
 
 @dataclass(frozen=True)
