@@ -204,3 +204,18 @@ def test_the_watchdog_thread_dumps_and_reports_a_hang(tmp_path: Path, spawn) -> 
     ]
     assert "in block_here" in (folder / "rank-1.txt").read_text()
     assert set(found["verdict"].stalled) == {0, 1}  # type: ignore[union-attr]
+
+
+def test_a_forked_child_does_not_overwrite_its_ranks_heartbeat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(progress.PROGRESS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setattr(progress, "_writer", None)
+    progress.heartbeat(7)
+    pid = os.fork()
+    if pid == 0:  # a data loader worker calling into the same code
+        progress._writer.interval_s = 0.0  # type: ignore[union-attr]
+        progress.heartbeat(999)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    (only,), _ = progress.read_all(tmp_path)
+    assert (only.rank, only.step, only.pid) == (5, 7, os.getpid())

@@ -139,7 +139,9 @@ def _current() -> Heartbeat | None:
     where = os.environ.get(PROGRESS_DIR_ENV)
     if not where:
         return None
-    if _writer is None or _writer._pid != os.getpid():  # a forked child is not this rank
+    if _writer is not None and _writer._pid != os.getpid():
+        return None  # a forked child (a data loader worker) is not the rank: it must not overwrite its file
+    if _writer is None:
         _writer = Heartbeat(
             Path(where), _env_rank("RANK"), local_rank=_env_rank("LOCAL_RANK"), launch_id=os.environ.get(LAUNCH_ENV)
         )

@@ -6,7 +6,7 @@ the tee read them). The UTC timestamp lets `python -m launch logs` interleave al
 with `[rank N]` prefixes; `cat` still reads a file as it is.
 
 The runner starts the tee (`start_tee`) before running a rank's program: a small child process
-(`python -m torchlaunch.ops.ranklog`) that owns the read ends of two pipes now installed as the rank's
+(this file run as a script, isolated: it imports only the standard library) that owns the read ends of two pipes now installed as the rank's
 fds 1 and 2, copies each chunk to the original stdout/stderr unchanged and each line into the log.
 Being a separate process is what keeps the last lines of a rank that crashes or is killed: the tee
 drains its pipes to EOF whatever happens to the rank, and it ignores the stop signals the launcher
@@ -104,7 +104,7 @@ def start_tee(path: Path) -> subprocess.Popen[bytes] | None:
         originals = [os.dup(1), os.dup(2)]
         fds = [pipes[0][0], originals[0], pipes[1][0], originals[1]]
         child = subprocess.Popen(
-            [sys.executable, "-m", "torchlaunch.ops.ranklog", str(path), *map(str, fds)],
+            [sys.executable, "-I", __file__, str(path), *map(str, fds)],  # stdlib only: no import path needed
             pass_fds=fds,
             stdin=subprocess.DEVNULL,
             close_fds=True,
