@@ -300,3 +300,13 @@ def test_python_m_launch_is_torch_free(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 0 and json.loads(done.stdout)["state"] == "unknown"
+
+
+def test_scheduler_from_the_launchers_environment() -> None:
+    assert record.scheduler_from_env({}) == ("local", None, {})
+    assert record.scheduler_from_env({"SLURM_JOB_ID": "77"}) == ("slurm", "77", {})
+    array = {"SLURM_JOB_ID": "80", "SLURM_ARRAY_JOB_ID": "79", "SLURM_ARRAY_TASK_ID": "1"}
+    assert record.scheduler_from_env(array) == ("slurm", "79_1", {})
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", record.K8S_JOB_ENV: "cifar", record.K8S_NAMESPACE_ENV: "ml"}
+    assert record.scheduler_from_env(pod) == ("k8s", "cifar", {"namespace": "ml"})
+    assert record.scheduler_from_env({record.K8S_JOB_ENV: "cifar"})[0] == "local"  # not in a pod

@@ -17,7 +17,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,26 @@ class JobRecord:
         if self.launcher_pid is None or self.host != socket.gethostname():
             return None
         return procs.same_process(self.launcher_pid, self.launcher_start)
+
+
+K8S_JOB_ENV = "TORCHLAUNCH_K8S_JOB"
+K8S_NAMESPACE_ENV = "TORCHLAUNCH_K8S_NAMESPACE"
+"""Set in the pod by the Job manifest (downward API: the job-name label and metadata.namespace)."""
+
+
+def scheduler_from_env(env: Mapping[str, str]) -> tuple[str, str | None, dict[str, str]]:
+    """(scheduler, job id, extra) of the launcher's own environment: a Kubernetes pod (its Job's name
+    and namespace), a Slurm allocation (SLURM_JOB_ID, the array form when there is one), else local."""
+    job = env.get(K8S_JOB_ENV)
+    if job and env.get("KUBERNETES_SERVICE_HOST"):
+        namespace = env.get(K8S_NAMESPACE_ENV)
+        return "k8s", job, {"namespace": namespace} if namespace else {}
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return "slurm", f"{array}_{task}", {}
+    if env.get("SLURM_JOB_ID"):
+        return "slurm", env["SLURM_JOB_ID"], {}
+    return "local", None, {}
 
 
 def job_dir(run_dir: str | Path) -> Path:
