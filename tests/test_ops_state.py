@@ -93,6 +93,9 @@ def test_pending_and_requeued_from_the_scheduler() -> None:
     preempted = rec(scheduler="slurm", job_id="42", outcome="preempted", code=75, ended=NOW)
     assert decide(records=[preempted], scheduler_state="PENDING").state == "requeued"
     assert decide(records=[preempted], scheduler_state=None).state == "preempted"
+    hung = rec(scheduler="slurm", job_id="42", outcome="hung", code=1, ended=NOW)
+    assert decide(records=[hung], scheduler_state="PENDING").state == "requeued"
+    assert decide(records=[hung], scheduler_state="FAILED").state == "hung"
 
 
 @pytest.mark.parametrize("outcome", ["finished", "failed", "bad_input", "preempted", "hung", "cancelled"])
@@ -120,6 +123,9 @@ def test_a_launcher_gone_without_an_outcome() -> None:
 def test_cancelled_and_cancel_of_an_older_launch() -> None:
     ended = rec(outcome="preempted", code=75, ended=NOW)
     assert decide(records=[ended], cancel_launch="L1").state == "cancelled"
+    killed = rec(outcome="failed", code=1, ended=NOW)  # a program without a SIGTERM handler
+    assert decide(records=[killed], cancel_launch="L1").state == "cancelled"
+    assert decide(records=[rec(outcome="finished", ended=NOW)], cancel_launch="L1").state == "finished"
     assert decide(records=[rec()], alive={0: False}, cancel_launch="L1").state == "cancelled"
     slurm = rec(scheduler="slurm", job_id="7")
     assert decide(records=[slurm], cancel_launch="L1", scheduler_state="CANCELLED by 1000").state == "cancelled"

@@ -7,8 +7,8 @@ numbers `status` prints. The rules, in order (docs/OPERATING.md has the picture)
 
 1. no job record                          -> unknown
 2. every node recorded an outcome         -> the worst outcome (bad_input > hung > cancelled > failed >
-   preempted > finished); preempted becomes cancelled under a cancel request for that launch, and
-   requeued when the scheduler already queued or restarted the same job
+   preempted > finished); preempted or failed becomes cancelled under a cancel request for that launch,
+   and preempted, hung or failed becomes requeued when the scheduler queued or restarted the same job
 3. a cancel request and the job is gone   -> cancelled
 4. the scheduler says the job ended       -> its word (COMPLETED finished, CANCELLED cancelled, ...)
 5. a launcher is gone without an outcome  -> the ranks' records (2 bad_input, 75 preempted) else failed
@@ -175,10 +175,10 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
     if ended and len(ended) >= min(expected, len(nodes)) and len(ended) == len(nodes):
         outcome = _worst([r.outcome for r in ended if r.outcome])
         why = next((r.reason for r in ended if r.outcome == outcome and r.reason), "") or f"launcher recorded {outcome}"
-        if outcome == "preempted" and cancel:
-            return "cancelled", "cancelled: stopped with a committed checkpoint; the same command resumes it"
-        if outcome == "preempted" and word in ("pending", "requeued", "running"):
-            return "requeued", f"preempted, requeued by the scheduler (now {facts.scheduler_state})"
+        if outcome in ("preempted", "failed") and cancel:
+            return "cancelled", "cancelled on request; the same launch command resumes from the newest checkpoint"
+        if outcome in ("preempted", "hung", "failed") and word in ("pending", "requeued", "running"):
+            return "requeued", f"{outcome}, then requeued by the scheduler (now {facts.scheduler_state})"
         return outcome, why
     gone = [r for r in nodes if r.outcome is None and facts.alive.get(r.node_rank) is False]
     if cancel and (gone or word in ("cancelled", "finished", "failed", "preempted")):
