@@ -316,3 +316,21 @@ def test_scheduler_from_the_launchers_environment() -> None:
     pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", record.K8S_JOB_ENV: "cifar", record.K8S_NAMESPACE_ENV: "ml"}
     assert record.scheduler_from_env(pod) == ("k8s", "cifar", {"namespace": "ml"})
     assert record.scheduler_from_env({record.K8S_JOB_ENV: "cifar"})[0] == "local"  # not in a pod
+
+
+def test_ops_modules_import_neither_torch_nor_the_top_level_commands() -> None:
+    import ast
+
+    allowed_lazy = {("gather.py", "torchlaunch.core")}  # checkpoint verification, only with checkpoints
+    for path in sorted((Path(__file__).resolve().parents[1] / "torchlaunch" / "ops").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in ("launch", "train", "torch", "numpy"), f"{path.name} imports {name}"
+                if name.startswith("torchlaunch.") and not name.startswith(
+                    ("torchlaunch.ops", "torchlaunch.exit_codes")
+                ):
+                    assert (path.name, name) in allowed_lazy, f"{path.name} imports {name}"

@@ -282,7 +282,8 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
         return BAD_INPUT
     except KeyboardInterrupt:
         return OK if getattr(locals().get("args"), "follow", False) else FAILURE
-    except BrokenPipeError:
+    except BrokenPipeError:  # `... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return OK
 
 
