@@ -30,6 +30,10 @@ from torchlaunch.ops import progress
 registered = os.environ.get("REGISTER") == "1"
 if registered:
     progress.register_stack_dump()
+if os.environ.get("MASK") == "1":  # registered, but the signal never arrives: a rank that cannot answer
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {progress.DUMP_SIGNAL})
 progress.heartbeat(3, total=10)
 r, w = os.pipe()
 
@@ -108,7 +112,7 @@ def spawn(tmp_path: Path) -> Iterator:
     script = tmp_path / "rank.py"
     script.write_text(CHILD)
 
-    def start(rank: int, register: bool = True) -> subprocess.Popen:
+    def start(rank: int, register: bool = True, mask: bool = False) -> subprocess.Popen:
         env = {
             **os.environ,
             "PYTHONPATH": str(REPO),
@@ -117,6 +121,7 @@ def spawn(tmp_path: Path) -> Iterator:
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "REGISTER": "1" if register else "0",
+            "MASK": "1" if mask else "0",
         }
         child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
         children.append(child)
@@ -168,6 +173,18 @@ def test_an_unregistered_rank_is_never_signalled(tmp_path: Path, spawn, monkeypa
     child = spawn(2, register=False)
     result = watchdog.dump_rank(beat_of(tmp_path, 2), progress.folder(tmp_path), wait_s=60)
     assert result.how == "unavailable" and child.poll() is None
+
+
+def test_a_rank_that_does_not_answer_is_reported_at_the_deadline(
+    tmp_path: Path, spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy
+    silent, answering = spawn(3, mask=True), spawn(4)
+    beats = [beat_of(tmp_path, 3), beat_of(tmp_path, 4)]
+    results = watchdog.dump_ranks(beats, progress.folder(tmp_path), wait_s=2.0)
+    assert [r.how for r in results] == ["no answer", "faulthandler"]
+    assert "no stack within 2s" in results[0].text and "in block_here" in results[1].text
+    assert silent.poll() is None and answering.poll() is None
 
 
 def test_a_gone_or_recycled_pid_is_not_signalled(tmp_path: Path) -> None:

@@ -128,46 +128,87 @@ def _wait_for_growth(path: Path, before: int, deadline: float, quiet_s: float = 
         return b""
 
 
-def dump_rank(beat: progress.RankBeat, where: Path, wait_s: float = DUMP_WAIT_S) -> DumpResult:
-    """Ask one rank for its stacks; never blocks past `wait_s`, never signals a process that is not the
-    one recorded, nor one that did not register a handler (the signal would end it)."""
+def _precondition(beat: progress.RankBeat) -> DumpResult | None:
+    """Why this rank cannot be asked for a stack (gone, recycled pid, stopped, D state), else None."""
     pid = beat.pid
     if pid is None or not procs.same_process(pid, beat.pid_start):
         return DumpResult(beat.rank, pid, "gone", f"rank {beat.rank}: process {pid} is gone (nothing to dump)")
     why = procs.unresponsive(pid)
     if why:
         return DumpResult(beat.rank, pid, "stopped", f"rank {beat.rank} (pid {pid}) is {why}: it cannot be dumped")
-    if beat.dump_signal is not None and beat.stack_file is not None:
+    return None
+
+
+def _py_spy(beat: progress.RankBeat, wait_s: float) -> DumpResult | None:
+    spy = shutil.which("py-spy")
+    if not spy or beat.pid is None:
+        return None
+    try:
+        done = subprocess.run(
+            [spy, "dump", "--pid", str(beat.pid)], capture_output=True, text=True, timeout=wait_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (
+        DumpResult(beat.rank, beat.pid, "py-spy", done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+    )
+
+
+def dump_ranks(beats: Sequence[progress.RankBeat], where: Path, wait_s: float = DUMP_WAIT_S) -> list[DumpResult]:
+    """Ask every rank for its stacks at once (one consistent moment, one shared deadline); never signal
+    a process that is not the one recorded, nor one that did not register a handler (the signal would
+    end it); a rank that cannot act on a signal is named instead of waited for."""
+    results: dict[int, DumpResult] = {}
+    asked: list[tuple[progress.RankBeat, Path, int]] = []
+    for beat in beats:
+        problem = _precondition(beat)
+        if problem is not None:
+            results[beat.rank] = problem
+            continue
+        if beat.dump_signal is None or beat.stack_file is None:
+            continue
         path = where / beat.stack_file
         try:
             before = path.stat().st_size
         except OSError:
             before = 0
         try:
-            os.kill(pid, beat.dump_signal)
+            os.kill(beat.pid, beat.dump_signal)  # type: ignore[arg-type]
         except OSError as e:
-            return DumpResult(beat.rank, pid, "gone", f"rank {beat.rank} (pid {pid}): cannot signal ({e.strerror})")
-        data = _wait_for_growth(path, before, time.monotonic() + wait_s)
-        if data:
-            return DumpResult(beat.rank, pid, "faulthandler", data.decode("utf-8", "replace"))
-        why = procs.unresponsive(pid)
-        if why:
-            return DumpResult(beat.rank, pid, "stopped", f"rank {beat.rank} (pid {pid}) is {why}: it cannot be dumped")
-    spy = shutil.which("py-spy")
-    if spy:
-        try:
-            done = subprocess.run(
-                [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=wait_s, check=False
+            results[beat.rank] = DumpResult(
+                beat.rank, beat.pid, "gone", f"rank {beat.rank}: cannot signal ({e.strerror})"
             )
-            if done.returncode == 0 and done.stdout.strip():
-                return DumpResult(beat.rank, pid, "py-spy", done.stdout)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    if beat.dump_signal is not None:
-        return DumpResult(beat.rank, pid, "no answer", f"rank {beat.rank} (pid {pid}): no stack within {wait_s:.0f}s")
-    return DumpResult(
-        beat.rank, pid, "unavailable", f"rank {beat.rank} (pid {pid}): no dump handler registered and no py-spy"
-    )
+            continue
+        asked.append((beat, path, before))
+    deadline = time.monotonic() + wait_s
+    for beat, path, before in asked:
+        data = _wait_for_growth(path, before, deadline)
+        if data:
+            results[beat.rank] = DumpResult(beat.rank, beat.pid, "faulthandler", data.decode("utf-8", "replace"))
+        else:
+            results[beat.rank] = _precondition(beat) or DumpResult(
+                beat.rank, beat.pid, "no answer", f"rank {beat.rank} (pid {beat.pid}): no stack within {wait_s:.0f}s"
+            )
+    for beat in beats:
+        current = results.get(beat.rank)
+        if current is None or current.how == "no answer":
+            spied = _py_spy(beat, wait_s)
+            results[beat.rank] = (
+                spied
+                or current
+                or DumpResult(
+                    beat.rank,
+                    beat.pid,
+                    "unavailable",
+                    f"rank {beat.rank} (pid {beat.pid}): no dump handler registered and no py-spy",
+                )
+            )
+    return [results[b.rank] for b in beats]
+
+
+def dump_rank(beat: progress.RankBeat, where: Path, wait_s: float = DUMP_WAIT_S) -> DumpResult:
+    """One rank's stacks (see dump_ranks)."""
+    return dump_ranks([beat], where, wait_s)[0]
 
 
 def hang_folder(run_dir: Path, when: float | None = None) -> Path:
@@ -189,9 +230,7 @@ def dump_stacks(
     out.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     results: list[DumpResult] = []
-    where = progress.folder(run_dir)
-    for beat in beats:
-        result = dump_rank(beat, where, wait_s)
+    for beat, result in zip(beats, dump_ranks(beats, progress.folder(run_dir), wait_s), strict=True):
         result.path = out / f"rank-{beat.rank}.txt"
         header = f"rank {beat.rank} pid {beat.pid} host {beat.host or host} step {beat.step} ({result.how})\n"
         result.path.write_text(header + result.text)
