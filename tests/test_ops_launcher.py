@@ -98,3 +98,32 @@ def test_a_hung_node_is_dumped_ended_and_recorded(tmp_path: Path) -> None:
     out = io.StringIO()
     assert cli.main(["logs", str(tmp_path)], out=out) == 0
     assert sorted(out.getvalue().splitlines()) == ["[rank 0] ready", "[rank 1] ready"]
+
+
+@pytest.mark.slow
+def test_a_hang_under_real_torchrun(tmp_path: Path) -> None:
+    """The launcher -> torchrun -> ranks chain: the watchdog finds torchrun's workers through their
+    heartbeats, dumps them, and ending torchrun ends them; the launch is recorded hung, exit 1."""
+    op = launcher.Operation(tmp_path, scheduler="local", command=["test"], launch_id="T1", hang_timeout=2.0)
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **op.rank_env(), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        op.start(lambda verdict, folder: watchdog.terminate_group(child, grace_s=30))
+        child.wait(timeout=240)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+    code = op.finish(child.returncode)
+    assert code == FAILURE, child.stderr.read() if child.stderr else ""
+    recs, _ = record.read_all(tmp_path)
+    assert recs[0].outcome == "hung"
+    (hang,) = (tmp_path / "hangs").iterdir()
+    for rank in (0, 1):
+        assert "in wait_for_peer" in (hang / f"rank-{rank}.txt").read_text()
+    out = io.StringIO()
+    assert cli.main(["logs", str(tmp_path)], out=out) == 0
+    assert sorted(out.getvalue().splitlines()) == ["[rank 0] ready", "[rank 1] ready"]

@@ -223,3 +223,33 @@ def test_cancel_signals_only_the_recorded_process(tmp_path: Path) -> None:
     previous = signal.getsignal(signal.SIGTERM)
     assert cli.main(["cancel", str(tmp_path)], out=out) == 0  # the launcher is gone: nothing to stop
     assert signal.getsignal(signal.SIGTERM) is previous and "already failed" in out.getvalue()
+
+
+def test_status_asks_squeue_and_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchlaunch.ops.files import write_json
+
+    fake_tools(tmp_path / "bin", squeue="PENDING\\n")
+    kubectl = tmp_path / "bin" / "kubectl"
+    job = {"status": {"active": 2, "ready": 2}}
+    kubectl.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {tmp_path}/bin/calls\necho '{json.dumps(job)}'\n")
+    kubectl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    slurm_run, k8s_run = tmp_path / "s", tmp_path / "k"
+    slurm_record(slurm_run, "99")
+    rec = record.JobRecord(launch_id="K2", scheduler="k8s", job_id="cifar-run", extra={"namespace": "ml"})
+    write_json(record.record_path(k8s_run), rec.to_json())
+    assert status(slurm_run)["state"] == "running"  # --no-scheduler: the run dir alone
+    out = io.StringIO()
+    assert cli.main(["status", str(slurm_run), "--json"], out=out) == 0
+    assert json.loads(out.getvalue())["state"] == "pending"
+    out = io.StringIO()
+    assert cli.main(["list", str(tmp_path)], out=out) == 0
+    rows = {line.split()[0]: line.split()[1] for line in out.getvalue().splitlines()[1:]}
+    assert rows == {"k": "running", "s": "pending"}
+    calls = (tmp_path / "bin" / "calls").read_text()
+    assert "kubectl get job cifar-run -o json --namespace ml" in calls and "squeue -h -j 99 -o %T" in calls
+    job["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    kubectl.write_text(f"#!/bin/sh\necho '{json.dumps(job)}'\n")
+    out = io.StringIO()
+    assert cli.main(["status", str(k8s_run), "--json"], out=out) == 0
+    assert json.loads(out.getvalue())["state"] == "failed"
