@@ -74,18 +74,14 @@ def test_a_hung_node_is_dumped_ended_and_recorded(tmp_path: Path) -> None:
             )
         assert all(r.stdout is not None and r.stdout.readline() == "ready\n" for r in ranks)
 
-        def on_hang(verdict: watchdog.Verdict, folder: Path) -> None:
-            for r in ranks:
-                watchdog.terminate_group(r, grace_s=30)
-
-        op.start(on_hang)
+        op.start(lambda verdict, folder, beats: watchdog.kill_ranks(beats))
         codes = [r.wait(timeout=120) for r in ranks]
     finally:
         for r in ranks:
             if r.poll() is None:
                 r.kill()
                 r.wait(timeout=30)
-    assert codes == [-15, -15]
+    assert codes == [-9, -9]  # SIGKILL: a rank stuck in a collective ignores SIGTERM
     assert op.finish(codes[0]) == FAILURE
     recs, _ = record.read_all(tmp_path)
     assert recs[0].outcome == "hung" and "stalled ranks" in (recs[0].reason or "")
@@ -103,15 +99,26 @@ def test_a_hung_node_is_dumped_ended_and_recorded(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_hang_under_real_torchrun(tmp_path: Path) -> None:
     """The launcher -> torchrun -> ranks chain: the watchdog finds torchrun's workers through their
-    heartbeats, dumps them, and ending torchrun ends them; the launch is recorded hung, exit 1."""
+    heartbeats, dumps them and kills them; torchrun restarts the group once (--max-restarts 1), which
+    hangs again and is killed again; torchrun gives up, the launch is recorded hung, exit 1."""
     op = launcher.Operation(tmp_path, scheduler="local", command=["test"], launch_id="T1", hang_timeout=2.0)
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     env = {**os.environ, "PYTHONPATH": str(REPO), **op.rank_env(), "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        str(script),
+    ]
     child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        op.start(lambda verdict, folder: watchdog.terminate_group(child, grace_s=30))
+        op.start(lambda verdict, folder, beats: watchdog.kill_ranks(beats))
         child.wait(timeout=240)
     finally:
         if child.poll() is None:
@@ -121,9 +128,15 @@ def test_a_hang_under_real_torchrun(tmp_path: Path) -> None:
     assert code == FAILURE, child.stderr.read() if child.stderr else ""
     recs, _ = record.read_all(tmp_path)
     assert recs[0].outcome == "hung"
-    (hang,) = (tmp_path / "hangs").iterdir()
-    for rank in (0, 1):
-        assert "in wait_for_peer" in (hang / f"rank-{rank}.txt").read_text()
+    hangs = sorted((tmp_path / "hangs").iterdir())
+    assert len(hangs) == 2  # the first group and the restarted one
+    pids = set()
+    for hang in hangs:
+        for rank in (0, 1):
+            text = (hang / f"rank-{rank}.txt").read_text()
+            assert "in wait_for_peer" in text
+            pids.add(text.split()[3])
+    assert len(pids) == 4  # each dump is of the group then running
     out = io.StringIO()
     assert cli.main(["logs", str(tmp_path)], out=out) == 0
-    assert sorted(out.getvalue().splitlines()) == ["[rank 0] ready", "[rank 1] ready"]
+    assert sorted(out.getvalue().splitlines()) == ["[rank 0] ready"] * 2 + ["[rank 1] ready"] * 2

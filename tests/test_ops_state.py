@@ -334,3 +334,12 @@ def test_ops_modules_import_neither_torch_nor_the_top_level_commands() -> None:
                     ("torchlaunch.ops", "torchlaunch.exit_codes")
                 ):
                     assert (path.name, name) in allowed_lazy, f"{path.name} imports {name}"
+
+
+def test_a_scheduler_job_is_not_judged_by_the_submitting_pid(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ticks = procs.start_ticks(child.pid)
+    child.wait(timeout=30)
+    common = {"host": HOST, "launcher_pid": child.pid, "launcher_start": ticks}
+    assert JobRecord(launch_id="s", scheduler="slurm", **common).launcher_alive() is None  # type: ignore[arg-type]
+    assert JobRecord(launch_id="l", scheduler="local", **common).launcher_alive() is False  # type: ignore[arg-type]

@@ -203,8 +203,8 @@ def test_the_watchdog_thread_dumps_and_reports_a_hang(tmp_path: Path, spawn) -> 
     hung = threading.Event()
     found: dict[str, object] = {}
 
-    def on_hang(verdict: watchdog.Verdict, folder: Path) -> None:
-        found.update(verdict=verdict, folder=folder)
+    def on_hang(verdict: watchdog.Verdict, folder: Path, beats: list[progress.RankBeat]) -> None:
+        found.update(verdict=verdict, folder=folder, beats=beats)
         hung.set()
 
     dog = watchdog.Watchdog(tmp_path, "L1", option_s=1.0, poll_s=0.05)
@@ -221,6 +221,7 @@ def test_the_watchdog_thread_dumps_and_reports_a_hang(tmp_path: Path, spawn) -> 
     ]
     assert "in block_here" in (folder / "rank-1.txt").read_text()
     assert set(found["verdict"].stalled) == {0, 1}  # type: ignore[union-attr]
+    assert sorted(b.rank for b in found["beats"]) == [0, 1]  # type: ignore[union-attr]
 
 
 def test_a_forked_child_does_not_overwrite_its_ranks_heartbeat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,7 @@ the ranks the heartbeat and log folders, watch for a hang, and record how the la
 
     op = Operation(run_dir, scheduler="local", command=sys.argv, launch_id=attempt, local_ranks=4)
     env.update(op.rank_env())
-    op.start(on_hang=lambda verdict, folder: watchdog.terminate_group(child))
+    op.start(on_hang=lambda verdict, folder, beats: watchdog.kill_ranks(beats))  # torchrun restarts them
     code = op.finish(code)          # hung -> 1 (retryable), cancelled -> 75 and never requeued
 
 And in each rank, before its program runs: `prepare_rank()` (stack-dump handler + log tee).
@@ -17,6 +17,9 @@ from pathlib import Path
 
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.ops import progress, ranklog, record, watchdog
+
+OnHang = Callable[[watchdog.Verdict, Path, list[progress.RankBeat]], None]
+"""Called from the watchdog's thread after the dump: end the hung ranks (watchdog.kill_ranks)."""
 
 LOGS_DIR_ENV = "TORCHLAUNCH_LOGS_DIR"
 """Set by the launcher to RUN_DIR/logs: each rank tees its output into rank-N.log there."""
@@ -86,13 +89,14 @@ class Operation:
             progress.LAUNCH_ENV: self.launch_id,
         }
 
-    def start(self, on_hang: Callable[[watchdog.Verdict, Path], None] | None = None) -> record.JobRecord:
+    def start(self, on_hang: OnHang | None = None) -> record.JobRecord:
+        """Record the launch; with `on_hang` (usually watchdog.kill_ranks), watch the node's ranks."""
         self.record = record.start(self.run_dir, **self._args)  # type: ignore[arg-type]
         if on_hang is not None and self.hang_timeout != 0:
 
-            def hung(verdict: watchdog.Verdict, folder: Path) -> None:
+            def hung(verdict: watchdog.Verdict, folder: Path, beats: list[progress.RankBeat]) -> None:
                 self.hung = verdict
-                on_hang(verdict, folder)
+                on_hang(verdict, folder, beats)
 
             poll_s = min(5.0, self.hang_timeout / 4) if self.hang_timeout else 5.0
             self.dog = watchdog.Watchdog(self.run_dir, self.launch_id, option_s=self.hang_timeout, poll_s=poll_s)
@@ -104,8 +108,9 @@ class Operation:
         if self.dog is not None:
             self.dog.stop()
         cancelled = record.cancel_requested(self.run_dir, self.launch_id)
-        outcome = outcome_of(code, cancelled=cancelled, hung=self.hung is not None)
-        if self.hung is not None:
+        hung = self.hung is not None and code not in (OK, BAD_INPUT)  # a restart after a hang may still finish
+        outcome = outcome_of(code, cancelled=cancelled, hung=hung)
+        if hung and self.hung is not None:
             reason = f"hang: {self.hung.reason}; stalled ranks {', '.join(map(str, self.hung.stalled))}"
         if self.record is not None:
             self.record = record.finish(self.run_dir, self.record, code, outcome, reason)

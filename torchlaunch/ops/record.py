@@ -96,8 +96,9 @@ class JobRecord:
         )
 
     def launcher_alive(self) -> bool | None:
-        """True/False when this host can tell (local launcher on this host), else None."""
-        if self.launcher_pid is None or self.host != socket.gethostname():
+        """True/False when this host can tell (a local launcher on this host), else None: under Slurm
+        or Kubernetes the scheduler answers for the job (the submitting process may be long gone)."""
+        if self.scheduler != "local" or self.launcher_pid is None or self.host != socket.gethostname():
             return None
         return procs.same_process(self.launcher_pid, self.launcher_start)
 

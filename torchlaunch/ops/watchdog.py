@@ -7,7 +7,8 @@ default timeout is max(10 min, 50 x the median step time). `dump_stacks` has the
 each rank it either signals the rank's registered faulthandler (or runs py-spy where installed) and
 copies what the rank wrote into RUN_DIR/hangs/<time>/rank-N.txt, or, for a rank that cannot act on a
 signal (SIGSTOPped: state T; uninterruptible I/O: state D), writes why instead of waiting forever.
-`Watchdog` polls the heartbeat files from the node's launcher and calls both.
+`Watchdog` polls the heartbeat files from the node's launcher and calls both; the launcher's `on_hang`
+ends the ranks (`kill_ranks`: torchrun restarts the group while it may; `terminate_group` ends it).
 """
 
 from __future__ import annotations
@@ -226,8 +227,16 @@ def dump_stacks(
 ) -> tuple[Path, list[DumpResult]]:
     """Dump every given rank into RUN_DIR/hangs/<time>-<host>/rank-N.txt and report on `err`."""
     err = err or sys.stderr
-    out = hang_folder(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    base = hang_folder(run_dir)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    out, n = base, 1
+    while True:  # a second hang within the same second gets its own folder
+        try:
+            out.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            out = base.with_name(f"{base.name}-{n}")
     host = socket.gethostname()
     results: list[DumpResult] = []
     for beat, result in zip(beats, dump_ranks(beats, progress.folder(run_dir), wait_s), strict=True):
@@ -285,7 +294,9 @@ class Watchdog:
         seen, beats = self.observe()
         return decide(seen, self.clock(), resolve_timeout(self.option_s, [b.step_time for b in beats]))
 
-    def start(self, on_hang: Callable[[Verdict, Path], None]) -> None:
+    def start(self, on_hang: Callable[[Verdict, Path, list[progress.RankBeat]], None]) -> None:
+        """Watch until stop(). After a hang it keeps watching with a clean slate: when on_hang ended the
+        ranks and torchrun restarted them, the new group gets a full timeout of its own."""
         if self.option_s == 0:
             return
 
@@ -295,8 +306,8 @@ class Watchdog:
                 if verdict.hung:
                     beats = sorted((b for _, _, b in self._seen.values()), key=lambda b: b.rank)
                     folder, _ = dump_stacks(self.run_dir, beats, verdict)
-                    on_hang(verdict, folder)
-                    return
+                    on_hang(verdict, folder, beats)
+                    self._seen.clear()
 
         self._thread = threading.Thread(target=loop, name="torchlaunch-watchdog", daemon=True)
         self._thread.start()
@@ -305,6 +316,21 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.poll_s + 1)
+
+
+def kill_ranks(beats: Sequence[progress.RankBeat]) -> list[int]:
+    """What a node's launcher does on a hang under torchrun: SIGKILL the hung ranks (a rank stuck in a
+    collective ignores SIGTERM), only processes that are still the recorded ones. torchrun sees its
+    workers fail and restarts the group while restarts remain, else exits 1 (retryable)."""
+    killed = []
+    for b in beats:
+        if b.pid is not None and procs.same_process(b.pid, b.pid_start):
+            try:
+                os.kill(b.pid, signal.SIGKILL)
+                killed.append(b.pid)
+            except OSError:
+                pass
+    return killed
 
 
 def terminate_group(child: subprocess.Popen, grace_s: float = 30.0) -> None:
