@@ -58,6 +58,11 @@ def test_logs_merge_ranks_in_time_order_with_prefixes(tmp_path: Path) -> None:
     assert all(line.startswith("[rank 0]") for line in logs(str(tmp_path), "--rank", "0")[1])
 
 
+def test_logs_of_a_run_without_logs_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert logs(str(tmp_path)) == (0, [])
+    assert capsys.readouterr().err == f"launch: no rank logs in {tmp_path}/logs yet\n"
+
+
 def test_logs_of_a_missing_rank_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_log(tmp_path, 0, [(1.0, "x")])
     assert logs(str(tmp_path), "--rank", "3")[0] == 2

@@ -144,6 +144,8 @@ def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
         have = ", ".join(map(str, present)) or "none yet"
         raise BadInput(f"launch error: no log for rank {args.rank} in {printable(str(run))}/logs (ranks: {have})")
     ranks = [args.rank] if args.rank is not None else present
+    if not present and not args.follow:
+        print(f"launch: no rank logs in {printable(str(run))}/logs yet", file=sys.stderr)
     if not args.follow:
         for line in ranklog.merged(run, ranks):
             print(line, file=out)
