@@ -171,8 +171,7 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
     cancel = facts.cancel_launch == launch
     word = scheduler_word(facts.scheduler_state)
     ended = [r for r in nodes if r.outcome is not None]
-    expected = max(r.nnodes for r in nodes)
-    if ended and len(ended) >= min(expected, len(nodes)) and len(ended) == len(nodes):
+    if ended and len(ended) == len(nodes):  # a node that never started wrote no record: it cannot be waited for
         outcome = _worst([r.outcome for r in ended if r.outcome])
         why = next((r.reason for r in ended if r.outcome == outcome and r.reason), "") or f"launcher recorded {outcome}"
         if outcome in ("preempted", "failed") and cancel:
