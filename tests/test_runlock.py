@@ -180,6 +180,15 @@ def test_hand_over_keeps_the_lock_for_the_scheduler_job(tmp_path):
     assert "slurm job 77" in refusal(tmp_path, job_alive=lambda s, j: True)
 
 
+def test_finished_scheduler_job_releases_only_its_own_lock(tmp_path):
+    lock = runlock.acquire(tmp_path)
+    lock.hand_over("slurm", "77")
+    assert not runlock.release_for_job(tmp_path, "slurm", "78")
+    assert (tmp_path / runlock.LOCK_NAME).exists()
+    assert runlock.release_for_job(tmp_path, "slurm", "77")
+    assert not (tmp_path / runlock.LOCK_NAME).exists()
+
+
 def test_release_never_removes_a_later_owners_lock(tmp_path):
     lock = runlock.acquire(tmp_path)
     path = plant(tmp_path, token="someone-else")

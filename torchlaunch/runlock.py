@@ -342,6 +342,17 @@ class _Guard:
             self.fd = None
 
 
+def release_for_job(run_dir: str | os.PathLike[str], scheduler: str, job_id: str) -> bool:
+    """A scheduler job that finished releases the run dir it was handed (see RunLock.hand_over);
+    True when the lock named this job and is now gone. Any other holder's lock is left alone."""
+    path = Path(run_dir) / LOCK_NAME
+    current = read_holder(path)
+    if current is None or (current.scheduler, current.job_id) != (scheduler, str(job_id)):
+        return False
+    path.unlink(missing_ok=True)
+    return True
+
+
 def acquire(run_dir: str | os.PathLike[str], **kwargs: Any) -> RunLock:
     """Own `run_dir` (BadInput naming the holder if a live job owns it); released at exit."""
     return RunLock(run_dir, **kwargs).acquire()
