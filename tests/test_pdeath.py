@@ -111,6 +111,20 @@ def test_control_without_it_the_child_trains_on():
     assert gone_within(child)
 
 
+WATCHED = (
+    "from torchlaunch.launch import pdeath; import time; pdeath.set_pdeathsig = lambda sig: False; "
+    "assert pdeath.die_with_parent_now() == 'watcher'; print('watching', flush=True); time.sleep(3600)"
+)
+
+
+def test_without_prctl_a_watcher_ends_the_orphan():
+    """The fallback where the kernel has no death signal: a thread notices the reparenting."""
+    parent, child = start_parent([sys.executable, "-c", WATCHED], guarded=False)
+    assert readline(parent) == "watching\n"  # the child's stdout is its parent's
+    kill_parent(parent)
+    assert gone_within(child)
+
+
 def test_pdeathsig_is_set_in_the_child_and_survives_exec():
     code = "from torchlaunch.launch import pdeath; print(pdeath.get_pdeathsig())"
     out = subprocess.run(
