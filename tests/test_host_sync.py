@@ -27,7 +27,16 @@ from torchlaunch.worker.data import load_bundle
 from torchlaunch.worker.trainer import Trainer
 
 READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
-CHECK_POINTS = ("_agreed_loss_sum", "evaluate", "save", "resume", "_startup_seconds", "_warn_lead_time")
+CHECK_POINTS = (
+    "_agreed_loss_sum",
+    "evaluate",
+    "save",
+    "resume",
+    "_startup_seconds",
+    "_warn_lead_time",
+    "_publish_final_model",
+    "_preempted",
+)
 """Trainer methods that may read the device: each runs at a check point, or once per process."""
 
 
