@@ -101,3 +101,12 @@ def test_resume_mid_epoch_continues_the_same_decisions() -> None:
     whole = _run(s)
     resumed = _run(s, start_epoch=0, start_step=3)
     assert resumed == [e for e in whole if e[0] > 3]
+
+
+def test_a_run_stopped_after_its_last_step_still_owes_the_final_validation() -> None:
+    s = LoopSchedule(steps_per_epoch=4, epochs=2, total_steps=8, log_every=100)
+    assert not s.training(1, 8)
+    assert s.training(1, 8, val_pending=True)
+    end = s.after_validation(1, 8, 4)
+    assert end.done and end.finished_epoch  # then epoch 2 of 2: training() is False again
+    assert not s.training(2, 8)

@@ -57,9 +57,10 @@ class LoopSchedule:
     """Steps between posting a rank's preemption flag and reading the agreed value (check points
     read every pending flag at once). 0 reads each step's flag at that step."""
 
-    def training(self, epoch: int, global_step: int) -> bool:
-        """Training steps or a pending validation remain."""
-        return epoch < self.epochs and global_step < self.total_steps
+    def training(self, epoch: int, global_step: int, val_pending: bool = False) -> bool:
+        """Training steps or a pending validation remain (a run stopped after its last training step
+        still owes the final validation and checkpoint)."""
+        return val_pending or (epoch < self.epochs and global_step < self.total_steps)
 
     def after_step(self, global_step: int, step_in_epoch: int) -> StepPlan:
         """Decisions after the optimizer step that made the counts `global_step` and `step_in_epoch`."""

@@ -455,7 +455,7 @@ class Trainer:
             log.begin()
             window, agreement = LossWindow(self.device, p.global_step), StepAgreement(self.ctx)
             first_step = True
-            while self.schedule.training(p.epoch, p.global_step):
+            while self.schedule.training(p.epoch, p.global_step, p.val_pending):
                 if not p.val_pending:
                     if not self._train_epoch(log, window, agreement, first_step):
                         return self._preempted(log)
@@ -500,7 +500,8 @@ class Trainer:
                 mean = loss_sum / (window.steps * self.ctx.world_size)
                 log.train(p.global_step, p.epoch, p.step_in_epoch, window.steps, mean, lr)
                 window.reset(p.global_step)
-            if stop:
+            if stop:  # after the epoch's (or run's) last step its validation is what remains
+                p.val_pending = plan.epoch_end or plan.last
                 return False
             if plan.save:
                 self.save(synchronous=False)
