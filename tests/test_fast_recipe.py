@@ -15,7 +15,7 @@ from torchlaunch import config
 from torchlaunch.worker.data import BatchPlan, augment
 from torchlaunch.worker.lookahead import Lookahead
 from torchlaunch.worker.models import build_model, patch_matrix
-from torchlaunch.worker.trainer import lr_lambda_factory, param_groups
+from torchlaunch.worker.optim import lr_lambda_factory, param_groups
 from torchlaunch.worker.tta import tta_logits
 
 

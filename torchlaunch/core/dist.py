@@ -162,6 +162,53 @@ def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
     return _all_reduce(ctx, values, dist.ReduceOp.SUM)
 
 
+def all_reduce_sum_(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over ranks in place, on its device, and return it: nothing is read on the host."""
+    if ctx.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+class PendingMax:
+    """One posted all-reduce (max) of a flag; `result()` reads it, waiting only for that collective."""
+
+    def __init__(self, values: torch.Tensor, work: dist.Work | None, event: torch.cuda.Event | None) -> None:
+        self._values, self._work, self._event = values, work, event
+
+    def result(self) -> bool:
+        if self._work is not None:  # gloo: the collective runs on its own threads
+            self._work.wait()
+        if self._event is not None:  # NCCL: the flag reaches pinned host memory behind the step
+            self._event.synchronize()
+        return bool(self._values.numpy()[0] > 0)  # a host buffer: numpy() is a view, no device read
+
+
+class FlagMax:
+    """Posts all-reduce(max) of a host flag without waiting for it (StepAgreement's collective).
+
+    gloo (any device): a one-element CPU tensor, reduced on gloo's threads. NCCL: a device copy of a
+    constant 0/1 tensor is reduced on NCCL's stream, then copied to pinned host memory with an event
+    behind it; the host waits for that event only, once the device has long passed it."""
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.nccl = ctx.backend == "nccl"
+        if self.nccl:
+            self._constants = {v: torch.full((1,), float(v), device=ctx.device) for v in (False, True)}
+
+    def post(self, flag: bool) -> PendingMax:
+        if not self.nccl:
+            values = torch.tensor([1.0 if flag else 0.0])
+            return PendingMax(values, dist.all_reduce(values, op=dist.ReduceOp.MAX, async_op=True), None)
+        on_device = self._constants[flag].clone()
+        dist.all_reduce(on_device, op=dist.ReduceOp.MAX, async_op=True).wait()  # a stream wait, not a host one
+        host = torch.empty(1, pin_memory=True)
+        host.copy_(on_device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingMax(host, None, event)
+
+
 def broadcast_buffers(ctx: DistContext, module: torch.nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm running stats), as the checkpoint holds them."""
     if ctx.distributed:

@@ -1,8 +1,13 @@
 """Preemption: a signal only sets a flag; ranks agree at step boundaries; nothing saves in a handler.
 
 Saving inside a signal handler can deadlock (the handler may interrupt a collective or the allocator)
-and only the signalled rank would save. Instead every rank polls `requested` at each step boundary
+and only the signalled rank would save. Instead every rank posts `requested` at each step boundary
 and the ranks all-reduce it, so when any rank was signalled all of them checkpoint the same step.
+
+Two forms: `agree` reads the agreed flags at once (a host synchronisation on CUDA: for check points
+and user loops that ask once per step); `StepAgreement` posts each step's flag without waiting and
+reads it a fixed number of steps later, or at the next check point, whichever comes first. Both
+decide by step count alone, so every rank stops at the same step.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.dist import DistContext, FlagMax, PendingMax
 
 
 class PreemptionWatcher:
@@ -55,3 +61,39 @@ def agree(ctx: DistContext, requested: bool, *others: bool) -> tuple[bool, ...]:
 
     flags = all_reduce_max(ctx, [1.0 if requested else 0.0, *(1.0 if f else 0.0 for f in others)])
     return tuple(f > 0 for f in flags)
+
+
+class StepAgreement:
+    """Per-step preemption agreement that never makes the host wait for the device between check points.
+
+    `post(step, requested)` starts an all-reduce (max) of this rank's flag and returns at once (on
+    CUDA the result is copied to pinned host memory behind the step's kernels). `read(through)` reads
+    every posting of a step <= `through`: the caller passes its step at check points (where it reads
+    the device anyway) and `step - lag` elsewhere, so by then the posting has long completed and the
+    read does not drain the queue. Every rank posts and reads the same steps, so all see a stop at
+    the same step: at most `lag` steps after the signal, or at the check point before that.
+    Without a process group the flag is the watcher's, read directly.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self._pending: deque[tuple[int, bool | PendingMax]] = deque()
+        self._reducer: FlagMax | None = None
+        if ctx.distributed:
+            from torchlaunch.core.dist import FlagMax  # torch stays out of this module's import
+
+            self._reducer = FlagMax(ctx)
+
+    def post(self, step: int, requested: bool) -> None:
+        self._pending.append((step, self._reducer.post(requested) if self._reducer is not None else requested))
+
+    def read(self, through: int) -> bool:
+        """Whether any rank asked to stop at a posted step <= `through` (those postings are consumed)."""
+        stop = False
+        while self._pending and self._pending[0][0] <= through:
+            _, posted = self._pending.popleft()
+            stop = (posted if isinstance(posted, bool) else posted.result()) or stop
+        return stop
+
+    def drain(self) -> bool:
+        """Read every posting (before leaving the loop: no collective is left in flight)."""
+        return self.read(self._pending[-1][0]) if self._pending else False

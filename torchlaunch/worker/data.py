@@ -650,10 +650,17 @@ class TrainLoader:
         if self.images is not None:
             for step in steps:
                 idx, aug = self.plan.rank_step(perm, epoch, step)
-                idx = idx.to(self.images.device)
+                idx, *aug = (self._to_device(t) for t in (idx, *aug))
                 yield step, self._micro_batches(self.images.index_select(0, idx), self.labels.index_select(0, idx), aug)
             return
         yield from self._file_epoch(perm, epoch, steps)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """The step's indices and augmentation draws on the images' device. To CUDA through pinned
+        memory, without blocking: a plain copy from pageable memory waits for the queued steps."""
+        if self.images is None or self.images.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.images.device, non_blocking=True)
 
     def _file_epoch(self, perm: torch.Tensor, epoch: int, steps: range) -> Iterator:
         batches = [self.plan.rank_step(perm, epoch, s)[0].tolist() for s in steps]

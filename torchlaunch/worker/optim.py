@@ -1,4 +1,4 @@
-"""Optimizers that do not import torch._dynamo.
+"""The recipe's optimizer, parameter groups and LR schedule; optimizers that do not import torch._dynamo.
 
 torch.optim wraps `step` (`_use_grad_for_differentiable`) and `add_param_group`, `zero_grad`,
 `state_dict`, `load_state_dict` (`torch._disable_dynamo`) in functions that import torch._dynamo on
@@ -11,10 +11,15 @@ bits. With model.compile=true the stock classes are used (compile imports torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from torchlaunch.config import RunConfig
 
 
 def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -97,3 +102,72 @@ def build(
     extra: dict[str, Any] = {"fused": True} if fused else {"foreach": True}
     cls = SGD if eager_only else torch.optim.SGD
     return cls(groups, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, **extra)
+
+
+def param_groups(cfg: RunConfig, model: nn.Module) -> list[dict[str, Any]]:
+    """Trainable parameters; with optim.norm_lr_scale != 1 the BatchNorm ones get their own group
+    (LR x scale, weight decay / scale: the same decay per step)."""
+    o = cfg.optim
+    norm_ids = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        for p in m.parameters(recurse=False)
+    }
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if o.norm_lr_scale == 1.0:
+        return [{"params": trainable, "lr": o.lr, "weight_decay": o.weight_decay}]
+    norms = [p for p in trainable if id(p) in norm_ids]
+    others = [p for p in trainable if id(p) not in norm_ids]
+    groups = [{"params": others, "lr": o.lr, "weight_decay": o.weight_decay}]
+    if norms:
+        groups.append({"params": norms, "lr": o.lr * o.norm_lr_scale, "weight_decay": o.weight_decay / o.norm_lr_scale})
+    return groups
+
+
+def build_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    """The recipe's optimizer over param_groups. Without model.compile it never imports torch._dynamo,
+    the largest item of start-up otherwise."""
+    o = cfg.optim
+    return build(
+        o.name,
+        param_groups(cfg, model),
+        device,
+        eager_only=not cfg.model.compile,
+        lr=o.lr,
+        momentum=o.momentum,
+        nesterov=o.nesterov and o.momentum > 0,
+        weight_decay=o.weight_decay,
+        betas=tuple(o.betas),
+    )
+
+
+def lr_lambda_factory(cfg: RunConfig, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
+    """The LR multiplier per optimizer step: warmup (from warmup_start_ratio, or (step + 1) / warmup),
+    then constant, step decay, linear or cosine down to min_lr_ratio at total_steps."""
+    warmup = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
+    sched = cfg.optim.schedule
+
+    start = cfg.optim.warmup_start_ratio
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return start + (1 - start) * step / warmup if start else (step + 1) / warmup
+        if sched == "constant":
+            return 1.0
+        if sched == "step":
+            return cfg.optim.step_gamma ** (step // (cfg.optim.step_epochs * steps_per_epoch))
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        floor = cfg.optim.min_lr_ratio
+        if sched == "linear":
+            return 1.0 - (1 - floor) * progress
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_scheduler(
+    cfg: RunConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Stepped once per optimizer step; its state (last_epoch) is part of the checkpoint."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg, steps_per_epoch, total_steps))

@@ -22,9 +22,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchlaunch.exit_codes import BadInput
+
+if TYPE_CHECKING:
+    import torch
+
+    from torchlaunch.config import RunConfig
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.worker.data import DataBundle
 
 CACHE_FILE = "cpu-precision.json"
 RUN_RECORD = "precision.json"
@@ -227,3 +234,63 @@ def choose_for_run(
 
 def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """`auto` without a measurement (evaluation): bf16/fp16 on CUDA, bf16 where oneDNN supports it."""
+    import torch
+
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if torch.backends.mkldnn.is_available() and _cpu_bf16_ok() else "fp32"
+
+
+def _cpu_bf16_ok() -> bool:
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> str:
+    """The run's precision. CPU: fp16 is refused (emulated, ~17x slower); `auto` is measured once per
+    machine and model and recorded in RUN_DIR, rank 0 decides for every rank; the choice replaces
+    `auto` in cfg, so every checkpoint's config names it. CUDA: bf16 must be supported."""
+    import torch
+
+    from torchlaunch.core.dist import broadcast_object
+
+    refuse_fp16_on_cpu(cfg.train.precision, ctx.device.type == "cpu")
+    if cfg.train.precision != "auto" or ctx.device.type != "cpu":
+        chosen = resolve_precision(cfg.train.precision, ctx.device)
+        if chosen == "bf16" and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
+        return chosen
+    choice, line = None, ""
+    if ctx.is_main:
+        micro = cfg.train.micro_batch_size or max(1, cfg.train.batch_size // ctx.world_size)
+        choice, line = choose_for_run(
+            Path(cfg.run_dir),
+            Path(cfg.data.cache_dir).expanduser(),
+            cfg.model.name,
+            cfg.model.width,
+            data.num_classes,
+            data.image_size,
+            micro,
+            cfg.train.channels_last,
+        )
+        note(line)
+    chosen = str(broadcast_object(ctx, choice))
+    cfg.train.precision = chosen  # checkpoints then record it: evaluation validates the same way
+    return chosen
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a resolved precision; None for fp32 (no autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)

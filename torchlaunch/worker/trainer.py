@@ -1,21 +1,23 @@
-"""The training loop: AMP, gradient accumulation, clipping, finite checks, validation, checkpoints.
+"""One rank's training: the model, optimizer and loaders it builds, the step, and the loop.
 
-One Trainer per rank. All ranks run the same sequence of collectives: per step one tiny all-reduce
-of "a rank was signalled", so a preemption is agreed at the same step everywhere. The loss stays on
-the device between check points (log points, saves, preemption, epoch end), where its all-reduced
-sum is read: a non-finite sum on any rank stops every rank together (Trainer.NAN_CHECK_BOUND).
+The loop's decisions (log, save, validate, check, stop) come from worker/schedule.py; the optimizer
+and LR schedule from worker/optim.py, the precision from worker/precision.py, the run's outputs go
+through worker/metrics.py and its checkpoints through core/checkpoint.py.
+
+No step waits for the device except at check points (log points, saves, epoch ends, the last step
+and an agreed preemption): the loss stays on the device in a running sum, and each step's preemption
+flag is all-reduced without waiting and read a few steps later (core/preemption.py StepAgreement),
+the same step on every rank. At a check point the all-reduced loss sum is read: a non-finite sum on
+any rank stops every rank together (Trainer.NAN_CHECK_BOUND).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import platform
 import random
-import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,26 +35,34 @@ from torchlaunch.core.checkpoint import capture_rng, restore_rng
 from torchlaunch.core.dist import (
     DistContext,
     all_reduce_sum,
+    all_reduce_sum_,
     broadcast_buffers,
     broadcast_object,
     gather_objects,
     ordered_allreduce_hook,
 )
-from torchlaunch.core.preemption import PreemptionWatcher, agree
+from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.startup import process_age_s
 from torchlaunch.tools.debug import check_model_io
-from torchlaunch.worker import optim as optim_mod
 from torchlaunch.worker.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
+from torchlaunch.worker.faults import FaultSignal
+from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead
+from torchlaunch.worker.metrics import RunLog, require_tensorboard
 from torchlaunch.worker.models import build_model
-from torchlaunch.worker.precision import choose_for_run as choose_cpu_precision
-from torchlaunch.worker.precision import note as precision_note
-from torchlaunch.worker.precision import refuse_fp16_on_cpu
+from torchlaunch.worker.optim import build_optimizer, build_scheduler
+from torchlaunch.worker.precision import autocast_dtype, training_precision
+from torchlaunch.worker.precision import resolve_precision as resolve_precision  # evaluate.py imports it from here
+from torchlaunch.worker.schedule import LoopSchedule
 from torchlaunch.worker.tta import tta_logits
 
 VERSION = "0.1.0"
+
+AGREEMENT_LAG = 2
+"""Steps between posting a preemption flag and reading the agreed value between check points: the
+host never waits for the step it just queued, and a stop comes at most this many steps late."""
 
 
 class NonFiniteLoss(BadInput):
@@ -72,113 +82,11 @@ class Progress:
     last_val: dict[str, float] = field(default_factory=dict)
 
 
-def resolve_precision(name: str, device: torch.device) -> str:
-    """`auto` without a measurement (evaluation): bf16/fp16 on CUDA, bf16 where oneDNN supports it."""
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if torch.backends.mkldnn.is_available() and _cpu_bf16_ok() else "fp32"
-
-
-def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> str:
-    """The run's precision. CPU: fp16 is refused (emulated, ~17x slower); `auto` is measured once per
-    machine and model and recorded in RUN_DIR (train/precision.py), rank 0 decides for every rank; the
-    choice replaces `auto` in cfg, so every checkpoint's config names it."""
-    refuse_fp16_on_cpu(cfg.train.precision, ctx.device.type == "cpu")
-    if cfg.train.precision != "auto" or ctx.device.type != "cpu":
-        return resolve_precision(cfg.train.precision, ctx.device)
-    choice, line = None, ""
-    if ctx.is_main:
-        micro = cfg.train.micro_batch_size or max(1, cfg.train.batch_size // ctx.world_size)
-        choice, line = choose_cpu_precision(
-            Path(cfg.run_dir),
-            Path(cfg.data.cache_dir).expanduser(),
-            cfg.model.name,
-            cfg.model.width,
-            data.num_classes,
-            data.image_size,
-            micro,
-            cfg.train.channels_last,
-        )
-        precision_note(line)
-    chosen = str(broadcast_object(ctx, choice))
-    cfg.train.precision = chosen  # checkpoints then record it: train.evaluate validates the same way
-    return chosen
-
-
-def _cpu_bf16_ok() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def seed_everything(seed: int, rank: int) -> None:
     """Same model init on every rank (DDP also broadcasts it); per-rank streams for anything else."""
     torch.manual_seed(seed)
     random.seed(seed * 1000 + rank)
     np.random.seed((seed * 1000 + rank) % (2**32))
-
-
-def lr_lambda_factory(cfg: RunConfig, steps_per_epoch: int, total_steps: int):
-    warmup = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
-    sched = cfg.optim.schedule
-
-    start = cfg.optim.warmup_start_ratio
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return start + (1 - start) * step / warmup if start else (step + 1) / warmup
-        if sched == "constant":
-            return 1.0
-        if sched == "step":
-            return cfg.optim.step_gamma ** (step // (cfg.optim.step_epochs * steps_per_epoch))
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        floor = cfg.optim.min_lr_ratio
-        if sched == "linear":
-            return 1.0 - (1 - floor) * progress
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def param_groups(cfg: RunConfig, model: nn.Module) -> list[dict[str, Any]]:
-    """Trainable parameters; with optim.norm_lr_scale != 1 the BatchNorm ones get their own group
-    (LR x scale, weight decay / scale: the same decay per step)."""
-    o = cfg.optim
-    norm_ids = {
-        id(p)
-        for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
-        for p in m.parameters(recurse=False)
-    }
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if o.norm_lr_scale == 1.0:
-        return [{"params": trainable, "lr": o.lr, "weight_decay": o.weight_decay}]
-    norms = [p for p in trainable if id(p) in norm_ids]
-    others = [p for p in trainable if id(p) not in norm_ids]
-    groups = [{"params": others, "lr": o.lr, "weight_decay": o.weight_decay}]
-    if norms:
-        groups.append({"params": norms, "lr": o.lr * o.norm_lr_scale, "weight_decay": o.weight_decay / o.norm_lr_scale})
-    return groups
-
-
-def build_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    """The recipe's optimizer (train/optim.py). Without model.compile it never imports torch._dynamo,
-    the largest item of start-up otherwise (issue 15)."""
-    o = cfg.optim
-    return optim_mod.build(
-        o.name,
-        param_groups(cfg, model),
-        device,
-        eager_only=not cfg.model.compile,
-        lr=o.lr,
-        momentum=o.momentum,
-        nesterov=o.nesterov and o.momentum > 0,
-        weight_decay=o.weight_decay,
-        betas=tuple(o.betas),
-    )
 
 
 def whitening_sample(images: ImageSet, normalize: Normalizer, image_size: int, limit: int = 5000) -> torch.Tensor:
@@ -191,118 +99,21 @@ def whitening_sample(images: ImageSet, normalize: Normalizer, image_size: int, l
     return normalize(batch.to(normalize.scale.device)).contiguous()
 
 
-class MetricsLog:
-    """RUN_DIR/metrics.jsonl on rank 0; on resume, lines past the checkpoint are dropped so a
-    resumed run's log reads like one uninterrupted run."""
+class LossWindow:
+    """The running loss sum of the steps since the last log point, on the device (float64: the same
+    sums, bit for bit, as adding the losses up as Python floats). Read only at check points."""
 
-    def __init__(self, path: Path, enabled: bool, resume_step: int | None, tensorboard_dir: Path | None = None) -> None:
-        self.path, self.enabled = path, enabled
-        self.tb = None
-        if not enabled:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if tensorboard_dir is not None:
-            self.tb = open_tensorboard(tensorboard_dir, purge_step=resume_step + 1 if resume_step is not None else None)
-        if resume_step is not None and path.is_file():
-            kept = [
-                ln
-                for ln in path.read_text().splitlines()
-                if _line_step(ln) is not None and _line_step(ln) <= resume_step
-            ]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(ln + "\n" for ln in kept))
-            os.replace(tmp, path)
-        elif resume_step is None and path.is_file():
-            path.unlink()
-        self._fh = open(path, "a", buffering=1)
+    def __init__(self, device: torch.device, start_step: int) -> None:
+        self.device = device
+        self.reset(start_step)
 
-    def write(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            self._fh.write(json.dumps(record) + "\n")
-            if self.tb is not None:
-                for key, value in record.items():
-                    if key not in ("step", "epoch") and isinstance(value, (int, float)):
-                        self.tb.add_scalar(key, value, record["step"])
+    def reset(self, start_step: int) -> None:
+        self.total = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.start_step, self.steps = start_step, 0  # the window holds the steps after start_step
 
-    def close(self) -> None:
-        if self.enabled:
-            self._fh.close()
-            if self.tb is not None:
-                self.tb.close()
-
-
-def require_tensorboard():
-    """The SummaryWriter class, or one clear line when the optional package is missing."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise BadInput(
-            "config error: train.tensorboard: the tensorboard package is not installed "
-            "(pip install -e '.[tensorboard]', or set train.tensorboard=false)"
-        ) from None
-    return SummaryWriter
-
-
-def open_tensorboard(folder: Path, purge_step: int | None):
-    return require_tensorboard()(log_dir=str(folder), purge_step=purge_step)
-
-
-def _line_step(line: str) -> int | None:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-class Reporter:
-    """Rank-0 progress: a tqdm bar on a terminal, plain periodic lines in batch logs."""
-
-    def __init__(self, enabled: bool, total_steps: int, start_step: int) -> None:
-        self.enabled = enabled
-        self.bar = None
-        if enabled and (sys.stderr.isatty() or os.environ.get("TORCHLAUNCH_PROGRESS_BAR") == "1"):
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
-            except ImportError:
-                self.bar = None
-
-    def step(self, n: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def line(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-class FaultSignal:
-    """Test aid: TORCHLAUNCH_FAULT_SIGNAL="at=step|val|save,n=N[,rank=R][,sig=SIGTERM]" makes rank R send
-    itself a real signal at an exact point (after global step N, during validation of epoch N, right
-    after the checkpoint of step N), so resume tests can hit every interruption point reproducibly."""
-
-    def __init__(self, spec: str | None, rank: int) -> None:
-        fields = dict(kv.split("=", 1) for kv in spec.split(",")) if spec else {}
-        self.at = fields.get("at")
-        self.n = int(fields.get("n", "-1"))
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # once per launch
-        self.active = bool(spec) and int(fields.get("rank", "0")) == rank and first_attempt
-        self.signum = getattr(__import__("signal"), fields.get("sig", "SIGTERM"))
-        self.fired = False
-
-    def __call__(self, at: str, n: int) -> None:
-        if self.active and not self.fired and at == self.at and n == self.n:
-            self.fired = True
-            os.kill(os.getpid(), self.signum)
+    def add(self, loss: torch.Tensor) -> None:
+        self.total += loss
+        self.steps += 1
 
 
 class Trainer:
@@ -316,9 +127,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.precision = training_precision(cfg, ctx, data)
-        if self.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self.amp_dtype = autocast_dtype(self.precision)
         self.plan = BatchPlan(
             len(data.train),
             cfg.train.batch_size,
@@ -334,6 +143,15 @@ class Trainer:
         )
         total = self.plan.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+        self.schedule = LoopSchedule(
+            steps_per_epoch=self.plan.steps_per_epoch,
+            epochs=cfg.train.epochs,
+            total_steps=self.total_steps,
+            log_every=cfg.train.log_every_steps,
+            save_every_steps=cfg.checkpoint.every_steps,
+            save_every_epochs=cfg.checkpoint.every_epochs,
+            agreement_lag=AGREEMENT_LAG,
+        )
 
         seed_everything(cfg.seed, ctx.rank)
         model = build_model(cfg.model.name, data.num_classes, cfg.model.width).to(self.device)
@@ -354,9 +172,7 @@ class Trainer:
             self._check_model(model)
         self.model = model
         self.optimizer = build_optimizer(cfg, model, self.device)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda_factory(cfg, self.plan.steps_per_epoch, self.total_steps)
-        )
+        self.scheduler = build_scheduler(cfg, self.optimizer, self.plan.steps_per_epoch, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.net: nn.Module = model
         self.gradient_path = "local"
@@ -379,7 +195,7 @@ class Trainer:
             data.train, self.plan, normalize, self.device, cfg.data.augment, cfg.data.num_workers, data.image_size
         )
         self.progress = Progress()
-        self.fault = FaultSignal(os.environ.get("TORCHLAUNCH_FAULT_SIGNAL"), ctx.rank)
+        self.fault = FaultSignal.from_env(ctx.rank)
         self.writer = ckpt.AsyncWriter()
         self.snapshots = ckpt.SnapshotBuffers()  # reused between async saves (no fresh pages per save)
         self.last_saved: tuple[int, int, bool] | None = None
@@ -550,8 +366,8 @@ class Trainer:
 
     def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """One optimizer step over this rank's micro-batches; returns the rank's mean loss as a 0-d
-        float32 tensor on the device: reading it (float()) waits for the step, so the loop only reads
-        its running sum at log points (no host synchronisation per step)."""
+        float32 tensor on the device, unread: reading it would wait for the step, so the loop adds it
+        to a running sum on the device that it reads only at check points."""
         self.net.train()
         total = torch.zeros((), device=self.device)
         n = len(micro_batches)
@@ -574,7 +390,7 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return float(total)
+        return total
 
     def evaluate(self, tta: str = "none") -> dict[str, float] | None:
         """Loss and top-1 over the validation set, each sample counted once; None if preempted."""
@@ -615,171 +431,137 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> int:
+        """Train to the end (OK, model.pt written) or to an agreed preemption (PREEMPTED, checkpoint
+        committed). Every rank runs the same decisions (self.schedule), so collectives line up."""
         resumed = self.resume()
         p = self.progress
-        main = self.ctx.is_main
-        metrics = MetricsLog(
-            self.run_dir / "metrics.jsonl",
-            main,
-            p.global_step if resumed else None,
-            self.run_dir / "tb" if self.cfg.train.tensorboard else None,
+        log = RunLog(
+            self.run_dir,
+            self.ctx.rank,
+            epochs=self.cfg.train.epochs,
+            steps_per_epoch=self.plan.steps_per_epoch,
+            total_steps=self.total_steps,
+            global_batch=self.plan.global_batch,
+            start_step=p.global_step,
+            resume_step=p.global_step if resumed else None,
+            tensorboard=self.cfg.train.tensorboard,
+            trace=self.cfg.debug.trace_batches,
         )
-        trace = MetricsLog(
-            self.run_dir / "trace" / f"rank{self.ctx.rank}.jsonl",
-            self.cfg.debug.trace_batches,
-            p.global_step if resumed else None,
-        )
-        report = Reporter(main, self.total_steps, p.global_step)
-        if resumed:
-            report.line(
-                f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} (global step {p.global_step})"
-            )
-        else:
-            report.line(
-                f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
-                f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
-                f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation}), "
-                f"gradients: {self.gradient_path}"
-            )
-        if main:
-            ckpt.clean_stale(self.ckpt_root)
-        self._warn_lead_time(report)
-        window_start, window_steps, window_loss = time.perf_counter(), 0, self._zero_window()
-        window_from = p.global_step  # the window holds the losses of the steps after this one
-        run_start = time.perf_counter()
-        startup_note: str | None = None  # start-up figure, for the first progress line of this process
-        first_step = True
         try:
-            while p.epoch < self.cfg.train.epochs and p.global_step < self.total_steps:
+            log.line(self._opening_line(resumed))
+            if self.ctx.is_main:
+                ckpt.clean_stale(self.ckpt_root)
+            self._warn_lead_time(log)
+            log.begin()
+            window, agreement = LossWindow(self.device, p.global_step), StepAgreement(self.ctx)
+            first_step = True
+            while self.schedule.training(p.epoch, p.global_step, p.val_pending):
                 if not p.val_pending:
-                    perm = self.plan.permutation(p.epoch) if self.cfg.debug.trace_batches else None
-                    for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
-                        if perm is not None:
-                            trace.write(
-                                {
-                                    "step": p.global_step + 1,
-                                    "epoch": p.epoch,
-                                    "world_size": self.ctx.world_size,
-                                    "indices": self.plan.rank_step(perm, p.epoch, step)[0].tolist(),
-                                }
-                            )
-                        step_start = time.perf_counter() if first_step else 0.0
-                        loss = self.train_step(micro)
-                        p.step_in_epoch = step + 1
-                        p.global_step += 1
-                        if self.lookahead is not None:
-                            self.lookahead.after_step(p.global_step)
-                        window_steps += 1
-                        window_loss += loss  # on the device: read only at check points below
-                        if first_step:
-                            first_step = False
-                            startup = self._startup_seconds()
-                            metrics.write(
-                                {
-                                    "step": p.global_step,
-                                    "epoch": p.epoch,
-                                    "startup_s": startup,
-                                    "first_step_s": time.perf_counter() - step_start,
-                                }
-                            )
-                            startup_note = f", start-up {startup:.2f} s (process start to first step)"
-                        report.step()
-                        self.fault("step", p.global_step)
-                        (preempt,) = agree(self.ctx, self.watcher.requested)
-                        log_now = (
-                            p.global_step % self.cfg.train.log_every_steps == 0 or p.global_step == self.total_steps
-                        )
-                        every = self.cfg.checkpoint.every_steps
-                        save_now = (
-                            bool(every) and p.global_step % every == 0 and p.step_in_epoch < self.plan.steps_per_epoch
-                        )
-                        if log_now or preempt or save_now or p.step_in_epoch >= self.plan.steps_per_epoch:
-                            # The finite check: before any log line, checkpoint or validation (NAN_CHECK_BOUND)
-                            loss_sum = self._agreed_loss_sum(window_loss, window_from)
-                        if log_now:
-                            mean_loss = loss_sum / (window_steps * self.ctx.world_size)
-                            elapsed = time.perf_counter() - window_start
-                            rate = window_steps * self.plan.global_batch / max(elapsed, 1e-9)
-                            lr = self.scheduler.get_last_lr()[0]
-                            metrics.write(
-                                {
-                                    "step": p.global_step,
-                                    "epoch": p.epoch,
-                                    "loss": mean_loss,
-                                    "lr": lr,
-                                    "images_per_s": rate,
-                                    "elapsed_s": time.perf_counter() - run_start,
-                                }
-                            )
-                            report.line(
-                                f"epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/"
-                                f"{self.plan.steps_per_epoch} loss {mean_loss:.4f} lr {lr:.4g} "
-                                f"{rate:,.0f} img/s{startup_note or ''}"
-                            )
-                            startup_note = None
-                            window_start, window_steps, window_loss = time.perf_counter(), 0, self._zero_window()
-                            window_from = p.global_step
-                        if preempt:
-                            return self._preempted(report)
-                        if save_now:
-                            self.save(synchronous=False)
-                            self.fault("save", p.global_step)
-                        if p.global_step >= self.total_steps:
-                            break
+                    if not self._train_epoch(log, window, agreement, first_step):
+                        return self._preempted(log)
+                    first_step = False
                     p.val_pending = True
-                last = p.global_step >= self.total_steps or (
-                    p.step_in_epoch >= self.plan.steps_per_epoch and p.epoch + 1 >= self.cfg.train.epochs
-                )
-                tta = self.cfg.train.tta if last else "none"
-                val = self.evaluate(tta)
-                if val is None:
-                    return self._preempted(report)
-                if tta != "none":
-                    val["tta"] = tta
-                p.last_val = {k: v for k, v in val.items() if k not in ("val_samples", "tta")}
-                if p.best_val_acc is None or val["val_acc"] > p.best_val_acc:
-                    p.best_val_acc = val["val_acc"]
-                metrics.write(
-                    {"step": p.global_step, "epoch": p.epoch, **val, "elapsed_s": time.perf_counter() - run_start}
-                )
-                report.line(
-                    f"epoch {p.epoch + 1}/{self.cfg.train.epochs} validation: loss {val['val_loss']:.4f} "
-                    f"top-1 {val['val_acc']:.4f} ({int(val['val_samples'])} images"
-                    f"{', test-time augmentation ' + tta if tta != 'none' else ''})"
-                )
-                p.val_pending = False
-                finished_epoch = p.step_in_epoch >= self.plan.steps_per_epoch
-                if finished_epoch:
-                    p.epoch += 1
-                    p.step_in_epoch = 0
-                done = p.epoch >= self.cfg.train.epochs or p.global_step >= self.total_steps
-                every_epochs = self.cfg.checkpoint.every_epochs
-                if done:
-                    self.save(synchronous=True, validated=True, final=True)
-                elif finished_epoch and every_epochs and p.epoch % every_epochs == 0:
-                    self.save(synchronous=False, validated=True)
-                    self.fault("save", p.global_step)
-            staged = self._stage_final_model() if main else None  # written while the checkpoint commits
-            try:
-                self.writer.wait()
-            except BaseException:
-                if staged is not None:
-                    staged.unlink(missing_ok=True)
-                raise
-            if staged is not None:  # model.pt appears only once the final checkpoint is committed
-                os.replace(staged, self.run_dir / "model.pt")
-                report.line(
-                    f"finished: {p.global_step} steps, final validation top-1 "
-                    f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {self.run_dir / 'model.pt'}"
-                )
+                if not self._validate(log):
+                    return self._preempted(log)
+            self._publish_final_model(log)
             return OK
         finally:
             try:
                 self.writer.wait()
             finally:
-                metrics.close()
-                trace.close()
-                report.close()
+                log.close()
+
+    def _train_epoch(self, log: RunLog, window: LossWindow, agreement: StepAgreement, first_step: bool) -> bool:
+        """The epoch's remaining training steps; False when the ranks agreed to stop (preemption)."""
+        p = self.progress
+        perm = self.plan.permutation(p.epoch) if log.tracing else None
+        for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
+            if perm is not None:  # debug.trace_batches: host-side indices, no device read
+                indices = self.plan.rank_step(perm, p.epoch, step)[0].tolist()
+                log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices)
+            started = time.perf_counter() if first_step else 0.0
+            window.add(self.train_step(micro))
+            p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
+            if self.lookahead is not None:
+                self.lookahead.after_step(p.global_step)
+            if first_step:  # one device sync, once per process: the start-up figure
+                log.startup(p.global_step, p.epoch, self._startup_seconds(), time.perf_counter() - started)
+                first_step = False
+            log.stepped()
+            self.fault("step", p.global_step)
+            agreement.post(p.global_step, self.watcher.requested)
+            plan = self.schedule.after_step(p.global_step, p.step_in_epoch)
+            stop = agreement.read(self.schedule.agreement_through(p.global_step, plan.check))
+            if plan.check or stop:  # before any log line, checkpoint or validation (NAN_CHECK_BOUND)
+                stop = agreement.read(p.global_step) or stop
+                loss_sum = self._agreed_loss_sum(window.total, window.start_step)
+            if plan.log:
+                lr = self.scheduler.get_last_lr()[0]
+                mean = loss_sum / (window.steps * self.ctx.world_size)
+                log.train(p.global_step, p.epoch, p.step_in_epoch, window.steps, mean, lr)
+                window.reset(p.global_step)
+            if stop:  # after the epoch's (or run's) last step its validation is what remains
+                p.val_pending = plan.epoch_end or plan.last
+                return False
+            if plan.save:
+                self.save(synchronous=False)
+                self.fault("save", p.global_step)
+            if plan.last:
+                break
+        return True
+
+    def _validate(self, log: RunLog) -> bool:
+        """The pending validation of this epoch, then the epoch's end (periodic or final checkpoint);
+        False when the ranks agreed to stop during it."""
+        p = self.progress
+        tta = self.cfg.train.tta if self.schedule.final_validation(p.epoch, p.global_step, p.step_in_epoch) else "none"
+        val = self.evaluate(tta)
+        if val is None:
+            return False
+        if tta != "none":
+            val["tta"] = tta
+        p.last_val = {k: v for k, v in val.items() if k not in ("val_samples", "tta")}
+        if p.best_val_acc is None or val["val_acc"] > p.best_val_acc:
+            p.best_val_acc = val["val_acc"]
+        log.validation(p.global_step, p.epoch, val)
+        p.val_pending = False
+        end = self.schedule.after_validation(p.epoch, p.global_step, p.step_in_epoch)
+        if end.finished_epoch:
+            p.epoch, p.step_in_epoch = p.epoch + 1, 0
+        if end.done:
+            self.save(synchronous=True, validated=True, final=True)
+        elif end.save:
+            self.save(synchronous=False, validated=True)
+            self.fault("save", p.global_step)
+        return True
+
+    def _publish_final_model(self, log: RunLog) -> None:
+        """model.pt appears only once the final checkpoint is committed; written while it commits."""
+        staged = self._stage_final_model() if self.ctx.is_main else None
+        try:
+            self.writer.wait()
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            raise
+        if staged is not None:
+            os.replace(staged, self.run_dir / "model.pt")
+            p = self.progress
+            log.line(
+                f"finished: {p.global_step} steps, final validation top-1 "
+                f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {self.run_dir / 'model.pt'}"
+            )
+
+    def _opening_line(self, resumed: Path | None) -> str:
+        p = self.progress
+        if resumed:
+            return f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} (global step {p.global_step})"
+        return (
+            f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
+            f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
+            f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation}), "
+            f"gradients: {self.gradient_path}"
+        )
 
     NAN_CHECK_BOUND = (
         "a non-finite training loss stops the run (exit 2) at the first check point after it: "
@@ -788,15 +570,10 @@ class Trainer:
     )
     """The finite check reads the running loss sum, which waits for the device: only at check points."""
 
-    def _zero_window(self) -> torch.Tensor:
-        """The running loss sum of the steps since the last log point, kept on the device (float64:
-        the same sums, bit for bit, as adding the losses up as Python floats)."""
-        return torch.zeros((), dtype=torch.float64, device=self.device)
-
     def _agreed_loss_sum(self, window_loss: torch.Tensor, window_from: int) -> float:
-        """Every rank's loss sum over the window, added up; a NaN/inf on any rank makes the sum
-        non-finite, so every rank raises together (NAN_CHECK_BOUND says when this runs)."""
-        total = all_reduce_sum(self.ctx, [float(window_loss)])[0]
+        """Every rank's loss sum over the window, added up on the device and read once; a NaN/inf on
+        any rank makes the sum non-finite, so every rank raises together (NAN_CHECK_BOUND says when)."""
+        total = float(all_reduce_sum_(self.ctx, window_loss.clone()))
         if not math.isfinite(total):
             p = self.progress
             raise NonFiniteLoss(
@@ -813,33 +590,24 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         return process_age_s()
 
-    def _preempted(self, report: Reporter) -> int:
+    def _preempted(self, log: RunLog) -> int:
         start = time.perf_counter()
         self.save(synchronous=True)
         if self.ctx.is_main:
             waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
             since = f", {waited:.1f} s after the signal" if waited is not None else ""
-            report.line(
+            log.line(
                 f"preempted: checkpoint committed at global step {self.progress.global_step} in "
                 f"{time.perf_counter() - start:.2f} s{since}; run the same command again to resume"
             )
         return PREEMPTED
 
-    def _warn_lead_time(self, report: Reporter) -> None:
+    def _warn_lead_time(self, log: RunLog) -> None:
         lead = self.cfg.preemption.lead_time_s
-        if not lead or not self.ctx.is_main:
-            return
-        probe = self.run_dir / ".save-probe"
-        start = time.perf_counter()
-        ckpt.write_checkpoint(probe, 0, self.state_dict_for_probe(), {})
-        seconds = time.perf_counter() - start
-        shutil.rmtree(probe, ignore_errors=True)
-        if lead < 3 * seconds:
-            report.line(
-                f"warning: preemption.lead_time_s={lead:g} is below 3x the measured save time "
-                f"({seconds:.2f} s): a preemption may kill the job before its checkpoint commits "
-                f"(raise the scheduler's signal lead time / grace period)"
-            )
+        if lead and self.ctx.is_main:
+            warning = lead_time_warning(lead, self.run_dir / ".save-probe", self.state_dict_for_probe())
+            if warning:
+                log.line(warning)
 
     def state_dict_for_probe(self) -> dict[str, Any]:
         return {

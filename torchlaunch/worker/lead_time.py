@@ -1,0 +1,26 @@
+"""Is the scheduler's warning long enough? One probe save timed against preemption.lead_time_s."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from torchlaunch.core import checkpoint as ckpt
+
+
+def lead_time_warning(lead_s: float, probe: Path, state: dict[str, Any]) -> str | None:
+    """Write `state` once as a checkpoint under `probe` (then removed); a warning line when the lead
+    time is below 3x that save time, else None. A preemption save must commit before the hard kill."""
+    start = time.perf_counter()
+    ckpt.write_checkpoint(probe, 0, state, {})
+    seconds = time.perf_counter() - start
+    shutil.rmtree(probe, ignore_errors=True)
+    if lead_s >= 3 * seconds:
+        return None
+    return (
+        f"warning: preemption.lead_time_s={lead_s:g} is below 3x the measured save time "
+        f"({seconds:.2f} s): a preemption may kill the job before its checkpoint commits "
+        f"(raise the scheduler's signal lead time / grace period)"
+    )

@@ -1,0 +1,193 @@
+"""What a run tells the user: metrics.jsonl (+ optional TensorBoard) and progress lines on rank 0,
+the per-rank batch trace. The only files the training loop writes besides checkpoints.
+
+No torch import at module level: the records are plain numbers the loop already read at a log point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torchlaunch.exit_codes import BadInput
+
+
+class MetricsLog:
+    """A JSON-lines file; on resume, lines past the checkpoint are dropped so a resumed run's log
+    reads like one uninterrupted run."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None, tensorboard_dir: Path | None = None) -> None:
+        self.path, self.enabled = path, enabled
+        self.tb = None
+        if not enabled:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard_dir is not None:
+            self.tb = open_tensorboard(tensorboard_dir, purge_step=resume_step + 1 if resume_step is not None else None)
+        if resume_step is not None and path.is_file():
+            kept = [
+                ln
+                for ln in path.read_text().splitlines()
+                if _line_step(ln) is not None and _line_step(ln) <= resume_step
+            ]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(ln + "\n" for ln in kept))
+            os.replace(tmp, path)
+        elif resume_step is None and path.is_file():
+            path.unlink()
+        self._fh = open(path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            self._fh.write(json.dumps(record) + "\n")
+            if self.tb is not None:
+                for key, value in record.items():
+                    if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                        self.tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.enabled:
+            self._fh.close()
+            if self.tb is not None:
+                self.tb.close()
+
+
+def require_tensorboard():  # noqa: ANN201 - SummaryWriter, imported only when asked for
+    """The SummaryWriter class, or one clear line when the optional package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise BadInput(
+            "config error: train.tensorboard: the tensorboard package is not installed "
+            "(pip install -e '.[tensorboard]', or set train.tensorboard=false)"
+        ) from None
+    return SummaryWriter
+
+
+def open_tensorboard(folder: Path, purge_step: int | None):  # noqa: ANN201
+    return require_tensorboard()(log_dir=str(folder), purge_step=purge_step)
+
+
+def _line_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Reporter:
+    """Rank-0 progress: a tqdm bar on a terminal, plain periodic lines in batch logs."""
+
+    def __init__(self, enabled: bool, total_steps: int, start_step: int) -> None:
+        self.enabled = enabled
+        self.bar = None
+        if enabled and (sys.stderr.isatty() or os.environ.get("TORCHLAUNCH_PROGRESS_BAR") == "1"):
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            except ImportError:
+                self.bar = None
+
+    def step(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def line(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class RunLog:
+    """One run's outputs: rank 0's metrics and progress, every rank's batch trace (debug.trace_batches).
+
+    Figures arrive as host numbers read at log points; throughput is measured here over the steps
+    since the previous training record."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        *,
+        epochs: int,
+        steps_per_epoch: int,
+        total_steps: int,
+        global_batch: int,
+        start_step: int,
+        resume_step: int | None,
+        tensorboard: bool,
+        trace: bool,
+    ) -> None:
+        main = rank == 0
+        self.epochs, self.steps_per_epoch, self.global_batch = epochs, steps_per_epoch, global_batch
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", main, resume_step, run_dir / "tb" if tensorboard else None)
+        self.batches = MetricsLog(run_dir / "trace" / f"rank{rank}.jsonl", trace, resume_step)
+        self.tracing = trace
+        self.report = Reporter(main, total_steps, start_step)
+        self.run_start = self.window_start = time.perf_counter()
+        self._startup_note = ""
+
+    def begin(self) -> None:
+        """Training starts now: elapsed time and the first throughput window count from here."""
+        self.run_start = self.window_start = time.perf_counter()
+
+    def line(self, text: str) -> None:
+        self.report.line(text)
+
+    def trace(self, step: int, epoch: int, world_size: int, indices: list[int]) -> None:
+        self.batches.write({"step": step, "epoch": epoch, "world_size": world_size, "indices": indices})
+
+    def startup(self, step: int, epoch: int, startup_s: float, first_step_s: float) -> None:
+        """This process's start-up figures, also shown in its first progress line."""
+        self.metrics.write({"step": step, "epoch": epoch, "startup_s": startup_s, "first_step_s": first_step_s})
+        self._startup_note = f", start-up {startup_s:.2f} s (process start to first step)"
+
+    def stepped(self) -> None:
+        self.report.step()
+
+    def train(self, step: int, epoch: int, step_in_epoch: int, steps: int, loss: float, lr: float) -> None:
+        """The training record of the `steps` steps since the previous one; `loss` is their mean."""
+        now = time.perf_counter()
+        rate = steps * self.global_batch / max(now - self.window_start, 1e-9)
+        self.metrics.write(
+            {
+                "step": step,
+                "epoch": epoch,
+                "loss": loss,
+                "lr": lr,
+                "images_per_s": rate,
+                "elapsed_s": now - self.run_start,
+            }
+        )
+        self.line(
+            f"epoch {epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps_per_epoch} loss {loss:.4f} "
+            f"lr {lr:.4g} {rate:,.0f} img/s{self._startup_note}"
+        )
+        self._startup_note = ""
+        self.window_start = time.perf_counter()
+
+    def validation(self, step: int, epoch: int, val: dict[str, Any]) -> None:
+        self.metrics.write({"step": step, "epoch": epoch, **val, "elapsed_s": time.perf_counter() - self.run_start})
+        tta = val.get("tta", "none")
+        self.line(
+            f"epoch {epoch + 1}/{self.epochs} validation: loss {val['val_loss']:.4f} "
+            f"top-1 {val['val_acc']:.4f} ({int(val['val_samples'])} images"
+            f"{', test-time augmentation ' + tta if tta != 'none' else ''})"
+        )
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.batches.close()
+        self.report.close()
