@@ -413,6 +413,7 @@ class Trainer:
         the step and the world size (ckpt.ENVELOPE)."""
         p = self.progress
         return {
+            "format_version": ckpt.FORMAT_VERSION,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -522,7 +523,7 @@ class Trainer:
         background = self.cfg.checkpoint.async_save and not synchronous
         info = checkpointer.save(
             p.global_step,
-            self.state_dict(),
+            self.state_dict() if self.ctx.is_main else {},  # only rank 0's payload is written
             meta,
             synchronous=not (background or (final and self.cfg.checkpoint.async_save)),
             final=final,

@@ -8,7 +8,8 @@ snapshot buffers (snapshot.py) and commit on one writer thread; each commit is f
 
 On-disk format (format_version 1), one dict per state.pt: the envelope keys below, plus the owner's
 payload at top level (the built-in worker: model, optimizer, progress, ...; the API: "state"); a
-payload's "versions" entries are added to the envelope's.
+payload's "versions" entries are added to the envelope's, and a payload may carry format_version (so it
+loads on its own), which the envelope sets.
 Checkpoints without "kind" or "step" were written by the built-in worker before the envelope named them.
 """
 
@@ -193,7 +194,7 @@ class Checkpointer:
         tensors in the background without a snapshot (nothing changes them any more; the caller waits
         on self.writer). A background failure is raised on every rank at the next save."""
         ctx = self.ctx
-        clash = sorted(set(payload) & set(ENVELOPE) - {"versions"})
+        clash = sorted(set(payload) & set(ENVELOPE) - {"versions", "format_version"})
         if clash:
             raise ValueError(f"checkpoint payload keys {clash} are reserved for the envelope")
         previous: str | None = None
