@@ -12,12 +12,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import child_env
+from tests.conftest import child_env, run_cmd
 from tests.helpers import REPO, assert_models_equal, launcher
 from tests.test_checkpoint_paths import corrupt, forge
 from torchlaunch.core import checkpoint as ckpt
@@ -137,3 +138,46 @@ def test_hostile_newer_folders_through_a_real_preemption(tmp_path: Path, plant) 
     assert third.returncode == 0, third.stderr[-2000:]
     assert f"resumed from {committed} at epoch 0 step 6 (global step 6)" in third.stdout + third.stderr
     assert ckpt.find_latest(root)[1]["progress"]["global_step"] == 10
+
+
+AGREEMENT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from torchlaunch.core import checkpoint as ckpt
+    from torchlaunch.core import dist
+    from torchlaunch.core.checkpoint import store
+
+    ctx = dist.setup()
+    checkpointer = ckpt.Checkpointer(ctx, Path(sys.argv[1]), 2, "agreement-test")
+    checkpointer.save(1, {"w": torch.ones(2)}, synchronous=True)
+    if ctx.is_main:
+        def failing(*args, **kwargs):
+            raise ckpt.CheckpointError("checkpoint error: injected failure on rank 0")
+        store.write_checkpoint = failing
+    for mode in ("sync", "async"):
+        try:
+            checkpointer.save(2, {"w": torch.ones(2)}, synchronous=mode == "sync")
+            if mode == "async":
+                checkpointer.save(3, {"w": torch.ones(2)})  # the background failure is agreed here
+            outcome = "saved"
+        except ckpt.CheckpointError as e:
+            outcome = f"raised: {e}"
+        print(f"rank {ctx.rank} {mode}: {outcome}", flush=True)
+    dist.teardown(ctx)
+""")
+
+
+def test_a_failed_commit_on_rank_0_raises_on_every_rank(tmp_path: Path) -> None:
+    """No rank reports a checkpoint (exit 75 'committed') that rank 0 failed to write, sync or async."""
+    script = tmp_path / "agreement.py"
+    script.write_text(AGREEMENT)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    rc, out, err = run_cmd([*argv, str(script), str(tmp_path / "checkpoints")], timeout=240)
+    assert rc == 0, err[-3000:]
+    for rank in (0, 1):
+        for mode in ("sync", "async"):
+            assert f"rank {rank} {mode}: raised: checkpoint error: injected failure on rank 0" in out, out
+    assert [s for s, _ in ckpt.candidates(tmp_path / "checkpoints")] == [1]
