@@ -536,11 +536,11 @@ def quarantine(root: Path, path: Path) -> Path:
 def retain(
     root: Path, keep: int, committed: Path | None = None, metric: str = "val_acc", on_warn: Callable[[str], None] = warn
 ) -> list[Path]:
-    """Keep the newest `keep` checkpoints that verify, the one just committed, and the best verified one
-    by `metric`; delete the other committed folders. A committed folder newer than the one just written
-    that does not verify is moved to quarantine (one warning), never counted: corrupt or forged folders
-    cannot push good checkpoints out. Verified folders newer than `committed` (another lineage, e.g. a
-    resume from an explicit older checkpoint) are kept and not counted."""
+    """Keep the newest `keep` checkpoints that verify (the one just committed, `committed`, always among
+    them) and the best verified one by `metric`; delete the other committed folders. A folder that would
+    count but does not verify is moved to quarantine (one warning naming them all), never counted, so
+    corrupt or forged folders cannot push good checkpoints out. Verified folders newer than `committed`
+    (another lineage, e.g. after a resume from an explicit older checkpoint) are kept, not counted."""
     ordered = [(step, p) for step, p in candidates(root) if (p / MARKER_FILE).is_file()]
     committed_step = parse_step(committed.name) if committed is not None else None
     kept: list[Path] = [] if committed is None else [committed]
@@ -550,11 +550,8 @@ def retain(
     for step, p in ordered:
         if p == committed:
             continue
-        if len(kept) >= keep and committed_step is not None and step < committed_step:
-            unchecked.append(p)
-            continue
-        if len(kept) >= keep and committed_step is None:
-            unchecked.append(p)
+        if len(kept) >= keep and (committed_step is None or step < committed_step):
+            unchecked.append(p)  # older than what is kept: deleted unless it is the best by metric
             continue
         reason = verify(p)
         if reason is not None:
