@@ -26,7 +26,7 @@ import torch
 
 from torchlaunch.core.checkpoint import store
 from torchlaunch.core.checkpoint.snapshot import AsyncWriter, SnapshotBuffers
-from torchlaunch.core.checkpoint.store import CheckpointError, CommitInfo, InvalidCheckpoint
+from torchlaunch.core.checkpoint.store import CheckpointError, CommitInfo
 from torchlaunch.core.dist import DistContext, agreed, broadcast_object, gather_objects
 
 WORKER_KIND = "torchlaunch.worker"
@@ -139,7 +139,10 @@ class Checkpointer:
         def choose() -> str | None:
             nonlocal found
             store.clean_stale(self.root)
-            found = self._newest_loadable() if resume == "auto" else store.resolve_resume(resume, self.root)
+            if resume == "auto":
+                found = store.find_latest(self.root, self.map_location, move_invalid=True)
+            else:
+                found = store.resolve_resume(resume, self.root, self.map_location)
             return str(found[0]) if found else None
 
         chosen = agreed(ctx, lambda: choose() if ctx.is_main else None)
@@ -151,18 +154,6 @@ class Checkpointer:
         if restore and kind_of(state) == self.kind:
             self.restore_rng(state)
         return Loaded(path, step_of(state, path), kind_of(state), state)
-
-    def _newest_loadable(self) -> tuple[Path, dict[str, Any]] | None:
-        for _, path in store.candidates(self.root):
-            try:
-                return path, store.load_state(path, self.map_location)
-            except InvalidCheckpoint as e:
-                moved = store.quarantine(self.root, path)
-                store.warn(
-                    f"skipping checkpoint {path / store.STATE_FILE}: {e}; moved to {moved}; "
-                    "falling back to the previous one"
-                )
-        return None
 
     def restore_rng(self, state: dict[str, Any]) -> bool:
         """This rank's RNG states from `state`; on a new world size a warning (rank 0) and False."""

@@ -449,14 +449,19 @@ def latest_valid(root: Path, on_skip: SkipReport | None = None) -> Path | None:
 
 
 def find_latest(
-    root: Path, map_location: str | torch.device = "cpu", on_skip: Callable[[str], None] = warn
+    root: Path,
+    map_location: str | torch.device = "cpu",
+    on_skip: Callable[[str], None] = warn,
+    move_invalid: bool = False,
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies and loads; each skipped one is reported with its reason."""
+    """The newest checkpoint that verifies and loads; each skipped one is reported with its reason.
+    `move_invalid` (rank 0 at resume): skipped folders also go to quarantine, and the report says where."""
     for _, path in candidates(root):
         try:
             return path, load_state(path, map_location)
         except InvalidCheckpoint as e:
-            on_skip(f"skipping checkpoint {path / STATE_FILE}: {e}; falling back to the previous one")
+            moved = f"; moved to {quarantine(root, path)}" if move_invalid else ""
+            on_skip(f"skipping checkpoint {path / STATE_FILE}: {e}{moved}; falling back to the previous one")
     return None
 
 
