@@ -254,9 +254,10 @@ def test_async_writer_surfaces_errors_and_serialises(tmp_path: Path) -> None:
 FINAL_SAVE_FAILS = """
 import sys
 from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.core.checkpoint import store
 from torchlaunch.worker import run as worker
 
-real = ckpt.write_checkpoint
+real = store.write_checkpoint
 
 
 def failing(root, step, state, meta, **kwargs):
@@ -265,7 +266,7 @@ def failing(root, step, state, meta, **kwargs):
     return real(root, step, state, meta, **kwargs)
 
 
-ckpt.write_checkpoint = failing
+store.write_checkpoint = failing  # the module the Checkpointer commits through
 sys.exit(worker.main(sys.argv[1:]))
 """
 

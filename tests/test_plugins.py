@@ -381,9 +381,10 @@ def test_init_from_comes_after_fastnet_data_init_and_only_on_a_fresh_run(tmp_pat
     for key, value in trainer.model.state_dict().items():
         assert torch.equal(value, source.state_dict()[key]), key  # the stem too: not the whitening filters
     assert "loaded all" in capsys.readouterr().out
-    fake_checkpoint = tmp_path / "run" / "checkpoints" / "step-000000001"
-    fake_checkpoint.mkdir(parents=True)
-    (fake_checkpoint / "COMMITTED.json").write_text("{}")
+    from torchlaunch.core import checkpoint as ckpt
+
+    # the run's own checkpoint: one that verifies (a bare marker is not a checkpoint to resume from)
+    ckpt.write_checkpoint(tmp_path / "run" / "checkpoints", 1, {"format_version": ckpt.FORMAT_VERSION}, {})
     resumed = Trainer(cfg, DistContext(), bundle, PreemptionWatcher([]))
     assert "ignored: resuming from this run's own checkpoint" in capsys.readouterr().out
     stem = resumed.model.state_dict()["stem.0.weight"]

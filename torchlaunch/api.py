@@ -1,8 +1,8 @@
 """The public API for user training scripts: the project's guarantees for a plain PyTorch loop.
 
-A thin facade over the pieces the built-in worker uses (train.dist, train.checkpoint,
-train.preemption and train.data's batch plan); it adds no second implementation of the commit,
-checksum, retention, RNG capture or cross-rank agreement:
+A thin facade over the pieces the built-in worker uses (core.dist, core.checkpoint's Checkpointer,
+core.preemption and worker.data's batch plan); it adds no second implementation of the commit,
+checksum, retention, snapshot buffers, RNG capture or cross-rank agreement:
 
     with api.setup() as ctx:                         # process group from the env contract + signal flag
         ckpt = api.Checkpointer(run_dir, keep=2)     # atomic, checksummed, retained, async commits
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import platform
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +56,7 @@ SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """What Kubernetes, Slurm (--signal) and a Ctrl-C send before a stop: the worker's defaults."""
 
 KIND = "torchlaunch.api"
-"""Marks checkpoints written by Checkpointer (the built-in worker's have a different layout)."""
+"""Marks checkpoints written by Checkpointer (the built-in worker's hold its own payload)."""
 
 
 @dataclass(frozen=True)
@@ -164,13 +163,16 @@ def preemption_requested() -> bool:
 
 
 class Checkpointer:
-    """Checkpoints of a user script under RUN_DIR/checkpoints/step-NNNNNNNNN, written exactly as the
-    built-in worker writes its own: atomic commit, checksum, retention of the newest `keep`, async.
+    """Checkpoints of a user script under RUN_DIR/checkpoints/step-NNNNNNNNN, written by the built-in
+    worker's own Checkpointer (core.checkpoint): atomic commit, checksum, retention of the newest `keep`
+    that verify, async saves through reused snapshot buffers, one on-disk format (the user's state is
+    the payload's "state" entry).
 
     save() is collective (every rank calls it: each rank's RNG states go into the checkpoint); rank 0
-    commits. Saves after preemption_requested() returned True, and `synchronous=True` ones, return
-    only once the commit is durable on every rank; other saves commit in the background, and the
-    process never ends before a pending commit has finished (teardown and an atexit hook wait)."""
+    commits, and a failed commit raises CheckpointError on every rank. Saves after
+    preemption_requested() returned True, and `synchronous=True` ones, return only once the commit is
+    durable on every rank; other saves commit in the background, and the process never ends before a
+    pending commit has finished (teardown and an atexit hook wait)."""
 
     def __init__(
         self,
@@ -191,7 +193,7 @@ class Checkpointer:
         self.step: int | None = None
         """The step of the checkpoint load_latest() returned (None: none yet)."""
         _dist.agreed(self._ctx.dist, lambda: _check_writable(self.root) if self._ctx.is_main else None)
-        self._writer = _ckpt.AsyncWriter()
+        self._core = _ckpt.Checkpointer(self._ctx.dist, self.root, keep, KIND, map_location=map_location)
         session.checkpointers.append(self)
         atexit.register(self._wait_at_exit)
 
@@ -199,82 +201,33 @@ class Checkpointer:
         """The state of the newest checkpoint that verifies (a corrupt one is skipped with a warning),
         loaded with weights_only=True, or None. Also restores this rank's RNG states (torch, CUDA,
         numpy, python) as they were at save, so call it last, just before the training loop."""
-        ctx = self._ctx
-        self._writer.wait()  # a commit of this process is never mistaken for a stale leftover
-        chosen: str | None = None
-        found = None
-        if ctx.is_main:
-            _ckpt.clean_stale(self.root)
-            found = _ckpt.find_latest(self.root, self.map_location)
-            chosen = str(found[0]) if found else None
-        chosen = _dist.broadcast_object(ctx.dist, chosen)  # type: ignore[assignment]
-        if chosen is None:
+        loaded = self._core.load_latest("auto", restore=False)
+        if loaded is None:
             return None
-        path = Path(chosen)
-        saved = found[1] if found is not None else _ckpt.load_state(path, self.map_location)
-        if saved.get("kind") != KIND:
+        if loaded.kind != KIND:
             raise BadInput(
-                f"api error: Checkpointer run_dir: {path} was not written by api.Checkpointer "
+                f"api error: Checkpointer run_dir: {loaded.path} was not written by api.Checkpointer "
                 "(the built-in worker's checkpoints hold its own state; use another run_dir)"
             )
-        if saved["world_size"] == ctx.world_size:
-            _ckpt.restore_rng(saved["rng"][ctx.rank], ctx.device)
-        elif ctx.is_main:
-            _ckpt.warn(
-                f"{path}: saved by {saved['world_size']} ranks, now {ctx.world_size}: RNG states not "
-                "restored (each rank keeps the seeding it has)"
-            )
-        self.step = int(saved["step"])
-        return saved["state"]
+        self._core.restore_rng(loaded.state)
+        self.step = loaded.step
+        return loaded.state["state"]
 
     def save(self, step: int, state: dict[str, Any], synchronous: bool | None = None) -> None:
         """Checkpoint `state` (tensors, nested dicts/lists, module/optimizer state_dicts, numbers) as
         step `step`. Every rank calls it at the same step; only rank 0's `state` is written."""
-        ctx = self._ctx
-        rng = _dist.gather_objects(ctx.dist, _ckpt.capture_rng(ctx.device))
         session = _session
         sync = self.synchronous if synchronous is None else synchronous
         sync = sync or (session is not None and session.stopping)
-        if ctx.is_main:
-            payload = {
-                "format_version": _ckpt.FORMAT_VERSION,
-                "kind": KIND,
-                "step": int(step),
-                "state": state,
-                "rng": rng,
-                "world_size": ctx.world_size,
-                "versions": {"torch": str(torch.__version__), "python": platform.python_version()},
-            }
-            meta = {"world_size": ctx.world_size, "kind": KIND}
-
-            def commit(snapshot: dict[str, Any]) -> _ckpt.CommitInfo:
-                return _ckpt.commit_with_retention(self.root, int(step), snapshot, meta, self.keep)
-
-            if not sync:
-                snapshot = _ckpt.detach_copy(payload)  # training mutates the live tensors in place
-                self._writer.submit(lambda: commit(snapshot))
-                return
-        if not sync:
-            return
-        error: str | None = None
-        if ctx.is_main:
-            try:
-                self._writer.wait()
-                commit(payload)
-            except Exception as e:  # noqa: BLE001 - every rank raises it, none waits on a dead peer
-                error = str(e) if isinstance(e, _ckpt.CheckpointError) else f"checkpoint error: {type(e).__name__}: {e}"
-        # Every rank waits for rank 0's outcome: after a synchronous save, exiting is safe everywhere.
-        errors = [m for m in _dist.gather_objects(ctx.dist, error) if m]
-        if errors:
-            raise _ckpt.CheckpointError(str(errors[0]))
+        self._core.save(int(step), {"state": state}, synchronous=sync)
 
     def wait(self) -> _ckpt.CommitInfo | None:
         """Block until this process's pending commit is durable (rank 0; other ranks return None)."""
-        return self._writer.wait()
+        return self._core.wait()
 
     def _wait_at_exit(self) -> None:
         try:
-            self._writer.wait()
+            self._core.wait()
         except BaseException as e:  # noqa: BLE001 - the exit code must not claim a commit that failed
             print(
                 f"checkpoint error at exit: {str(e).splitlines()[0] if str(e) else type(e).__name__}",

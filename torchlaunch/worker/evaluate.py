@@ -79,28 +79,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def pick_checkpoint(args: argparse.Namespace) -> Path:
-    """The checkpoint folder to evaluate (rank 0 decides; verification happens in load_state)."""
+    """The checkpoint folder to evaluate (rank 0 decides, through the store's one path parser and its
+    newest-that-verifies rule; the load verifies again)."""
     from torchlaunch.core import checkpoint as ckpt
 
-    if args.checkpoint:
-        path = Path(args.checkpoint).expanduser()
-        if path.is_file() and path.name == ckpt.STATE_FILE:
-            path = path.parent
-        if not path.is_dir():
-            raise BadInput(
-                f"evaluate error: --checkpoint {path} is not a checkpoint folder "
-                f"(pass RUN_DIR/checkpoints/step-NNNNNNNNN, or --run-dir RUN_DIR)"
-            )
-        return path
-    root = Path(args.run_dir).expanduser() / "checkpoints"
-    skipped: list[str] = []
-    found = ckpt.find_latest(root, "cpu", on_skip=skipped.append)
-    if found is None:
-        why = f"; skipped: {' | '.join(skipped)}" if skipped else ""
+    given = args.checkpoint or args.run_dir
+    found = ckpt.locate(given)
+    if args.checkpoint and (found is None or found.checkpoint is None):
+        raise BadInput(
+            f"evaluate error: --checkpoint {Path(given).expanduser()} is not a checkpoint folder "
+            f"(pass RUN_DIR/checkpoints/step-NNNNNNNNN, or --run-dir RUN_DIR)"
+        )
+    if found is not None and found.checkpoint is not None:
+        return found.checkpoint
+    root = found.root if found is not None and found.root is not None else Path(given).expanduser() / "checkpoints"
+    skipped: list[tuple[Path, str]] = []
+    newest = ckpt.latest_valid(root, on_skip=lambda path, reason: skipped.append((path, reason)))
+    if newest is None:
+        why = f"; skipped: {' | '.join(f'{p.name}: {r}' for p, r in skipped)}" if skipped else ""
         raise BadInput(f"evaluate error: no valid checkpoint under {root}{why} (train first, or pass --checkpoint DIR)")
-    for line in skipped:
-        ckpt.warn(line)
-    return found[0]
+    for path, reason in skipped:
+        ckpt.warn(f"skipping checkpoint {path / ckpt.STATE_FILE}: {reason}; falling back to the previous one")
+    return newest
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -207,19 +207,17 @@ def check_classes(data_classes: list[str], ckpt_classes: list[str], root: str) -
 def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, tta: str = "auto") -> dict[str, float]:
     """Loss sum, correct and count over this rank's contiguous shard, all-reduced over ranks.
 
-    Precision, memory format and batching follow the training run's validation, so the accuracy
-    printed here equals the run's val_acc on the same split."""
+    Precision, memory format, batching and the loop itself (worker/eval_loop.py) are the training
+    run's validation, so the accuracy printed here equals the run's val_acc on the same split."""
     import contextlib
 
     import torch
-    from torch import nn
 
     from torchlaunch.config import from_dict
-    from torchlaunch.core.dist import all_reduce_sum
+    from torchlaunch.worker import eval_loop
     from torchlaunch.worker.data import Normalizer, eval_batches
     from torchlaunch.worker.models import build_model
     from torchlaunch.worker.trainer import resolve_precision
-    from torchlaunch.worker.tta import tta_logits
 
     cfg = from_dict(state["config"])
     tta = cfg.train.tta if tta == "auto" else tta
@@ -239,18 +237,10 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, 
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     norm = state["norm"]
     normalize = Normalizer(tuple(norm["mean"]), tuple(norm["std"]), ctx.device, cfg.train.channels_last)
-    sums = [0.0, 0.0, 0.0]
-    with torch.no_grad():
-        for x, y in eval_batches(
-            data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device, cfg.data.image_size, 0
-        ):
-            with autocast():
-                logits = tta_logits(model, x, tta)
-            sums[0] += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
-            sums[1] += float((logits.argmax(1) == y).sum())
-            sums[2] += y.numel()
-    loss_sum, correct, count = all_reduce_sum(ctx, sums)
-    return {"loss": loss_sum / count if count else math.nan, "correct": correct, "samples": count}
+    batches = eval_batches(data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device, cfg.data.image_size, 0)
+    result = eval_loop.evaluate(model, batches, ctx, autocast, tta)
+    assert result is not None  # no stop condition: always a result
+    return result
 
 
 def default_batch_size(train_cfg: dict[str, Any], world_size: int) -> int:

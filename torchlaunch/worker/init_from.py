@@ -1,8 +1,10 @@
 """`model.init_from`: start a fresh run from existing weights (fine-tuning, a new head, a warm start).
 
 Why its own module: finding the weights (a run folder, a checkpoint folder, a plain `.pt`), loading
-them safely (weights_only on CPU, checkpoints verified by train.checkpoint) and matching them to a
-model (strict, or listing everything that did not fit) is one job, used once at the start of a run.
+them safely (weights_only on CPU, checkpoints verified by the checkpoint store) and matching them to
+a model (strict, or listing everything that did not fit) is one job, used once at the start of a run.
+Which checkpoint a path means, and whether this run has one of its own, is the store's answer
+(ckpt.locate, ckpt.latest_valid), the same one resume and evaluation use.
 """
 
 from __future__ import annotations
@@ -64,19 +66,18 @@ def _from_file(path: Path) -> dict[str, Any]:
 def load_weights(text: str) -> tuple[Path, dict[str, torch.Tensor]]:
     """(the file or folder actually read, its model state_dict on CPU with wrapper prefixes removed)."""
     path = locate(text)
-    if path.is_dir():
-        if (path / ckpt.MARKER_FILE).exists() or (path / ckpt.STATE_FILE).exists():
-            source, state = path, _from_checkpoint_folder(path)
-        elif (path / "checkpoints").is_dir() and (found := ckpt.find_latest(path / "checkpoints", "cpu")):
-            source, state = found[0], found[1]["model"]
-        elif (path / "model.pt").is_file():
-            source, state = path / "model.pt", _from_file(path / "model.pt")
-        else:
-            raise _bad(f"{path} holds no valid checkpoint and no model.pt")
-    elif path.name == ckpt.STATE_FILE and (path.parent / ckpt.MARKER_FILE).exists():
-        source, state = path.parent, _from_checkpoint_folder(path.parent)  # verified through its marker
-    else:
+    found = ckpt.locate(path)
+    assert found is not None  # locate() checked that it exists
+    if found.checkpoint is not None:
+        source, state = found.checkpoint, _from_checkpoint_folder(found.checkpoint)  # verified via its marker
+    elif found.kind == "file":
         source, state = path, _from_file(path)
+    elif found.root is not None and (newest := ckpt.latest_valid(found.root)) is not None:
+        source, state = newest, _from_checkpoint_folder(newest)
+    elif (path / "model.pt").is_file():
+        source, state = path / "model.pt", _from_file(path / "model.pt")
+    else:
+        raise _bad(f"{path} holds no valid checkpoint and no model.pt")
     return source, {_strip(k): v for k, v in state.items()}
 
 
@@ -162,23 +163,29 @@ def apply(model: nn.Module, text: str, strict: bool) -> str:
     return m.block(source)
 
 
-def will_resume(resume: str, ckpt_root: Path) -> bool:
+def will_resume(resume: str, ckpt_root: Path, on_skip: ckpt.SkipReport | None = None) -> bool:
     """Whether this start continues the run's own checkpoint (then init_from is not used): an explicit
-    checkpoint.resume path, or `auto` with a committed checkpoint in the run folder."""
+    checkpoint.resume path, or `auto` with a checkpoint in the run folder that verifies (the one resume
+    will load). Folders that do not verify go to on_skip(path, reason) and do not count."""
     if resume == "never":
         return False
-    return resume != "auto" or ckpt.newest_committed(ckpt_root) is not None
+    return resume != "auto" or ckpt.latest_valid(ckpt_root, on_skip) is not None
 
 
 def init_for_run(model: nn.Module, text: str, strict: bool, resume: str, ckpt_root: Path, is_main: bool) -> None:
     """The Trainer's one call: apply init_from on a fresh run (after any data-dependent init such as
-    fastnet's whitening stem, so the loaded weights win), or log that a resume ignores it."""
+    fastnet's whitening stem, so the loaded weights win), or log that a resume ignores it. A run whose
+    own checkpoints all fail to verify is a fresh run: init_from applies, with one warning naming them."""
     if not text:
         return
-    if will_resume(resume, ckpt_root):
+    skipped: list[tuple[Path, str]] = []
+    if will_resume(resume, ckpt_root, lambda path, reason: skipped.append((path, reason))):
         if is_main:
             print(f"model.init_from={text} ignored: resuming from this run's own checkpoint", flush=True)
         return
+    if skipped and is_main:
+        named = "; ".join(f"{path} ({reason})" for path, reason in skipped)
+        ckpt.warn(f"no checkpoint of this run verifies: {named}; starting fresh from model.init_from={text}")
     report = apply(model, text, strict)
     if is_main:
         print(report, flush=True)

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) -> tuple[int, str]:
     """Set up, train, tear down. Imports torch lazily so `--help-config` and config errors are fast."""
     from torchlaunch.core import dist
-    from torchlaunch.core.checkpoint import newest_committed
+    from torchlaunch.core.checkpoint import latest_valid
     from torchlaunch.core.dist import agreed
     from torchlaunch.core.preemption import PreemptionWatcher
     from torchlaunch.tools.debug import anomaly_detection, describe_oom, is_oom
@@ -115,7 +115,7 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
         except Exception as e:
             if not is_oom(e):
                 raise
-            newest = newest_committed(trainer.ckpt_root)
+            newest = latest_valid(trainer.ckpt_root)
             report = describe_oom(
                 e,
                 device=ctx.device,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
 import random
 import time
 from dataclasses import dataclass, field
@@ -31,14 +30,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torchlaunch import config as config_mod
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
-from torchlaunch.core.checkpoint import capture_rng, restore_rng
 from torchlaunch.core.dist import (
     DistContext,
-    all_reduce_sum,
     all_reduce_sum_,
     broadcast_buffers,
-    broadcast_object,
-    gather_objects,
     ordered_allreduce_hook,
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
@@ -46,6 +41,7 @@ from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.startup import process_age_s
 from torchlaunch.tools.debug import check_model_io
+from torchlaunch.worker import eval_loop
 from torchlaunch.worker.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
 from torchlaunch.worker.faults import FaultSignal
 from torchlaunch.worker.lead_time import lead_time_warning
@@ -56,7 +52,6 @@ from torchlaunch.worker.optim import build_optimizer, build_scheduler
 from torchlaunch.worker.precision import autocast_dtype, training_precision
 from torchlaunch.worker.precision import resolve_precision as resolve_precision  # evaluate.py imports it from here
 from torchlaunch.worker.schedule import LoopSchedule
-from torchlaunch.worker.tta import tta_logits
 
 VERSION = "0.1.0"
 
@@ -228,8 +223,8 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue bit for bit (RNG of every rank included)."""
-        rng = gather_objects(self.ctx, capture_rng(self.device))
+        """Everything needed to continue bit for bit; the Checkpointer adds every rank's RNG states,
+        the step and the world size (ckpt.ENVELOPE)."""
         p = self.progress
         return {
             "format_version": ckpt.FORMAT_VERSION,
@@ -247,17 +242,16 @@ class Trainer:
                 "best_val_acc": p.best_val_acc,
                 "last_val": dict(p.last_val),
             },
-            "world_size": self.ctx.world_size,
             "global_batch": self.plan.global_batch,
-            "rng": rng,
             "classes": list(self.data.classes),
             "plugins": self.plugins,
             "norm": {"mean": list(self.data.mean), "std": list(self.data.std)},
             "config": config_mod.to_dict(self.cfg),
-            "versions": {"torchlaunch": VERSION, "torch": str(torch.__version__), "python": platform.python_version()},
+            "versions": {"torchlaunch": VERSION},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a loaded checkpoint (the envelope included: its RNG states and world size)."""
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as e:
@@ -291,71 +285,66 @@ class Trainer:
             pr["best_val_acc"],
             dict(pr["last_val"]),
         )
-        rng = state["rng"]
-        if state["world_size"] == self.ctx.world_size:
-            restore_rng(rng[self.ctx.rank], self.device)
-        else:  # a new world size has new ranks: derive fresh per-rank streams deterministically
+        if not ckpt.restore_rank_rng(state, self.ctx):
+            # a new world size has new ranks: derive fresh per-rank streams deterministically
             seed_everything(self.cfg.seed + pr["global_step"], self.ctx.rank)
         self.last_saved = (pr["global_step"], pr["epoch"], pr["val_pending"])
 
     def resume(self) -> Path | None:
-        """Load the checkpoint rank 0 picked (every rank reads the same folder from shared storage)."""
-        chosen = None
-        if self.ctx.is_main:
-            ckpt.clean_stale(self.ckpt_root)
-            found = ckpt.resolve_resume(self.cfg.checkpoint.resume, self.ckpt_root, "cpu")
-            chosen = str(found[0]) if found else None
-        chosen = broadcast_object(self.ctx, chosen)
-        if chosen is None:
+        """Load the checkpoint checkpoint.resume names (rank 0 picks; every rank reads the same folder)."""
+        checkpointer = ckpt.Checkpointer(
+            self.ctx, self.ckpt_root, self.cfg.checkpoint.keep, ckpt.WORKER_KIND, writer=self.writer
+        )
+        loaded = checkpointer.load_latest(self.cfg.checkpoint.resume, restore=False)
+        if loaded is None:
             return None
-        path = Path(chosen)
-        state = ckpt.load_state(path, "cpu")
-        self.load_state_dict(state)
-        return path
+        if loaded.kind != ckpt.WORKER_KIND:
+            raise BadInput(
+                f"checkpoint error: {loaded.path} was written by {loaded.kind}, not the built-in worker "
+                "(resume the program that wrote it, or use another run_dir)"
+            )
+        self.load_state_dict(loaded.state)
+        return loaded.path
 
     def save(self, synchronous: bool, validated: bool = False, final: bool = False) -> None:
-        """Every rank joins (RNG gather); rank 0 writes. Periodic saves go to the background.
+        """Every rank joins (RNG gather, agreed failure); rank 0 writes. Periodic saves go to the background.
 
         A checkpoint of the same step is rewritten only when validation has run since (the state
         saved by a preemption during validation is superseded by the validated one). `final`: training
         is over, so the live tensors are committed in the background without a snapshot copy while the
-        caller writes model.pt, and the caller waits for the commit."""
+        caller writes model.pt, and the caller waits for the commit (self.writer)."""
         p = self.progress
         position = (p.global_step, p.epoch, p.val_pending)
         if self.last_saved == position:
             return
         replace = self.last_saved is not None and self.last_saved[0] == p.global_step
-        state = self.state_dict()
         self.last_saved = position
-        if not self.ctx.is_main:
-            return
         meta = {
             "epoch": p.epoch,
             "step_in_epoch": p.step_in_epoch,
-            "world_size": self.ctx.world_size,
             "val_pending": p.val_pending,
         }
         if validated:
             meta.update(p.last_val)
-        step = p.global_step
-        keep = self.cfg.checkpoint.keep
-
-        def commit(snapshot: dict[str, Any]) -> ckpt.CommitInfo:
-            return ckpt.commit_with_retention(self.ckpt_root, step, snapshot, meta, keep, replace=replace)
-
-        if final and self.cfg.checkpoint.async_save:
-            self.writer.submit(lambda: commit(state))  # nothing mutates the tensors any more
-        elif synchronous or not self.cfg.checkpoint.async_save:
-            self.writer.wait()
-            info = commit(state)
+        checkpointer = ckpt.Checkpointer(
+            self.ctx,
+            self.ckpt_root,
+            self.cfg.checkpoint.keep,
+            ckpt.WORKER_KIND,
+            writer=self.writer,
+            snapshots=self.snapshots,
+        )
+        background = self.cfg.checkpoint.async_save and not synchronous
+        info = checkpointer.save(
+            p.global_step,
+            self.state_dict() if self.ctx.is_main else {},  # only rank 0's payload is written
+            meta,
+            synchronous=not (background or (final and self.cfg.checkpoint.async_save)),
+            final=final,
+            replace=replace,
+        )
+        if info is not None:
             self.save_seconds = info.seconds
-        else:
-            snapshot = self.snapshots.take(state)  # training mutates the live tensors in place
-            try:
-                self.writer.submit(lambda: snapshot.write_with(commit))
-            except BaseException:  # the previous write failed: this snapshot is never written
-                snapshot.release()
-                raise
 
     # ------------------------------------------------------------------ steps
 
@@ -396,37 +385,31 @@ class Trainer:
         """Loss and top-1 over the validation set, each sample counted once; None if preempted."""
         self.net.eval()
         broadcast_buffers(self.ctx, self.model)  # evaluate exactly the model a checkpoint holds
-        sums = [0.0, 0.0, 0.0]
         batch = max(self.plan.micro, 256)
-        with torch.no_grad():
-            batches = eval_batches(
-                self.data.val,
-                self.ctx.rank,
-                self.ctx.world_size,
-                batch,
-                self.normalize,
-                self.device,
-                self.data.image_size,
-                0,
-            )
-            n_batches = math.ceil(max(1, len(self.data.val) // self.ctx.world_size + 1) / batch)
-            for i in range(n_batches + 1):  # same number of agreement rounds on every rank
-                if agree(self.ctx, self.watcher.requested)[0]:
-                    return None
-                item = next(batches, None)
-                if i == 0:
-                    self.fault("val", self.progress.epoch)
-                if item is None:
-                    continue
-                x, y = item
-                with self.autocast():
-                    logits = tta_logits(self.model, x, tta)  # not the DDP wrapper: its forward is a
-                    # collective, and ranks may hold different numbers of validation batches
-                sums[0] += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
-                sums[1] += float((logits.argmax(1) == y).sum())
-                sums[2] += y.numel()
-        loss_sum, correct, count = all_reduce_sum(self.ctx, sums)
-        return {"val_loss": loss_sum / count, "val_acc": correct / count, "val_samples": count}
+        batches = eval_batches(
+            self.data.val,
+            self.ctx.rank,
+            self.ctx.world_size,
+            batch,
+            self.normalize,
+            self.device,
+            self.data.image_size,
+            0,
+        )
+        n_batches = math.ceil(max(1, len(self.data.val) // self.ctx.world_size + 1) / batch)
+
+        def stop(i: int) -> bool:  # one agreement round per batch, the same number on every rank
+            if agree(self.ctx, self.watcher.requested)[0]:
+                return True
+            if i == 0:
+                self.fault("val", self.progress.epoch)
+            return False
+
+        result = eval_loop.evaluate(self.model, batches, self.ctx, self.autocast, tta, n_batches + 1, stop)
+        if result is None:
+            return None
+        count = result["samples"]
+        return {"val_loss": result["loss"], "val_acc": result["correct"] / count, "val_samples": count}
 
     # ------------------------------------------------------------------ the loop
 

@@ -1,4 +1,4 @@
-"""Durable checkpoints: atomic commit, checksum, retention, discovery and safe loading.
+"""The on-disk store: atomic commit, checksum, verification, locating, discovery, retention, safe loading.
 
 Layout: RUN_DIR/checkpoints/step-000001234/{state.pt, COMMITTED.json}.
 Commit protocol (rank 0 only):
@@ -8,6 +8,11 @@ Commit protocol (rank 0 only):
 A checkpoint is valid only when its marker exists and the state file's size and checksum match it, so a
 crash at any byte leaves at most an invalid folder that discovery skips and the next start removes;
 the previous checkpoint is never touched before a newer one is committed.
+
+One answer to "which checkpoint does this path mean" (locate) and "what is this run's newest checkpoint"
+(latest_valid: the newest that verifies) for resume, init_from, evaluation and retention alike. A folder
+whose marker does not match its bytes is never trusted: it is moved to checkpoints/quarantine/, and
+retention counts only folders that verify, so a corrupt or forged folder cannot push good ones out.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import io
 import json
 import os
 import pickle
-import random
 import re
 import shutil
 import sys
@@ -26,12 +30,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
@@ -43,6 +45,7 @@ MARKER_FILE = "COMMITTED.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
 REPLACED_PREFIX = ".replaced-"
+QUARANTINE_DIR = "quarantine"
 
 
 class CheckpointError(Exception):
@@ -212,6 +215,7 @@ def write_checkpoint(
                 f"(free space or point run_dir at a larger volume); {kept}"
             ) from None
         raise CheckpointError(f"checkpoint error: writing {final} failed: {os_error} ({kept})") from None
+    _remember_verified(final)
     return CommitInfo(final, step, marker["checksum"], marker["bytes"], time.perf_counter() - start)
 
 
@@ -262,13 +266,47 @@ CHECKSUM_MISMATCH = "checksum mismatch (corrupted bytes)"
 
 
 def verify(path: Path) -> str | None:
-    """None when the checkpoint folder is committed and its bytes match; else the reason."""
-    reason, marker = _marker_problem(path)
+    """None when the checkpoint folder is committed and its bytes match; else the reason.
+
+    A folder this process committed or verified before, unchanged since (same file identity, size,
+    modification time and marker), is not read again: retention verifies at every save."""
+    try:
+        reason, marker = _marker_problem(path)
+    except OSError as e:  # moved or removed meanwhile
+        return f"cannot be read: {e.strerror or e}"
     if reason is not None:
         return reason
+    signature = _signature(path)
+    if signature is not None and _VERIFIED.get(path) == signature:
+        return None
     expected = expected_checksum(marker)
-    actual = file_checksum(path / STATE_FILE, expected.partition(":")[0])
-    return None if actual == expected else CHECKSUM_MISMATCH
+    try:
+        actual = file_checksum(path / STATE_FILE, expected.partition(":")[0])
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if actual != expected:
+        return CHECKSUM_MISMATCH
+    if signature is not None:
+        _VERIFIED[path] = signature
+    return None
+
+
+_VERIFIED: dict[Path, tuple[int, ...]] = {}
+"""Folders whose bytes matched their marker, with the file signature they had then."""
+
+
+def _signature(path: Path) -> tuple[int, ...] | None:
+    try:
+        state, marker = (path / STATE_FILE).stat(), (path / MARKER_FILE).stat()
+    except OSError:
+        return None
+    return (state.st_ino, state.st_size, state.st_mtime_ns, marker.st_ino, marker.st_size, marker.st_mtime_ns)
+
+
+def _remember_verified(path: Path) -> None:
+    signature = _signature(path)
+    if signature is not None:
+        _VERIFIED[path] = signature
 
 
 def _in_thread(fn: Callable[..., str], *args: Any) -> Callable[[], str]:
@@ -316,6 +354,7 @@ def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str
         raise
     if checksum() != expected:
         raise InvalidCheckpoint(CHECKSUM_MISMATCH)
+    _remember_verified(path)
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         version = state.get("format_version") if isinstance(state, dict) else None
         raise InvalidCheckpoint(f"format version {version!r}, this build reads {FORMAT_VERSION}")
@@ -343,6 +382,7 @@ def candidates(root: Path) -> list[tuple[int, Path]]:
 
 
 def newest_committed(root: Path) -> Path | None:
+    """The newest folder with a commit marker, unverified: only for naming what survived a failed write."""
     for _, path in candidates(root):
         if (path / MARKER_FILE).is_file():
             return path
@@ -353,32 +393,97 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+# ----------------------------------------------------------------------------------------------
+# Which checkpoint a path means
+
+
+@dataclass(frozen=True)
+class Located:
+    """What a user-given path means. `kind`: "run" (a folder holding checkpoints/), "checkpoints" (a
+    folder of step folders), "step" (one checkpoint folder; a state.pt inside one means its folder), or
+    "file" (any other file, e.g. a plain state_dict). `root` is the checkpoints folder to search and
+    `checkpoint` the one step folder named, where those apply."""
+
+    path: Path
+    kind: str
+    root: Path | None = None
+    checkpoint: Path | None = None
+
+
+def locate(path: str | os.PathLike[str]) -> Located | None:
+    """The one parser of checkpoint paths (resume, init_from, evaluation); None when nothing exists there."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        if p.name == STATE_FILE and _looks_like_step(p.parent):
+            return Located(p, "step", p.parent.parent, p.parent)
+        return Located(p, "file")
+    if not p.is_dir():
+        return None
+    if _looks_like_step(p):
+        return Located(p, "step", p.parent, p)
+    if (p / "checkpoints").is_dir():
+        return Located(p, "run", p / "checkpoints")
+    if candidates(p) or p.name == "checkpoints":
+        return Located(p, "checkpoints", p)
+    return Located(p, "run", p / "checkpoints")  # a run folder without checkpoints yet
+
+
+def _looks_like_step(path: Path) -> bool:
+    return parse_step(path.name) is not None or (path / MARKER_FILE).exists() or (path / STATE_FILE).exists()
+
+
+SkipReport = Callable[[Path, str], None]
+"""on_skip(path, reason): told about each checkpoint folder that was passed over, and why."""
+
+
+def latest_valid(root: Path, on_skip: SkipReport | None = None) -> Path | None:
+    """The newest checkpoint under root whose bytes verify (size + checksum); each newer one that does
+    not is reported to on_skip(path, reason). What "does this run have a checkpoint" means everywhere."""
+    for _, path in candidates(root):
+        reason = verify(path)
+        if reason is None:
+            return path
+        if on_skip is not None:
+            on_skip(path, reason)
+    return None
+
+
 def find_latest(
-    root: Path, map_location: str | torch.device = "cpu", on_skip: Callable[[str], None] = warn
+    root: Path,
+    map_location: str | torch.device = "cpu",
+    on_skip: Callable[[str], None] = warn,
+    move_invalid: bool = False,
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies and loads; each skipped one is reported with its reason."""
+    """The newest checkpoint that verifies and loads; each skipped one is reported with its reason.
+    `move_invalid` (rank 0 at resume): skipped folders also go to quarantine, and the report says where."""
     for _, path in candidates(root):
         try:
             return path, load_state(path, map_location)
         except InvalidCheckpoint as e:
-            on_skip(f"skipping checkpoint {path / STATE_FILE}: {e}; falling back to the previous one")
+            moved = f"; moved to {quarantine(root, path)}" if move_invalid else ""
+            on_skip(f"skipping checkpoint {path / STATE_FILE}: {e}{moved}; falling back to the previous one")
     return None
 
 
 def resolve_resume(
     resume: str, root: Path, map_location: str | torch.device = "cpu", on_skip: Callable[[str], None] = warn
 ) -> tuple[Path, dict[str, Any]] | None:
-    """`auto` -> newest valid or None; `never` -> None; a path -> that checkpoint or BadInput."""
+    """`auto` -> newest valid or None; `never` -> None; a path (checkpoint folder, its state.pt, a run
+    or checkpoints folder: its newest valid one) -> that checkpoint, or BadInput."""
     if resume == "never":
         return None
     if resume == "auto":
         return find_latest(root, map_location, on_skip)
-    path = Path(resume).expanduser()
-    if path.is_file() and path.name == STATE_FILE:
-        path = path.parent
-    if not path.is_dir():
+    found = locate(resume)
+    if found is None or found.kind == "file":
         raise BadInput(
-            f"config error: checkpoint.resume: {path} does not exist "
+            f"config error: checkpoint.resume: {Path(resume).expanduser()} does not exist or is not a checkpoint "
+            "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)"
+        )
+    path = found.checkpoint or latest_valid(found.root or found.path)
+    if path is None:
+        raise BadInput(
+            f"config error: checkpoint.resume: {found.path} holds no valid checkpoint "
             "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)"
         )
     try:
@@ -388,6 +493,10 @@ def resolve_resume(
             f"config error: checkpoint.resume: {path} is not a valid checkpoint: {e} "
             "(pick another checkpoint or use checkpoint.resume=auto)"
         ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Repair, quarantine, retention
 
 
 def clean_stale(root: Path) -> list[Path]:
@@ -416,215 +525,82 @@ def clean_stale(root: Path) -> list[Path]:
     return removed
 
 
-def apply_retention(root: Path, keep: int, metric: str = "val_acc") -> list[Path]:
-    """Keep the newest `keep` committed checkpoints plus the best by `metric`; delete the rest."""
-    committed = [(step, p) for step, p in candidates(root) if (p / MARKER_FILE).is_file()]
-    keep_paths = {p for _, p in committed[:keep]}
-    scored = []
-    for _, p in committed:
-        try:
-            value = read_marker(p).get(metric)
-        except (ValueError, OSError):
-            value = None
-        if isinstance(value, (int, float)):
-            scored.append((value, p))
-    if scored:
-        keep_paths.add(max(scored, key=lambda item: item[0])[1])
+def quarantine(root: Path, path: Path) -> Path:
+    """Move a committed folder that does not verify (or load) out of discovery, kept for inspection:
+    ROOT/quarantine/NAME (NAME-N when taken). Returns where it went."""
+    target_dir = root / QUARANTINE_DIR
+    target_dir.mkdir(exist_ok=True)
+    target, n = target_dir / path.name, 1
+    while target.exists():
+        target, n = target_dir / f"{path.name}-{n}", n + 1
+    os.rename(path, target)
+    _VERIFIED.pop(path, None)
+    return target
+
+
+def retain(
+    root: Path, keep: int, committed: Path | None = None, metric: str = "val_acc", on_warn: Callable[[str], None] = warn
+) -> list[Path]:
+    """Keep the newest `keep` checkpoints that verify (the one just committed, `committed`, always among
+    them) and the best verified one by `metric`; delete the other committed folders. A folder that would
+    count but does not verify is moved to quarantine (one warning naming them all), never counted, so
+    corrupt or forged folders cannot push good checkpoints out. Verified folders newer than `committed`
+    (another lineage, e.g. after a resume from an explicit older checkpoint) are kept, not counted."""
+    ordered = [(step, p) for step, p in candidates(root) if (p / MARKER_FILE).is_file()]
+    committed_step = parse_step(committed.name) if committed is not None else None
+    kept: list[Path] = [] if committed is None else [committed]
+    foreign: list[Path] = []
+    bad: list[tuple[Path, str]] = []
+    unchecked: list[Path] = []
+    for step, p in ordered:
+        if p == committed:
+            continue
+        if len(kept) >= keep and (committed_step is None or step < committed_step):
+            unchecked.append(p)  # older than what is kept: deleted unless it is the best by metric
+            continue
+        reason = verify(p)
+        if reason is not None:
+            bad.append((p, reason))
+        elif committed_step is not None and step > committed_step:
+            foreign.append(p)
+        else:
+            kept.append(p)
+    best = _best_verified(unchecked, metric, kept)
+    if bad:
+        moved = [(p.name, reason, quarantine(root, p)) for p, reason in bad]
+        on_warn(
+            "checkpoint folders that do not verify were moved aside, not trusted and not counted by retention: "
+            + "; ".join(f"{name} ({reason}) -> {dest}" for name, reason, dest in moved)
+        )
+    keep_paths = {*kept, *foreign, *([best] if best is not None else [])}
     removed = []
-    for _, p in committed:
+    for p in unchecked:
         if p not in keep_paths:
             shutil.rmtree(p, ignore_errors=True)
+            _VERIFIED.pop(p, None)
             removed.append(p)
     return removed
 
 
-def detach_copy(obj: Any) -> Any:
-    """A deep copy with every tensor cloned to CPU, so training can go on while it is written."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: detach_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [detach_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(detach_copy(v) for v in obj)
-    return obj
+def _best_verified(others: list[Path], metric: str, kept: list[Path]) -> Path | None:
+    """The folder with the highest `metric` among kept + others, when it is one of the others and verifies."""
 
-
-class Snapshot:
-    """A CPU copy of a state in reused buffers, handed to the writer thread. `ready()` before reading
-    it (CUDA: waits for the non-blocking copies), `release()` once written (the buffers may be reused)."""
-
-    def __init__(self, state: Any, event: Any, release: Callable[[], None]) -> None:
-        self.state, self._event, self.release = state, event, release
-
-    def ready(self) -> None:
-        if self._event is not None:
-            self._event.synchronize()
-
-    def write_with(self, fn: Callable[[Any], CommitInfo]) -> CommitInfo:
-        """ready(), fn(state), then release(), also when fn fails."""
+    def score(p: Path) -> float | None:
         try:
-            self.ready()
-            return fn(self.state)
-        finally:
-            self.release()
+            value = read_marker(p).get(metric)
+        except (ValueError, OSError):
+            return None
+        return float(value) if isinstance(value, (int, float)) else None
+
+    scored = sorted(((v, p) for p in [*kept, *others] if (v := score(p)) is not None), key=lambda t: -t[0])
+    for _, p in scored:
+        if p in kept:
+            return None
+        if verify(p) is None:
+            return p
+    return None
 
 
-class _BufferSet:
-    """One set of CPU tensors shaped like a state's tensors, found again by their path in the state."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-        self.free = threading.Event()
-        self.free.set()
-        self.from_cuda = False
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def copy(self, obj: Any, path: tuple[Any, ...] = ()) -> Any:
-        if isinstance(obj, torch.Tensor):
-            src = obj.detach()
-            buf = self.buffers.get(path)
-            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.stride() != src.stride():
-                buf = torch.empty_like(src, device="cpu", pin_memory=src.is_cuda)  # pinned: async copy
-                self.buffers[path] = buf
-            self.from_cuda = self.from_cuda or src.is_cuda
-            self.pending.append((buf, src))
-            return buf
-        if isinstance(obj, dict):
-            return {k: self.copy(v, (*path, k)) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [self.copy(v, (*path, i)) for i, v in enumerate(obj)]
-        if isinstance(obj, tuple):
-            return tuple(self.copy(v, (*path, i)) for i, v in enumerate(obj))
-        return obj
-
-
-class SnapshotBuffers:
-    """Reused CPU copies of the training state for asynchronous saves.
-
-    Why: copying ~100 MB into freshly allocated memory at every save costs a page fault per 4 KiB
-    page, which made the training stall of an async save 0.17-0.28x a synchronous save; copy_ into
-    the pages of an earlier snapshot costs only the copy. On CUDA the buffers are pinned and filled by
-    non-blocking copies; an event tells the writer when they have landed, so training is not stalled
-    by the device either. Two sets alternate: a snapshot is taken into the set that the writer is not
-    writing, and a set is never refilled before the write that used it has released it (the wait is
-    normally free: AsyncWriter runs one write at a time, so the write two snapshots back is done)."""
-
-    def __init__(self, sets: int = 2) -> None:
-        self._sets = [_BufferSet() for _ in range(max(1, sets))]
-        self._next = 0
-        self._helper: ThreadPoolExecutor | None = None
-
-    def _copy_all(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """copy_ every (buffer, source) pair. copy_ spreads a large tensor over torch's threads; with
-        one torch thread (one CPU rank per core) half of the bytes go to a helper thread instead
-        (copy_ releases the GIL), so two cores fill the buffers while training waits: ~1.3x faster."""
-        if len(pairs) < 2 or torch.get_num_threads() > 1 or any(src.is_cuda for _, src in pairs):
-            for buf, src in pairs:
-                buf.copy_(src, non_blocking=src.is_cuda)
-            return
-        total = sum(src.nbytes for _, src in pairs)
-        mine, theirs, seen = [], [], 0
-        for buf, src in sorted(pairs, key=lambda p: -p[1].nbytes):
-            (theirs if seen < total / 2 else mine).append((buf, src))
-            seen += src.nbytes
-        if self._helper is None:
-            self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-copy")
-        helped = self._helper.submit(lambda: [b.copy_(s) for b, s in theirs])
-        for buf, src in mine:
-            buf.copy_(src)
-        helped.result()
-
-    def take(self, state: dict[str, Any], timeout_s: float | None = None) -> Snapshot:
-        """Copy `state` into the next set; waits (up to timeout_s, None = as long as it takes) for the
-        write that still holds that set. TimeoutError when it is still held after timeout_s."""
-        chosen = self._sets[self._next]
-        if not chosen.free.wait(timeout_s):
-            raise TimeoutError("snapshot buffers still being written")
-        self._next = (self._next + 1) % len(self._sets)
-        chosen.free.clear()
-        try:
-            chosen.from_cuda, chosen.pending = False, []
-            copied = chosen.copy(state)
-            self._copy_all(chosen.pending)
-            chosen.pending = []
-            event = None
-            if chosen.from_cuda:  # the copies are queued on the current stream: mark where they end
-                event = torch.cuda.Event()
-                event.record()
-        except BaseException:
-            chosen.free.set()
-            raise
-        return Snapshot(copied, event, chosen.free.set)
-
-
-class AsyncWriter:
-    """One background save at a time: submit() waits for the previous save, then starts the next."""
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.last: CommitInfo | None = None
-
-    def submit(self, fn: Callable[[], CommitInfo]) -> None:
-        self.wait()
-
-        def run() -> None:
-            try:
-                self.last = fn()
-            except BaseException as e:  # surfaced on the training thread by wait()
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=True)
-        self._thread.start()
-
-    def wait(self) -> CommitInfo | None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return self.last
-
-
-# ----------------------------------------------------------------------------------------------
-# Pieces shared by the Trainer and train/api.py: one commit path, one RNG capture.
-
-
-def commit_with_retention(
-    root: Path, step: int, state: dict[str, Any], meta: dict[str, Any], keep: int, replace: bool = False
-) -> CommitInfo:
-    """Commit one checkpoint, then prune to the newest `keep` (+ best): what every save does."""
-    info = write_checkpoint(root, step, state, meta, replace=replace)
-    apply_retention(root, keep)
-    return info
-
-
-def capture_rng(device: torch.device) -> dict[str, Any]:
-    """This rank's RNG states (torch, CUDA, numpy, python) in weights_only-loadable types."""
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": [
-            np_state[0],
-            torch.from_numpy(np_state[1].astype(np.int64)),
-            int(np_state[2]),
-            int(np_state[3]),
-            float(np_state[4]),
-        ],
-        "python": random.getstate(),
-    }
-
-
-def restore_rng(state: dict[str, Any], device: torch.device) -> None:
-    """Put back what capture_rng() took, so the next random draw is the one the saved run made."""
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-    n = state["numpy"]
-    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+def apply_retention(root: Path, keep: int, metric: str = "val_acc", committed: Path | None = None) -> list[Path]:
+    """retain() for callers that did not just commit (tools, tests): nothing is protected as new."""
+    return retain(root, keep, committed, metric)

@@ -1,0 +1,253 @@
+"""The one Checkpointer: collective save and load_latest over the store, for the built-in Trainer and the API.
+
+Every save is collective: each rank's RNG states are gathered into the checkpoint, and rank 0 commits.
+A failed commit is agreed: a synchronous save (and the next save after a failed background one) raises
+CheckpointError on every rank together, so no rank exits "preempted, checkpoint committed" while rank 0
+could not commit, and none waits on a peer that left. Background saves copy the state into reused
+snapshot buffers (snapshot.py) and commit on one writer thread; each commit is followed by retention.
+
+On-disk format (format_version 1), one dict per state.pt: the envelope keys below, plus the owner's
+payload at top level (the built-in worker: model, optimizer, progress, ...; the API: "state"); a
+payload's "versions" entries are added to the envelope's, and a payload may carry format_version (so it
+loads on its own), which the envelope sets.
+Checkpoints without "kind" or "step" were written by the built-in worker before the envelope named them.
+"""
+
+from __future__ import annotations
+
+import platform
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchlaunch.core.checkpoint import store
+from torchlaunch.core.checkpoint.snapshot import AsyncWriter, SnapshotBuffers
+from torchlaunch.core.checkpoint.store import CheckpointError, CommitInfo
+from torchlaunch.core.dist import DistContext, agreed, broadcast_object, gather_objects
+
+WORKER_KIND = "torchlaunch.worker"
+"""The built-in worker's checkpoints (also those written before the envelope named a kind)."""
+
+ENVELOPE = ("format_version", "kind", "step", "world_size", "rng", "versions")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint load_latest() chose: where, which step, the whole state (envelope + payload)."""
+
+    path: Path
+    step: int
+    kind: str
+    state: dict[str, Any]
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """This rank's RNG states (torch, CUDA, numpy, python) in weights_only-loadable types."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": [
+            np_state[0],
+            torch.from_numpy(np_state[1].astype(np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
+        "python": random.getstate(),
+    }
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Put back what capture_rng() took, so the next random draw is the one the saved run made."""
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def restore_rank_rng(state: dict[str, Any], ctx: DistContext) -> bool:
+    """Restore this rank's RNG states from a checkpoint; False (nothing restored) when it was saved by
+    another number of ranks: those ranks no longer exist, the caller seeds fresh streams."""
+    if state.get("world_size") != ctx.world_size:
+        return False
+    restore_rng(state["rng"][ctx.rank], ctx.device)
+    return True
+
+
+def kind_of(state: dict[str, Any]) -> str:
+    return str(state.get("kind", WORKER_KIND))
+
+
+def step_of(state: dict[str, Any], path: Path) -> int:
+    if "step" in state:
+        return int(state["step"])
+    progress = state.get("progress")
+    if isinstance(progress, dict) and "global_step" in progress:
+        return int(progress["global_step"])
+    return store.parse_step(path.name) or 0
+
+
+def _versions(extra: Any) -> dict[str, str]:
+    """torch and python versions, plus what the owner adds (the worker: its own version)."""
+    versions = {"torch": str(torch.__version__), "python": platform.python_version()}
+    return {**versions, **(extra if isinstance(extra, dict) else {})}
+
+
+class Checkpointer:
+    """Collective checkpoints of one run under `root` (RUN_DIR/checkpoints).
+
+    `writer` and `snapshots` may be passed in by an owner that keeps them across Checkpointer objects
+    (the Trainer waits on its writer directly)."""
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        root: Path,
+        keep: int,
+        kind: str,
+        *,
+        map_location: str | torch.device = "cpu",
+        metric: str = "val_acc",
+        writer: AsyncWriter | None = None,
+        snapshots: SnapshotBuffers | None = None,
+    ) -> None:
+        self.ctx, self.root, self.keep, self.kind = ctx, Path(root), keep, kind
+        self.map_location, self.metric = map_location, metric
+        self.writer = writer if writer is not None else AsyncWriter()
+        self.snapshots = snapshots if snapshots is not None else SnapshotBuffers()
+
+    # ------------------------------------------------------------------ load
+
+    def load_latest(self, resume: str = "auto", restore: bool = True) -> Loaded | None:
+        """The checkpoint to continue from, or None (a fresh run). `resume`: auto (the newest that
+        verifies and loads), never, or a path (see store.resolve_resume). Rank 0 chooses, repairs what
+        a crashed save left, and moves folders that do not verify or load to quarantine (one warning
+        each, naming it); every rank then loads the chosen folder. `restore`: put back this rank's RNG
+        states when the world size is unchanged (else the caller seeds)."""
+        ctx = self.ctx
+        self.writer.wait()  # a commit of this process is never mistaken for a stale leftover
+        found: tuple[Path, dict[str, Any]] | None = None
+
+        def choose() -> str | None:
+            nonlocal found
+            store.clean_stale(self.root)
+            if resume == "auto":
+                found = store.find_latest(self.root, self.map_location, move_invalid=True)
+            else:
+                found = store.resolve_resume(resume, self.root, self.map_location)
+            return str(found[0]) if found else None
+
+        chosen = agreed(ctx, lambda: choose() if ctx.is_main else None)
+        chosen = broadcast_object(ctx, chosen)
+        if chosen is None:
+            return None
+        path = Path(chosen)
+        state = found[1] if found is not None else store.load_state(path, self.map_location)
+        if restore and kind_of(state) == self.kind:
+            self.restore_rng(state)
+        return Loaded(path, step_of(state, path), kind_of(state), state)
+
+    def restore_rng(self, state: dict[str, Any]) -> bool:
+        """This rank's RNG states from `state`; on a new world size a warning (rank 0) and False."""
+        if restore_rank_rng(state, self.ctx):
+            return True
+        if self.ctx.is_main:
+            store.warn(
+                f"saved by {state.get('world_size')} ranks, now {self.ctx.world_size}: RNG states not "
+                "restored (each rank keeps the seeding it has)"
+            )
+        return False
+
+    # ------------------------------------------------------------------ save
+
+    def save(
+        self,
+        step: int,
+        payload: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        *,
+        synchronous: bool = False,
+        final: bool = False,
+        replace: bool = False,
+    ) -> CommitInfo | None:
+        """Checkpoint `payload` as step `step`; every rank calls it at the same step, rank 0 writes.
+
+        synchronous: returns once the commit is durable, or raises CheckpointError on every rank.
+        Otherwise a snapshot (reused buffers) is committed in the background; `final` commits the live
+        tensors in the background without a snapshot (nothing changes them any more; the caller waits
+        on self.writer). A background failure is raised on every rank at the next save."""
+        ctx = self.ctx
+        clash = sorted(set(payload) & set(ENVELOPE) - {"versions", "format_version"})
+        if clash:
+            raise ValueError(f"checkpoint payload keys {clash} are reserved for the envelope")
+        previous: str | None = None
+        if ctx.is_main:
+            previous = self._settle()
+        gathered = gather_objects(ctx, (capture_rng(ctx.device), previous))
+        failed = [e for _, e in gathered if e]
+        if failed:
+            raise CheckpointError(str(failed[0]))
+        if not ctx.is_main and not synchronous:
+            return None
+        info: CommitInfo | None = None
+        error: str | None = None
+        if ctx.is_main:
+            state = {
+                **payload,
+                "format_version": store.FORMAT_VERSION,
+                "kind": self.kind,
+                "step": int(step),
+                "world_size": ctx.world_size,
+                "rng": [r for r, _ in gathered],
+                "versions": _versions(payload.get("versions")),
+            }
+            marker = dict(meta or {}, world_size=ctx.world_size, kind=self.kind)
+
+            def commit(snapshot: dict[str, Any]) -> CommitInfo:
+                done = store.write_checkpoint(self.root, int(step), snapshot, marker, replace=replace)
+                store.retain(self.root, self.keep, done.path, self.metric)
+                return done
+
+            if final and not synchronous:
+                self.writer.submit(lambda: commit(state))
+                return None
+            if not synchronous:
+                snapshot = self.snapshots.take(state)  # training mutates the live tensors in place
+                try:
+                    self.writer.submit(lambda: snapshot.write_with(commit))
+                except BaseException:
+                    snapshot.release()
+                    raise
+                return None
+            try:
+                info = commit(state)
+            except Exception as e:  # noqa: BLE001 - every rank raises it, none waits on a dead peer
+                error = _message(e)
+        errors = [m for m in gather_objects(ctx, error) if m]
+        if errors:
+            raise CheckpointError(str(errors[0]))
+        return info
+
+    def _settle(self) -> str | None:
+        """Rank 0: wait for the background commit in flight; its failure as one message, or None."""
+        try:
+            self.writer.wait()
+        except Exception as e:  # noqa: BLE001 - agreed with every rank by save()
+            return _message(e)
+        return None
+
+    def wait(self) -> CommitInfo | None:
+        """Block until this process's pending commit is durable (rank 0; other ranks return None)."""
+        return self.writer.wait()
+
+
+def _message(e: BaseException) -> str:
+    return str(e) if isinstance(e, CheckpointError) else f"checkpoint error: {type(e).__name__}: {e}"
