@@ -143,8 +143,9 @@ def execute(program: Program, cwd: str | None = None) -> None:
     else:
         script = str(program.script)
         sys.argv = [script, *program.args]
-        _set_path0(os.path.dirname(os.path.realpath(os.path.join(cwd, script))))
-        runpy.run_path(script, run_name="__main__")
+        path = os.path.abspath(os.path.join(cwd, script))  # python's __file__: absolute, links kept
+        _set_path0(os.path.dirname(os.path.realpath(path)))
+        runpy.run_path(path, run_name="__main__")
 
 
 def _set_path0(entry: str) -> None:
