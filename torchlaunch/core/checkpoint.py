@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import xxhash
 
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import ConfigError
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
@@ -377,16 +377,18 @@ def resolve_resume(
     if path.is_file() and path.name == STATE_FILE:
         path = path.parent
     if not path.is_dir():
-        raise BadInput(
-            f"config error: checkpoint.resume: {path} does not exist "
-            "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)"
+        raise ConfigError(
+            "checkpoint.resume",
+            f"{path} does not exist",
+            "use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100",
         )
     try:
         return path, load_state(path, map_location)
     except InvalidCheckpoint as e:
-        raise BadInput(
-            f"config error: checkpoint.resume: {path} is not a valid checkpoint: {e} "
-            "(pick another checkpoint or use checkpoint.resume=auto)"
+        raise ConfigError(
+            "checkpoint.resume",
+            f"{path} is not a valid checkpoint: {e}",
+            "pick another checkpoint or use checkpoint.resume=auto",
         ) from None
 
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput, ConfigError
 
 CACHE_FILE = "cpu-precision.json"
 RUN_RECORD = "precision.json"
@@ -35,10 +35,13 @@ MEASURE_BATCH_CAP = 32
 
 
 def fp16_on_cpu_message() -> str:
-    return (
-        "config error: train.precision: fp16 on CPU is emulated, ~17x slower than bf16 "
-        "(use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
-        "`make doctor` measures both on this machine)"
+    return str(
+        ConfigError(
+            "train.precision",
+            "fp16 on CPU is emulated, ~17x slower than bf16",
+            "use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
+            "`make doctor` measures both on this machine",
+        )
     )
 
 

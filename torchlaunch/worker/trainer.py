@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch import config as config_mod
-from torchlaunch.config import RunConfig
+from torchlaunch.config import ConfigError, RunConfig
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import capture_rng, restore_rng
 from torchlaunch.core.dist import (
@@ -236,9 +236,10 @@ def require_tensorboard():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise BadInput(
-            "config error: train.tensorboard: the tensorboard package is not installed "
-            "(pip install -e '.[tensorboard]', or set train.tensorboard=false)"
+        raise ConfigError(
+            "train.tensorboard",
+            "the tensorboard package is not installed",
+            "pip install -e '.[tensorboard]', or set train.tensorboard=false",
         ) from None
     return SummaryWriter
 
@@ -317,7 +318,7 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         self.precision = training_precision(cfg, ctx, data)
         if self.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
+            raise ConfigError("train.precision", "this GPU has no bf16 support", "use fp16 or fp32")
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self.plan = BatchPlan(
             len(data.train),
@@ -455,17 +456,19 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         if self.lookahead is not None:
             if state.get("lookahead") is None:
-                raise BadInput(
-                    "config error: optim.lookahead_every: the checkpoint was saved without lookahead "
-                    "(resume with the config it was saved with, or start a new run_dir)"
+                raise ConfigError(
+                    "optim.lookahead_every",
+                    "the checkpoint was saved without lookahead",
+                    "resume with the config it was saved with, or start a new run_dir",
                 )
             self.lookahead.load_state_dict(state["lookahead"])
         pr = state["progress"]
         if state.get("global_batch") != self.plan.global_batch:
-            raise BadInput(
-                f"config error: train.batch_size: the checkpoint was trained with a global batch of "
-                f"{state.get('global_batch')}, now {self.plan.global_batch} (keep the global batch; "
-                f"change train.micro_batch_size to fit memory instead)"
+            raise ConfigError(
+                "train.batch_size",
+                f"the checkpoint was trained with a global batch of {state.get('global_batch')}, "
+                f"now {self.plan.global_batch}",
+                "keep the global batch; change train.micro_batch_size to fit memory instead",
             )
         self.progress = Progress(
             pr["epoch"],
