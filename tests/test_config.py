@@ -302,3 +302,29 @@ def test_interval_ends(ends: str, inside: list[float], outside: list[float]) -> 
     rule = config_mod.interval(0, 1, ends, "fix")["bound"]
     assert rule.requirement == f"must be in {ends[0]}0, 1{ends[1]}"
     assert all(rule.ok(v) for v in inside) and not any(rule.ok(v) for v in outside)
+
+
+def test_every_config_message_is_raised_as_config_error() -> None:
+    """No module spells `config error: ...` into a plain BadInput: ConfigError is the one path (its key
+    is then known to callers such as the doctor, and the form cannot drift)."""
+    import ast
+
+    def text_start(node: ast.expr) -> str:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr) and node.values:
+            return text_start(node.values[0])
+        return ""
+
+    offending = []
+    for path in sorted((REPO / "torchlaunch").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", "")) == "BadInput"
+                and node.args
+                and text_start(node.args[0]).startswith("config error")
+            ):
+                offending.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offending == []
+    assert config_mod.ConfigError is __import__("torchlaunch.exit_codes").exit_codes.ConfigError

@@ -20,15 +20,7 @@ from typing import Any
 
 import yaml
 
-from torchlaunch.exit_codes import BadInput
-
-
-class ConfigError(BadInput):
-    """A config problem, rendered as `config error: <key>: <what is wrong> (<how to fix>)`."""
-
-    def __init__(self, key: str, problem: str, fix: str) -> None:
-        super().__init__(f"config error: {key}: {problem} ({fix})")
-        self.key = key
+from torchlaunch.exit_codes import ConfigError
 
 
 @dataclass(frozen=True)
