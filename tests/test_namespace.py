@@ -171,6 +171,8 @@ def assert_user_world(seen: list[dict], kind: str, project: str, roots: tuple[st
 
 
 def local_argv(how: str) -> list[str]:
+    if how == "command":  # what users type: the thin top-level command module
+        return [sys.executable, "-m", "launch.local"]
     if how == "module":
         return [sys.executable, "-m", "torchlaunch.launch.local"]
     script = Path(sys.executable).parent / "torchlaunch-local"
@@ -181,7 +183,7 @@ def local_argv(how: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("how", ["module", "console-script"])
+@pytest.mark.parametrize("how", ["command", "module", "console-script"])
 @pytest.mark.parametrize("kind", sorted(PROJECTS))
 def test_user_project_from_its_own_folder_under_launch_local(kind: str, how: str, tmp_path: Path) -> None:
     project, out = user_project(kind, tmp_path), tmp_path / "out"
