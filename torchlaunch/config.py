@@ -3,6 +3,11 @@
 Launchers resolve defaults + YAML + overrides once and write RUN_DIR/config.yaml; every rank and every
 requeue reads that one file. This module never reads environment variables and never imports torch, so
 launchers can validate a config before anything is started.
+
+Each field carries its own rule in its metadata, next to its default and its docstring:
+`field(default=0.1, metadata=above(0, "e.g. optim.lr=0.1"))` or `metadata=choice(("sgd", "adamw"))`;
+`rules()` lists them and `validate` checks them, then the rules that tie two fields together. Every
+problem is one ConfigError line: `config error: KEY: PROBLEM (FIX)`.
 """
 
 from __future__ import annotations
