@@ -110,3 +110,39 @@ def test_the_new_evaluate_scores_the_old_checkpoint_as_the_old_run_did(tmp_path:
     assert result["step"] == 4 and result["samples"] == cfg.data.synthetic_val_size
     assert result["accuracy"] == old["val_acc"]  # the same images counted right: exact
     assert result["loss"] == pytest.approx(old["val_loss"], rel=1e-5)  # summed in another order
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_fixture_is_what_the_old_code_writes(tmp_path: Path) -> None:
+    """Where git history is at hand (CI clones it): the old commit, run again, writes the fixture's step-4
+    weights and the digests of its final weights bit for bit (the fixture is not hand-made)."""
+    import os
+    import subprocess
+    import tarfile
+
+    from tests.conftest import REPO
+
+    commit = EXPECTED["old_commit"]
+    probe = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"commit {commit[:7]} is not in this checkout's history (a shallow clone)")
+    old, run_dir = tmp_path / "old", tmp_path / "run"
+    archive = tmp_path / "old.tar"
+    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), commit], check=True, timeout=60)
+    with tarfile.open(archive) as tar:
+        tar.extractall(old, filter="data")
+    env = {**os.environ, "PYTHONPATH": str(old), "OMP_NUM_THREADS": "1"}  # only the old code, nothing of ours
+    result = subprocess.run(
+        [sys.executable, "-m", "train", "--config", "configs/smoke.yaml", f"run_dir={run_dir}", *EXPECTED["overrides"]],
+        cwd=old,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert digests(torch.load(run_dir / "model.pt", weights_only=True)) == EXPECTED["final_model_sha256_16"]
+    written = torch.load(run_dir / "checkpoints" / CHECKPOINT.name / "state.pt", weights_only=True)
+    fixture = ckpt.load_state(CHECKPOINT, "cpu")
+    assert digests(written["model"]) == digests(fixture["model"])
