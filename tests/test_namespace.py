@@ -119,13 +119,13 @@ def test_runner_imported_in_a_fresh_interpreter_loads_only_torchlaunch(tmp_path:
 
 def test_python_m_runner_hands_a_script_only_torchlaunch(tmp_path: Path) -> None:
     script = tmp_path / "probe.py"
-    script.write_text(DUMP + "\nprint(__file__)\n")
+    script.write_text(DUMP + "\nprint(__file__)\nprint(sys.argv[0])\n")
     rc, out, err = run_cmd([sys.executable, "-m", "torchlaunch.runner", "probe.py"], timeout=60, cwd=tmp_path)
     assert rc == 0, err
-    dump, file = out.splitlines()
+    dump, file, argv0 = out.splitlines()
     modules = json.loads(dump)
     assert_only_torchlaunch_of_ours(modules, (str(REPO) + os.sep,))
-    assert file == str(script)  # absolute, as `python probe.py` sets it
+    assert file == str(script) and argv0 == "probe.py"  # as `python probe.py` sets them
     assert "torch" not in modules  # the runner stays torch-free: the program decides what to import
 
 
