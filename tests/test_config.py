@@ -227,3 +227,104 @@ def test_all_keys_lists_nested_leaves() -> None:
     ):
         assert required in keys
     assert "data" not in keys  # sections are not leaves
+
+
+# ------------------------------------------------------------------- bounds and choices beside their fields
+
+RULED_KEYS = {
+    "checkpoint.every_epochs", "checkpoint.every_steps", "checkpoint.keep", "data.crop_padding", "data.cutout",
+    "data.flip", "data.image_size", "data.loader", "data.max_train_samples", "data.max_val_samples", "data.name",
+    "data.num_workers", "data.pad_mode", "data.split_seed", "data.synthetic_classes", "data.synthetic_train_size",
+    "data.synthetic_val_size", "data.val_fraction", "dist.backend", "dist.timeout_s", "model.name", "model.width",
+    "optim.betas", "optim.lookahead_decay", "optim.lookahead_every", "optim.lr", "optim.min_lr_ratio",
+    "optim.momentum", "optim.name", "optim.norm_lr_scale", "optim.schedule", "optim.step_epochs", "optim.step_gamma",
+    "optim.warmup_epochs", "optim.warmup_start_ratio", "optim.weight_decay", "preemption.lead_time_s",
+    "preemption.signals", "seed", "train.batch_size", "train.clip_grad_norm", "train.epochs", "train.label_smoothing",
+    "train.log_every_steps", "train.max_steps", "train.micro_batch_size", "train.precision", "train.tta",
+}  # fmt: skip
+"""Every key that is range- or choice-checked: a rule lost from a field fails here."""
+CANDIDATES = [-1, -0.5, 0, 0.5, 1, 1.5, 2, 7, 1000, [0.9], [0.5, 1.0], ["SIGFOO"], "nope"]
+"""Values tried against each rule: every rule rejects at least one of them."""
+
+
+def leaf_fields(cls: type = RunConfig, prefix: str = "") -> dict[str, tuple[object, object]]:
+    """Dotted key -> (field, type) of every leaf field."""
+    import dataclasses
+    import typing
+
+    found: dict[str, tuple[object, object]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            found.update(leaf_fields(hints[f.name], prefix + f.name + "."))
+        else:
+            found[prefix + f.name] = (f, hints[f.name])
+    return found
+
+
+def test_every_rule_lives_in_its_fields_metadata() -> None:
+    leaves = leaf_fields()
+    rules = config_mod.rules()
+    assert {key for key, _ in rules} == RULED_KEYS
+    for key, rule in rules:
+        field, _ = leaves[key]
+        assert rule in field.metadata.values()  # the field owns it; rules() only reads it
+    assert config_mod.CHOICES["model.name"] == ("simple_cnn", "resnet18", "fastnet", "fastnet93")
+    assert "preemption.signals" in config_mod.CHOICES  # a list field: each item is checked
+
+
+def test_every_number_field_has_a_bound() -> None:
+    numbers = {key for key, (_, tp) in leaf_fields().items() if tp in (int, float)}
+    bounded = {key for key, rule in config_mod.rules() if isinstance(rule, config_mod.Bound)}
+    assert numbers - bounded == set()
+
+
+@pytest.mark.parametrize("key", sorted(RULED_KEYS))
+def test_every_rule_rejects_with_one_line_through_config_error(key: str) -> None:
+    """Each rule fails on some value with the one ConfigError form, the key named."""
+    errors = []
+    for value in CANDIDATES:
+        try:
+            config_mod.load(None, [f"{key}={value}"])
+        except ConfigError as e:
+            if e.key == key:
+                errors.append(e)
+    assert errors, f"no value of {CANDIDATES} is rejected for {key}"
+    for err in errors:
+        assert_one_line(err, key)
+
+
+@pytest.mark.parametrize(
+    ("ends", "inside", "outside"),
+    [("[)", [0, 0.5], [1, -0.1]), ("[]", [0, 1], [1.1, -0.1]), ("(]", [0.5, 1], [0, 1.5])],
+)
+def test_interval_ends(ends: str, inside: list[float], outside: list[float]) -> None:
+    rule = config_mod.interval(0, 1, ends, "fix")["bound"]
+    assert rule.requirement == f"must be in {ends[0]}0, 1{ends[1]}"
+    assert all(rule.ok(v) for v in inside) and not any(rule.ok(v) for v in outside)
+
+
+def test_every_config_message_is_raised_as_config_error() -> None:
+    """No module spells `config error: ...` into a plain BadInput: ConfigError is the one path (its key
+    is then known to callers such as the doctor, and the form cannot drift)."""
+    import ast
+
+    def text_start(node: ast.expr) -> str:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr) and node.values:
+            return text_start(node.values[0])
+        return ""
+
+    offending = []
+    for path in sorted((REPO / "torchlaunch").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", "")) == "BadInput"
+                and node.args
+                and text_start(node.args[0]).startswith("config error")
+            ):
+                offending.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offending == []
+    assert config_mod.ConfigError is __import__("torchlaunch.exit_codes").exit_codes.ConfigError

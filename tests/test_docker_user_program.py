@@ -2,13 +2,14 @@
 
 `python -m launch.k8s ... -- SCRIPT.py args` renders the Job (the real CLI, its YAML parsed back);
 tests/test_docker_job.py's harness turns each pod into a container and mimics the Job controller
-(podFailurePolicy, backoffLimit). The image holds only the project (.dockerignore admits launch/,
-train/, configs/), so the program's code goes on the shared volume and the pods run from it with
+(podFailurePolicy, backoffLimit). The image holds only the project (.dockerignore admits torchlaunch/,
+launch/, train/, configs/), so the program's code goes on the shared volume and the pods run from it with
 `--workdir /shared/code`, as docs/KUBERNETES.md documents for code that is not built into an image.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,9 @@ from tests.test_docker_job import (  # noqa: F401 - image is a fixture used by n
     open_job,
     shared_folder,
 )
+from tests.test_namespace import PROGRAMS as PROGRAMS_DIR
+from tests.test_namespace import PROJECTS as USER_PROJECTS
+from tests.test_namespace import assert_user_world
 from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -85,16 +89,21 @@ def make_program_job(image, tmp_path_factory) -> Callable[..., DockerJob]:  # no
     """Jobs of two CPU pods running a user's program from the shared volume; all removed at the end."""
     jobs: list[DockerJob] = []
 
-    def make(name: str, *program: str) -> DockerJob:
+    def make(name: str, *program: str, project: Path | None = None) -> DockerJob:
+        """`project`: a user's whole project folder as the code, instead of the single-file programs."""
         job = render_job(image, name, list(program))
         folder = tmp_path_factory.mktemp(name)
         folder.chmod(0o755)
         shared = shared_folder(folder / "shared")
         code = shared / "code"
-        code.mkdir()
-        for target, source in PROGRAMS.items():
-            shutil.copyfile(source, code / target)
-        code.chmod(0o755)  # read-only for the pods' user: the code is only read
+        if project is not None:
+            shutil.copytree(project, code, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            code.mkdir()
+            for target, source in PROGRAMS.items():
+                shutil.copyfile(source, code / target)
+        for path in [code, *code.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)  # read-only for the pods' user: the code is only read
         return open_job(job, folder, shared, jobs)
 
     yield make
@@ -214,3 +223,21 @@ def test_bad_input_program_fails_the_job_without_retry(make_program_job):
     assert "data error: --data /nonexistent.csv: no such file" in dj.logs(dj.history[0][0])
     starts = sorted((dj.shared / "bad-input-runs.txt").read_text().splitlines())
     assert starts == ["rank 0 restart 0", "rank 1 restart 0"], starts  # each rank started once, never again
+
+
+@pytest.mark.parametrize("kind", sorted(USER_PROJECTS))
+def test_user_project_with_its_own_train_runs_in_pods(make_program_job, kind: str) -> None:
+    """tests/test_namespace.py's user projects (their own train.py / train/ package, utils, models) as
+    the pods' code: each pod runs it from /shared/code, imports the project's modules, finds nothing of
+    ours under their names, and the two pods train together."""
+    program, _ = USER_PROJECTS[kind]
+    name = f"uproj-{kind}"
+    dj = make_program_job(name, *program, "--out", f"/shared/out-{name}", project=PROGRAMS_DIR / f"userproj_{kind}")
+    dj.run_until_complete(dj.start_all())
+    assert sorted(dj.history) == [(0, OK), (1, OK)], dj.history
+    seen = [json.loads(p.read_text()) for p in sorted((dj.shared / f"out-{name}").glob("rank*.json"))]
+    installed = seen[0]["at_start"]["torchlaunch"]
+    assert installed.startswith("/opt/venv/"), installed  # the image's install, not a copy on the volume
+    site = str(Path(installed).parents[1])
+    ours = tuple(f"{site}/{package}/" for package in ("torchlaunch", "train", "launch")) + ("/app/",)
+    assert_user_world(seen, kind, CODE_DIR, ours)

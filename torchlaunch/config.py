@@ -3,6 +3,11 @@
 Launchers resolve defaults + YAML + overrides once and write RUN_DIR/config.yaml; every rank and every
 requeue reads that one file. This module never reads environment variables and never imports torch, so
 launchers can validate a config before anything is started.
+
+Each field carries its own rule in its metadata, next to its default and its docstring:
+`field(default=0.1, metadata=above(0, "e.g. optim.lr=0.1"))` or `metadata=choice(("sgd", "adamw"))`;
+`rules()` lists them and `validate` checks them, then the rules that tie two fields together. Every
+problem is one ConfigError line: `config error: KEY: PROBLEM (FIX)`.
 """
 
 from __future__ import annotations
@@ -20,20 +25,65 @@ from typing import Any
 
 import yaml
 
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import ConfigError
 
 
-class ConfigError(BadInput):
-    """A config problem, rendered as `config error: <key>: <what is wrong> (<how to fix>)`."""
+@dataclass(frozen=True)
+class Bound:
+    """A field's allowed values as a predicate, and the words of the error when it fails."""
 
-    def __init__(self, key: str, problem: str, fix: str) -> None:
-        super().__init__(f"config error: {key}: {problem} ({fix})")
-        self.key = key
+    ok: typing.Callable[[Any], bool]
+    requirement: str
+    """Completes `config error: KEY: <requirement>, got VALUE`."""
+    fix: str
+    """What to write instead (the error's parenthesis)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A string field's (or each list item's) allowed values."""
+
+    values: tuple[str, ...]
+    open_prefix: str = ""
+    """Also accept any longer value with this prefix (model.name=torchvision.<name>)."""
+    plugin: bool = False
+    """Also accept an import path `pkg.module:factory` (torchlaunch.worker.plugins resolves it)."""
+
+
+def bound(ok: typing.Callable[[Any], bool], requirement: str, fix: str) -> dict[str, Bound]:
+    """Field metadata: `field(default=..., metadata=bound(lambda v: ..., "must be ...", "e.g. ..."))`."""
+    return {"bound": Bound(ok, requirement, fix)}
+
+
+def at_least(low: int, fix: str) -> dict[str, Bound]:
+    return bound(lambda v: v >= low, f"must be >= {low}", fix)
+
+
+def above(low: int, fix: str) -> dict[str, Bound]:
+    return bound(lambda v: v > low, f"must be > {low}", fix)
+
+
+def interval(low: float, high: float, ends: str, fix: str) -> dict[str, Bound]:
+    """`ends` as written in mathematics: "[)" is low <= v < high, "(]" is low < v <= high."""
+    above_low = (lambda v: v >= low) if ends[0] == "[" else (lambda v: v > low)
+    below_high = (lambda v: v <= high) if ends[1] == "]" else (lambda v: v < high)
+    return bound(lambda v: above_low(v) and below_high(v), f"must be in {ends[0]}{low}, {high}{ends[1]}", fix)
+
+
+def choice(values: tuple[str, ...], open_prefix: str = "", plugin: bool = False) -> dict[str, Choice]:
+    """Field metadata: `field(default=..., metadata=choice(("a", "b")))`."""
+    return {"choice": Choice(tuple(values), open_prefix, plugin)}
+
+
+TORCHVISION_PREFIX = "torchvision."
+"""model.name=torchvision.<name> builds torchvision's model <name>; torchlaunch.worker.models checks the
+name when it builds the model (this module never imports torch)."""
+KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGCONT")
 
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"
+    name: str = field(default="synthetic", metadata=choice(("cifar10", "imagefolder", "synthetic"), plugin=True))
     """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `synthetic`, or
     your own as an import path `pkg.module:factory` (imported from the run's working directory or
     PYTHONPATH; the factory returns (train, val, classes), contract in train/plugins.py and
@@ -42,47 +92,54 @@ class DataConfig:
     """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders."""
     download: bool = False
     """cifar10 only: download the batches into `root` when missing (needs internet)."""
-    val_fraction: float = 0.1
+    val_fraction: float = field(
+        default=0.1, metadata=bound(lambda v: 0.0 < v < 1.0, "must be between 0 and 1", "e.g. data.val_fraction=0.1")
+    )
     """imagefolder only: fraction of images held out for validation (fixed by split_seed)."""
-    split_seed: int = 0
+    split_seed: int = field(default=0, metadata=at_least(0, "use a non-negative integer seed"))
     """Seed of the train/validation split; independent of `seed` so runs share one split."""
-    loader: str = "auto"
+    loader: str = field(default="auto", metadata=choice(("auto", "tensor", "pil")))
     """`tensor` (decoded uint8 cache + batched augmentation), `pil` (per-sample), `auto` (tensor when
     every image has the same size; a plug-in dataset: when its uint8 images fit in a quarter of the
     free memory)."""
-    num_workers: int = 2
+    num_workers: int = field(default=2, metadata=at_least(0, "use 0 to load in the training process"))
     """DataLoader worker processes per rank for the `pil` loader."""
     cache_dir: str = "~/.cache/torchlaunch"
     """Where decoded uint8 datasets are cached, keyed by the source's fingerprint."""
-    image_size: int = 32
+    image_size: int = field(default=32, metadata=at_least(8, "e.g. data.image_size=32"))
     """Side length the model sees; the pil loader resizes other sizes to it."""
     augment: bool = True
     """Train-time random crop (random translation) + horizontal flip."""
-    crop_padding: int = 4
+    crop_padding: int = field(default=4, metadata=at_least(0, "e.g. data.crop_padding=4"))
     """Random crop: pad each side by this many pixels, then crop back (translations of up to +-N)."""
-    pad_mode: str = "zeros"
+    pad_mode: str = field(default="zeros", metadata=choice(("zeros", "reflect")))
     """Padding of the random crop: `zeros` (torchvision's RandomCrop) or `reflect` (mirror the border)."""
-    flip: str = "random"
+    flip: str = field(default="random", metadata=choice(("random", "alternate", "none")))
     """`random` (each image flipped with p=0.5 each epoch), `alternate` (a random half in the first
     epoch, then every image flips each epoch: each image is seen both ways every two epochs), `none`."""
-    cutout: int = 0
+    cutout: int = field(default=0, metadata=at_least(0, "use 0 for off, e.g. data.cutout=12"))
     """Cutout: blank one random N x N square of every training image (after crop and flip) to the
     channel mean; drawn per global step like the crops (0 = off; airbench96 uses 12 on 32x32 images)."""
-    max_train_samples: int = 0
+    max_train_samples: int = field(default=0, metadata=at_least(0, "use 0 for all samples"))
     """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
-    max_val_samples: int = 0
+    max_val_samples: int = field(default=0, metadata=at_least(0, "use 0 for all samples"))
     """Use only the first N validation samples (0 = all)."""
-    synthetic_train_size: int = 2048
+    synthetic_train_size: int = field(default=2048, metadata=at_least(1, "e.g. 2048"))
     """synthetic only: number of training images."""
-    synthetic_val_size: int = 512
+    synthetic_val_size: int = field(default=512, metadata=at_least(1, "e.g. 512"))
     """synthetic only: number of validation images."""
-    synthetic_classes: int = 10
+    synthetic_classes: int = field(default=10, metadata=at_least(2, "e.g. 10"))
     """synthetic only: number of classes."""
 
 
 @dataclass
 class ModelConfig:
-    name: str = "simple_cnn"
+    name: str = field(
+        default="simple_cnn",
+        metadata=choice(
+            ("simple_cnn", "resnet18", "fastnet", "fastnet93"), open_prefix=TORCHVISION_PREFIX, plugin=True
+        ),
+    )
     """`simple_cnn`, `resnet18` (CIFAR stem), `fastnet` (airbench-style fast CIFAR net whose first
     layer is a fixed patch-whitening filter computed from the training images), `fastnet93` (fastnet wider
     and deeper, a residual third conv per group: configs/fast93.yaml), or `torchvision.<name>`:
@@ -90,7 +147,7 @@ class ModelConfig:
     stem; torchvision.models.list_models names them; model.width=0), or your own as an import path
     `pkg.module:factory`, called as factory(num_classes=N), plus width=W when model.width is set
     (imported from the run's working directory or PYTHONPATH; see examples/my_models.py)."""
-    width: int = 0
+    width: int = field(default=0, metadata=at_least(0, "use 0 for the model's default width"))
     """Base channel width (0 = the model's default)."""
     compile: bool = False
     """torch.compile the model (slow first steps; helps long GPU runs)."""
@@ -107,74 +164,81 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"
+    name: str = field(default="sgd", metadata=choice(("sgd", "adamw")))
     """`sgd` or `adamw`."""
-    lr: float = 0.1
+    lr: float = field(default=0.1, metadata=above(0, "use a positive learning rate such as optim.lr=0.1"))
     """Peak learning rate for the global batch."""
-    momentum: float = 0.9
+    momentum: float = field(default=0.9, metadata=interval(0, 1, "[)", "e.g. optim.momentum=0.9"))
     """SGD momentum."""
     nesterov: bool = True
     """SGD Nesterov momentum."""
-    weight_decay: float = 5e-4
+    weight_decay: float = field(default=5e-4, metadata=at_least(0, "e.g. optim.weight_decay=5e-4"))
     """Decoupled for AdamW, L2 for SGD."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(
+        default_factory=lambda: [0.9, 0.999],
+        metadata=bound(
+            lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v),
+            "must be two numbers in [0, 1)",
+            "e.g. optim.betas=[0.9,0.999]",
+        ),
+    )
     """AdamW betas."""
-    schedule: str = "cosine"
+    schedule: str = field(default="cosine", metadata=choice(("cosine", "linear", "step", "constant")))
     """`cosine`, `linear` (straight down to min_lr_ratio), `step` or `constant` after warmup."""
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = field(default=0.0, metadata=at_least(0, "use 0 for no warmup"))
     """Linear warmup length in epochs (fractions allowed)."""
-    warmup_start_ratio: float = 0.0
+    warmup_start_ratio: float = field(default=0.0, metadata=interval(0, 1, "[]", "e.g. 0.2"))
     """LR at the first warmup step as a fraction of `lr` (0 = ramp from lr/warmup_steps)."""
-    norm_lr_scale: float = 1.0
+    norm_lr_scale: float = field(default=1.0, metadata=above(0, "use 1 for the same LR as the other weights"))
     """LR multiplier for BatchNorm parameters; their weight decay is divided by it, so the decay per step
     is unchanged (airbench's "bias scaler": BatchNorm biases learn much faster than conv weights)."""
-    lookahead_every: int = 0
+    lookahead_every: int = field(default=0, metadata=at_least(0, "use 0 to turn lookahead off, e.g. 5"))
     """Every N steps pull the weights toward a slow exponential average and copy it back; the run ends
     on the average (0 = off). Smooths the end of short, high-LR runs."""
-    lookahead_decay: float = 0.7738
+    lookahead_decay: float = field(default=0.7738, metadata=interval(0, 1, "[)", "e.g. 0.7738, that is 0.95**5"))
     """Lookahead: weight of the average at the end of the run; it rises as decay * progress^3."""
-    step_epochs: int = 30
+    step_epochs: int = field(default=30, metadata=at_least(1, "e.g. optim.step_epochs=30"))
     """`step` schedule: epochs between decays."""
-    step_gamma: float = 0.1
+    step_gamma: float = field(default=0.1, metadata=interval(0, 1, "(]", "e.g. optim.step_gamma=0.1"))
     """`step` schedule: decay factor."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = field(default=0.0, metadata=interval(0, 1, "[]", "e.g. 0.0"))
     """`cosine` schedule: final LR as a fraction of `lr`."""
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
+    epochs: int = field(default=10, metadata=at_least(1, "e.g. train.epochs=10"))
     """Passes over the training set."""
-    batch_size: int = 256
+    batch_size: int = field(default=256, metadata=at_least(1, "e.g. train.batch_size=256"))
     """Global batch per optimizer step, summed over all ranks; kept on any world size."""
-    micro_batch_size: int = 0
+    micro_batch_size: int = field(default=0, metadata=at_least(0, "use 0 for batch_size / world size"))
     """Per-rank batch per forward pass (0 = batch_size / world size); smaller values accumulate."""
-    precision: str = "auto"
+    precision: str = field(default="auto", metadata=choice(("auto", "fp32", "bf16", "fp16")))
     """`fp32`, `bf16`, `fp16` (with GradScaler) or `auto` (bf16 where supported, else fp32)."""
     channels_last: bool = True
     """Use the channels_last memory format (faster convolutions with bf16)."""
-    clip_grad_norm: float = 0.0
+    clip_grad_norm: float = field(default=0.0, metadata=at_least(0, "use 0 to disable clipping"))
     """Clip the global gradient norm to this value (0 = off)."""
-    label_smoothing: float = 0.0
+    label_smoothing: float = field(default=0.0, metadata=interval(0, 1, "[)", "e.g. 0.1"))
     """CrossEntropy label smoothing."""
-    log_every_steps: int = 20
+    log_every_steps: int = field(default=20, metadata=at_least(1, "e.g. train.log_every_steps=20"))
     """Progress line and metrics.jsonl record every N steps."""
-    max_steps: int = 0
+    max_steps: int = field(default=0, metadata=at_least(0, "use 0 to run all epochs"))
     """Stop after this many optimizer steps in total (0 = run all epochs)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to RUN_DIR/tb (needs the tensorboard package)."""
-    tta: str = "none"
+    tta: str = field(default="none", metadata=choice(("none", "flip", "flip_translate")))
     """Test-time augmentation of the final validation: `none`, `flip` (mean of the image and its mirror)
     or `flip_translate` (also 1-pixel shifts, 6 passes). Earlier epochs validate without it."""
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0
+    every_steps: int = field(default=0, metadata=at_least(0, "use 0 for epoch-end checkpoints only"))
     """Checkpoint every N optimizer steps (0 = only at epoch ends)."""
-    every_epochs: int = 1
+    every_epochs: int = field(default=1, metadata=at_least(0, "e.g. checkpoint.every_epochs=1"))
     """Checkpoint at the end of every N epochs (0 = never at epoch ends)."""
-    keep: int = 2
+    keep: int = field(default=2, metadata=at_least(2, "keep at least 2 so a corrupt newest one has a fallback"))
     """Newest checkpoints kept (>= 2); the best by validation accuracy is kept too."""
     resume: str = "auto"
     """`auto` (newest checkpoint that verifies), `never`, or the path of a checkpoint folder."""
@@ -184,9 +248,9 @@ class CheckpointConfig:
 
 @dataclass
 class DistConfig:
-    timeout_s: float = 300.0
+    timeout_s: float = field(default=300.0, metadata=above(0, "e.g. dist.timeout_s=300"))
     """Process-group timeout: a lost peer fails the collective after this many seconds."""
-    backend: str = "auto"
+    backend: str = field(default="auto", metadata=choice(("auto", "nccl", "gloo")))
     """`auto` (nccl on CUDA, gloo on CPU), `nccl` or `gloo`."""
     pin_cpus: bool = True
     """CPU workers sharing a machine: each local rank runs on its own slice of the cores it may use."""
@@ -197,9 +261,11 @@ class DistConfig:
 
 @dataclass
 class PreemptionConfig:
-    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
+    signals: list[str] = field(
+        default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], metadata=choice(KNOWN_SIGNALS)
+    )
     """Signals that mean "checkpoint and stop": the handler only sets a flag."""
-    lead_time_s: float = 0.0
+    lead_time_s: float = field(default=0.0, metadata=at_least(0, "use 0 when unknown"))
     """Seconds between the signal and the hard kill (Slurm signal delay, k8s grace); 0 = unknown.
     A warning is printed when it is below 3x the measured save time."""
 
@@ -219,7 +285,7 @@ class DebugConfig:
 class RunConfig:
     run_dir: str = "runs/default"
     """Checkpoints, metrics, the resolved config and the final model; shared storage on clusters."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=at_least(0, "use a non-negative integer seed"))
     """Seeds model init, data order and augmentation: same seed, same run."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -231,26 +297,6 @@ class RunConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "data.name": ("cifar10", "imagefolder", "synthetic"),
-    "data.loader": ("auto", "tensor", "pil"),
-    "data.pad_mode": ("zeros", "reflect"),
-    "data.flip": ("random", "alternate", "none"),
-    "model.name": ("simple_cnn", "resnet18", "fastnet", "fastnet93"),
-    "optim.name": ("sgd", "adamw"),
-    "optim.schedule": ("cosine", "linear", "step", "constant"),
-    "train.tta": ("none", "flip", "flip_translate"),
-    "train.precision": ("auto", "fp32", "bf16", "fp16"),
-    "dist.backend": ("auto", "nccl", "gloo"),
-}
-
-TORCHVISION_PREFIX = "torchvision."
-"""model.name=torchvision.<name> builds torchvision's model <name>; train.models checks the name when it
-builds the model (this module never imports torch)."""
-OPEN_CHOICES: dict[str, str] = {"model.name": TORCHVISION_PREFIX}
-"""Keys of CHOICES that also accept any value with this prefix."""
-PLUGIN_KEYS = ("model.name", "data.name")
-"""Keys that also accept an import path `pkg.module:factory` (train/plugins.py resolves it)."""
 PLUGIN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 """module.path:attr — checked here without importing anything; the worker imports it."""
 
@@ -258,53 +304,6 @@ PLUGIN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A
 def is_plugin(name: str) -> bool:
     """A `model.name` / `data.name` given as an import path (anything with a colon)."""
     return ":" in str(name)
-
-
-# key -> (predicate, requirement, example fix)
-BOUNDS: dict[str, tuple[typing.Callable[[Any], bool], str, str]] = {
-    "seed": (lambda v: v >= 0, "must be >= 0", "use a non-negative integer seed"),
-    "data.val_fraction": (lambda v: 0.0 < v < 1.0, "must be between 0 and 1", "e.g. data.val_fraction=0.1"),
-    "data.num_workers": (lambda v: v >= 0, "must be >= 0", "use 0 to load in the training process"),
-    "data.image_size": (lambda v: v >= 8, "must be >= 8", "e.g. data.image_size=32"),
-    "data.max_train_samples": (lambda v: v >= 0, "must be >= 0", "use 0 for all samples"),
-    "data.max_val_samples": (lambda v: v >= 0, "must be >= 0", "use 0 for all samples"),
-    "data.synthetic_train_size": (lambda v: v >= 1, "must be >= 1", "e.g. 2048"),
-    "data.synthetic_val_size": (lambda v: v >= 1, "must be >= 1", "e.g. 512"),
-    "data.synthetic_classes": (lambda v: v >= 2, "must be >= 2", "e.g. 10"),
-    "model.width": (lambda v: v >= 0, "must be >= 0", "use 0 for the model's default width"),
-    "optim.lr": (lambda v: v > 0, "must be > 0", "use a positive learning rate such as optim.lr=0.1"),
-    "optim.momentum": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)", "e.g. optim.momentum=0.9"),
-    "optim.weight_decay": (lambda v: v >= 0, "must be >= 0", "e.g. optim.weight_decay=5e-4"),
-    "optim.betas": (
-        lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v),
-        "must be two numbers in [0, 1)",
-        "e.g. optim.betas=[0.9,0.999]",
-    ),
-    "optim.warmup_epochs": (lambda v: v >= 0, "must be >= 0", "use 0 for no warmup"),
-    "optim.step_epochs": (lambda v: v >= 1, "must be >= 1", "e.g. optim.step_epochs=30"),
-    "optim.step_gamma": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]", "e.g. optim.step_gamma=0.1"),
-    "optim.min_lr_ratio": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]", "e.g. 0.0"),
-    "optim.warmup_start_ratio": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]", "e.g. 0.2"),
-    "optim.norm_lr_scale": (lambda v: v > 0, "must be > 0", "use 1 for the same LR as the other weights"),
-    "optim.lookahead_every": (lambda v: v >= 0, "must be >= 0", "use 0 to turn lookahead off, e.g. 5"),
-    "optim.lookahead_decay": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)", "e.g. 0.7738 (0.95**5)"),
-    "data.crop_padding": (lambda v: v >= 0, "must be >= 0", "e.g. data.crop_padding=4"),
-    "data.cutout": (lambda v: v >= 0, "must be >= 0", "use 0 for off, e.g. data.cutout=12"),
-    "train.epochs": (lambda v: v >= 1, "must be >= 1", "e.g. train.epochs=10"),
-    "train.batch_size": (lambda v: v >= 1, "must be >= 1", "e.g. train.batch_size=256"),
-    "train.micro_batch_size": (lambda v: v >= 0, "must be >= 0", "use 0 for batch_size / world size"),
-    "train.clip_grad_norm": (lambda v: v >= 0, "must be >= 0", "use 0 to disable clipping"),
-    "train.label_smoothing": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)", "e.g. 0.1"),
-    "train.log_every_steps": (lambda v: v >= 1, "must be >= 1", "e.g. train.log_every_steps=20"),
-    "train.max_steps": (lambda v: v >= 0, "must be >= 0", "use 0 to run all epochs"),
-    "checkpoint.every_steps": (lambda v: v >= 0, "must be >= 0", "use 0 for epoch-end checkpoints only"),
-    "checkpoint.every_epochs": (lambda v: v >= 0, "must be >= 0", "e.g. checkpoint.every_epochs=1"),
-    "checkpoint.keep": (lambda v: v >= 2, "must be >= 2", "keep at least 2 so a corrupt newest one has a fallback"),
-    "dist.timeout_s": (lambda v: v > 0, "must be > 0", "e.g. dist.timeout_s=300"),
-    "preemption.lead_time_s": (lambda v: v >= 0, "must be >= 0", "use 0 when unknown"),
-}
-
-KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGCONT")
 
 
 def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
@@ -316,6 +315,21 @@ def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
         else:
             keys.append(prefix + name)
     return keys
+
+
+def rules(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, Bound | Choice]]:
+    """(dotted key, rule) of every field that carries a bound or a choice in its metadata, in field order."""
+    found: list[tuple[str, Bound | Choice]] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            found.extend(rules(hints[f.name], prefix + f.name + "."))
+        found.extend((prefix + f.name, rule) for rule in (f.metadata.get("bound"), f.metadata.get("choice")) if rule)
+    return found
+
+
+CHOICES: dict[str, tuple[str, ...]] = {key: rule.values for key, rule in rules() if isinstance(rule, Choice)}
+"""Each choice field's named values (a view of the field metadata, which owns them)."""
 
 
 def _type_hints(cls: type) -> dict[str, Any]:
@@ -463,33 +477,13 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 def validate(cfg: RunConfig) -> RunConfig:
     """Check choices and ranges; raise ConfigError on the first problem."""
     flat = to_dict(cfg)
-    for key, choices in CHOICES.items():
+    for key, rule in rules():
         value = _get_dotted(flat, key)
-        if key in PLUGIN_KEYS and is_plugin(value):
-            if not re.fullmatch(PLUGIN_PATTERN, str(value)):
-                raise ConfigError(
-                    key,
-                    f"{value!r} is not an import path",
-                    "write pkg.module:factory, e.g. examples.my_models:tiny_cnn",
-                )
-            continue
-        prefix = OPEN_CHOICES.get(key)
-        if prefix and str(value).startswith(prefix) and len(str(value)) > len(prefix):
-            continue
-        if value not in choices:
-            listed = [*choices, f"{prefix}<name>"] if prefix else list(choices)
-            if key in PLUGIN_KEYS:
-                listed.append("pkg.module:factory")
-            raise ConfigError(key, f"unknown value {value!r}", f"choose one of: {', '.join(listed)}")
-    for key, (ok, requirement, fix) in BOUNDS.items():
-        value = _get_dotted(flat, key)
-        if not ok(value):
-            raise ConfigError(key, f"{requirement}, got {value!r}", fix)
-    for sig in cfg.preemption.signals:
-        if sig not in KNOWN_SIGNALS:
-            raise ConfigError(
-                "preemption.signals", f"unknown signal {sig!r}", f"choose from: {', '.join(KNOWN_SIGNALS)}"
-            )
+        if isinstance(rule, Choice):
+            for item in value if isinstance(value, list) else [value]:
+                _check_choice(key, item, rule)
+        elif not rule.ok(value):
+            raise ConfigError(key, f"{rule.requirement}, got {value!r}", rule.fix)
     if cfg.model.name.startswith(TORCHVISION_PREFIX) and cfg.model.width:
         raise ConfigError(
             "model.width", f"{cfg.model.name} has a fixed width, got {cfg.model.width}", "use model.width=0"
@@ -511,6 +505,25 @@ def validate(cfg: RunConfig) -> RunConfig:
             "pick a divisor of the global batch",
         )
     return cfg
+
+
+def _check_choice(key: str, value: Any, rule: Choice) -> None:
+    if rule.plugin and is_plugin(value):
+        if not re.fullmatch(PLUGIN_PATTERN, str(value)):
+            raise ConfigError(
+                key, f"{value!r} is not an import path", "write pkg.module:factory, e.g. examples.my_models:tiny_cnn"
+            )
+        return
+    prefix = rule.open_prefix
+    if prefix and str(value).startswith(prefix) and len(str(value)) > len(prefix):
+        return
+    if value not in rule.values:
+        listed = [
+            *rule.values,
+            *([f"{prefix}<name>"] if prefix else []),
+            *(["pkg.module:factory"] if rule.plugin else []),
+        ]
+        raise ConfigError(key, f"unknown value {value!r}", f"choose one of: {', '.join(listed)}")
 
 
 def _get_dotted(tree: dict[str, Any], key: str) -> Any:

@@ -20,3 +20,12 @@ PREEMPTED = 75
 
 class BadInput(Exception):
     """An input problem that the user must fix; becomes one line on stderr and exit code 2."""
+
+
+class ConfigError(BadInput):
+    """A config problem, rendered as `config error: <key>: <what is wrong> (<how to fix>)`: the one form of
+    every config message, wherever the problem is found (parsing, validation, or the worker at start-up)."""
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        super().__init__(f"config error: {key}: {problem} ({fix})")
+        self.key = key

@@ -19,10 +19,12 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import pkgutil
 import runpy
 import shlex
 import sys
 import traceback
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +145,28 @@ def execute(program: Program, cwd: str | None = None) -> None:
     else:
         script = str(program.script)
         sys.argv = [script, *program.args]
-        _set_path0(os.path.dirname(os.path.realpath(os.path.join(cwd, script))))
-        runpy.run_path(script, run_name="__main__")
+        path = os.path.abspath(os.path.join(cwd, script))  # python's __file__: absolute, links kept
+        _set_path0(os.path.dirname(os.path.realpath(path)))
+        if pkgutil.get_importer(path) is None:  # a source file, as runpy.run_path decides
+            _run_file(path)
+        else:
+            runpy.run_path(script, run_name="__main__")  # a folder or zip archive with __main__.py
+
+
+def _run_file(path: str) -> None:
+    """Run a source file as `python FILE` does: __file__ absolute, sys.argv[0] as typed (runpy.run_path
+    sets both to the one path it is given)."""
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = module  # pickling, dataclasses, `import __main__` see the program
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
 
 
 def _set_path0(entry: str) -> None:

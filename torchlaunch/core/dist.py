@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from torchlaunch.core.affinity import pin_local_rank
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput, ConfigError
 
 CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -101,7 +101,7 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
         pin_local_rank(local_rank, int(env["LOCAL_WORLD_SIZE"]))
     chosen = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if chosen == "nccl" and device.type != "cuda":
-        raise BadInput("config error: dist.backend: nccl needs CUDA GPUs (use dist.backend=gloo or auto on CPU)")
+        raise ConfigError("dist.backend", "nccl needs CUDA GPUs", "use dist.backend=gloo or auto on CPU")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from torchlaunch.config import DataConfig, is_plugin
+from torchlaunch.config import ConfigError, DataConfig, is_plugin
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.datacheck import cifar10_missing_message  # shared with the launchers' pre-spawn check
 from torchlaunch.worker.folder_cache import (  # noqa: F401
@@ -294,9 +294,10 @@ def folder_images(cfg: DataConfig) -> tuple[ImageSet, list[str]]:
             size = (cfg.image_size, cfg.image_size) if decoded is not None else common_size(files)
     if loader == "tensor" and size != (cfg.image_size, cfg.image_size):
         found = "differ in size" if size is None else f"are {size[0]}x{size[1]}"
-        raise BadInput(
-            f"config error: data.loader: images under {root} {found}, not "
-            f"{cfg.image_size}x{cfg.image_size} (use data.loader=pil, which resizes to data.image_size)"
+        raise ConfigError(
+            "data.loader",
+            f"images under {root} {found}, not {cfg.image_size}x{cfg.image_size}",
+            "use data.loader=pil, which resizes to data.image_size",
         )
     if loader == "tensor" or (loader == "auto" and size == (cfg.image_size, cfg.image_size)):
         images = cached if cached is not None else torch.from_numpy(publish(decoded, root, cache_dir, key))
@@ -361,9 +362,10 @@ def plugin_labels(path: str, split: str, ds: Any, n: int, num_classes: int) -> t
     if targets is not None and len(targets) == len(ds):
         labels = [plugins.to_label(path, split, i, targets[i], num_classes) for i in range(n)]
         if labels and labels[0] != plugins.to_label(path, split, 0, ds[0][1], num_classes):
-            raise BadInput(
-                f"config error: data.name: {path!r}: the {split} split's targets[0] differs from the "
-                f"label of sample 0 (make `targets` list the samples' labels, or remove it)"
+            raise ConfigError(
+                "data.name",
+                f"{path!r}: the {split} split's targets[0] differs from the label of sample 0",
+                "make `targets` list the samples' labels, or remove it",
             )
     else:
         labels = [plugins.to_label(path, split, i, ds[i][1], num_classes) for i in range(n)]
@@ -458,27 +460,31 @@ class BatchPlan:
 
     def __post_init__(self) -> None:
         if self.global_batch % self.world_size:
-            raise BadInput(
-                f"config error: train.batch_size: {self.global_batch} is not divisible by the "
-                f"world size {self.world_size} (use a multiple of {self.world_size})"
+            raise ConfigError(
+                "train.batch_size",
+                f"{self.global_batch} is not divisible by the world size {self.world_size}",
+                f"use a multiple of {self.world_size}",
             )
         per_rank = self.global_batch // self.world_size
         micro = self.micro_batch or per_rank
         if micro > per_rank or per_rank % micro:
-            raise BadInput(
-                f"config error: train.micro_batch_size: {micro} does not divide the per-rank "
-                f"batch {per_rank} (batch_size {self.global_batch} / world size "
-                f"{self.world_size}); use a divisor of {per_rank}"
+            raise ConfigError(
+                "train.micro_batch_size",
+                f"{micro} does not divide the per-rank batch {per_rank} "
+                f"= batch_size {self.global_batch} / world size {self.world_size}",
+                f"use a divisor of {per_rank}",
             )
         if self.cutout > self.image_size:
-            raise BadInput(
-                f"config error: data.cutout: {self.cutout} is larger than the {self.image_size}-pixel "
-                f"images (use a square of at most {self.image_size}, e.g. data.cutout=12, or 0 for off)"
+            raise ConfigError(
+                "data.cutout",
+                f"{self.cutout} is larger than the {self.image_size}-pixel images",
+                f"use a square of at most {self.image_size}, e.g. data.cutout=12, or 0 for off",
             )
         if self.steps_per_epoch < 1:
-            raise BadInput(
-                f"config error: train.batch_size: {self.global_batch} is larger than the "
-                f"training set ({self.num_samples} samples); use a smaller batch"
+            raise ConfigError(
+                "train.batch_size",
+                f"{self.global_batch} is larger than the training set of {self.num_samples} samples",
+                "use a smaller batch",
             )
 
     @property

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from torchlaunch.core import checkpoint as ckpt
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput, ConfigError
 
 KEY = "model.init_from"
 FORMS = "a run folder, a checkpoint folder RUN_DIR/checkpoints/step-NNNNNNNNN, or a .pt file holding a state_dict"
@@ -26,7 +26,7 @@ _PREFIXES = ("module.", "_orig_mod.")  # DDP and torch.compile wrappers
 
 
 def _bad(problem: str, fix: str = f"point it at {FORMS}") -> BadInput:
-    return BadInput(f"config error: {KEY}: {problem} ({fix})")
+    return ConfigError(KEY, problem, fix)
 
 
 def locate(text: str) -> Path:
@@ -146,15 +146,17 @@ def apply(model: nn.Module, text: str, strict: bool) -> str:
             and f"e.g. missing {m.missing[0]}"
             or f"e.g. unexpected {m.unexpected[0]}"
         )
-        raise BadInput(
-            f"config error: model.init_strict: {source} does not match the model: {m.counts()}, "
-            f"{first} (set model.init_strict=false to load what fits and keep the fresh init for the "
-            f"rest, or init_from weights of the same model.name and class count)"
+        raise ConfigError(
+            "model.init_strict",
+            f"{source} does not match the model: {m.counts()}, {first}",
+            "set model.init_strict=false to load what fits and keep the fresh init for the rest, "
+            "or init_from weights of the same model.name and class count",
         )
     if not m.loaded:
-        raise BadInput(
-            f"config error: {KEY}: none of {source}'s {len(state)} tensors fit the model "
-            f"({m.counts()}; init_from weights of the same architecture)"
+        raise ConfigError(
+            KEY,
+            f"none of {source}'s {len(state)} tensors fit the model",
+            f"{m.counts()}; init_from weights of the same architecture",
         )
     with torch.no_grad():
         model.load_state_dict({k: state[k] for k in m.loaded}, strict=False)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import ConfigError
 
 
 class MetricsLog:
@@ -61,9 +61,10 @@ def require_tensorboard():  # noqa: ANN201 - SummaryWriter, imported only when a
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise BadInput(
-            "config error: train.tensorboard: the tensorboard package is not installed "
-            "(pip install -e '.[tensorboard]', or set train.tensorboard=false)"
+        raise ConfigError(
+            "train.tensorboard",
+            "the tensorboard package is not installed",
+            "pip install -e '.[tensorboard]', or set train.tensorboard=false",
         ) from None
     return SummaryWriter
 

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from torchlaunch.config import TORCHVISION_PREFIX, ConfigError, is_plugin
-from torchlaunch.exit_codes import BadInput
 
 
 def simple_cnn(num_classes: int, width: int = 0) -> nn.Module:
@@ -66,7 +65,7 @@ class ResNet18(nn.Module):
     def __init__(self, num_classes: int, width: int = 0) -> None:
         super().__init__()
         if width:
-            raise BadInput("config error: model.width: resnet18 has a fixed width (use model.width=0)")
+            raise ConfigError("model.width", "resnet18 has a fixed width", "use model.width=0")
         # torchvision's ImageNet stem, replaced below: its random draws keep the stream of every later weight.
         self.conv1: nn.Module = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
@@ -261,5 +260,5 @@ def build_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
     if name.startswith(TORCHVISION_PREFIX):
         return torchvision_model(name.removeprefix(TORCHVISION_PREFIX), num_classes, width)
     if name not in REGISTRY:
-        raise BadInput(f"config error: model.name: unknown model {name!r} (choose one of: {', '.join(REGISTRY)})")
+        raise ConfigError("model.name", f"unknown model {name!r}", f"choose one of: {', '.join(REGISTRY)}")
     return REGISTRY[name](num_classes, width)

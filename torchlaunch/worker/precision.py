@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput, ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -42,10 +42,13 @@ MEASURE_BATCH_CAP = 32
 
 
 def fp16_on_cpu_message() -> str:
-    return (
-        "config error: train.precision: fp16 on CPU is emulated, ~17x slower than bf16 "
-        "(use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
-        "`make doctor` measures both on this machine)"
+    return str(
+        ConfigError(
+            "train.precision",
+            "fp16 on CPU is emulated, ~17x slower than bf16",
+            "use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
+            "`make doctor` measures both on this machine",
+        )
     )
 
 
@@ -268,7 +271,7 @@ def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> st
     if cfg.train.precision != "auto" or ctx.device.type != "cpu":
         chosen = resolve_precision(cfg.train.precision, ctx.device)
         if chosen == "bf16" and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise BadInput("config error: train.precision: this GPU has no bf16 support (use fp16 or fp32)")
+            raise ConfigError("train.precision", "this GPU has no bf16 support", "use fp16 or fp32")
         return chosen
     choice, line = None, ""
     if ctx.is_main:

@@ -15,7 +15,7 @@ import traceback
 
 from torchlaunch import config as config_mod
 from torchlaunch import status
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput, ConfigError
 from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_mod.load(args.config, args.overrides) if args.config else None
         if cfg is None:
-            raise BadInput("config error: --config: missing (pass a recipe, e.g. --config configs/smoke.yaml)")
+            raise ConfigError("--config", "missing", "pass a recipe, e.g. --config configs/smoke.yaml")
         run_dir = cfg.run_dir
         earlier = earlier_bad_input(run_dir)
         if earlier:

@@ -38,7 +38,7 @@ from torchlaunch.core.dist import (
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
-from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
+from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
 from torchlaunch.startup import process_age_s
 from torchlaunch.tools.debug import check_model_io
 from torchlaunch.worker import eval_loop
@@ -265,17 +265,19 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         if self.lookahead is not None:
             if state.get("lookahead") is None:
-                raise BadInput(
-                    "config error: optim.lookahead_every: the checkpoint was saved without lookahead "
-                    "(resume with the config it was saved with, or start a new run_dir)"
+                raise ConfigError(
+                    "optim.lookahead_every",
+                    "the checkpoint was saved without lookahead",
+                    "resume with the config it was saved with, or start a new run_dir",
                 )
             self.lookahead.load_state_dict(state["lookahead"])
         pr = state["progress"]
         if state.get("global_batch") != self.plan.global_batch:
-            raise BadInput(
-                f"config error: train.batch_size: the checkpoint was trained with a global batch of "
-                f"{state.get('global_batch')}, now {self.plan.global_batch} (keep the global batch; "
-                f"change train.micro_batch_size to fit memory instead)"
+            raise ConfigError(
+                "train.batch_size",
+                f"the checkpoint was trained with a global batch of {state.get('global_batch')}, "
+                f"now {self.plan.global_batch}",
+                "keep the global batch; change train.micro_batch_size to fit memory instead",
             )
         self.progress = Progress(
             pr["epoch"],

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import xxhash
 
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import ConfigError
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
@@ -476,22 +476,25 @@ def resolve_resume(
         return find_latest(root, map_location, on_skip)
     found = locate(resume)
     if found is None or found.kind == "file":
-        raise BadInput(
-            f"config error: checkpoint.resume: {Path(resume).expanduser()} does not exist or is not a checkpoint "
-            "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)"
+        raise ConfigError(
+            "checkpoint.resume",
+            f"{Path(resume).expanduser()} does not exist or is not a checkpoint",
+            "use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100",
         )
     path = found.checkpoint or latest_valid(found.root or found.path)
     if path is None:
-        raise BadInput(
-            f"config error: checkpoint.resume: {found.path} holds no valid checkpoint "
-            "(use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100)"
+        raise ConfigError(
+            "checkpoint.resume",
+            f"{found.path} holds no valid checkpoint",
+            "use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100",
         )
     try:
         return path, load_state(path, map_location)
     except InvalidCheckpoint as e:
-        raise BadInput(
-            f"config error: checkpoint.resume: {path} is not a valid checkpoint: {e} "
-            "(pick another checkpoint or use checkpoint.resume=auto)"
+        raise ConfigError(
+            "checkpoint.resume",
+            f"{path} is not a valid checkpoint: {e}",
+            "pick another checkpoint or use checkpoint.resume=auto",
         ) from None
 
 
