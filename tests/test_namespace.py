@@ -95,8 +95,13 @@ def test_thin_command_modules_only_hand_over_to_torchlaunch() -> None:
 
 
 def ours_in(modules: dict[str, str | None], roots: tuple[str, ...]) -> dict[str, str]:
-    """The modules (name -> file) loaded from one of our source trees."""
-    return {name: file for name, file in modules.items() if file and file.startswith(roots)}
+    """The modules (name -> file) loaded from one of our source trees (an installed package is not ours,
+    even when the virtual environment lives inside the checkout, as `make install` puts it)."""
+    return {
+        name: file
+        for name, file in modules.items()
+        if file and file.startswith(roots) and f"{os.sep}site-packages{os.sep}" not in file
+    }
 
 
 def assert_only_torchlaunch_of_ours(modules: dict[str, str | None], roots: tuple[str, ...]) -> None:
