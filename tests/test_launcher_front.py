@@ -124,3 +124,12 @@ def test_one_line_keeps_a_domain_line_and_prefixes_the_rest() -> None:
     assert cli.one_line(ValueError("config error: x\nmore")) == "config error: x"
     assert cli.one_line(ValueError("--nodes must be >= 1")) == "launch error: --nodes must be >= 1"
     assert cli.split_program(["--gpus", "2", "--", "a.py", "--", "b"]) == (["--gpus", "2"], ["a.py", "--", "b"])
+
+
+def test_a_program_argument_cannot_add_a_line_to_the_sbatch_script() -> None:
+    from torchlaunch.launch.spec import JobSpec
+
+    spec = JobSpec(program=("/code/train.py", "x\ntouch /tmp/owned #"), run_dir="/shared/r")
+    script = slurm.sbatch_script(spec, slurm.SlurmOptions(use_gpus=False, repo_root="/opt/repo", cwd="/code"))
+    assert not any(line.startswith("touch") for line in script.splitlines())
+    assert "# program in every task (torchlaunch.runner): /code/train.py 'x\\ntouch /tmp/owned #'" in script

@@ -466,7 +466,7 @@ def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
         timeout=60,
     )
     assert rc == OK, err
-    assert f"# program in every task (launch.program): {REPO / EXIT_WITH} 0 'x y'\ncd {REPO}\n" in out
+    assert f"# program in every task (torchlaunch.runner): {REPO / EXIT_WITH} 0 'x y'\ncd {REPO}\n" in out
     assert f"#SBATCH --output={tmp_path}/slurm/%j/%j_0_log.out" in out and "#SBATCH --job-name=exit_with" in out
 
 

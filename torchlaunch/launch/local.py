@@ -151,7 +151,7 @@ def launch_env(
 ) -> dict[str, str]:
     env = dict(base)
     if spec.program:
-        # The runner (launch.program) must import from any working directory; appended, so the
+        # The runner (torchlaunch.runner) must import from any working directory; appended, so the
         # user's own packages of the same name (cwd or the script's folder come first) still win.
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(REPO_ROOT) not in paths:

@@ -141,7 +141,9 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
     if options.explicit_master_port:
         setup.append(f"export MASTER_PORT={spec.master_port}")
     if spec.program:
-        setup.append(f"# program in every task (launch.program): {shlex.join(spec.program)}")
+        # A comment for the reader: escaped to one line, so no argument can end it and add a command.
+        shown = shlex.join(spec.program).encode("unicode_escape").decode("ascii")
+        setup.append(f"# program in every task (torchlaunch.runner): {shown}")
         if options.cwd:
             setup.append(f"cd {shlex.quote(options.cwd)}")
     params: dict[str, Any] = {
