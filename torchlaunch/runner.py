@@ -26,9 +26,7 @@ import importlib.machinery
 import importlib.util
 import os
 import runpy
-import shlex
 import sys
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +103,8 @@ def refuse_worker_options(program: Program, config: str | None, overrides: Seque
             "(pass your program's own arguments after --, or drop the program to train a recipe)"
         )
     if overrides:
+        import shlex  # only here: the rank's start-up imports nothing it does not use
+
         raise BadInput(
             f"{prefix}config overrides ({overrides[0]}) apply to the built-in worker, not to "
             f"{program.name} (pass your program's own arguments after --: "
@@ -210,6 +210,8 @@ def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
         print(reason, file=sys.stderr, flush=True)
         return FAILURE, reason
     except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
+        import traceback
+
         traceback.print_exc()
         reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
         return FAILURE, reason
