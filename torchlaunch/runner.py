@@ -154,11 +154,6 @@ def check(program: Program, cwd: str | None = None, search_path: Sequence[str] |
         )
 
 
-def builtin(module: str, args: Sequence[str]) -> Program:
-    """One of BUILTINS with its arguments, e.g. builtin(BUILTIN_WORKER, ["--config", path])."""
-    return Program(module=module, args=tuple(args))
-
-
 def execute(program: Program, cwd: str | None = None) -> None:
     """Run the program in this process: a builtin by its entry function, anything else as `__main__`
     with sys.argv and sys.path[0] set as python would."""
