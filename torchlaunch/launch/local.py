@@ -4,7 +4,7 @@ One worker without restarts runs directly, without torchrun's agent (see runs_wi
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
-    python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m train)
+    python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
 
 Every rank runs through torchlaunch.runner, the built-in worker (`-m torchlaunch.worker`, the default
 program) exactly like a user's script, so both get the same env contract, signal forwarding, torchrun
@@ -124,7 +124,7 @@ def torchrun_argv(
 def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
     """One worker on one node with no restarts: torchrun's agent would only start it (its own torch
     import alone costs ~1.7 s on 2 cores), so the worker runs directly. It needs no rendezvous: with
-    no RANK/WORLD_SIZE in its environment train.dist runs it as a single process."""
+    no RANK/WORLD_SIZE in its environment torchlaunch.contract finds no contract and it runs as a single process."""
     return spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0 and placement.master_addr is None
 
 

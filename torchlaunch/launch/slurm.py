@@ -103,7 +103,7 @@ def _yaml_run_dir(config: str) -> str | None:
 
 
 def worker_argv(spec: JobSpec, run_dir: str) -> list[str]:
-    """Argv of `python -m train`: identical on every rank and every requeue. The signal lead time is
+    """Arguments of the built-in worker (`-m torchlaunch.worker`): identical on every rank and every requeue. The signal lead time is
     passed on so the worker can warn when a checkpoint would not fit in it."""
     keys = {o.partition("=")[0].strip() for o in spec.overrides}
     overrides = [o for o in spec.overrides if o.partition("=")[0].strip() != "run_dir"]
