@@ -133,3 +133,10 @@ def test_a_program_argument_cannot_add_a_line_to_the_sbatch_script() -> None:
     script = slurm.sbatch_script(spec, slurm.SlurmOptions(use_gpus=False, repo_root="/opt/repo", cwd="/code"))
     assert not any(line.startswith("touch") for line in script.splitlines())
     assert "# program in every task (torchlaunch.runner): /code/train.py 'x\\ntouch /tmp/owned #'" in script
+
+
+def test_an_argument_cannot_add_a_line_to_the_manifests_header(capsys: pytest.CaptureFixture[str]) -> None:
+    assert k8s.main(["--cpu-only", "--", "train.py", "x\nkind: Pod"]) == OK
+    out = capsys.readouterr().out
+    header = out.split("---", 1)[0]
+    assert all(line.startswith("#") for line in header.splitlines()) and "'x\\nkind: Pod'" in header

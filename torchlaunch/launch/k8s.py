@@ -555,7 +555,8 @@ def render(argv: list[str]) -> int:
     spec, opts, recipe_text = plan(args)
     own, program = cli.split_program(argv)
     shown = [a for a in own if a != "--dry-run"] + (["--", *program] if program is not None else [])
-    header = HEADER.format(args=(" " + shlex.join(shown)) if shown else "")
+    command = shlex.join(shown).encode("unicode_escape").decode("ascii")  # one comment line, whatever the argv
+    header = HEADER.format(args=(" " + command) if shown else "")
     sys.stdout.write(to_yaml(manifests(spec, opts, recipe_text), header))
     return OK
 
