@@ -106,10 +106,10 @@ def test_launch_env() -> None:
     assert local.launch_env(spec, {"OMP_NUM_THREADS": "3"}, 8, "a")["OMP_NUM_THREADS"] == "3"  # user's wins
 
 
-def test_attempt_env_matches_the_worker() -> None:
-    from torchlaunch.worker import run as worker
+def test_attempt_env_matches_the_runner() -> None:
+    from torchlaunch import status
 
-    assert local.ATTEMPT_ENV == worker.ATTEMPT_ENV
+    assert local.ATTEMPT_ENV == status.ATTEMPT_ENV  # what the runner reads to report each rank
 
 
 def test_read_worker_codes_takes_only_this_attempt(tmp_path: Path) -> None:
@@ -144,6 +144,8 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
         "0",
         "--standalone",
         "-m",
+        "torchlaunch.runner",
+        "-m",
         "torchlaunch.worker",
         "--config",
         str(run_dir / "config.yaml"),
@@ -161,7 +163,11 @@ def test_one_worker_without_restarts_skips_the_agent(
     argv = shlex.split(capsys.readouterr().out)
     assert rc == 0
     if direct:
-        assert argv == [sys.executable, "-m", "torchlaunch.worker", "--config", str(tmp_path / "config.yaml")]
+        assert argv == [
+            sys.executable,
+            *("-m", "torchlaunch.runner", "-m", "torchlaunch.worker"),
+            *("--config", str(tmp_path / "config.yaml")),
+        ]
     else:
         assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and "--nproc-per-node" in argv
 

@@ -132,7 +132,7 @@ def test_one_worker_runs_without_the_agent_and_resumes_exactly(tmp_path: Path) -
     done = run(reference, gpus=1)
     assert done.returncode == 0, done.stderr[-2000:]
     launch_line = next(ln for ln in done.stderr.splitlines() if ln.startswith("launch: "))
-    assert "torchrun" not in launch_line and " -m torchlaunch.worker --config " in launch_line
+    assert "torchrun" not in launch_line and " -m torchlaunch.runner -m torchlaunch.worker --config " in launch_line
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     sigterm_launcher_mid_run(resumed, gpus=1)

@@ -201,9 +201,11 @@ def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:
 
 
 def test_doctor_runs_the_preflight_in_each_task() -> None:
-    from torchlaunch.launch.slurm import parse_args
+    from torchlaunch.launch.slurm import parse_args, task_argv
 
-    _, options, _ = parse_args(["--nodes", "2", "--tasks-per-node", "2", "--doctor", "--config", "configs/smoke.yaml"])
-    assert options.worker == "torchlaunch.tools.preflight:main"
-    _, options, _ = parse_args(["--nodes", "2", "--tasks-per-node", "2", "--config", "configs/smoke.yaml"])
-    assert options.worker == "torchlaunch.worker.run:main"
+    spec, options, _ = parse_args(
+        ["--nodes", "2", "--tasks-per-node", "2", "--doctor", "--config", "configs/smoke.yaml"]
+    )
+    assert task_argv(spec, options, "/r")[:3] == ["-m", "torchlaunch.tools.preflight", "--config"]
+    spec, options, _ = parse_args(["--nodes", "2", "--tasks-per-node", "2", "--config", "configs/smoke.yaml"])
+    assert task_argv(spec, options, "/r")[:3] == ["-m", "torchlaunch.worker", "--config"]  # through the runner

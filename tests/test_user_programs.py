@@ -437,7 +437,7 @@ def test_doctor_for_a_user_program(tmp_path: Path) -> None:
 
 
 def test_sbatch_script_of_a_program_golden() -> None:
-    from torchlaunch.launch.slurm import PROGRAM_RUNNER, SlurmOptions, SlurmTask, sbatch_script, task_argv
+    from torchlaunch.launch.slurm import SlurmOptions, sbatch_script, task_argv
 
     spec = JobSpec(
         program=("/opt/code/train.py", "--epochs", "3"),
@@ -450,13 +450,13 @@ def test_sbatch_script_of_a_program_golden() -> None:
         use_gpus=False,
         python="/opt/venv/bin/python",
         repo_root="/opt/repo",
-        worker=PROGRAM_RUNNER,
         cwd="/opt/code",
         job_name="train",
     )
     check_golden("slurm_program.sbatch", sbatch_script(spec, options))
     assert task_argv(spec, options, "/shared/runs/mine") == ["/opt/code/train.py", "--epochs", "3"]
-    assert SlurmTask(argv=[], time_min=1, signal_delay_s=1).worker == "torchlaunch.worker.run:main"  # default unchanged
+    builtin = JobSpec(config="configs/smoke.yaml", run_dir="/shared/runs/mine")
+    assert task_argv(builtin, options, "/shared/runs/mine")[:2] == ["-m", "torchlaunch.worker"]  # the same runner
 
 
 def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
@@ -466,7 +466,7 @@ def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
         timeout=60,
     )
     assert rc == OK, err
-    assert f"# program in every task (launch.program): {REPO / EXIT_WITH} 0 'x y'\ncd {REPO}\n" in out
+    assert f"# program in every task (torchlaunch.runner): {REPO / EXIT_WITH} 0 'x y'\ncd {REPO}\n" in out
     assert f"#SBATCH --output={tmp_path}/slurm/%j/%j_0_log.out" in out and "#SBATCH --job-name=exit_with" in out
 
 

@@ -1,38 +1,52 @@
-"""Run any script or module as one rank, with the project's exit-code contract (torch-free).
+"""Run one rank's program with the project's exit-code contract: the only runner (torch-free).
 
+    python -m torchlaunch.runner -m torchlaunch.worker --config RUN_DIR/config.yaml  # the default program
     python -m torchlaunch.runner SCRIPT.py [args]        # as `python SCRIPT.py args` would
     python -m torchlaunch.runner -m package.module [args] # as `python -m package.module args` would
 
-Every launcher starts a user's program through this runner, and the built-in worker is just the
-default program (`-m train ...`, which launch.local starts directly). The program runs in this
-process with runpy as `__main__`: sys.argv and sys.path[0] are what the plain interpreter would set,
-signals go straight to the program's own handlers (nothing in between to forward them), and its end
-becomes one exit code: SystemExit keeps its code, an escaping train.exit_codes.BadInput is one line
-and 2, anything else a traceback and 1. The code and a one-line reason are left for the launcher
-(train/status.py); after a torchrun restart of a launch that already hit bad input the runner exits
-2 at once instead of failing the same way again. The launcher never imports the program; `check`
-finds it on disk only.
+Every launcher (local, Slurm, Kubernetes) starts every rank through this runner, and the built-in
+worker is just the default program, so signals, exit codes, restarts and the status record are the
+same code for `-m torchlaunch.worker` and a user's script. A user's program runs in this process with
+runpy as `__main__`: sys.argv and sys.path[0] are what the plain interpreter would set, and signals go
+straight to the program's own handlers. The project's own programs (BUILTINS: the worker and the
+pre-flight) are called in-process by their entry function instead, with no extra import, and leave
+without interpreter teardown (see exit_process).
+
+However the program ends becomes one exit code, here and nowhere else: SystemExit (or a returned
+code) keeps its code, an escaping BadInput is one line and 2, anything else a traceback and 1. The
+code and a one-line reason are left for the launcher (torchlaunch/status.py); after a torchrun restart
+of a launch that already hit bad input the runner exits 2 at once instead of failing the same way
+again. The launcher never imports the program; `check` finds it on disk only.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import os
 import pkgutil
 import runpy
-import shlex
 import sys
-import traceback
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchlaunch import status
+from torchlaunch import (
+    contract,
+    startup,  # noqa: F401 - before any heavy import: its clock fallback (no /proc) starts here
+    status,
+)
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
 USAGE = "pass SCRIPT.py [args] or -m package.module [args] after --"
+BUILTIN_WORKER = "torchlaunch.worker"
+"""The default program of every launcher: the built-in image-classifier worker."""
+PREFLIGHT = "torchlaunch.tools.preflight"
+"""What every launcher's --doctor runs in each rank instead of the program."""
+BUILTINS = {BUILTIN_WORKER: "torchlaunch.worker.run:main", PREFLIGHT: "torchlaunch.tools.preflight:main"}
+"""The project's own programs: module -> entry function taking the argv and returning an exit code."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,11 @@ class Program:
     @property
     def name(self) -> str:
         return self.module or self.script or "?"
+
+    @property
+    def builtin(self) -> bool:
+        """One of the project's own programs (the worker, the pre-flight), not the user's."""
+        return self.module in BUILTINS
 
     def argv(self) -> list[str]:
         """The runner's arguments, which are also what would follow `python`."""
@@ -86,6 +105,8 @@ def refuse_worker_options(program: Program, config: str | None, overrides: Seque
             "(pass your program's own arguments after --, or drop the program to train a recipe)"
         )
     if overrides:
+        import shlex  # only here: the rank's start-up imports nothing it does not use
+
         raise BadInput(
             f"{prefix}config overrides ({overrides[0]}) apply to the built-in worker, not to "
             f"{program.name} (pass your program's own arguments after --: "
@@ -136,8 +157,16 @@ def check(program: Program, cwd: str | None = None, search_path: Sequence[str] |
 
 
 def execute(program: Program, cwd: str | None = None) -> None:
-    """Run the program as `__main__` in this process, sys.argv and sys.path[0] set as python would."""
+    """Run the program in this process: a builtin by its entry function, anything else as `__main__`
+    with sys.argv and sys.path[0] set as python would."""
     cwd = cwd or os.getcwd()
+    if program.builtin:
+        sys.argv = [str(program.module), *program.args]
+        module_name, _, function = BUILTINS[str(program.module)].partition(":")
+        code = getattr(importlib.import_module(module_name), function)(list(program.args))
+        if code:
+            raise SystemExit(code)
+        return
     if program.module is not None:
         sys.argv = [program.module, *program.args]  # run_module replaces argv[0] with the file
         _set_path0(cwd)  # `python -m` puts the working directory first
@@ -198,6 +227,8 @@ def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
         print(reason, file=sys.stderr, flush=True)
         return FAILURE, reason
     except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
+        import traceback
+
         traceback.print_exc()
         reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
         return FAILURE, reason
@@ -214,13 +245,6 @@ def describe(program: Program, code: int) -> str:
     return f"{program.name} exited {code}"
 
 
-def rank() -> int:
-    try:
-        return int(os.environ.get("RANK", "0") or 0)
-    except ValueError:
-        return 0
-
-
 def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     """Run one rank of a program; the exit code, also left in the launcher's status folder."""
     try:
@@ -231,11 +255,28 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     if status.earlier_bad_input():
         return BAD_INPUT  # launch.local already has the reason from the first attempt
     code, reason = outcome(program, cwd)
-    status.report(rank(), code, reason)
+    status.report(contract.rank(), code, reason)
     sys.stdout.flush()
     sys.stderr.flush()
     return code
 
 
+def exit_process(code: int, program: Sequence[str] | None = None) -> None:
+    """Leave with `code`. The project's own programs leave without interpreter teardown: with several
+    gloo ranks, C++ threads still winding down at finalisation sometimes abort the process ("terminate
+    called without an active exception") after a clean finish, turning exit 0 into a crash; their
+    output is flushed and their files fsynced by then. A user's program gets the interpreter's normal
+    exit (its atexit handlers, its finalisers)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        own = program is None or parse(program).builtin
+    except BadInput:
+        own = False
+    if own:
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main(), sys.argv[1:])

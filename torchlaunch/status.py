@@ -1,8 +1,8 @@
 """Each rank's outcome for the launcher that started it: one small JSON record per rank and attempt.
 
 torchrun exits 1 whatever its workers returned, so launch.local cannot tell bad input (2) from a
-preemption (75) by torchrun's code. Every program it starts (the built-in worker, train.preflight, a
-user's script run by launch.program) leaves `{code, reason, rank}` in the folder named by
+preemption (75) by torchrun's code. Every program it starts (the built-in worker, the pre-flight, a
+user's script) runs through torchlaunch.runner, which leaves `{code, reason, rank}` in the folder named by
 TORCHLAUNCH_STATUS_DIR under the launch's attempt id (TORCHLAUNCH_ATTEMPT_ID). Stdlib only: the
 launcher and the torch-free program runner import it.
 """

@@ -1,24 +1,20 @@
-"""Process-group setup: the only reader of the launcher -> worker environment contract.
+"""Process-group setup from the launcher -> worker environment contract (read by torchlaunch.contract).
 
-Contract: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. When they are
-absent the worker runs as a single process without a process group, so `python -m train` works on a
-laptop exactly like under torchrun, submitit or Kubernetes.
+When the contract is absent the worker runs as a single process without a process group, so
+`python -m train` works on a laptop exactly like under torchrun, submitit or Kubernetes.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from torchlaunch.contract import CONTRACT, read_env  # noqa: F401 - CONTRACT re-exported
 from torchlaunch.core.affinity import pin_local_rank
 from torchlaunch.exit_codes import BadInput, ConfigError
-
-CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -39,37 +35,6 @@ class DistContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def read_env(env: Mapping[str, str] | None = None) -> dict[str, int | str] | None:
-    """Parse the contract; None when no launcher set it. Half-set contracts are bad input."""
-    env = os.environ if env is None else env
-    present = [k for k in CONTRACT if k in env]
-    if not present:
-        return None
-    if "RANK" in present and "WORLD_SIZE" in present and len(present) < len(CONTRACT):
-        missing = [k for k in CONTRACT if k not in env and k not in ("LOCAL_WORLD_SIZE",)]
-        if missing:
-            raise BadInput(
-                f"env error: {', '.join(missing)} not set while RANK/WORLD_SIZE are "
-                "(start workers with a launcher: python -m launch.local, torchrun, submitit)"
-            )
-    if "RANK" not in env or "WORLD_SIZE" not in env:
-        return None
-    parsed: dict[str, int | str] = {}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
-        raw = env.get(key, "1" if key == "LOCAL_WORLD_SIZE" else "0")
-        try:
-            parsed[key] = int(raw)
-        except ValueError:
-            raise BadInput(f"env error: {key}={raw!r} is not an integer (fix the launcher's environment)") from None
-    parsed["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
-    if not 0 <= int(parsed["RANK"]) < int(parsed["WORLD_SIZE"]):
-        raise BadInput(
-            f"env error: RANK={parsed['RANK']} outside WORLD_SIZE={parsed['WORLD_SIZE']} "
-            "(fix the launcher's environment)"
-        )
-    return parsed
 
 
 def pick_device(local_rank: int) -> torch.device:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.launch import cli
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 
 Manifest = dict[str, Any]
@@ -358,8 +359,8 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
     # Pod hostnames are `<name>-<index>` and must stay DNS labels (<= 63 characters).
     longest = len(f"{opts.name}-{spec.nodes - 1}")
     if not DNS_LABEL.match(opts.name) or longest > 63:
-        raise BadInput(
-            f"k8s error: --name {opts.name!r} must be a DNS label (lowercase letters, digits, '-', "
+        raise cli.error(
+            f"--name {opts.name!r} must be a DNS label (lowercase letters, digits, '-', "
             f"starting with a letter) short enough for '<name>-<index>' to fit 63 characters"
         )
     for field, value in (
@@ -368,20 +369,19 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
         ("--wait-timeout-s", opts.wait_timeout_s),
     ):
         if value < 1:
-            raise BadInput(f"k8s error: {field} must be >= 1, got {value}")
+            raise cli.error(f"{field} must be >= 1, got {value}")
     if opts.backoff_limit is not None and opts.backoff_limit < 0:
-        raise BadInput(f"k8s error: --backoff-limit must be >= 0, got {opts.backoff_limit}")
+        raise cli.error(f"--backoff-limit must be >= 0, got {opts.backoff_limit}")
     if opts.workdir is not None and not opts.workdir.startswith("/"):
-        raise BadInput(
-            f"k8s error: --workdir {opts.workdir!r} must be an absolute path in the image "
-            f"(where your code is, e.g. /code)"
+        raise cli.error(
+            f"--workdir {opts.workdir!r} must be an absolute path in the image (where your code is, e.g. /code)"
         )
     if any(o.startswith("run_dir=") for o in spec.overrides):
-        raise BadInput("k8s error: set the run directory with --run-dir, not a run_dir= override")
+        raise cli.error("set the run directory with --run-dir, not a run_dir= override")
     rd = run_dir(spec, opts)  # relative paths resolve against the pods' working dir, the shared volume
     if rd.startswith("/") and not rd.startswith(opts.shared_dir + "/"):
-        raise BadInput(
-            f"k8s error: --run-dir {rd!r} must be under {opts.shared_dir}/ (the shared volume), "
+        raise cli.error(
+            f"--run-dir {rd!r} must be under {opts.shared_dir}/ (the shared volume), "
             f"or a pod replacement would lose the checkpoints"
         )
 
@@ -430,15 +430,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         description="Render the Kubernetes manifests (Service, ConfigMap, PVC, "
         "Indexed Job) of a training run to stdout.",
     )
+    cli.add_common(
+        p,
+        config_help=f"recipe YAML of the built-in worker (default {DEFAULT_CONFIG}); "
+        "shipped to the pods in a ConfigMap; not with a program after --",
+        run_dir_help="run directory on the shared volume (default /shared/runs/NAME)",
+    )
     p.add_argument("--nodes", type=int, default=2, help="pods (one per node)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="worker processes (GPUs) per pod")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="training image, REGISTRY/IMAGE:TAG (make image)")
-    p.add_argument(
-        "--config",
-        default=None,
-        help=f"recipe YAML of the built-in worker (default {DEFAULT_CONFIG}); "
-        "shipped to the pods in a ConfigMap; not with a program after --",
-    )
     p.add_argument(
         "--workdir",
         default=None,
@@ -448,7 +448,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--namespace", default=None, help="namespace of every object (default: kubectl's)")
     p.add_argument("--storage-class", default=None, help="ReadWriteMany StorageClass of the shared PVC")
     p.add_argument("--storage-size", default=K8sOptions.storage_size, help="size of the shared PVC")
-    p.add_argument("--run-dir", default=None, help="run directory on the shared volume (default /shared/runs/NAME)")
     p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port of pod 0")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts inside a pod")
     p.add_argument("--cpus-per-gpu", type=int, default=K8sOptions.cpus_per_gpu)
@@ -468,65 +467,51 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--backoff-limit", type=int, default=None, help="pod failures tolerated (default 3 x nodes)")
     p.add_argument("--cpu-only", action="store_true", help="CPU workers (gloo), no GPU requests")
     p.add_argument(
-        "--doctor",
-        action="store_true",
-        help="render a pre-flight Job (rendezvous, all_reduce, shared PVC) instead of training",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the manifests (this launcher only ever prints; apply them with kubectl)",
-    )
-    p.add_argument(
         "--wait-for",
         metavar="HOST:PORT",
         default=None,
         help="(inside pods) wait until HOST:PORT accepts TCP connections, then exit 0",
     )
     p.add_argument("--wait-timeout-s", type=int, default=K8sOptions.wait_timeout_s)
-    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    own, program = (list(argv), None)
-    if "--" in own:
-        cut = own.index("--")
-        own, program = own[:cut], own[cut + 1 :]
-    args = p.parse_args(own)
-    args.program = program
-    return args
+    return cli.parse(p, argv)
 
 
 def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
-    """Validate everything (the recipe and overrides too) before printing anything."""
+    """Validate everything (the recipe and overrides too) before printing anything: the same
+    pre-spawn policy as the other launchers, with or without --doctor / --dry-run (this launcher only
+    ever prints)."""
     from torchlaunch import config as config_mod
+    from torchlaunch.launch import precheck
 
     for name in ("nodes", "gpus_per_node", "cpus_per_gpu", "mem_gb_per_gpu"):
         if getattr(args, name) < 1:
-            raise BadInput(f"k8s error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.program is not None:
-        return plan_program(args)
-    args.config = args.config or DEFAULT_CONFIG
+            raise cli.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.program is None:
+        args.config = args.config or DEFAULT_CONFIG
+    program = cli.check_program(args, on_disk=False, run_dir_for_builtin=True)  # the code is in the image
+    common = {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "run_dir": args.run_dir,
+        "master_port": args.master_port,
+        "max_restarts": args.max_restarts,
+        "image": args.image,
+    }
+    opts = options_from(args)
+    if program is not None:
+        spec = JobSpec(program=tuple(program.argv()), **common)
+        validate(spec, opts)
+        return spec, opts, ""
     try:
         with open(args.config, encoding="utf-8") as f:
             recipe_text = f.read()
     except OSError as e:
-        raise BadInput(
-            f"k8s error: cannot read --config {args.config}: {e.strerror} (pass a recipe such as configs/cifar10.yaml)"
+        raise cli.error(
+            f"cannot read --config {args.config}: {e.strerror} (pass a recipe such as configs/cifar10.yaml)"
         ) from None
     cfg = config_mod.load(args.config, args.overrides)  # the pods would fail the same way: fail here
-    if args.doctor:
-        from torchlaunch.launch import precheck
-
-        precheck.check_remote(cfg, on_cpu=args.cpu_only)  # data visible from here, fp16 on CPU workers
-    spec = JobSpec(
-        config=args.config,
-        overrides=tuple(args.overrides),
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        run_dir=args.run_dir,
-        master_port=args.master_port,
-        max_restarts=args.max_restarts,
-        image=args.image,
-    )
-    opts = options_from(args)
+    precheck.check(cfg, on_cpu=args.cpu_only, local=False, doctor=args.doctor)
+    spec = JobSpec(config=args.config, overrides=tuple(args.overrides), **common)
     validate(spec, opts)
     return spec, opts, recipe_text
 
@@ -549,33 +534,17 @@ def options_from(args: argparse.Namespace) -> K8sOptions:
     )
 
 
-def plan_program(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
-    """A user's program: it lives in the image or a mount, so only its form is checked here."""
-    from torchlaunch import runner as program_mod
-
-    program = program_mod.parse(args.program)
-    program_mod.refuse_worker_options(program, args.config, args.overrides, "k8s error: ")
-    spec = JobSpec(
-        program=tuple(program.argv()),
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        run_dir=args.run_dir,
-        master_port=args.master_port,
-        max_restarts=args.max_restarts,
-        image=args.image,
-    )
-    opts = options_from(args)
-    validate(spec, opts)
-    return spec, opts, ""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    return cli.main(lambda: render(argv))
+
+
+def render(argv: list[str]) -> int:
+    """Print the manifests of `argv` (or, inside a pod, wait for pod 0); BadInput before any output."""
     args = parse_args(argv)
     if args.wait_for is not None:
         if ":" not in args.wait_for or not args.wait_for.rpartition(":")[2].isdigit():
-            print(f"k8s error: --wait-for needs HOST:PORT, got {args.wait_for!r}", file=sys.stderr)
-            return BAD_INPUT
+            raise cli.error(f"--wait-for needs HOST:PORT, got {args.wait_for!r}")
         if wait_for(args.wait_for, args.wait_timeout_s):
             return OK
         print(
@@ -583,13 +552,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return FAILURE
-    try:
-        spec, opts, recipe_text = plan(args)
-    except BadInput as e:
-        print(str(e), file=sys.stderr)
-        return BAD_INPUT
-    shown = [a for a in argv if a != "--dry-run"]
-    header = HEADER.format(args=(" " + shlex.join(shown)) if shown else "")
+    spec, opts, recipe_text = plan(args)
+    own, program = cli.split_program(argv)
+    shown = [a for a in own if a != "--dry-run"] + (["--", *program] if program is not None else [])
+    command = shlex.join(shown).encode("unicode_escape").decode("ascii")  # one comment line, whatever the argv
+    header = HEADER.format(args=(" " + command) if shown else "")
     sys.stdout.write(to_yaml(manifests(spec, opts, recipe_text), header))
     return OK
 

@@ -4,12 +4,13 @@ One worker without restarts runs directly, without torchrun's agent (see runs_wi
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
-    python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m train)
+    python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
 
-A user's program runs in every rank through launch.program (torch-free, runpy as `__main__`), so
-it gets what the built-in worker gets: the env contract, signal forwarding, torchrun restarts, the
-exit codes 0/2/75/1, --dry-run and --doctor. Its ranks report to a private status folder instead of
-RUN_DIR/status, since the launcher knows no run dir of a user's program.
+Every rank runs through torchlaunch.runner, the built-in worker (`-m torchlaunch.worker`, the default
+program) exactly like a user's script, so both get the same env contract, signal forwarding, torchrun
+restarts, exit codes 0/2/75/1, --dry-run and --doctor. The argv grammar, the program rule and the
+pre-spawn policy are torchlaunch.launch.cli's. A user's ranks report to a private status folder
+instead of RUN_DIR/status, since the launcher knows no run dir of a user's program.
 
 Why torchrun runs as a child rather than via exec: torchrun exits 1 whatever its workers returned,
 but schedulers need to tell "bad input, never retry" (2) and "preempted, run me again" (75) apart.
@@ -38,14 +39,15 @@ from pathlib import Path
 from torchlaunch import config as config_mod
 from torchlaunch import runner as program_mod
 from torchlaunch import status
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import precheck
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.launch import cli, precheck
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
+PREFLIGHT = program_mod.PREFLIGHT
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILTIN_WORKER = "torchlaunch.worker"  # the default program; never the top-level `train` a user may own
+BUILTIN_WORKER = program_mod.BUILTIN_WORKER  # the default program; never the top-level `train` a user may own
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 
 
@@ -69,10 +71,11 @@ def program_id(program: Sequence[str], placement: NodePlacement, port: int) -> s
 
 
 def program_tail(spec: JobSpec, module: str) -> list[str]:
-    """What each rank runs: the built-in `module` on the resolved config, or the user's program."""
+    """What each rank runs, always through the one runner: the user's program, or the built-in
+    `module` (the worker, or the pre-flight of --doctor) on the resolved config."""
     if spec.program and module == BUILTIN_WORKER:
         return ["-m", "torchlaunch.runner", *spec.program]
-    return ["-m", module, "--config", spec.config, *spec.overrides]
+    return ["-m", "torchlaunch.runner", "-m", module, "--config", spec.config, *spec.overrides]
 
 
 def torchrun_argv(
@@ -100,9 +103,7 @@ def torchrun_argv(
         argv.append("--standalone")  # private rendezvous on a free local port
     else:
         if placement.master_addr is None:
-            raise BadInput(
-                "launch error: --master-addr is required with --nnodes > 1 (pass the host name or address of node 0)"
-            )
+            raise cli.error("--master-addr is required with --nnodes > 1 (pass the host name or address of node 0)")
         is_host = "true" if placement.node_rank == 0 else "false"
         argv += [
             "--node-rank",
@@ -123,7 +124,7 @@ def torchrun_argv(
 def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
     """One worker on one node with no restarts: torchrun's agent would only start it (its own torch
     import alone costs ~1.7 s on 2 cores), so the worker runs directly. It needs no rendezvous: with
-    no RANK/WORLD_SIZE in its environment train.dist runs it as a single process."""
+    no RANK/WORLD_SIZE in its environment torchlaunch.contract finds no contract and it runs as a single process."""
     return spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0 and placement.master_addr is None
 
 
@@ -150,7 +151,7 @@ def launch_env(
 ) -> dict[str, str]:
     env = dict(base)
     if spec.program:
-        # The runner (launch.program) must import from any working directory; appended, so the
+        # The runner (torchlaunch.runner) must import from any working directory; appended, so the
         # user's own packages of the same name (cwd or the script's folder come first) still win.
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(REPO_ROOT) not in paths:
@@ -201,17 +202,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
-    """Launcher arguments before `--`, the program after it (None: the built-in worker)."""
-    items = list(argv)
-    if "--" not in items:
-        return items, None
-    cut = items.index("--")
-    return items[:cut], items[cut + 1 :]
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    own, program = split_program(argv)
     p = argparse.ArgumentParser(
         prog="python -m launch.local",
         usage="%(prog)s [options] --config YAML [key=value ...] | "
@@ -219,14 +210,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         description="Run DDP training with torchrun on this machine (CPU + gloo without GPUs): "
         "the built-in worker on a recipe, or any program after --.",
     )
+    cli.add_common(
+        p,
+        config_help="recipe YAML of the built-in worker, e.g. configs/smoke.yaml (not with a program after --)",
+        run_dir_help="with a program after --: the shared folder --doctor checks (default: a private temporary folder)",
+    )
     p.add_argument("--gpus", type=int, default=1, help="worker processes on this node (one per GPU)")
-    p.add_argument(
-        "--config", help="recipe YAML of the built-in worker, e.g. configs/smoke.yaml (not with a program after --)"
-    )
-    p.add_argument(
-        "--run-dir",
-        help="with a program after --: the shared folder --doctor checks (default: a private temporary folder)",
-    )
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes in the job")
     p.add_argument("--node-rank", type=int, default=0, help="this node's index (0 hosts the rendezvous)")
     p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
@@ -239,107 +228,82 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="auto: GPUs when visible, else CPU processes on gloo",
     )
     p.add_argument("--module", default=BUILTIN_WORKER, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--doctor",
-        action="store_true",
-        help="run the distributed pre-flight (rendezvous, all_reduce, shared storage, ...) instead of training",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the command (torchrun, or the worker itself for one worker without restarts) and exit",
-    )
-    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = p.parse_args(own)
-    args.program = program
-    return args
+    return cli.parse(p, argv)
 
 
 def check_placement(args: argparse.Namespace) -> None:
     """The launcher's own numbers, whatever the program."""
     if args.gpus < 1:
-        raise BadInput(f"launch error: --gpus must be >= 1, got {args.gpus} (GPUS=1 runs one worker)")
+        raise cli.error(f"--gpus must be >= 1, got {args.gpus} (GPUS=1 runs one worker)")
     if args.nnodes < 1:
-        raise BadInput(f"launch error: --nnodes must be >= 1, got {args.nnodes}")
+        raise cli.error(f"--nnodes must be >= 1, got {args.nnodes}")
     if not 0 <= args.node_rank < args.nnodes:
-        raise BadInput(f"launch error: --node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
+        raise cli.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
     if args.max_restarts < 0:
-        raise BadInput(f"launch error: --max-restarts must be >= 0, got {args.max_restarts}")
+        raise cli.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
 
 
 def check_devices(args: argparse.Namespace) -> None:
     if args.device != "cpu":
         gpus = visible_gpus()
         if args.device == "cuda" and gpus == 0:
-            raise BadInput(
-                "launch error: --device cuda but no GPU is visible (check the driver and "
-                "CUDA_VISIBLE_DEVICES, or use --device cpu)"
+            raise cli.error(
+                "--device cuda but no GPU is visible (check the driver and CUDA_VISIBLE_DEVICES, or use --device cpu)"
             )
         if gpus and args.gpus > gpus:
-            raise BadInput(
-                f"launch error: GPUS={args.gpus} but only {gpus} GPU(s) are visible "
-                f"(use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)"
+            raise cli.error(
+                f"GPUS={args.gpus} but only {gpus} GPU(s) are visible (use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)"
             )
 
 
-def plan_program(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, program_mod.Program]:
-    """A user's program: found on disk (never imported) before anything starts; BadInput otherwise."""
-    check_placement(args)
-    program = program_mod.parse(args.program)
-    program_mod.refuse_worker_options(program, args.config, args.overrides, "launch error: ")
-    program_mod.check(program)
-    check_devices(args)
-    spec = JobSpec(
-        program=tuple(program.argv()),
-        nodes=args.nnodes,
-        gpus_per_node=args.gpus,
-        run_dir=args.run_dir,
-        master_port=args.master_port,
-        max_restarts=args.max_restarts,
-    )
-    return spec, NodePlacement(args.node_rank, args.master_addr), program
+@dataclass(frozen=True)
+class Plan:
+    """Everything checked, nothing started: what every rank of this node runs."""
+
+    spec: JobSpec
+    placement: NodePlacement
+    cfg: config_mod.RunConfig | None
+    """The built-in worker's resolved recipe; None with a user's program."""
+    program: program_mod.Program | None
 
 
-def plan(args: argparse.Namespace) -> tuple[JobSpec, NodePlacement, config_mod.RunConfig]:
-    """Validate everything before starting anything; BadInput on the first problem."""
+def plan(args: argparse.Namespace) -> Plan:
+    """Validate everything before starting anything (the same in a run, --dry-run and --doctor);
+    BadInput on the first problem."""
     check_placement(args)
-    if args.config is None:
-        raise BadInput(
-            "launch error: --config is required for the built-in worker (pass a recipe such as "
-            "--config configs/smoke.yaml, or your own program after --: -- SCRIPT.py [args])"
-        )
-    if args.run_dir is not None:
-        raise BadInput(
-            f"launch error: --run-dir {args.run_dir} is for a program after --; the built-in "
-            f"worker takes run_dir={args.run_dir}"
-        )
+    program = cli.check_program(args)
+    placement = NodePlacement(args.node_rank, args.master_addr)
+    common = {
+        "nodes": args.nnodes,
+        "gpus_per_node": args.gpus,
+        "master_port": args.master_port,
+        "max_restarts": args.max_restarts,
+    }
+    if program is not None:
+        check_devices(args)
+        spec = JobSpec(program=tuple(program.argv()), run_dir=args.run_dir, **common)
+        return Plan(spec, placement, None, program)
     cfg = config_mod.load(args.config, args.overrides)
     check_devices(args)
-    if not args.doctor:  # the pre-flight trains nothing: it needs neither the data nor a precision
-        precheck.check_local(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0)  # before any spawn
-    resolved = str(Path(cfg.run_dir) / "config.yaml")
-    spec = JobSpec(
-        config=resolved,
-        nodes=args.nnodes,
-        gpus_per_node=args.gpus,
-        run_dir=cfg.run_dir,
-        master_port=args.master_port,
-        max_restarts=args.max_restarts,
-    )
-    return spec, NodePlacement(args.node_rank, args.master_addr), cfg
+    precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
+    spec = JobSpec(config=str(Path(cfg.run_dir) / "config.yaml"), run_dir=cfg.run_dir, **common)
+    return Plan(spec, placement, cfg, None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.program is not None:
-        return main_program(args)
-    try:
-        spec, placement, cfg = plan(args)
-        module = "torchlaunch.tools.preflight" if args.doctor else args.module
-        argv_out = launch_argv(spec, placement, module, args.doctor, run_id(cfg.run_dir))
-    except BadInput as e:
-        print(str(e), file=sys.stderr)
-        return BAD_INPUT
+    return cli.main(lambda: launch(sys.argv[1:] if argv is None else argv))
+
+
+def launch(argv: Sequence[str]) -> int:
+    """Parse, plan, then print (--dry-run) or run the node's ranks; BadInput before anything starts."""
+    args = parse_args(argv)
+    planned = plan(args)
+    if planned.program is not None:
+        return launch_program(args, planned)
+    cfg, spec = planned.cfg, planned.spec
+    assert cfg is not None
+    module = PREFLIGHT if args.doctor else args.module
+    argv_out = launch_argv(spec, planned.placement, module, args.doctor, run_id(cfg.run_dir))
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK
@@ -360,22 +324,17 @@ def doctor_config(private: Path, run_dir: str) -> str:
     return str(path)
 
 
-def main_program(args: argparse.Namespace) -> int:
-    """The same launch for a user's program: one rank each through launch.program."""
+def launch_program(args: argparse.Namespace, planned: Plan) -> int:
+    """The same launch for a user's program: one rank each through the runner."""
     attempt = uuid.uuid4().hex[:12]
     private = Path(tempfile.gettempdir()) / f"torchlaunch-{attempt}"  # status records (+ doctor recipe)
-    try:
-        spec, placement, program = plan_program(args)
-        module = BUILTIN_WORKER
-        if args.doctor:
-            module = "torchlaunch.tools.preflight"
-            spec = spec.replace(config=str(private / "doctor.yaml"))
-        argv_out = launch_argv(
-            spec, placement, module, args.doctor, program_id(spec.program, placement, spec.master_port)
-        )
-    except BadInput as e:
-        print(str(e), file=sys.stderr)
-        return BAD_INPUT
+    spec, placement, program = planned.spec, planned.placement, planned.program
+    assert program is not None
+    module = BUILTIN_WORKER
+    if args.doctor:
+        module = PREFLIGHT
+        spec = spec.replace(config=str(private / "doctor.yaml"))
+    argv_out = launch_argv(spec, placement, module, args.doctor, program_id(spec.program, placement, spec.master_port))
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK

@@ -4,8 +4,10 @@ Why: a worker reports a missing dataset or fp16 on CPU only after torchrun has s
 process and each has imported torch (~29 s for 4 offline workers on CIFAR-10). Here the same one
 line comes in well under a second: config (already loaded by the caller), data, precision, GPUs.
 
-    local (launch.local):       data present or downloadable, image folder non-empty, GPUs visible
-    remote (launch.slurm, launch.k8s --doctor): only what is visible from this host (see datacheck)
+    every launcher, every mode:  fp16 on CPU workers (check)
+    training (run, --dry-run):   data present or downloadable, image folder non-empty
+    local (launch.local):        GPUs visible; remote (launch.slurm, launch.k8s): only what this
+                                 host can see (see datacheck)
 """
 
 from __future__ import annotations
@@ -48,14 +50,16 @@ def visible_gpus_without_torch(
     return None
 
 
-def check_local(cfg: RunConfig, on_cpu: bool) -> None:
-    """BadInput (one line, exit 2) for what every worker on this machine would fail on."""
-    refuse_fp16_on_cpu(cfg.train.precision, on_cpu)
-    check_data(cfg.data, local=True)
+def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False) -> None:
+    """The one pre-spawn policy of every launcher, the same in a run, --dry-run and --doctor:
+    BadInput (one line, exit 2) for what every worker would fail on.
 
-
-def check_remote(cfg: RunConfig, on_cpu: bool) -> None:
-    """The same for a job that runs elsewhere (Slurm, Kubernetes): data is judged only where this host
-    can see it, and no download is probed (compute nodes may reach the internet when we cannot)."""
+    fp16 on CPU workers is refused in every mode: the recipe would fail the same way when it trains,
+    and the doctor is there to say so first. The data is judged whenever the job trains (run and
+    --dry-run); --doctor runs the pre-flight, which reads no data, so a dataset still to be fetched
+    must not stop it. local=False (Slurm, Kubernetes): the job runs elsewhere, so the data is judged
+    only where this host can see it and no download is probed (compute nodes may reach the internet
+    when we cannot)."""
     refuse_fp16_on_cpu(cfg.train.precision, on_cpu)
-    check_data(cfg.data, local=False)
+    if not doctor:
+        check_data(cfg.data, local=local)

@@ -5,22 +5,20 @@
 
 The pure part maps a JobSpec to submitit's executor parameters and to the sbatch script submitit
 would write (`--dry-run` prints it). Each task exports the env contract with submitit's
-TorchDistributedEnvironment and runs `train.worker.main` in-process, so the scheduler's signal goes
-straight to the worker's flag handler (no forwarding, no second process to race). When the worker
-returns 75 (every rank checkpointed the same step), global rank 0 requeues the job exactly once and
-the next allocation resumes from RUN_DIR's newest checkpoint. See docs/SLURM.md.
-
-Any script or module runs the same way (`... --run-dir DIR -- SCRIPT.py args` or `-- -m pkg.mod args`):
-each task runs it in-process through launch.program.main from the submission directory, so the
-scheduler's signal reaches the script's own handler, and its exit code drives the same requeue (75)
-and no-requeue (2) logic.
+TorchDistributedEnvironment and runs its program in-process through torchlaunch.runner.main: the
+built-in worker (`-m torchlaunch.worker`, the default program) or any script or module
+(`... --run-dir DIR -- SCRIPT.py args` or `-- -m pkg.mod args`, run from the submission directory).
+The scheduler's signal goes straight to the program's own handler (no forwarding, no second process
+to race). When the program exits 75 (every rank checkpointed the same step), global rank 0 requeues
+the job exactly once and the next allocation resumes from RUN_DIR's newest checkpoint; exit 2 is
+never requeued. The argv grammar, the program rule and the pre-spawn policy are
+torchlaunch.launch.cli's. See docs/SLURM.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
-import importlib
 import json
 import logging
 import os
@@ -30,7 +28,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +35,12 @@ from typing import Any
 from torchlaunch import config as config_mod
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import precheck
+from torchlaunch.launch import cli, precheck
 from torchlaunch.launch.spec import JobSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_WORKER = "torchlaunch.worker.run:main"
-PROGRAM_RUNNER = "torchlaunch.runner:main"
-PREFLIGHT = "torchlaunch.tools.preflight:main"
+BUILTIN_WORKER = program_mod.BUILTIN_WORKER
+PREFLIGHT = program_mod.PREFLIGHT
 DEFAULT_MAX_TIMEOUTS = 3
 SLURM_SIGNAL_SLACK_S = 65
 """Slurm may send the --signal up to 60 s before the requested lead time (its timer resolution)."""
@@ -63,8 +59,8 @@ class SlurmOptions:
     python: str | None = None
     """Interpreter in each task: this one (sys.executable), or python3 inside a --image container."""
     repo_root: str = str(REPO_ROOT)
-    worker: str = DEFAULT_WORKER
-    """module:function run in each task; it takes the worker argv and returns an exit code."""
+    doctor: bool = False
+    """Run the distributed pre-flight in each task instead of the program."""
     explicit_master_port: bool = False
     """Without it submitit derives the port from the job id, so jobs sharing a node do not clash."""
     cwd: str | None = None
@@ -107,7 +103,7 @@ def _yaml_run_dir(config: str) -> str | None:
 
 
 def worker_argv(spec: JobSpec, run_dir: str) -> list[str]:
-    """Argv of `python -m train`: identical on every rank and every requeue. The signal lead time is
+    """Arguments of the built-in worker (`-m torchlaunch.worker`): identical on every rank and every requeue. The signal lead time is
     passed on so the worker can warn when a checkpoint would not fit in it."""
     keys = {o.partition("=")[0].strip() for o in spec.overrides}
     overrides = [o for o in spec.overrides if o.partition("=")[0].strip() != "run_dir"]
@@ -122,11 +118,12 @@ def doctor_recipe(run_dir: str) -> str:
 
 
 def task_argv(spec: JobSpec, options: SlurmOptions, run_dir: str) -> list[str]:
-    """What every task passes to options.worker: the built-in worker's argv or the user's program."""
+    """What every task's runner runs: the built-in worker (or the pre-flight) on the recipe, or the
+    user's program."""
     if not spec.program:
-        return worker_argv(spec, run_dir)
-    if options.worker == PREFLIGHT:
-        return ["--config", doctor_recipe(run_dir), f"preemption.lead_time_s={spec.signal_delay_s}"]
+        return ["-m", PREFLIGHT if options.doctor else BUILTIN_WORKER, *worker_argv(spec, run_dir)]
+    if options.doctor:
+        return ["-m", PREFLIGHT, "--config", doctor_recipe(run_dir), f"preemption.lead_time_s={spec.signal_delay_s}"]
     return list(spec.program)
 
 
@@ -144,7 +141,9 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
     if options.explicit_master_port:
         setup.append(f"export MASTER_PORT={spec.master_port}")
     if spec.program:
-        setup.append(f"# program in every task (launch.program): {shlex.join(spec.program)}")
+        # A comment for the reader: escaped to one line, so no argument can end it and add a command.
+        shown = shlex.join(spec.program).encode("unicode_escape").decode("ascii")
+        setup.append(f"# program in every task (torchlaunch.runner): {shown}")
         if options.cwd:
             setup.append(f"cd {shlex.quote(options.cwd)}")
     params: dict[str, Any] = {
@@ -229,11 +228,6 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
-def load_callable(reference: str) -> Callable[[list[str]], int]:
-    module_name, _, function_name = reference.partition(":")
-    return getattr(importlib.import_module(module_name), function_name)
-
-
 @dataclass
 class SlurmTask:
     """The picklable callable submitit runs in every task; its fields survive requeues."""
@@ -242,7 +236,6 @@ class SlurmTask:
     time_min: int
     signal_delay_s: int
     max_timeouts: int = DEFAULT_MAX_TIMEOUTS
-    worker: str = DEFAULT_WORKER
     cwd: str | None = None
     """A user's program runs from here (the submission directory)."""
     timeouts: int = 0
@@ -265,8 +258,8 @@ class SlurmTask:
         )
         if self.cwd:
             os.chdir(self.cwd)
-        code = load_callable(self.worker)(list(self.argv))
-        # The worker restored submitit's handlers; from here on a late USR2/TERM must not make
+        code = program_mod.main(list(self.argv))  # the one runner, as in every launcher
+        # The program restored submitit's handlers; from here on a late USR2/TERM must not make
         # submitit requeue a second time.
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)
@@ -438,7 +431,7 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
         python=shlex.quote(task_python(spec, options)),
     )
     executor.update_parameters(**executor_parameters(spec, options, run_dir))
-    if spec.program and options.worker == PREFLIGHT:
+    if spec.program and options.doctor:
         with open(doctor_recipe(run_dir), "w", encoding="utf-8") as recipe:
             recipe.write(f"run_dir: {json.dumps(run_dir)}\ndata:\n  name: synthetic\n")
     task = SlurmTask(
@@ -446,7 +439,6 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
         time_min=spec.time_min,
         signal_delay_s=spec.signal_delay_s,
         max_timeouts=options.max_timeouts,
-        worker=options.worker,
         cwd=options.cwd if spec.program else None,
     )
     return executor.submit(task)
@@ -527,17 +519,16 @@ def exit_status(job: Any, state: str) -> int:
 
 
 def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespace]:
-    own, program_argv = split_program(argv)
     parser = argparse.ArgumentParser(
         prog="python -m launch.slurm",
         description=__doc__.split("\n\n")[0],
         usage="%(prog)s [options] --config YAML [key=value ...] | "
         "[options] --run-dir DIR -- SCRIPT.py [args] | ... -- -m MODULE [args]",
     )
-    parser.add_argument("--config", help="recipe of the built-in worker (not with a program after --)")
-    parser.add_argument(
-        "--run-dir",
-        help="with a program after --: the shared folder for logs and "
+    cli.add_common(
+        parser,
+        config_help="recipe of the built-in worker (not with a program after --)",
+        run_dir_help="with a program after --: the shared folder for logs and "
         "submitit's files (the built-in worker takes run_dir=)",
     )
     parser.add_argument("--nodes", type=int, default=1)
@@ -561,19 +552,9 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
     parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
     parser.add_argument("--job-name", help="default: train, or the program's name")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
-    parser.add_argument(
-        "--doctor",
-        action="store_true",
-        help="run the distributed pre-flight (train.preflight) on the allocation instead of training",
-    )
-    parser.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(own)
-    program = check_program(program_argv, args)
+    args = cli.parse(parser, argv)
+    program = cli.check_program(args, cwd=os.getcwd(), absolute=True)
 
-    for override in args.overrides:
-        if "=" not in override:
-            raise BadInput(f"override {override!r} is not key=value")
     extra: dict[str, str] = {}
     for item in args.sbatch:
         key, sep, value = item.partition("=")
@@ -618,62 +599,39 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         job_name=job_name,
         python=args.python,
         explicit_master_port=args.master_port is not None,
-        worker=PREFLIGHT if args.doctor else PROGRAM_RUNNER if program else DEFAULT_WORKER,
+        doctor=args.doctor,
         cwd=os.getcwd() if program else None,
     )
     return spec, options, args
 
 
-def split_program(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """Launcher arguments before `--`, the program after it (None: the built-in worker)."""
-    if "--" not in argv:
-        return list(argv), None
-    cut = argv.index("--")
-    return list(argv[:cut]), list(argv[cut + 1 :])
-
-
-def check_program(program_argv: list[str] | None, args: argparse.Namespace) -> program_mod.Program | None:
-    """The user's program with an absolute script path, found on disk (never imported); BadInput otherwise."""
-    if program_argv is None:
-        if args.config is None:
-            raise BadInput(
-                "--config is required for the built-in worker (pass a recipe such as "
-                "--config configs/smoke.yaml, or --run-dir DIR -- SCRIPT.py [args])"
-            )
-        if args.run_dir is not None:
-            raise BadInput(f"--run-dir is for a program after --; the built-in worker takes run_dir={args.run_dir}")
-        return None
-    program = program_mod.parse(program_argv).absolute(os.getcwd())
-    program_mod.refuse_worker_options(program, args.config, args.overrides)
-    program_mod.check(program)
-    return program
-
-
 def main(argv: list[str] | None = None) -> int:
+    return cli.main(lambda: launch(sys.argv[1:] if argv is None else argv))
+
+
+def launch(argv: list[str]) -> int:
+    """Parse, apply the pre-spawn policy, then print the sbatch script (--dry-run) or submit."""
+    spec, options, args = parse_args(argv)
+    validate(spec, options, None)
+    if not spec.program:
+        cfg = config_mod.load(spec.config, spec.overrides)
+        precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor)
+    if args.dry_run:
+        print(sbatch_script(spec, options), end="")
+        return OK
+    if shutil.which("sbatch") is None:
+        raise BadInput("sbatch not found: run this on a Slurm login node (or use --dry-run)")
+    check_slurm_conf()
+    validate(spec, options, cluster_partitions())
     try:
-        spec, options, args = parse_args(sys.argv[1:] if argv is None else argv)
-        if args.dry_run:
-            validate(spec, options, None)
-            print(sbatch_script(spec, options), end="")
-            return OK
-        if not spec.program and not os.path.exists(spec.config):
-            raise BadInput(f"config {spec.config} does not exist; pass --config PATH")
-        if shutil.which("sbatch") is None:
-            raise BadInput("sbatch not found: run this on a Slurm login node (or use --dry-run)")
-        if not spec.program:
-            precheck.check_remote(config_mod.load(spec.config, spec.overrides), on_cpu=not options.use_gpus)
-        check_slurm_conf()
-        validate(spec, options, cluster_partitions())
         job = submit(spec, options)
-    except BadInput as error:
-        print(f"error: {error}", file=sys.stderr)
-        return BAD_INPUT
+    except BadInput:
+        raise
     except Exception as error:  # noqa: BLE001 - sbatch refused (e.g. no controller): one line, no traceback
         if NO_SLURM_CONF in str(error):
-            print(f"error: {no_slurm_conf_message()}", file=sys.stderr)
-            return BAD_INPUT
+            raise BadInput(no_slurm_conf_message()) from None
         last = (str(error).strip().splitlines() or [type(error).__name__])[-1]
-        print(f"error: submission failed: {last}", file=sys.stderr)
+        print(f"{cli.PREFIX}submission failed: {last}", file=sys.stderr)
         return FAILURE
     log = rank0_log(job)
     print(f"submitted job {job.job_id}: {spec.nodes} node(s) x {spec.gpus_per_node} task(s)")

@@ -20,7 +20,7 @@ class JobSpec:
     """Path of the recipe YAML (or a resolved RUN_DIR/config.yaml); empty with a user program."""
     program: tuple[str, ...] = ()
     """A user's program, `SCRIPT.py args` or `-m package.module args` (what follows `--` on every
-    launcher); empty: the built-in worker, `python -m train --config ...`."""
+    launcher); empty: the built-in worker, `-m torchlaunch.worker --config ...` through the runner."""
     overrides: tuple[str, ...] = ()
     """`key.sub=value` overrides applied on top of the YAML."""
     nodes: int = 1

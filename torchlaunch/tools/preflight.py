@@ -470,6 +470,8 @@ def _setup(settings: PreflightSettings) -> tuple[_Context, Callable[[bool], None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """One rank of the pre-flight, run by torchlaunch.runner like any program: a failed check is
+    BadInput (its one line, exit 2, never retried), a rendezvous that never formed is exit 1."""
     parser = argparse.ArgumentParser(prog="python -m train.preflight", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the run's YAML (or RUN_DIR/config.yaml)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value, as for the worker")
@@ -481,22 +483,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="how long each rank waits for rank 0's token in run_dir",
     )
     args = parser.parse_args(argv)
-    settings: PreflightSettings | None = None
     try:
         settings = load_settings(args.config, args.overrides)
         code, reason = _run(settings, args.max_mib, args.token_wait_s)
     except exit_codes.BadInput as exc:
-        code, reason = exit_codes.BAD_INPUT, f"preflight: {str(exc).splitlines()[0]}"
-        print(reason, file=sys.stderr, flush=True)
-    except Exception as exc:  # noqa: BLE001 - e.g. a failed rendezvous: the finding itself
-        code = exit_codes.FAILURE
-        reason = f"preflight: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        raise exit_codes.BadInput(f"preflight: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - a failed rendezvous is this tool's finding, not its crash
         print(
-            f"{reason} (check that every node started and can reach MASTER_ADDR:MASTER_PORT)",
+            f"preflight: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+            "(check that every node started and can reach MASTER_ADDR:MASTER_PORT)",
             file=sys.stderr,
             flush=True,
         )
-    _report_status(settings, code, reason)
+        return exit_codes.FAILURE
+    if code == exit_codes.BAD_INPUT:
+        raise exit_codes.BadInput(reason)
     return code
 
 
@@ -515,13 +516,7 @@ def _run(settings: PreflightSettings, max_mib: float, token_wait_s: float) -> tu
         teardown(clean)
 
 
-def _report_status(settings: PreflightSettings | None, code: int, reason: str) -> None:
-    """Leave this rank's verdict where launch.local looks (torchrun itself only says 1)."""
-    from torchlaunch.worker.run import report_status
-
-    rank = int(os.environ.get("RANK", "0") or 0)
-    report_status(settings.run_dir if settings else None, rank, code, reason)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from torchlaunch import runner
+
+    runner.exit_process(runner.main(["-m", runner.PREFLIGHT, *sys.argv[1:]]))

@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from torchlaunch import contract
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 
 CIFAR_FOLDER = "cifar-10-batches-py"
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(args)
     except BadInput as e:
-        if os.environ.get("RANK", "0") == "0":  # every rank holds the same agreed message: print it once
+        if contract.is_main():  # every rank holds the same agreed message: print it once
             print(str(e).splitlines()[0], file=sys.stderr, flush=True)
         return BAD_INPUT
     except Exception as e:  # noqa: BLE001 - anything unexpected: traceback and exit 1

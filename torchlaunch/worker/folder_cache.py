@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from torchlaunch import contract
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
 
@@ -163,7 +164,7 @@ def start_prefetch(data: DataConfig, env: Mapping[str, str] | None = None) -> su
     builds the cache (local rank 0) and the folder may go through the tensor path. Call before
     importing torch; `finish_prefetch` before loading the data."""
     env = os.environ if env is None else env
-    if data.name != "imagefolder" or data.loader not in ("auto", "tensor") or env.get("LOCAL_RANK", "0") != "0":
+    if data.name != "imagefolder" or data.loader not in ("auto", "tensor") or contract.local_rank(env) != 0:
         return None
     argv = [sys.executable, "-m", "torchlaunch.worker.folder_cache", data.root, data.cache_dir, str(data.image_size)]
     try:

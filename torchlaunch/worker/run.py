@@ -1,26 +1,21 @@
-"""The worker process: config -> process group -> data -> Trainer.fit -> exit code.
+"""The built-in worker, one rank: config -> process group -> data -> Trainer.fit -> exit code.
 
-Every launcher ends up running this in each rank (`python -m train --config RUN_DIR/config.yaml`).
-Errors become exit codes here and only here: 2 for bad input (one line, never retried), 75 for a
-preemption with a committed checkpoint, 1 for anything else.
+It is the default program of every launcher, started in each rank by torchlaunch.runner
+(`python -m torchlaunch.runner -m torchlaunch.worker --config RUN_DIR/config.yaml`), which turns
+however it ends into the exit code and the launcher's status record: a returned 0 or 75 (a
+preemption with a committed checkpoint) is kept, an escaping BadInput is one line and 2, anything
+else a traceback and 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
-import traceback
 
 from torchlaunch import config as config_mod
-from torchlaunch import status
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput, ConfigError
+from torchlaunch.exit_codes import OK, BadInput, ConfigError
 from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
-
-ATTEMPT_ENV = status.ATTEMPT_ENV
-"""Set by launch.local: each rank reports its exit code and reason for it (train/status.py), since
-torchrun itself exits 1 whatever its workers returned."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,55 +26,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def report_status(run_dir: str | None, rank: int, code: int, reason: str) -> None:
-    """Leave this rank's outcome for the launcher that started us (no-op without one)."""
-    status.report(rank, code, reason, run_dir)
-
-
-def earlier_bad_input(run_dir: str) -> str | None:
-    """After a torchrun restart within the same launch: a rank already found bad input, so stop at once."""
-    return status.earlier_bad_input(run_dir)
-
-
-def _env_rank() -> int:
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Train one rank; the exit code (BadInput and failures escape to the runner)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.help_config:
         print("\n".join(config_mod.all_keys()))
         return OK
-    rank = _env_rank()
-    run_dir: str | None = None
+    if not args.config:
+        raise ConfigError("--config", "missing", "pass a recipe, e.g. --config configs/smoke.yaml")
+    cfg = config_mod.load(args.config, args.overrides)
+    prefetch = start_prefetch(cfg.data)  # decodes a cold image folder while torch imports
     try:
-        cfg = config_mod.load(args.config, args.overrides) if args.config else None
-        if cfg is None:
-            raise ConfigError("--config", "missing", "pass a recipe, e.g. --config configs/smoke.yaml")
-        run_dir = cfg.run_dir
-        earlier = earlier_bad_input(run_dir)
-        if earlier:
-            return BAD_INPUT  # launch.local already has the reason from the first attempt
-        prefetch = start_prefetch(cfg.data)  # decodes a cold image folder while torch imports
-        try:
-            code, reason = _run(cfg, prefetch)
-        finally:
-            finish_prefetch(prefetch, wait=False)
-    except BadInput as e:
-        code, reason = BAD_INPUT, str(e).splitlines()[0]
-        if not status.launched() or status.folder(run_dir) is None:
-            print(reason, file=sys.stderr, flush=True)  # else launch.local prints it once
-    except KeyboardInterrupt:
-        code, reason = FAILURE, "interrupted before a checkpoint could be agreed"
-        print(reason, file=sys.stderr, flush=True)
-    except Exception as e:  # noqa: BLE001 - the last line of defence turns anything into exit 1
-        code, reason = FAILURE, f"{type(e).__name__}: {e}".splitlines()[0]
-        traceback.print_exc()
-        print(f"rank {rank} failed: {reason}", file=sys.stderr, flush=True)
-    report_status(run_dir, rank, code, reason)
+        code, _ = _run(cfg, prefetch)
+    finally:
+        finish_prefetch(prefetch, wait=False)
     return code
 
 
@@ -139,4 +99,6 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from torchlaunch import runner
+
+    runner.exit_process(runner.main(["-m", runner.BUILTIN_WORKER, *sys.argv[1:]]))

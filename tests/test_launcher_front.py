@@ -1,0 +1,142 @@
+"""The one launcher front (torchlaunch.launch.cli): the same grammar, program rule, pre-spawn policy and
+error line on launch.local, launch.slurm and launch.k8s, in a run, --dry-run and --doctor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, child_env
+from torchlaunch.exit_codes import BAD_INPUT, OK
+from torchlaunch.launch import cli, k8s, local, slurm
+from torchlaunch.worker import precision
+
+SMOKE = "configs/smoke.yaml"
+MODES = {"run": [], "dry-run": ["--dry-run"], "doctor": ["--doctor"]}
+
+
+def cpu_args(launcher: str, tmp_path: Path) -> list[str]:
+    """CPU workers on each launcher, a recipe that trains fp16."""
+    recipe = ["--config", SMOKE, "train.precision=fp16"]
+    if launcher == "local":
+        return ["--gpus", "2", "--device", "cpu", *recipe, f"run_dir={tmp_path / 'run'}"]
+    if launcher == "slurm":
+        return ["--nodes", "1", "--tasks-per-node", "2", *recipe, f"run_dir={tmp_path / 'run'}"]
+    return ["--nodes", "2", "--cpu-only", *recipe]
+
+
+def never(*_: object, **__: object) -> None:
+    raise AssertionError("the launcher went past its pre-spawn checks")
+
+
+@pytest.fixture
+def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing may be submitted or started: the policy must stop the launcher before that."""
+    monkeypatch.setattr(slurm, "submit", never)
+    monkeypatch.setattr(slurm, "check_slurm_conf", never)
+    monkeypatch.setattr(local, "run", never)
+
+
+MAINS: dict[str, Callable[[list[str]], int]] = {"local": local.main, "slurm": slurm.main, "k8s": k8s.main}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("launcher", list(MAINS))
+def test_fp16_on_cpu_is_refused_by_every_launcher_in_every_mode(
+    launcher: str, mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_cluster: None
+) -> None:
+    if launcher == "local" and mode == "run":
+        pytest.skip("a real launch: test_local_run_refuses_fp16_on_cpu_before_torchrun, in a subprocess")
+    code = MAINS[launcher]([*MODES[mode], *cpu_args(launcher, tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == BAD_INPUT and out == ""
+    assert err.splitlines() == [precision.fp16_on_cpu_message()]
+    assert not (tmp_path / "run").exists()
+
+
+def test_local_run_refuses_fp16_on_cpu_before_torchrun(tmp_path: Path) -> None:
+    """The real command: exit 2 with the same line, before the launch line, torchrun or even torch."""
+    probe = (
+        "import sys; from torchlaunch.launch import local; code = local.main(sys.argv[1:]); "
+        "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, *cpu_args("local", tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == BAD_INPUT
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [precision.fp16_on_cpu_message()]
+    assert r.stdout.strip() == "TORCH False"  # nothing was started: no torchrun, no worker
+    assert not (tmp_path / "run").exists()
+
+
+def test_fp16_on_gpus_passes_the_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The refusal is about CPU workers: the same recipe on GPU tasks renders."""
+    args = ["--nodes", "1", "--gpus-per-node", "2", "--config", SMOKE, "train.precision=fp16"]
+    assert slurm.main(["--dry-run", *args, f"run_dir={tmp_path}"]) == OK
+    assert k8s.main(["--nodes", "2", "--config", SMOKE, "train.precision=fp16"]) == OK
+    assert "#SBATCH" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("launcher", list(MAINS))
+def test_overrides_mix_with_options(launcher: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--config X k=v --dry-run k2=v`: one grammar, overrides anywhere before `--`."""
+    head = {
+        "local": ["--device", "cpu"],
+        "slurm": ["--tasks-per-node", "1", f"run_dir={tmp_path}"],
+        "k8s": ["--cpu-only"],
+    }[launcher]
+    code = MAINS[launcher](["--config", SMOKE, "seed=7", "--dry-run", *head, "optim.lr=0.05"])
+    out, err = capsys.readouterr()
+    assert code == OK, err
+    if launcher == "k8s":  # the overrides reach the pods' command
+        assert "seed=7" in out and "optim.lr=0.05" in out
+    elif launcher == "local":
+        assert "torchlaunch.runner -m torchlaunch.worker" in out
+
+
+@pytest.mark.parametrize("launcher", list(MAINS))
+def test_a_launchers_own_refusal_has_one_prefix(launcher: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = MAINS[launcher](["--config", SMOKE, "--dry-run", "not-an-override"])
+    err = capsys.readouterr().err
+    assert code == BAD_INPUT
+    assert err.splitlines() == ["launch error: override 'not-an-override' is not key=value (e.g. optim.lr=0.1)"]
+
+
+@pytest.mark.parametrize("launcher", list(MAINS))
+def test_a_program_with_a_recipe_is_refused_alike(launcher: str, capsys: pytest.CaptureFixture[str]) -> None:
+    extra = ["--run-dir", "/shared/x"] if launcher != "local" else []
+    code = MAINS[launcher](["--dry-run", *extra, "--config", SMOKE, "--", "examples/custom_loop.py"])
+    err = capsys.readouterr().err
+    assert code == BAD_INPUT and len(err.splitlines()) == 1
+    assert err.startswith("launch error: --config applies to the built-in worker, not to ")
+
+
+def test_one_line_keeps_a_domain_line_and_prefixes_the_rest() -> None:
+    assert cli.one_line(ValueError("config error: x\nmore")) == "config error: x"
+    assert cli.one_line(ValueError("--nodes must be >= 1")) == "launch error: --nodes must be >= 1"
+    assert cli.split_program(["--gpus", "2", "--", "a.py", "--", "b"]) == (["--gpus", "2"], ["a.py", "--", "b"])
+
+
+def test_a_program_argument_cannot_add_a_line_to_the_sbatch_script() -> None:
+    from torchlaunch.launch.spec import JobSpec
+
+    spec = JobSpec(program=("/code/train.py", "x\ntouch /tmp/owned #"), run_dir="/shared/r")
+    script = slurm.sbatch_script(spec, slurm.SlurmOptions(use_gpus=False, repo_root="/opt/repo", cwd="/code"))
+    assert not any(line.startswith("touch") for line in script.splitlines())
+    assert "# program in every task (torchlaunch.runner): /code/train.py 'x\\ntouch /tmp/owned #'" in script
+
+
+def test_an_argument_cannot_add_a_line_to_the_manifests_header(capsys: pytest.CaptureFixture[str]) -> None:
+    assert k8s.main(["--cpu-only", "--", "train.py", "x\nkind: Pod"]) == OK
+    out = capsys.readouterr().out
+    header = out.split("---", 1)[0]
+    assert all(line.startswith("#") for line in header.splitlines()) and "'x\\nkind: Pod'" in header

@@ -1,0 +1,116 @@
+"""The one launcher front: argv grammar, `--` split, built-in-vs-program rule, pre-spawn policy, errors.
+
+launch.local, launch.slurm and launch.k8s differ only in where the ranks run; what a user types and
+what is refused before anything starts is decided here, once, so the three cannot drift apart:
+
+    python -m launch.X [options] [--config YAML] [key=value ...] [-- SCRIPT.py args | -- -m pkg.mod args]
+
+- Options and key=value overrides mix freely before `--` (`--config X k=v --dry-run k2=v`); everything
+  after the first `--` is the program and is never parsed by the launcher.
+- Without a program the built-in worker trains the recipe of --config; with one, --config and
+  overrides are refused (they would be silently ignored) and the program is found on disk, never
+  imported (check_program).
+- The same pre-spawn policy (torchlaunch.launch.precheck.check) runs in a run, --dry-run and --doctor.
+- A launcher's own refusal is one line prefixed `launch error:`; a config, data or environment
+  problem keeps the worker's own line (`config error: ...`), so the launcher and the worker say the
+  same thing. Exit 2 either way, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+from torchlaunch import runner
+from torchlaunch.exit_codes import BAD_INPUT, BadInput
+
+PREFIX = "launch error: "
+DOMAIN_LINE = re.compile(r"^[a-z][a-z0-9]* error: ")
+"""A line that already names its domain (config error:, data error:, env error:, launch error:)."""
+
+
+def error(message: str) -> BadInput:
+    """A launcher's own refusal: `raise cli.error("--nodes must be >= 1, got 0")`."""
+    return BadInput(PREFIX + message)
+
+
+def one_line(problem: BaseException) -> str:
+    """The single stderr line for a refusal: its first line, `launch error:` unless it names its domain."""
+    line = (str(problem).strip().splitlines() or ["bad input"])[0]
+    return line if DOMAIN_LINE.match(line) else PREFIX + line
+
+
+def split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Launcher arguments before the first `--`, the program after it (None: the built-in worker)."""
+    items = list(argv)
+    if "--" not in items:
+        return items, None
+    cut = items.index("--")
+    return items[:cut], items[cut + 1 :]
+
+
+def add_common(parser: argparse.ArgumentParser, *, run_dir_help: str, config_help: str) -> None:
+    """The arguments every launcher takes, with the same meaning."""
+    parser.add_argument("--config", default=None, help=config_help)
+    parser.add_argument("--run-dir", default=None, help=run_dir_help)
+    parser.add_argument(
+        "--doctor",
+        action="store_true",
+        help="run the distributed pre-flight (rendezvous, all_reduce, shared storage, ...) instead of training",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print what would run or be submitted, start nothing")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the built-in worker")
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """The one grammar: options and overrides in any order before `--`, the program after it."""
+    own, program = split_program(argv)
+    args = parser.parse_intermixed_args(own)
+    args.program = program
+    for override in args.overrides:
+        if "=" not in override or override.startswith("="):
+            raise error(f"override {override!r} is not key=value (e.g. optim.lr=0.1)")
+    return args
+
+
+def check_program(
+    args: argparse.Namespace,
+    *,
+    cwd: str | None = None,
+    on_disk: bool = True,
+    absolute: bool = False,
+    run_dir_for_builtin: bool = False,
+) -> runner.Program | None:
+    """The built-in-vs-program rule; None for the built-in worker. `on_disk`: the program must be
+    found from `cwd` (not on Kubernetes, where it lives in the image); `absolute`: a script path made
+    independent of the working directory (Slurm tasks); `run_dir_for_builtin`: --run-dir also names
+    the built-in worker's run dir (Kubernetes, where it must be on the shared volume)."""
+    if args.program is None:
+        if args.config is None:
+            raise error(
+                "--config is required for the built-in worker (pass a recipe such as "
+                "--config configs/smoke.yaml, or your own program after --: -- SCRIPT.py [args])"
+            )
+        if args.run_dir is not None and not run_dir_for_builtin:
+            raise error(
+                f"--run-dir {args.run_dir} is for a program after --; the built-in worker takes run_dir={args.run_dir}"
+            )
+        return None
+    program = runner.parse(args.program)
+    if absolute:
+        program = program.absolute(cwd or ".")
+    runner.refuse_worker_options(program, args.config, args.overrides, PREFIX)
+    if on_disk:
+        runner.check(program, cwd)
+    return program
+
+
+def main(body: Callable[[], int]) -> int:
+    """Run a launcher's body: a refusal anywhere is its one line on stderr and exit 2."""
+    try:
+        return body()
+    except BadInput as problem:
+        print(one_line(problem), file=sys.stderr, flush=True)
+        return BAD_INPUT
