@@ -31,7 +31,7 @@ def pil_loader(root: Path, batch: int, workers: int, mean, std):
 
 
 def flat_gather_augment(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
-    """Proposed replacement for train.data.augment: the same crop + flip as ONE gather over the
+    """Proposed replacement for torchlaunch.worker.data.augment: the same crop + flip as ONE gather over the
     flattened padded image (bit-identical output, checked below), instead of 4-D advanced indexing."""
     n, c, h, w = images.shape
     p = CROP_PADDING

@@ -2,8 +2,8 @@
 adopted variant against the previous one, interleaved, median of rounds, so a torch or library
 upgrade that erases the gain shows up here.
 
-- optimizer: SGD(fused=True) (train.trainer.build_optimizer) ÷ SGD(foreach=True), resnet18 step;
-- checksum: verifying a checkpoint with xxh3-128 (train.checkpoint) ÷ with sha256, 89 MB.
+- optimizer: SGD(fused=True) (torchlaunch.worker.optim.build_optimizer) ÷ SGD(foreach=True), resnet18 step;
+- checksum: verifying a checkpoint with xxh3-128 (torchlaunch.core.checkpoint) ÷ with sha256, 89 MB.
 (The data-path comparison is measured inside the data-path benchmark.)"""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def checksum(model: str, rounds: int) -> Result:
         goal=1.0,
         higher_is_better=True,
         command=COMMAND,
-        project_label="xxh3-128 over the state file, what train.checkpoint uses",
+        project_label="xxh3-128 over the state file, what torchlaunch.core.checkpoint uses",
         baseline_label="hashlib.sha256, the previous checksum",
         rounds=per_round,
         notes=f"{info.size / 1e6:.0f} MB state file ({model} + SGD), page cache warm; plain torch.load "

@@ -209,24 +209,24 @@ def render(doc: dict) -> str:
     lines += ["## Fast paths adopted in train/ after measuring them here", ""]
     if dp and dp.get("extra", {}).get("proposed_gain"):
         lines.append(
-            f"- data path (`train.data.augment`, `TrainLoader`): the batch is gathered with `index_select` "
+            f"- data path (`torchlaunch.worker.data.augment`, `TrainLoader`): the batch is gathered with `index_select` "
             f"and cropped + flipped with ONE gather over the flattened padded images instead of 4-D "
             f"advanced indexing (bit-identical output, asserted): "
             f"{dp['extra']['proposed_images_per_s']:,.0f} images/s in the side-by-side check."
         )
     if fused:
         lines.append(
-            f"- optimizer (`train.trainer.build_optimizer`): `SGD(..., fused=True)` on CPU too: the step is "
+            f"- optimizer (`torchlaunch.worker.optim.build_optimizer`): `SGD(..., fused=True)` on CPU too: the step is "
             f"**{fused['ratio']:.2f}x** faster than `foreach=True` ({fused['notes']})."
         )
     if xxh3:
         lines.append(
-            f"- checkpoint integrity (`train.checkpoint`): sha256 was the main cost of save and load; the "
+            f"- checkpoint integrity (`torchlaunch.core.checkpoint`): sha256 was the main cost of save and load; the "
             f"adopted xxh3-128 (the `xxhash` package) verifies **{xxh3['ratio']:.1f}x** faster per pass "
             f"(corruption detection; safety against crafted files comes from weights_only=True)."
         )
     lines += [
-        "- evaluation (`train.trainer.Trainer.evaluate`): runs the unwrapped model with rank 0's buffers, not "
+        "- evaluation (`torchlaunch.worker.eval_loop`): runs the unwrapped model with rank 0's buffers, not "
         "the DDP wrapper, whose forward is a collective: with 1 validation image on 2 ranks the ranks used to "
         "hang until the gloo timeout.",
         "- gradients on gloo with more than two ranks are averaged by a rank-ordered sum (bit-exact resume); "
