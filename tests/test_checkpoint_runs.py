@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -120,7 +121,7 @@ def test_hostile_newer_folders_through_a_real_preemption(tmp_path: Path, plant) 
     root = tmp_path / "checkpoints"
     first = two_ranks(tmp_path, "at=step,n=3,rank=1")
     assert first.returncode == 75, first.stderr[-2000:]
-    good = root / ckpt.step_dir_name(3)
+    good = root / ckpt.step_dir_name(committed_step(first))  # the agreed stop: a step or two after the signal
     assert ckpt.verify(good) is None
     planted = plant(root, good)
 
@@ -128,16 +129,24 @@ def test_hostile_newer_folders_through_a_real_preemption(tmp_path: Path, plant) 
     assert second.returncode == 75, second.stdout[-2000:] + second.stderr[-2000:]
     out = second.stdout + second.stderr
     assert f"resumed from {good}" in out
-    assert "preempted: checkpoint committed at global step 6" in out
-    committed = root / ckpt.step_dir_name(6)
+    step = committed_step(second)
+    assert step > int(good.name.removeprefix("step-"))
+    committed = root / ckpt.step_dir_name(step)
     assert ckpt.verify(good) is None and ckpt.verify(committed) is None  # nothing good was deleted
     assert sorted(p.name for p in (root / ckpt.QUARANTINE_DIR).iterdir()) == sorted(planted)
     assert [p for _, p in ckpt.candidates(root)] == [committed, good]
 
     third = two_ranks(tmp_path)
     assert third.returncode == 0, third.stderr[-2000:]
-    assert f"resumed from {committed} at epoch 0 step 6 (global step 6)" in third.stdout + third.stderr
+    assert f"resumed from {committed} at epoch 0 step {step} (global step {step})" in third.stdout + third.stderr
     assert ckpt.find_latest(root)[1]["progress"]["global_step"] == 10
+
+
+def committed_step(result: subprocess.CompletedProcess) -> int:
+    """The global step of the preemption checkpoint a run reported."""
+    found = re.search(r"preempted: checkpoint committed at global step (\d+)", result.stdout + result.stderr)
+    assert found, (result.stdout + result.stderr)[-2000:]
+    return int(found.group(1))
 
 
 AGREEMENT = textwrap.dedent("""

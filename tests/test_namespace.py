@@ -97,11 +97,14 @@ def test_thin_command_modules_only_hand_over_to_torchlaunch() -> None:
 def ours_in(modules: dict[str, str | None], roots: tuple[str, ...]) -> dict[str, str]:
     """The modules (name -> file) loaded from one of our source trees (an installed package is not ours,
     even when the virtual environment lives inside the checkout, as `make install` puts it)."""
-    return {
-        name: file
-        for name, file in modules.items()
-        if file and file.startswith(roots) and f"{os.sep}site-packages{os.sep}" not in file
-    }
+    return {name: file for name, file in modules.items() if file and _inside_a_root(file, roots)}
+
+
+def _inside_a_root(file: str, roots: tuple[str, ...]) -> bool:
+    for root in roots:
+        if file.startswith(root):
+            return f"site-packages{os.sep}" not in file[len(root) :]
+    return False
 
 
 def assert_only_torchlaunch_of_ours(modules: dict[str, str | None], roots: tuple[str, ...]) -> None:
