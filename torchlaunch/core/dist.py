@@ -87,18 +87,32 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
     )
 
 
-def teardown(ctx: DistContext, clean: bool = True) -> None:
+BAD_INPUT_WAIT_S = 10.0
+"""How long a rank leaving on bad input waits for its peers at the closing barrier. Bad input agreed
+by every rank meets there at once; a rank that alone found it must not wait for the process-group
+timeout (minutes) while its peers sit in their next collective: it leaves, and the launcher stops
+the rest of the group."""
+
+
+def teardown(ctx: DistContext, clean: bool = True, wait_s: float | None = None) -> None:
     """Leave the process group. A barrier first: without it one rank sometimes aborts at exit on
     torch 2.14.1 ("terminate called without an active exception"). Skipped after a failure, where a
-    peer may be gone and the barrier would only hang until the timeout."""
+    peer may be gone and the barrier would only hang until the timeout. `wait_s` bounds the barrier
+    (gloo's monitored barrier; with NCCL, whose barrier has no per-call bound, there is none)."""
     if not ctx.distributed or not dist.is_initialized():
         return
     if clean:
         try:
-            barrier(ctx)
-        except Exception:  # a peer already left: nothing to synchronise with
+            if wait_s is None:
+                barrier(ctx)
+            elif ctx.backend == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait_s))
+        except Exception:  # a peer already left (or never came): nothing to synchronise with
             pass
-    dist.destroy_process_group()
+    try:
+        dist.destroy_process_group()
+    except Exception:  # a peer's store is gone: leaving is all that is left to do
+        pass
 
 
 def barrier(ctx: DistContext) -> None:

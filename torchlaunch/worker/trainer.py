@@ -261,7 +261,22 @@ class Trainer:
                 f"{self.cfg.model.name}: {str(e).splitlines()[0]} (resume with the config it was "
                 f"saved with, or start a new run_dir)"
             ) from None
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved_optim = (state.get("config") or {}).get("optim", {}).get("name")
+        if saved_optim is not None and saved_optim != self.cfg.optim.name:
+            raise ConfigError(
+                "optim.name",
+                f"the checkpoint was trained with optim.name={saved_optim}, now {self.cfg.optim.name}",
+                f"resume with optim.name={saved_optim}, or start a new run_dir (model.init_from= keeps the weights)",
+            )
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise ConfigError(
+                "optim",
+                f"the checkpoint's optimizer state does not fit optim.name={self.cfg.optim.name} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''})",
+                "resume with the config it was saved with, or start a new run_dir",
+            ) from None
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if self.lookahead is not None:
