@@ -90,7 +90,7 @@ class Context:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if isinstance(exc, BadInput):
-            teardown(clean=True, wait_s=_dist.BAD_INPUT_WAIT_S)  # maybe raised on this rank only
+            teardown(clean=False)  # maybe raised on this rank alone: no barrier its peers never reach
             _exit_bad_input(exc)
         teardown(clean=exc is None or isinstance(exc, SystemExit))
 
@@ -138,9 +138,9 @@ def _exit_bad_input(error: BadInput) -> None:
     raise SystemExit(BAD_INPUT) from None
 
 
-def teardown(clean: bool = True, wait_s: float | None = None) -> None:
+def teardown(clean: bool = True) -> None:
     """Wait for pending checkpoint commits, restore the signal handlers, leave the process group.
-    `clean=False` after a failure skips the closing barrier (a peer may be gone); `wait_s` bounds it."""
+    `clean=False` after a failure or bad input skips the closing barrier (a peer may be gone)."""
     global _session
     session, _session = _session, None
     if session is None:
@@ -150,7 +150,7 @@ def teardown(clean: bool = True, wait_s: float | None = None) -> None:
             checkpointer.wait()
     finally:
         session.watcher.restore()
-        _dist.teardown(session.ctx.dist, clean=clean, wait_s=wait_s)
+        _dist.teardown(session.ctx.dist, clean=clean)
 
 
 def _active() -> _Session:

@@ -87,27 +87,20 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
     )
 
 
-BAD_INPUT_WAIT_S = 10.0
-"""How long a rank leaving on bad input waits for its peers at the closing barrier. Bad input agreed
-by every rank meets there at once; a rank that alone found it must not wait for the process-group
-timeout (minutes) while its peers sit in their next collective: it leaves, and the launcher stops
-the rest of the group."""
-
-
-def teardown(ctx: DistContext, clean: bool = True, wait_s: float | None = None) -> None:
+def teardown(ctx: DistContext, clean: bool = True) -> None:
     """Leave the process group. A barrier first: without it one rank sometimes aborts at exit on
-    torch 2.14.1 ("terminate called without an active exception"). Skipped after a failure, where a
-    peer may be gone and the barrier would only hang until the timeout. `wait_s` bounds the barrier
-    (gloo's monitored barrier; with NCCL, whose barrier has no per-call bound, there is none)."""
+    torch 2.14.1 ("terminate called without an active exception"). Skipped after a failure and on
+    bad input, where a peer may be gone, or may never come (bad input found by this rank alone, while
+    its peers sit in their next collective): the barrier would only hang until the process-group
+    timeout. No collective has a per-call bound that works on every rank (gloo's monitored barrier
+    waits the full timeout on the ranks other than 0), so the rank leaves and the launcher stops
+    the rest of the group."""
     if not ctx.distributed or not dist.is_initialized():
         return
     if clean:
         try:
-            if wait_s is None:
-                barrier(ctx)
-            elif ctx.backend == "gloo":
-                dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait_s))
-        except Exception:  # a peer already left (or never came): nothing to synchronise with
+            barrier(ctx)
+        except Exception:  # a peer already left: nothing to synchronise with
             pass
     try:
         dist.destroy_process_group()

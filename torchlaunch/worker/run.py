@@ -81,7 +81,7 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
 
     watcher = PreemptionWatcher(cfg.preemption.signals)  # first: a signal during start-up is not lost
     ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus)
-    clean, wait_s = False, None
+    clean = False
     try:
         agreed(ctx, lambda: check_early(cfg))  # plug-ins import, init_from exists: before any data work
         agreed(ctx, lambda: config_mod.write_resolved(cfg) if ctx.is_main else None)
@@ -118,12 +118,9 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
             raise BadInput(report.splitlines()[0]) from None  # the same batch would run out again
         clean = True
         return code, "finished" if code == OK else "preempted: checkpoint committed"
-    except BadInput:
-        clean, wait_s = True, dist.BAD_INPUT_WAIT_S  # agreed, or this rank's alone: a bounded wait
-        raise
-    finally:
+    finally:  # bad input too leaves without the barrier: it may be this rank's alone (dist.teardown)
         watcher.restore()
-        dist.teardown(ctx, clean=clean, wait_s=wait_s)
+        dist.teardown(ctx, clean=clean)
 
 
 if __name__ == "__main__":
