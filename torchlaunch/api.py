@@ -9,9 +9,13 @@ checksum, retention, snapshot buffers, RNG capture or cross-rank agreement:
         sampler = api.resumable_sampler(len(data), batch_size, seed)   # the global-step batch plan
         state = ckpt.load_latest()                   # newest verified checkpoint (+ this rank's RNG) or None
         for step, idx in sampler.batches(epoch, start_step): ...
-            if api.preemption_requested():           # agreed by every rank at this same step
+            if api.preemption_requested(step):       # agreed by every rank at this same step (+ heartbeat)
                 ckpt.save(step, state)
                 sys.exit(api.PREEMPTED)
+
+A loop that asks preemption_requested() every step also leaves the launcher's heartbeat (what
+`python -m launch.local status` and the hang watchdog read); a loop that does not calls
+`api.heartbeat(step)` itself (torchlaunch.ops.progress.heartbeat: one clock read, no host sync).
 
 Exit codes: 0 done, 1 failure, 2 bad input, 75 preempted with a checkpoint committed. Inside
 `with api.setup()`, a BadInput becomes one line on stderr and exit 2.
@@ -35,6 +39,7 @@ from torchlaunch.core import checkpoint as _ckpt
 from torchlaunch.core import dist as _dist
 from torchlaunch.core.preemption import PreemptionWatcher, agree
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.ops.progress import heartbeat
 from torchlaunch.worker.data import BatchPlan
 
 __all__ = [
@@ -46,6 +51,7 @@ __all__ = [
     "Checkpointer",
     "Context",
     "ResumableSampler",
+    "heartbeat",
     "preemption_requested",
     "resumable_sampler",
     "setup",
@@ -84,7 +90,7 @@ class Context:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if isinstance(exc, BadInput):
-            teardown(clean=True)  # raised on every rank together (agreed), as in the worker
+            teardown(clean=False)  # maybe raised on this rank alone: no barrier its peers never reach
             _exit_bad_input(exc)
         teardown(clean=exc is None or isinstance(exc, SystemExit))
 
@@ -94,6 +100,8 @@ class _Session:
     ctx: Context
     watcher: PreemptionWatcher
     stopping: bool = False
+    calls: int = 0
+    """preemption_requested() calls so far: the heartbeat's step when the caller passes none."""
     checkpointers: list[Checkpointer] = field(default_factory=list)
 
 
@@ -132,7 +140,7 @@ def _exit_bad_input(error: BadInput) -> None:
 
 def teardown(clean: bool = True) -> None:
     """Wait for pending checkpoint commits, restore the signal handlers, leave the process group.
-    `clean=False` after a failure skips the closing barrier (a peer may be gone)."""
+    `clean=False` after a failure or bad input skips the closing barrier (a peer may be gone)."""
     global _session
     session, _session = _session, None
     if session is None:
@@ -153,10 +161,15 @@ def _active() -> _Session:
     return _session
 
 
-def preemption_requested() -> bool:
+def preemption_requested(step: int | None = None) -> bool:
     """True on every rank when any rank got a preemption signal: one tiny all-reduce, so every rank
-    must call it at the same step. Then save (every rank) and exit with PREEMPTED."""
+    must call it at the same step. Then save (every rank) and exit with PREEMPTED.
+
+    Also the per-step heartbeat: `step` (a Python int, the steps done) is what the launcher's status
+    and watchdog show; without it, the number of calls so far."""
     session = _active()
+    session.calls += 1
+    heartbeat(session.calls if step is None else int(step))
     (requested,) = agree(session.ctx.dist, session.watcher.requested)
     session.stopping = session.stopping or requested
     return requested

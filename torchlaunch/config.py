@@ -70,6 +70,19 @@ def interval(low: float, high: float, ends: str, fix: str) -> dict[str, Bound]:
     return bound(lambda v: above_low(v) and below_high(v), f"must be in {ends[0]}{low}, {high}{ends[1]}", fix)
 
 
+SEED_LIMIT = 2**63
+"""Seeds stay below 2**63: torch.manual_seed takes 64 bits and a resume on a new world size seeds
+with `seed + global_step`."""
+MAX_TIMEOUT_S = 30 * 86400.0
+"""The longest process-group timeout: finite (a timedelta and torch's milliseconds must hold it)."""
+
+
+def seed_bound() -> dict[str, Bound]:
+    return bound(
+        lambda v: 0 <= v < SEED_LIMIT, "must be a non-negative integer below 2**63", "use a seed such as 0 or 1234"
+    )
+
+
 def choice(values: tuple[str, ...], open_prefix: str = "", plugin: bool = False) -> dict[str, Choice]:
     """Field metadata: `field(default=..., metadata=choice(("a", "b")))`."""
     return {"choice": Choice(tuple(values), open_prefix, plugin)}
@@ -96,7 +109,7 @@ class DataConfig:
         default=0.1, metadata=bound(lambda v: 0.0 < v < 1.0, "must be between 0 and 1", "e.g. data.val_fraction=0.1")
     )
     """imagefolder only: fraction of images held out for validation (fixed by split_seed)."""
-    split_seed: int = field(default=0, metadata=at_least(0, "use a non-negative integer seed"))
+    split_seed: int = field(default=0, metadata=seed_bound())
     """Seed of the train/validation split; independent of `seed` so runs share one split."""
     loader: str = field(default="auto", metadata=choice(("auto", "tensor", "pil")))
     """`tensor` (decoded uint8 cache + batched augmentation), `pil` (per-sample), `auto` (tensor when
@@ -248,7 +261,12 @@ class CheckpointConfig:
 
 @dataclass
 class DistConfig:
-    timeout_s: float = field(default=300.0, metadata=above(0, "e.g. dist.timeout_s=300"))
+    timeout_s: float = field(
+        default=300.0,
+        metadata=bound(
+            lambda v: 0 < v <= MAX_TIMEOUT_S, f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} (30 days)", "e.g. 300"
+        ),
+    )
     """Process-group timeout: a lost peer fails the collective after this many seconds."""
     backend: str = field(default="auto", metadata=choice(("auto", "nccl", "gloo")))
     """`auto` (nccl on CUDA, gloo on CPU), `nccl` or `gloo`."""
@@ -285,7 +303,7 @@ class DebugConfig:
 class RunConfig:
     run_dir: str = "runs/default"
     """Checkpoints, metrics, the resolved config and the final model; shared storage on clusters."""
-    seed: int = field(default=0, metadata=at_least(0, "use a non-negative integer seed"))
+    seed: int = field(default=0, metadata=seed_bound())
     """Seeds model init, data order and augmentation: same seed, same run."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -446,6 +464,27 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping names the same key twice: PyYAML would keep the last one without a word."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKey(f"key {key!r} appears twice (lines {seen[key]} and {line})")
+            except TypeError:
+                continue  # an unhashable key: SafeLoader reports it
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a YAML mapping, turning a missing file or bad syntax into one clear line."""
     p = Path(path)
@@ -454,7 +493,13 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
             "--config", f"file not found: {p}", "pass an existing YAML file, e.g. --config configs/smoke.yaml"
         )
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            "--config", f"{p} is not UTF-8 text (byte {e.start})", "save the file as UTF-8 (plain YAML text)"
+        ) from None
+    except DuplicateKey as e:
+        raise ConfigError("--config", f"{p}: {e}", "keep one of the two entries") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -557,12 +602,18 @@ def dump(cfg: RunConfig) -> str:
 def write_resolved(cfg: RunConfig) -> Path:
     """Atomically write RUN_DIR/config.yaml (temp file + rename) so readers never see half a file."""
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / "config.yaml"
     text = dump(cfg)
-    if target.is_file() and target.read_text() == text:
-        return target
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.", suffix=".tmp")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if target.is_file() and target.read_text() == text:
+            return target
+        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.", suffix=".tmp")
+    except OSError as e:
+        what = "a file, not a folder" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or e
+        raise ConfigError(
+            "run_dir", f"cannot write {run_dir}: {what}", "pick a folder you can write, e.g. run_dir=runs/my-run"
+        ) from None
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)

@@ -13,6 +13,7 @@ resuming needs only (epoch, step within the epoch): no data is replayed.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import shutil
@@ -23,16 +24,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from torchlaunch.config import ConfigError, DataConfig, is_plugin
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.datacheck import cifar10_missing_message  # shared with the launchers' pre-spawn check
 from torchlaunch.worker.folder_cache import (  # noqa: F401
+    DECODE_ERRORS,
     IMAGE_EXTENSIONS,
     cache_images_file,
     decode_all,
+    decode_error,
     folder_fingerprint,
+    images_checksum,
     publish,
     scan_imagefolder,
     take_prefetched,
@@ -222,8 +226,8 @@ def decode_image(path: str, size: int | None = None) -> torch.Tensor:
             if size is not None and im.size != (size, size):
                 im = im.resize((size, size), Image.Resampling.BILINEAR)
             array = np.asarray(im, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise BadInput(f"data error: cannot decode image {path}: {e} (delete or replace that file)") from None
+    except DECODE_ERRORS as e:
+        raise decode_error(path, e) from None
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
 
@@ -234,8 +238,8 @@ def common_size(files: list[str]) -> tuple[int, int] | None:
         try:
             with Image.open(f) as im:
                 size = im.size
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-            raise BadInput(f"data error: cannot decode image {f}: {e} (delete or replace that file)") from None
+        except DECODE_ERRORS as e:
+            raise decode_error(f, e) from None
         if first is None:
             first = size
         elif size != first:
@@ -255,6 +259,13 @@ def cached_images(cache_dir: Path, key: str, count: int) -> torch.Tensor | None:
     except (ValueError, OSError, EOFError):
         images = None
     if images is None or images.dtype != np.uint8 or images.ndim != 4 or images.shape[:2] != (count, 3):
+        shutil.rmtree(images_file.parent, ignore_errors=True)
+        return None
+    try:
+        recorded = json.loads((images_file.parent / "meta.json").read_text()).get("checksum")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded != images_checksum(images):  # overwritten, damaged, or from before the checksum: rebuild
         shutil.rmtree(images_file.parent, ignore_errors=True)
         return None
     return torch.from_numpy(images)

@@ -9,8 +9,10 @@
 The checkpoint carries what evaluation needs besides the weights: the resolved config (model, data
 split, precision), the class names (checked against the data, so a label mix-up cannot go unnoticed)
 and the training set's normalisation. Plug-ins (`model.name` / `data.name` = `pkg.module:factory`) are
-imported from the current directory or PYTHONPATH, else from the folder the checkpoint recorded. stdout holds only the JSON line; errors are one line on stderr
-with exit code 2.
+imported from the current directory, PYTHONPATH or the installed packages; from the folder the
+checkpoint recorded only with --trust-plugin (a checkpoint is data: evaluating someone else's run
+never imports code you did not name; without consent it is exit 2 naming the module and the folder).
+stdout holds only the JSON line; errors are one line on stderr with exit code 2.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "either way; val also applies the run's data.max_val_samples)",
     )
     p.add_argument(
+        "--trust-plugin",
+        action="store_true",
+        help="import a plug-in model or dataset the checkpoint names from the folder the checkpoint records "
+        "(without it, only from the current directory, PYTHONPATH or the installed packages: a checkpoint "
+        "is data, and loading it never runs code you did not name)",
+    )
+    p.add_argument(
         "--tta",
         choices=("auto", "none", "flip", "flip_translate"),
         default="auto",
@@ -103,7 +112,7 @@ def pick_checkpoint(args: argparse.Namespace) -> Path:
     return newest
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, trust_plugin: bool = False) -> dict[str, Any]:
     from torchlaunch.core import checkpoint as ckpt
 
     try:
@@ -113,9 +122,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     missing = [k for k in ("config", "classes", "norm", "model") if k not in state]
     if missing:
         raise BadInput(f"evaluate error: {path} lacks {', '.join(missing)} (it was not written by train.trainer)")
-    from torchlaunch.worker.plugins import add_recorded_paths
+    from torchlaunch.worker.plugins import allow_recorded
 
-    add_recorded_paths(state.get("plugins"))  # where the run imported its plug-ins from
+    config = state["config"] if isinstance(state["config"], dict) else {}
+    names = {
+        f"{section}.name": str(config[section]["name"])
+        for section in ("model", "data")
+        if isinstance(config.get(section), dict) and "name" in config[section]
+    }
+    allow_recorded(names, state.get("plugins"), trust_plugin)  # before anything imports a plug-in
     return state
 
 
@@ -260,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         chosen = dist.agreed(ctx, lambda: str(pick_checkpoint(args)) if ctx.is_main else None)
         chosen = dist.broadcast_object(ctx, chosen)
-        state = dist.agreed(ctx, lambda: load_checkpoint(Path(chosen)))
+        state = dist.agreed(ctx, lambda: load_checkpoint(Path(chosen), args.trust_plugin))
 
         # Local rank 0 first: it fills the decode cache that the other ranks then read.
         def load() -> tuple[Any, list[str]]:

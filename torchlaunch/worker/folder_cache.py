@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import xxhash
 from PIL import Image, UnidentifiedImageError
 
 from torchlaunch import contract
@@ -34,6 +35,18 @@ from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
+DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+"""What a file that is not a usable image raises in PIL: the file is named, exit 2. A decompression
+bomb (more pixels than PIL's limit, Image.MAX_IMAGE_PIXELS x 2) is refused when it is opened."""
+
+
+def decode_error(path: str, e: BaseException) -> BadInput:
+    if isinstance(e, Image.DecompressionBombError):
+        return BadInput(
+            f"data error: image {path} is too large to decode ({str(e).split(' could be')[0].rstrip(',')}: a decompression "
+            "bomb?) (delete or replace that file)"
+        )
+    return BadInput(f"data error: cannot decode image {path}: {e} (delete or replace that file)")
 
 
 def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
@@ -49,21 +62,54 @@ def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
             f"data error: {root} has no class folders (expected {root}/<class>/<image>.jpg; "
             f"point data.root at the folder that holds the class folders)"
         )
+    for name in classes:
+        _utf8_name(root / name)
     files: list[str] = []
     labels: list[int] = []
+    empty: list[str] = []
     for label, name in enumerate(classes):
+        before = len(files)
         for dirpath, dirnames, filenames in os.walk(root / name):
             dirnames.sort()
             for fn in sorted(filenames):
                 if fn.lower().endswith(IMAGE_EXTENSIONS):
-                    files.append(os.path.join(dirpath, fn))
+                    files.append(_utf8_name(Path(dirpath, fn)))
                     labels.append(label)
+        if len(files) == before:
+            empty.append(name)
     if not files:
         raise BadInput(
             f"data error: {root} has class folders but no images with extensions "
             f"{', '.join(IMAGE_EXTENSIONS)} (copy images into {root}/<class>/)"
         )
+    if empty:
+        raise BadInput(
+            f"data error: class folder {root / empty[0]} has no images"
+            f"{f' (and {len(empty) - 1} more: {empty[1:4]})' if len(empty) > 1 else ''}: a class the model "
+            f"would learn from no sample (add images to it, or remove the folder)"
+        )
     return classes, files, labels
+
+
+def _utf8_name(path: Path) -> str:
+    """The path as text, refused when the name is not UTF-8 (it would break the cache key, the logs and
+    the evaluation report, which all write file names as UTF-8)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = ascii(os.fsencode(path.name))
+        raise BadInput(
+            f"data error: the file name {shown} in {ascii(str(path.parent))} is not UTF-8 (rename it, e.g. with "
+            "`convmv -f latin1 -t utf8`, or remove it)"
+        ) from None
+    return text
+
+
+def images_checksum(images: np.ndarray) -> str:
+    """Content checksum of a decoded folder (xxh3_128 of its bytes, ~20 GB/s): the cache is used only
+    when it still holds what was decoded, never same-shape garbage written over it."""
+    return "xxh3_128:" + xxhash.xxh3_128(np.ascontiguousarray(images).data).hexdigest()
 
 
 def folder_fingerprint(root: Path, files: list[str]) -> str:
@@ -100,21 +146,27 @@ def decode_all(files: list[str], size: int) -> np.ndarray | None:
                     return None
                 rgb = im if im.mode == "RGB" else im.convert("RGB")
                 out[i] = np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-            raise BadInput(f"data error: cannot decode image {f}: {e} (delete or replace that file)") from None
+        except DECODE_ERRORS as e:
+            raise decode_error(f, e) from None
     return out
 
 
 def publish(images: np.ndarray, root: Path, cache_dir: Path, key: str) -> np.ndarray:
     """Store the decoded folder on disk under its fingerprint, atomically: the next run (or the other
     ranks of this one) loads it instead of decoding every file again."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".imagefolder-{key}."))
+    except OSError as e:
+        what = "a file, not a folder" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or e
+        raise BadInput(
+            f"data error: data.cache_dir {cache_dir} cannot be written: {what} (point data.cache_dir at a "
+            "writable folder, e.g. data.cache_dir=~/.cache/torchlaunch, or use data.loader=pil)"
+        ) from None
     try:
         np.save(tmp / "images.npy", images, allow_pickle=False)
-        (tmp / "meta.json").write_text(
-            json.dumps({"root": str(root), "count": len(images), "shape": list(images.shape)})
-        )
+        meta = {"root": str(root), "count": len(images), "shape": list(images.shape)}
+        (tmp / "meta.json").write_text(json.dumps({**meta, "checksum": images_checksum(images)}))
         try:
             os.rename(tmp, cache_dir / f"imagefolder-{key}")
         except OSError:  # another node or rank published the same cache first
@@ -206,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: publish() removes its temp folder
     try:
         index = prepare(args.root.expanduser(), args.cache_dir.expanduser(), args.size)
-    except (BadInput, OSError):
+    except (BadInput, OSError, Image.DecompressionBombError):
         return 2
     if index is None:
         return 1

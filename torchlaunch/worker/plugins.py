@@ -55,7 +55,7 @@ __all__ = [
     "origin",
     "origins",
     "check_early",
-    "add_recorded_paths",
+    "allow_recorded",
     "check_config",
 ]
 
@@ -172,11 +172,42 @@ def origins(model_name: str, data_name: str) -> dict[str, dict[str, str | None]]
     return found
 
 
-def add_recorded_paths(recorded: dict[str, Any] | None) -> None:
-    """Append the folders a checkpoint's plug-ins were imported from to sys.path (after the current
-    directory, which still wins), so evaluation works from anywhere on the same filesystem."""
-    for entry in (recorded or {}).values():
-        root = entry.get("root") if isinstance(entry, dict) else None
+TRUST_FLAG = "--trust-plugin"
+"""train.evaluate's consent to import a plug-in from the folder its checkpoint records."""
+
+
+def importable(module: str, cwd: str | None = None) -> bool:
+    """Whether `module` is found from the working directory, PYTHONPATH or the installed packages as
+    they are, looked up on disk without importing anything (torchlaunch.runner.module_origin)."""
+    from torchlaunch.runner import module_origin
+
+    cwd = cwd or os.getcwd()
+    paths = [cwd, *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
+    return module_origin(module, [p for p in paths if p]) is not None
+
+
+def allow_recorded(names: dict[str, str], recorded: dict[str, Any] | None, trust: bool) -> None:
+    """Loading a checkpoint never runs code the user did not name. A plug-in the checkpoint's config
+    names (`names`: key -> pkg.module:factory) is imported only when the user's own environment finds
+    it (working directory, PYTHONPATH, installed), or with `trust` from the folder the checkpoint
+    records (`recorded`, appended to sys.path after the user's own entries); else BadInput naming the
+    module and that folder, before anything is imported."""
+    recorded = recorded or {}
+    for key, path in names.items():
+        if not is_plugin(path):
+            continue
+        module, _ = _split(key, path)
+        if importable(module):
+            continue
+        entry = recorded.get(key.split(".")[0])
+        root = entry.get("root") if isinstance(entry, dict) and isinstance(entry.get("root"), str) else None
+        if not trust:
+            where = f"the checkpoint records the folder {root}" if root else "the checkpoint records no folder"
+            raise BadInput(
+                f"evaluate error: the checkpoint's {key}={path} is not importable from {os.getcwd()} or "
+                f"PYTHONPATH; {where} (run from the folder that holds {module.split('.')[0]} or add it to "
+                f"PYTHONPATH, or pass {TRUST_FLAG} to import {module} from the recorded folder)"
+            )
         if root and root not in sys.path and Path(root).is_dir():
             sys.path.append(root)
 

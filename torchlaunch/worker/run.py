@@ -10,8 +10,11 @@ else a traceback and 1.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from torchlaunch import config as config_mod
 from torchlaunch.exit_codes import OK, BadInput, ConfigError
@@ -43,6 +46,28 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+T = TypeVar("T")
+
+
+def allocating(what: str, build: Callable[[], T]) -> T:
+    """`build()`, with an allocation that can never succeed (a model or image size beyond any memory)
+    turned into bad input: the same config would fail the same way on every retry."""
+    from torchlaunch.tools.debug import is_oom
+
+    try:
+        return build()
+    except (RuntimeError, MemoryError) as e:
+        text = str(e)
+        if not (isinstance(e, MemoryError) or is_oom(e) or "can't allocate memory" in text):
+            raise
+        size = re.search(r"allocate (\d+) bytes", text)
+        tried = f" ({int(size.group(1)) / 2**30:.3g} GiB)" if size else ""
+        raise BadInput(
+            f"memory error: cannot allocate {what}{tried} (use a smaller model.width, data.image_size "
+            "or train.micro_batch_size)"
+        ) from None
+
+
 def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) -> tuple[int, str]:
     """Set up, train, tear down. Imports torch lazily so `--help-config` and config errors are fast."""
     from torchlaunch.core import dist
@@ -59,16 +84,19 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
     clean = False
     try:
         agreed(ctx, lambda: check_early(cfg))  # plug-ins import, init_from exists: before any data work
-        if ctx.is_main:
-            config_mod.write_resolved(cfg)
+        agreed(ctx, lambda: config_mod.write_resolved(cfg) if ctx.is_main else None)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
         finish_prefetch(prefetch)
-        bundle = agreed(ctx, lambda: load_bundle(cfg.data) if ctx.local_rank == 0 else None)
+        data_what = f"the data (data.image_size={cfg.data.image_size})"
+        bundle = agreed(
+            ctx, lambda: allocating(data_what, lambda: load_bundle(cfg.data)) if ctx.local_rank == 0 else None
+        )
         if bundle is None:
-            bundle = agreed(ctx, lambda: load_bundle(cfg.data))
+            bundle = agreed(ctx, lambda: allocating(data_what, lambda: load_bundle(cfg.data)))
         else:
             agreed(ctx, lambda: None)
-        trainer = agreed(ctx, lambda: Trainer(cfg, ctx, bundle, watcher))
+        model_what = f"the model (model.name={cfg.model.name}, model.width={cfg.model.width})"
+        trainer = agreed(ctx, lambda: allocating(model_what, lambda: Trainer(cfg, ctx, bundle, watcher)))
         try:
             with anomaly_detection(cfg.debug.detect_anomaly):
                 code = trainer.fit()
@@ -90,10 +118,7 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
             raise BadInput(report.splitlines()[0]) from None  # the same batch would run out again
         clean = True
         return code, "finished" if code == OK else "preempted: checkpoint committed"
-    except BadInput:
-        clean = True  # every rank agreed (or it was raised in lockstep): leaving together is safe
-        raise
-    finally:
+    finally:  # bad input too leaves without the barrier: it may be this rank's alone (dist.teardown)
         watcher.restore()
         dist.teardown(ctx, clean=clean)
 

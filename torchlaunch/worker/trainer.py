@@ -39,6 +39,7 @@ from torchlaunch.core.dist import (
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
+from torchlaunch.ops.progress import heartbeat
 from torchlaunch.startup import process_age_s
 from torchlaunch.tools.debug import check_model_io
 from torchlaunch.worker import eval_loop
@@ -260,7 +261,22 @@ class Trainer:
                 f"{self.cfg.model.name}: {str(e).splitlines()[0]} (resume with the config it was "
                 f"saved with, or start a new run_dir)"
             ) from None
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved_optim = (state.get("config") or {}).get("optim", {}).get("name")
+        if saved_optim is not None and saved_optim != self.cfg.optim.name:
+            raise ConfigError(
+                "optim.name",
+                f"the checkpoint was trained with optim.name={saved_optim}, now {self.cfg.optim.name}",
+                f"resume with optim.name={saved_optim}, or start a new run_dir (model.init_from= keeps the weights)",
+            )
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise ConfigError(
+                "optim",
+                f"the checkpoint's optimizer state does not fit optim.name={self.cfg.optim.name} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''})",
+                "resume with the config it was saved with, or start a new run_dir",
+            ) from None
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if self.lookahead is not None:
@@ -467,6 +483,7 @@ class Trainer:
             started = time.perf_counter() if first_step else 0.0
             window.add(self.train_step(micro))
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
+            heartbeat(p.global_step, total=self.total_steps, epoch=p.epoch, samples_per_step=self.plan.per_rank)
             if self.lookahead is not None:
                 self.lookahead.after_step(p.global_step)
             if first_step:  # one device sync, once per process: the start-up figure

@@ -241,8 +241,17 @@ def _fault_injection_stall(tmp: Path, step: int) -> None:
         marker.unlink()
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} in the commit marker")
+
+
 def read_marker(path: Path) -> dict[str, Any]:
-    return json.loads((path / MARKER_FILE).read_text())
+    """The commit marker's fields. Only finite numbers: a marker is written by json.dump of ints,
+    floats and strings, so NaN or Infinity means a forged or damaged file (ValueError, like bad JSON)."""
+    marker = json.loads((path / MARKER_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
+    if not isinstance(marker, dict):
+        raise ValueError("the commit marker is not a JSON object")
+    return marker
 
 
 def _marker_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
@@ -252,7 +261,7 @@ def _marker_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
     try:
         marker = read_marker(path)
         expected_checksum(marker), int(marker["bytes"])
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
         return f"unreadable commit marker ({e})", {}
     if not (path / STATE_FILE).is_file():
         return "state file missing", marker
