@@ -61,7 +61,7 @@ def strict_validate(text: str, tmp_path: Path) -> None:
     [
         (["--", "train.py", "--note", EVIL], ["--", "train.py", "--note", "x"]),
         (["--name", "run", "--", "train.py", "--note", EVIL], ["--name", "run", "--", "train.py"]),
-        (["--config", "configs/smoke.yaml", f"train.epochs=1 {EVIL}"], ["--config", "configs/smoke.yaml"]),
+        (["--config", "configs/smoke.yaml", f"data.root={EVIL}"], ["--config", "configs/smoke.yaml"]),
     ],
     ids=["program-argument", "program-named", "override"],
 )
