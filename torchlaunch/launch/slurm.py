@@ -649,6 +649,8 @@ def follow(job: Any, poll_s: float = 1.0, out: Any = None) -> int:
 
 
 TAIL_LINES = 20
+SUBMITIT_ERROR = "Submitted job triggered an exception"
+"""submitit's line before its traceback of the task's exception (the runner already printed the program's)."""
 TASK_LINE = re.compile(r"^slurm task: rank (\d+)/\d+ .* on (\S+)$", re.MULTILINE)
 
 
@@ -683,6 +685,9 @@ def failing_tasks(folder: str | Path, job_id: str) -> list[TaskFailure]:
             seen = []
         rank, host = (int(seen[-1][0]), seen[-1][1]) if seen else (None, None)
         lines = [line for line in text.splitlines() if line.strip()]
+        ours = [i for i, line in enumerate(lines) if SUBMITIT_ERROR in line]
+        if ours and ours[-1] > 0:
+            lines = lines[: ours[-1]]  # the program's own words, not submitit's re-raise of our WorkerExit
         failures.append((mtime, int(task), TaskFailure(int(task), rank, host, err, lines[-TAIL_LINES:])))
     return [failure for _, _, failure in sorted(failures, key=lambda f: (f[0], f[1]))]
 
