@@ -120,7 +120,7 @@ def test_a_hang_is_dumped_requeued_once_and_resumed(cluster: str, tmp_path: Path
     assert code == 0, text[-3000:]
     assert (run_dir / "step-1.txt").read_text() == "12" and (run_dir / "step-0.txt").read_text() == "12"
     dumps = list((run_dir / "hangs").glob("*"))
-    assert dumps, f"no stack dump under {run_dir / 'hangs'}"
+    assert len(dumps) == 1, f"one stack dump expected under {run_dir / 'hangs'}: {dumps}"
     states = requeue_records(launch.job_id)
     assert states.count("REQUEUED") == 1 and states[-1] == "COMPLETED", states
     logs = "".join(p.read_text() for p in (run_dir / "slurm" / launch.job_id).glob("*_log.err"))

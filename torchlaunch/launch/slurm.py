@@ -338,10 +338,10 @@ class SlurmTask:
         prepare_rank()
         if local_rank != 0:
             return None
-        op.start(on_hang=self._on_hang)
+        op.start(on_hang=lambda verdict, folder, beats: self._on_hang(verdict, folder, beats, op))
         return op
 
-    def _on_hang(self, verdict: Any, folder: Path, beats: list[Any]) -> None:
+    def _on_hang(self, verdict: Any, folder: Path, beats: list[Any], op: Operation) -> None:
         """The watchdog's thread, after the stacks are in `folder`: requeue the job (the ranks resume
         from the newest checkpoint) up to max_hang_requeues times, then end the hung ranks for good."""
         job_id = os.environ.get("SLURM_JOB_ID", "")
@@ -357,6 +357,10 @@ class SlurmTask:
                 file=sys.stderr,
                 flush=True,
             )
+            if op.dog is not None:
+                # The job is ending: no second dump of ranks Slurm is killing. (Watchdog.stop() joins
+                # the watchdog's thread, which is this one: only its stop event is set.)
+                op.dog._stop.set()
             return
         print(
             f"slurm task: hang: not requeued again; ending the hung ranks of job {job_id}", file=sys.stderr, flush=True
