@@ -93,6 +93,9 @@ def test_peer_framework_preempted_is_requeued_and_resumes(cluster: str, tmp_path
     slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")
     code, text = finished(proc, run_dir, 400)
     assert code == 0, text[-3000:]
-    assert requeue_records(job_id(text)) == ["REQUEUED", "COMPLETED"]
+    states = requeue_records(job_id(text))
+    # Requeued (once, or again when the requeued job is scheduled before the preemptor and preempted
+    # while its framework is still importing), then finished.
+    assert states[0] == "REQUEUED" and states[-1] == "COMPLETED" and set(states[:-1]) == {"REQUEUED"}, states
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed"] is True and result[key] > 0
