@@ -162,3 +162,21 @@ def test_a_cancelled_launch_is_not_requeued(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(slurm, "controller_state", lambda job_id: pytest.fail("asked to requeue"))
     with pytest.raises(slurm.WorkerExit, match="cancelled"):
         task._requeue(0, 10.0)
+
+
+def test_a_hang_requeues_once_then_ends_the_hung_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "56")
+    calls: list[list[str]] = []
+    killed: list[object] = []
+    monkeypatch.setattr(
+        slurm.subprocess, "run", lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", "")
+    )
+    monkeypatch.setattr(slurm.SlurmTask, "_save_for_requeue", lambda self: None)
+    monkeypatch.setattr(slurm.watchdog, "kill_ranks", lambda beats: killed.append(beats) or [])
+    task = slurm.SlurmTask(argv=["x.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
+    op = type("Op", (), {"dog": None})()
+    verdict = type("Verdict", (), {"reason": "no rank progressed for 9s"})()
+    task._on_hang(verdict, tmp_path, ["beat"], op)  # type: ignore[arg-type]
+    assert calls == [["scontrol", "requeue", "56"]] and task.hangs == 1 and not killed
+    task._on_hang(verdict, tmp_path, ["beat"], op)  # type: ignore[arg-type]
+    assert len(calls) == 1 and killed == [["beat"]]
