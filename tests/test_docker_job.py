@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -196,6 +197,15 @@ class DockerJob:
     def container(self, index: int) -> str:
         return f"{self.prefix}-{self.name}-{index}"
 
+    def env_value(self, env: dict) -> str:
+        """A plain value, or what the downward API would give for the fields the manifest asks for."""
+        if "value" in env:
+            return env["value"]
+        field = env["valueFrom"]["fieldRef"]["fieldPath"]
+        known = {"metadata.labels['batch.kubernetes.io/job-name']": self.name, "metadata.namespace": "default"}
+        assert field in known, f"the test does not emulate the downward API field {field}"
+        return known[field]
+
     def pod_argv(self, index: int) -> list[str]:
         """`docker run` for pod `index`, read off the manifest."""
         c = self.pod["containers"][0]
@@ -230,7 +240,8 @@ class DockerJob:
         if sc["readOnlyRootFilesystem"]:
             argv.append("--read-only")
         for env in c["env"]:
-            argv += ["-e", f"{env['name']}={env['value']}"]
+            argv += ["-e", f"{env['name']}={self.env_value(env)}"]
+        argv += ["-e", "KUBERNETES_SERVICE_HOST=10.0.0.1"]  # what the kubelet sets in every pod
         volumes = {v["name"]: v for v in self.pod["volumes"]}
         for mount in c["volumeMounts"]:
             volume = volumes[mount["name"]]
@@ -371,6 +382,25 @@ def test_job_trains_end_to_end_with_two_pods(uninterrupted):
     assert max(ln["step"] for ln in lines) == EPOCHS * 16  # 2048 images / global batch 128
     assert "starting simple_cnn on 2 x cpu" in all_logs(dj)
     assert (dj.run_dir / "model.pt").exists()
+
+
+def test_launch_status_of_the_pods_run_dir_names_the_job(uninterrupted):
+    from torchlaunch.ops import record
+
+    dj = uninterrupted
+    if not record.read_all(dj.run_dir)[0]:
+        pytest.skip("the pods' launcher (launch.local) writes no job record yet")
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", "status", str(dj.run_dir), "--json"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["scheduler"], data["job_id"], data["state"]) == ("k8s", dj.name, "finished")
 
 
 def wait_for_checkpoint(dj: DockerJob, min_step: int, timeout_s: float = 300) -> None:

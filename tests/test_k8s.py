@@ -87,7 +87,7 @@ def test_indexed_job_pods_find_each_other_through_the_headless_service():
     assert pod["subdomain"] == svc["metadata"]["name"] == "run"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == job["template"]["metadata"]["labels"]
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["MASTER_ADDR"] == "run-0.run"  # hostname <job>-<index> in subdomain <service>
     assert objs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
     assert objs["ConfigMap"]["data"] == {"smoke.yaml": "seed: 0\n"}

@@ -51,7 +51,8 @@ def cluster() -> Iterator[str]:
     if os.geteuid() != 0 and shutil.which("slurmctld") is None:
         pytest.skip("Slurm is not installed and installing it needs root: run slurm/dev-cluster.sh up as root")
     was_up = subprocess.run([str(DEV_CLUSTER), "status"], capture_output=True, timeout=30).returncode == 0
-    up = subprocess.run([str(DEV_CLUSTER), "up"], capture_output=True, text=True, timeout=600)
+    # A running cluster is shared (other sessions use it): only ask for its config, never start it again.
+    up = subprocess.run([str(DEV_CLUSTER), "env" if was_up else "up"], capture_output=True, text=True, timeout=600)
     assert up.returncode == 0, f"dev-cluster up failed:\n{up.stderr}"
     conf = re.search(r"export SLURM_CONF=(\S+)", up.stdout)
     assert conf, up.stdout

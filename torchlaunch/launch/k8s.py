@@ -32,8 +32,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli
+from torchlaunch.launch import cli, emit, k8s_validate
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
+from torchlaunch.ops import record
 
 Manifest = dict[str, Any]
 
@@ -116,7 +117,9 @@ def master_addr(opts: K8sOptions) -> str:
 
 
 def run_dir(spec: JobSpec, opts: K8sOptions) -> str:
-    return spec.run_dir or f"{opts.shared_dir}/runs/{opts.name}"
+    """Normalised and on the shared volume (BadInput otherwise): `..` cannot lead off it."""
+    wanted = spec.run_dir or f"{opts.shared_dir}/runs/{opts.name}"
+    return k8s_validate.run_dir_under(wanted, opts.shared_dir, "--run-dir", workdir=opts.workdir)
 
 
 def recipe_key(spec: JobSpec) -> str:
@@ -152,16 +155,16 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         launcher += ["--max-restarts", str(spec.max_restarts)]
     if spec.program:
         if opts.doctor:
-            launcher += ["--run-dir", shlex.quote(run_dir(spec, opts))]  # the shared volume to probe
-        launcher += ["--", *(shlex.quote(a) for a in spec.program)]
+            launcher += ["--run-dir", emit.shell_word(run_dir(spec, opts), "--run-dir")]  # the shared volume to probe
+        launcher += ["--", *(emit.shell_word(a, "program argument") for a in spec.program)]
     else:
-        launcher += ["--config", shlex.quote(f"{opts.config_dir}/{recipe_key(spec)}")]
+        launcher += ["--config", emit.shell_word(f"{opts.config_dir}/{recipe_key(spec)}", "--config")]
         lead = (
             []
             if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides)
             else [f"preemption.lead_time_s={opts.grace_period_s}"]
         )  # the worker warns if a save won't fit
-        launcher += [shlex.quote(o) for o in (*lead, f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
+        launcher += [emit.shell_word(o, "override") for o in (*lead, f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
     return (
         "\n".join(
             [
@@ -244,6 +247,12 @@ def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
             {"name": "MASTER_PORT", "value": str(spec.master_port)},
             {"name": "HOME", "value": "/tmp"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            # `python -m launch status|cancel` find the Job from the record the pods write.
+            {
+                "name": record.K8S_JOB_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}},
+            },
+            {"name": record.K8S_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ],
         "ports": [{"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"}],
         "resources": resources(spec, opts),
@@ -356,13 +365,16 @@ def manifests(spec: JobSpec, opts: K8sOptions, recipe_text: str) -> list[Manifes
 
 
 def validate(spec: JobSpec, opts: K8sOptions) -> None:
+    """Refuse (BadInput, one line) every value the API server would reject, before anything is printed."""
     # Pod hostnames are `<name>-<index>` and must stay DNS labels (<= 63 characters).
-    longest = len(f"{opts.name}-{spec.nodes - 1}")
-    if not DNS_LABEL.match(opts.name) or longest > 63:
-        raise cli.error(
-            f"--name {opts.name!r} must be a DNS label (lowercase letters, digits, '-', "
-            f"starting with a letter) short enough for '<name>-<index>' to fit 63 characters"
-        )
+    k8s_validate.object_name(opts.name, "--name", nodes=spec.nodes)
+    if opts.namespace is not None:
+        k8s_validate.dns1123_label(opts.namespace, "--namespace")
+    if opts.storage_class is not None:
+        k8s_validate.dns1123_subdomain(opts.storage_class, "--storage-class")
+    k8s_validate.quantity(opts.storage_size, "--storage-size")
+    k8s_validate.port(spec.master_port, "--master-port")
+    k8s_validate.image_reference(DEFAULT_IMAGE if spec.image is None else spec.image, "--image")
     for field, value in (
         ("--save-time-s", opts.save_time_s),
         ("--step-time-s", opts.step_time_s),
@@ -378,35 +390,21 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
         )
     if any(o.startswith("run_dir=") for o in spec.overrides):
         raise cli.error("set the run directory with --run-dir, not a run_dir= override")
-    rd = run_dir(spec, opts)  # relative paths resolve against the pods' working dir, the shared volume
-    if rd.startswith("/") and not rd.startswith(opts.shared_dir + "/"):
-        raise cli.error(
-            f"--run-dir {rd!r} must be under {opts.shared_dir}/ (the shared volume), "
-            f"or a pod replacement would lose the checkpoints"
-        )
+    run_dir(spec, opts)  # normalised; relative paths resolve against the pods' working dir
 
 
 # ---- edge: YAML, files, sockets, argv ---------------------------------------------------------------
 
-HEADER = """\
-# Generated by `python -m launch.k8s{args}`; do not edit, re-render.
-# Before `kubectl apply -f`: set the image (--image) and a ReadWriteMany storage class (--storage-class).
-"""
+HEADER = (
+    "Generated by `python -m launch.k8s{args}`; do not edit, re-render.",
+    "Before `kubectl apply -f`: set the image (--image) and a ReadWriteMany storage class (--storage-class).",
+)
+"""Header comment lines; the argv in them is escaped by emit.comment."""
 
 
-def to_yaml(objects: Sequence[Manifest], header: str = "") -> str:
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        pass
-
-    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-        style = "|" if "\n" in value else None  # scripts and recipes stay readable
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    Dumper.add_representer(str, text)
-    body = yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, explicit_start=True, width=120)
-    return header + body
+def to_yaml(objects: Sequence[Manifest], header: Sequence[str] = ()) -> str:
+    """The manifests as YAML documents; every header line becomes an escaped comment."""
+    return emit.to_yaml(objects, header)
 
 
 def wait_for(endpoint: str, timeout_s: float, *, poll_s: float = 1.0) -> bool:
@@ -486,6 +484,8 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     for name in ("nodes", "gpus_per_node", "cpus_per_gpu", "mem_gb_per_gpu"):
         if getattr(args, name) < 1:
             raise cli.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_restarts < 0:
+        raise cli.error(f"--max-restarts must be >= 0 (torchrun restarts inside a pod), got {args.max_restarts}")
     if args.program is None:
         args.config = args.config or DEFAULT_CONFIG
     program = cli.check_program(args, on_disk=False, run_dir_for_builtin=True)  # the code is in the image
@@ -555,8 +555,7 @@ def render(argv: list[str]) -> int:
     spec, opts, recipe_text = plan(args)
     own, program = cli.split_program(argv)
     shown = [a for a in own if a != "--dry-run"] + (["--", *program] if program is not None else [])
-    command = shlex.join(shown).encode("unicode_escape").decode("ascii")  # one comment line, whatever the argv
-    header = HEADER.format(args=(" " + command) if shown else "")
+    header = [line.format(args=(" " + shlex.join(shown)) if shown else "") for line in HEADER]
     sys.stdout.write(to_yaml(manifests(spec, opts, recipe_text), header))
     return OK
 

@@ -22,9 +22,11 @@ import atexit
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,10 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import config as config_mod
+from torchlaunch import runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import cli, precheck
+from torchlaunch.launch import cli, emit, precheck
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.ops import record, watchdog
+from torchlaunch.ops.launcher import Operation, prepare_rank
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER
@@ -65,6 +70,10 @@ class SlurmOptions:
     """Without it submitit derives the port from the job id, so jobs sharing a node do not clash."""
     cwd: str | None = None
     """Submission directory: a user's program runs there (importable, as with `python -m`)."""
+    hang_timeout: float | None = None
+    """Seconds without progress before a node's watchdog dumps its ranks and requeues (None: automatic, 0: off)."""
+    command: tuple[str, ...] = ()
+    """The submitting command line, kept in the job record."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,7 +96,7 @@ def resolve_run_dir(spec: JobSpec) -> str:
         run_dir = _yaml_run_dir(spec.config)
     if not run_dir:
         raise BadInput(f"no run dir: pass run_dir=/shared/path (config {spec.config} sets none)")
-    return os.path.abspath(run_dir)
+    return emit.sbatch_path(os.path.abspath(run_dir), "--run-dir" if spec.program else "run_dir")
 
 
 def _yaml_run_dir(config: str) -> str | None:
@@ -137,17 +146,18 @@ def task_python(spec: JobSpec, options: SlurmOptions) -> str:
 
 def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
     """submitit.SlurmExecutor.update_parameters(**this): one task per GPU / CPU worker."""
-    setup = [f"export PYTHONPATH={shlex.quote(options.repo_root)}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    setup = [
+        f"export PYTHONPATH={emit.shell_word(options.repo_root, 'the repository root')}${{PYTHONPATH:+:$PYTHONPATH}}"
+    ]
     if options.explicit_master_port:
         setup.append(f"export MASTER_PORT={spec.master_port}")
     if spec.program:
         # A comment for the reader: escaped to one line, so no argument can end it and add a command.
-        shown = shlex.join(spec.program).encode("unicode_escape").decode("ascii")
-        setup.append(f"# program in every task (torchlaunch.runner): {shown}")
+        setup.append(emit.command_comment("program in every task (torchlaunch.runner)", spec.program))
         if options.cwd:
-            setup.append(f"cd {shlex.quote(options.cwd)}")
+            setup.append("cd " + emit.shell_word(options.cwd, "the submission directory"))
     params: dict[str, Any] = {
-        "job_name": options.job_name,
+        "job_name": emit.sbatch_value(options.job_name, "--job-name"),
         "nodes": spec.nodes,
         "ntasks_per_node": spec.gpus_per_node,
         "time": spec.time_min,
@@ -155,7 +165,10 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
         "setup": setup,
         # --requeue: the job stays eligible for requeue after preemption, node failure or our
         # own `scontrol requeue` even where the cluster sets JobRequeue=0.
-        "additional_parameters": {"requeue": True, **spec.extra},
+        "additional_parameters": {
+            "requeue": True,
+            **{emit.sbatch_key(k): emit.sbatch_value(v, f"--sbatch {k}") for k, v in spec.extra.items()},
+        },
     }
     if options.use_gpus:
         params["gpus_per_node"] = spec.gpus_per_node
@@ -167,10 +180,23 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
         "cpus_per_task": spec.cpus_per_task,
         "mem": f"{spec.mem_gb}GB" if spec.mem_gb is not None else None,
     }
-    params.update({key: value for key, value in optional.items() if value is not None})
+    params.update(
+        {
+            key: emit.sbatch_value(value, f"--{key.replace('_', '-')}")
+            for key, value in optional.items()
+            if value is not None
+        }
+    )
     if spec.image:
         # pyxis: every task runs inside the image with the repo and the run dir mounted.
-        mounts = ",".join(f"{path}:{path}" for path in (options.repo_root, run_dir))
+        emit.refuse_control(spec.image, "--image", "pass a single-line image name")
+        mounts = ",".join(
+            f"{path}:{path}"
+            for path in (
+                emit.container_mount(options.repo_root, "the repository root"),
+                emit.container_mount(run_dir, "the run dir"),
+            )
+        )
         params["srun_args"] = [
             "--container-image",
             spec.image,
@@ -238,8 +264,16 @@ class SlurmTask:
     max_timeouts: int = DEFAULT_MAX_TIMEOUTS
     cwd: str | None = None
     """A user's program runs from here (the submission directory)."""
+    run_dir: str | None = None
+    """The job's run dir: job record, heartbeats, rank logs; rank 0 releases its runlock when the job is done."""
+    command: list[str] = field(default_factory=list)
+    """The submitting command line, for the job record (`python -m launch status`)."""
+    hang_timeout: float | None = None
+    """Seconds without progress before the node's watchdog dumps the ranks and requeues (None: automatic, 0: off)."""
+    max_hang_requeues: int = 1
     timeouts: int = 0
     preemptions: int = 0
+    hangs: int = 0
     history: list[str] = field(default_factory=list)
 
     def __call__(self) -> int:
@@ -253,9 +287,10 @@ class SlurmTask:
         print(
             f"slurm task: rank {rank}/{dist_env.world_size} local {dist_env.local_rank} "
             f"master {dist_env.master_addr}:{dist_env.master_port} "
-            f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
+            f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions}) on {socket.gethostname()}",
             flush=True,
         )
+        op = self._operation(dist_env.local_rank, dist_env.local_world_size)
         if self.cwd:
             os.chdir(self.cwd)
         code = program_mod.main(list(self.argv))  # the one runner, as in every launcher
@@ -263,7 +298,11 @@ class SlurmTask:
         # submitit requeue a second time.
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)
+        if op is not None:
+            code = op.finish(code)
         if code == OK:
+            if rank == 0 and self.run_dir:
+                runlock.release_for_job(self.run_dir, "slurm", os.environ.get("SLURM_JOB_ID", ""))
             # submitit writes the result after we return; then skip C++ static destructors, which
             # sometimes abort a rank at exit on torch 2.14.1 ("terminate called without an active
             # exception") and would turn a finished job into FAILED.
@@ -275,6 +314,59 @@ class SlurmTask:
             raise WorkerExit(code, "bad input, not requeued; fix the config and submit again")
         raise WorkerExit(code, "worker failed; see this task's log")
 
+    def launch_id(self) -> str:
+        """This allocation of the job: the same on every node, new after each requeue."""
+        return f"{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or 0}"
+
+    def _operation(self, local_rank: int, local_world_size: int) -> Operation | None:
+        """Rank env and per-rank logs for this task; the node's local rank 0 also records the node's
+        launch and runs its hang watchdog. None without a run dir (nothing to record into)."""
+        if not self.run_dir:
+            return None
+        op = Operation(
+            self.run_dir,
+            scheduler="slurm",
+            command=self.command or list(self.argv),
+            launch_id=self.launch_id(),
+            job_id=os.environ.get("SLURM_JOB_ID"),
+            node_rank=int(os.environ.get("SLURM_NODEID", "0")),
+            nnodes=int(os.environ.get("SLURM_NNODES", "1")),
+            local_ranks=local_world_size,
+            hang_timeout=self.hang_timeout,
+        )
+        os.environ.update(op.rank_env())
+        prepare_rank()
+        if local_rank != 0:
+            return None
+        op.start(on_hang=lambda verdict, folder, beats: self._on_hang(verdict, folder, beats, op))
+        return op
+
+    def _on_hang(self, verdict: Any, folder: Path, beats: list[Any], op: Operation) -> None:
+        """The watchdog's thread, after the stacks are in `folder`: requeue the job (the ranks resume
+        from the newest checkpoint) up to max_hang_requeues times, then end the hung ranks for good."""
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        print(f"slurm task: hang ({verdict.reason}); stacks in {folder}", file=sys.stderr, flush=True)
+        if self.hangs < self.max_hang_requeues and not record.cancel_requested(self.run_dir or "", self.launch_id()):
+            self.hangs += 1
+            self.history.append(f"hang after {verdict.reason}")
+            self._save_for_requeue()
+            requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+            print(
+                f"slurm task: hang: job {job_id} requeued ({self.hangs}/{self.max_hang_requeues}) "
+                f"{requeue.stderr.strip()}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if op.dog is not None:
+                # The job is ending: no second dump of ranks Slurm is killing. (Watchdog.stop() joins
+                # the watchdog's thread, which is this one: only its stop event is set.)
+                op.dog._stop.set()
+            return
+        print(
+            f"slurm task: hang: not requeued again; ending the hung ranks of job {job_id}", file=sys.stderr, flush=True
+        )
+        watchdog.kill_ranks(beats)
+
     def _requeue(self, rank: int, elapsed_s: float) -> None:
         """Rank 0 requeues once; every rank leaves without a result so submitit waits for the rerun."""
         timed_out = is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
@@ -282,6 +374,12 @@ class SlurmTask:
             print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
             leave(PREEMPTED)
         job_id = os.environ["SLURM_JOB_ID"]
+        if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
+            raise WorkerExit(
+                PREEMPTED,
+                f"job {job_id} was cancelled (python -m launch cancel), not requeued; a checkpoint is "
+                "committed: submit the same command again to resume",
+            )
         live_state = controller_state(job_id)
         if live_state != "RUNNING":
             # scancel (or the hard time limit) got here first: the job is ending for good.
@@ -421,10 +519,37 @@ def check_slurm_conf() -> None:
 
 
 def submit(spec: JobSpec, options: SlurmOptions) -> Any:
+    """Own the run dir, submit, hand the run dir to the job and record it as pending for `launch status`."""
+    run_dir = resolve_run_dir(spec)
+    lock = runlock.acquire(run_dir, job_alive=slurm_job_alive)  # before anything is written there
+    try:
+        job = _submit(spec, options, run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    lock.hand_over("slurm", job.job_id)  # the job owns the run dir now; its rank 0 frees it when done
+    record.start(
+        run_dir,
+        scheduler="slurm",
+        command=list(options.command),
+        launch_id=f"{job.job_id}-0",
+        job_id=str(job.job_id),
+        nnodes=spec.nodes,
+        local_ranks=spec.gpus_per_node,
+    )
+    return job
+
+
+def slurm_job_alive(scheduler: str, job_id: str) -> bool:
+    """runlock's question for a run dir handed to a Slurm job: pending, running or requeued still owns it."""
+    if scheduler != "slurm":
+        return True  # another scheduler's job: not ours to judge
+    return controller_state(job_id) not in ("UNKNOWN", *TERMINAL_STATES)
+
+
+def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
     import submitit
 
-    run_dir = resolve_run_dir(spec)
-    os.makedirs(run_dir, exist_ok=True)
     executor = submitit.SlurmExecutor(
         folder=submitit_folder(run_dir),
         max_num_timeout=options.max_timeouts,
@@ -440,6 +565,9 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
         signal_delay_s=spec.signal_delay_s,
         max_timeouts=options.max_timeouts,
         cwd=options.cwd if spec.program else None,
+        run_dir=run_dir,
+        command=list(options.command),
+        hang_timeout=options.hang_timeout,
     )
     return executor.submit(task)
 
@@ -476,14 +604,41 @@ def job_state(job_id: str) -> str:
     return lines[-1] if lines else "UNKNOWN"
 
 
+def scontrol_state(job_id: str) -> str:
+    """The job's state from `scontrol show job` (slurmctld's memory of finished jobs, MinJobAge), which
+    knows a job's end even where accounting has no record of it."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return "UNKNOWN"
+    for word in out.split():
+        if word.startswith("JobState="):
+            return word.partition("=")[2] or "UNKNOWN"
+    return "UNKNOWN"
+
+
+STATE_SOURCES: tuple[Any, ...] = (job_state, scontrol_state)
+"""Asked in order on every poll; the first that names a terminal state ends `--wait`."""
+
+
+def final_state(job_id: str) -> str | None:
+    """The terminal state named by any source (sacct, then scontrol), or None while none says the job is over."""
+    for source in STATE_SOURCES:
+        state = source(job_id)
+        if state.split()[0] in TERMINAL_STATES:
+            return state
+    return None
+
+
 def follow(job: Any, poll_s: float = 1.0, out: Any = None) -> int:
-    """Stream rank 0's log until the job reaches a terminal state; return the job's exit status."""
+    """Stream rank 0's log until any source says the job is over; return the job's exit status."""
     out = out or sys.stdout
     log_path = rank0_log(job)
     offset = 0
-    state = "UNKNOWN"
     while True:
-        state = job_state(job.job_id)
+        state = final_state(job.job_id)
         if log_path.exists():
             with open(log_path, encoding="utf-8", errors="replace") as stream:
                 stream.seek(offset)
@@ -491,10 +646,72 @@ def follow(job: Any, poll_s: float = 1.0, out: Any = None) -> int:
                 offset = stream.tell()
             out.write(chunk)
             out.flush()
-        if state.split()[0] in TERMINAL_STATES:
+        if state is not None:
             break
-        time.sleep(poll_s)
+        time.sleep(poll_s)  # polling the scheduler: there is nothing to wait on
     return exit_status(job, state)
+
+
+TAIL_LINES = 20
+SUBMITIT_ERROR = "Submitted job triggered an exception"
+"""submitit's line before its traceback of the task's exception (the runner already printed the program's)."""
+TASK_LINE = re.compile(r"^slurm task: rank (\d+)/\d+ .* on (\S+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    task: int
+    rank: int | None
+    host: str | None
+    err: Path
+    tail: list[str]
+
+
+def failing_tasks(folder: str | Path, job_id: str) -> list[TaskFailure]:
+    """The tasks of `job_id` whose stderr shows a failure (a traceback or a worker exit), first failure first
+    (by when the stderr was last written)."""
+    failures = []
+    for err in Path(folder).glob(f"{job_id}_*_log.err"):
+        task = err.name[len(job_id) + 1 :].split("_", 1)[0]
+        if not task.isdigit():
+            continue
+        try:
+            text = err.read_text(encoding="utf-8", errors="replace")
+            mtime = err.stat().st_mtime
+        except OSError:
+            continue
+        if "Traceback (most recent call last)" not in text and "worker exit code" not in text:
+            continue
+        out = err.with_name(err.name[: -len(".err")] + ".out")
+        try:
+            seen = TASK_LINE.findall(out.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            seen = []
+        rank, host = (int(seen[-1][0]), seen[-1][1]) if seen else (None, None)
+        lines = [line for line in text.splitlines() if line.strip()]
+        ours = [i for i, line in enumerate(lines) if SUBMITIT_ERROR in line]
+        if ours and ours[-1] > 0:
+            lines = lines[: ours[-1]]  # the program's own words, not submitit's re-raise of our WorkerExit
+        failures.append((mtime, int(task), TaskFailure(int(task), rank, host, err, lines[-TAIL_LINES:])))
+    return [failure for _, _, failure in sorted(failures, key=lambda f: (f[0], f[1]))]
+
+
+def failure_report(folder: str | Path, job_id: str, state: str) -> str:
+    """What `--wait` prints for a failed job: the first failing task's stderr tail (rank and node), then
+    where all logs are; one line when no task's stderr shows a failure."""
+    failures = failing_tasks(folder, job_id)
+    if not failures:
+        return f"job {job_id} ended {state}; see the logs in {folder}"
+    lines = [f"job {job_id} ended {state}"]
+    if failures:
+        first = failures[0]
+        who = f"rank {first.rank}" if first.rank is not None else f"task {first.task}"
+        where = f" on {first.host}" if first.host else ""
+        others = f" ({len(failures) - 1} more task(s) failed)" if len(failures) > 1 else ""
+        lines.append(f"first failing: {who}{where}{others}; last lines of {first.err}:")
+        lines += [f"  {line}" for line in first.tail]
+    lines.append(f"all logs: {folder}")
+    return "\n".join(lines)
 
 
 def exit_status(job: Any, state: str) -> int:
@@ -505,12 +722,15 @@ def exit_status(job: Any, state: str) -> int:
     if kind == "CANCELLED":
         print(f"job {job.job_id} was cancelled ({state}); its newest checkpoint is in the run dir", file=sys.stderr)
         return FAILURE
-    error = str(job.exception()) if kind == "FAILED" else ""
+    try:
+        error = str(job.exception()) if kind == "FAILED" else ""
+    except Exception:  # noqa: BLE001 - no result from rank 0 (it died): the logs say why
+        error = ""
     for code in (PREEMPTED, BAD_INPUT):
         if f"worker exit code {code}:" in error:
             print(error.rsplit("WorkerExit: ", 1)[-1].splitlines()[0], file=sys.stderr)
             return code
-    print(f"job {job.job_id} ended {state}; see the logs in {job.paths.folder}", file=sys.stderr)
+    print(failure_report(job.paths.folder, str(job.job_id), state), file=sys.stderr)
     return FAILURE
 
 
@@ -552,6 +772,13 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
     parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
     parser.add_argument("--job-name", help="default: train, or the program's name")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
+    parser.add_argument(
+        "--hang-timeout",
+        type=watchdog.parse_timeout,
+        metavar="S",
+        help="seconds without progress before the ranks' stacks are dumped and the job is requeued once "
+        "(default: max(10 min, 50 steps); 0: off)",
+    )
     args = cli.parse(parser, argv)
     program = cli.check_program(args, cwd=os.getcwd(), absolute=True)
 
@@ -601,6 +828,8 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         explicit_master_port=args.master_port is not None,
         doctor=args.doctor,
         cwd=os.getcwd() if program else None,
+        hang_timeout=args.hang_timeout,
+        command=("python", "-m", "launch.slurm", *argv),
     )
     return spec, options, args
 
@@ -613,6 +842,8 @@ def launch(argv: list[str]) -> int:
     """Parse, apply the pre-spawn policy, then print the sbatch script (--dry-run) or submit."""
     spec, options, args = parse_args(argv)
     validate(spec, options, None)
+    # Every value through the emitters now: bad text is exit 2 before anything is written or submitted.
+    executor_parameters(spec, options, resolve_run_dir(spec))
     if not spec.program:
         cfg = config_mod.load(spec.config, spec.overrides)
         precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor)
