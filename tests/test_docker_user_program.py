@@ -1,4 +1,4 @@
-"""A user's program in the Kubernetes Job, its pods run as real containers (issue 14, item 3).
+"""A user's program in the Kubernetes Job, its pods run as real containers.
 
 `python -m launch.k8s ... -- SCRIPT.py args` renders the Job (the real CLI, its YAML parsed back);
 tests/test_docker_job.py's harness turns each pod into a container and mimics the Job controller

@@ -1,4 +1,4 @@
-"""Issue 16, newcomer paper cuts: bad data and fp16-on-CPU stop before anything is spawned (and
+"""Newcomer paper cuts: bad data and fp16-on-CPU stop before anything is spawned (and
 without torch), the dev cluster's missing SLURM_CONF is one line with the fix, the CPU precision of
 `auto` is measured once, cached, and recorded in the run so a resume keeps it."""
 

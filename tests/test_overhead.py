@@ -1,4 +1,4 @@
-"""Issue 15: start-up and per-step overhead, and the async-save snapshot buffers.
+"""Start-up and per-step overhead, and the async-save snapshot buffers.
 
 - the optimizers that skip torch._dynamo's import update, save and load bit for bit like torch's;
 - a real worker never imports torch._dynamo and reports `startup_s`;

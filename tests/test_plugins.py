@@ -1,4 +1,4 @@
-"""Plug-in models and datasets by import path, and model.init_from (issue 14, items 1, 2 and 5).
+"""Plug-in models and datasets by import path, and model.init_from.
 
 Real runs: `python -m train` and `python -m launch.local --gpus 2` (torchrun, 2 CPU ranks on gloo) with
 examples/my_models.py and examples/my_data.py, `python -m train.evaluate` on the result from another

@@ -1,4 +1,4 @@
-"""How long this process has existed: the start-up figure the worker reports (issue 15).
+"""How long this process has existed: the start-up figure the worker reports.
 
 Measured from the kernel's record of the process start (/proc/self/stat), so interpreter start-up and
 every import count, not only what runs after `train` is imported. No torch here: imported first.

@@ -71,7 +71,7 @@ class ImageSet:
 
     def subset(self, index: torch.Tensor) -> ImageSet:
         """The samples at `index` (1-D), copied: index_select, 1.5-3x faster than `images[index]` on the
-        45,000-image training split of every start (issue 15), same bytes."""
+        45,000-image training split of every start, same bytes."""
         if isinstance(self.files, PluginSamples):
             files: list[str] | PluginSamples | None = self.files.subset(index.tolist())
         else:

@@ -58,7 +58,7 @@ class _BasicBlock(nn.Module):
 
 class ResNet18(nn.Module):
     """ResNet-18 with the CIFAR stem (3x3 stride-1 first conv, no max-pool), without importing torchvision
-    (whose import pulls in torch._dynamo: seconds of start-up, issue 15). It is the model the project
+    (whose import pulls in torch._dynamo: seconds of start-up). It is the model the project
     built from torchvision before: the same state_dict and, under one seed, the same initial weights
     (tests/test_models.py compares every tensor), so earlier checkpoints load and resume bit for bit."""
 
@@ -147,7 +147,7 @@ def patch_matrix(images: torch.Tensor, kh: int, kw: int) -> torch.Tensor:
     matrix, rows in (n, y, x) order, columns in (c, i, j) order: the values and layout of
     `unfold(2, kh, 1).unfold(3, kw, 1).permute(0, 2, 3, 1, 4, 5).reshape(...)`, so the covariance
     matmul sees the same bits, but written as kh*kw shifted copies: ~2x faster than that 6-D strided
-    copy (start-up of fastnet's whitening init, issue 15)."""
+    copy (start-up of fastnet's whitening init)."""
     n, c, h, w = images.shape
     pixels = images.float().permute(0, 2, 3, 1)  # a view: (n, y, x, c)
     out = torch.empty(n, h - kh + 1, w - kw + 1, c, kh, kw, dtype=torch.float32, device=images.device)

@@ -4,7 +4,7 @@ torch.optim wraps `step` (`_use_grad_for_differentiable`) and `add_param_group`,
 `state_dict`, `load_state_dict` (`torch._disable_dynamo`) in functions that import torch._dynamo on
 first call, only to tell the compiler to keep out. Nothing here is compiled (the step runs eagerly
 beside a compiled or plain model), so that import buys nothing, yet it is the largest item of a
-worker's start-up: ~1.3 s on the 2-core CPU box, ~5 s on the H200 box (issue 15). These subclasses
+worker's start-up: ~1.3 s on the 2-core CPU box, ~5 s on the H200 box. These subclasses
 call the very same torch functions without the wrappers: same update, same state_dict layout, same
 bits. With model.compile=true the stock classes are used (compile imports torch._dynamo anyway).
 """
