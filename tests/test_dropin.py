@@ -346,3 +346,30 @@ def test_lightning_sigterm_exits_75_and_the_same_command_resumes(gpus: int, tmp_
     assert done.returncode == OK, done.stderr[-3000:]
     result = json.loads((run / "result.json").read_text())
     assert result["resumed"] is True and result["epochs"] == 3
+
+
+@needs_peers
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_accelerate_sigterm_exits_75_and_the_same_command_resumes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    argv = [str(PEERS), "-m", "torchlaunch.launch.local", "--device", "cpu", "--nproc_per_node", "2", "--standalone"]
+    argv += ["--", "tests/programs/accelerate_train.py", str(run), "--epochs", "3"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (run / "progress.json").is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == PREEMPTED, err[-3000:]
+    assert "preempted after SIGTERM: the program exited 75" in err  # no commit claimed it cannot see
+    assert not (run / "result.json").exists()
+    done = subprocess.run(argv, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == OK, done.stderr[-3000:]
+    result = json.loads((run / "result.json").read_text())
+    assert result["resumed"] is True and result["step"] == 3 * 40
