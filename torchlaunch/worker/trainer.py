@@ -39,6 +39,7 @@ from torchlaunch.core.dist import (
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
+from torchlaunch.ops import progress
 from torchlaunch.startup import process_age_s
 from torchlaunch.tools.debug import check_model_io
 from torchlaunch.worker import eval_loop
@@ -467,6 +468,7 @@ class Trainer:
             started = time.perf_counter() if first_step else 0.0
             window.add(self.train_step(micro))
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
+            progress.heartbeat(p.global_step, epoch=p.epoch)  # status and the hang watchdog (cheap; no-op alone)
             if self.lookahead is not None:
                 self.lookahead.after_step(p.global_step)
             if first_step:  # one device sync, once per process: the start-up figure
