@@ -4,6 +4,7 @@ same command resumes bit for bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, assert_models_equal, launcher
-from torchlaunch.exit_codes import OK, PREEMPTED
+from torchlaunch.exit_codes import FAILURE, OK, PREEMPTED
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +83,42 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(tmp_p
     again = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert again.returncode == OK, again.stderr[-3000:]
     assert_models_equal(reference / "model.pt", run_dir / "model.pt")
+
+
+def beat(run_dir: Path, rank: int) -> dict:
+    path = run_dir / "progress" / f"rank-{rank}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.timeout(600)
+def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", *RECIPE, f"run_dir={run_dir}", "--hang-timeout", "5"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (committed(run_dir) and beat(run_dir, 1).get("pid") and (beat(run_dir, 0).get("step") or 0) > 0):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        first = beat(run_dir, 0)["step"]
+        while (beat(run_dir, 0).get("step") or 0) <= first:  # status' step grows while it runs
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        assert "state:      running" in ops("status", str(run_dir)).stdout
+        os.kill(int(beat(run_dir, 1)["pid"]), signal.SIGSTOP)
+        _, err = proc.communicate(timeout=5 + 60 + 30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == FAILURE, err[-3000:]
+    dumps = sorted((run_dir / "hangs").glob("*/rank-*.txt"))
+    assert any(p.name == "rank-0.txt" and "File " in p.read_text() for p in dumps), [p.read_text()[:500] for p in dumps]
+    assert any(p.name == "rank-1.txt" for p in dumps)
+    assert "state:      hung" in ops("status", str(run_dir)).stdout
+    again = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert again.returncode == OK, again.stderr[-3000:]
+    assert "resumed from" in again.stdout + again.stderr
