@@ -122,3 +122,28 @@ def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_pa
     again = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert again.returncode == OK, again.stderr[-3000:]
     assert "resumed from" in again.stdout + again.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_data_plugin_blocking_on_rank_1_ends_as_hung_with_the_blocking_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    data = ["data.name=tests.programs.blocking_data:blobs", "data.loader=pil", "data.num_workers=0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchlaunch.launch.local",
+        *RECIPE,
+        *data,
+        f"run_dir={run_dir}",
+        "--hang-timeout",
+        "5",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=5 + 60 + 240, check=False)
+    assert done.returncode == FAILURE, done.stderr[-3000:]
+    stacks = [p.read_text() for p in (run_dir / "hangs").glob("*/rank-1.txt")]
+    assert any("BLOCKING LINE" in s or "blocking_data.py" in s for s in stacks), stacks
+    assert "state:      hung" in ops("status", str(run_dir)).stdout
+    again = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=5 + 60 + 240, check=False)
+    assert "resumed from" in again.stdout + again.stderr  # from the last commit before the hang (it blocks again)
+    assert again.returncode == FAILURE
