@@ -16,7 +16,11 @@ Why torchrun runs as a child rather than via exec: torchrun exits 1 whatever its
 but schedulers need to tell "bad input, never retry" (2) and "preempted, run me again" (75) apart.
 Workers leave their outcome in RUN_DIR/status/<attempt>-rank<r>.json and this process maps it back.
 Signals (SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP) are forwarded to torchrun as SIGTERM, which forwards
-them to every worker; the workers agree on a step, checkpoint once, and exit 75.
+them to every worker; the workers agree on a step, checkpoint once, and exit 75. After such a
+signal a rank that ends 0 without its program declaring the run finished counts as 75 (see
+torchlaunch.status), so a framework that saves and exits 0 on SIGTERM is run again, not called done.
+torchrun's and accelerate's option spellings are accepted (torchlaunch.launch.cli.ALIASES), and a
+single worker without the agent sees the same env contract as torchrun's workers.
 """
 
 from __future__ import annotations
@@ -150,8 +154,8 @@ def torchrun_argv(
 
 def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
     """One worker on one node with no restarts: torchrun's agent would only start it (its own torch
-    import alone costs ~1.7 s on 2 cores), so the worker runs directly. It needs no rendezvous: with
-    no RANK/WORLD_SIZE in its environment torchlaunch.contract finds no contract and it runs as a single process."""
+    import alone costs ~1.7 s on 2 cores), so the worker runs directly, with torchrun's env contract set
+    by this launcher (single_worker_env); a one-rank contract builds no process group (core.dist)."""
     return spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0 and placement.master_addr is None
 
 
