@@ -277,6 +277,8 @@ def test_runner_reports_for_the_launcher_and_stops_after_a_restart_on_bad_input(
         "code": 2,
         "reason": "data error: --data /nonexistent.csv: no such file (pass an existing CSV)",
         "rank": 1,
+        "finished": False,
+        "committed": None,
     }
     rc, _, _ = run_module(
         "torchlaunch.runner",
@@ -305,10 +307,9 @@ def test_exit_codes_through_the_launcher(gpus: int, program_code: int, launch_co
     assert ranks == {str(r) for r in range(gpus)} if program_code == 0 else ranks and ranks <= {"0", "1"}
     assert all(s["argv"] == [EXIT_WITH, str(program_code), str(out)] for s in seen)
     assert all(s["path0"] == str(PROGRAMS) for s in seen)
-    if gpus > 1:  # the env contract from torchrun; one worker without the agent runs without one
-        assert {s["world_size"] for s in seen} == {str(gpus)} and len({s["master_port"] for s in seen}) == 1
-    else:
-        assert seen[0]["world_size"] is None
+    # the env contract from torchrun; one worker without the agent gets the same from the launcher
+    assert {s["world_size"] for s in seen} == {str(gpus)} and len({s["master_port"] for s in seen}) == 1
+    assert all(s["master_port"] for s in seen)
     if launch_code == BAD_INPUT:
         assert f"launch: workers stopped on bad input (exit 2, not retried): {EXIT_WITH} exited 2" in err
     if launch_code == FAILURE:

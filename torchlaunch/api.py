@@ -92,6 +92,9 @@ class Context:
         if isinstance(exc, BadInput):
             teardown(clean=False)  # maybe raised on this rank alone: no barrier its peers never reach
             _exit_bad_input(exc)
+        session = _session
+        if exc is None and session is not None and not session.stopping:
+            _status.declare_finished()  # the with block ran to its end with no preemption asked for
         teardown(clean=exc is None or isinstance(exc, SystemExit))
 
 
@@ -148,6 +151,8 @@ def teardown(clean: bool = True) -> None:
     try:
         for checkpointer in session.checkpointers:
             checkpointer.wait()
+            if checkpointer._saved is not None:
+                _status.note_committed(checkpointer._saved)  # durable now: the launcher may say so
     finally:
         session.watcher.restore()
         _dist.teardown(session.ctx.dist, clean=clean)
@@ -208,6 +213,7 @@ class Checkpointer:
         _dist.agreed(self._ctx.dist, lambda: _check_writable(self.root) if self._ctx.is_main else None)
         self._core = _ckpt.Checkpointer(self._ctx.dist, self.root, keep, KIND, map_location=map_location)
         session.checkpointers.append(self)
+        self._saved: int | None = None
         atexit.register(self._wait_at_exit)
 
     def load_latest(self) -> dict[str, Any] | None:
@@ -233,6 +239,7 @@ class Checkpointer:
         sync = self.synchronous if synchronous is None else synchronous
         sync = sync or (session is not None and session.stopping)
         self._core.save(int(step), {"state": state}, synchronous=sync)
+        self._saved = int(step)
 
     def wait(self) -> _ckpt.CommitInfo | None:
         """Block until this process's pending commit is durable (rank 0; other ranks return None)."""

@@ -17,6 +17,13 @@ code) keeps its code, an escaping BadInput is one line and 2, anything else a tr
 code and a one-line reason are left for the launcher (torchlaunch/status.py); after a torchrun restart
 of a launch that already hit bad input the runner exits 2 at once instead of failing the same way
 again. The launcher never imports the program; `check` finds it on disk only.
+
+A run that got a preemption signal (SIGTERM, SIGINT, SIGUSR1/2, SIGHUP) and then ended 0 or with a
+bare `SystemExit` is not reported finished unless the program declared it (torchlaunch.status.
+declare_finished; the built-in programs' own 0 counts): it exits 75, so the scheduler runs it again
+and a framework that resumes from its own checkpoint continues. The runner learns of the signal even
+when the program installed its own handler, through `signal.set_wakeup_fd` (SignalWatch). A user's
+traceback starts at the user's frame: the runner's and runpy's frames are left out.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import importlib.util
 import os
 import pkgutil
 import runpy
+import signal
 import sys
 import types
 from collections.abc import Sequence
@@ -47,6 +55,66 @@ PREFLIGHT = "torchlaunch.tools.preflight"
 """What every launcher's --doctor runs in each rank instead of the program."""
 BUILTINS = {BUILTIN_WORKER: "torchlaunch.worker.run:main", PREFLIGHT: "torchlaunch.tools.preflight:main"}
 """The project's own programs: module -> entry function taking the argv and returning an exit code."""
+
+
+PREEMPTION_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP") if hasattr(signal, name)
+)
+"""What schedulers and a Ctrl-C send before a stop; what launch.local forwards."""
+
+
+class SignalWatch:
+    """Which preemption signals reached this process while the program ran, whoever handles them.
+
+    CPython's C-level signal handler writes the signal number to the wakeup fd before any Python
+    handler runs, so the program's own handlers (Lightning's, a user's) keep working unchanged. A
+    signal the program leaves at SIG_DFL ends the process anyway, and one at SIG_IGN did nothing."""
+
+    def __init__(self) -> None:
+        self._fds: tuple[int, int] | None = None
+        self._previous = -1
+        self._seen: list[int] = []
+        try:
+            read_fd, write_fd = os.pipe()
+        except OSError:
+            return
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        try:
+            self._previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread: nothing to watch with
+            os.close(read_fd)
+            os.close(write_fd)
+            return
+        self._fds = (read_fd, write_fd)
+
+    def seen(self) -> list[int]:
+        """The preemption signals received so far, in order (without repeats)."""
+        if self._fds is not None:
+            while True:
+                try:
+                    chunk = os.read(self._fds[0], 512)
+                except (BlockingIOError, OSError):
+                    break
+                if not chunk:
+                    break
+                for number in chunk:
+                    if number in PREEMPTION_SIGNALS and number not in self._seen:
+                        self._seen.append(number)
+        return list(self._seen)
+
+    def close(self) -> None:
+        if self._fds is None:
+            return
+        self.seen()
+        try:
+            if signal.set_wakeup_fd(self._previous, warn_on_full_buffer=False) != self._fds[1]:
+                signal.set_wakeup_fd(-1)  # the program replaced ours and did not restore it: leave none
+        except ValueError:
+            pass
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = None
 
 
 @dataclass(frozen=True)
@@ -229,10 +297,33 @@ def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
     except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
         import traceback
 
-        traceback.print_exc()
+        traceback.print_exception(type(e), e, user_frames(e.__traceback__))
         reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
         return FAILURE, reason
     return OK, describe(program, OK)
+
+
+def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the first frame that is neither the runner's nor runpy's: where the user's
+    program begins, as `python SCRIPT.py` would show it."""
+    own = {os.path.normcase(os.path.abspath(f)) for f in (__file__, runpy.__file__)}
+    while tb is not None and os.path.normcase(os.path.abspath(tb.tb_frame.f_code.co_filename)) in own:
+        tb = tb.tb_next
+    return tb
+
+
+def after_signal(program: Program, code: int, reason: str, signals: Sequence[int]) -> tuple[int, str, bool]:
+    """(code, reason, finished) once the program ended: an undeclared 0 after a preemption signal is 75."""
+    finished = code == OK and (program.builtin or status.finished_declared())
+    if code != OK or finished or not signals:
+        return code, reason, finished
+    name = signal.Signals(signals[0]).name
+    return (
+        PREEMPTED,
+        f"{program.name} ended with exit 0 after {name} without declaring the run finished "
+        "(exit 75: run the same command again to resume from the program's own checkpoint)",
+        False,
+    )
 
 
 def describe(program: Program, code: int) -> str:
@@ -254,8 +345,18 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
         return BAD_INPUT
     if status.earlier_bad_input():
         return BAD_INPUT  # launch.local already has the reason from the first attempt
-    code, reason = outcome(program, cwd)
-    status.report(contract.rank(), code, reason)
+    from torchlaunch.ops import launcher as ops_launcher
+
+    ops_launcher.prepare_rank()  # stack dumps on request, the per-rank log (no-op without a launcher)
+    watch = SignalWatch()
+    try:
+        code, reason = outcome(program, cwd)
+        code, reason, finished = after_signal(program, code, reason, watch.seen())
+    finally:
+        watch.close()
+    if code == PREEMPTED and not finished and not status.launched() and "without declaring" in reason:
+        print(f"runner: {reason}", file=sys.stderr, flush=True)  # under launch.local it says it once
+    status.report(contract.rank(), code, reason, finished=finished, committed=status.committed_step())
     sys.stdout.flush()
     sys.stderr.flush()
     return code
@@ -279,4 +380,7 @@ def exit_process(code: int, program: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from torchlaunch.launch import pdeath
+
+    pdeath.die_with_agent()  # torchrun starts ranks in sessions of their own: end with it
     exit_process(main(), sys.argv[1:])

@@ -2,15 +2,22 @@
 
 torchrun exits 1 whatever its workers returned, so launch.local cannot tell bad input (2) from a
 preemption (75) by torchrun's code. Every program it starts (the built-in worker, the pre-flight, a
-user's script) runs through torchlaunch.runner, which leaves `{code, reason, rank}` in the folder named by
-TORCHLAUNCH_STATUS_DIR under the launch's attempt id (TORCHLAUNCH_ATTEMPT_ID). Stdlib only: the
-launcher and the torch-free program runner import it.
+user's script) runs through torchlaunch.runner, which leaves `{code, reason, rank, finished}` in the
+folder named by TORCHLAUNCH_STATUS_DIR under the launch's attempt id (TORCHLAUNCH_ATTEMPT_ID). Stdlib
+only: the launcher and the torch-free program runner import it.
+
+`finished` is the program's own word that the run is complete. Exit 0 alone cannot say it once a
+preemption signal arrived: frameworks (Lightning, a handler ending in `sys.exit()`) end a signalled
+run with 0 after saving, and a scheduler must then run the job again. So a program says it with
+`declare_finished()` (torchlaunch.api's clean teardown does; the built-in worker's exit 0 counts as
+saying it), and after a preemption signal the runner and launch.local turn an undeclared 0 into 75.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchlaunch.exit_codes import BAD_INPUT
@@ -29,12 +36,60 @@ def folder(run_dir: str | None = None) -> Path | None:
     return Path(run_dir) / "status" if run_dir else None
 
 
+_finished_declared = False
+
+
+def declare_finished() -> None:
+    """The program's word that its run is complete (not merely that it exited 0): in the rank's process."""
+    global _finished_declared
+    _finished_declared = True
+
+
+def finished_declared() -> bool:
+    return _finished_declared
+
+
+_committed: int | None = None
+
+
+def note_committed(step: int) -> None:
+    """The program's word that a checkpoint of `step` is durable (torchlaunch.api's teardown says it):
+    what lets the launcher say "preempted with a committed checkpoint" of a run dir it does not know."""
+    global _committed
+    _committed = int(step)
+
+
+def committed_step() -> int | None:
+    return _committed
+
+
+@dataclass(frozen=True)
+class Record:
+    """One rank's outcome as the launcher reads it."""
+
+    rank: int
+    code: int
+    reason: str
+    finished: bool
+    """The program declared the run complete (see declare_finished)."""
+    committed: int | None = None
+    """The step of a checkpoint the program said it committed (see note_committed)."""
+
+
 def launched() -> bool:
     """True under launch.local, which prints a bad-input reason once for all ranks."""
     return bool(os.environ.get(ATTEMPT_ENV))
 
 
-def report(rank: int, code: int, reason: str, run_dir: str | None = None) -> None:
+def report(
+    rank: int,
+    code: int,
+    reason: str,
+    run_dir: str | None = None,
+    *,
+    finished: bool = False,
+    committed: int | None = None,
+) -> None:
     """Leave this rank's outcome for the launcher that started us (no-op without one)."""
     attempt = os.environ.get(ATTEMPT_ENV)
     where = folder(run_dir)
@@ -43,7 +98,9 @@ def report(rank: int, code: int, reason: str, run_dir: str | None = None) -> Non
     try:
         where.mkdir(parents=True, exist_ok=True)
         tmp = where / f".{attempt}-rank{rank}.tmp"
-        tmp.write_text(json.dumps({"code": code, "reason": reason, "rank": rank}))
+        tmp.write_text(
+            json.dumps({"code": code, "reason": reason, "rank": rank, "finished": finished, "committed": committed})
+        )
         os.replace(tmp, where / f"{attempt}-rank{rank}.json")  # the launcher never sees half a record
     except OSError:
         pass
@@ -66,16 +123,29 @@ def earlier_bad_input(run_dir: str | None = None) -> str | None:
     return None
 
 
-def collect(where: Path, attempt: str) -> tuple[list[int], list[str]]:
-    """The launcher's side: codes and reasons of this attempt's records, which are consumed."""
-    codes, reasons = [], []
+def records(where: Path, attempt: str) -> list[Record]:
+    """The launcher's side: this attempt's records, which are consumed."""
+    found = []
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
         try:
-            record = json.loads(f.read_text())
-            codes.append(int(record["code"]))
-            reasons.append(str(record.get("reason", "")))
-        except (OSError, ValueError, KeyError):
+            data = json.loads(f.read_text())
+            found.append(
+                Record(
+                    int(data.get("rank", 0)),
+                    int(data["code"]),
+                    str(data.get("reason", "")),
+                    data.get("finished") is True,
+                    data["committed"] if isinstance(data.get("committed"), int) else None,
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError):
             continue
         finally:
             f.unlink(missing_ok=True)
-    return codes, reasons
+    return found
+
+
+def collect(where: Path, attempt: str) -> tuple[list[int], list[str]]:
+    """Codes and reasons of this attempt's records (consumed)."""
+    found = records(where, attempt)
+    return [r.code for r in found], [r.reason for r in found]

@@ -55,7 +55,7 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
     sharing a machine each take their own slice of cores first (train/affinity.py), so that the
     threads gloo and OpenMP start later inherit it."""
     env = read_env()
-    if env is None:
+    if env is None or int(env["WORLD_SIZE"]) == 1:  # a one-rank contract (launch.local --gpus 1): no group needed
         device = pick_device(0)
         if device.type == "cuda":
             torch.cuda.set_device(device)

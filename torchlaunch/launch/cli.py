@@ -14,6 +14,10 @@ what is refused before anything starts is decided here, once, so the three canno
 - A launcher's own refusal is one line prefixed `launch error:`; a config, data or environment
   problem keeps the worker's own line (`config error: ...`), so the launcher and the worker say the
   same thing. Exit 2 either way, never a traceback.
+- torchrun's and accelerate's spellings of the same options are accepted (ALIASES: `--nproc-per-node`,
+  `--nproc_per_node`, `--num_processes` -> `--gpus`, `--node_rank`, `--master_addr`, ...), `--standalone`
+  is a no-op on one node; what means something else here is refused in one line naming ours (REFUSED,
+  `--nnodes 1:2`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,66 @@ def split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
     return items[:cut], items[cut + 1 :]
 
 
+ALIASES = {
+    "--nproc-per-node": "--gpus",
+    "--nproc_per_node": "--gpus",
+    "--num_processes": "--gpus",
+    "--num-processes": "--gpus",
+    "--node_rank": "--node-rank",
+    "--master_addr": "--master-addr",
+    "--master_port": "--master-port",
+    "--max_restarts": "--max-restarts",
+    "--hang_timeout": "--hang-timeout",
+    "--run_dir": "--run-dir",
+    "--dry_run": "--dry-run",
+}
+"""torchrun's / accelerate's spelling -> ours, applied where the launcher has our option."""
+LOGS_HINT = (
+    "every rank's output is kept in RUN_DIR/logs/rank-N.log (a program's: pass --run-dir RUN_DIR); read it "
+    "merged with `python -m launch logs RUN_DIR` (one rank: --rank N)"
+)
+REFUSED = {
+    "--tee": LOGS_HINT,
+    "--redirects": LOGS_HINT,
+    "--log-dir": LOGS_HINT,
+    "--log_dir": LOGS_HINT,
+    "--local-ranks-filter": LOGS_HINT,
+    "--local_ranks_filter": LOGS_HINT,
+    "--rdzv-backend": "the launcher runs torchrun's c10d rendezvous itself; pass --master-addr/--master-port",
+    "--rdzv_backend": "the launcher runs torchrun's c10d rendezvous itself; pass --master-addr/--master-port",
+    "--rdzv-endpoint": "pass --master-addr HOST --master-port PORT",
+    "--rdzv_endpoint": "pass --master-addr HOST --master-port PORT",
+}
+"""torchrun options with no equivalent spelling here: one line naming what to use instead."""
+
+
+def translate(items: Sequence[str], known: Sequence[str]) -> list[str]:
+    """torchrun's and accelerate's spellings rewritten to ours (only where `known` has ours), --standalone
+    dropped (one node is standalone already), elastic --nnodes ranges and REFUSED options refused."""
+    out: list[str] = []
+    standalone = False
+    for i, item in enumerate(items):
+        name, eq, value = item.partition("=")
+        if name == "--standalone" and "--nnodes" in known:
+            standalone = True
+            continue
+        if name in REFUSED:
+            raise error(f"{name}: not an option of this launcher; {REFUSED[name]}")
+        if name in ALIASES and ALIASES[name] in known:
+            name = ALIASES[name]
+        if name == "--nnodes":
+            shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
+            if ":" in shown:
+                raise error(f"--nnodes {shown}: elastic ranges are not supported; use --nnodes N")
+        out.append(name + eq + value if eq else name)
+    if standalone:
+        nodes = [out[i + 1] for i, a in enumerate(out[:-1]) if a == "--nnodes"]
+        nodes += [a.partition("=")[2] for a in out if a.startswith("--nnodes=")]
+        if any(n != "1" for n in nodes):
+            raise error(f"--standalone runs one node, not --nnodes {nodes[-1]}; drop --standalone")
+    return out
+
+
 def add_common(parser: argparse.ArgumentParser, *, run_dir_help: str, config_help: str) -> None:
     """The arguments every launcher takes, with the same meaning."""
     parser.add_argument("--config", default=None, help=config_help)
@@ -67,7 +131,7 @@ def add_common(parser: argparse.ArgumentParser, *, run_dir_help: str, config_hel
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """The one grammar: options and overrides in any order before `--`, the program after it."""
     own, program = split_program(argv)
-    args = parser.parse_intermixed_args(own)
+    args = parser.parse_intermixed_args(translate(own, list(parser._option_string_actions)))
     args.program = program
     for override in args.overrides:
         if "=" not in override or override.startswith("="):

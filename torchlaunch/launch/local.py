@@ -16,39 +16,62 @@ Why torchrun runs as a child rather than via exec: torchrun exits 1 whatever its
 but schedulers need to tell "bad input, never retry" (2) and "preempted, run me again" (75) apart.
 Workers leave their outcome in RUN_DIR/status/<attempt>-rank<r>.json and this process maps it back.
 Signals (SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP) are forwarded to torchrun as SIGTERM, which forwards
-them to every worker; the workers agree on a step, checkpoint once, and exit 75.
+them to every worker; the workers agree on a step, checkpoint once, and exit 75. After such a
+signal a rank that ends 0 without its program declaring the run finished counts as 75 (see
+torchlaunch.status), so a framework that saves and exits 0 on SIGTERM is run again, not called done.
+torchrun's and accelerate's option spellings are accepted (torchlaunch.launch.cli.ALIASES), and a
+single worker without the agent sees the same env contract as torchrun's workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchlaunch import config as config_mod
+from torchlaunch import contract, runlock, status
 from torchlaunch import runner as program_mod
-from torchlaunch import status
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, precheck
+from torchlaunch.launch import cli, emit, pdeath, precheck
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
+from torchlaunch.ops import record, watchdog
+from torchlaunch.ops.launcher import Operation
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
 PREFLIGHT = program_mod.PREFLIGHT
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER  # the default program; never the top-level `train` a user may own
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+FORWARDED_SIGNALS = program_mod.PREEMPTION_SIGNALS
+TORCHRUN_ENV = (
+    *contract.CONTRACT,
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+)
+"""What torchrun's agent sets in every worker (local_elastic_agent._start_workers): never inherited."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +97,16 @@ def program_tail(spec: JobSpec, module: str) -> list[str]:
     """What each rank runs, always through the one runner: the user's program, or the built-in
     `module` (the worker, or the pre-flight of --doctor) on the resolved config."""
     if spec.program and module == BUILTIN_WORKER:
-        return ["-m", "torchlaunch.runner", *spec.program]
-    return ["-m", "torchlaunch.runner", "-m", module, "--config", spec.config, *spec.overrides]
+        return ["-m", "torchlaunch.runner", *emit.argv_items(spec.program, "program argument")]
+    return [
+        "-m",
+        "torchlaunch.runner",
+        "-m",
+        module,
+        "--config",
+        emit.argv_item(spec.config, "--config"),
+        *emit.argv_items(spec.overrides, "override"),
+    ]
 
 
 def torchrun_argv(
@@ -123,8 +154,8 @@ def torchrun_argv(
 
 def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
     """One worker on one node with no restarts: torchrun's agent would only start it (its own torch
-    import alone costs ~1.7 s on 2 cores), so the worker runs directly. It needs no rendezvous: with
-    no RANK/WORLD_SIZE in its environment torchlaunch.contract finds no contract and it runs as a single process."""
+    import alone costs ~1.7 s on 2 cores), so the worker runs directly, with torchrun's env contract set
+    by this launcher (single_worker_env); a one-rank contract builds no process group (core.dist)."""
     return spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0 and placement.master_addr is None
 
 
@@ -166,10 +197,23 @@ def launch_env(
     return env
 
 
-def combine_exit_codes(torchrun_code: int, worker_codes: Sequence[int], ranks: int | None = None) -> int:
+def combine_exit_codes(
+    torchrun_code: int,
+    worker_codes: Sequence[int],
+    ranks: int | None = None,
+    *,
+    signalled: bool = False,
+    records: Sequence[status.Record] = (),
+) -> int:
     """The job's exit code from torchrun's and the workers' reports. When all `ranks` local ranks
     reported a finish, a non-zero torchrun code can only come from a rank's C++ teardown after its
-    program ended (gloo sometimes aborts there): the run is done."""
+    program ended (gloo sometimes aborts there): the run is done. After this launcher forwarded a
+    preemption signal, a run is finished only where every rank's program declared it (status.Record.
+    finished): an undeclared 0 is 75, so the scheduler runs it again."""
+    complete = bool(worker_codes) and (ranks is None or len(worker_codes) == ranks)
+    if signalled and complete and all(c in (OK, PREEMPTED) for c in worker_codes):
+        if not (records and all(r.finished for r in records if r.code == OK)) or PREEMPTED in worker_codes:
+            return PREEMPTED
     if torchrun_code == 0:
         return OK
     if ranks is not None and len(worker_codes) == ranks and all(c == OK for c in worker_codes):
@@ -226,6 +270,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         choices=("auto", "cuda", "cpu"),
         default="auto",
         help="auto: GPUs when visible, else CPU processes on gloo",
+    )
+    p.add_argument(
+        "--hang-timeout",
+        type=watchdog.parse_timeout,
+        default=None,
+        metavar="S",
+        help="end the ranks (exit 1, retryable) when none progressed for S seconds; 0 disables "
+        "(default: max(10 min, 50 x the median step time), armed once a rank reports a step)",
     )
     p.add_argument("--module", default=BUILTIN_WORKER, help=argparse.SUPPRESS)
     return cli.parse(p, argv)
@@ -294,6 +346,76 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli.main(lambda: launch(sys.argv[1:] if argv is None else argv))
 
 
+def free_port() -> int:
+    """A port nobody listens on now, for the single worker's MASTER_PORT (torchrun --standalone picks one too)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def single_worker_env(rdzv_run_id: str, port: int) -> dict[str, str]:
+    """torchrun's env contract for one worker on one node, set by this launcher when no agent runs:
+    the same names and values torchrun's agent gives its only worker (so `init_process_group("env://")`
+    and a framework's own environment detection work), except TORCHELASTIC_USE_AGENT_STORE=False since
+    no agent hosts a store: rank 0 hosts it at MASTER_PORT."""
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_RANK": "0",
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": "1",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": rdzv_run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+
+
+def contract_env(env: dict[str, str], agent: bool, rdzv_run_id: str) -> dict[str, str]:
+    """The ranks' env contract: a stale one in the launcher's own environment never leaks into them;
+    torchrun's agent sets it for its workers, this launcher for the single worker it starts itself."""
+    clean = {k: v for k, v in env.items() if k not in TORCHRUN_ENV and k != pdeath.LAUNCHER_PID_ENV}
+    if agent:
+        return {**clean, **pdeath.launcher_env()}
+    return {**clean, **single_worker_env(rdzv_run_id, free_port())}
+
+
+def operation(args: argparse.Namespace, run_dir: str | Path, attempt: str, ranks: int) -> Operation:
+    """What makes this node's launch operable (status, logs, cancel, the hang watchdog): E's ops blocks."""
+    scheduler, job_id, extra = record.scheduler_from_env(os.environ)
+    return Operation(
+        run_dir,
+        scheduler=scheduler,
+        command=list(sys.argv),
+        launch_id=attempt,
+        job_id=job_id,
+        node_rank=args.node_rank,
+        nnodes=args.nnodes,
+        local_ranks=ranks,
+        hang_timeout=args.hang_timeout,
+        extra=extra or None,
+    )
+
+
+@contextlib.contextmanager
+def owned(run_dir: str | None, placement: NodePlacement) -> Iterator[None]:
+    """Node 0 owns the run dir for the launch (the other nodes join its job); taken before anything is
+    written there. A live holder is bad input: one line naming it (cli.main prints it, exit 2)."""
+    lock = runlock.acquire(run_dir, command=list(sys.argv)) if run_dir and placement.node_rank == 0 else None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 def launch(argv: Sequence[str]) -> int:
     """Parse, plan, then print (--dry-run) or run the node's ranks; BadInput before anything starts."""
     args = parse_args(argv)
@@ -303,17 +425,35 @@ def launch(argv: Sequence[str]) -> int:
     cfg, spec = planned.cfg, planned.spec
     assert cfg is not None
     module = PREFLIGHT if args.doctor else args.module
-    argv_out = launch_argv(spec, planned.placement, module, args.doctor, run_id(cfg.run_dir))
+    rdzv = run_id(cfg.run_dir)
+    argv_out = launch_argv(spec, planned.placement, module, args.doctor, rdzv)
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK
-    config_mod.write_resolved(cfg)
-    attempt = uuid.uuid4().hex[:12]
-    env = launch_env(spec, dict(os.environ), available_cores(), attempt)
-    if args.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-    return run(argv_out, env, Path(cfg.run_dir) / "status", attempt, ranks=spec.gpus_per_node)
+    with owned(cfg.run_dir, planned.placement):
+        config_mod.write_resolved(cfg)
+        attempt = uuid.uuid4().hex[:12]
+        agent = uses_agent(spec, planned.placement, args.doctor)
+        env = contract_env(launch_env(spec, dict(os.environ), available_cores(), attempt), agent, rdzv)
+        if args.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        op = operation(args, cfg.run_dir, attempt, spec.gpus_per_node)
+        env.update(op.rank_env())
+        print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+        return run(
+            argv_out,
+            env,
+            Path(cfg.run_dir) / "status",
+            attempt,
+            ranks=spec.gpus_per_node,
+            op=op,
+            agent=agent,
+            run_dir=Path(cfg.run_dir),
+        )
+
+
+def uses_agent(spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
+    return doctor or not runs_without_agent(spec, placement)
 
 
 def doctor_config(private: Path, run_dir: str) -> str:
@@ -325,7 +465,9 @@ def doctor_config(private: Path, run_dir: str) -> str:
 
 
 def launch_program(args: argparse.Namespace, planned: Plan) -> int:
-    """The same launch for a user's program: one rank each through the runner."""
+    """The same launch for a user's program: one rank each through the runner. Its job record, heartbeats
+    and rank logs go to --run-dir when given (then `python -m launch status/logs/cancel RUN_DIR` work),
+    else to the private folder of this launch."""
     attempt = uuid.uuid4().hex[:12]
     private = Path(tempfile.gettempdir()) / f"torchlaunch-{attempt}"  # status records (+ doctor recipe)
     spec, placement, program = planned.spec, planned.placement, planned.program
@@ -334,23 +476,49 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
     if args.doctor:
         module = PREFLIGHT
         spec = spec.replace(config=str(private / "doctor.yaml"))
-    argv_out = launch_argv(spec, placement, module, args.doctor, program_id(spec.program, placement, spec.master_port))
+    rdzv = program_id(spec.program, placement, spec.master_port)
+    argv_out = launch_argv(spec, placement, module, args.doctor, rdzv)
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK
-    private.mkdir(mode=0o700)
-    try:
-        if args.doctor:
-            doctor_config(private, args.run_dir or str(private / "doctor-run"))
-        env = launch_env(spec, dict(os.environ), available_cores(), attempt, status_folder=private)
-        if args.device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-        return run(
-            argv_out, env, private, attempt, label="training" if args.doctor else program.name, ranks=spec.gpus_per_node
-        )
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
+    with owned(args.run_dir, placement):
+        private.mkdir(mode=0o700)
+        try:
+            if args.doctor:
+                doctor_config(private, args.run_dir or str(private / "doctor-run"))
+            agent = uses_agent(spec, placement, args.doctor)
+            env = launch_env(spec, dict(os.environ), available_cores(), attempt, status_folder=private)
+            env = contract_env(env, agent, rdzv)
+            if args.device == "cpu":
+                env["CUDA_VISIBLE_DEVICES"] = ""
+            op = operation(args, args.run_dir or private / "run", attempt, spec.gpus_per_node)
+            env.update(op.rank_env())
+            print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
+            return run(
+                argv_out,
+                env,
+                private,
+                attempt,
+                label="training" if args.doctor else program.name,
+                ranks=spec.gpus_per_node,
+                op=op,
+                agent=agent,
+            )
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def new_checkpoint(run_dir: Path | None, since: float) -> tuple[int | None, bool]:
+    """(newest valid checkpoint's step, whether it was committed since `since`) of a built-in run dir;
+    read only after an exit 75 (it imports torch to verify the checkpoint)."""
+    if run_dir is None:
+        return None, False
+    from torchlaunch.ops import gather
+
+    found, _ = gather.newest_checkpoint(run_dir)
+    if found is None:
+        return None, False
+    return found.step, found.committed is not None and found.committed >= since
 
 
 def run(
@@ -360,19 +528,27 @@ def run(
     attempt: str,
     label: str = "training",
     ranks: int | None = None,
+    *,
+    op: Operation | None = None,
+    agent: bool = True,
+    run_dir: Path | None = None,
 ) -> int:
-    """Run torchrun, forward stop signals to it, and turn the workers' reports into one exit code."""
+    """Run torchrun (or the single worker), forward stop signals to it, and turn the workers' reports
+    into one exit code. The child dies with this process, even by SIGKILL; torchrun's workers, in
+    sessions of their own, die with torchrun (pdeath.die_with_agent in each rank)."""
     env = {**env, status.STATUS_DIR_ENV: str(status_folder)}
+    what = "torchrun" if agent else "worker"
+    started = time.time()
     read_fd, write_fd = os.pipe()
     if sys.stderr.isatty():
         env = {**env, "TORCHLAUNCH_PROGRESS_BAR": "1"}  # workers see a pipe, the user a terminal
-    child = subprocess.Popen(argv, env=env, stderr=write_fd)
+    child = subprocess.Popen(argv, env=env, stderr=write_fd, preexec_fn=pdeath.die_with_parent())
     os.close(write_fd)
     relay = StderrRelay(read_fd, sys.stderr)
-    forwarded = {"count": 0}
+    forwarded: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
-        forwarded["count"] += 1
+        forwarded.append(signum)
         try:
             child.send_signal(signal.SIGTERM)
         except ProcessLookupError:
@@ -380,34 +556,69 @@ def run(
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        torchrun_code = child.wait()
+        if op is not None:
+            op.start(lambda verdict, folder, beats: watchdog.kill_ranks(beats))  # torchrun restarts them
+        child_code = child.wait()
+    except BaseException:
+        pdeath.kill_tree(child.pid)  # leaving early: nothing of this run may train on
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         relay.finish()
-    codes, reasons = status.collect(status_folder, attempt)
-    code = combine_exit_codes(torchrun_code, codes, ranks)
-    if code == OK and torchrun_code != 0:
+    found = status.records(status_folder, attempt)
+    codes = [r.code for r in found]
+    code = combine_exit_codes(child_code, codes, ranks, signalled=bool(forwarded), records=found)
+    reason = next((r.reason for r in found if r.code == code and code != OK), "")
+    if op is not None:
+        code = op.finish(code, reason)
+    if code == OK and child_code != 0:
         print(
-            f"launch: every rank reported a finish; exit {torchrun_code} came from a rank's teardown "
-            f"after it (ignored)",
+            f"launch: every rank reported a finish; exit {child_code} came from a rank's teardown after it (ignored)",
             file=sys.stderr,
         )
     if code == BAD_INPUT:
-        reason = next((r for c, r in zip(codes, reasons, strict=True) if c == BAD_INPUT), "bad input")
+        reason = next((r.reason for r in found if r.code == BAD_INPUT), "bad input")
         print(f"launch: workers stopped on bad input (exit 2, not retried): {reason}", file=sys.stderr)
     elif code == PREEMPTED:
-        print(
-            "launch: preempted with a committed checkpoint (exit 75); run the same command again to resume",
-            file=sys.stderr,
-        )
+        step, new = new_checkpoint(run_dir, started - 1.0)  # the marker's mtime: a file system's clock
+        print(f"launch: {preempted_line(found, forwarded, step, new, run_dir)}", file=sys.stderr)
     elif code == FAILURE:
         relay.release_held()
         print(
-            f"launch: {label} failed (torchrun exit {torchrun_code}, worker codes {sorted(set(codes)) or 'none'})",
+            f"launch: {label} failed ({what} exit {child_code}, worker codes {sorted(set(codes)) or 'none'})",
             file=sys.stderr,
         )
     return code
+
+
+def preempted_line(
+    found: Sequence[status.Record],
+    forwarded: Sequence[int],
+    step: int | None,
+    new: bool,
+    run_dir: Path | None,
+) -> str:
+    """What an exit 75 means, saying only what is known: a committed checkpoint is claimed only where
+    this launcher sees one committed during this launch (the built-in worker's run dir) or the program
+    said it committed one (status.note_committed: torchlaunch.api)."""
+    by = f" after {signal.Signals(forwarded[0]).name}" if forwarded else ""
+    said = [r.committed for r in found if r.committed is not None]
+    if run_dir is None and said:
+        step, new = max(said), True
+    if new:
+        return (
+            f"preempted with a committed checkpoint (exit 75) at step {step}{by}; run the same command again to resume"
+        )
+    if run_dir is not None:
+        since = f"step {step}" if step is not None else "the beginning"
+        return f"exit 75{by} without a new checkpoint in {run_dir}; the same command again restarts from {since}"
+    if any("without declaring" in r.reason for r in found):
+        return (
+            f"preempted{by}: the program ended without declaring the run finished (exit 75); run the same "
+            "command again to resume from the program's own checkpoint"
+        )
+    return f"preempted{by}: the program exited 75; run the same command again to resume from its own checkpoint"
 
 
 if __name__ == "__main__":

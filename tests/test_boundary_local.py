@@ -1,0 +1,155 @@
+"""launch.local's boundaries (engineer F's wiring tests, local part): a NUL in a program argument is one
+line, one live launch owns a run dir, and the ranks die with a SIGKILLed launcher. The Slurm and
+Kubernetes parts of the same wiring are engineer H's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchlaunch.exit_codes import BAD_INPUT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def call(main, argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_local_refuses_a_nul_in_a_program_argument(tmp_path):
+    from torchlaunch.launch import local
+
+    (tmp_path / "s.py").write_text("")
+    code, out, err = call(local.main, ["--dry-run", "--", str(tmp_path / "s.py"), "a\0b"])
+    assert code == BAD_INPUT and out == "" and len(err.strip().splitlines()) == 1
+    assert "holds a NUL character" in err
+
+
+HOLDER = "import sys; from torchlaunch import runlock; runlock.acquire(sys.argv[1]); print('held', flush=True); sys.stdin.readline()"
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_second_local_launch_on_a_run_dir_is_refused_before_writing(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        launch = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchlaunch.launch.local",
+                "--device",
+                "cpu",
+                "--config",
+                "configs/smoke.yaml",
+                f"run_dir={run_dir}",
+            ],
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.communicate("\n")
+    assert launch.returncode == BAD_INPUT, launch.stderr
+    assert f"is in use by pid {holder.pid}" in launch.stderr
+    assert not (run_dir / "config.yaml").exists()
+
+
+PROGRAM = textwrap.dedent(
+    """
+    import os, time
+    print("rank-pid", os.getpid(), flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkilled_local_launcher_leaves_no_rank_running(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--", str(script)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ranks = []
+    while len(ranks) < 2:
+        line = launcher.stdout.readline()
+        assert line, "the launcher ended before its ranks started"
+        if line.startswith("rank-pid "):
+            ranks.append(int(line.split()[1]))
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    for pid in ranks:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            assert select.select([fd], [], [], 60)[0], f"rank {pid} still running after the launcher was killed"
+        finally:
+            os.close(fd)
+
+
+def test_a_programs_run_dir_is_owned_too(tmp_path):
+    run_dir = tmp_path / "run"
+    script = tmp_path / "s.py"
+    script.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        launch = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchlaunch.launch.local",
+                "--device",
+                "cpu",
+                "--run-dir",
+                str(run_dir),
+                "--",
+                str(script),
+            ],
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        holder.communicate("\n")
+    assert launch.returncode == BAD_INPUT, launch.stderr
+    assert len(launch.stderr.strip().splitlines()) == 1 and f"is in use by pid {holder.pid}" in launch.stderr
