@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.launch import local
 
@@ -293,6 +294,8 @@ def test_combine_after_a_signal() -> None:
     assert local.combine_exit_codes(0, [0, 0], 2, signalled=True, records=declared) == OK
     assert local.combine_exit_codes(0, [0, 0], 2, signalled=False, records=undeclared) == OK
     assert local.combine_exit_codes(1, [0], 2, signalled=True, records=undeclared[:1]) == FAILURE
+    assert local.combine_exit_codes(-15, [], 2, signalled=True) == PREEMPTED  # stopped during start-up
+    assert local.combine_exit_codes(1, [], 2, signalled=False) == FAILURE
 
 
 # ---- frameworks' own APIs (the peers venv) -----------------------------------------------------
@@ -373,3 +376,29 @@ def test_accelerate_sigterm_exits_75_and_the_same_command_resumes(tmp_path: Path
     assert done.returncode == OK, done.stderr[-3000:]
     result = json.loads((run / "result.json").read_text())
     assert result["resumed"] is True and result["step"] == 3 * 40
+
+
+@pytest.mark.slow
+def test_sigterm_during_start_up_is_75_without_a_traceback(tmp_path: Path) -> None:
+    """A scheduler that stops a job while its ranks are still importing gets "run me again" (75), not
+    a failure (1, retried by policy) with torchrun's traceback; the rerun trains from the start."""
+    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml"]
+    proc = subprocess.Popen(
+        [*argv, f"run_dir={tmp_path / 'run'}"],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the launcher's own line, printed just before it starts torchrun
+    assert first.startswith("launch: "), first
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rest = proc.stderr.read()
+        rc = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert rc == 75, rest[-2000:]
+    assert "Traceback" not in rest, rest[-2000:]
+    assert "torchrun exit" not in rest

@@ -209,8 +209,12 @@ def combine_exit_codes(
     reported a finish, a non-zero torchrun code can only come from a rank's C++ teardown after its
     program ended (gloo sometimes aborts there): the run is done. After this launcher forwarded a
     preemption signal, a run is finished only where every rank's program declared it (status.Record.
-    finished): an undeclared 0 is 75, so the scheduler runs it again."""
+    finished): an undeclared 0 is 75, so the scheduler runs it again; a signal that stopped the job
+    before any rank reported (during start-up) is 75 too: nothing was lost, and exit 1 would be retried
+    by policy as a failure."""
     complete = bool(worker_codes) and (ranks is None or len(worker_codes) == ranks)
+    if signalled and not worker_codes:
+        return PREEMPTED  # stopped before any rank could report (start-up): nothing lost, run it again
     if signalled and complete and all(c in (OK, PREEMPTED) for c in worker_codes):
         if not (records and all(r.finished for r in records if r.code == OK)) or PREEMPTED in worker_codes:
             return PREEMPTED
@@ -342,8 +346,22 @@ def plan(args: argparse.Namespace) -> Plan:
     return Plan(spec, placement, cfg, None)
 
 
+_EARLY_SIGNALS: list[int] = []
+"""Stop signals that arrived before the child existed: a scheduler may stop the job while this
+launcher is still planning; that is a preemption (75, run me again), not a crash of the launcher."""
+
+
+def _note_early_signal(signum: int, frame: object) -> None:
+    _EARLY_SIGNALS.append(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli.main(lambda: launch(sys.argv[1:] if argv is None else argv))
+    previous = {sig: signal.signal(sig, _note_early_signal) for sig in FORWARDED_SIGNALS}
+    try:
+        return cli.main(lambda: launch(sys.argv[1:] if argv is None else argv))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port() -> int:
@@ -542,19 +560,33 @@ def run(
     read_fd, write_fd = os.pipe()
     if sys.stderr.isatty():
         env = {**env, "TORCHLAUNCH_PROGRESS_BAR": "1"}  # workers see a pipe, the user a terminal
-    child = subprocess.Popen(argv, env=env, stderr=write_fd, preexec_fn=pdeath.die_with_parent())
-    os.close(write_fd)
-    relay = StderrRelay(read_fd, sys.stderr)
-    forwarded: list[int] = []
+    forwarded: list[int] = list(_EARLY_SIGNALS)
+    children: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: object) -> None:
         forwarded.append(signum)
-        try:
-            child.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    if forwarded:  # stopped before anything started: nothing to save, nothing lost
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(read_fd)
+        os.close(write_fd)
+        name = signal.Signals(forwarded[0]).name
+        print(
+            f"launch: {name} before the {what} started: nothing to save (exit 75); run the same command again",
+            file=sys.stderr,
+        )
+        return PREEMPTED
+    child = subprocess.Popen(argv, env=env, stderr=write_fd, preexec_fn=pdeath.die_with_parent())
+    children.append(child)
+    if forwarded:  # a signal between the check above and Popen: pass it on now
+        child.send_signal(signal.SIGTERM)
+    os.close(write_fd)
+    relay = StderrRelay(read_fd, sys.stderr)
     try:
         if op is not None:
             op.start(lambda verdict, folder, beats: watchdog.kill_ranks(beats))  # torchrun restarts them
