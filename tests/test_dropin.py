@@ -267,8 +267,14 @@ def test_a_signalled_program_ending_0_is_rerun(gpus: int, end: str, tmp_path: Pa
     assert "without declaring the run finished" in err and "with a committed checkpoint" not in err
 
 
-def test_signal_watch_sees_a_signal_the_program_handles(tmp_path: Path) -> None:
+def test_signal_watch_sees_a_signal_the_program_handles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torchlaunch import runner
+
+    # The program runs in this process as the runner runs it: sys.path[0], argv and __main__ become the
+    # program's, so keep pytest's own for the tests that follow (spawned children unpickle from them).
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
 
     prog = tmp_path / "h.py"
     prog.write_text(
