@@ -96,7 +96,9 @@ def beat(run_dir: Path, rank: int) -> dict:
 @pytest.mark.timeout(600)
 def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", *RECIPE, f"run_dir={run_dir}", "--hang-timeout", "5"]
+    # Long enough that the run is still training when the rank is stopped, however loaded the host.
+    recipe = [a if a != "train.epochs=8" else "train.epochs=24" for a in RECIPE]
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", *recipe, f"run_dir={run_dir}", "--hang-timeout", "5"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
