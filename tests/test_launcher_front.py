@@ -44,13 +44,14 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
 MAINS: dict[str, Callable[[list[str]], int]] = {"local": local.main, "slurm": slurm.main, "k8s": k8s.main}
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("launcher", list(MAINS))
+IN_PROCESS = [(launcher, mode) for launcher in MAINS for mode in MODES if (launcher, mode) != ("local", "run")]
+"""Every launcher x mode in this process; local's real run is its own subprocess test below."""
+
+
+@pytest.mark.parametrize(("launcher", "mode"), IN_PROCESS)
 def test_fp16_on_cpu_is_refused_by_every_launcher_in_every_mode(
     launcher: str, mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_cluster: None
 ) -> None:
-    if launcher == "local" and mode == "run":
-        pytest.skip("a real launch: test_local_run_refuses_fp16_on_cpu_before_torchrun, in a subprocess")
     code = MAINS[launcher]([*MODES[mode], *cpu_args(launcher, tmp_path)])
     out, err = capsys.readouterr()
     assert code == BAD_INPUT and out == ""
