@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from torchlaunch import runner
 from torchlaunch.exit_codes import BAD_INPUT, BadInput
+from torchlaunch.ops import ranklog, watchdog
 
 PREFIX = "launch error: "
 DOMAIN_LINE = re.compile(r"^[a-z][a-z0-9]* error: ")
@@ -69,17 +70,14 @@ ALIASES = {
     "--dry_run": "--dry-run",
 }
 """torchrun's / accelerate's spelling -> ours, applied where the launcher has our option."""
-LOGS_HINT = (
-    "every rank's output is kept in RUN_DIR/logs/rank-N.log (a program's: pass --run-dir RUN_DIR); read it "
-    "merged with `python -m launch logs RUN_DIR` (one rank: --rank N)"
-)
+LOGS = "every rank's output is in RUN_DIR/logs/rank-N.log (`python -m launch logs RUN_DIR` merges them)"
 REFUSED = {
-    "--tee": LOGS_HINT,
-    "--redirects": LOGS_HINT,
-    "--log-dir": LOGS_HINT,
-    "--log_dir": LOGS_HINT,
-    "--local-ranks-filter": LOGS_HINT,
-    "--local_ranks_filter": LOGS_HINT,
+    "--tee": f"{LOGS} and on the console already; drop --tee (--rank-prefix names each line's rank)",
+    "--redirects": f"{LOGS}; to keep it off the console use --console-ranks none",
+    "--log-dir": f"{LOGS}; choose the folder with --run-dir",
+    "--log_dir": f"{LOGS}; choose the folder with --run-dir",
+    "--local-ranks-filter": "use --console-ranks RANKS (global ranks; on one node the same numbers)",
+    "--local_ranks_filter": "use --console-ranks RANKS (global ranks; on one node the same numbers)",
     "--rdzv-backend": "the launcher runs torchrun's c10d rendezvous itself; pass --master-addr/--master-port",
     "--rdzv_backend": "the launcher runs torchrun's c10d rendezvous itself; pass --master-addr/--master-port",
     "--rdzv-endpoint": "pass --master-addr HOST --master-port PORT",
@@ -126,6 +124,35 @@ def add_common(parser: argparse.ArgumentParser, *, run_dir_help: str, config_hel
     )
     parser.add_argument("--dry-run", action="store_true", help="print what would run or be submitted, start nothing")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the built-in worker")
+
+
+def console_ranks(text: str) -> frozenset[int]:
+    """The `--console-ranks` option's type."""
+    try:
+        return ranklog.parse_ranks(text)
+    except ValueError as problem:
+        raise argparse.ArgumentTypeError(str(problem)) from None
+
+
+def add_operation(parser: argparse.ArgumentParser, *, hang_help: str) -> None:
+    """The options of a running job every launcher takes: the hang watchdog and the ranks' console."""
+    parser.add_argument("--hang-timeout", type=watchdog.parse_timeout, default=None, metavar="S", help=hang_help)
+    parser.add_argument(
+        "--rank-prefix",
+        action="store_true",
+        help="start every console line of a rank with [rank N] (RUN_DIR/logs/rank-N.log keeps each rank's lines)",
+    )
+    parser.add_argument(
+        "--console-ranks",
+        type=console_ranks,
+        default=None,
+        metavar="RANKS",
+        help="only these ranks' output reaches the console: 0, 0,2-3 or none (the rank logs keep every rank's)",
+    )
+
+
+def console_of(args: argparse.Namespace) -> ranklog.Console:
+    return ranklog.Console(prefix=bool(getattr(args, "rank_prefix", False)), ranks=getattr(args, "console_ranks", None))
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:

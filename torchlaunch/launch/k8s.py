@@ -34,7 +34,7 @@ from typing import Any
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.launch import cli, emit, k8s_validate
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
-from torchlaunch.ops import record
+from torchlaunch.ops import ranklog, record
 
 Manifest = dict[str, Any]
 
@@ -79,6 +79,11 @@ class K8sOptions:
     shared_dir: str = "/shared"
     workdir: str | None = None
     """The pods' working directory; None: the shared volume (relative recipe paths land there)."""
+    hang_timeout: float | None = None
+    """Each pod's hang watchdog (its launcher's --hang-timeout): None automatic, 0 off. A hang ends the
+    pod's ranks with exit 1, which the Job retries within its backoff limit."""
+    console: ranklog.Console = ranklog.Console()
+    """Which ranks' output reaches the pod's log, and whether each line names its rank."""
 
     @property
     def grace_period_s(self) -> int:
@@ -153,6 +158,9 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         launcher += ["--doctor"]
     if spec.max_restarts:
         launcher += ["--max-restarts", str(spec.max_restarts)]
+    if opts.hang_timeout is not None:
+        launcher += ["--hang-timeout", f"{opts.hang_timeout:g}"]
+    launcher += opts.console.args()
     if spec.program:
         if opts.doctor:
             launcher += ["--run-dir", emit.shell_word(run_dir(spec, opts), "--run-dir")]  # the shared volume to probe
@@ -471,6 +479,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="(inside pods) wait until HOST:PORT accepts TCP connections, then exit 0",
     )
     p.add_argument("--wait-timeout-s", type=int, default=K8sOptions.wait_timeout_s)
+    cli.add_operation(
+        p,
+        hang_help="each pod's hang watchdog: end its ranks (exit 1, retried within --backoff-limit) when none "
+        "progressed for S seconds; 0 disables (default: max(10 min, 50 x the median step time))",
+    )
     return cli.parse(p, argv)
 
 
@@ -531,6 +544,8 @@ def options_from(args: argparse.Namespace) -> K8sOptions:
         wait_timeout_s=args.wait_timeout_s,
         doctor=args.doctor,
         workdir=args.workdir,
+        hang_timeout=args.hang_timeout,
+        console=cli.console_of(args),
     )
 
 

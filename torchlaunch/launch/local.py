@@ -275,12 +275,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default="auto",
         help="auto: GPUs when visible, else CPU processes on gloo",
     )
-    p.add_argument(
-        "--hang-timeout",
-        type=watchdog.parse_timeout,
-        default=None,
-        metavar="S",
-        help="end the ranks (exit 1, retryable) when none progressed for S seconds; 0 disables "
+    cli.add_operation(
+        p,
+        hang_help="end the ranks (exit 1, retryable) when none progressed for S seconds; 0 disables "
         "(default: max(10 min, 50 x the median step time), armed once a rank reports a step)",
     )
     p.add_argument("--module", default=BUILTIN_WORKER, help=argparse.SUPPRESS)
@@ -418,6 +415,7 @@ def operation(args: argparse.Namespace, run_dir: str | Path, attempt: str, ranks
         nnodes=args.nnodes,
         local_ranks=ranks,
         hang_timeout=args.hang_timeout,
+        console=cli.console_of(args),
         extra=extra or None,
     )
 

@@ -40,7 +40,7 @@ from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch import cli, emit, precheck
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.ops import record, watchdog
+from torchlaunch.ops import ranklog, record, watchdog
 from torchlaunch.ops.launcher import Operation, prepare_rank
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +72,8 @@ class SlurmOptions:
     """Submission directory: a user's program runs there (importable, as with `python -m`)."""
     hang_timeout: float | None = None
     """Seconds without progress before a node's watchdog dumps its ranks and requeues (None: automatic, 0: off)."""
+    console: ranklog.Console = ranklog.Console()
+    """Which ranks' output reaches each task's output file, and whether each line names its rank."""
     command: tuple[str, ...] = ()
     """The submitting command line, kept in the job record."""
 
@@ -270,6 +272,8 @@ class SlurmTask:
     """The submitting command line, for the job record (`python -m launch status`)."""
     hang_timeout: float | None = None
     """Seconds without progress before the node's watchdog dumps the ranks and requeues (None: automatic, 0: off)."""
+    console_env: dict[str, str] = field(default_factory=dict)
+    """ranklog.Console's environment for the ranks (their console is the task's output file)."""
     max_hang_requeues: int = 1
     timeouts: int = 0
     preemptions: int = 0
@@ -333,6 +337,7 @@ class SlurmTask:
             nnodes=int(os.environ.get("SLURM_NNODES", "1")),
             local_ranks=local_world_size,
             hang_timeout=self.hang_timeout,
+            console=ranklog.Console.from_env(self.console_env),
         )
         os.environ.update(op.rank_env())
         prepare_rank()
@@ -568,6 +573,7 @@ def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
         run_dir=run_dir,
         command=list(options.command),
         hang_timeout=options.hang_timeout,
+        console_env=options.console.env(),
     )
     return executor.submit(task)
 
@@ -772,11 +778,9 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
     parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
     parser.add_argument("--job-name", help="default: train, or the program's name")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
-    parser.add_argument(
-        "--hang-timeout",
-        type=watchdog.parse_timeout,
-        metavar="S",
-        help="seconds without progress before the ranks' stacks are dumped and the job is requeued once "
+    cli.add_operation(
+        parser,
+        hang_help="seconds without progress before the ranks' stacks are dumped and the job is requeued once "
         "(default: max(10 min, 50 steps); 0: off)",
     )
     args = cli.parse(parser, argv)
@@ -829,6 +833,7 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         doctor=args.doctor,
         cwd=os.getcwd() if program else None,
         hang_timeout=args.hang_timeout,
+        console=cli.console_of(args),
         command=("python", "-m", "launch.slurm", *argv),
     )
     return spec, options, args

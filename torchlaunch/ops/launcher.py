@@ -62,9 +62,11 @@ class Operation:
         nnodes: int = 1,
         local_ranks: int | None = None,
         hang_timeout: float | None = None,
+        console: ranklog.Console | None = None,
         extra: dict[str, str] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.console = console or ranklog.Console()
         self.launch_id = launch_id
         self._args = dict(
             scheduler=scheduler,
@@ -87,6 +89,7 @@ class Operation:
             progress.PROGRESS_DIR_ENV: str(progress.folder(self.run_dir).absolute()),
             LOGS_DIR_ENV: str(ranklog.folder(self.run_dir).absolute()),
             progress.LAUNCH_ENV: self.launch_id,
+            **self.console.env(),
         }
 
     def start(self, on_hang: OnHang | None = None) -> record.JobRecord:
@@ -122,4 +125,5 @@ def prepare_rank() -> None:
     progress.register_stack_dump()
     logs = os.environ.get(LOGS_DIR_ENV)
     if logs:
-        ranklog.start_tee(Path(logs) / f"rank-{progress._env_rank('RANK')}.log")
+        rank = progress._env_rank("RANK")
+        ranklog.start_tee(Path(logs) / f"rank-{rank}.log", rank, ranklog.Console.from_env())

@@ -11,6 +11,11 @@ fds 1 and 2, copies each chunk to the original stdout/stderr unchanged and each 
 Being a separate process is what keeps the last lines of a rank that crashes or is killed: the tee
 drains its pipes to EOF whatever happens to the rank, and it ignores the stop signals the launcher
 sends the rank, ending only when every writer (the rank and its data loader workers) has gone.
+
+What reaches the console (the launcher's terminal, a Slurm task's output file, a pod's log) is the
+launcher's `Console` choice: every rank's output unchanged (the default, as under torchrun), each line
+prefixed `[rank N] ` (`--rank-prefix`), only some ranks (`--console-ranks 0,3` / `none`). The log
+files always get every line of every rank.
 """
 
 from __future__ import annotations
@@ -24,11 +29,105 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 LOGS_DIR = "logs"
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
 NAME = re.compile(r"^rank-(\d+)\.log$")
+
+
+PREFIX_ENV = "TORCHLAUNCH_RANK_PREFIX"
+"""Set to 1 by the launcher: every console line of a rank starts with `[rank N] `."""
+CONSOLE_RANKS_ENV = "TORCHLAUNCH_CONSOLE_RANKS"
+"""Set by the launcher to the ranks whose output reaches the console (`0,3`, or empty for none)."""
+
+
+@dataclass(frozen=True)
+class Console:
+    """Which ranks' output reaches the console, and whether each line names its rank."""
+
+    prefix: bool = False
+    ranks: frozenset[int] | None = None
+    """None: every rank."""
+
+    def env(self) -> dict[str, str]:
+        """What the launcher puts in every rank's environment (nothing for the default)."""
+        out = {PREFIX_ENV: "1"} if self.prefix else {}
+        if self.ranks is not None:
+            out[CONSOLE_RANKS_ENV] = ",".join(map(str, sorted(self.ranks)))
+        return out
+
+    def args(self) -> list[str]:
+        """The launcher options that choose this (a pod's inner launcher gets them)."""
+        out = ["--rank-prefix"] if self.prefix else []
+        if self.ranks is not None:
+            out += ["--console-ranks", ",".join(map(str, sorted(self.ranks))) or "none"]
+        return out
+
+    def shows(self, rank: int) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+    def label(self, rank: int) -> bytes:
+        return f"[rank {rank}] ".encode() if self.prefix else b""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Console:
+        """The rank side; a value the launcher did not write is read as the default (show everything)."""
+        env = dict(os.environ) if env is None else env
+        raw = env.get(CONSOLE_RANKS_ENV)
+        try:
+            ranks = None if raw is None else parse_ranks(raw or "none")
+        except ValueError:
+            ranks = None
+        return cls(prefix=env.get(PREFIX_ENV) == "1", ranks=ranks)
+
+
+RANK_RANGE = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7}))?", re.ASCII)
+
+
+def parse_ranks(text: str) -> frozenset[int]:
+    """`0,3`, `0-3,8` or `none` -> the ranks; ValueError naming the bad part (the launcher's argparse
+    turns it into one line, exit 2)."""
+    text = text.strip()
+    if text.lower() == "none":
+        return frozenset()
+    ranks: set[int] = set()
+    for part in text.split(","):
+        match = RANK_RANGE.fullmatch(part.strip())
+        if match is None:
+            raise ValueError(f"{part.strip()!r} is not a rank or a range (e.g. 0,2-3 or none)")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) else low
+        if high < low or high - low > 65536:
+            raise ValueError(f"{part.strip()!r}: an empty or too large range (e.g. 0-3)")
+        ranks.update(range(low, high + 1))
+    return frozenset(ranks)
+
+
+class ConsoleWriter:
+    """Copies a rank's chunks to its console fd: unchanged, or with `label` at the start of every
+    line (after a newline or a carriage return, so a progress bar redrawn in place keeps it), streaming: a partial line
+    is written at once, not held back until its end."""
+
+    def __init__(self, fd: int, label: bytes) -> None:
+        self.fd = fd
+        self.label = label
+        self.at_line_start = True
+
+    def write(self, chunk: bytes) -> None:
+        if not self.label:
+            _write_all(self.fd, chunk)
+            return
+        out = bytearray()
+        for piece in re.split(rb"(?<=[\r\n])", chunk):
+            if not piece:
+                continue
+            if self.at_line_start:
+                out += self.label
+            out += piece
+            self.at_line_start = piece.endswith((b"\n", b"\r"))
+        _write_all(self.fd, bytes(out))
 
 
 def folder(run_dir: str | Path) -> Path:
@@ -72,8 +171,9 @@ def _write_all(fd: int, data: bytes) -> None:
         pass  # the original stream went away; the log still gets everything
 
 
-def tee_main(log: str, sources: Sequence[tuple[int, int]]) -> int:
-    """Copy each (pipe read end, original fd) pair to the original fd and, stamped, into `log`."""
+def tee_main(log: str, sources: Sequence[tuple[int, int]], label: bytes = b"", show: bool = True) -> int:
+    """Copy each (pipe read end, original fd) pair, stamped, into `log` and, when `show`, to the
+    original fd (each line starting with `label`)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +181,7 @@ def tee_main(log: str, sources: Sequence[tuple[int, int]]) -> int:
     stampers = {src: LineStamper(out) for src, _ in sources}
     selector = selectors.DefaultSelector()
     for src, dest in sources:
-        selector.register(src, selectors.EVENT_READ, dest)
+        selector.register(src, selectors.EVENT_READ, ConsoleWriter(dest, label) if show else None)
     while selector.get_map():
         for key, _ in selector.select():
             chunk = os.read(key.fd, 65536)
@@ -90,13 +190,16 @@ def tee_main(log: str, sources: Sequence[tuple[int, int]]) -> int:
                 stampers[key.fd].flush()
                 continue
             stampers[key.fd].feed(chunk)  # the log first: whatever reached the terminal is in the log
-            _write_all(key.data, chunk)
+            if key.data is not None:
+                key.data.write(chunk)
     os.close(out)
     return 0
 
 
-def start_tee(path: Path) -> subprocess.Popen[bytes] | None:
-    """Send this process's fds 1 and 2 through a tee into `path` (the runner calls it once per rank)."""
+def start_tee(path: Path, rank: int = 0, console: Console | None = None) -> subprocess.Popen[bytes] | None:
+    """Send this process's fds 1 and 2 through a tee into `path` and, as `console` says, to the
+    console (the runner calls it once per rank)."""
+    console = console or Console()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -104,7 +207,15 @@ def start_tee(path: Path) -> subprocess.Popen[bytes] | None:
         originals = [os.dup(1), os.dup(2)]
         fds = [pipes[0][0], originals[0], pipes[1][0], originals[1]]
         child = subprocess.Popen(
-            [sys.executable, "-I", __file__, str(path), *map(str, fds)],  # stdlib only: no import path needed
+            [
+                sys.executable,
+                "-I",  # stdlib only: no import path needed
+                __file__,
+                str(path),
+                console.label(rank).decode() or "-",
+                "1" if console.shows(rank) else "0",
+                *map(str, fds),
+            ],
             pass_fds=fds,
             stdin=subprocess.DEVNULL,
             close_fds=True,
@@ -159,5 +270,7 @@ def merged(run_dir: str | Path, ranks: Sequence[int] | None = None) -> Iterator[
 
 
 if __name__ == "__main__":
-    fds = [int(a) for a in sys.argv[2:]]
-    sys.exit(tee_main(sys.argv[1], list(zip(fds[::2], fds[1::2], strict=True))))
+    log_file, label_arg, show_arg, *fd_args = sys.argv[1:]
+    fds = [int(a) for a in fd_args]
+    pairs = list(zip(fds[::2], fds[1::2], strict=True))
+    sys.exit(tee_main(log_file, pairs, b"" if label_arg == "-" else label_arg.encode(), show_arg == "1"))
