@@ -73,7 +73,10 @@ def test_console_writer_prefixes_every_line_start_while_streaming() -> None:
         os.close(read)
         if write >= 0:
             os.close(write)
-    assert data == b"[rank 3] first line\n[rank 3] second\n[rank 3] \n[rank 3] 50%\r[rank 3] 100%\r[rank 3] done\n[rank 3] half"
+    assert (
+        data
+        == b"[rank 3] first line\n[rank 3] second\n[rank 3] \n[rank 3] 50%\r[rank 3] 100%\r[rank 3] done\n[rank 3] half"
+    )
 
 
 def test_console_writer_without_a_label_copies_bytes_unchanged() -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from torchlaunch.ops import ranklog
+
 from tests.test_slurm_cluster import DEV_CLUSTER, REPO, Launch, requeue_records, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -138,3 +140,30 @@ def test_a_failed_job_shows_the_failing_ranks_stderr(cluster: str, tmp_path: Pat
     text = launch.text()
     assert re.search(r"first failing: rank 1 on \S+", text), text[-3000:]
     assert "HINT: Set devices=1" in text and f"all logs: {run_dir / 'slurm' / launch.job_id}" in text
+
+
+CHATTY_FAILER = textwrap.dedent(
+    """\
+    import os, sys
+    print(f"hello from {os.environ['RANK']}", flush=True)
+    if os.environ["RANK"] == "1":
+        raise ValueError("You set devices=2 but this node has 1. HINT: Set devices=1")
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_console_options_reach_the_tasks_and_the_failure_tail_survives_them(cluster: str, tmp_path: Path) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY_FAILER)
+    run_dir = tmp_path / "run"
+    launch = program_launch(run_dir, script, extra=("--rank-prefix", "--console-ranks", "0"))
+    assert launch.finish(200) == 1
+    text = launch.text()
+    outs = {p.name: p.read_text() for p in (run_dir / "slurm" / launch.job_id).glob("*_log.out")}
+    assert any("[rank 0] hello from 0\n" in out for out in outs.values()), outs
+    assert not any("hello from 1" in out for out in outs.values()), outs  # off rank 1's console
+    assert "hello from 1" in ranklog.log_path(run_dir, 1).read_text()  # but in its log
+    assert ranklog.log_path(run_dir, 0).read_text().count("hello from 0") == 1  # one tee per task, no echo
+    assert re.search(r"first failing: rank 1 on \S+; last lines of \S+/logs/rank-1.log", text), text[-3000:]
+    assert "HINT: Set devices=1" in text

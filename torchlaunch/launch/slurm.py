@@ -673,33 +673,47 @@ class TaskFailure:
     tail: list[str]
 
 
+FAILED_MARKERS = ("Traceback (most recent call last)", "worker exit code")
+
+
 def failing_tasks(folder: str | Path, job_id: str) -> list[TaskFailure]:
-    """The tasks of `job_id` whose stderr shows a failure (a traceback or a worker exit), first failure first
-    (by when the stderr was last written)."""
+    """The tasks of `job_id` whose output shows a failure (a traceback or a worker exit), first failure
+    first (by when it was last written). A task's stderr file is read first; its rank's own log
+    (RUN_DIR/logs/rank-N.log) when the stderr file has no failure, as when --console-ranks kept the
+    rank's output off its task files."""
     failures = []
     for err in Path(folder).glob(f"{job_id}_*_log.err"):
         task = err.name[len(job_id) + 1 :].split("_", 1)[0]
         if not task.isdigit():
             continue
-        try:
-            text = err.read_text(encoding="utf-8", errors="replace")
-            mtime = err.stat().st_mtime
-        except OSError:
-            continue
-        if "Traceback (most recent call last)" not in text and "worker exit code" not in text:
-            continue
         out = err.with_name(err.name[: -len(".err")] + ".out")
-        try:
-            seen = TASK_LINE.findall(out.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
-            seen = []
+        seen = TASK_LINE.findall(_read(out))
         rank, host = (int(seen[-1][0]), seen[-1][1]) if seen else (None, None)
-        lines = [line for line in text.splitlines() if line.strip()]
-        ours = [i for i, line in enumerate(lines) if SUBMITIT_ERROR in line]
-        if ours and ours[-1] > 0:
-            lines = lines[: ours[-1]]  # the program's own words, not submitit's re-raise of our WorkerExit
-        failures.append((mtime, int(task), TaskFailure(int(task), rank, host, err, lines[-TAIL_LINES:])))
+        sources = [(err, [line for line in _read(err).splitlines() if line.strip()])]
+        if rank is not None:
+            log = ranklog.log_path(Path(folder).parent.parent, rank)  # the folder is RUN_DIR/slurm/JOB
+            entries, _ = ranklog.read_lines(log, rank)
+            sources.append((log, [e[3].decode("utf-8", "replace") for e in entries if e[3].strip()]))
+        for path, lines in sources:
+            if not any(marker in line for line in lines for marker in FAILED_MARKERS):
+                continue
+            ours = [i for i, line in enumerate(lines) if SUBMITIT_ERROR in line]
+            if ours and ours[-1] > 0:
+                lines = lines[: ours[-1]]  # the program's own words, not submitit's re-raise of our WorkerExit
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                mtime = 0.0
+            failures.append((mtime, int(task), TaskFailure(int(task), rank, host, path, lines[-TAIL_LINES:])))
+            break
     return [failure for _, _, failure in sorted(failures, key=lambda f: (f[0], f[1]))]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def failure_report(folder: str | Path, job_id: str, state: str) -> str:

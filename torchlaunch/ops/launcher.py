@@ -120,8 +120,17 @@ class Operation:
         return exit_code_of(outcome, code)
 
 
+_prepared_in: int | None = None
+"""The pid that ran prepare_rank: a Slurm task prepares itself, then runs the runner, which would again."""
+
+
 def prepare_rank() -> None:
-    """In each rank before its program: the stack-dump handler and the per-rank log (no-op without a launcher)."""
+    """In each rank before its program: the stack-dump handler and the per-rank log (no-op without a
+    launcher). Once per process: a second tee would write every line twice and prefix it twice."""
+    global _prepared_in
+    if _prepared_in == os.getpid():
+        return
+    _prepared_in = os.getpid()
     progress.register_stack_dump()
     logs = os.environ.get(LOGS_DIR_ENV)
     if logs:
