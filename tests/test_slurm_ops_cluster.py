@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.ops import ranklog
-
 from tests.test_slurm_cluster import DEV_CLUSTER, REPO, Launch, requeue_records, wait_until
+from torchlaunch.ops import ranklog
 
 pytestmark = pytest.mark.slurm
 

@@ -359,6 +359,17 @@ def test_bad_input_is_one_line_and_not_rerun_by_restarts(tmp_path: Path) -> None
     assert sorted(runs.read_text().splitlines()) == ["rank 0 restart 0", "rank 1 restart 0"]
 
 
+@pytest.mark.timeout(200)
+def test_one_ranks_bad_input_is_one_line_without_its_peers_tracebacks() -> None:
+    rc, out, err = run_launcher(["--gpus", "2", *CPU, "--", "tests/programs/bad_input_one_rank.py"], timeout=150)
+    assert rc == BAD_INPUT, err
+    assert "Traceback" not in err and "closed by peer" not in err, err  # rank 0's failure is the consequence
+    assert [ln for ln in error_lines(err) if "nonexistent.csv" in ln] == [
+        "launch: workers stopped on bad input (exit 2, not retried): data error: --data "
+        "/nonexistent.csv: no such file (pass an existing CSV)"
+    ], err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_restart_after_a_crash(tmp_path: Path) -> None:
@@ -818,3 +829,21 @@ def test_bench_userscript_quick() -> None:
     result = userscript.run(quick=True)
     assert result.key == "userscript" and result.project > 0 and result.baseline > 0
     assert len(result.rounds) == 1 and result.ratio == pytest.approx(result.project / result.baseline)
+
+
+def test_peer_bad_input_reads_only_this_attempts_other_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchlaunch import status
+
+    monkeypatch.setenv(status.ATTEMPT_ENV, "A1")
+    monkeypatch.setenv(status.STATUS_DIR_ENV, str(tmp_path))
+    assert status.peer_bad_input(0) is None
+    (tmp_path / "A0-rank1.json").write_text('{"code": 2, "reason": "older launch", "rank": 1}')
+    (tmp_path / "A1-rank2.json").write_text('{"code": 2, "reason": "forged", "rank": "x"}')
+    (tmp_path / "A1-rank3.json").write_text("[1, 2]")
+    (tmp_path / "A1-rank4.json").write_bytes(b"\xff\xfe")
+    (tmp_path / "A1-rank5.json").write_text('{"code": 1, "reason": "crash", "rank": 5}')
+    assert status.peer_bad_input(0) is None
+    (tmp_path / "A1-rank0.json").write_text('{"code": 2, "reason": "mine", "rank": 0}')
+    assert status.peer_bad_input(0) is None  # its own record is not a peer's
+    (tmp_path / "A1-rank1.json").write_text('{"code": 2, "reason": "data error: x", "rank": 1}')
+    assert status.peer_bad_input(0) == (1, "data error: x")

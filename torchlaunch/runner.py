@@ -295,10 +295,13 @@ def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
         print(reason, file=sys.stderr, flush=True)
         return FAILURE, reason
     except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
+        reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
+        peer = status.peer_bad_input(contract.rank())
+        if peer is not None:  # failed because that peer left: the launcher's one bad-input line says it all
+            return FAILURE, f"{reason} (after rank {peer[0]} found bad input)"
         import traceback
 
         traceback.print_exception(type(e), e, user_frames(e.__traceback__))
-        reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
         return FAILURE, reason
     return OK, describe(program, OK)
 

@@ -123,6 +123,26 @@ def earlier_bad_input(run_dir: str | None = None) -> str | None:
     return None
 
 
+def peer_bad_input(me: int, run_dir: str | None = None) -> tuple[int, str] | None:
+    """(rank, reason) of another rank of this attempt that already reported bad input, else None.
+
+    A rank that finds bad input reports it before it exits; its peers then fail in their next
+    collective ("Connection closed by peer"), a consequence, not a second problem worth a traceback."""
+    attempt = os.environ.get(ATTEMPT_ENV)
+    where = folder(run_dir)
+    if not attempt or where is None:
+        return None
+    for f in sorted(where.glob(f"{attempt}-rank*.json")):
+        try:
+            record = json.loads(f.read_text())
+            rank = int(record.get("rank", -1))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        if record.get("code") == BAD_INPUT and rank != me:
+            return rank, str(record.get("reason", "bad input"))
+    return None
+
+
 def records(where: Path, attempt: str) -> list[Record]:
     """The launcher's side: this attempt's records, which are consumed."""
     found = []
