@@ -177,6 +177,8 @@ class DockerJob:
     failures: int = 0
     history: list[tuple[int, int]] = field(default_factory=list)
     """(index, exit code) of every pod that ended, in order."""
+    first_failure: str | None = None
+    """The first pod that failed (not a preemption): its index, exit code and log tail, for the assertion."""
 
     @property
     def name(self) -> str:
@@ -267,6 +269,12 @@ class DockerJob:
         result = docker("logs", self.container(index), check=False)
         return result.stdout + result.stderr
 
+    def failure_report(self, index: int, code: int, lines: int = 20) -> str:
+        """What `kubectl logs` of the first failed pod shows a user: its index, exit code and last lines
+        (the pods' rank prefixes and tracebacks as the container wrote them)."""
+        tail = [line for line in self.logs(index).splitlines() if line.strip()][-lines:]
+        return f"pod {index} exited {code}; last lines of its log:\n" + "\n".join(f"  {line}" for line in tail)
+
     def action(self, code: int) -> str:
         """What the manifest's podFailurePolicy says about a pod that exited with `code`."""
         for rule in self.job["spec"]["podFailurePolicy"]["rules"]:
@@ -292,11 +300,14 @@ class DockerJob:
                     done.add(index)
                     continue
                 action = self.action(code)
+                if action != "Ignore" and self.first_failure is None:
+                    self.first_failure = self.failure_report(index, code)
                 if action == "FailJob":
-                    raise AssertionError(f"FailJob: pod {index} exited {code}:\n{self.logs(index)[-3000:]}")
+                    raise AssertionError(f"FailJob: {self.first_failure}")
                 if action == "Count":
                     self.failures += 1
-                    assert self.failures <= self.job["spec"]["backoffLimit"], f"backoffLimit hit: {self.history}"
+                    if self.failures > self.job["spec"]["backoffLimit"]:
+                        raise AssertionError(f"backoffLimit hit: {self.history}; first failing: {self.first_failure}")
                 self.start(index)
                 running.add(index)
             time.sleep(0.5)  # polling container states; every loop is bounded by the deadline above

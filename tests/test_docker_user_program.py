@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -45,6 +45,7 @@ CODE_DIR = "/shared/code"
 PROGRAMS = {
     "custom_loop.py": ROOT / "examples" / "custom_loop.py",
     "bad_input.py": ROOT / "tests" / "programs" / "bad_input.py",
+    "devices_mismatch.py": ROOT / "tests" / "programs" / "devices_mismatch.py",
 }
 EPOCHS = 4
 TOTAL = 32 * EPOCHS
@@ -53,7 +54,7 @@ STOP_AT = 20
 """The step after which pod 1 is stopped: early, so the stop lands long before step TOTAL."""
 
 
-def render_job(image_name: str, name: str, program: list[str]) -> dict:
+def render_job(image_name: str, name: str, program: list[str], options: Sequence[str] = ()) -> dict:
     """The Job of `python -m launch.k8s ... -- PROGRAM` for 2 CPU pods, as the CLI prints it."""
     argv = [
         sys.executable,
@@ -74,6 +75,7 @@ def render_job(image_name: str, name: str, program: list[str]) -> dict:
         "20",
         "--step-time-s",
         "10",
+        *options,
         "--",
         *program,
     ]
@@ -89,9 +91,10 @@ def make_program_job(image, tmp_path_factory) -> Callable[..., DockerJob]:  # no
     """Jobs of two CPU pods running a user's program from the shared volume; all removed at the end."""
     jobs: list[DockerJob] = []
 
-    def make(name: str, *program: str, project: Path | None = None) -> DockerJob:
-        """`project`: a user's whole project folder as the code, instead of the single-file programs."""
-        job = render_job(image, name, list(program))
+    def make(name: str, *program: str, project: Path | None = None, options: Sequence[str] = ()) -> DockerJob:
+        """`project`: a user's whole project folder as the code, instead of the single-file programs;
+        `options`: more launch.k8s options."""
+        job = render_job(image, name, list(program), options)
         folder = tmp_path_factory.mktemp(name)
         folder.chmod(0o755)
         shared = shared_folder(folder / "shared")
@@ -223,6 +226,19 @@ def test_bad_input_program_fails_the_job_without_retry(make_program_job):
     assert "data error: --data /nonexistent.csv: no such file" in dj.logs(dj.history[0][0])
     starts = sorted((dj.shared / "bad-input-runs.txt").read_text().splitlines())
     assert starts == ["rank 0 restart 0", "rank 1 restart 0"], starts  # each rank started once, never again
+
+
+def test_a_failed_pod_shows_its_ranks_error(make_program_job) -> None:
+    dj = make_program_job("ufail", "devices_mismatch.py", options=("--backoff-limit", "0", "--rank-prefix"))
+    running = dj.start_all()
+    with pytest.raises(AssertionError, match="backoffLimit hit") as failed:
+        dj.run_until_complete(running, timeout_s=JOB_TIMEOUT_S)
+    report = str(failed.value)
+    assert "first failing: pod 1 exited 1; last lines of its log:" in report, report
+    assert "[rank 1] ValueError: You set devices=2 but this node has 1. HINT: Set devices=1" in report, report
+    last = report.splitlines()[-1]  # the pod's last line names the rank and its error; torchrun's report is gone
+    assert last.startswith("  launch: devices_mismatch.py failed: rank 1: ValueError: You set devices=2"), report
+    assert "ChildFailedError" not in report, report
 
 
 @pytest.mark.parametrize("kind", sorted(USER_PROJECTS))

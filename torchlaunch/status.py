@@ -74,6 +74,8 @@ class Record:
     """The program declared the run complete (see declare_finished)."""
     committed: int | None = None
     """The step of a checkpoint the program said it committed (see note_committed)."""
+    when: float = 0.0
+    """When the record was written (its file's mtime): the first failing rank is usually the cause."""
 
 
 def launched() -> bool:
@@ -156,6 +158,7 @@ def records(where: Path, attempt: str) -> list[Record]:
                     str(data.get("reason", "")),
                     data.get("finished") is True,
                     data["committed"] if isinstance(data.get("committed"), int) else None,
+                    f.stat().st_mtime,
                 )
             )
         except (OSError, ValueError, KeyError, TypeError):
@@ -163,6 +166,13 @@ def records(where: Path, attempt: str) -> list[Record]:
         finally:
             f.unlink(missing_ok=True)
     return found
+
+
+def first_failure(found: list[Record]) -> Record | None:
+    """The earliest record of a rank that failed (exit 1 or a crash code): the one that explains a
+    failed launch, its peers usually failing after it ("Connection closed by peer")."""
+    failed = [r for r in found if r.code not in (0, BAD_INPUT, 75)]
+    return min(failed, key=lambda r: (r.when, r.rank)) if failed else None
 
 
 def collect(where: Path, attempt: str) -> tuple[list[int], list[str]]:

@@ -614,9 +614,12 @@ def run(
         step, new = new_checkpoint(run_dir, started - 1.0)  # the marker's mtime: a file system's clock
         print(f"launch: {preempted_line(found, forwarded, step, new, run_dir)}", file=sys.stderr)
     elif code == FAILURE:
-        relay.release_held()
+        first = status.first_failure(found)
+        if first is None or ranks is None or len(found) < ranks:
+            relay.release_held()  # a rank left no word (killed, crashed hard): torchrun's report names it
+        cause = f": rank {first.rank}: {first.reason.split(' failed: ', 1)[-1]}" if first and first.reason else ""
         print(
-            f"launch: {label} failed ({what} exit {child_code}, worker codes {sorted(set(codes)) or 'none'})",
+            f"launch: {label} failed{cause} ({what} exit {child_code}, worker codes {sorted(set(codes)) or 'none'})",
             file=sys.stderr,
         )
     return code

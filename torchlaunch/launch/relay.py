@@ -1,8 +1,11 @@
 """Relay torchrun's stderr: workers' output passes through live, torchrun's own noise is held back.
 
 torchrun prints agent log lines and, when any worker exits non-zero, a ChildFailedError traceback and
-report box. For exit 2 (bad input) and 75 (preempted) the workers' own line says everything, so the
-held text is dropped; for exit 1 it is printed in full, since that is where a crash is explained.
+report box. The workers write to the same pipe, so a traceback is held until its exception line says
+whose it is: a worker's is passed on (a few milliseconds late), torchrun's ChildFailedError and the
+report after it are held. The launcher drops the held text when every rank explained its own end
+(exit 2, 75, or a failure its runner reported with its traceback already shown) and prints it when a
+rank died without a word (killed, crashed hard), since torchrun's report then names its exit code.
 Segments end at "\\n" or "\\r" so progress bars keep updating through the pipe.
 """
 
@@ -15,6 +18,11 @@ from typing import TextIO
 
 AGENT_LOG_LINE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S*torch/distributed/")
 SEGMENT_END = re.compile(rb"[\r\n]")
+TRACEBACK = b"Traceback (most recent call last)"
+AGENTS_ERROR = b"ChildFailedError"
+"""In the exception line of torchrun's own traceback (torch.distributed.elastic...ChildFailedError)."""
+MAX_PENDING = 2000
+"""Segments a traceback may hold back before it is passed on undecided (a runaway writer)."""
 
 
 class StderrRelay:
@@ -24,15 +32,39 @@ class StderrRelay:
         self.fd, self.sink = fd, sink
         self.held: list[bytes] = []
         self._in_report = False
+        self._pending: list[bytes] = []
+        """A traceback whose exception line has not arrived yet: a worker's or torchrun's."""
         self._thread = threading.Thread(target=self._pump, name="stderr-relay", daemon=True)
         self._thread.start()
 
     def _route(self, segment: bytes) -> None:
-        if segment.startswith(b"Traceback (most recent call last)") and self.held:
-            self._in_report = True  # torchrun's failure report follows its own log lines
         if self._in_report or AGENT_LOG_LINE.match(segment):
             self.held.append(segment)
             return
+        if segment.startswith(TRACEBACK) and not self._pending:
+            self._pending.append(segment)
+            return
+        if self._pending:
+            self._pending.append(segment)
+            if is_exception_line(segment):
+                block, self._pending = self._pending, []
+                if AGENTS_ERROR in segment:
+                    self._in_report = True  # the report box follows: hold it all
+                    self.held += block
+                else:
+                    for item in block:
+                        self._emit(item)
+            elif len(self._pending) > MAX_PENDING:
+                self._flush_pending()
+            return
+        self._emit(segment)
+
+    def _flush_pending(self) -> None:
+        block, self._pending = self._pending, []
+        for item in block:
+            self._emit(item)
+
+    def _emit(self, segment: bytes) -> None:
         out = getattr(self.sink, "buffer", None)
         if out is not None:
             out.write(segment)
@@ -57,6 +89,7 @@ class StderrRelay:
             pending = pending[start:]
         if pending:
             self._route(pending)
+        self._flush_pending()  # a traceback cut short by the writer's end is still a worker's words
         os.close(self.fd)
 
     def finish(self, timeout: float = 30.0) -> None:
@@ -70,3 +103,16 @@ class StderrRelay:
     def _route_direct(self, segment: bytes) -> None:
         self.sink.write(segment.decode(errors="replace"))
         self.sink.flush()
+
+
+def is_exception_line(segment: bytes) -> bool:
+    """The line that ends a traceback (`ValueError: ...`, `KeyboardInterrupt`): not indented, not the
+    start of a chained traceback and not its connecting sentence."""
+    line = segment.rstrip(b"\r\n")
+    return (
+        bool(line.strip())
+        and not line[:1].isspace()
+        and not line.startswith(
+            (TRACEBACK, b"During handling of the above exception", b"The above exception was the direct cause")
+        )
+    )
