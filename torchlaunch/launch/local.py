@@ -546,7 +546,7 @@ AGENT_GRACE_S = 30.0
 """After the watchdog ended the hung ranks: how long torchrun's agent gets to exit or start a new group.
 Exiting takes it < 1 s where node 0's rendezvous store answers and at most its rendezvous close timeout
 (30 s) where that times out; an agent cut off from the store blocks in a store read that nothing bounds
-(faults suite, link cut for good: node 1's agent was still there 75 s after the cut, its worker killed)."""
+(faults suite, link cut for good: node 1's agent was still there 300 s after the cut, its worker killed)."""
 
 
 def end_stuck_agent(
