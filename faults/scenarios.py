@@ -305,13 +305,16 @@ def link_cut(cluster: Cluster, workdir: Path, rng: random.Random, hang_timeout_s
         node = cluster.nodes[1]
         t_fault = time.monotonic()
         cluster.set_link(node, up=False)
+
+        def ended() -> bool:
+            return all(code is not None for code in attempt.poll())
+
         try:
-            ended = lambda: all(c is not None for c in attempt.poll())  # noqa: E731
             try:
                 progress.wait_until(ended, CUT_BOUND_S, "both launchers ending with the link cut")
-                cut_for = time.monotonic() - t_fault
+                ended_while_cut = True
             except TimeoutError:
-                cut_for = None
+                ended_while_cut = False
             stalled = progress.last_step(run_dir)
         finally:
             cluster.set_link(node, up=True)
@@ -319,7 +322,7 @@ def link_cut(cluster: Cluster, workdir: Path, rng: random.Random, hang_timeout_s
                           attempt.wait(ATTEMPT_TIMEOUT_S))  # fmt: skip
         outcome.outcomes = launch_outcomes(run_dir)
         outcome.stacks = hang_dumps(run_dir)
-        if cut_for is None:
+        if not ended_while_cut:
             outcome.notes.append(f"still running {CUT_BOUND_S} s after the cut: link restored")
         outcome.notes.append(f"step {stalled} at the end of the attempt (cut at {fault_step})")
         outcome.notes.append(f"recorded outcomes {outcome.outcomes}; {len(outcome.stacks)} rank stacks dumped")
