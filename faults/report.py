@@ -23,6 +23,7 @@ ORDER = [
     "kill-node",
     "link-down-short",
     "link-down-long",
+    "link-cut",
     "crash-mid-checkpoint",
 ]
 TESTS = {  # pytest -k expression of the test that measures each row
@@ -32,6 +33,7 @@ TESTS = {  # pytest -k expression of the test that measures each row
     "kill-node": "killed_node",
     "link-down-short": "short_link_outage",
     "link-down-long": "longer_than_the_process_group_timeout",
+    "link-cut": "link_cut_for_good",
     "crash-mid-checkpoint": "crash_mid_checkpoint",
 }
 START, END = "<!-- faults:table:start -->", "<!-- faults:table:end -->"

@@ -39,6 +39,8 @@ TOTAL_STEPS = 24
 PREEMPTED = 75
 ATTEMPT_TIMEOUT_S = 240  # an uninterrupted attempt takes ~20 s; anything near this is a hang
 PG_TIMEOUT_S = 5  # dist.timeout_s for the long-outage scenario
+HANG_TIMEOUT_S = 15  # --hang-timeout for the cut-link scenario: the watchdog, not dist.timeout_s (300 s), ends it
+CUT_BOUND_S = HANG_TIMEOUT_S + 60  # both launchers must have ended this long after the cut
 SEED = os.environ.get("FAULTS_SEED", "1234")
 _RESUMED = re.compile(r"resumed from \S+ at epoch \d+ step \d+ \(global step (\d+)\)")
 
@@ -49,14 +51,20 @@ def rng_for(name: str, seed: str = SEED) -> random.Random:
 
 
 def launcher_argv(
-    node: Node, run_dir: Path, overrides: tuple[str, ...] = (), max_restarts: int = 0, rerun: bool = False
+    node: Node,
+    run_dir: Path,
+    overrides: tuple[str, ...] = (),
+    max_restarts: int = 0,
+    rerun: bool = False,
+    options: tuple[str, ...] = (),
 ) -> list[str]:
-    """The real launcher for one node; a rerun passes RUN_DIR/config.yaml, as the contract says."""
+    """The real launcher for one node; a rerun passes RUN_DIR/config.yaml, as the contract says.
+    `options` are more launcher options (e.g. --hang-timeout), kept by the rerun: the same command."""
     config = [f"{run_dir}/config.yaml"] if rerun else [CONFIG, f"run_dir={run_dir}", *SMALL, *overrides]
     return [
         sys.executable, "-m", "torchlaunch.launch.local", "--nnodes", "2", "--node-rank", str(node.index),
         "--master-addr", "node0", "--gpus", "1", "--device", "cpu", "--max-restarts", str(max_restarts),
-        "--config", *config,
+        *options, "--config", *config,
     ]  # fmt: skip
 
 
@@ -106,6 +114,8 @@ class Outcome:
     model_equal: bool | None = None  # final model.pt torch.equal to the uninterrupted run's
     newest_checkpoint: int | None = None  # after a failed attempt, before the rerun
     newest_checkpoint_problem: str | None = None  # train.checkpoint.verify's reason, None when intact
+    outcomes: list[str | None] | None = None  # each node's recorded launch outcome (RUN_DIR/job), e.g. "hung"
+    stacks: dict[str, str] = field(default_factory=dict)  # hangs/<folder>/rank-N.txt -> how it was dumped
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -139,6 +149,7 @@ def _finish(
     t_fault: float,
     rec: StepRecorder,
     at_fault: int,
+    options: tuple[str, ...] = (),
 ) -> Outcome:
     """Shared tail: rerun a failed attempt (as a scheduler would), then measure resume, loss, recovery.
 
@@ -157,7 +168,10 @@ def _finish(
         else:
             outcome.newest_checkpoint_problem = "no committed checkpoint"
         final = Attempt.start(
-            cluster, lambda n: launcher_argv(n, run_dir, rerun=True), run_dir, f"{attempt.log_prefix}-rerun"
+            cluster,
+            lambda n: launcher_argv(n, run_dir, rerun=True, options=options),
+            run_dir,
+            f"{attempt.log_prefix}-rerun",
         )
         after = final.started_at
         outcome.rerun_codes = final.wait(ATTEMPT_TIMEOUT_S)
@@ -173,11 +187,13 @@ def _finish(
     return outcome
 
 
-def _start(cluster: Cluster, workdir: Path, name: str, overrides=(), max_restarts=0) -> tuple[Path, Attempt]:
+def _start(
+    cluster: Cluster, workdir: Path, name: str, overrides=(), max_restarts=0, options: tuple[str, ...] = ()
+) -> tuple[Path, Attempt]:
     run_dir = workdir / name / "run"
     run_dir.mkdir(parents=True)
     attempt = Attempt.start(
-        cluster, lambda n: launcher_argv(n, run_dir, overrides, max_restarts), run_dir, f"{name}-first"
+        cluster, lambda n: launcher_argv(n, run_dir, overrides, max_restarts, options=options), run_dir, f"{name}-first"
     )
     return run_dir, attempt
 
@@ -253,6 +269,66 @@ def link_down(
         return _finish(cluster, run_dir, outcome, attempt, t_fault, rec, stalled)
 
 
+def hang_dumps(run_dir: Path) -> dict[str, str]:
+    """Each rank stack file under RUN_DIR/hangs -> how the watchdog got it (faulthandler, py-spy, gone ...)."""
+    found = {}
+    for path in sorted((run_dir / "hangs").glob("*/rank-*.txt")):
+        header = path.read_text(errors="replace").split("\n", 1)[0]
+        how = re.search(r"\(([^)]*)\)$", header)
+        found[str(path.relative_to(run_dir))] = how.group(1) if how else header
+    return found
+
+
+def launch_outcomes(run_dir: Path) -> list[str | None]:
+    """Each node's recorded outcome of its latest launch (RUN_DIR/job/node-N.json), node 0 first."""
+    from torchlaunch.ops import record
+
+    records, _ = record.read_all(run_dir)
+    by_node = {r.node_rank: r.outcome for r in records}
+    return [by_node.get(k) for k in range(2)]
+
+
+def link_cut(cluster: Cluster, workdir: Path, rng: random.Random, hang_timeout_s: float = HANG_TIMEOUT_S) -> Outcome:
+    """node 1's link cut for good: it comes back only once both launchers ended (then for the rerun).
+
+    Nothing in the network ends this attempt: no RST ever arrives, and the default dist.timeout_s
+    (300 s) is far off. What a user gets is `--hang-timeout S` on each node: its watchdog dumps the
+    stacks and ends the ranks, and each launcher must then end on its own, with no store to reach.
+    If one has not ended CUT_BOUND_S after the cut the link is restored anyway (so it can be seen
+    whether it ends then); the measured failure_s shows it.
+    """
+    fault_step = rng.randint(6, TOTAL_STEPS - 8)
+    options = ("--hang-timeout", f"{hang_timeout_s:g}")
+    run_dir, attempt = _start(cluster, workdir, "link-cut", options=options)
+    with StepRecorder(run_dir) as rec:
+        progress.wait_for_step(run_dir, fault_step, ATTEMPT_TIMEOUT_S, attempt.dead_reason)
+        node = cluster.nodes[1]
+        t_fault = time.monotonic()
+        cluster.set_link(node, up=False)
+
+        def ended() -> bool:
+            return all(code is not None for code in attempt.poll())
+
+        try:
+            try:
+                progress.wait_until(ended, CUT_BOUND_S, "both launchers ending with the link cut")
+                ended_while_cut = True
+            except TimeoutError:
+                ended_while_cut = False
+            stalled = progress.last_step(run_dir)
+        finally:
+            cluster.set_link(node, up=True)
+        outcome = Outcome(f"link cut for good, --hang-timeout {hang_timeout_s:g}", fault_step,
+                          attempt.wait(ATTEMPT_TIMEOUT_S))  # fmt: skip
+        outcome.outcomes = launch_outcomes(run_dir)
+        outcome.stacks = hang_dumps(run_dir)
+        if not ended_while_cut:
+            outcome.notes.append(f"still running {CUT_BOUND_S} s after the cut: link restored")
+        outcome.notes.append(f"step {stalled} at the end of the attempt (cut at {fault_step})")
+        outcome.notes.append(f"recorded outcomes {outcome.outcomes}; {len(outcome.stacks)} rank stacks dumped")
+        return _finish(cluster, run_dir, outcome, attempt, t_fault, rec, stalled, options)
+
+
 def crash_mid_checkpoint(cluster: Cluster, workdir: Path, rng: random.Random) -> Outcome:
     """kill -9 of node 0 (rank 0 writes checkpoints) while a checkpoint write is provably in progress."""
     run_dir, attempt = _start(cluster, workdir, "crash-mid-checkpoint")
@@ -275,5 +351,6 @@ ALL: dict[str, Callable[[Cluster, Path, random.Random], Outcome]] = {
     "kill-node": kill_node,
     "link-down-short": lambda c, w, r: link_down(c, w, r, seconds=3, pg_timeout_s=None),
     "link-down-long": lambda c, w, r: link_down(c, w, r, seconds=3 * PG_TIMEOUT_S, pg_timeout_s=PG_TIMEOUT_S),
+    "link-cut": link_cut,
     "crash-mid-checkpoint": crash_mid_checkpoint,
 }

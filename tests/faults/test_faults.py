@@ -108,6 +108,25 @@ def test_outage_longer_than_the_process_group_timeout_fails_bounded(cluster, tmp
     assert_finished_equal(outcome, reference_model)
 
 
+def test_link_cut_for_good_ends_both_nodes_within_the_hang_timeout_and_rerun_resumes(
+    cluster, tmp_path, reference_model
+):
+    outcome = scenarios.link_cut(cluster, tmp_path, scenarios.rng_for("link-cut"))
+    save(outcome, "link-cut", reference_model)
+    # The link stays cut until both launchers ended: each node's watchdog (--hang-timeout), not the
+    # network nor dist.timeout_s (300 s), ends the attempt; node 1's agent, blocked on the store, is
+    # ended by its launcher after a bounded grace.
+    assert outcome.first_codes == [1, 1], outcome  # hung or failed: retryable (never 0, nor 2: never retried)
+    assert not any("link restored" in note for note in outcome.notes), outcome
+    hung = [f"node{k}" for k, recorded in enumerate(outcome.outcomes or []) if recorded == "hung"]
+    assert hung, outcome  # at least one watchdog fired (the other node may fail on its peer's loss)
+    for host in hung:
+        dumped = [how for path, how in outcome.stacks.items() if f"-{host}-" in path]
+        assert "faulthandler" in dumped or "py-spy" in dumped, (host, outcome.stacks)
+    assert_failed_bounded_then_resumed(outcome, scenarios.CUT_BOUND_S)
+    assert_finished_equal(outcome, reference_model)
+
+
 def test_crash_mid_checkpoint_write_keeps_the_previous_checkpoint(cluster, tmp_path, reference_model):
     outcome = scenarios.crash_mid_checkpoint(cluster, tmp_path, scenarios.rng_for("crash-mid-checkpoint"))
     save(outcome, "crash-mid-checkpoint", reference_model)

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from torchlaunch import config as config_mod
 from torchlaunch import contract, runlock, status
@@ -50,8 +51,10 @@ from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.launch import cli, emit, pdeath, precheck
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
+from torchlaunch.ops import procs as ops_procs
 from torchlaunch.ops import record, watchdog
 from torchlaunch.ops.launcher import Operation
+from torchlaunch.ops.progress import RankBeat
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
 PREFLIGHT = program_mod.PREFLIGHT
@@ -537,6 +540,47 @@ def new_checkpoint(run_dir: Path | None, since: float) -> tuple[int | None, bool
     return found.step, found.committed is not None and found.committed >= since
 
 
+AGENT_GRACE_S = 30.0
+"""After the watchdog ended the hung ranks: how long torchrun's agent gets to exit or start a new group.
+Exiting takes it < 1 s where node 0's rendezvous store answers and at most its rendezvous close timeout
+(30 s) where that times out; an agent cut off from the store blocks in a store read that nothing bounds
+(faults suite, link cut for good: node 1's agent was still there 300 s after the cut, its worker killed)."""
+
+
+def end_stuck_agent(
+    child: subprocess.Popen, killed: Sequence[int], grace_s: float = AGENT_GRACE_S, err: IO[str] | None = None
+) -> bool:
+    """Called by the watchdog's thread after it killed the ranks `killed`: if torchrun's agent `child`
+    neither exited nor started new workers (a restart) within `grace_s`, kill it and what it started
+    (it would never exit on its own: its workers are dead and the job cannot progress) and say so in one
+    line; the launcher then ends 1 (hung, retryable). True when it was ended. The tree is killed by pid,
+    not by process group: the agent shares this launcher's group, its workers have sessions of their own."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if child.poll() is not None or restarted_workers(child.pid, killed):
+            return False
+        time.sleep(0.1)  # polling the agent under a deadline: there is no event for "stuck"
+    if child.poll() is not None or restarted_workers(child.pid, killed):
+        return False
+    print(
+        f"launch: torchrun's agent (pid {child.pid}) neither exited nor restarted the ranks {grace_s:.0f} s after "
+        "the watchdog ended them (blocked on the rendezvous store on node 0?); ended it (exit 1, retryable)",
+        file=err or sys.stderr,
+        flush=True,
+    )
+    pdeath.kill_tree(child.pid)
+    return True
+
+
+def restarted_workers(agent_pid: int, killed: Sequence[int]) -> list[int]:
+    """The agent's live children other than the ranks the watchdog killed: the workers of a restart."""
+    return [
+        pid
+        for pid in pdeath.descendants(agent_pid)
+        if pdeath.parent_of(pid) == agent_pid and pid not in killed and ops_procs.state(pid) not in (None, "Z", "X")
+    ]
+
+
 def run(
     argv: list[str],
     env: dict[str, str],
@@ -587,7 +631,13 @@ def run(
     relay = StderrRelay(read_fd, sys.stderr)
     try:
         if op is not None:
-            op.start(lambda verdict, folder, beats: watchdog.kill_ranks(beats))  # torchrun restarts them
+
+            def on_hang(verdict: watchdog.Verdict, folder: Path, beats: list[RankBeat]) -> None:
+                killed = watchdog.kill_ranks(beats)  # torchrun restarts them while it may
+                if agent:  # a single worker is the child itself: killing it ended it
+                    end_stuck_agent(child, killed, AGENT_GRACE_S)
+
+            op.start(on_hang)
         child_code = child.wait()
     except BaseException:
         pdeath.kill_tree(child.pid)  # leaving early: nothing of this run may train on
