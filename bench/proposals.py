@@ -51,7 +51,7 @@ def optimizer(model: str, rounds: int) -> Result:
         goal=1.0,
         higher_is_better=True,
         command=COMMAND,
-        project_label="SGD(fused=True) on CPU, what train/ uses",
+        project_label="SGD(fused=True) on CPU, what torchlaunch uses",
         baseline_label="SGD(foreach=True), the previous default",
         rounds=per_round,
         notes=f"{model} ({params:.1f} M parameters), optimizer step only, nesterov + weight decay, "

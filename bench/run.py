@@ -36,7 +36,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple[dict[str, dict], dict | None, dict]:
+def run_selected(
+    names: list[str], quick: bool, full: bool, work: Path, startup_against: str | None = None
+) -> tuple[dict[str, dict], dict | None, dict]:
     results: dict[str, dict] = {}
     preempt: dict | None = None
     timings: dict[str, float] = {}
@@ -75,6 +77,8 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
         keep(rs)
     if "startup" in names:
         keep(record("startup", lambda: startup.run(quick=quick, work=work)))
+        if startup_against and not quick:
+            keep(record("startup-against", lambda: startup.against(startup_against, work=work / "against")))
     if "userscript" in names:
         keep(record("userscript", lambda: userscript.run(quick=quick)))
     if "peers" in names:
@@ -325,12 +329,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads in the in-process benchmarks")
     p.add_argument("--docs", type=Path, default=DOCS, help="where BENCHMARKS.md and the plots go")
     p.add_argument("--work", type=Path, default=None, help="scratch folder (data unpacked here)")
+    p.add_argument(
+        "--startup-against",
+        metavar="REV",
+        default=None,
+        help="with startup: also this tree's start-up ÷ commit REV's, measured in the same run",
+    )
     args = p.parse_args(argv)
     names = [] if args.render else list(args.only or ALL)
     set_threads(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-"))
     start = time.perf_counter()
-    results, preempt, more = run_selected(names, args.quick, args.full, work)
+    results, preempt, more = run_selected(names, args.quick, args.full, work, args.startup_against)
     args.docs.mkdir(parents=True, exist_ok=True)
     store = args.docs / "bench-results.json"
     doc = json.loads(store.read_text()) if store.is_file() else {"results": {}}
@@ -345,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         "ckpt_async",
         "ckpt_resume",
         "startup",
+        "startup_against",
         "userscript",
         "peers_lightning",
         "peers_reference",

@@ -43,9 +43,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _env() -> dict[str, str]:
+def _env(tree: Path = REPO) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env.update(PYTHONPATH=str(tree), PYTHONUNBUFFERED="1")
     return env  # the worker picks its own threads, as a user's run does
 
 
@@ -62,9 +62,9 @@ def import_torch_s(timeout_s: float = 300) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def worker_startup(argv_tail: list[str], run_dir: Path, timeout_s: float = 600) -> dict:
-    """One worker run, stopped once it has logged its first step (the rest of the run is training
-    and validation, not start-up): its startup record from metrics.jsonl."""
+def worker_startup(argv_tail: list[str], run_dir: Path, timeout_s: float = 600, tree: Path = REPO) -> dict:
+    """One worker run of the project in `tree`, stopped once it has logged its first step (the rest of
+    the run is training and validation, not start-up): its startup record from metrics.jsonl."""
     shutil.rmtree(run_dir, ignore_errors=True)
     proc = subprocess.Popen(
         [
@@ -78,8 +78,8 @@ def worker_startup(argv_tail: list[str], run_dir: Path, timeout_s: float = 600) 
             "checkpoint.every_epochs=0",
             "train.tta=none",
         ],
-        cwd=REPO,
-        env=_env(),
+        cwd=tree,
+        env=_env(tree),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -169,3 +169,64 @@ def run(quick: bool = False, rounds: int = 5, work: Path | None = None) -> Resul
             "ready_s": [a - b for a, b in zip(project, first_step, strict=True)],
         },
     )
+
+
+def against(rev: str, rounds: int = 10, work: Path | None = None) -> Result:
+    """This tree's start-up ÷ commit `rev`'s, in the same run: a restructuring must not cost start-up.
+
+    Both sides run the same recipe and data from a worktree each (`rev` checked out detached in a
+    temporary one), alternating first place every round; each keeps its own decode cache (the format
+    may differ between commits), filled by one untimed run. The figure is the median of the per-round
+    ratios of `startup_s`; `ready_s` (start-up minus the first step) is kept beside it."""
+    work = Path(work or tempfile.mkdtemp(prefix="bench-startup-against-"))
+    tree = work / f"tree-{rev}"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, check=True, capture_output=True)
+    try:
+        argv, data = recipe(work, quick=False)
+        trees = {"this": REPO, rev: tree}
+        argvs = {side: [*argv, f"data.cache_dir={work / ('cache-' + side)}"] for side in trees}
+        for side, root in trees.items():
+            worker_startup(argvs[side], work / "run", tree=root)  # untimed: its decode cache
+        runs: dict[str, list[dict]] = {side: [] for side in trees}
+        for r in range(rounds):
+            for side in list(trees) if r % 2 == 0 else list(trees)[::-1]:
+                runs[side].append(worker_startup(argvs[side], work / "run", tree=trees[side]))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False, capture_output=True)
+    this = [r["startup_s"] for r in runs["this"]]
+    then = [r["startup_s"] for r in runs[rev]]
+    ready = {side: [r["startup_s"] - r.get("first_step_s", 0.0) for r in runs[side]] for side in trees}
+    ratio, per_round = median_ratio(this, then)
+    ready_ratio, _ = median_ratio(ready["this"], ready[rev])
+    return Result(
+        key="startup_against",
+        title=f"Start-up: this tree ÷ commit {rev} (process start → first step done)",
+        project=median(this),
+        baseline=median(then),
+        unit="s",
+        ratio=ratio,
+        goal=1.03,
+        higher_is_better=False,
+        command=f"python -m bench.startup --against {rev}",
+        project_label="python -m train from this tree, startup_s",
+        baseline_label=f"python -m train from a worktree of {rev}, startup_s",
+        rounds=per_round,
+        notes=f"{data}; {rounds} alternating rounds, separate decode caches; start-up minus the first step: "
+        f"ratio {ready_ratio:.3g} (medians {median(ready['this']):.2f} s vs {median(ready[rev]):.2f} s); "
+        f"goal: no worse than {rev} beyond the box's round-to-round noise (3%); CPU: {cpu_model()}",
+        extra={"startup_s": this, f"startup_s_{rev}": then, "rev": rev},
+    )
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--against", metavar="REV", help="compare this tree's start-up with commit REV's instead")
+    cli = parser.parse_args()
+    result = (
+        against(cli.against, rounds=cli.rounds or 10) if cli.against else run(quick=cli.quick, rounds=cli.rounds or 5)
+    )
+    print(json.dumps(result.to_dict(), indent=1))
