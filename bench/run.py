@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, startup, tta, userscript
+from bench import amp, ckpt, datapath, ddp, loop, peers, progress, proposals, startup, tta, userscript
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
 from torchlaunch.worker.precision import cpu_model
 
-ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "peers", "proposals", "tta")
+ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "progress", "peers", "proposals", "tta")
 DOCS = REPO / "docs"
 NO_CPU = "not recorded (measured before 2026-12-01)"
 
@@ -77,6 +77,8 @@ def run_selected(names: list[str], quick: bool, full: bool, work: Path) -> tuple
         keep(record("startup", lambda: startup.run(quick=quick, work=work)))
     if "userscript" in names:
         keep(record("userscript", lambda: userscript.run(quick=quick)))
+    if "progress" in names:
+        keep(record("progress", lambda: progress.run(quick=quick)))
     if "peers" in names:
         keep(
             record(
@@ -346,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "ckpt_resume",
         "startup",
         "userscript",
+        "progress",
         "peers_lightning",
         "peers_reference",
         "peers_lightning_cifar",
