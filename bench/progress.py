@@ -7,8 +7,9 @@ reporting costs < 1% of step time).
 Both sides run the identical command, `python -m torchlaunch.launch.local --gpus 2 --device cpu
 --config configs/smoke.yaml` with the same overrides (synthetic data, one epoch, no periodic
 checkpoints), OMP_NUM_THREADS=1 per rank and a fresh run dir each round. The training phase is timed
-by rank 0 itself: metrics.jsonl's `elapsed_s` of its first and last training records (both at log
-points, after the first step), so start-up, validation and the final save are left out on both sides.
+by rank 0 itself: metrics.jsonl's `elapsed_s` at its training records (every 10 steps), a run's figure
+being the median of its windows' steps/s (training_rate says why), so start-up, validation and the
+final save are left out on both sides.
 
 On: what every user gets. Each rank's trainer calls torchlaunch.ops.progress.heartbeat after every
 step (one monotonic-clock read; every 5 s a few hundred bytes replace RUN_DIR/progress/rank-N.json),
@@ -39,6 +40,7 @@ between writes and one file write, in microseconds, and what they add to the mea
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -78,12 +80,20 @@ def overrides(run_dir: Path, steps: int) -> list[str]:
 
 
 def training_rate(metrics: Path) -> float:
-    """Steps/s between rank 0's first and last training records (its own clock, start-up excluded)."""
+    """The median steps/s of rank 0's log windows (LOG_EVERY steps between consecutive training records,
+    its own clock; the first window starts after the first record, so start-up is excluded).
+
+    Why the median of windows, not the whole phase: on the shared 2-core box another job that takes a
+    core for a few seconds stalls both ranks (each waits for the other's gradients): with whole-phase
+    rates, the first full run of this benchmark had per-round on ÷ off ratios from 0.61 to 2.84. The median
+    window ignores such bursts; it also ignores the few windows that hold a heartbeat file write (one
+    per rank every 5 s), whose cost the in-process figures measure exactly instead."""
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     train = [r for r in records if "loss" in r and "elapsed_s" in r]
-    if len(train) < 2 or train[-1]["step"] <= train[0]["step"]:
+    rates = [(b["step"] - a["step"]) / (b["elapsed_s"] - a["elapsed_s"]) for a, b in itertools.pairwise(train)]
+    if not rates or min(rates) <= 0:
         raise RuntimeError(f"{metrics}: fewer than two training records")
-    return (train[-1]["step"] - train[0]["step"]) / (train[-1]["elapsed_s"] - train[0]["elapsed_s"])
+    return median(rates)
 
 
 def one_run(run_dir: Path, steps: int, *, on: bool, off_path: Path, timeout_s: float = 600) -> float:
@@ -164,6 +174,14 @@ def run(quick: bool = False, rounds: int = 7, steps: int = 250) -> Result:
     interval = ops_progress.DEFAULT_INTERVAL_S
     added = per_call + per_write * min(1.0, step_s / interval)  # at most one write per interval
     overrides_text = " ".join(overrides(Path("RUN_DIR"), steps)[1:])
+    lo, hi = min(per_round), max(per_round)
+    spread = f"Per-round ratios span {lo:.2f}-{hi:.2f}" + (
+        ": far wider than the 1% in question (2 ranks on 2 shared cores: the side another job's burst lands "
+        "on loses), so on this box the end-to-end median cannot resolve 1% and the in-process bound is the "
+        "evidence"
+        if hi - lo > 0.02
+        else ""
+    )
     return Result(
         key="progress",
         title="Progress reporting + hang watchdog on ÷ off (training steps/s, built-in trainer, 2 CPU ranks)",
@@ -180,13 +198,14 @@ def run(quick: bool = False, rounds: int = 7, steps: int = 250) -> Result:
         "heartbeat half is a benchmark-only switch: no user option turns the heartbeats off)",
         rounds=per_round,
         notes=f"{CONFIG} with {overrides_text} (simple_cnn width 8, {steps} steps, global batch {BATCH}) on 2 CPU "
-        f"ranks x 1 thread, {rounds} alternating rounds after a warm-up pair; each side timed by rank 0 from its "
-        f"first training record to its last (metrics.jsonl elapsed_s), start-up excluded. In-process: one "
+        f"ranks x 1 thread, {rounds} alternating rounds after a warm-up pair; a run's figure is the median "
+        f"steps/s of rank 0's {LOG_EVERY}-step log windows (metrics.jsonl elapsed_s; load bursts on the shared "
+        f"box stall both ranks), start-up excluded. In-process: one "
         f"heartbeat() call {per_call * 1e6:.2f} µs, one file write {per_write * 1e6:.0f} µs (every "
         f"{interval:.0f} s): {added / step_s:.4%} of the {step_s * 1e3:.1f} ms step. No host synchronisation: "
         f"the heartbeat gets the trainer's host ints (global step, total, epoch, per-rank batch), never the "
         f"loss tensor; tests/test_host_sync.py runs fit() with a heartbeat written every step and fails on "
-        f"any device read between check points",
+        f"any device read between check points. {spread}",
         extra={
             "heartbeat_call_us": per_call * 1e6,
             "heartbeat_write_us": per_write * 1e6,
