@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, startup, tta, userscript
+from bench import amp, ckpt, datapath, ddp, loop, peers, progress, proposals, startup, tta, userscript
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
 from torchlaunch.worker.precision import cpu_model
 
-ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "peers", "proposals", "tta")
+ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "progress", "peers", "proposals", "tta")
 DOCS = REPO / "docs"
 NO_CPU = "not recorded (measured before 2026-12-01)"
 
@@ -81,6 +81,8 @@ def run_selected(
             keep(record("startup-against", lambda: startup.against(startup_against, work=work / "against")))
     if "userscript" in names:
         keep(record("userscript", lambda: userscript.run(quick=quick)))
+    if "progress" in names:
+        keep(record("progress", lambda: progress.run(quick=quick)))
     if "peers" in names:
         keep(
             record(
@@ -357,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup",
         "startup_against",
         "userscript",
+        "progress",
         "peers_lightning",
         "peers_reference",
         "peers_lightning_cifar",

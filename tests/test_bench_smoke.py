@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loop, peers, proposals, run
+from bench import amp, ckpt, datapath, ddp, loop, peers, progress, proposals, run
 from bench.common import REPO, Result, interleaved_steps, median_ratio, paired_rates, shared_tarball, subset_folder
+from torchlaunch.ops import progress as ops_progress
 from torchlaunch.worker.data import BatchPlan, augment
 
 needs_data = pytest.mark.skipif(
@@ -83,6 +85,26 @@ def test_ckpt_quick() -> None:
     assert pre["committed_step"] >= 2 and pre["resumed_at_step"] == pre["committed_step"]
     assert pre["continuous"] and pre["steps_lost"] == 0 and pre["rerun_exit"] == 0
     assert pre["signal_to_commit_s"] >= 0
+
+
+@pytest.mark.slow
+def test_progress_quick() -> None:
+    """Both sides launch for real; each run checks its own heartbeat files (on: both ranks, off: none)."""
+    r = progress.run(quick=True)
+    well_formed(r)
+    assert r.extra["heartbeat_call_us"] > 0 and r.extra["heartbeat_write_us"] > 0
+    assert 0 < r.extra["added_fraction_of_step"] < 0.01
+
+
+def test_progress_micro_costs_leave_the_environment_as_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.run measures heartbeat() in its own process: it must not leave a progress dir or writer behind."""
+    monkeypatch.delenv(ops_progress.PROGRESS_DIR_ENV, raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(ops_progress, "_writer", None)
+    per_call, per_write = progress.heartbeat_costs(tmp_path, calls=100, writes=5)
+    assert per_call > 0 and per_write > 0
+    assert ops_progress.PROGRESS_DIR_ENV not in os.environ and ops_progress._writer is None
+    assert [p.name for p in tmp_path.glob("rank-*.json")] == ["rank-0.json"]
 
 
 @pytest.mark.slow

@@ -6,6 +6,10 @@ The real Trainer.fit runs a few epochs here with those methods recording every c
 allowed only inside the check points (the agreed loss sum, validation, checkpoints, resume, and
 the start-up figure of the first step). On a GPU the same run also runs under
 torch.cuda.set_sync_debug_mode("error"), which catches reads torch makes internally.
+
+Progress reporting is in the recorded path too: with a heartbeat written on every step (a launcher's
+TORCHLAUNCH_PROGRESS_DIR set, interval 0), fit() still reads the device only at check points, and a
+heartbeat fed a device tensor (the negative control) is caught at its first beat of every step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from torchlaunch import config as config_mod
 from torchlaunch.core.dist import DistContext
 from torchlaunch.core.preemption import PreemptionWatcher
 from torchlaunch.exit_codes import OK
+from torchlaunch.ops import progress
+from torchlaunch.worker import trainer as trainer_mod
 from torchlaunch.worker.data import load_bundle
 from torchlaunch.worker.trainer import Trainer
 
@@ -137,6 +143,46 @@ def test_a_read_in_the_step_path_is_caught(tmp_path: Path, monkeypatch: pytest.M
         assert recorder.outside == []
         float(loss)
     assert len(recorder.outside) == 1 and "Tensor.__float__" in recorder.outside[0]
+
+
+@pytest.fixture
+def beating(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A launcher's progress folder and a heartbeat that writes on every step: without it heartbeat()
+    returns before Heartbeat.beat runs, and the recorded fit would not exercise the reporting path."""
+    where = tmp_path / "progress"
+    monkeypatch.setenv(progress.PROGRESS_DIR_ENV, str(where))
+    monkeypatch.setattr(progress, "_writer", progress.Heartbeat(where, 0, interval_s=0.0))
+    return where
+
+
+def test_fit_with_heartbeats_reads_the_device_only_at_check_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beating: Path
+) -> None:
+    trainer = _trainer(tmp_path / "run", torch.device("cpu"))
+    recorder = Recorder()
+    with recorder.patched(monkeypatch):
+        assert trainer.fit() == OK
+    beats, problems = progress.read_all(beating)
+    assert problems == [] and [(b.step, b.beat) for b in beats] == [(12, 12)]  # written at every one of 12 steps
+    assert recorder.outside == []
+
+
+def test_a_heartbeat_that_reads_the_device_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beating: Path
+) -> None:
+    """The negative control: a trainer that reported a device tensor (a step counter or the loss kept
+    on the device) would make Heartbeat.beat's int() wait for the device on every step."""
+    trainer = _trainer(tmp_path / "run", torch.device("cpu"))
+    real = trainer_mod.heartbeat
+
+    def on_device(step: int, **fields: int | None) -> None:
+        real(torch.tensor(step, device=trainer.device), **fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trainer_mod, "heartbeat", on_device)
+    recorder = Recorder()
+    with recorder.patched(monkeypatch):
+        assert trainer.fit() == OK
+    assert len(recorder.outside) == 12 and all("Tensor.__int__" in r for r in recorder.outside), recorder.outside
 
 
 @pytest.mark.gpu
