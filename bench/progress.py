@@ -215,10 +215,103 @@ def run(quick: bool = False, rounds: int = 7, steps: int = 250) -> Result:
     )
 
 
+def run_steps(quick: bool = False, groups: int = 15, per_group: int = 40) -> Result:
+    """The rank's side alone, without the box's noise: Trainer.train_step followed by the trainer's own
+    heartbeat call ÷ Trainer.train_step, one step at a time alternately in one process (a b, b a, ...),
+    on the same trainer and batches stream. The heartbeat is live (a progress dir is set, its file is
+    replaced every 5 s as in a launched rank), so its writes land in the timed steps at their real rate."""
+    from bench.harness import make_trainer  # torch: only this figure needs it in-process
+
+    if quick:
+        groups, per_group = 2, 4
+    steps = groups * per_group * 2 + 4
+    trainer = make_trainer(
+        [
+            "model.name=simple_cnn",
+            "model.width=8",
+            "data.name=synthetic",
+            f"data.synthetic_train_size={BATCH * steps}",
+            "data.synthetic_val_size=64",
+            f"train.batch_size={BATCH}",
+            "train.epochs=1000",
+        ]
+    )
+    stream = itertools.chain.from_iterable(trainer.loader.epoch(e, 0) for e in itertools.count(1))
+    work = Path(tempfile.mkdtemp(prefix="bench-progress-steps-"))
+    saved_env, saved_writer = os.environ.get(ops_progress.PROGRESS_DIR_ENV), ops_progress._writer
+    os.environ[ops_progress.PROGRESS_DIR_ENV] = str(work)
+    ops_progress._writer = None
+    count = itertools.count(1)
+
+    def reporting() -> None:
+        _, micro = next(stream)
+        trainer.train_step(micro)
+        ops_progress.heartbeat(next(count), total=steps, epoch=0, samples_per_step=BATCH)
+
+    def silent() -> None:
+        _, micro = next(stream)
+        trainer.train_step(micro)
+
+    try:
+        for _ in range(2):  # warm-up
+            reporting()
+            silent()
+        times: dict[str, list[list[float]]] = {"on": [], "off": []}
+        for g in range(groups):
+            group = {"on": [], "off": []}
+            for i in range(per_group):
+                for side, fn in (("on", reporting), ("off", silent))[:: 1 if (g * per_group + i) % 2 == 0 else -1]:
+                    start = time.perf_counter()
+                    fn()
+                    group[side].append(time.perf_counter() - start)
+            for side in times:
+                times[side].append(group[side])
+        writer = ops_progress._current()
+        writes = writer._count if writer is not None else 0
+    finally:
+        ops_progress._writer = saved_writer
+        if saved_env is None:
+            os.environ.pop(ops_progress.PROGRESS_DIR_ENV, None)
+        else:
+            os.environ[ops_progress.PROGRESS_DIR_ENV] = saved_env
+        shutil.rmtree(work, ignore_errors=True)
+    # The median step of each side: a load burst on the shared box lengthens a few steps of whichever
+    # side it lands on, which moves a mean or a group's total but not the median of hundreds of steps.
+    rate_on = [1 / median(g) for g in times["on"]]
+    rate_off = [1 / median(g) for g in times["off"]]
+    every_on = [t for g in times["on"] for t in g]
+    every_off = [t for g in times["off"] for t in g]
+    _, per_round = median_ratio(rate_on, rate_off)
+    ratio = median(every_off) / median(every_on)
+    return Result(
+        key="progress_step",
+        title="Progress reporting per step: train_step + heartbeat ÷ train_step (steps/s, one rank, in-process)",
+        project=1 / median(every_on),
+        baseline=1 / median(every_off),
+        unit="steps/s",
+        ratio=ratio,
+        goal=0.99,
+        higher_is_better=True,
+        command=COMMAND,
+        project_label="Trainer.train_step, then the trainer's heartbeat(step, total, epoch, samples_per_step)",
+        baseline_label="Trainer.train_step alone",
+        rounds=per_round,
+        notes=f"simple_cnn width 8, batch {BATCH}, synthetic data, the same trainer for both sides, steps "
+        f"interleaved one by one, {groups} groups of {per_group} step pairs; the figure is the ratio of the two "
+        f"sides' median step times over all {groups * per_group} steps each (per round: each group's); the heartbeat file was written "
+        f"{writes} time(s) during the timed steps (every {ops_progress.DEFAULT_INTERVAL_S:.0f} s, as in a "
+        "launched rank); the launcher's watchdog, a thread polling those files every 5 s in another process, is "
+        "in the end-to-end figure below",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    result = run(quick=parser.parse_args().quick)
+    quick = parser.parse_args().quick
+    steps = run_steps(quick=quick)
+    print(f"{steps.title}: {steps.ratio:.4f} (rounds {', '.join(f'{r:.4f}' for r in steps.rounds)})")
+    result = run(quick=quick)
     print(
         f"{result.title}: {result.project:.2f} / {result.baseline:.2f} steps/s = {result.ratio:.4f} "
         f"(rounds {', '.join(f'{r:.4f}' for r in result.rounds)}; goal >= {result.goal}); "

@@ -82,6 +82,7 @@ def run_selected(
     if "userscript" in names:
         keep(record("userscript", lambda: userscript.run(quick=quick)))
     if "progress" in names:
+        keep(record("progress-step", lambda: progress.run_steps(quick=quick)))
         keep(record("progress", lambda: progress.run(quick=quick)))
     if "peers" in names:
         keep(
@@ -359,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup",
         "startup_against",
         "userscript",
+        "progress_step",
         "progress",
         "peers_lightning",
         "peers_reference",

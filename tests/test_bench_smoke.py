@@ -96,6 +96,18 @@ def test_progress_quick() -> None:
     assert 0 < r.extra["added_fraction_of_step"] < 0.01
 
 
+def test_progress_steps_quick_reports_live_and_leaves_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process per-step figure writes real heartbeats (at least the first call's) and restores
+    the environment: bench.run's later benchmarks must not report progress."""
+    monkeypatch.delenv(ops_progress.PROGRESS_DIR_ENV, raising=False)
+    monkeypatch.setattr(ops_progress, "_writer", None)
+    r = progress.run_steps(quick=True)
+    well_formed(r)
+    written = int(r.notes.split("heartbeat file was written ", 1)[1].split()[0])
+    assert written >= 1
+    assert ops_progress.PROGRESS_DIR_ENV not in os.environ and ops_progress._writer is None
+
+
 def test_progress_micro_costs_leave_the_environment_as_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench.run measures heartbeat() in its own process: it must not leave a progress dir or writer behind."""
     monkeypatch.delenv(ops_progress.PROGRESS_DIR_ENV, raising=False)
