@@ -2,7 +2,8 @@
 docs/BENCHMARKS.md (+ PNG plots). Every figure is a ratio against a baseline measured in the same
 run, interleaved, median of rounds.
 
-    python -m bench.run                    # default set (~10 min on 2 cores)
+    python -m bench.run                    # default set (~15 min on 2 cores; progress alone ~5 min)
+    python -m bench.run --only startup --startup-against REV   # also start-up ÷ commit REV's, same run
     python -m bench.run --only loop amp    # some of them; the others keep their last recorded figures
     python -m bench.run --full             # also the time-to-accuracy run (tens of minutes)
     python -m bench.run --quick            # tiny sizes: checks the machinery, figures meaningless
