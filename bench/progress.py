@@ -40,6 +40,7 @@ between writes and one file write, in microseconds, and what they add to the mea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -48,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import REPO, Result, median, median_ratio, paired_rates
@@ -126,10 +128,7 @@ def one_run(run_dir: Path, steps: int, *, on: bool, off_path: Path, timeout_s: f
 def heartbeat_costs(where: Path, calls: int = 20000, writes: int = 200) -> tuple[float, float]:
     """(seconds per heartbeat() call between writes, seconds per heartbeat file write), in this process,
     through the same module-level function and environment variable the trainer uses."""
-    saved_env, saved_writer = os.environ.get(ops_progress.PROGRESS_DIR_ENV), ops_progress._writer
-    os.environ[ops_progress.PROGRESS_DIR_ENV] = str(where)
-    ops_progress._writer = None
-    try:
+    with live_heartbeat(where):
         ops_progress.heartbeat(0, total=calls, epoch=0, samples_per_step=BATCH)  # the first call writes
         start = time.perf_counter()
         for step in range(1, calls + 1):
@@ -141,13 +140,24 @@ def heartbeat_costs(where: Path, calls: int = 20000, writes: int = 200) -> tuple
         for step in range(writes):
             writer.beat(calls + step, total=calls, epoch=0, samples_per_step=BATCH, force=True)
         per_write = (time.perf_counter() - start) / writes
+    return per_call, per_write
+
+
+@contextlib.contextmanager
+def live_heartbeat(where: Path) -> Iterator[None]:
+    """This process reports progress into `where` as a launched rank does (a fresh writer); the
+    environment and the module's writer are put back afterwards, so later benchmarks report nothing."""
+    saved_env, saved_writer = os.environ.get(ops_progress.PROGRESS_DIR_ENV), ops_progress._writer
+    os.environ[ops_progress.PROGRESS_DIR_ENV] = str(where)
+    ops_progress._writer = None
+    try:
+        yield
     finally:
         ops_progress._writer = saved_writer
         if saved_env is None:
             os.environ.pop(ops_progress.PROGRESS_DIR_ENV, None)
         else:
             os.environ[ops_progress.PROGRESS_DIR_ENV] = saved_env
-    return per_call, per_write
 
 
 def run(quick: bool = False, rounds: int = 7, steps: int = 250) -> Result:
@@ -237,10 +247,6 @@ def run_steps(quick: bool = False, groups: int = 15, per_group: int = 40) -> Res
         ]
     )
     stream = itertools.chain.from_iterable(trainer.loader.epoch(e, 0) for e in itertools.count(1))
-    work = Path(tempfile.mkdtemp(prefix="bench-progress-steps-"))
-    saved_env, saved_writer = os.environ.get(ops_progress.PROGRESS_DIR_ENV), ops_progress._writer
-    os.environ[ops_progress.PROGRESS_DIR_ENV] = str(work)
-    ops_progress._writer = None
     count = itertools.count(1)
 
     def reporting() -> None:
@@ -252,7 +258,7 @@ def run_steps(quick: bool = False, groups: int = 15, per_group: int = 40) -> Res
         _, micro = next(stream)
         trainer.train_step(micro)
 
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-progress-steps-") as work, live_heartbeat(Path(work)):
         for _ in range(2):  # warm-up
             reporting()
             silent()
@@ -268,13 +274,6 @@ def run_steps(quick: bool = False, groups: int = 15, per_group: int = 40) -> Res
                 times[side].append(group[side])
         writer = ops_progress._current()
         writes = writer._count if writer is not None else 0
-    finally:
-        ops_progress._writer = saved_writer
-        if saved_env is None:
-            os.environ.pop(ops_progress.PROGRESS_DIR_ENV, None)
-        else:
-            os.environ[ops_progress.PROGRESS_DIR_ENV] = saved_env
-        shutil.rmtree(work, ignore_errors=True)
     # The median step of each side: a load burst on the shared box lengthens a few steps of whichever
     # side it lands on, which moves a mean or a group's total but not the median of hundreds of steps.
     rate_on = [1 / median(g) for g in times["on"]]

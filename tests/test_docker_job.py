@@ -399,8 +399,7 @@ def test_launch_status_of_the_pods_run_dir_names_the_job(uninterrupted):
     from torchlaunch.ops import record
 
     dj = uninterrupted
-    if not record.read_all(dj.run_dir)[0]:
-        pytest.skip("the pods' launcher (launch.local) writes no job record yet")
+    assert record.read_all(dj.run_dir)[0], f"no job record in {dj.run_dir}/job: the pods' launch.local writes one"
     done = subprocess.run(
         [sys.executable, "-m", "launch", "status", str(dj.run_dir), "--json"],
         cwd=ROOT,

@@ -141,3 +141,31 @@ def test_an_argument_cannot_add_a_line_to_the_manifests_header(capsys: pytest.Ca
     out = capsys.readouterr().out
     header = out.split("---", 1)[0]
     assert all(line.startswith("#") for line in header.splitlines()) and "'x\\nkind: Pod'" in header
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        (["launch.local", "--gpus", "x", "--", "x.py"], "launch error: argument --gpus: invalid int value: 'x'"),
+        (["launch.slurm", "--bogus", "--dry-run"], "launch error: unrecognized arguments: --bogus"),
+        (["launch.k8s", "--nodes"], "launch error: argument --nodes: expected one argument"),
+        (["launch.local", "--console-ranks", "0\n1", "--", "x.py"], "launch error: argument --console-ranks:"),
+        (["launch", "status", "--bogus"], "launch error: the following arguments are required: run_dir"),
+        (["train", "--bogus"], "unrecognized arguments: --bogus (see python -m train --help)"),
+        (["train.evaluate"], "one of the arguments --run-dir --checkpoint is required"),
+    ],
+)
+def test_argparses_own_refusals_are_one_line_and_exit_2(command: list[str], words: str) -> None:
+    """What argparse itself refuses (a bad type, an unknown option, a missing value) reads like the
+    commands' own refusals: one line naming --help, exit 2, never usage text plus a second line."""
+    done = subprocess.run(
+        [sys.executable, "-m", *command],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(words), done.stderr
+    assert "--help" in lines[0] and "usage:" not in done.stderr

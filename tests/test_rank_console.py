@@ -119,6 +119,18 @@ def run_local(tmp_path: Path, *options: str, gpus: int = 2) -> subprocess.Comple
     return subprocess.CompletedProcess(out.args, out.returncode, out.stdout.decode(), out.stderr.decode())
 
 
+def launcher(launcher: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m launch.LAUNCHER ARGV` as a user types it, from `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", f"launch.{launcher}", *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def rank_lines(out: str, marker: str) -> list[str]:
     return [line for line in out.splitlines() if marker in line]
 
@@ -134,16 +146,9 @@ def rank_lines(out: str, marker: str) -> list[str]:
         ("--local_ranks_filter=0", "--console-ranks"),
     ],
 )
-@pytest.mark.parametrize("launcher", ["local", "slurm", "k8s"])
-def test_torchruns_log_flags_are_answered_with_ours(launcher: str, flag: str, names: str, tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", f"launch.{launcher}", flag, "--dry-run", "--", "x.py"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@pytest.mark.parametrize("launcher_name", ["local", "slurm", "k8s"])
+def test_torchruns_log_flags_are_answered_with_ours(launcher_name: str, flag: str, names: str, tmp_path: Path) -> None:
+    out = launcher(launcher_name, flag, "--dry-run", "--", "x.py", cwd=tmp_path)
     assert out.returncode == 2, out
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("launch error: " + flag.partition("=")[0]), out.stderr
@@ -151,16 +156,9 @@ def test_torchruns_log_flags_are_answered_with_ours(launcher: str, flag: str, na
 
 
 @pytest.mark.parametrize("bad", ["a", "3-1", "1;reboot", ""])
-@pytest.mark.parametrize("launcher", ["local", "slurm", "k8s"])
-def test_a_bad_console_ranks_is_one_line_and_exit_2(launcher: str, bad: str, tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", f"launch.{launcher}", "--console-ranks", bad, "--dry-run", "--", "x.py"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@pytest.mark.parametrize("launcher_name", ["local", "slurm", "k8s"])
+def test_a_bad_console_ranks_is_one_line_and_exit_2(launcher_name: str, bad: str, tmp_path: Path) -> None:
+    out = launcher(launcher_name, "--console-ranks", bad, "--dry-run", "--", "x.py", cwd=tmp_path)
     assert out.returncode == 2, out
     assert "--console-ranks" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
@@ -177,14 +175,7 @@ def test_k8s_pods_inner_launcher_gets_the_console_and_hang_options() -> None:
 
 
 def test_k8s_hang_timeout_refuses_what_is_not_seconds(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "launch.k8s", "--hang-timeout", "nan", "--", "x.py"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = launcher("k8s", "--hang-timeout", "nan", "--", "x.py", cwd=tmp_path)
     assert out.returncode == 2 and "--hang-timeout" in out.stderr, out
 
 

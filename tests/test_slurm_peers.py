@@ -13,15 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.test_slurm_cluster import DEV_CLUSTER, REPO, requeue_records, slurm, wait_until
-from torchlaunch import runner
 
 pytestmark = pytest.mark.slurm
 
 PEERS = Path(os.environ.get("TORCHLAUNCH_PEERS_PYTHON", REPO / "bench" / ".venv-peers" / "bin" / "python"))
 if not PEERS.exists():
     PEERS = Path("/work/main/bench/.venv-peers/bin/python")
-SIGNALLED_THEN_ZERO = hasattr(runner, "SignalWatch")
-"""The runner turns "signalled, then exit 0" (Lightning's SIGTERMException) into 75."""
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +80,6 @@ def test_peer_framework_trains_on_two_nodes(cluster: str, tmp_path: Path, name: 
 @pytest.mark.timeout(500)
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_peer_framework_preempted_is_requeued_and_resumes(cluster: str, tmp_path: Path, name: str) -> None:
-    if name == "lightning" and not SIGNALLED_THEN_ZERO:
-        pytest.skip("Lightning ends 0 after SIGTERM: needs the runner's signalled-then-0 -> 75 rule")
     program, key, _ = PROGRAMS[name]
     run_dir = tmp_path / name
     proc = submit(run_dir, program, "--epochs", "40")

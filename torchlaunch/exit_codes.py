@@ -5,6 +5,9 @@ Kept free of torch imports so launchers can use it without loading torch.
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 OK = 0
 """The run finished."""
 
@@ -29,3 +32,19 @@ class ConfigError(BadInput):
     def __init__(self, key: str, problem: str, fix: str) -> None:
         super().__init__(f"config error: {key}: {problem} ({fix})")
         self.key = key
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose refusals are BadInput (one line, exit 2 where it is caught), not usage + message
+    with argparse's own exit: `<error_prefix><what argparse says> (see <prog> --help)`."""
+
+    error_prefix = ""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(f"{self.error_prefix}{message} (see {self.prog} --help)")
+
+
+class LaunchParser(ArgumentParser):
+    """The launchers' and operator commands' parser: `launch error: ...`, the launchers' one prefix."""
+
+    error_prefix = "launch error: "

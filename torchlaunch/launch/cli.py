@@ -28,10 +28,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from torchlaunch import runner
-from torchlaunch.exit_codes import BAD_INPUT, BadInput
+from torchlaunch.exit_codes import BAD_INPUT, BadInput, LaunchParser
 from torchlaunch.ops import ranklog, watchdog
 
-PREFIX = "launch error: "
+PREFIX = LaunchParser.error_prefix
 DOMAIN_LINE = re.compile(r"^[a-z][a-z0-9]* error: ")
 """A line that already names its domain (config error:, data error:, env error:, launch error:)."""
 
@@ -111,6 +111,10 @@ def translate(items: Sequence[str], known: Sequence[str]) -> list[str]:
         if any(n != "1" for n in nodes):
             raise error(f"--standalone runs one node, not --nnodes {nodes[-1]}; drop --standalone")
     return out
+
+
+Parser = LaunchParser
+"""Every launcher's parser: argparse's refusals are one `launch error:` line and exit 2, like ours."""
 
 
 def add_common(parser: argparse.ArgumentParser, *, run_dir_help: str, config_help: str) -> None:

@@ -431,7 +431,7 @@ def wait_for(endpoint: str, timeout_s: float, *, poll_s: float = 1.0) -> bool:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m launch.k8s",
         description="Render the Kubernetes manifests (Service, ConfigMap, PVC, "
         "Indexed Job) of a training run to stdout.",

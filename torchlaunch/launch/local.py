@@ -254,7 +254,7 @@ def available_cores() -> int:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m launch.local",
         usage="%(prog)s [options] --config YAML [key=value ...] | "
         "[options] -- SCRIPT.py [args] | [options] -- -m MODULE [args]",

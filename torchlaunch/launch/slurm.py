@@ -759,7 +759,7 @@ def exit_status(job: Any, state: str) -> int:
 
 
 def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespace]:
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog="python -m launch.slurm",
         description=__doc__.split("\n\n")[0],
         usage="%(prog)s [options] --config YAML [key=value ...] | "

@@ -21,18 +21,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO
 
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
+from torchlaunch.exit_codes import LaunchParser as Parser
 from torchlaunch.ops import gather, ranklog, record, state, watchdog
 from torchlaunch.ops.files import printable
 
 FOLLOW_POLL_S = 0.5
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise BadInput(f"launch error: {message} (see {self.prog} --help)")
 
 
 def _duration(seconds: float | None) -> str:
@@ -248,8 +244,8 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="python -m launch", description="Operate a launched job through its run dir.")
-    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    top = Parser(prog="python -m launch", description="Operate a launched job through its run dir.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("status", help="state, progress, checkpoint and ranks of one run")
     p.add_argument("run_dir")
     p.add_argument("--json", action="store_true")

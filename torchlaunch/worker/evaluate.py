@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import contract
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, ArgumentParser, BadInput
 
 CIFAR_FOLDER = "cifar-10-batches-py"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m train.evaluate",
         description="Top-1 accuracy of a checkpoint on CIFAR-10 batches or a folder of "
         "class folders; prints one JSON line.",
@@ -306,9 +306,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        report = run(args)
+        report = run(parse_args(sys.argv[1:] if argv is None else argv))
     except BadInput as e:
         if contract.is_main():  # every rank holds the same agreed message: print it once
             print(str(e).splitlines()[0], file=sys.stderr, flush=True)

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torchlaunch import config as config_mod
-from torchlaunch.exit_codes import OK, BadInput, ConfigError
+from torchlaunch.exit_codes import OK, ArgumentParser, BadInput, ConfigError
 from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m train", description="Train an image classifier (one rank).")
+    parser = ArgumentParser(prog="python -m train", description="Train an image classifier (one rank).")
     parser.add_argument("--config", help="recipe YAML or a resolved RUN_DIR/config.yaml")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, values parsed as YAML")
