@@ -16,6 +16,7 @@ from tests.conftest import run_cmd
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker import data as data_mod
+from torchlaunch.worker.data import imagefolder as imagefolder_reader  # the module that calls what is patched
 from torchlaunch.worker import folder_cache
 from torchlaunch.worker.data import BatchPlan, ImageSet, Normalizer, TrainLoader, augment, eval_shard
 
@@ -231,7 +232,7 @@ def test_decode_cache_is_reused_and_rebuilt_when_a_file_changes(
         decoded.extend(paths)
         return real_decode_all(paths, size)
 
-    monkeypatch.setattr(data_mod, "decode_all", counting_decode_all)
+    monkeypatch.setattr(imagefolder_reader, "decode_all", counting_decode_all)
     first = data_mod.load_bundle(cfg)
     assert len(decoded) == 8 and first.train.images is not None  # the tensor path
     assert len(list(cache.glob("imagefolder-*/images.npy"))) == 1
@@ -359,7 +360,7 @@ def test_worker_takes_the_prefetch_scan_once_and_loads_what_its_own_scan_gives(
     def no_scan(root: Path) -> None:
         raise AssertionError("scanned again")
 
-    monkeypatch.setattr(data_mod, "scan_imagefolder", no_scan)
+    monkeypatch.setattr(imagefolder_reader, "scan_imagefolder", no_scan)
     prefetched = data_mod.load_bundle(cfg)
     assert prefetched.classes == scanned.classes == ["a", "b", "c"]
     for a, b in ((prefetched.train, scanned.train), (prefetched.val, scanned.val)):

@@ -1,7 +1,7 @@
 """The public API for user training scripts: the project's guarantees for a plain PyTorch loop.
 
 A thin facade over the pieces the built-in worker uses (core.dist, core.checkpoint's Checkpointer,
-core.preemption and worker.data's batch plan); it adds no second implementation of the commit,
+core.preemption and core.sampler's batch plan); it adds no second implementation of the commit,
 checksum, retention, snapshot buffers, RNG capture or cross-rank agreement:
 
     with api.setup() as ctx:                         # process group from the env contract + signal flag
@@ -38,9 +38,9 @@ from torchlaunch import status as _status
 from torchlaunch.core import checkpoint as _ckpt
 from torchlaunch.core import dist as _dist
 from torchlaunch.core.preemption import PreemptionWatcher, agree
+from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.ops.progress import heartbeat
-from torchlaunch.worker.data import BatchPlan
 
 __all__ = [
     "BAD_INPUT",

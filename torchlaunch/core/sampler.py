@@ -1,0 +1,142 @@
+"""The global-step batch plan: which samples, and which augmentation draws, every rank gets at every
+(epoch, step).
+
+Determinism contract (what makes exact resume and world-size changes possible):
+- the global order of an epoch is a permutation that depends only on (seed, epoch);
+- global step s of an epoch is the slice perm[s*B:(s+1)*B] of that order (B = global batch);
+- rank r of W takes the r-th contiguous 1/W of that slice, split into micro-batches;
+- augmentation parameters (crop offsets or RandomResizedCrop variates, flips, cutout squares) are drawn
+  per global step from (seed, epoch, step) and sliced the same way.
+So the samples and augmentations in a global step do not depend on the world size at all, and
+resuming needs only (epoch, step within the epoch): no data is replayed.
+
+It lives in core (not in the worker's data package) because the public API (torchlaunch.api's
+resumable sampler) shares it without importing readers, decoders or PIL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from torchlaunch.config import ConfigError
+
+CROP_PADDING = 4
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers, identical in every process (unlike hash())."""
+    digest = hashlib.blake2b(b",".join(str(int(p)).encode() for p in parts), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which samples and augmentations each rank gets at every (epoch, step)."""
+
+    num_samples: int
+    global_batch: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+    micro_batch: int = 0
+    crop_padding: int = CROP_PADDING
+    flip: str = "random"
+    """`random`, `alternate` or `none` (see DataConfig.flip)."""
+    pad_mode: str = "zeros"
+    """`zeros` or `reflect`: how the random crop's border is filled."""
+    cutout: int = 0
+    """Side of the square blanked in every training image after crop and flip (0 = off)."""
+    image_size: int = 32
+    """Side of the training images: bounds where a cutout square may sit."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch % self.world_size:
+            raise ConfigError(
+                "train.batch_size",
+                f"{self.global_batch} is not divisible by the world size {self.world_size}",
+                f"use a multiple of {self.world_size}",
+            )
+        per_rank = self.global_batch // self.world_size
+        micro = self.micro_batch or per_rank
+        if micro > per_rank or per_rank % micro:
+            raise ConfigError(
+                "train.micro_batch_size",
+                f"{micro} does not divide the per-rank batch {per_rank} "
+                f"= batch_size {self.global_batch} / world size {self.world_size}",
+                f"use a divisor of {per_rank}",
+            )
+        if self.cutout > self.image_size:
+            raise ConfigError(
+                "data.cutout",
+                f"{self.cutout} is larger than the {self.image_size}-pixel images",
+                f"use a square of at most {self.image_size}, e.g. data.cutout=12, or 0 for off",
+            )
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                "train.batch_size",
+                f"{self.global_batch} is larger than the training set of {self.num_samples} samples",
+                "use a smaller batch",
+            )
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.world_size
+
+    @property
+    def micro(self) -> int:
+        return self.micro_batch or self.per_rank
+
+    @property
+    def accumulation(self) -> int:
+        return self.per_rank // self.micro
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch  # the last partial batch is dropped
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 1))
+        return torch.randperm(self.num_samples, generator=g)
+
+    def global_augmentation(
+        self, epoch: int, step: int, indices: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """(dy, dx, flip) for every sample of the global step, plus (cutout_y, cutout_x) corners when
+        `cutout` is on; `indices` (the step's global sample indices) are needed by the `alternate` flip,
+        which is a function of (sample, epoch). The cutout corners are drawn last from the same
+        generator, so turning cutout on leaves every crop and flip of a run unchanged."""
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, step, 2))
+        shifts = torch.randint(0, 2 * self.crop_padding + 1, (2, self.global_batch), generator=g)
+        flips = torch.randint(0, 2, (self.global_batch,), generator=g).bool()
+        if self.flip == "none":
+            flips = torch.zeros_like(flips)
+        elif self.flip == "alternate":
+            if indices is None:
+                raise ValueError("the alternate flip needs the step's sample indices")
+            flips = self.first_epoch_flips()[indices] ^ bool(epoch % 2)
+        if self.cutout <= 0:
+            return shifts[0], shifts[1], flips
+        corners = torch.randint(0, self.image_size - self.cutout + 1, (2, self.global_batch), generator=g)
+        return shifts[0], shifts[1], flips, corners[0], corners[1]
+
+    def first_epoch_flips(self) -> torch.Tensor:
+        """The `alternate` flip's per-sample coin, fixed by the seed; epoch e flips it e times."""
+        g = torch.Generator().manual_seed(mix_seed(self.seed, 3))
+        return torch.randint(0, 2, (self.num_samples,), generator=g).bool()
+
+    def rank_slice(self) -> slice:
+        return slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+
+    def step_indices(self, perm: torch.Tensor, step: int) -> torch.Tensor:
+        """Every rank's samples of global step `step`: slice step*B:(step+1)*B of the epoch's permutation."""
+        return perm[step * self.global_batch : (step + 1) * self.global_batch]
+
+    def rank_step(self, perm: torch.Tensor, epoch: int, step: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """This rank's sample indices and augmentation parameters at (epoch, step)."""
+        sl = self.rank_slice()
+        step_indices = self.step_indices(perm, step)
+        aug = tuple(t[sl] for t in self.global_augmentation(epoch, step, step_indices))
+        return step_indices[sl], aug
