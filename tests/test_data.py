@@ -16,9 +16,9 @@ from tests.conftest import run_cmd
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker import data as data_mod
-from torchlaunch.worker.data import imagefolder as imagefolder_reader  # the module that calls what is patched
 from torchlaunch.worker import folder_cache
 from torchlaunch.worker.data import BatchPlan, ImageSet, Normalizer, TrainLoader, augment, eval_shard
+from torchlaunch.worker.data import imagefolder as imagefolder_reader  # the module that calls what is patched
 
 # ------------------------------------------------------------------------------------------ helpers
 
