@@ -96,13 +96,17 @@ KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT",
 
 @dataclass
 class DataConfig:
-    name: str = field(default="synthetic", metadata=choice(("cifar10", "imagefolder", "synthetic"), plugin=True))
-    """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `synthetic`, or
+    name: str = field(
+        default="synthetic", metadata=choice(("cifar10", "imagefolder", "shards", "synthetic"), plugin=True)
+    )
+    """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `shards` (a tar
+    shard set written by `python -m train.shards write`: root holds manifest.json, train/, val/), `synthetic`, or
     your own as an import path `pkg.module:factory` (imported from the run's working directory or
     PYTHONPATH; the factory returns (train, val, classes), contract in train/plugins.py and
     examples/my_data.py)."""
     root: str = "data"
-    """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders."""
+    """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders; shards: the
+    shard set's folder."""
     download: bool = False
     """cifar10 only: download the batches into `root` when missing (needs internet)."""
     val_fraction: float = field(
@@ -133,6 +137,18 @@ class DataConfig:
     cutout: int = field(default=0, metadata=at_least(0, "use 0 for off, e.g. data.cutout=12"))
     """Cutout: blank one random N x N square of every training image (after crop and flip) to the
     channel mean; drawn per global step like the crops (0 = off; airbench96 uses 12 on 32x32 images)."""
+    # -- ImageNet-style crops (issue 27) --
+    train_crop: str = field(default="pad", metadata=choice(("pad", "resized")))
+    """Training crop: `pad` (pad by crop_padding, crop back to the image: CIFAR's translation crop) or
+    `resized` (torchvision's RandomResizedCrop, scale 0.08-1 and ratio 3/4-4/3, on the original-aspect
+    image, resized to image_size; needs a per-sample path: imagefolder with the pil loader, shards, or a
+    plug-in read per sample). Its variates are drawn per global step, so any world size sees the same boxes."""
+    val_resize: int = field(
+        default=0, metadata=at_least(0, "use 0 for the default, e.g. data.val_resize=256 for image_size 224")
+    )
+    """Evaluation on the per-sample path: resize the shorter side to this, then centre-crop image_size.
+    0 = round(image_size / 0.875) (256 for 224) when train_crop=resized, else squash to image_size."""
+    # -- end of the ImageNet-style crops --
     max_train_samples: int = field(default=0, metadata=at_least(0, "use 0 for all samples"))
     """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
     max_val_samples: int = field(default=0, metadata=at_least(0, "use 0 for all samples"))

@@ -24,6 +24,8 @@ import torch
 from torchlaunch.config import ConfigError
 
 CROP_PADDING = 4
+RESIZED_ATTEMPTS = 10
+"""RandomResizedCrop's tries at a box inside the image before its centre-crop fallback (torchvision's)."""
 
 
 def mix_seed(*parts: int) -> int:
@@ -51,6 +53,8 @@ class BatchPlan:
     """Side of the square blanked in every training image after crop and flip (0 = off)."""
     image_size: int = 32
     """Side of the training images: bounds where a cutout square may sit."""
+    train_crop: str = "pad"
+    """`pad` (the crop offsets dy, dx) or `resized` (RandomResizedCrop variates: see resized_variates)."""
 
     def __post_init__(self) -> None:
         if self.global_batch % self.world_size:
@@ -107,7 +111,9 @@ class BatchPlan:
         """(dy, dx, flip) for every sample of the global step, plus (cutout_y, cutout_x) corners when
         `cutout` is on; `indices` (the step's global sample indices) are needed by the `alternate` flip,
         which is a function of (sample, epoch). The cutout corners are drawn last from the same
-        generator, so turning cutout on leaves every crop and flip of a run unchanged."""
+        generator, so turning cutout on leaves every crop and flip of a run unchanged. With
+        train_crop=resized the first element is the (B, RESIZED_ATTEMPTS, 4) RandomResizedCrop variates
+        instead of (dy, dx): (variates, flip[, cutout_y, cutout_x]); the flips are the same draws."""
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, step, 2))
         shifts = torch.randint(0, 2 * self.crop_padding + 1, (2, self.global_batch), generator=g)
         flips = torch.randint(0, 2, (self.global_batch,), generator=g).bool()
@@ -117,10 +123,21 @@ class BatchPlan:
             if indices is None:
                 raise ValueError("the alternate flip needs the step's sample indices")
             flips = self.first_epoch_flips()[indices] ^ bool(epoch % 2)
+        crop: tuple[torch.Tensor, ...] = (shifts[0], shifts[1])
+        if self.train_crop == "resized":
+            crop = (self.resized_variates(epoch, step),)
         if self.cutout <= 0:
-            return shifts[0], shifts[1], flips
+            return (*crop, flips)
         corners = torch.randint(0, self.image_size - self.cutout + 1, (2, self.global_batch), generator=g)
-        return shifts[0], shifts[1], flips, corners[0], corners[1]
+        return (*crop, flips, corners[0], corners[1])
+
+    def resized_variates(self, epoch: int, step: int) -> torch.Tensor:
+        """Uniform [0, 1) float64 variates (B, RESIZED_ATTEMPTS, 4) of the step's RandomResizedCrops:
+        per attempt (scale, log-ratio, top, left). They do not depend on any image's size; the box is a
+        pure function of them and the image's (width, height) (worker.data.augment.resized_crop_box), so
+        a sample gets the same box at the same global step on any world size and number of workers."""
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, step, 4))
+        return torch.rand(self.global_batch, RESIZED_ATTEMPTS, 4, generator=g, dtype=torch.float64)
 
     def first_epoch_flips(self) -> torch.Tensor:
         """The `alternate` flip's per-sample coin, fixed by the seed; epoch e flips it e times."""

@@ -216,7 +216,8 @@ def start_prefetch(data: DataConfig, env: Mapping[str, str] | None = None) -> su
     builds the cache (local rank 0) and the folder may go through the tensor path. Call before
     importing torch; `finish_prefetch` before loading the data."""
     env = os.environ if env is None else env
-    if data.name != "imagefolder" or data.loader not in ("auto", "tensor") or contract.local_rank(env) != 0:
+    resized = data.train_crop == "resized" and data.loader == "auto"  # reads the files, never the cache
+    if data.name != "imagefolder" or data.loader not in ("auto", "tensor") or resized or contract.local_rank(env) != 0:
         return None
     argv = [sys.executable, "-m", "torchlaunch.worker.folder_cache", data.root, data.cache_dir, str(data.image_size)]
     try:

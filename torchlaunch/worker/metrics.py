@@ -147,8 +147,12 @@ class RunLog:
     def line(self, text: str) -> None:
         self.report.line(text)
 
-    def trace(self, step: int, epoch: int, world_size: int, indices: list[int]) -> None:
-        self.batches.write({"step": step, "epoch": epoch, "world_size": world_size, "indices": indices})
+    def trace(
+        self, step: int, epoch: int, world_size: int, indices: list[int], augmentation: dict[str, list] | None = None
+    ) -> None:
+        """One step's samples on this rank, with the augmentation each got (TrainLoader.step_trace)."""
+        record = {"step": step, "epoch": epoch, "world_size": world_size, "indices": indices}
+        self.batches.write({**record, **(augmentation or {})})
 
     def startup(self, step: int, epoch: int, startup_s: float, first_step_s: float) -> None:
         """This process's start-up figures, also shown in its first progress line."""

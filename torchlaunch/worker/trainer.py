@@ -37,13 +37,15 @@ from torchlaunch.core.dist import (
     ordered_allreduce_hook,
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
+from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
 from torchlaunch.ops.progress import heartbeat
 from torchlaunch.startup import process_age_s
 from torchlaunch.tools.debug import check_model_io
 from torchlaunch.worker import eval_loop
-from torchlaunch.worker.data import BatchPlan, DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
+from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
+from torchlaunch.worker.data.augment import val_resize_for
 from torchlaunch.worker.faults import FaultSignal
 from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead
@@ -136,6 +138,7 @@ class Trainer:
             cfg.data.pad_mode,
             cutout=cfg.data.cutout,
             image_size=data.image_size,
+            train_crop=cfg.data.train_crop,
         )
         total = self.plan.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
@@ -187,8 +190,17 @@ class Trainer:
             else None
         )
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
+        self.val_resize = val_resize_for(data.image_size, cfg.data.val_resize, cfg.data.train_crop)
         self.loader = TrainLoader(
-            data.train, self.plan, normalize, self.device, cfg.data.augment, cfg.data.num_workers, data.image_size
+            data.train,
+            self.plan,
+            normalize,
+            self.device,
+            cfg.data.augment,
+            cfg.data.num_workers,
+            data.image_size,
+            trace=cfg.debug.trace_batches,
+            val_resize=self.val_resize,
         )
         self.progress = Progress()
         self.fault = FaultSignal.from_env(ctx.rank)
@@ -413,6 +425,7 @@ class Trainer:
             self.device,
             self.data.image_size,
             0,
+            self.val_resize,
         )
         n_batches = math.ceil(max(1, len(self.data.val) // self.ctx.world_size + 1) / batch)
 
@@ -479,7 +492,7 @@ class Trainer:
         for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
             if perm is not None:  # debug.trace_batches: host-side indices, no device read
                 indices = self.plan.rank_step(perm, p.epoch, step)[0].tolist()
-                log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices)
+                log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices, self.loader.step_trace)
             started = time.perf_counter() if first_step else 0.0
             window.add(self.train_step(micro))
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1

@@ -4,7 +4,12 @@ resize + centre crop)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
+import numpy as np
 import torch
+from PIL import Image
 
 from torchlaunch.core.sampler import CROP_PADDING
 
@@ -56,3 +61,79 @@ class Normalizer:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         x = images.to(torch.float32) * self.scale - self.shift
         return x.contiguous(memory_format=self.memory_format)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-sample boxes (the per-sample path: original-aspect images decoded in DataLoader workers)
+
+RESIZED_SCALE = (0.08, 1.0)
+RESIZED_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
+def resized_crop_box(variates: Sequence[Sequence[float]], width: int, height: int) -> tuple[int, int, int, int]:
+    """(left, top, w, h) of torchvision's RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) on a
+    width x height image, from the plan's uniform variates (one (scale, log-ratio, top, left) row per
+    attempt): the same arithmetic as torchvision's get_params with its random draws replaced by these,
+    so it is a pure function of (variates, width, height). An attempt whose box does not fit is
+    skipped; after the last one, the centre crop with the ratio clamped."""
+    area = width * height
+    lo, hi = math.log(RESIZED_RATIO[0]), math.log(RESIZED_RATIO[1])
+    for u_scale, u_ratio, u_top, u_left in variates:
+        target = area * (RESIZED_SCALE[0] + (RESIZED_SCALE[1] - RESIZED_SCALE[0]) * float(u_scale))
+        aspect = math.exp(lo + (hi - lo) * float(u_ratio))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = min(int(float(u_top) * (height - h + 1)), height - h)
+            left = min(int(float(u_left) * (width - w + 1)), width - w)
+            return left, top, w, h
+    ratio = width / height
+    if ratio < RESIZED_RATIO[0]:
+        w, h = width, round(width / RESIZED_RATIO[0])
+    elif ratio > RESIZED_RATIO[1]:
+        w, h = round(height * RESIZED_RATIO[1]), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def val_resize_for(image_size: int, val_resize: int, train_crop: str) -> int:
+    """The evaluation's shorter-side resize: data.val_resize, else round(image_size / 0.875) (256 for
+    224, the reference ImageNet evaluation) with the resized crop, else 0 (squash to the square)."""
+    if val_resize:
+        return val_resize
+    return round(image_size / 0.875) if train_crop == "resized" else 0
+
+
+def centre_box(width: int, height: int, image_size: int, resize: int) -> tuple[float, float, float, float]:
+    """(left, top, w, h) in the original image of "resize the shorter side to `resize`, centre-crop
+    image_size": the same region, so one resampling (box -> image_size) gives that view without the
+    intermediate image."""
+    side = image_size * min(width, height) / resize
+    w, h = min(side, width), min(side, height)
+    return (width - w) / 2, (height - h) / 2, w, h
+
+
+def draft_request(width: int, height: int, box_w: float, box_h: float, image_size: int) -> tuple[int, int]:
+    """The smallest whole-image size at which the box still holds image_size x image_size pixels: a
+    JPEG then decodes at the largest DCT reduction (1/2, 1/4, 1/8) no smaller than this, which changes
+    pixels only as much as downscaling before the resize does, never the box."""
+    return math.ceil(width * image_size / box_w), math.ceil(height * image_size / box_h)
+
+
+def crop_resize(
+    im: Image.Image, width: int, height: int, box: tuple[float, float, float, float], image_size: int, flip: bool
+) -> torch.Tensor:
+    """The box (in the original width x height coordinates) of `im` (which may be a draft-scaled decode
+    of that image) resized to image_size x image_size (bilinear, PIL's antialiasing: torchvision's PIL
+    path), optionally mirrored, as uint8 (3, S, S)."""
+    sx, sy = im.width / width, im.height / height
+    left, top, w, h = box
+    out = im.resize(
+        (image_size, image_size),
+        Image.Resampling.BILINEAR,
+        box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy),
+    )
+    if flip:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.asarray(out, dtype=np.uint8).copy()).permute(2, 0, 1)

@@ -82,6 +82,8 @@ def folder_images(cfg: DataConfig) -> tuple[ImageSet, list[str]]:
     or file paths (pil loader, for images of any size). Training and evaluation share this."""
     root = Path(cfg.root).expanduser()
     loader = cfg.loader
+    if loader == "auto" and cfg.train_crop == "resized":  # original-aspect files, never the square cache
+        loader = "pil"
     cache_dir = Path(cfg.cache_dir).expanduser()
     index = take_prefetched(root, cache_dir) if loader in ("auto", "tensor") else None
     if index is not None:  # the start-up prefetch scanned the folder while torch was imported

@@ -3,14 +3,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
+from PIL import Image
 
+from torchlaunch.config import ConfigError
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.worker.data.augment import Normalizer, augment, cutout
+from torchlaunch.worker.data.augment import (
+    Normalizer,
+    augment,
+    centre_box,
+    crop_resize,
+    cutout,
+    draft_request,
+    resized_crop_box,
+)
 from torchlaunch.worker.data.base import ImageSet, SampleReader, decode_image
+from torchlaunch.worker.folder_cache import DECODE_ERRORS, decode_error
 
 
 class _FileDataset(torch.utils.data.Dataset):
@@ -28,6 +40,65 @@ class _FileDataset(torch.utils.data.Dataset):
         return decode_image(self.files[i], self.size), int(self.labels[i])
 
 
+BoxFn = Callable[[int, int], tuple[float, float, float, float]]
+
+
+def load_box(
+    source: list[str] | SampleReader, i: int, box_of: BoxFn, size: int, flip: bool
+) -> tuple[torch.Tensor, tuple]:
+    """Sample i cropped to box_of(width, height) and resized to size x size (optionally mirrored), with
+    the box. The box is computed from the image's size BEFORE its pixels are decoded (header or index),
+    so a JPEG can decode at the DCT scale the box allows (augment.draft_request)."""
+    if isinstance(source, SampleReader):
+        known = source.size(i)
+        if known is None:
+            im = source.open(i)
+            width, height = im.size
+            box = box_of(width, height)
+        else:
+            width, height = known
+            box = box_of(width, height)
+            im = source.open(i, draft_request(width, height, box[2], box[3], size))
+        return crop_resize(im, width, height, box, size, flip), box
+    path = source[i]
+    try:
+        with Image.open(path) as lazy:
+            width, height = lazy.size
+            box = box_of(width, height)
+            if lazy.format == "JPEG":
+                lazy.draft("RGB", draft_request(width, height, box[2], box[3], size))
+            im = lazy.convert("RGB")
+    except DECODE_ERRORS as e:
+        raise decode_error(path, e) from None
+    return crop_resize(im, width, height, box, size, flip), box
+
+
+class _BoxDataset(torch.utils.data.Dataset):
+    """The per-sample path without squashing: item (i, variates, flip) is sample i under the
+    RandomResizedCrop box of those variates (training), item (i, None, False) the evaluation's
+    resize-shorter-side + centre crop (`resize`). Returns (uint8 image, label, box (left, top, w, h))."""
+
+    def __init__(self, files: list[str] | SampleReader, labels: torch.Tensor, size: int, resize: int) -> None:
+        self.files, self.labels, self.size, self.resize = files, labels, size, resize
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, item: tuple[int, Any, bool]) -> tuple[torch.Tensor, int, torch.Tensor]:
+        i, variates, flip = item
+        if variates is None:
+
+            def box_of(w: int, h: int) -> tuple[float, float, float, float]:
+                return centre_box(w, h, self.size, self.resize)
+        else:
+
+            def box_of(w: int, h: int) -> tuple[float, float, float, float]:
+                return resized_crop_box(variates, w, h)
+
+        image, box = load_box(self.files, i, box_of, self.size, flip)
+        return image, int(self.labels[i]), torch.tensor(box, dtype=torch.float64)
+
+
 def _reraise_bad_input(e: Exception) -> None:
     """DataLoader workers wrap exceptions in a traceback text; recover our one-line message."""
     for line in str(e).splitlines():
@@ -37,7 +108,10 @@ def _reraise_bad_input(e: Exception) -> None:
 
 
 class TrainLoader:
-    """Yields this rank's micro-batches for each step of an epoch, from any starting step."""
+    """Yields this rank's micro-batches for each step of an epoch, from any starting step.
+
+    With `trace` on, `step_trace` holds the augmentation each yielded step's samples got (pad: dy, dx,
+    flip; resized: the resolved box (left, top, w, h) and flip), for debug.trace_batches."""
 
     def __init__(
         self,
@@ -48,9 +122,21 @@ class TrainLoader:
         augment_on: bool,
         num_workers: int,
         image_size: int,
+        trace: bool = False,
+        val_resize: int = 0,
     ) -> None:
         self.data, self.plan, self.normalize, self.device = data, plan, normalize, device
         self.augment_on, self.num_workers, self.image_size = augment_on, num_workers, image_size
+        self.trace, self.val_resize = trace, val_resize
+        self.step_trace: dict[str, list] = {}
+        self.resized = plan.train_crop == "resized"
+        if self.resized and data.images is not None:
+            raise ConfigError(
+                "data.train_crop",
+                "resized crops the original-aspect images of the per-sample path, and this training set is "
+                "decoded into memory at one size",
+                "use data.train_crop=pad, or data.name=shards, or data.name=imagefolder with data.loader=pil",
+            )
         self.images = data.images
         if self.images is not None and device.type == "cuda":
             self.images = self.images.to(device)  # the whole uint8 set fits easily on a GPU
@@ -64,6 +150,8 @@ class TrainLoader:
         if self.images is not None:
             for step in steps:
                 idx, aug = self.plan.rank_step(perm, epoch, step)
+                if self.trace:
+                    self.step_trace = {"dy": aug[0].tolist(), "dx": aug[1].tolist(), "flip": aug[2].tolist()}
                 idx, *aug = (self._to_device(t) for t in (idx, *aug))
                 yield step, self._micro_batches(self.images.index_select(0, idx), self.labels.index_select(0, idx), aug)
             return
@@ -76,18 +164,37 @@ class TrainLoader:
             return t
         return t.pin_memory().to(self.images.device, non_blocking=True)
 
+    def _items(self, perm: torch.Tensor, epoch: int, step: int) -> list:
+        """The DataLoader's items of one step: sample indices, or with the resized crop (index, the
+        sample's crop variates, flip) so workers resolve the box where the image is decoded."""
+        idx, aug = self.plan.rank_step(perm, epoch, step)
+        if not self.resized:
+            return idx.tolist()
+        if not self.augment_on:
+            return [(i, None, False) for i in idx.tolist()]
+        variates, flips = aug[0].numpy(), aug[1].tolist()
+        return [(i, variates[k], flips[k]) for k, i in enumerate(idx.tolist())]
+
     def _file_epoch(self, perm: torch.Tensor, epoch: int, steps: range) -> Iterator:
-        batches = [self.plan.rank_step(perm, epoch, s)[0].tolist() for s in steps]
+        batches = [self._items(perm, epoch, s) for s in steps]
+        if self.resized:
+            resize = self.val_resize or round(self.image_size / 0.875)  # augment off: the evaluation view
+            dataset: torch.utils.data.Dataset = _BoxDataset(self.data.files, self.data.labels, self.image_size, resize)
+        else:
+            dataset = _FileDataset(self.data.files, self.data.labels, self.image_size)
         loader = torch.utils.data.DataLoader(
-            _FileDataset(self.data.files, self.data.labels, self.image_size),
+            dataset,
             batch_sampler=batches,
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
             multiprocessing_context="fork" if self.num_workers else None,
         )
         try:
-            for step, (images, labels) in zip(steps, loader, strict=True):
+            for step, batch in zip(steps, loader, strict=True):
                 _, aug = self.plan.rank_step(perm, epoch, step)
+                images, labels = batch[0], batch[1]
+                if self.trace:
+                    self.step_trace = self._trace(batch, aug)
                 yield (
                     step,
                     self._micro_batches(
@@ -98,12 +205,21 @@ class TrainLoader:
             _reraise_bad_input(e)
             raise
 
+    def _trace(self, batch: list, aug: tuple[torch.Tensor, ...]) -> dict[str, list]:
+        if not self.resized:
+            return {"dy": aug[0].tolist(), "dx": aug[1].tolist(), "flip": aug[2].tolist()}
+        flips = aug[1].tolist() if self.augment_on else [False] * len(batch[2])
+        return {"box": [[round(v, 3) for v in b] for b in batch[2].tolist()], "flip": flips}
+
     def _micro_batches(
         self, images: torch.Tensor, labels: torch.Tensor, aug: tuple[torch.Tensor, ...]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        dy, dx, flip, *box = aug
-        if self.augment_on:
-            images = augment(images, dy, dx, flip, padding=self.plan.crop_padding, pad_mode=self.plan.pad_mode)
+        if self.resized:  # cropped, resized and flipped in the workers already
+            box = list(aug[2:])
+        else:
+            dy, dx, flip, *box = aug
+            if self.augment_on:
+                images = augment(images, dy, dx, flip, padding=self.plan.crop_padding, pad_mode=self.plan.pad_mode)
         x = self.normalize(images)
         if self.augment_on and box:
             x = cutout(x, box[0], box[1], self.plan.cutout)
@@ -125,7 +241,10 @@ def eval_batches(
     device: torch.device,
     image_size: int,
     num_workers: int = 0,
+    val_resize: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's evaluation shard in batches. The per-sample path squashes each image to the square,
+    or with `val_resize` > 0 resizes its shorter side to that and centre-crops image_size."""
     shard = eval_shard(len(data), rank, world_size)
     if data.images is not None:
         for start in range(shard.start, shard.stop, batch):
@@ -133,12 +252,14 @@ def eval_batches(
             yield normalize(data.images[start:stop].to(device)), data.labels[start:stop].to(device)
         return
     index_batches = [list(range(s, min(s + batch, shard.stop))) for s in range(shard.start, shard.stop, batch)]
-    loader = torch.utils.data.DataLoader(
-        _FileDataset(data.files, data.labels, image_size), batch_sampler=index_batches, num_workers=num_workers
-    )
+    dataset: torch.utils.data.Dataset = _FileDataset(data.files, data.labels, image_size)
+    if val_resize > 0:
+        dataset = _BoxDataset(data.files, data.labels, image_size, val_resize)
+        index_batches = [[(i, None, False) for i in b] for b in index_batches]
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=index_batches, num_workers=num_workers)
     try:
-        for images, labels in loader:
-            yield normalize(images.to(device)), labels.to(device)
+        for batch in loader:
+            yield normalize(batch[0].to(device)), batch[1].to(device)
     except Exception as e:  # noqa: BLE001
         _reraise_bad_input(e)
         raise
