@@ -1,0 +1,83 @@
+"""Exact resume of the ImageNet recipe's data path (issue 27): a run on original-aspect JPEGs with
+data.train_crop=resized, interrupted mid-epoch on 2 ranks and resumed on 3, and on 4 resumed on 3, with
+different data.num_workers, draws in every remaining global step the same samples with the same crop
+boxes and flips as one uninterrupted 3-rank run (from the batch trace), every rank taking its share of
+every step. Real torchrun on CPU (gloo) through launch.local; one reference run for both cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import launcher
+from tests.test_resized_crop import write_jpegs
+
+pytestmark = pytest.mark.slow
+
+# 60 JPEGs -> 54 train / 6 val; batch 12 (divisible by 2, 3, 4) -> 4 steps per epoch, 2 epochs = 8 steps
+TINY = [
+    "model.width=4",
+    "data.name=imagefolder",
+    "data.image_size=32",
+    "data.train_crop=resized",
+    "data.loader=pil",
+    "train.batch_size=12",
+    "train.epochs=2",
+    "train.log_every_steps=2",
+    "checkpoint.every_steps=100",
+    "debug.trace_batches=true",
+]
+TOTAL_STEPS = 8
+
+
+def run(run_dir: Path, root: Path, gpus: int, workers: int, env: dict | None = None):
+    args = ["--gpus", str(gpus), "--config", "configs/smoke.yaml", f"run_dir={run_dir}", f"data.root={root}"]
+    return launcher([*args, f"data.cache_dir={root}.cache", f"data.num_workers={workers}", *TINY], env=env)
+
+
+def traced(run_dir: Path) -> dict[int, list]:
+    """global step -> sorted (index, box, flip) of every sample any rank trained on, and the ranks
+    that logged it (each must have a share of every step)."""
+    steps: dict[int, list] = {}
+    ranks: dict[int, set] = {}
+    for f in sorted((run_dir / "trace").glob("rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            assert len(rec["indices"]) == 12 // rec["world_size"] == len(rec["box"]) == len(rec["flip"])
+            steps.setdefault(rec["step"], []).extend(zip(rec["indices"], map(tuple, rec["box"]), rec["flip"]))
+            ranks.setdefault(rec["step"], set()).add((rec["world_size"], f.name))
+    for step, seen in ranks.items():
+        world = {w for w, _ in seen}
+        assert len(world) == 1 and len(seen) == world.pop(), f"step {step}: ranks {seen}"
+    return {k: sorted(v) for k, v in steps.items()}
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("jpegs") / "imgs"
+    write_jpegs(root, classes=3, per_class=20)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, jpegs: Path) -> dict[int, list]:
+    run_dir = tmp_path_factory.mktemp("reference")
+    done = run(run_dir, jpegs, gpus=3, workers=0)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return traced(run_dir)
+
+
+@pytest.mark.parametrize("before,after,workers", [(2, 3, (1, 3)), (4, 3, (0, 1))], ids=["2to3", "4to3"])
+def test_resume_on_another_world_size_draws_the_same_crops(
+    tmp_path: Path, jpegs: Path, reference: dict, before: int, after: int, workers: tuple[int, int]
+) -> None:
+    assert sorted(reference) == list(range(1, TOTAL_STEPS + 1))
+    first = run(tmp_path, jpegs, before, workers[0], env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=2,rank=0"})
+    assert first.returncode == 75, first.stderr[-2000:]
+    second = run(tmp_path, jpegs, after, workers[1])
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resumed from" in second.stdout + second.stderr
+    resumed = traced(tmp_path)
+    assert resumed == reference  # every global step: the same samples, boxes and flips
