@@ -46,7 +46,9 @@ def traced(run_dir: Path) -> dict[int, list]:
         for line in f.read_text().splitlines():
             rec = json.loads(line)
             assert len(rec["indices"]) == 12 // rec["world_size"] == len(rec["box"]) == len(rec["flip"])
-            steps.setdefault(rec["step"], []).extend(zip(rec["indices"], map(tuple, rec["box"]), rec["flip"]))
+            steps.setdefault(rec["step"], []).extend(
+                zip(rec["indices"], map(tuple, rec["box"]), rec["flip"], strict=True)
+            )
             ranks.setdefault(rec["step"], set()).add((rec["world_size"], f.name))
     for step, seen in ranks.items():
         world = {w for w, _ in seen}
