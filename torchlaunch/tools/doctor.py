@@ -276,6 +276,17 @@ def plugin_facts(config: str | None, overrides: list[str]) -> list[dict[str, Any
     from torchlaunch.worker import plugins
 
     found = []
+    if cfg.data.name == "shards":  # the shard set's indexes, classes and first samples, as the pre-check reads them
+        import pathlib
+
+        from torchlaunch.worker.datacheck import check_shards
+
+        root = pathlib.Path(cfg.data.root).expanduser()
+        try:
+            check_shards(root)
+            found.append({"key": "data.root", "name": "shard set", "ok": True, "file": str(root), "error": None})
+        except BadInput as exc:
+            found.append({"key": "data.root", "name": "shard set", "ok": False, "file": None, "error": str(exc)})
     for key, name in (("model.name", cfg.model.name), ("data.name", cfg.data.name)):
         if not plugins.is_plugin(name):
             continue

@@ -87,10 +87,13 @@ def check_data(cfg: DataConfig, *, local: bool) -> None:
     local=False (Slurm, Kubernetes): the data may live only where the job runs, so a root that is not
     visible here is not judged, and CIFAR-10's download is not probed (compute nodes may be online).
     Plug-in datasets (`data.name=pkg.mod:factory`) are the plug-in's business and pass through."""
-    if cfg.name not in ("cifar10", "imagefolder"):
+    if cfg.name not in ("cifar10", "imagefolder", "shards"):
         return
     root = Path(cfg.root).expanduser()
     if not local and not root.exists():
+        return
+    if cfg.name == "shards":
+        check_shards(root)
         return
     if cfg.name == "cifar10":
         check_cifar10(cfg, probe=local)
@@ -103,3 +106,25 @@ def check_data(cfg: DataConfig, *, local: bool) -> None:
             f"data error: {cfg.root} has only {len(files)} image(s); need at least 2 to hold "
             f"out a validation split (add images)"
         )
+
+
+def check_shards(root: Path) -> None:
+    """A shard set every rank can open: train/ and val/ present with indexes matching their shards
+    (ShardSet.open checks them), the same classes in both, at least 2, and the first sample of each
+    split decodable. Reads two samples, not the set: a member damaged further in is named by the
+    worker that reads it (and by `python -m train.shards verify`)."""
+    from torchlaunch.shards import ShardSet, decode  # numpy + PIL, no torch
+
+    splits = {name: ShardSet.open(root / name) for name in ("train", "val")}
+    train, val = splits["train"], splits["val"]
+    if list(train.classes) != list(val.classes) or len(train.classes) < 2:
+        raise BadInput(
+            f"data error: {root}: train/ has {len(train.classes)} classes and val/ {len(val.classes)}; both need "
+            "the same list of at least 2 (rewrite the set with python -m train.shards write)"
+        )
+    for s in (train, val):
+        if len(s) == 0:
+            raise BadInput(
+                f"data error: {s.folder} holds no samples (rewrite the set with python -m train.shards write)"
+            )
+        decode(s.read(0), s.where(0), None)

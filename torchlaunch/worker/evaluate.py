@@ -50,9 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--data-name",
-        choices=("auto", "cifar10", "imagefolder"),
+        choices=("auto", "cifar10", "imagefolder", "shards"),
         default="auto",
-        help=f"auto: cifar10 when DATA_ROOT/{CIFAR_FOLDER} exists, else imagefolder",
+        help=f"auto: cifar10 when DATA_ROOT/{CIFAR_FOLDER} exists, shards when DATA_ROOT/manifest.json does "
+        "(its val/ split is evaluated), else imagefolder",
     )
     p.add_argument(
         "--batch-size",
@@ -141,7 +142,9 @@ def load_checkpoint(path: Path, trust_plugin: bool = False) -> dict[str, Any]:
 def detect_data_name(root: Path, requested: str) -> str:
     if requested != "auto":
         return requested
-    return "cifar10" if (root / CIFAR_FOLDER).is_dir() else "imagefolder"
+    if (root / CIFAR_FOLDER).is_dir():
+        return "cifar10"
+    return "shards" if (root / "manifest.json").is_file() else "imagefolder"
 
 
 def load_cifar10_test(root: Path) -> tuple[Any, list[str]]:
@@ -193,6 +196,11 @@ def load_eval_set(
     name = detect_data_name(root, data_name)
     if name == "cifar10":
         images, classes = load_cifar10_test(root)
+    elif name == "shards":  # the set's own held-out split, either --split
+        from torchlaunch.worker.data.shards import open_splits, shard_split
+
+        _, val = open_splits(root)
+        images, classes = shard_split(val), list(val.classes)
     elif split == "val":
         bundle = load_imagefolder(replace(cfg, root=str(root)))
         images, classes = bundle.val, bundle.classes
@@ -252,7 +260,12 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, 
     autocast = (lambda: torch.autocast(ctx.device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     norm = state["norm"]
     normalize = Normalizer(tuple(norm["mean"]), tuple(norm["std"]), ctx.device, cfg.train.channels_last)
-    batches = eval_batches(data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device, cfg.data.image_size, 0)
+    from torchlaunch.worker.data.augment import val_resize_for
+
+    resize = val_resize_for(cfg.data.image_size, cfg.data.val_resize, cfg.data.train_crop)  # as the run validated
+    batches = eval_batches(
+        data, ctx.rank, ctx.world_size, batch_size, normalize, ctx.device, cfg.data.image_size, 0, resize
+    )
     result = eval_loop.evaluate(model, batches, ctx, autocast, tta)
     assert result is not None  # no stop condition: always a result
     return result

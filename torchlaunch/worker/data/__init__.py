@@ -40,6 +40,7 @@ from torchlaunch.worker.data.imagefolder import (
 )
 from torchlaunch.worker.data.loaders import TrainLoader, eval_batches, eval_shard
 from torchlaunch.worker.data.plugin import PluginSamples, available_memory, load_plugin, plugin_labels, plugin_split
+from torchlaunch.worker.data.shards import ShardSamples, load_shards
 from torchlaunch.worker.data.synthetic import make_synthetic
 from torchlaunch.worker.datacheck import cifar10_missing_message
 from torchlaunch.worker.folder_cache import (
@@ -68,6 +69,7 @@ __all__ = [
     "Normalizer",
     "PluginSamples",
     "SampleReader",
+    "ShardSamples",
     "TrainLoader",
     "augment",
     "available_memory",
@@ -90,6 +92,7 @@ __all__ = [
     "load_cifar10",
     "load_imagefolder",
     "load_plugin",
+    "load_shards",
     "make_synthetic",
     "mix_seed",
     "open_file",
@@ -111,6 +114,8 @@ def load_bundle(cfg: DataConfig) -> DataBundle:
         bundle = load_cifar10(cfg)
     elif is_plugin(cfg.name):
         bundle = load_plugin(cfg)
+    elif cfg.name == "shards":
+        bundle = load_shards(cfg)
     else:
         bundle = load_imagefolder(cfg)
     bundle.train = bundle.train.head(cfg.max_train_samples)

@@ -11,6 +11,7 @@ from PIL import Image
 
 from torchlaunch.config import ConfigError, DataConfig
 from torchlaunch.worker.data.base import DataBundle, ImageSet, SampleReader, channel_stats
+from torchlaunch.worker.data.shards import is_shard_set, probe_stats, shard_split
 
 
 class PluginSamples(SampleReader):
@@ -109,10 +110,21 @@ def load_plugin(cfg: DataConfig) -> DataBundle:
 
     found = plugins.load_data(cfg.name, cfg.root, cfg.image_size)
     size, k = cfg.image_size, len(found.classes)
+    if is_shard_set(found.train) or is_shard_set(found.val):  # shard storage: read per sample, never in memory
+        train = shard_split(found.train, cfg.max_train_samples) if is_shard_set(found.train) else None
+        val = shard_split(found.val, cfg.max_val_samples) if is_shard_set(found.val) else None
+        if train is None or val is None:
+            raise ConfigError(
+                "data.name", f"{cfg.name!r}: one split is a shard set and the other is not", "return both as ShardSets"
+            )
+        mean, std = probe_stats(train, size)
+        return DataBundle(train, val, list(found.classes), mean, std, size)
     n_train = min(len(found.train), cfg.max_train_samples or len(found.train))
     n_val = min(len(found.val), cfg.max_val_samples or len(found.val))
     in_memory = cfg.loader == "tensor" or (
-        cfg.loader == "auto" and (n_train + n_val) * 3 * size * size <= available_memory() // 4
+        cfg.loader == "auto"
+        and cfg.train_crop != "resized"  # the resized crop needs each image at its own size
+        and (n_train + n_val) * 3 * size * size <= available_memory() // 4
     )
     train = plugin_split(cfg.name, "train", found.train, n_train, size, k, in_memory)
     val = plugin_split(cfg.name, "val", found.val, n_val, size, k, in_memory)

@@ -1,0 +1,95 @@
+"""The `shards` reader: a tar shard set (torchlaunch.shards) read by random access, sample by sample,
+in DataLoader workers. `data.root` holds manifest.json, train/ and val/ (python -m train.shards write).
+
+A shard set is never decoded into memory: the point of shards is data that does not fit there. Each
+sample's (width, height) comes from the index, so a RandomResizedCrop box is resolved before its
+bytes are decoded and the JPEG can decode at the DCT scale the box allows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from torchlaunch.config import DataConfig
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.worker.data.base import DataBundle, ImageSet, SampleReader, channel_stats
+
+STATS_PROBE = 64
+"""Images decoded (evenly spaced, squashed to image_size) for the normalisation's mean and std: a
+few dozen give the channel means to ~1e-2, and start-up must not read thousands."""
+
+
+class ShardSamples(SampleReader):
+    """Positions of a ShardSet (the reader interface over torchlaunch.shards.ShardSet): position i is
+    sample index[i] of the set. Pickles cheaply into DataLoader workers (the set reopens its file
+    descriptors per process)."""
+
+    def __init__(self, shards: Any, index: np.ndarray | None = None) -> None:
+        self.shards = shards
+        self.index = np.arange(len(shards), dtype=np.int64) if index is None else index
+        self.fingerprint = shards.fingerprint
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def subset(self, positions: list[int]) -> ShardSamples:
+        return ShardSamples(self.shards, self.index[np.asarray(positions, dtype=np.int64)])
+
+    def open(self, i: int, draft_to: tuple[int, int] | None = None) -> Image.Image:
+        from torchlaunch.shards import decode
+
+        j = int(self.index[i])
+        return decode(self.shards.read(j), self.shards.where(j), draft_to)
+
+    def size(self, i: int) -> tuple[int, int]:
+        w, h = self.shards.sizes[int(self.index[i])]
+        return int(w), int(h)
+
+    def where(self, i: int) -> str:
+        return self.shards.where(int(self.index[i]))
+
+    def labels(self) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.shards.labels, dtype=np.int64)[self.index])
+
+
+def is_shard_set(obj: Any) -> bool:
+    """A ShardSet-like split (what a plug-in factory may return as storage): labels, sizes, read, where."""
+    return all(hasattr(obj, a) for a in ("labels", "sizes", "read", "where", "fingerprint"))
+
+
+def shard_split(shards: Any, n: int = 0) -> ImageSet:
+    """The first n samples (0 = all) of a ShardSet as the per-sample ImageSet."""
+    samples = ShardSamples(shards)
+    if n and n < len(samples):
+        samples = samples.subset(list(range(n)))
+    return ImageSet(labels=samples.labels(), files=samples)
+
+
+def probe_stats(train: ImageSet, size: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    step = max(1, len(train) // STATS_PROBE)
+    return channel_stats(torch.stack([train.decode(i, size) for i in range(0, len(train), step)][:STATS_PROBE]))
+
+
+def open_splits(root: Path) -> tuple[Any, Any]:
+    """The train and val ShardSets under root; ShardError (one line, exit 2) names what is wrong."""
+    from torchlaunch.shards import ShardSet
+
+    train, val = ShardSet.open(root / "train"), ShardSet.open(root / "val")
+    if list(train.classes) != list(val.classes):
+        raise BadInput(
+            f"data error: {root}: train/ names {len(train.classes)} classes and val/ {len(val.classes)} "
+            "(or in another order) (rewrite the set with python -m train.shards write)"
+        )
+    return train, val
+
+
+def load_shards(cfg: DataConfig) -> DataBundle:
+    root = Path(cfg.root).expanduser()
+    train_set, val_set = open_splits(root)
+    train, val = shard_split(train_set), shard_split(val_set)
+    mean, std = probe_stats(train, cfg.image_size)
+    return DataBundle(train, val, list(train_set.classes), mean, std, cfg.image_size)
