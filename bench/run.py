@@ -24,11 +24,24 @@ from pathlib import Path
 
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loop, peers, progress, proposals, startup, tta, userscript
+from bench import amp, ckpt, datapath, ddp, loader224, loop, peers, progress, proposals, startup, tta, userscript
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
 from torchlaunch.worker.precision import cpu_model
 
-ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "progress", "peers", "proposals", "tta")
+ALL = (
+    "loop",
+    "datapath",
+    "loader224",
+    "amp",
+    "ddp",
+    "ckpt",
+    "startup",
+    "userscript",
+    "progress",
+    "peers",
+    "proposals",
+    "tta",
+)
 DOCS = REPO / "docs"
 NO_CPU = "not recorded (measured before 2026-12-01)"
 
@@ -69,6 +82,8 @@ def run_selected(
         keep(record("loop", lambda: loop.run(quick=quick)))
     if "datapath" in names:
         keep(record("datapath", lambda: datapath.run(quick=quick, work=work)))
+    if "loader224" in names:
+        keep(record("loader224", lambda: loader224.run(quick=quick, work=work)))
     if "amp" in names:
         keep(record("amp", lambda: amp.run(quick=quick)))
     if "ddp" in names:
@@ -352,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     order = [
         "loop",
         "datapath",
+        "loader224",
         "amp",
         "ddp",
         "ckpt_save",

@@ -1,0 +1,158 @@
+"""ImageNet-style loading at 224 px: the project's loaders with data.train_crop=resized (a shard set,
+and the per-file ImageFolder path) ÷ torchvision's reference way (torchvision.datasets.ImageFolder +
+PIL + transforms.RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor in DataLoader workers), over
+the same generated JPEGs (ImageNet-like sizes: 500x375 and other shapes, quality 90), images/s per
+core: every side runs with the same number of DataLoader workers, and the rate is divided by the
+processes doing the decoding (workers, or 1 with none). Also the first batch, in seconds from loader
+construction (the shard set's open, or ImageFolder's scan, included) to the first batch in hand."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from bench.common import REPO, Result, median, median_ratio, paired_rates
+from torchlaunch import config as config_mod
+from torchlaunch.core.sampler import BatchPlan
+from torchlaunch.worker.data import Normalizer, TrainLoader, load_bundle
+
+COMMAND = "python -m bench.run --only loader224"
+SHAPES = [(500, 375), (375, 500), (500, 333), (640, 480), (400, 400), (800, 600)]
+
+
+def write_jpegs(root: Path, classes: int, per_class: int) -> Path:
+    """Smooth random scenes plus noise (compress and decode like photos, unlike pure noise)."""
+    if (root / f"c{classes - 1}" / f"{per_class - 1:04d}.jpg").is_file():
+        return root
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"c{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            w, h = SHAPES[(c + i) % len(SHAPES)]
+            coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((w, h), Image.BICUBIC)
+            pixels = np.asarray(coarse, dtype=np.int16) + rng.integers(-20, 21, (h, w, 3))
+            Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(root / f"c{c}" / f"{i:04d}.jpg", quality=90)
+    return root
+
+
+def shard_set(images: Path, out: Path) -> Path | None:
+    if (out / "manifest.json").is_file():
+        return out
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.shards",
+            "write",
+            "--from",
+            str(images),
+            "--out",
+            str(out),
+            "--val-fraction",
+            "0.05",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    return out if done.returncode == 0 else None
+
+
+def project_loader(name: str, root: Path, batch: int, workers: int, cache: Path) -> TrainLoader:
+    overrides = [f"data.name={name}", f"data.root={root}", "data.image_size=224", "data.train_crop=resized"]
+    cfg = config_mod.load(None, [*overrides, "data.loader=pil", f"data.cache_dir={cache}", "data.val_fraction=0.05"])
+    bundle = load_bundle(cfg.data)
+    plan = BatchPlan(len(bundle.train), batch, seed=0, train_crop="resized", image_size=224)
+    norm = Normalizer(bundle.mean, bundle.std, torch.device("cpu"), False)
+    return TrainLoader(bundle.train, plan, norm, torch.device("cpu"), True, workers, 224)
+
+
+def reference_loader(root: Path, batch: int, workers: int):
+    import torchvision
+    from torchvision import transforms as T
+
+    tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor()])
+    ds = torchvision.datasets.ImageFolder(str(root), transform=tf)
+    return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
+
+
+def run(
+    quick: bool = False, work: Path | None = None, rounds: int = 3, batch: int = 32, workers: int = 2
+) -> Result | None:
+    work = work or Path(tempfile.mkdtemp(prefix="bench-224-"))
+    classes, per_class = (4, 16) if quick else (10, 64)
+    if quick:
+        rounds, workers = 1, 0
+    images = write_jpegs(work / "jpegs", classes, per_class)
+    shards = shard_set(images, work / "shards")
+    if shards is None:
+        return None
+    steps = (classes * per_class * 9 // 10) // batch
+    epochs = itertools.count()
+    procs = max(1, workers)
+
+    def project(name: str, root: Path):
+        loader = project_loader(name, root, batch, workers, work / "cache")
+
+        def measure() -> float:
+            start, n = time.perf_counter(), 0
+            for _, micro in itertools.islice(loader.epoch(next(epochs), 0), steps):
+                n += sum(x.shape[0] for x, _ in micro)
+            return n / (time.perf_counter() - start) / procs
+
+        return measure
+
+    def reference() -> float:
+        start, n = time.perf_counter(), 0
+        for x, _ in itertools.islice(reference_loader(images, batch, workers), steps):
+            n += x.shape[0]
+        return n / (time.perf_counter() - start) / procs
+
+    def first_batch(make) -> float:
+        start = time.perf_counter()
+        next(iter(make()))
+        return time.perf_counter() - start
+
+    first_shards = first_batch(
+        lambda: (m for _, m in project_loader("shards", shards, batch, workers, work / "c").epoch(0, 0))
+    )
+    first_reference = first_batch(lambda: reference_loader(images, batch, workers))
+    sides = {"shards": project("shards", shards), "files": project("imagefolder", images), "reference": reference}
+    rates = paired_rates(sides, rounds)
+    ratio, per_round = median_ratio(rates["shards"], rates["reference"])
+    files_ratio, _ = median_ratio(rates["files"], rates["reference"])
+    return Result(
+        key="loader224",
+        title="ImageNet-style loading at 224 px (images/s per core, shard loader ÷ torchvision reference)",
+        project=median(rates["shards"]),
+        baseline=median(rates["reference"]),
+        unit="images/s per core",
+        ratio=ratio,
+        goal=1.5,
+        higher_is_better=True,
+        command=COMMAND,
+        project_label="shards + RandomResizedCrop (plan variates, JPEG draft) + flip",
+        baseline_label="ImageFolder + PIL + RandomResizedCrop(224) + flip + ToTensor",
+        rounds=per_round,
+        notes=f"{classes * per_class} generated JPEGs ({', '.join(f'{w}x{h}' for w, h in SHAPES)}), batch {batch}, "
+        f"{workers} DataLoader workers each side, {rounds} interleaved rounds; the per-file ImageFolder path of the "
+        f"project: {median(rates['files']):,.1f} images/s per core ({files_ratio:.2f}x the reference); first batch "
+        f"from loader construction: shards {first_shards:.2f} s, reference {first_reference:.2f} s",
+        extra={
+            "files_images_per_s_per_core": median(rates["files"]),
+            "files_ratio": files_ratio,
+            "first_batch_s": {"shards": first_shards, "reference": first_reference},
+        },
+    )
+
+
+if __name__ == "__main__":
+    print(run(quick="--quick" in sys.argv))
