@@ -1,0 +1,93 @@
+"""`python -m train.shards write|index|verify`: the command front (one-line refusals, exit 2)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from torchlaunch.exit_codes import BAD_INPUT, OK, ArgumentParser, BadInput
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m train.shards", description="Tar shards (webdataset layout) with an offset index."
+    )
+    p.error_prefix = "shards error: "
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write", help="class folders -> DIR/train/*.tar, DIR/val/*.tar, indexes, manifest")
+    w.error_prefix = "shards error: "
+    w.add_argument("--from", dest="src", type=Path, required=True, metavar="CLASS_FOLDERS")
+    w.add_argument("--out", type=Path, required=True, metavar="DIR")
+    val = w.add_mutually_exclusive_group()
+    val.add_argument("--val-from", type=Path, metavar="CLASS_FOLDERS")
+    val.add_argument("--val-fraction", type=float, metavar="F")
+    w.add_argument("--max-side", type=int, metavar="PX", help="resize the long side to PX (aspect kept)")
+    w.add_argument(
+        "--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default 90)"
+    )
+    w.add_argument("--shard-size-mb", type=float, default=256, metavar="MB", help="target shard size (default 256)")
+    w.add_argument("--split-seed", type=int, default=0, metavar="S")
+    for name, text in (
+        ("index", "build indexes for shards written by other tools"),
+        ("verify", "full checksum + decode check"),
+    ):
+        c = sub.add_parser(name, help=text)
+        c.error_prefix = "shards error: "
+        c.add_argument("dir", type=Path, metavar="DIR")
+    return p
+
+
+def check(args) -> None:
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
+        raise BadInput(f"shards error: --val-fraction must be between 0 and 1, got {args.val_fraction} (e.g. 0.1)")
+    if args.max_side is not None and not 16 <= args.max_side <= 65535:
+        raise BadInput(f"shards error: --max-side must be 16-65535 pixels, got {args.max_side} (e.g. 512)")
+    if not 1 <= args.quality <= 100:
+        raise BadInput(f"shards error: --quality must be 1-100, got {args.quality} (e.g. 90)")
+    if not 0.01 <= args.shard_size_mb <= 1 << 20:
+        raise BadInput(f"shards error: --shard-size-mb must be 0.01-1048576, got {args.shard_size_mb} (e.g. 256)")
+
+
+def run(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "write":
+        check(args)
+        from torchlaunch.shards.writer import write
+
+        write(
+            args.src.expanduser(),
+            args.out.expanduser(),
+            val_from=args.val_from,
+            val_fraction=args.val_fraction,
+            max_side=args.max_side,
+            quality=args.quality,
+            shard_size_mb=args.shard_size_mb,
+            split_seed=args.split_seed,
+        )
+        return OK
+    from torchlaunch.shards.verify import index_folder, verify_folder
+
+    if args.command == "index":
+        n = index_folder(args.dir.expanduser(), log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(f"shards: {n} shard index(es) built under {args.dir}", file=sys.stderr)
+        return OK
+    bad = 0
+    for line in verify_folder(args.dir.expanduser()):
+        print(line, file=sys.stderr, flush=True)
+        bad += 1
+    if bad:
+        return BAD_INPUT
+    print(f"shards: {args.dir} verified: every shard and member is good", file=sys.stderr)
+    return OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except BadInput as e:
+        print(str(e).splitlines()[0] if str(e) else type(e).__name__, file=sys.stderr)
+        return BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""`python -m train.shards`: the command users type; the code is torchlaunch.shards.cli (nothing imports this)."""
+
+import runpy
+
+runpy.run_module("torchlaunch.shards.cli", run_name="__main__", alter_sys=True)
