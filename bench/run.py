@@ -24,11 +24,24 @@ from pathlib import Path
 
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loop, peers, progress, proposals, startup, tta, userscript
+from bench import amp, ckpt, datapath, ddp, loop, peers, progress, proposals, shards, startup, tta, userscript
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
 from torchlaunch.worker.precision import cpu_model
 
-ALL = ("loop", "datapath", "amp", "ddp", "ckpt", "startup", "userscript", "progress", "peers", "proposals", "tta")
+ALL = (
+    "loop",
+    "datapath",
+    "shards",
+    "amp",
+    "ddp",
+    "ckpt",
+    "startup",
+    "userscript",
+    "progress",
+    "peers",
+    "proposals",
+    "tta",
+)
 DOCS = REPO / "docs"
 NO_CPU = "not recorded (measured before 2026-12-01)"
 
@@ -69,6 +82,8 @@ def run_selected(
         keep(record("loop", lambda: loop.run(quick=quick)))
     if "datapath" in names:
         keep(record("datapath", lambda: datapath.run(quick=quick, work=work)))
+    if "shards" in names:
+        keep(record("shards", lambda: shards.run(quick=quick, work=work)))
     if "amp" in names:
         keep(record("amp", lambda: amp.run(quick=quick)))
     if "ddp" in names:
@@ -352,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     order = [
         "loop",
         "datapath",
+        "shards_decode",
+        "shards_open",
+        "shards_writer",
         "amp",
         "ddp",
         "ckpt_save",
