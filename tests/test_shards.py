@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import pickle
 import tarfile
 from pathlib import Path
 
@@ -217,6 +218,7 @@ def test_index_foreign_webdataset_shards_then_verify(foreign: tuple[Path, list[b
     folder, expect = foreign
     with pytest.raises(ShardError, match="has no index"):
         ShardSet.open(folder)
+    (folder.parent / "manifest.json").write_text('{"name": "another tool\'s manifest"}')  # ignored, not refused
     rc, _ = run_cli(["index", str(folder.parent)], capsys)
     assert rc == 0 and (folder / SET_INDEX).is_file()
     ss = ShardSet.open(folder.parent)
@@ -363,3 +365,20 @@ def test_a_rerun_with_other_options_is_refused(mixed: Path, written: Path, capsy
     assert rc == 2 and lines == [
         f"shards error: {written} holds a write with other sources or options (use another --out, or delete {written})"
     ]
+
+
+def test_reads_after_fork_and_pickle_use_their_own_descriptors(written: Path) -> None:
+    """A DataLoader worker forked after the parent read (or a spawned one, which gets a pickled copy)
+    opens its own descriptors and reads the same bytes."""
+    ss = ShardSet.open(written)
+    expect = [ss.read(i) for i in range(len(ss))]
+    parent_fds = dict(ss._fds)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status says whether every read matched through fresh descriptors
+        ok = all(ss.read(i) == expect[i] for i in range(len(ss))) and ss._pid == os.getpid()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert ss.read(0) == expect[0] and ss._fds == parent_fds  # the parent's cache is untouched
+    copy = pickle.loads(pickle.dumps(ss))
+    assert not copy._fds and [copy.read(i) for i in range(len(copy))] == expect
