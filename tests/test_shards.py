@@ -130,6 +130,8 @@ def test_draft_decodes_smaller_and_cmyk_to_rgb(written: Path) -> None:
     assert small.size[0] < w and small.size[0] >= w // 4 and small.mode == "RGB"
     with pytest.raises(ShardError, match=r"^data error: X.tar member k.jpg cannot be decoded"):
         decode(b"\xff\xd8\xff garbage", "X.tar member k.jpg")
+    err = ShardError("X.tar member k.jpg is corrupt", "replace it")
+    assert str(pickle.loads(pickle.dumps(err))) == str(err) == "data error: X.tar member k.jpg is corrupt (replace it)"
 
 
 def test_deterministic_and_interrupted_writer_resumes_to_the_same_bytes(
@@ -138,7 +140,7 @@ def test_deterministic_and_interrupted_writer_resumes_to_the_same_bytes(
     """Same input, same bytes; a writer stopped inside its third shard leaves no index for it, and the
     rerun finishes with exactly the bytes of the uninterrupted write (no temp files left)."""
     again = tmp_path / "again"
-    write(mixed, again, val_fraction=0.2, shard_size_mb=0.15)
+    write(mixed, again, val_fraction=0.2, shard_size_mb=0.15, workers=2)  # parallel shards, same bytes as serial
     assert files_of(again) == files_of(written)
 
     cut = tmp_path / "cut"
