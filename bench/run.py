@@ -24,7 +24,21 @@ from pathlib import Path
 
 import torch
 
-from bench import amp, ckpt, datapath, ddp, loader224, loop, peers, progress, proposals, startup, tta, userscript
+from bench import (
+    amp,
+    ckpt,
+    datapath,
+    ddp,
+    loader224,
+    loop,
+    peers,
+    progress,
+    proposals,
+    shards,
+    startup,
+    tta,
+    userscript,
+)
 from bench.common import REPO, Result, ensure_peers_venv, load_average, peers_python, set_threads
 from torchlaunch.worker.precision import cpu_model
 
@@ -32,6 +46,7 @@ ALL = (
     "loop",
     "datapath",
     "loader224",
+    "shards",
     "amp",
     "ddp",
     "ckpt",
@@ -84,6 +99,8 @@ def run_selected(
         keep(record("datapath", lambda: datapath.run(quick=quick, work=work)))
     if "loader224" in names:
         keep(record("loader224", lambda: loader224.run(quick=quick, work=work)))
+    if "shards" in names:
+        keep(record("shards", lambda: shards.run(quick=quick, work=work)))
     if "amp" in names:
         keep(record("amp", lambda: amp.run(quick=quick)))
     if "ddp" in names:
@@ -368,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         "loop",
         "datapath",
         "loader224",
+        "shards_decode",
+        "shards_open",
+        "shards_writer",
         "amp",
         "ddp",
         "ckpt_save",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,9 @@ def parser() -> ArgumentParser:
     )
     w.add_argument("--shard-size-mb", type=float, default=256, metavar="MB", help="target shard size (default 256)")
     w.add_argument("--split-seed", type=int, default=0, metavar="S")
+    w.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="processes writing shards (default: the cores)"
+    )
     for name, text in (
         ("index", "build indexes for shards written by other tools"),
         ("verify", "full checksum + decode check"),
@@ -42,6 +46,8 @@ def check(args) -> None:
         raise BadInput(f"shards error: --val-fraction must be between 0 and 1, got {args.val_fraction} (e.g. 0.1)")
     if args.max_side is not None and not 16 <= args.max_side <= 65535:
         raise BadInput(f"shards error: --max-side must be 16-65535 pixels, got {args.max_side} (e.g. 512)")
+    if args.workers is not None and not 1 <= args.workers <= 1024:
+        raise BadInput(f"shards error: --workers must be 1-1024, got {args.workers} (e.g. 8)")
     if not 1 <= args.quality <= 100:
         raise BadInput(f"shards error: --quality must be 1-100, got {args.quality} (e.g. 90)")
     if not 0.01 <= args.shard_size_mb <= 1 << 20:
@@ -63,6 +69,7 @@ def run(argv: list[str] | None) -> int:
             quality=args.quality,
             shard_size_mb=args.shard_size_mb,
             split_seed=args.split_seed,
+            workers=args.workers or len(os.sched_getaffinity(0)),
         )
         return OK
     from torchlaunch.shards.verify import index_folder, verify_folder

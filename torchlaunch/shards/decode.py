@@ -1,9 +1,14 @@
 """The CPU decoder of shard members: encoded bytes -> an RGB PIL image.
 
-PIL is the decoder by measurement (bench/shards.py, docs/BENCHMARKS.md): with draft mode (libjpeg's
-DCT scaling, decoding at 1/2, 1/4 or 1/8 size when the target is that much smaller) it is the fastest
-per core of those measured, and it already handles every mode a real set holds (ImageNet has CMYK and
-grayscale JPEGs and a PNG named .JPEG). Every mode ends as 8-bit RGB here, so callers see one format.
+PIL is the default decoder, by measurement (bench/shards.py, docs/BENCHMARKS.md, one thread, decode +
+RandomResizedCrop to 224): at ImageNet-like 500x375 PIL, PIL with draft and simplejpeg were within the
+box's noise of each other and torchvision.io.decode_jpeg + a tensor crop ~1.2x faster; on 32x32 CIFAR
+JPEGs simplejpeg ~1.2x. No CPU candidate was worth a new dependency or a torch import here: this
+function returns the PIL image the CPU augmentation works on, stays torch-free (the pre-check and
+`verify` use it), and handles every mode a real set holds (ImageNet has CMYK and grayscale JPEGs and a
+PNG named .JPEG); torchvision's decoder is the GPU path's. Draft mode (libjpeg's DCT scaling) pays
+only when the image is at least twice the size it is resized to (large originals, small crops
+rarely reach that at 500x375); it costs nothing otherwise. Every mode ends as 8-bit RGB here.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def split_folder(folder: Path, split: str | None) -> Path:
 
 
 def read_manifest(root: Path) -> dict[str, Any] | None:
-    """DIR/manifest.json if present; ShardError when present but unusable."""
+    """DIR/manifest.json if it is ours; ShardError when it is ours but unusable (or a symlink/FIFO)."""
     path = root / MANIFEST
     if regular_size(path, "manifest", "delete it or rewrite the set") is None:
         return None
@@ -69,7 +69,7 @@ def read_manifest(root: Path) -> dict[str, Any] | None:
             f"manifest {path} is {why}", "rewrite the set with python -m train.shards write, or delete the manifest"
         )
     if doc.get("format") != MANIFEST_FORMAT:
-        raise ShardError(f"{path} is not a torchlaunch shard manifest", "delete it, or point at the right folder")
+        return None  # another tool's manifest.json (a parent folder may hold anything): not ours to read
     version = doc.get("version")
     if not isinstance(version, int) or version > MANIFEST_VERSION:
         raise ShardError(
