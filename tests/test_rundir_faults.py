@@ -164,6 +164,13 @@ def test_fifos_under_run_dir_names_are_refused_never_waited_on(tmp_path: Path) -
     assert cli.main(["list", str(tmp_path), "--no-scheduler"], out=io.StringIO()) == 0
     done = launcher(["--run-dir", str(run), "--", PROGRAM, "0", str(tmp_path / "o")], timeout=120)
     one_line_exit_2(done, "in use by a holder whose record cannot be read", str(run / ".lock.json"))
+    from torchlaunch.worker.metrics import MetricsLog
+
+    os.mkfifo(run / "metrics.jsonl")  # the worker's own append: replaced, not blocked on
+    metrics = MetricsLog(run / "metrics.jsonl", True, None)
+    metrics.write({"step": 1})
+    metrics.close()
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
 def test_a_log_symlinked_elsewhere_is_not_printed_and_the_tee_does_not_write_through_it(tmp_path: Path) -> None:
