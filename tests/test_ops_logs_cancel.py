@@ -124,14 +124,17 @@ def test_the_tee_keeps_a_killed_ranks_output(tmp_path: Path) -> None:
 
 
 LAUNCHER = """\
-import signal, sys
-from torchlaunch.ops import record
+import os, signal, subprocess, sys
+from torchlaunch.ops import proof, record
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-rec = record.start(sys.argv[1], scheduler="local", command=["python", "-m", "launch.local"], launch_id="LC1")
+token = proof.new_token()  # as ops.launcher.Operation does: the child holds it, the record its digest
+child = subprocess.Popen(["sleep", "300"], env={**os.environ, proof.TOKEN_ENV: token})
+rec = record.start(sys.argv[1], scheduler="local", command=["python", "-m", "launch.local"], launch_id="LC1", token=token)
 print("ready", flush=True)
 signal.sigwait({signal.SIGTERM})
 outcome = "cancelled" if record.cancel_requested(sys.argv[1], rec.launch_id) else "preempted"
 record.finish(sys.argv[1], rec, 75, outcome, "stopped with a committed checkpoint")
+child.kill()
 """
 
 
@@ -165,12 +168,16 @@ def test_cancel_a_local_launch(tmp_path: Path) -> None:
     assert cli.main(["cancel", str(tmp_path)], out=out) == 0 and "already cancelled" in out.getvalue()
 
 
-def fake_tools(folder: Path, squeue: str = "", sacct: str = "") -> Path:
-    """scancel/squeue/sacct stand-ins that log their argv."""
+def fake_tools(folder: Path, squeue: str = "", sacct: str = "", stdout: str = "/elsewhere/out") -> Path:
+    """scancel/squeue/sacct stand-ins that log their argv (squeue -O StdOut answers `stdout`). A
+    stand-in: these tests forge records; test_slurm_ops_cluster runs the real cluster."""
     folder.mkdir()
     for name, answer in (("scancel", ""), ("squeue", squeue), ("sacct", sacct)):
         tool = folder / name
-        tool.write_text(f'#!/bin/sh\necho "$0 $*" >> {folder}/calls\nprintf "{answer}"\n')
+        body = f'echo "$0 $*" >> {folder}/calls\n'
+        if name == "squeue":
+            body += f'case "$*" in *StdOut*) echo "{stdout}"; exit 0;; esac\n'
+        tool.write_text(f'#!/bin/sh\n{body}printf "{answer}"\n')
         tool.chmod(0o755)
     return folder / "calls"
 
@@ -183,9 +190,9 @@ def slurm_record(run: Path, job_id: str) -> None:
 
 
 def test_cancel_a_slurm_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = fake_tools(tmp_path / "bin", squeue="RUNNING\\n")
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     run = tmp_path / "run"
+    calls = fake_tools(tmp_path / "bin", squeue="RUNNING\\n", stdout=f"{run}/slurm/%j/%j_0_log.out")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     slurm_record(run, "4242")
     out = io.StringIO()
     assert cli.main(["cancel", str(run)], out=out) == 0

@@ -254,7 +254,7 @@ class Checkpointer:
                 file=sys.stderr,
                 flush=True,
             )
-            os._exit(FAILURE)
+            os._exit(BAD_INPUT if isinstance(e, BadInput) else FAILURE)  # a full disk: not retried
 
 
 def _check_writable(root: Path) -> None:

@@ -47,7 +47,9 @@ try:
 except ImportError:  # not POSIX: O_EXCL and the record alone
     fcntl = None  # type: ignore[assignment]
 
+from torchlaunch import storage
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.ops import files
 
 LOCK_NAME = ".lock.json"
 GUARD_NAME = ".lock.guard"
@@ -141,14 +143,17 @@ class Holder:
 def read_holder(path: Path) -> Holder | None:
     """The record in a lock file; None when the file is gone or not a record of ours (unreadable)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(files.read_bytes(path, files.MAX_BYTES).decode("utf-8"))  # a FIFO is refused, not waited on
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return Holder(host="?", pid=-1, token=UNREADABLE)
     if not isinstance(data, dict) or "host" not in data or "pid" not in data:
         return Holder(host="?", pid=-1, token=UNREADABLE)
-    return Holder.from_json(data)
+    try:
+        return Holder.from_json(data)
+    except TypeError:
+        return Holder(host="?", pid=-1, token=UNREADABLE)
 
 
 def flock_held(path: Path) -> bool | None:
@@ -156,7 +161,7 @@ def flock_held(path: Path) -> bool | None:
     if fcntl is None:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = files.open_regular(path)
     except OSError:
         return None
     try:
@@ -197,6 +202,15 @@ class RunLock:
     # ---- public ------------------------------------------------------------------------------
 
     def acquire(self) -> RunLock:
+        """Own the run dir; BadInput naming a live holder, or the storage's refusal (torchlaunch.storage)."""
+        try:
+            return self._acquire()
+        except OSError as error:
+            if not storage.is_storage(error):
+                raise
+            raise storage.refusal(error, error.filename or self.run_dir) from None
+
+    def _acquire(self) -> RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self._create():
             return self._owned()
@@ -234,6 +248,8 @@ class RunLock:
             current = read_holder(self.path)
             if current is not None and current.token == self.holder.token:
                 self.path.unlink(missing_ok=True)
+        except OSError:
+            pass  # the run dir went read-only or away: the flock dies with us, so the lock reads as stale
         finally:
             if self._fd is not None:
                 os.close(self._fd)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchlaunch.exit_codes import BAD_INPUT
+from torchlaunch.ops.files import read_json
 
 ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
 """Set by launch.local: the id of this launch; records of other launches are never read."""
@@ -116,9 +117,8 @@ def earlier_bad_input(run_dir: str | None = None) -> str | None:
     if not attempt or where is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
         return None
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
-        try:
-            record = json.loads(f.read_text())
-        except (OSError, ValueError):
+        record, _ = read_json(f)  # never blocks on a FIFO left under a record's name
+        if record is None:
             continue
         if record.get("code") == BAD_INPUT:
             return str(record.get("reason", "bad input"))
@@ -135,8 +135,10 @@ def peer_bad_input(me: int, run_dir: str | None = None) -> tuple[int, str] | Non
     if not attempt or where is None:
         return None
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
+        record, _ = read_json(f)
+        if record is None:
+            continue
         try:
-            record = json.loads(f.read_text())
             rank = int(record.get("rank", -1))
         except (OSError, ValueError, TypeError, AttributeError):
             continue
@@ -150,7 +152,9 @@ def records(where: Path, attempt: str) -> list[Record]:
     found = []
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
         try:
-            data = json.loads(f.read_text())
+            data, _ = read_json(f)
+            if data is None:
+                continue
             found.append(
                 Record(
                     int(data.get("rank", 0)),

@@ -27,7 +27,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-from torchlaunch import runner
+from torchlaunch import runner, storage
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, LaunchParser
 from torchlaunch.ops import ranklog, watchdog
 
@@ -203,9 +203,15 @@ def check_program(
 
 
 def main(body: Callable[[], int]) -> int:
-    """Run a launcher's body: a refusal anywhere is its one line on stderr and exit 2."""
+    """Run a launcher's body: a refusal anywhere is its one line on stderr and exit 2, and so is the
+    user's storage refusing a write (full, read-only, a name too long: torchlaunch.storage)."""
     try:
         return body()
     except BadInput as problem:
         print(one_line(problem), file=sys.stderr, flush=True)
+        return BAD_INPUT
+    except OSError as error:
+        if not storage.is_storage(error):
+            raise
+        print(one_line(storage.refusal(error)), file=sys.stderr, flush=True)
         return BAD_INPUT

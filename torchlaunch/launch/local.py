@@ -107,9 +107,14 @@ def program_tail(spec: JobSpec, module: str) -> list[str]:
         "-m",
         module,
         "--config",
-        emit.argv_item(spec.config, "--config"),
+        emit.argv_item(not_an_option(spec.config), "--config"),
         *emit.argv_items(spec.overrides, "override"),
     ]
+
+
+def not_an_option(path: str) -> str:
+    """A relative path that starts with `-` (run_dir=-run) as `./-run`: never read as an option."""
+    return f"./{path}" if path.startswith("-") else path
 
 
 def torchrun_argv(

@@ -25,7 +25,7 @@ from typing import IO
 
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 from torchlaunch.exit_codes import LaunchParser as Parser
-from torchlaunch.ops import gather, ranklog, record, state, watchdog
+from torchlaunch.ops import gather, proof, ranklog, record, state, watchdog
 from torchlaunch.ops.files import printable
 
 FOLLOW_POLL_S = 0.5
@@ -151,12 +151,12 @@ def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
 
 def follow(run: Path, rank: int | None, out: IO[str]) -> int:
     """Print new lines as they are written, until the job has ended and its logs stopped growing."""
-    offsets: dict[int, int] = {}
+    offsets: dict[int, int | None] = {}
     while True:
         ranks = [rank] if rank is not None else ranklog.ranks_present(run)
         batch = []
         for r in ranks:
-            lines, offsets[r] = ranklog.read_lines(ranklog.log_path(run, r), r, offsets.get(r, 0))
+            lines, offsets[r] = ranklog.read_lines(ranklog.log_path(run, r), r, offsets.get(r))
             batch.extend(lines)
         for _, r, _, text in sorted(batch, key=lambda item: (item[0], item[1], item[2])):
             print(f"[rank {r}] {text.decode('utf-8', 'replace')}", file=out)
@@ -174,6 +174,9 @@ def cancel_plan(run: Path, st: state.Status, nodes: Sequence[record.JobRecord]) 
     steps: list[tuple[str, list[str] | int]] = []
     node0 = min(nodes, key=lambda r: r.node_rank)
     if node0.scheduler == "slurm" and node0.job_id and gather.SLURM_ID.match(node0.job_id):
+        why = proof.slurm_job(node0.job_id, run)
+        if why is not None:
+            raise BadInput(f"launch error: cancel refused: Slurm job {node0.job_id} is not proven this run's: {why}")
         steps.append(("run", ["scancel", node0.job_id]))
     elif node0.scheduler == "k8s" and node0.job_id and gather.K8S_NAME.match(node0.job_id):
         argv = ["kubectl", "delete", "job", node0.job_id, "--wait=false"]
@@ -187,6 +190,11 @@ def cancel_plan(run: Path, st: state.Status, nodes: Sequence[record.JobRecord]) 
             if n.outcome is not None or n.launcher_pid is None:
                 continue
             if n.host == here and n.launcher_alive() and n.launcher_pid != os.getpid():
+                why = proof.local_launcher(n.launcher_pid, n.extra.get(proof.DIGEST_KEY))
+                if why is not None:
+                    raise BadInput(
+                        f"launch error: cancel refused: pid {n.launcher_pid} is not proven this run's launcher: {why}"
+                    )
                 steps.append(("signal", n.launcher_pid))
             elif n.host != here:
                 steps.append(("print", ["ssh", n.host or "?", "kill", "-TERM", str(n.launcher_pid)]))

@@ -1,14 +1,21 @@
-"""Small JSON files that other processes read while they are written: atomic replace, tolerant read.
+"""Run-dir files that other processes read while they are written: atomic replace, guarded read.
 
 A writer never leaves half a file (temp name, then os.replace); a reader treats a missing, oversized,
 truncated, non-UTF-8 or non-object file as absent and says why, because a run dir is shared storage
 that anything may have written: its contents are data, never trusted to be well-formed.
+
+Nor is what a name points at trusted: every read of a run-dir file goes through open_regular, which
+refuses a FIFO or a device (opened non-blocking, then fstat: a FIFO would block the reader forever), a
+symlink as the last component (O_NOFOLLOW: a log linked to /etc/shadow is not printed by a root
+`launch logs`), and reads at most a bounded number of bytes (a 2 GB log is read from its tail).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +36,72 @@ def write_json(path: Path, payload: dict[str, Any], *, durable: bool = False) ->
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(object, None), or (None, why it cannot be used); never raises."""
+class NotRegular(OSError):
+    """The name is a FIFO, socket, device, folder or (not followed) symlink, not a regular file."""
+
+
+def open_regular(path: str | os.PathLike[str], *, follow: bool = False) -> int:
+    """A read-only fd on the regular file `path`, opened without blocking and, unless `follow`,
+    without following a symlink as its last component; NotRegular (an OSError) for anything else."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow and os.path.islink(path):
+            raise NotRegular(errno.ELOOP, "a symlink, not followed", os.fspath(path)) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise NotRegular(errno.EINVAL, kind, os.fspath(path))
+    return fd
+
+
+def read_range(path: str | os.PathLike[str], offset: int, limit: int, *, follow: bool = False) -> tuple[bytes, int]:
+    """At most `limit` bytes of the regular file `path` from `offset` (negative: that many bytes
+    before its end), and the offset they start at; OSError (NotRegular) as open_regular."""
+    fd = open_regular(path, follow=follow)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size + offset) if offset < 0 else offset
+        chunks: list[bytes] = []
+        left, at = limit, start
+        while left > 0:
+            chunk = os.pread(fd, min(left, 1 << 20), at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+            at += len(chunk)
+        return b"".join(chunks), start
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: str | os.PathLike[str], limit: int = MAX_BYTES, *, follow: bool = False) -> bytes:
+    """The whole regular file when it has at most `limit` bytes; OSError (EFBIG) when larger."""
+    data, _ = read_range(path, 0, limit + 1, follow=follow)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data
+
+
+def why_unreadable(e: OSError) -> str:
+    """The short reason for a problem line: `unreadable (a FIFO)`, `unreadable (Permission denied)`."""
+    return f"unreadable ({e.strerror or type(e).__name__})"
+
+
+def read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(object, None), or (None, why it cannot be used); never raises (nor blocks, on a FIFO)."""
+    try:
+        raw, _ = read_range(path, 0, MAX_BYTES + 1)
     except FileNotFoundError:
         return None, "missing"
     except OSError as e:
-        return None, f"unreadable ({e.strerror or type(e).__name__})"
+        return None, why_unreadable(e)
     if len(raw) > MAX_BYTES:
         return None, f"larger than {MAX_BYTES} bytes"
     try:

@@ -12,11 +12,13 @@ And in each rank, before its program runs: `prepare_rank()` (stack-dump handler 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from torchlaunch import storage
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.ops import progress, ranklog, record, watchdog
+from torchlaunch.ops import progress, proof, ranklog, record, watchdog
 
 OnHang = Callable[[watchdog.Verdict, Path, list[progress.RankBeat]], None]
 """Called from the watchdog's thread after the dump: end the hung ranks (watchdog.kill_ranks)."""
@@ -78,6 +80,8 @@ class Operation:
             local_ranks=local_ranks,
             extra=extra,
         )
+        self.token = proof.new_token()
+        """In the ranks' environment, its digest in the record: what lets `cancel` prove this launcher."""
         self.hang_timeout = hang_timeout
         self.record: record.JobRecord | None = None
         self.dog: watchdog.Watchdog | None = None
@@ -89,12 +93,15 @@ class Operation:
             progress.PROGRESS_DIR_ENV: str(progress.folder(self.run_dir).absolute()),
             LOGS_DIR_ENV: str(ranklog.folder(self.run_dir).absolute()),
             progress.LAUNCH_ENV: self.launch_id,
+            proof.TOKEN_ENV: self.token,
             **self.console.env(),
         }
 
     def start(self, on_hang: OnHang | None = None) -> record.JobRecord:
         """Record the launch; with `on_hang` (usually watchdog.kill_ranks), watch the node's ranks."""
-        self.record = record.start(self.run_dir, **self._args)  # type: ignore[arg-type]
+        self.record = record.start(self.run_dir, **self._args, token=self.token)  # type: ignore[arg-type]
+        if self.record.scheduler == "slurm" and self.record.job_id and self.record.node_rank == 0:
+            proof.claim_slurm_job(self.record.job_id, self.run_dir)  # lets `cancel` prove the job is this run's
         if on_hang is not None and self.hang_timeout != 0:
 
             def hung(verdict: watchdog.Verdict, folder: Path, beats: list[progress.RankBeat]) -> None:
@@ -115,9 +122,16 @@ class Operation:
         outcome = outcome_of(code, cancelled=cancelled, hung=hung)
         if hung and self.hung is not None:
             reason = f"hang: {self.hung.reason}; stalled ranks {', '.join(map(str, self.hung.stalled))}"
+        final = exit_code_of(outcome, code)
         if self.record is not None:
-            self.record = record.finish(self.run_dir, self.record, code, outcome, reason)
-        return exit_code_of(outcome, code)
+            try:
+                self.record = record.finish(self.run_dir, self.record, code, outcome, reason)
+            except OSError as error:  # the run dir filled up or went read-only during the run
+                if not storage.is_storage(error):
+                    raise
+                line = storage.describe(error, record.record_path(self.run_dir, self.record.node_rank), "job record")
+                print(f"launch: outcome {outcome} (exit {final}) not recorded: {line}", file=sys.stderr, flush=True)
+        return final
 
 
 _prepared_in: int | None = None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from torchlaunch.ops import procs
+from torchlaunch.ops import procs, ranklog
 from torchlaunch.ops.files import as_float, as_int, as_str, read_json, write_json
 
 PROGRESS_DIR_ENV = "TORCHLAUNCH_PROGRESS_DIR"
@@ -168,7 +168,7 @@ def register_stack_dump() -> Path | None:
     path = stack_path(writer.where, writer.rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _stack_file = open(path, "ab")  # noqa: SIM115 - faulthandler writes to it until the process ends
+        _stack_file = os.fdopen(ranklog.open_log(str(path)), "ab")  # held until the process ends
         faulthandler.register(DUMP_SIGNAL, file=_stack_file, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
         return None

@@ -25,6 +25,7 @@ import os
 import re
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -35,6 +36,8 @@ from pathlib import Path
 LOGS_DIR = "logs"
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
 NAME = re.compile(r"^rank-(\d+)\.log$")
+READ_BYTES = 4 << 20
+"""The most `logs` reads of one log at a time: the tail of a 2 GB log, never all of it."""
 
 
 PREFIX_ENV = "TORCHLAUNCH_RANK_PREFIX"
@@ -171,13 +174,38 @@ def _write_all(fd: int, data: bytes) -> None:
         pass  # the original stream went away; the log still gets everything
 
 
+def open_log(log: str) -> int:
+    """An append fd on the rank log `log`, a regular file: never following a symlink at its name (a
+    root rank must not append to what it points at), never blocking on a FIFO (O_NONBLOCK: ENXIO
+    without a reader). Anything but a regular file there is removed and the log made anew; where that
+    fails, /dev/null (the console still gets every line). Stdlib only: this runs as its own script."""
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(2):
+        try:
+            fd = os.open(log, flags, 0o644)
+        except OSError:
+            fd = None
+        if fd is not None:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.set_blocking(fd, True)
+                return fd
+            os.close(fd)
+        try:
+            os.unlink(log)
+            flags |= os.O_EXCL
+        except OSError:
+            break
+    print(f"launch: {log} is not a regular file and cannot be replaced: not written", file=sys.stderr, flush=True)
+    return os.open(os.devnull, os.O_WRONLY)
+
+
 def tee_main(log: str, sources: Sequence[tuple[int, int]], label: bytes = b"", show: bool = True) -> int:
     """Copy each (pipe read end, original fd) pair, stamped, into `log` and, when `show`, to the
     original fd (each line starting with `label`)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
-    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    out = open_log(log)
     stampers = {src: LineStamper(out) for src, _ in sources}
     selector = selectors.DefaultSelector()
     for src, dest in sources:
@@ -231,16 +259,25 @@ def start_tee(path: Path, rank: int = 0, console: Console | None = None) -> subp
     return child
 
 
-def read_lines(path: Path, rank: int, offset: int = 0) -> tuple[list[tuple[bytes, int, int, bytes]], int]:
-    """(stamp, rank, line number, text) for complete lines from `offset`, and the offset after them.
+def read_lines(
+    path: Path, rank: int, offset: int | None = None
+) -> tuple[list[tuple[bytes, int, int, bytes]], int | None]:
+    """(stamp, rank, line number, text) for complete lines from `offset` (None: the last READ_BYTES of
+    the log, from a line start), and the offset after them. At most READ_BYTES per call, through
+    files.read_range: a FIFO or a symlink under a log's name is not read, a 2 GB log not read whole.
     A line without a stamp (written by something else) takes the previous line's."""
+    from torchlaunch.ops import files  # here: the tee runs this module as a stdlib-only script
+
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
+        data, start = files.read_range(path, -READ_BYTES if offset is None else offset, READ_BYTES)
     except OSError:
         return [], offset
+    if offset is None and start > 0:  # the tail of a long log: from its first whole line
+        cut = data.find(b"\n") + 1
+        data, start = data[cut:], start + cut
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) >= READ_BYTES:  # one line longer than a read: pass it in pieces
+        end = len(data)
     out = []
     last = b""
     for i, line in enumerate(data[:end].split(b"\n")[:-1]):
@@ -250,7 +287,7 @@ def read_lines(path: Path, rank: int, offset: int = 0) -> tuple[list[tuple[bytes
         else:
             text = line
         out.append((last, rank, i, text))
-    return out, offset + end
+    return out, start + end
 
 
 def ranks_present(run_dir: str | Path) -> list[int]:

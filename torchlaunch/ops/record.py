@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from torchlaunch.ops import procs
+from torchlaunch.ops import procs, proof
 from torchlaunch.ops.files import as_float, as_int, as_str, read_json, write_json
 
 VERSION = 1
@@ -146,8 +146,10 @@ def start(
     nnodes: int = 1,
     local_ranks: int | None = None,
     extra: dict[str, str] | None = None,
+    token: str | None = None,
 ) -> JobRecord:
-    """Record this launcher (this process) as running the job on this node; returns the record."""
+    """Record this launcher (this process) as running the job on this node; returns the record.
+    `token` (given to the launcher's children, see ops.proof) is recorded only as its digest."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r} is not one of {SCHEDULERS}")
     pid = os.getpid()
@@ -164,7 +166,7 @@ def start(
         command=tuple(command),
         cwd=os.getcwd(),
         started=time.time(),
-        extra=dict(extra or {}),
+        extra={**(extra or {}), **({proof.DIGEST_KEY: proof.digest(token)} if token else {})},
     )
     write_json(record_path(run_dir, node_rank), rec.to_json(), durable=True)
     return rec

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from torchlaunch.ops import procs, progress
+from torchlaunch.ops import files, procs, progress
 
 MIN_TIMEOUT_S = 600.0
 STEP_TIMES = 50
@@ -122,9 +122,7 @@ def _wait_for_growth(path: Path, before: int, deadline: float, quiet_s: float = 
         size = now_size
         time.sleep(0.02)  # polling the file under a deadline, not synchronising on time
     try:
-        with open(path, "rb") as f:
-            f.seek(before)
-            return f.read(1 << 20)
+        return files.read_range(path, before, 1 << 20)[0]  # never blocks on a FIFO at the dump's name
     except OSError:
         return b""
 

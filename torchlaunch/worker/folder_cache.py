@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,17 @@ def decode_error(path: str, e: BaseException) -> BadInput:
     return BadInput(f"data error: cannot decode image {path}: {e} (delete or replace that file)")
 
 
+def _regular_image(path: Path) -> None:
+    """BadInput unless `path` is (or links to) a regular file: a FIFO, device or symlink loop there."""
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+        why = "a FIFO, socket or device"
+    except OSError as e:
+        regular, why = False, e.strerror or "unreadable"
+    if not regular:
+        raise BadInput(f"data error: {path} is not an image file ({why}); remove it from the image folder")
+
+
 def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
     """Class folders -> (classes, files, labels), sorted so every rank sees the same order."""
     if not root.is_dir():
@@ -73,6 +85,7 @@ def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
             dirnames.sort()
             for fn in sorted(filenames):
                 if fn.lower().endswith(IMAGE_EXTENSIONS):
+                    _regular_image(Path(dirpath, fn))  # a FIFO would block its decoder forever
                     files.append(_utf8_name(Path(dirpath, fn)))
                     labels.append(label)
         if len(files) == before:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch.exit_codes import ConfigError
+from torchlaunch.ops import ranklog
 
 
 class MetricsLog:
@@ -39,7 +40,8 @@ class MetricsLog:
             os.replace(tmp, path)
         elif resume_step is None and path.is_file():
             path.unlink()
-        self._fh = open(path, "a", buffering=1)
+        # Through ranklog.open_log: a FIFO or a symlink under the name is replaced, never blocked on or written through.
+        self._fh = os.fdopen(ranklog.open_log(str(path)), "a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:

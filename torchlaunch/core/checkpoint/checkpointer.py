@@ -194,7 +194,7 @@ class Checkpointer:
         gathered = gather_objects(ctx, (capture_rng(ctx.device), previous))
         failed = [e for _, e in gathered if e]
         if failed:
-            raise CheckpointError(str(failed[0]))
+            raise store.checkpoint_error(str(failed[0]))
         if not ctx.is_main and not synchronous:
             return None
         info: CommitInfo | None = None
@@ -233,7 +233,7 @@ class Checkpointer:
                 error = _message(e)
         errors = [m for m in gather_objects(ctx, error) if m]
         if errors:
-            raise CheckpointError(str(errors[0]))
+            raise store.checkpoint_error(str(errors[0]))
         return info
 
     def _settle(self) -> str | None:

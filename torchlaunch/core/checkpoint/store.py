@@ -17,7 +17,6 @@ retention counts only folders that verify, so a corrupt or forged folder cannot 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
@@ -37,7 +36,9 @@ from typing import Any
 import torch
 import xxhash
 
+from torchlaunch import storage
 from torchlaunch.exit_codes import ConfigError
+from torchlaunch.storage import StorageError
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
@@ -50,6 +51,22 @@ QUARANTINE_DIR = "quarantine"
 
 class CheckpointError(Exception):
     """A checkpoint could not be written; the message says why and what survived."""
+
+
+STORAGE_MARK = "checkpoint error: storage: "
+"""How a storage refusal's message starts, so that every rank (which sees rank 0's message only as
+text) raises the same kind."""
+
+
+class CheckpointStorageError(CheckpointError, StorageError):
+    """The run dir's storage refused the save (full, over quota, read-only): exit 2, not 1. A retry
+    would redo every step since the last checkpoint and fail at this same save, so the scheduler must
+    not retry until someone frees space; the previous checkpoint is intact."""
+
+
+def checkpoint_error(message: str) -> CheckpointError:
+    """The exception for a save failure known by its message (from rank 0, to every rank)."""
+    return CheckpointStorageError(message) if message.startswith(STORAGE_MARK) else CheckpointError(message)
 
 
 class InvalidCheckpoint(Exception):
@@ -209,10 +226,16 @@ def write_checkpoint(
             shutil.rmtree(final, ignore_errors=True)
         previous = newest_committed(root)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-        if os_error.errno == errno.ENOSPC:
-            raise CheckpointError(
-                f"checkpoint error: no space left on device writing {final} "
-                f"(free space or point run_dir at a larger volume); {kept}"
+        if os_error.errno in storage.FULL:
+            left = storage.free_space(root)
+            raise CheckpointStorageError(
+                f"{STORAGE_MARK}no space left on device writing {final} ({left or 'unknown'} free; free space "
+                f"or point run_dir at a larger volume, then run the same command again); {kept}; exit 2: a retry "
+                "before that fails at this same save"
+            ) from None
+        if storage.is_storage(os_error):
+            raise CheckpointStorageError(
+                f"{STORAGE_MARK}{storage.describe(os_error, final, 'writing')}; {kept}; exit 2: not retried"
             ) from None
         raise CheckpointError(f"checkpoint error: writing {final} failed: {os_error} ({kept})") from None
     _remember_verified(final)
@@ -539,14 +562,27 @@ def clean_stale(root: Path) -> list[Path]:
 
 def quarantine(root: Path, path: Path) -> Path:
     """Move a committed folder that does not verify (or load) out of discovery, kept for inspection:
-    ROOT/quarantine/NAME (NAME-N when taken). Returns where it went."""
+    ROOT/quarantine/NAME (NAME-N when taken). Returns where it went.
+
+    Where ROOT/quarantine cannot take it (a file of that name, a folder on another filesystem: EXDEV,
+    read-only), it is renamed within ROOT instead, to quarantine-NAME: still out of discovery, and a
+    rename in the same folder never copies a checkpoint's bytes."""
     target_dir = root / QUARANTINE_DIR
-    target_dir.mkdir(exist_ok=True)
-    target, n = target_dir / path.name, 1
-    while target.exists():
-        target, n = target_dir / f"{path.name}-{n}", n + 1
-    os.rename(path, target)
+    try:
+        target_dir.mkdir(exist_ok=True)
+        target = _free_name(target_dir, path.name)
+        os.rename(path, target)
+    except OSError:  # FileExistsError (a file named quarantine), NotADirectoryError, EXDEV, EROFS...
+        target = _free_name(root, f"{QUARANTINE_DIR}-{path.name}")
+        os.rename(path, target)
     _VERIFIED.pop(path, None)
+    return target
+
+
+def _free_name(folder: Path, name: str) -> Path:
+    target, n = folder / name, 1
+    while os.path.lexists(target):
+        target, n = folder / f"{name}-{n}", n + 1
     return target
 
 
