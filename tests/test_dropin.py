@@ -95,6 +95,71 @@ def test_torchrun_options_without_an_equivalent_are_one_line(argv: list[str], ne
     assert len(err.strip().splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--nproc-per-node", "auto"], "--nproc-per-node auto: pass the worker count as a number (--gpus N)"),
+        (["--nproc_per_node=gpu"], "--nproc_per_node=gpu: pass the worker count as a number"),
+        (["--no-python"], "every rank runs a Python program"),
+        (["--multi_gpu"], "--gpus N"),
+        (["--mixed_precision", "bf16"], "Accelerator(mixed_precision=...)"),
+        (["--rank", "1"], "unrecognized arguments: --rank"),  # never an abbreviation of --rank-prefix
+        (["--dry", "--rank-prefix"], "unrecognized arguments: --dry"),
+    ],
+)
+def test_torchrun_and_accelerate_habits_are_refused_in_one_line(argv: list[str], needle: str, script: str) -> None:
+    code, out, err = call(["--dry-run", *argv, "--", script])
+    assert code == BAD_INPUT and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_accelerate_spellings_mean_ours(script: str) -> None:
+    ours = ["--device", "cpu", "--nnodes", "2", "--node-rank", "1", "--master-addr", "h0", "--master-port", "29511"]
+    theirs = ["--cpu", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h0"]
+    a = call(["--dry-run", *ours, "--", script])
+    b = call(["--dry-run", *theirs, "--main_process_port=29511", "--", script])
+    assert a[0] == OK and a[1] == b[1], b[2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fixed"),
+    [
+        (["--nproc_per_node=2", "SCRIPT"], "--nproc_per_node=2 -- SCRIPT"),
+        (["--gpus", "2", "SCRIPT", "--epochs", "1", "--device", "cpu"], "--gpus 2 -- SCRIPT --epochs 1 --device cpu"),
+        (["--gpus", "2", "-m", "my_pkg.train", "--lr", "1"], "--gpus 2 -- -m my_pkg.train --lr 1"),
+    ],
+)
+def test_a_program_without_the_split_is_one_line_showing_it(argv: list[str], fixed: str, script: str) -> None:
+    """torchrun's habit: the program's own options must never be read as the launcher's (--device)."""
+    code, out, err = call([script if a == "SCRIPT" else a for a in argv])
+    assert code == BAD_INPUT and out == "", err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"python -m launch.local {fixed.replace('SCRIPT', script)}" in err and "after --" in err
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_a_non_python_program_is_bad_input_not_a_syntax_error(launcher: str, tmp_path: Path) -> None:
+    """/bin/echo after -- was a SyntaxError in every rank (exit 1, which schedulers retry)."""
+    shell = tmp_path / "job.sh"
+    shell.write_text("#!/bin/sh\necho hi\n")
+    for program in ("/bin/echo", str(shell)):
+        proc = subprocess.run(
+            [sys.executable, "-m", f"launch.{launcher}", "--dry-run", "--", program, "hi"],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == BAD_INPUT, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "not a Python program" in proc.stderr, proc.stderr
+    runner = subprocess.run(
+        [sys.executable, "-m", "torchlaunch.runner", "/bin/echo"], env=child_env(), capture_output=True, text=True
+    )
+    assert runner.returncode == BAD_INPUT and "not a Python program" in runner.stderr
+
+
 def test_program_arguments_are_never_translated(tmp_path: Path, script: str) -> None:
     code, out, err = call(["--dry-run", "--device", "cpu", "--", script, "--nproc_per_node", "3", "--tee", "1"])
     assert code == OK, err

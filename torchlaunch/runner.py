@@ -215,12 +215,40 @@ def check(program: Program, cwd: str | None = None, search_path: Sequence[str] |
                 f"launch error: script {program.script}: no such file in {cwd} "
                 f"(pass an existing SCRIPT.py, or -m package.module)"
             )
+        refuse_non_python(program.script, str(path))
         return
     paths = [cwd, *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
     if module_origin(str(program.module), [p for p in paths if p] if search_path is None else search_path) is None:
         raise BadInput(
             f"launch error: module {program.module}: not found from {cwd} or PYTHONPATH "
             f"(run from the folder that holds the package, or add it to PYTHONPATH)"
+        )
+
+
+def non_python(path: str) -> str | None:
+    """What the file is when python could not run it (an executable, a shell script): None for source.
+    Only what is certain: a binary (ELF, NUL bytes) or a `#!` line naming another interpreter."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None  # python reports an unreadable file itself
+    if head.startswith(b"\x7fELF") or b"\0" in head:
+        return "a binary executable"
+    first = head.split(b"\n", 1)[0]
+    if first.startswith(b"#!") and b"python" not in first:
+        return f"a script for {first[2:].decode(errors='replace').strip() or 'another interpreter'}"
+    return None
+
+
+def refuse_non_python(shown: str, path: str) -> None:
+    """BadInput for a program python cannot run: the launcher says so once (exit 2) instead of every
+    rank failing with a SyntaxError (exit 1, which schedulers retry)."""
+    kind = non_python(path)
+    if kind is not None:
+        raise BadInput(
+            f"launch error: {shown} is {kind}, not a Python program (the ranks run SCRIPT.py or "
+            "-m package.module; start the executable from a Python script, e.g. with subprocess)"
         )
 
 
@@ -245,6 +273,7 @@ def execute(program: Program, cwd: str | None = None) -> None:
         path = os.path.abspath(os.path.join(cwd, script))  # python's __file__: absolute, links kept
         _set_path0(os.path.dirname(os.path.realpath(path)))
         if pkgutil.get_importer(path) is None:  # a source file, as runpy.run_path decides
+            refuse_non_python(script, path)  # where the launcher did not look (Kubernetes: in the image)
             _run_file(path)
         else:
             runpy.run_path(script, run_name="__main__")  # a folder or zip archive with __main__.py
