@@ -341,6 +341,26 @@ def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
     seen = records(out)
     assert len(seen) == 2 and all(s["path0"] == str(PROGRAMS) and s["cwd"] == str(PROGRAMS) for s in seen)
     assert all(s["argv"] == [str(PROGRAMS / "userpkg" / "main.py"), "0", str(out)] for s in seen)
+    assert_only_torchlaunch_importable([s["importable"] for s in seen])
+
+
+def test_rank_path_drops_the_project_root_but_never_an_installs_site_packages(tmp_path: Path) -> None:
+    from torchlaunch.launch import rankpath
+
+    assert rankpath.pythonpath(f"/a{os.pathsep}{REPO}") == f"/a{os.pathsep}{REPO / 'rankpath'}"
+    site = tmp_path / "site-packages"  # an installed torchlaunch: no rankpath/ beside it
+    (site / "torchlaunch").mkdir(parents=True)
+    assert rankpath.pythonpath(str(site), site) == str(site)
+
+
+def assert_only_torchlaunch_importable(seen: list[dict[str, str | None]]) -> None:
+    """A rank's `import tests` (or bench, examples, ...) is the user's, never the project's: the launcher
+    puts torchlaunch alone on the path (torchlaunch.launch.rankpath), even when its own PYTHONPATH holds
+    the project root (these tests' child_env does)."""
+    assert seen
+    for found in seen:
+        assert found["torchlaunch"] is not None and str(REPO) in found["torchlaunch"], found
+        assert {k: v for k, v in found.items() if k != "torchlaunch" and v is not None} == {}, found
 
 
 @pytest.mark.slow
@@ -569,6 +589,7 @@ def test_slurm_preempted_program_is_requeued_and_finishes(tmp_path: Path) -> Non
         assert len(starts) == 2 and starts[0].startswith("0 of 2 cwd ") and not starts[1].startswith("0 ")
         assert all(line.endswith(f"cwd {REPO}") for line in starts)  # ran from the submission directory
         assert count(state, rank) == 150
+    assert_only_torchlaunch_importable([json.loads((state / f"importable-rank{r}.json").read_text()) for r in (0, 1)])
     logs = "".join(p.read_text() for p in (run_dir / "slurm" / job_id).glob("*_log.out"))
     assert "at " in logs and "saved, exit 75" in logs and "preemption: checkpoint committed" in logs
 

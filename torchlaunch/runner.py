@@ -263,6 +263,9 @@ def execute(program: Program, cwd: str | None = None) -> None:
         if code:
             raise SystemExit(code)
         return
+    from torchlaunch.launch import rankpath  # only for a user's program: the project stays off its path
+
+    rankpath.scrub()
     if program.module is not None:
         sys.argv = [program.module, *program.args]  # run_module replaces argv[0] with the file
         _set_path0(cwd)  # `python -m` puts the working directory first

@@ -38,7 +38,7 @@ from torchlaunch import config as config_mod
 from torchlaunch import runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import cli, emit, precheck
+from torchlaunch.launch import cli, emit, precheck, rankpath
 from torchlaunch.launch.spec import JobSpec
 from torchlaunch.ops import ranklog, record, watchdog
 from torchlaunch.ops.launcher import Operation, prepare_rank
@@ -149,7 +149,9 @@ def task_python(spec: JobSpec, options: SlurmOptions) -> str:
 def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
     """submitit.SlurmExecutor.update_parameters(**this): one task per GPU / CPU worker."""
     setup = [
-        f"export PYTHONPATH={emit.shell_word(options.repo_root, 'the repository root')}${{PYTHONPATH:+:$PYTHONPATH}}"
+        # torchlaunch only (rankpath): the project's tests/, bench/ ... never shadow the user's packages.
+        f"export PYTHONPATH={emit.shell_word(str(Path(options.repo_root, rankpath.FOLDER.name)), 'the repository root')}"
+        "${PYTHONPATH:+:$PYTHONPATH}"
     ]
     if options.explicit_master_port:
         setup.append(f"export MASTER_PORT={spec.master_port}")
