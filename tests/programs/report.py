@@ -6,7 +6,6 @@ import json
 import os
 import sys
 
-
 PROJECT = ("tests", "bench", "examples", "faults", "configs", "torchlaunch")
 """The project's top-level folders: only torchlaunch may be importable in a user's rank."""
 
