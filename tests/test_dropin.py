@@ -278,6 +278,75 @@ def test_a_failing_single_worker_is_named_as_the_worker(tmp_path: Path) -> None:
     assert "runner.py" not in done.stderr and "runpy" not in done.stderr
 
 
+NO_HANDLER_FORKS = textwrap.dedent(
+    """
+    import os, sys, time
+    out, rank = sys.argv[1], os.environ["RANK"]
+    child = os.fork()  # what a DataLoader worker is: a fork of the rank, after the runner's handler
+    if child == 0:
+        while not os.path.exists(os.path.join(out, "go")):
+            time.sleep(0.05)
+        open(os.path.join(out, f"child{rank}-survived"), "w").close()
+        os._exit(0)
+    open(os.path.join(out, f"child{rank}"), "w").write(str(child))
+    open(os.path.join(out, f"ready{rank}"), "w").close()
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_program_without_a_handler_is_stopped_by_the_runner_and_its_forks_never_run_the_stop(
+    tmp_path: Path,
+) -> None:
+    """A program that installs no handler (timm's train.py, a Trainer script, `sleep`) used to die of the
+    signal, and the launcher told it to resume; a forked worker ran whatever handler it inherited.
+    Now the runner's own handler stops the rank (75) and says what happened; the fork ignores it."""
+    prog = tmp_path / "p.py"
+    prog.write_text(NO_HANDLER_FORKS)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.local",
+            "--device",
+            "cpu",
+            "--gpus",
+            "2",
+            "--",
+            str(prog),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready*"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        for rank in (0, 1):  # Slurm signals every process of the step, the workers too
+            os.kill(int((tmp_path / f"child{rank}").read_text()), signal.SIGUSR2)
+        (tmp_path / "go").touch()
+        while len(list(tmp_path.glob("child*-survived"))) < 2:
+            assert time.monotonic() < deadline, "a forked child died of the signal or ran the rank's stop"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == PREEMPTED, err
+    assert f"{prog} had no SIGTERM handler and was stopped by it" in err and "run is requeued" in err, err
+    line = [x for x in err.splitlines() if x.startswith("launch: preempted")]
+    assert len(line) == 1 and "resume from its own checkpoint" not in line[0], err
+
+
 HANDLER_EXITS_0 = textwrap.dedent(
     """
     import os, signal, sys, time

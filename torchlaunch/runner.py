@@ -117,6 +117,84 @@ class SignalWatch:
         self._fds = None
 
 
+class Stopped(BaseException):
+    """Raised in the program's main thread by the runner's own handler: a stop signal reached a program
+    that has no handler for it. A BaseException, so a program's `except Exception` does not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+OWNED_SIGNALS = tuple(s for s in PREEMPTION_SIGNALS if s != signal.SIGINT)
+"""What the runner handles where the program does not: SIGINT keeps Python's KeyboardInterrupt."""
+
+
+def foreign(handler: object) -> bool:
+    """A handler the runner replaces: the default action (the process dies, saying nothing) or
+    submitit's (it checkpoints the task from wherever the program is, and forked DataLoader workers
+    inherit it and race that checkpoint)."""
+    return handler == signal.SIG_DFL or str(getattr(handler, "__module__", "")).startswith("submitit")
+
+
+class SignalOwner:
+    """The runner's handler for every stop signal the program leaves to the default or to submitit, on
+    every launcher: one path, one outcome (exit 75 with what happened said). In this process it raises
+    Stopped; in a forked child (a DataLoader worker) it does nothing: the rank decides the stop and ends
+    its own children. A program's own handler, installed later, replaces it as before."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+        for sig in OWNED_SIGNALS:
+            try:
+                if foreign(signal.getsignal(sig)):
+                    self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                return
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked worker never runs the rank's stop
+        if self.received is None:
+            self.received = signum
+            raise Stopped(signum)
+
+    def close(self) -> None:
+        for sig, previous in self._previous.items():
+            with_ours = signal.getsignal(sig) == self._handle
+            if with_ours:
+                signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+RESUME_FLAGS = (
+    ("timm", "timm's train.py resumes with --resume RUN/last.pth.tar"),
+    ("transformers", "a transformers Trainer resumes with trainer.train(resume_from_checkpoint=True)"),
+    ("lightning", 'Lightning resumes with trainer.fit(..., ckpt_path="last")'),
+    ("pytorch_lightning", 'Lightning resumes with trainer.fit(..., ckpt_path="last")'),
+    ("accelerate", "Accelerate resumes with accelerator.load_state(DIR)"),
+)
+"""Frameworks recognisable from what the program imported, and how each resumes from its checkpoint."""
+
+
+def resume_hint() -> str:
+    """How this program resumes, where it is recognisable from sys.modules; else a general word."""
+    for module, hint in RESUME_FLAGS:
+        if module in sys.modules:
+            return hint
+    return "pass the program's own resume option, if it has one"
+
+
+def stopped_reason(program: Program, signum: int) -> str:
+    name = signal.Signals(signum).name
+    return (
+        f"{program.name} had no {name} handler and was stopped by it (exit 75: the run is requeued, but it "
+        f"continues only if the same command resumes from a checkpoint: {resume_hint()})"
+    )
+
+
 @dataclass(frozen=True)
 class Program:
     """What to run in every rank: a script path or a module name, and its arguments."""
@@ -305,8 +383,19 @@ def _set_path0(entry: str) -> None:
         sys.path.append(entry)
 
 
-def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
-    """Execute and turn however the program ended into (exit code, one-line reason)."""
+def outcome(program: Program, cwd: str | None = None, owner: SignalOwner | None = None) -> tuple[int, str]:
+    """Execute and turn however the program ended into (exit code, one-line reason). After the runner's
+    own handler stopped it (`owner`), whatever it ended with is that stop: exit 75, said as such."""
+    try:
+        result = _outcome(program, cwd)
+    except Stopped as stop:
+        result = PREEMPTED, stopped_reason(program, stop.signum)
+    if owner is not None and owner.received is not None and result[0] != BAD_INPUT:
+        return PREEMPTED, stopped_reason(program, owner.received)
+    return result
+
+
+def _outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
     try:
         execute(program, cwd)
     except SystemExit as e:
@@ -326,7 +415,11 @@ def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
         reason = f"{program.name} interrupted (SIGINT without a handler)"
         print(reason, file=sys.stderr, flush=True)
         return FAILURE, reason
+    except Stopped:
+        raise
     except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
+        if isinstance(e.__context__, Stopped):
+            raise e.__context__ from None  # the program failed while unwinding from the stop
         reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
         peer = status.peer_bad_input(contract.rank())
         if peer is not None:  # failed because that peer left: the launcher's one bad-input line says it all
@@ -384,12 +477,16 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
 
     ops_launcher.prepare_rank()  # stack dumps on request, the per-rank log (no-op without a launcher)
     watch = SignalWatch()
+    owner = None if program.builtin else SignalOwner()  # the built-in programs handle every stop signal
     try:
-        code, reason = outcome(program, cwd)
+        code, reason = outcome(program, cwd, owner)
         code, reason, finished = after_signal(program, code, reason, watch.seen())
     finally:
+        if owner is not None:
+            owner.close()
         watch.close()
-    if code == PREEMPTED and not finished and not status.launched() and "without declaring" in reason:
+    stopped = owner is not None and owner.received is not None
+    if code == PREEMPTED and not finished and not status.launched() and ("without declaring" in reason or stopped):
         print(f"runner: {reason}", file=sys.stderr, flush=True)  # under launch.local it says it once
     status.report(contract.rank(), code, reason, finished=finished, committed=status.committed_step())
     sys.stdout.flush()
