@@ -464,6 +464,16 @@ def describe(program: Program, code: int) -> str:
     return f"{program.name} exited {code}"
 
 
+last_reason = ""
+"""The one-line reason of the program's end in this process (the Slurm task, which runs main in-process,
+says it in its requeue line)."""
+
+
+def stopped_by_runner(reason: str) -> bool:
+    """Whether `reason` says the runner's own handler stopped a program that had none (SignalOwner)."""
+    return " handler and was stopped by it" in reason
+
+
 def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     """Run one rank of a program; the exit code, also left in the launcher's status folder."""
     try:
@@ -488,6 +498,8 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     stopped = owner is not None and owner.received is not None
     if code == PREEMPTED and not finished and not status.launched() and ("without declaring" in reason or stopped):
         print(f"runner: {reason}", file=sys.stderr, flush=True)  # under launch.local it says it once
+    global last_reason
+    last_reason = reason
     status.report(contract.rank(), code, reason, finished=finished, committed=status.committed_step())
     sys.stdout.flush()
     sys.stderr.flush()

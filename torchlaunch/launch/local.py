@@ -694,7 +694,7 @@ def preempted_line(
     if run_dir is not None:
         since = f"step {step}" if step is not None else "the beginning"
         return f"exit 75{by} without a new checkpoint in {run_dir}; the same command again restarts from {since}"
-    stopped = next((r.reason for r in found if " handler and was stopped by it" in r.reason), None)
+    stopped = next((r.reason for r in found if program_mod.stopped_by_runner(r.reason)), None)
     if stopped is not None:  # the runner's own handler stopped a program that had none (runner.SignalOwner)
         return f"preempted{by}: {stopped}"
     if any("without declaring" in r.reason for r in found):

@@ -413,8 +413,10 @@ class SlurmTask:
         requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
         if requeue.returncode != 0:
             print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})", flush=True)
+        said = program_mod.last_reason
+        what = said if program_mod.stopped_by_runner(said) else "checkpoint committed"
         print(
-            f"slurm task: {kind}: checkpoint committed, job {job_id} requeued "
+            f"slurm task: {kind}: {what}, job {job_id} requeued "
             f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
             flush=True,
         )
