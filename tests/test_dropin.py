@@ -220,6 +220,9 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
         **stale,
     )
     assert done.returncode == 0, done.stderr
+    # the dump joins no process group: with 2 ranks that is two independent runs, said in one line
+    alone = [line for line in done.stderr.splitlines() if "without ever joining a process group" in line]
+    assert len(alone) == (gpus > 1) and all("Accelerator(cpu=True)" in line for line in alone), done.stderr
     a, b = seen_env(theirs), seen_env(ours)
     assert sorted(a) == sorted(b) == [f"rank{r}" for r in range(gpus)]
     for rank, want in a.items():
@@ -238,6 +241,17 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_joining_is_counted_even_after_destroy_process_group() -> None:
+    """The runner's "never joined" line must not follow a script that joined and destroyed its group."""
+    code = (
+        "from torchlaunch import joined; joined.watch(); import torch.distributed as d; "
+        "assert not joined.joined(); d.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, "
+        "world_size=1); d.destroy_process_group(); print(joined.joined())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+
+
 def test_one_worker_can_init_process_group_from_env(tmp_path: Path) -> None:
     prog = tmp_path / "pg.py"
     prog.write_text(

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from torchlaunch import (
     contract,
+    joined,
     startup,  # noqa: F401 - before any heavy import: its clock fallback (no /proc) starts here
     status,
 )
@@ -487,6 +488,9 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
 
     ops_launcher.prepare_rank()  # stack dumps on request, the per-rank log (no-op without a launcher)
     watch = SignalWatch()
+    multi_rank = not program.builtin and contract.world_size() > 1
+    if multi_rank:
+        joined.watch()
     owner = None if program.builtin else SignalOwner()  # the built-in programs handle every stop signal
     try:
         code, reason = outcome(program, cwd, owner)
@@ -498,6 +502,14 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     stopped = owner is not None and owner.received is not None
     if code == PREEMPTED and not finished and not status.launched() and ("without declaring" in reason or stopped):
         print(f"runner: {reason}", file=sys.stderr, flush=True)  # under launch.local it says it once
+    if multi_rank and code == OK and not joined.joined() and contract.rank() == 0:
+        print(
+            f"runner: {program.name} ended 0 on rank 0 of {contract.world_size()} without ever joining a process "
+            "group: every rank ran alone, not distributed (call init_process_group; Accelerate on CPU needs "
+            "Accelerator(cpu=True))",
+            file=sys.stderr,
+            flush=True,
+        )
     global last_reason
     last_reason = reason
     status.report(contract.rank(), code, reason, finished=finished, committed=status.committed_step())
