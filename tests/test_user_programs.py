@@ -7,6 +7,7 @@ The programs under tests/programs/ use no torchlaunch.api: they only exit, raise
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
@@ -868,3 +869,51 @@ def test_peer_bad_input_reads_only_this_attempts_other_ranks(tmp_path: Path, mon
     assert status.peer_bad_input(0) is None  # its own record is not a peer's
     (tmp_path / "A1-rank1.json").write_text('{"code": 2, "reason": "data error: x", "rank": 1}')
     assert status.peer_bad_input(0) == (1, "data error: x")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("cluster")
+def test_slurm_wait_shows_stderr_and_ctrl_c_leaves_the_job_running_in_one_line(tmp_path: Path) -> None:
+    """--wait streamed rank 0's stdout only (a `logging` program showed nothing), and Ctrl-C was a
+    KeyboardInterrupt traceback with no word on the job, which kept running."""
+    from tests.test_slurm_cluster import slurm, wait_until
+
+    script = tmp_path / "logs.py"
+    script.write_text("import logging, time\nlogging.warning('to stderr via logging')\ntime.sleep(600)\n")
+    run_dir = tmp_path / "run"
+    proc = slurm_launch(run_dir, [str(script)], "--nodes", "1", "--tasks-per-node", "1", "--time", "10")
+    try:
+        wait_until(lambda: "to stderr via logging" in launcher_text(run_dir), 120, "the program's stderr line")
+        proc.send_signal(signal.SIGINT)
+        code = finish(proc, run_dir, 60)
+        text = launcher_text(run_dir)
+        job_id = text.split("submitted job ", 1)[1].split(":", 1)[0]
+        assert code == 130 and "Traceback" not in text, text[-2000:]
+        lines = [line for line in text.splitlines() if "stopped following" in line]
+        assert lines == [
+            f"launch: SIGINT: stopped following job {job_id}; the job keeps running (cancel it with: scancel {job_id})"
+        ]
+        assert slurm("squeue", "-h", "-j", job_id, "-o", "%T").strip() in ("RUNNING", "PENDING")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        text = launcher_text(run_dir)
+        if "submitted job " in text:
+            slurm("scancel", text.split("submitted job ", 1)[1].split(":", 1)[0])
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("cluster")
+def test_slurm_wait_on_a_job_no_source_knows_ends_in_one_line(tmp_path: Path) -> None:
+    """A job purged by a controller restart is unknown to sacct and scontrol: --wait polled forever."""
+    from torchlaunch.launch import slurm as slurm_mod
+
+    class Lost:
+        job_id = "987654"
+        paths = type("Paths", (), {"folder": str(tmp_path)})()
+
+    err = io.StringIO()
+    assert slurm_mod.follow(Lost(), poll_s=0.2, out=io.StringIO(), err=err, lost_after_s=1) == FAILURE
+    assert err.getvalue().count("\n") == 1 and "job 987654 is unknown to sacct and scontrol" in err.getvalue()

@@ -642,22 +642,66 @@ def final_state(job_id: str) -> str | None:
     return None
 
 
-def follow(job: Any, poll_s: float = 1.0, out: Any = None) -> int:
-    """Stream rank 0's log until any source says the job is over; return the job's exit status."""
-    out = out or sys.stdout
-    log_path = rank0_log(job)
-    offset = 0
+LOST_AFTER_S = 300.0
+"""--wait gives up on a job that no source (accounting, slurmctld) knows for this long: a controller
+restarted under a just-submitted job can purge it, and polling it would never end."""
+
+
+class _StopFollowing(Exception):
+    """SIGTERM reached `launch.slurm --wait`: stop following, like Ctrl-C."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _StopFollowing
+
+
+def follow(job: Any, poll_s: float = 1.0, out: Any = None, err: Any = None, lost_after_s: float = LOST_AFTER_S) -> int:
+    """Stream rank 0's stdout and stderr until any source says the job is over; return the job's exit
+    status. Ctrl-C or SIGTERM stop the following only, in one line: the job keeps running. A job that
+    no source knows for `lost_after_s` is one line and exit 1."""
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        return _follow(job, poll_s, out or sys.stdout, err or sys.stderr, lost_after_s)
+    except (KeyboardInterrupt, _StopFollowing) as stop:
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        print(
+            f"launch: {name}: stopped following job {job.job_id}; the job keeps running "
+            f"(cancel it with: scancel {job.job_id})",
+            file=err or sys.stderr,
+            flush=True,
+        )
+        return 128 + (signal.SIGINT if name == "SIGINT" else signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _follow(job: Any, poll_s: float, out: Any, err: Any, lost_after_s: float) -> int:
+    streams = [(rank0_log(job), out), (rank0_log(job).with_suffix(".err"), err)]
+    offsets = [0, 0]
+    known_at = time.monotonic()
     while True:
-        state = final_state(job.job_id)
-        if log_path.exists():
-            with open(log_path, encoding="utf-8", errors="replace") as stream:
-                stream.seek(offset)
-                chunk = stream.read()
-                offset = stream.tell()
-            out.write(chunk)
-            out.flush()
+        said = [source(job.job_id) for source in STATE_SOURCES]
+        state = next((one for one in said if one.split()[0] in TERMINAL_STATES), None)
+        for i, (path, stream) in enumerate(streams):
+            if path.exists():
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    f.seek(offsets[i])
+                    chunk = f.read()
+                    offsets[i] = f.tell()
+                stream.write(chunk)
+                stream.flush()
         if state is not None:
             break
+        if any(one != "UNKNOWN" for one in said):
+            known_at = time.monotonic()
+        elif time.monotonic() - known_at > lost_after_s:
+            print(
+                f"launch: job {job.job_id} is unknown to sacct and scontrol for {lost_after_s:.0f} s (lost, e.g. "
+                "purged by a controller restart); stopped waiting; submit the same command again",
+                file=err,
+                flush=True,
+            )
+            return FAILURE
         time.sleep(poll_s)  # polling the scheduler: there is nothing to wait on
     return exit_status(job, state)
 
