@@ -158,6 +158,8 @@ class SignalOwner:
     def _handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self.pid:
             return  # a forked worker never runs the rank's stop
+        if signal.getsignal(signum) != self._handle:
+            return  # called by the program's own handler chaining its predecessor (Lightning's): theirs decides
         if self.received is None:
             self.received = signum
             raise Stopped(signum)
