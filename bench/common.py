@@ -160,7 +160,8 @@ def peers_python() -> Path:
     return REPO / "bench" / ".venv-peers" / "bin" / "python"
 
 
-PEER_PACKAGES = ("lightning", "accelerate", "matplotlib")
+PEER_PACKAGES = ("lightning", "accelerate", "matplotlib", "timm==1.0.31", "transformers==5.24.0")
+"""timm and transformers: their real scripts under our launchers (a program with no signal handler)."""
 
 
 def ensure_peers_venv(log: Callable[[str], None] = print) -> Path | None:
@@ -169,7 +170,7 @@ def ensure_peers_venv(log: Callable[[str], None] = print) -> Path | None:
     our launchers, never project dependencies) and matplotlib. None when pip cannot install them
     (offline without an index)."""
     py = peers_python()
-    probe = [str(py), "-c", "import lightning, accelerate, matplotlib"]
+    probe = [str(py), "-c", "import lightning, accelerate, matplotlib, timm, transformers"]
     if py.is_file() and subprocess.run(probe, capture_output=True).returncode == 0:
         return py
     venv = py.parent.parent

@@ -242,6 +242,16 @@ cluster_ready() {
   sacct -n -X -S now-1minutes >/dev/null 2>&1
 }
 
+# A job submitted now runs and is accounted: slurmctld can answer ping and show idle nodes while still
+# recovering its state, and a job submitted then may be purged (seen: `up` in 0 s, next job lost).
+probe_job_runs() {
+  local id
+  id=$(timeout 60 sbatch --parsable --wait -p low -N 1 -t 1 -J dev-cluster-probe -o /dev/null --wrap true) || return 1
+  id=${id%%;*}
+  [[ $(sacct -n -X -P -o State -j "$id" 2>/dev/null | head -n 1) == COMPLETED ]] ||
+    [[ $(scontrol show job -o "$id" 2>/dev/null) == *JobState=COMPLETED* ]]
+}
+
 cmd_up() {
   local started=$SECONDS
   install_packages
@@ -255,6 +265,7 @@ cmd_up() {
   # Nodes left DOWN/DRAIN by an earlier run come back on their own (ReturnToService=2); this is a nudge.
   scontrol update NodeName=n1,n2 State=RESUME >/dev/null 2>&1 || true
   wait_for "$UP_TIMEOUT_S" "nodes n1 n2 idle and sacct answering" cluster_ready
+  wait_for "$UP_TIMEOUT_S" "a probe job to run and be accounted" probe_job_runs
   log "up in $((SECONDS - started)) s; state in $STATE"
   log "sbatch/sinfo find this cluster only with SLURM_CONF set: in each shell run  eval \"\$(slurm/dev-cluster.sh env)\""
   cmd_env

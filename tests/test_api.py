@@ -7,6 +7,7 @@ a real SIGTERM at a seeded step, rerun it and compare the final weights bit for 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -365,3 +366,35 @@ def test_custom_loop_two_ranks_under_torchrun_resumes_exactly(tmp_path: Path) ->
     assert rc == 0, err[-2000:]
     assert f"resumed at step {stopped}\n" in out and f"\nstep {stopped + 1}/" in out
     assert_models_equal(tmp_path / "reference" / "model.pt", run_dir / "model.pt")
+
+
+LAGGED = """
+import json, os, signal, sys
+from torchlaunch import api
+
+ctx = api.setup(signals=("SIGUSR1",))
+answers = []
+for call in range(1, 13):
+    if call == 5 and ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGUSR1)  # flag-only handler: rank 1 alone asks to stop
+    answers.append(api.preemption_requested(call))
+with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as f:
+    json.dump(answers, f)
+api.teardown()
+sys.exit(api.PREEMPTED)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_preemption_requested_answers_two_calls_later_on_every_rank(tmp_path: Path) -> None:
+    """A loop asking every step must not sync the device every step: the flag is all-reduced without
+    waiting and read 2 calls later (the Trainer's lag), the same call on every rank."""
+    script = tmp_path / "lagged.py"
+    script.write_text(LAGGED)
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--"]
+    rc, _, err = run_cmd([*argv, str(script), str(tmp_path)], timeout=180)
+    assert rc == api.PREEMPTED, err[-2000:]
+    for rank in (0, 1):
+        answers = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert answers.index(True) == 6 and all(answers[6:]), (rank, answers)  # posted at call 5, read at 7

@@ -51,5 +51,14 @@ def test_ten_down_up_cycles_each_end_with_a_serving_cluster() -> None:
         retries += up.stderr.count("retrying once")
         ok, seen = _cluster_answers(env)
         assert ok, f"cycle {cycle}: up returned 0 but the cluster does not serve:\n{seen}"
+        # the next submission runs: `up` used to return while slurmctld still recovered state and lost it
+        job = subprocess.run(
+            ["sbatch", "--wait", "-p", "low", "-N", "1", "-t", "1", "-o", "/dev/null", "--wrap", "true"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert job.returncode == 0, f"cycle {cycle}: a job submitted right after up did not run:\n{job.stderr}"
     # The cluster stays up for the tests that follow; a retry is allowed, a failed cycle is not.
     print(f"{CYCLES} cycles, {retries} daemon start(s) retried")

@@ -95,6 +95,71 @@ def test_torchrun_options_without_an_equivalent_are_one_line(argv: list[str], ne
     assert len(err.strip().splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--nproc-per-node", "auto"], "--nproc-per-node auto: pass the worker count as a number (--gpus N)"),
+        (["--nproc_per_node=gpu"], "--nproc_per_node=gpu: pass the worker count as a number"),
+        (["--no-python"], "every rank runs a Python program"),
+        (["--multi_gpu"], "--gpus N"),
+        (["--mixed_precision", "bf16"], "Accelerator(mixed_precision=...)"),
+        (["--rank", "1"], "unrecognized arguments: --rank"),  # never an abbreviation of --rank-prefix
+        (["--dry", "--rank-prefix"], "unrecognized arguments: --dry"),
+    ],
+)
+def test_torchrun_and_accelerate_habits_are_refused_in_one_line(argv: list[str], needle: str, script: str) -> None:
+    code, out, err = call(["--dry-run", *argv, "--", script])
+    assert code == BAD_INPUT and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_accelerate_spellings_mean_ours(script: str) -> None:
+    ours = ["--device", "cpu", "--nnodes", "2", "--node-rank", "1", "--master-addr", "h0", "--master-port", "29511"]
+    theirs = ["--cpu", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h0"]
+    a = call(["--dry-run", *ours, "--", script])
+    b = call(["--dry-run", *theirs, "--main_process_port=29511", "--", script])
+    assert a[0] == OK and a[1] == b[1], b[2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fixed"),
+    [
+        (["--nproc_per_node=2", "SCRIPT"], "--nproc_per_node=2 -- SCRIPT"),
+        (["--gpus", "2", "SCRIPT", "--epochs", "1", "--device", "cpu"], "--gpus 2 -- SCRIPT --epochs 1 --device cpu"),
+        (["--gpus", "2", "-m", "my_pkg.train", "--lr", "1"], "--gpus 2 -- -m my_pkg.train --lr 1"),
+    ],
+)
+def test_a_program_without_the_split_is_one_line_showing_it(argv: list[str], fixed: str, script: str) -> None:
+    """torchrun's habit: the program's own options must never be read as the launcher's (--device)."""
+    code, out, err = call([script if a == "SCRIPT" else a for a in argv])
+    assert code == BAD_INPUT and out == "", err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"python -m launch.local {fixed.replace('SCRIPT', script)}" in err and "after --" in err
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_a_non_python_program_is_bad_input_not_a_syntax_error(launcher: str, tmp_path: Path) -> None:
+    """/bin/echo after -- was a SyntaxError in every rank (exit 1, which schedulers retry)."""
+    shell = tmp_path / "job.sh"
+    shell.write_text("#!/bin/sh\necho hi\n")
+    for program in ("/bin/echo", str(shell)):
+        proc = subprocess.run(
+            [sys.executable, "-m", f"launch.{launcher}", "--dry-run", "--", program, "hi"],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == BAD_INPUT, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "not a Python program" in proc.stderr, proc.stderr
+    runner = subprocess.run(
+        [sys.executable, "-m", "torchlaunch.runner", "/bin/echo"], env=child_env(), capture_output=True, text=True
+    )
+    assert runner.returncode == BAD_INPUT and "not a Python program" in runner.stderr
+
+
 def test_program_arguments_are_never_translated(tmp_path: Path, script: str) -> None:
     code, out, err = call(["--dry-run", "--device", "cpu", "--", script, "--nproc_per_node", "3", "--tee", "1"])
     assert code == OK, err
@@ -155,6 +220,9 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
         **stale,
     )
     assert done.returncode == 0, done.stderr
+    # the dump joins no process group: with 2 ranks that is two independent runs, said in one line
+    alone = [line for line in done.stderr.splitlines() if "without ever joining a process group" in line]
+    assert len(alone) == (gpus > 1) and all("Accelerator(cpu=True)" in line for line in alone), done.stderr
     a, b = seen_env(theirs), seen_env(ours)
     assert sorted(a) == sorted(b) == [f"rank{r}" for r in range(gpus)]
     for rank, want in a.items():
@@ -173,6 +241,17 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_joining_is_counted_even_after_destroy_process_group() -> None:
+    """The runner's "never joined" line must not follow a script that joined and destroyed its group."""
+    code = (
+        "from torchlaunch import joined; joined.watch(); import torch.distributed as d; "
+        "assert not joined.joined(); d.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, "
+        "world_size=1); d.destroy_process_group(); print(joined.joined())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+
+
 def test_one_worker_can_init_process_group_from_env(tmp_path: Path) -> None:
     prog = tmp_path / "pg.py"
     prog.write_text(
@@ -211,6 +290,75 @@ def test_a_failing_single_worker_is_named_as_the_worker(tmp_path: Path) -> None:
     trace = done.stderr[done.stderr.index("Traceback (most recent call last):") :].splitlines()
     assert trace[1].startswith(f'  File "{prog}", line 5'), trace[:4]  # the user's frame first
     assert "runner.py" not in done.stderr and "runpy" not in done.stderr
+
+
+NO_HANDLER_FORKS = textwrap.dedent(
+    """
+    import os, sys, time
+    out, rank = sys.argv[1], os.environ["RANK"]
+    child = os.fork()  # what a DataLoader worker is: a fork of the rank, after the runner's handler
+    if child == 0:
+        while not os.path.exists(os.path.join(out, "go")):
+            time.sleep(0.05)
+        open(os.path.join(out, f"child{rank}-survived"), "w").close()
+        os._exit(0)
+    open(os.path.join(out, f"child{rank}"), "w").write(str(child))
+    open(os.path.join(out, f"ready{rank}"), "w").close()
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_program_without_a_handler_is_stopped_by_the_runner_and_its_forks_never_run_the_stop(
+    tmp_path: Path,
+) -> None:
+    """A program that installs no handler (timm's train.py, a Trainer script, `sleep`) used to die of the
+    signal, and the launcher told it to resume; a forked worker ran whatever handler it inherited.
+    Now the runner's own handler stops the rank (75) and says what happened; the fork ignores it."""
+    prog = tmp_path / "p.py"
+    prog.write_text(NO_HANDLER_FORKS)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchlaunch.launch.local",
+            "--device",
+            "cpu",
+            "--gpus",
+            "2",
+            "--",
+            str(prog),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready*"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        for rank in (0, 1):  # Slurm signals every process of the step, the workers too
+            os.kill(int((tmp_path / f"child{rank}").read_text()), signal.SIGUSR2)
+        (tmp_path / "go").touch()
+        while len(list(tmp_path.glob("child*-survived"))) < 2:
+            assert time.monotonic() < deadline, "a forked child died of the signal or ran the rank's stop"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == PREEMPTED, err
+    assert f"{prog} had no SIGTERM handler and was stopped by it" in err and "run is requeued" in err, err
+    line = [x for x in err.splitlines() if x.startswith("launch: preempted")]
+    assert len(line) == 1 and "resume from its own checkpoint" not in line[0], err
 
 
 HANDLER_EXITS_0 = textwrap.dedent(

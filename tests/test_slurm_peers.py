@@ -94,3 +94,34 @@ def test_peer_framework_preempted_is_requeued_and_resumes(cluster: str, tmp_path
     assert states[0] == "REQUEUED" and states[-1] == "COMPLETED" and set(states[:-1]) == {"REQUEUED"}, states
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed"] is True and result[key] > 0
+
+
+@pytest.mark.timeout(500)
+def test_trainer_script_without_a_handler_is_stopped_by_the_runner_and_requeued(cluster: str, tmp_path: Path) -> None:
+    """A real `Trainer` script installs no signal handler and forks DataLoader workers. submitit's
+    handler used to run in the rank and in the workers (`A temporary saved file already exists`, a
+    worker exiting 255, `preemptions 0`); now the runner owns the signal: the task says what happened
+    and how Trainer resumes, is requeued once, and the script's own resume finishes the run."""
+    run_dir = tmp_path / "trainer"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "launch.slurm", "--nodes", "1", "--tasks-per-node", "1", "--time", "20"]
+    argv += ["--python", str(PEERS), "--run-dir", str(run_dir), "--wait", "--"]
+    argv += ["tests/programs/trainer_train.py", str(run_dir), "--steps", "60"]
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as out:
+        proc = subprocess.Popen(
+            argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=subprocess.STDOUT
+        )
+    step = run_dir / "step"
+    wait_until(lambda: step.exists() and int(step.read_text() or 0) >= 7, 240, "the Trainer's first checkpoint")
+    slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")
+    code, text = finished(proc, run_dir, 400)
+    assert code == 0, text[-3000:]
+    states = requeue_records(job_id(text))
+    assert states[0] == "REQUEUED" and states[-1] == "COMPLETED", states
+    logs = "".join(p.read_text(errors="replace") for p in (run_dir / "slurm" / job_id(text)).glob("*_log.*"))
+    assert "had no SIG" in logs and "handler and was stopped by it" in logs, logs[-3000:]
+    assert "resume_from_checkpoint=True" in logs, logs[-3000:]
+    assert "A temporary saved file already exists" not in logs and "exited unexpectedly" not in logs, logs[-3000:]
+    assert "preemptions 1" in logs, logs[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result == {"resumed": True, "global_step": 60}

@@ -56,3 +56,23 @@ def test_without_a_group_the_flag_is_read_directly() -> None:
     assert agreement.read(1) is False
     assert agreement.read(2) is True
     assert agreement.drain() is False
+
+
+def test_the_store_host_leaves_only_after_every_peer_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 hosts the TCPStore (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): when it exited first, a peer
+    still in destroy_process_group lost the store under a C++ thread ("terminate called without an
+    active exception"). The host now waits for every peer's word, bounded when a peer never comes."""
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+
+    from torchlaunch.core import dist as core_dist
+
+    host = tdist.TCPStore("127.0.0.1", 0, 3, True, timedelta(seconds=30), wait_for_workers=False)
+    peer = tdist.TCPStore("127.0.0.1", host.port, 3, False, timedelta(seconds=30))
+    core_dist.leave_after_peers(peer, 1, 2)
+    assert host.check(["torchlaunch/left/1"])
+    core_dist.leave_after_peers(host, 0, 2)  # returns: its one peer has left
+    monkeypatch.setattr(core_dist, "LEAVE_TIMEOUT_S", 0.2)
+    core_dist.leave_after_peers(host, 0, 3)  # rank 2 never says it left (died): not waited for forever
+    assert not host.check(["torchlaunch/left/2"])

@@ -7,6 +7,7 @@ The programs under tests/programs/ use no torchlaunch.api: they only exit, raise
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
@@ -341,6 +342,26 @@ def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
     seen = records(out)
     assert len(seen) == 2 and all(s["path0"] == str(PROGRAMS) and s["cwd"] == str(PROGRAMS) for s in seen)
     assert all(s["argv"] == [str(PROGRAMS / "userpkg" / "main.py"), "0", str(out)] for s in seen)
+    assert_only_torchlaunch_importable([s["importable"] for s in seen])
+
+
+def test_rank_path_drops_the_project_root_but_never_an_installs_site_packages(tmp_path: Path) -> None:
+    from torchlaunch.launch import rankpath
+
+    assert rankpath.pythonpath(f"/a{os.pathsep}{REPO}") == f"/a{os.pathsep}{REPO / 'rankpath'}"
+    site = tmp_path / "site-packages"  # an installed torchlaunch: no rankpath/ beside it
+    (site / "torchlaunch").mkdir(parents=True)
+    assert rankpath.pythonpath(str(site), site) == str(site)
+
+
+def assert_only_torchlaunch_importable(seen: list[dict[str, str | None]]) -> None:
+    """A rank's `import tests` (or bench, examples, ...) is the user's, never the project's: the launcher
+    puts torchlaunch alone on the path (torchlaunch.launch.rankpath), even when its own PYTHONPATH holds
+    the project root (these tests' child_env does)."""
+    assert seen
+    for found in seen:
+        assert found["torchlaunch"] is not None and str(REPO) in found["torchlaunch"], found
+        assert {k: v for k, v in found.items() if k != "torchlaunch" and v is not None} == {}, found
 
 
 @pytest.mark.slow
@@ -569,6 +590,7 @@ def test_slurm_preempted_program_is_requeued_and_finishes(tmp_path: Path) -> Non
         assert len(starts) == 2 and starts[0].startswith("0 of 2 cwd ") and not starts[1].startswith("0 ")
         assert all(line.endswith(f"cwd {REPO}") for line in starts)  # ran from the submission directory
         assert count(state, rank) == 150
+    assert_only_torchlaunch_importable([json.loads((state / f"importable-rank{r}.json").read_text()) for r in (0, 1)])
     logs = "".join(p.read_text() for p in (run_dir / "slurm" / job_id).glob("*_log.out"))
     assert "at " in logs and "saved, exit 75" in logs and "preemption: checkpoint committed" in logs
 
@@ -847,3 +869,51 @@ def test_peer_bad_input_reads_only_this_attempts_other_ranks(tmp_path: Path, mon
     assert status.peer_bad_input(0) is None  # its own record is not a peer's
     (tmp_path / "A1-rank1.json").write_text('{"code": 2, "reason": "data error: x", "rank": 1}')
     assert status.peer_bad_input(0) == (1, "data error: x")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("cluster")
+def test_slurm_wait_shows_stderr_and_ctrl_c_leaves_the_job_running_in_one_line(tmp_path: Path) -> None:
+    """--wait streamed rank 0's stdout only (a `logging` program showed nothing), and Ctrl-C was a
+    KeyboardInterrupt traceback with no word on the job, which kept running."""
+    from tests.test_slurm_cluster import slurm, wait_until
+
+    script = tmp_path / "logs.py"
+    script.write_text("import logging, time\nlogging.warning('to stderr via logging')\ntime.sleep(600)\n")
+    run_dir = tmp_path / "run"
+    proc = slurm_launch(run_dir, [str(script)], "--nodes", "1", "--tasks-per-node", "1", "--time", "10")
+    try:
+        wait_until(lambda: "to stderr via logging" in launcher_text(run_dir), 120, "the program's stderr line")
+        proc.send_signal(signal.SIGINT)
+        code = finish(proc, run_dir, 60)
+        text = launcher_text(run_dir)
+        job_id = text.split("submitted job ", 1)[1].split(":", 1)[0]
+        assert code == 130 and "Traceback" not in text, text[-2000:]
+        lines = [line for line in text.splitlines() if "stopped following" in line]
+        assert lines == [
+            f"launch: SIGINT: stopped following job {job_id}; the job keeps running (cancel it with: scancel {job_id})"
+        ]
+        assert slurm("squeue", "-h", "-j", job_id, "-o", "%T").strip() in ("RUNNING", "PENDING")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        text = launcher_text(run_dir)
+        if "submitted job " in text:
+            slurm("scancel", text.split("submitted job ", 1)[1].split(":", 1)[0])
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("cluster")
+def test_slurm_wait_on_a_job_no_source_knows_ends_in_one_line(tmp_path: Path) -> None:
+    """A job purged by a controller restart is unknown to sacct and scontrol: --wait polled forever."""
+    from torchlaunch.launch import slurm as slurm_mod
+
+    class Lost:
+        job_id = "987654"
+        paths = type("Paths", (), {"folder": str(tmp_path)})()
+
+    err = io.StringIO()
+    assert slurm_mod.follow(Lost(), poll_s=0.2, out=io.StringIO(), err=err, lost_after_s=1) == FAILURE
+    assert err.getvalue().count("\n") == 1 and "job 987654 is unknown to sacct and scontrol" in err.getvalue()

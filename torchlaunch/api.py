@@ -37,7 +37,7 @@ import torch
 from torchlaunch import status as _status
 from torchlaunch.core import checkpoint as _ckpt
 from torchlaunch.core import dist as _dist
-from torchlaunch.core.preemption import PreemptionWatcher, agree
+from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.ops.progress import heartbeat
@@ -106,6 +106,8 @@ class _Session:
     calls: int = 0
     """preemption_requested() calls so far: the heartbeat's step when the caller passes none."""
     checkpointers: list[Checkpointer] = field(default_factory=list)
+    agreement: StepAgreement | None = None
+    """preemption_requested()'s lagged all-reduces (created at the first call)."""
 
 
 _session: _Session | None = None
@@ -153,6 +155,8 @@ def teardown(clean: bool = True) -> None:
             checkpointer.wait()
             if checkpointer._saved is not None:
                 _status.note_committed(checkpointer._saved)  # durable now: the launcher may say so
+        if clean and session.agreement is not None:
+            session.agreement.drain()  # every rank posted the same calls: none is left in flight
     finally:
         session.watcher.restore()
         _dist.teardown(session.ctx.dist, clean=clean)
@@ -166,18 +170,32 @@ def _active() -> _Session:
     return _session
 
 
+AGREEMENT_LAG = 2
+"""Calls between a rank posting its flag and every rank reading the agreed value (the built-in
+Trainer's lag): the all-reduce runs behind the step's work, so asking every step never syncs the device."""
+
+
 def preemption_requested(step: int | None = None) -> bool:
-    """True on every rank when any rank got a preemption signal: one tiny all-reduce, so every rank
-    must call it at the same step. Then save (every rank) and exit with PREEMPTED.
+    """True on every rank when any rank got a preemption signal, at the same call on every rank, so every
+    rank must call it once per step. Then save (every rank) and exit with PREEMPTED.
+
+    When the answer arrives: with several ranks each call starts a non-blocking all-reduce of this
+    rank's flag and reads the one started AGREEMENT_LAG (2) calls earlier, as the built-in Trainer does,
+    so a signal is answered True at most 2 calls after it arrived and no call waits for the device;
+    in a single process (no process group) the answer is the flag itself, at once.
 
     Also the per-step heartbeat: `step` (a Python int, the steps done) is what the launcher's status
     and watchdog show; without it, the number of calls so far."""
     session = _active()
     session.calls += 1
     heartbeat(session.calls if step is None else int(step))
-    (requested,) = agree(session.ctx.dist, session.watcher.requested)
+    if session.agreement is None:
+        session.agreement = StepAgreement(session.ctx.dist)
+    session.agreement.post(session.calls, session.watcher.requested)
+    lag = AGREEMENT_LAG if session.ctx.dist.distributed else 0
+    requested = session.agreement.read(session.calls - lag)
     session.stopping = session.stopping or requested
-    return requested
+    return session.stopping
 
 
 class Checkpointer:

@@ -66,6 +66,11 @@ def rank(env: Mapping[str, str] | None = None) -> int:
     return _lenient("RANK", env)
 
 
+def world_size(env: Mapping[str, str] | None = None) -> int:
+    """The number of ranks of the job (0 when unset: no launcher)."""
+    return _lenient("WORLD_SIZE", env)
+
+
 def local_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's rank on its machine (0 alone)."""
     return _lenient("LOCAL_RANK", env)

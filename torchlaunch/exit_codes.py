@@ -40,6 +40,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
     error_prefix = ""
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--rank 1` is refused, never read as `--rank-prefix`
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
     def error(self, message: str) -> NoReturn:
         raise BadInput(f"{self.error_prefix}{message} (see {self.prog} --help)")
 

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from torchlaunch import (
     contract,
+    joined,
     startup,  # noqa: F401 - before any heavy import: its clock fallback (no /proc) starts here
     status,
 )
@@ -115,6 +116,86 @@ class SignalWatch:
         for fd in self._fds:
             os.close(fd)
         self._fds = None
+
+
+class Stopped(BaseException):
+    """Raised in the program's main thread by the runner's own handler: a stop signal reached a program
+    that has no handler for it. A BaseException, so a program's `except Exception` does not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+OWNED_SIGNALS = tuple(s for s in PREEMPTION_SIGNALS if s != signal.SIGINT)
+"""What the runner handles where the program does not: SIGINT keeps Python's KeyboardInterrupt."""
+
+
+def foreign(handler: object) -> bool:
+    """A handler the runner replaces: the default action (the process dies, saying nothing) or
+    submitit's (it checkpoints the task from wherever the program is, and forked DataLoader workers
+    inherit it and race that checkpoint)."""
+    return handler == signal.SIG_DFL or str(getattr(handler, "__module__", "")).startswith("submitit")
+
+
+class SignalOwner:
+    """The runner's handler for every stop signal the program leaves to the default or to submitit, on
+    every launcher: one path, one outcome (exit 75 with what happened said). In this process it raises
+    Stopped; in a forked child (a DataLoader worker) it does nothing: the rank decides the stop and ends
+    its own children. A program's own handler, installed later, replaces it as before."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+        for sig in OWNED_SIGNALS:
+            try:
+                if foreign(signal.getsignal(sig)):
+                    self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                return
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked worker never runs the rank's stop
+        if signal.getsignal(signum) != self._handle:
+            return  # called by the program's own handler chaining its predecessor (Lightning's): theirs decides
+        if self.received is None:
+            self.received = signum
+            raise Stopped(signum)
+
+    def close(self) -> None:
+        for sig, previous in self._previous.items():
+            with_ours = signal.getsignal(sig) == self._handle
+            if with_ours:
+                signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+RESUME_FLAGS = (
+    ("timm", "timm's train.py resumes with --resume RUN/last.pth.tar"),
+    ("transformers", "a transformers Trainer resumes with trainer.train(resume_from_checkpoint=True)"),
+    ("lightning", 'Lightning resumes with trainer.fit(..., ckpt_path="last")'),
+    ("pytorch_lightning", 'Lightning resumes with trainer.fit(..., ckpt_path="last")'),
+    ("accelerate", "Accelerate resumes with accelerator.load_state(DIR)"),
+)
+"""Frameworks recognisable from what the program imported, and how each resumes from its checkpoint."""
+
+
+def resume_hint() -> str:
+    """How this program resumes, where it is recognisable from sys.modules; else a general word."""
+    for module, hint in RESUME_FLAGS:
+        if module in sys.modules:
+            return hint
+    return "pass the program's own resume option, if it has one"
+
+
+def stopped_reason(program: Program, signum: int) -> str:
+    name = signal.Signals(signum).name
+    return (
+        f"{program.name} had no {name} handler and was stopped by it (exit 75: the run is requeued, but it "
+        f"continues only if the same command resumes from a checkpoint: {resume_hint()})"
+    )
 
 
 @dataclass(frozen=True)
@@ -215,12 +296,40 @@ def check(program: Program, cwd: str | None = None, search_path: Sequence[str] |
                 f"launch error: script {program.script}: no such file in {cwd} "
                 f"(pass an existing SCRIPT.py, or -m package.module)"
             )
+        refuse_non_python(program.script, str(path))
         return
     paths = [cwd, *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
     if module_origin(str(program.module), [p for p in paths if p] if search_path is None else search_path) is None:
         raise BadInput(
             f"launch error: module {program.module}: not found from {cwd} or PYTHONPATH "
             f"(run from the folder that holds the package, or add it to PYTHONPATH)"
+        )
+
+
+def non_python(path: str) -> str | None:
+    """What the file is when python could not run it (an executable, a shell script): None for source.
+    Only what is certain: a binary (ELF, NUL bytes) or a `#!` line naming another interpreter."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None  # python reports an unreadable file itself
+    if head.startswith(b"\x7fELF") or b"\0" in head:
+        return "a binary executable"
+    first = head.split(b"\n", 1)[0]
+    if first.startswith(b"#!") and b"python" not in first:
+        return f"a script for {first[2:].decode(errors='replace').strip() or 'another interpreter'}"
+    return None
+
+
+def refuse_non_python(shown: str, path: str) -> None:
+    """BadInput for a program python cannot run: the launcher says so once (exit 2) instead of every
+    rank failing with a SyntaxError (exit 1, which schedulers retry)."""
+    kind = non_python(path)
+    if kind is not None:
+        raise BadInput(
+            f"launch error: {shown} is {kind}, not a Python program (the ranks run SCRIPT.py or "
+            "-m package.module; start the executable from a Python script, e.g. with subprocess)"
         )
 
 
@@ -235,6 +344,9 @@ def execute(program: Program, cwd: str | None = None) -> None:
         if code:
             raise SystemExit(code)
         return
+    from torchlaunch.launch import rankpath  # only for a user's program: the project stays off its path
+
+    rankpath.scrub()
     if program.module is not None:
         sys.argv = [program.module, *program.args]  # run_module replaces argv[0] with the file
         _set_path0(cwd)  # `python -m` puts the working directory first
@@ -245,6 +357,7 @@ def execute(program: Program, cwd: str | None = None) -> None:
         path = os.path.abspath(os.path.join(cwd, script))  # python's __file__: absolute, links kept
         _set_path0(os.path.dirname(os.path.realpath(path)))
         if pkgutil.get_importer(path) is None:  # a source file, as runpy.run_path decides
+            refuse_non_python(script, path)  # where the launcher did not look (Kubernetes: in the image)
             _run_file(path)
         else:
             runpy.run_path(script, run_name="__main__")  # a folder or zip archive with __main__.py
@@ -273,8 +386,19 @@ def _set_path0(entry: str) -> None:
         sys.path.append(entry)
 
 
-def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
-    """Execute and turn however the program ended into (exit code, one-line reason)."""
+def outcome(program: Program, cwd: str | None = None, owner: SignalOwner | None = None) -> tuple[int, str]:
+    """Execute and turn however the program ended into (exit code, one-line reason). After the runner's
+    own handler stopped it (`owner`), whatever it ended with is that stop: exit 75, said as such."""
+    try:
+        result = _outcome(program, cwd)
+    except Stopped as stop:
+        result = PREEMPTED, stopped_reason(program, stop.signum)
+    if owner is not None and owner.received is not None and result[0] != BAD_INPUT:
+        return PREEMPTED, stopped_reason(program, owner.received)
+    return result
+
+
+def _outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
     try:
         execute(program, cwd)
     except SystemExit as e:
@@ -294,7 +418,11 @@ def outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
         reason = f"{program.name} interrupted (SIGINT without a handler)"
         print(reason, file=sys.stderr, flush=True)
         return FAILURE, reason
+    except Stopped:
+        raise
     except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
+        if isinstance(e.__context__, Stopped):
+            raise e.__context__ from None  # the program failed while unwinding from the stop
         reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
         peer = status.peer_bad_input(contract.rank())
         if peer is not None:  # failed because that peer left: the launcher's one bad-input line says it all
@@ -339,6 +467,16 @@ def describe(program: Program, code: int) -> str:
     return f"{program.name} exited {code}"
 
 
+last_reason = ""
+"""The one-line reason of the program's end in this process (the Slurm task, which runs main in-process,
+says it in its requeue line)."""
+
+
+def stopped_by_runner(reason: str) -> bool:
+    """Whether `reason` says the runner's own handler stopped a program that had none (SignalOwner)."""
+    return " handler and was stopped by it" in reason
+
+
 def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     """Run one rank of a program; the exit code, also left in the launcher's status folder."""
     try:
@@ -352,13 +490,30 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
 
     ops_launcher.prepare_rank()  # stack dumps on request, the per-rank log (no-op without a launcher)
     watch = SignalWatch()
+    multi_rank = not program.builtin and contract.world_size() > 1
+    if multi_rank:
+        joined.watch()
+    owner = None if program.builtin else SignalOwner()  # the built-in programs handle every stop signal
     try:
-        code, reason = outcome(program, cwd)
+        code, reason = outcome(program, cwd, owner)
         code, reason, finished = after_signal(program, code, reason, watch.seen())
     finally:
+        if owner is not None:
+            owner.close()
         watch.close()
-    if code == PREEMPTED and not finished and not status.launched() and "without declaring" in reason:
+    stopped = owner is not None and owner.received is not None
+    if code == PREEMPTED and not finished and not status.launched() and ("without declaring" in reason or stopped):
         print(f"runner: {reason}", file=sys.stderr, flush=True)  # under launch.local it says it once
+    if multi_rank and code == OK and not joined.joined() and contract.rank() == 0:
+        print(
+            f"runner: {program.name} ended 0 on rank 0 of {contract.world_size()} without ever joining a process "
+            "group: every rank ran alone, not distributed (call init_process_group; Accelerate on CPU needs "
+            "Accelerator(cpu=True))",
+            file=sys.stderr,
+            flush=True,
+        )
+    global last_reason
+    last_reason = reason
     status.report(contract.rank(), code, reason, finished=finished, committed=status.committed_step())
     sys.stdout.flush()
     sys.stderr.flush()

@@ -2,10 +2,13 @@
 per 0.1 s, keeping its count in STATE_DIR; SIGTERM, SIGUSR1 or SIGUSR2 (what Slurm and Kubernetes
 send) make it save the count and exit 75, and the next run continues from it."""
 
+import json
 import os
 import signal
 import sys
 import time
+
+from report import importable  # tests/programs/report.py, beside this script
 
 stop = {"signal": 0}
 
@@ -30,6 +33,8 @@ if __name__ == "__main__":
     count = int(open(path).read()) if os.path.exists(path) else 0
     with open(os.path.join(state_dir, f"starts-rank{rank}"), "a") as starts:
         starts.write(f"{count} of {os.environ.get('WORLD_SIZE')} cwd {os.getcwd()}\n")
+    with open(os.path.join(state_dir, f"importable-rank{rank}.json"), "w") as seen:
+        seen.write(json.dumps(importable()))
     while count < steps:
         if stop["signal"]:
             print(f"rank {rank}: signal {stop['signal']} at {count}: saved, exit 75", flush=True)

@@ -6,6 +6,20 @@ import json
 import os
 import sys
 
+PROJECT = ("tests", "bench", "examples", "faults", "configs", "torchlaunch")
+"""The project's top-level folders: only torchlaunch may be importable in a user's rank."""
+
+
+def importable() -> dict[str, str | None]:
+    """Where each of the project's top-level names would be imported from (None: not importable)."""
+    import importlib.util
+
+    found = {}
+    for name in PROJECT:
+        spec = importlib.util.find_spec(name)
+        found[name] = None if spec is None else (spec.origin or str(list(spec.submodule_search_locations or [])))
+    return found
+
 
 def record(out_dir: str, **extra: object) -> None:
     rank = os.environ.get("RANK", "0")

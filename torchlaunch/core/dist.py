@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -97,14 +98,37 @@ def teardown(ctx: DistContext, clean: bool = True) -> None:
     the rest of the group."""
     if not ctx.distributed or not dist.is_initialized():
         return
+    store = None
     if clean:
         try:
             barrier(ctx)
+            store = dist.distributed_c10d._get_default_store()
         except Exception:  # a peer already left: nothing to synchronise with
             pass
     try:
         dist.destroy_process_group()
     except Exception:  # a peer's store is gone: leaving is all that is left to do
+        pass
+    if store is not None:
+        leave_after_peers(store, ctx.rank, ctx.world_size)
+
+
+LEAVE_TIMEOUT_S = 30.0
+"""How long the store's host waits for its peers to have left their process group."""
+
+
+def leave_after_peers(store: Any, rank: int, world_size: int) -> None:
+    """The rank that hosts the TCPStore (rank 0 under launch.local, where TORCH_DISABLE_SHARE_RDZV_TCP_STORE
+    gives every group its own store) leaves last. When it exited first, a peer still inside
+    destroy_process_group lost the store under a C++ thread, which aborted the process ("terminate called
+    without an active exception", exit 1 after a clean finish). Every peer says it has left; the host
+    waits for all of them (bounded: a peer that died is not waited for)."""
+    try:
+        if rank != 0:
+            store.set(f"torchlaunch/left/{rank}", "1")
+            return
+        store.wait([f"torchlaunch/left/{r}" for r in range(1, world_size)], datetime.timedelta(seconds=LEAVE_TIMEOUT_S))
+    except Exception:  # a peer died or the store is gone: leaving is all that is left to do
         pass
 
 

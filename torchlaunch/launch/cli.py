@@ -23,7 +23,9 @@ what is refused before anything starts is decided here, once, so the three canno
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 
@@ -68,8 +70,21 @@ ALIASES = {
     "--hang_timeout": "--hang-timeout",
     "--run_dir": "--run-dir",
     "--dry_run": "--dry-run",
+    "--num_machines": "--nnodes",
+    "--num-machines": "--nnodes",
+    "--machine_rank": "--node-rank",
+    "--machine-rank": "--node-rank",
+    "--main_process_ip": "--master-addr",
+    "--main-process-ip": "--master-addr",
+    "--main_process_port": "--master-port",
+    "--main-process-port": "--master-port",
 }
 """torchrun's / accelerate's spelling -> ours, applied where the launcher has our option."""
+NOT_PYTHON = "every rank runs a Python program (SCRIPT.py or -m package.module after --); start an executable from one"
+CPU = {"--cpu": "--device"}
+"""accelerate's --cpu -> ours with its value, where the launcher has it (launch.local's --device cpu)."""
+AUTO_COUNTS = ("auto", "cpu", "gpu")
+"""torchrun's symbolic --nproc-per-node values: the worker count here is a number."""
 LOGS = "every rank's output is in RUN_DIR/logs/rank-N.log (`python -m launch logs RUN_DIR` merges them)"
 REFUSED = {
     "--tee": f"{LOGS} and on the console already; drop --tee (--rank-prefix names each line's rank)",
@@ -82,6 +97,15 @@ REFUSED = {
     "--rdzv_backend": "the launcher runs torchrun's c10d rendezvous itself; pass --master-addr/--master-port",
     "--rdzv-endpoint": "pass --master-addr HOST --master-port PORT",
     "--rdzv_endpoint": "pass --master-addr HOST --master-port PORT",
+    "--no-python": NOT_PYTHON,
+    "--no_python": NOT_PYTHON,
+    "--module": "put the program after --: -- -m package.module [args]",
+    "--multi_gpu": "pass the worker count: --gpus N (one rank per GPU)",
+    "--multi-gpu": "pass the worker count: --gpus N (one rank per GPU)",
+    "--mixed_precision": "mixed precision is the program's choice (Accelerator(mixed_precision=...)); "
+    "the built-in worker takes optim.precision=bf16|fp16",
+    "--mixed-precision": "mixed precision is the program's choice (Accelerator(mixed_precision=...)); "
+    "the built-in worker takes optim.precision=bf16|fp16",
 }
 """torchrun options with no equivalent spelling here: one line naming what to use instead."""
 
@@ -100,6 +124,13 @@ def translate(items: Sequence[str], known: Sequence[str]) -> list[str]:
             raise error(f"{name}: not an option of this launcher; {REFUSED[name]}")
         if name in ALIASES and ALIASES[name] in known:
             name = ALIASES[name]
+        if name in CPU and CPU[name] in known and not eq:
+            out += [CPU[name], "cpu"]
+            continue
+        if name == "--gpus":
+            shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
+            if shown in AUTO_COUNTS:
+                raise error(f"{item if eq else item + ' ' + shown}: pass the worker count as a number (--gpus N)")
         if name == "--nnodes":
             shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
             if ":" in shown:
@@ -159,9 +190,34 @@ def console_of(args: argparse.Namespace) -> ranklog.Console:
     return ranklog.Console(prefix=bool(getattr(args, "rank_prefix", False)), ranks=getattr(args, "console_ranks", None))
 
 
+def looks_like_program(item: str) -> bool:
+    """A launcher argument that is a program, typed torchrun's way without `--`: `-m` or a script."""
+    if item == "-m":
+        return True
+    if item.startswith("-") or "=" in item:
+        return False
+    return item.endswith(".py") or os.path.isfile(item)
+
+
+def refuse_program_without_split(parser: argparse.ArgumentParser, own: Sequence[str], prog: str) -> None:
+    """`launch.local --gpus 2 train.py --epochs 1`: torchrun's habit. The program's own options would
+    be read as the launcher's (`--device`), so it is one line showing the command with `--`."""
+    actions = parser._option_string_actions
+    for i, item in enumerate(own):
+        previous = actions.get(own[i - 1].partition("=")[0]) if i else None
+        takes_value = previous is not None and "=" not in own[i - 1] and previous.nargs != 0
+        if takes_value or not looks_like_program(item):
+            continue
+        fixed = shlex.join([*own[:i], "--", *own[i:]])
+        raise error(
+            f"{item} looks like your program: put it after -- ({prog} {fixed}); everything before -- is the launcher's"
+        )
+
+
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """The one grammar: options and overrides in any order before `--`, the program after it."""
     own, program = split_program(argv)
+    refuse_program_without_split(parser, own, parser.prog)
     args = parser.parse_intermixed_args(translate(own, list(parser._option_string_actions)))
     args.program = program
     for override in args.overrides:

@@ -48,7 +48,7 @@ from torchlaunch import config as config_mod
 from torchlaunch import contract, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, emit, pdeath, precheck
+from torchlaunch.launch import cli, emit, pdeath, precheck, rankpath
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 from torchlaunch.ops import procs as ops_procs
@@ -190,11 +190,9 @@ def launch_env(
 ) -> dict[str, str]:
     env = dict(base)
     if spec.program:
-        # The runner (torchlaunch.runner) must import from any working directory; appended, so the
-        # user's own packages of the same name (cwd or the script's folder come first) still win.
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if str(REPO_ROOT) not in paths:
-            env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO_ROOT)])
+        # The runner must import from any working directory; only torchlaunch, never the project's
+        # other folders (tests, bench, ...), which would shadow the user's packages of the same name.
+        env["PYTHONPATH"] = rankpath.pythonpath(env.get("PYTHONPATH"))
     if status_folder is not None:
         env[status.STATUS_DIR_ENV] = str(status_folder)
     env.setdefault("OMP_NUM_THREADS", str(worker_threads(spec.gpus_per_node, cores)))
@@ -701,6 +699,9 @@ def preempted_line(
     if run_dir is not None:
         since = f"step {step}" if step is not None else "the beginning"
         return f"exit 75{by} without a new checkpoint in {run_dir}; the same command again restarts from {since}"
+    stopped = next((r.reason for r in found if program_mod.stopped_by_runner(r.reason)), None)
+    if stopped is not None:  # the runner's own handler stopped a program that had none (runner.SignalOwner)
+        return f"preempted{by}: {stopped}"
     if any("without declaring" in r.reason for r in found):
         return (
             f"preempted{by}: the program ended without declaring the run finished (exit 75); run the same "

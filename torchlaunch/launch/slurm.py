@@ -38,7 +38,7 @@ from torchlaunch import config as config_mod
 from torchlaunch import runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import cli, emit, precheck
+from torchlaunch.launch import cli, emit, precheck, rankpath
 from torchlaunch.launch.spec import JobSpec
 from torchlaunch.ops import ranklog, record, watchdog
 from torchlaunch.ops.launcher import Operation, prepare_rank
@@ -149,7 +149,9 @@ def task_python(spec: JobSpec, options: SlurmOptions) -> str:
 def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
     """submitit.SlurmExecutor.update_parameters(**this): one task per GPU / CPU worker."""
     setup = [
-        f"export PYTHONPATH={emit.shell_word(options.repo_root, 'the repository root')}${{PYTHONPATH:+:$PYTHONPATH}}"
+        # torchlaunch only (rankpath): the project's tests/, bench/ ... never shadow the user's packages.
+        f"export PYTHONPATH={emit.shell_word(str(Path(options.repo_root, rankpath.FOLDER.name)), 'the repository root')}"
+        "${PYTHONPATH:+:$PYTHONPATH}"
     ]
     if options.explicit_master_port:
         setup.append(f"export MASTER_PORT={spec.master_port}")
@@ -411,8 +413,10 @@ class SlurmTask:
         requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
         if requeue.returncode != 0:
             print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})", flush=True)
+        said = program_mod.last_reason
+        what = said if program_mod.stopped_by_runner(said) else "checkpoint committed"
         print(
-            f"slurm task: {kind}: checkpoint committed, job {job_id} requeued "
+            f"slurm task: {kind}: {what}, job {job_id} requeued "
             f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
             flush=True,
         )
@@ -638,22 +642,66 @@ def final_state(job_id: str) -> str | None:
     return None
 
 
-def follow(job: Any, poll_s: float = 1.0, out: Any = None) -> int:
-    """Stream rank 0's log until any source says the job is over; return the job's exit status."""
-    out = out or sys.stdout
-    log_path = rank0_log(job)
-    offset = 0
+LOST_AFTER_S = 300.0
+"""--wait gives up on a job that no source (accounting, slurmctld) knows for this long: a controller
+restarted under a just-submitted job can purge it, and polling it would never end."""
+
+
+class _StopFollowing(Exception):
+    """SIGTERM reached `launch.slurm --wait`: stop following, like Ctrl-C."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _StopFollowing
+
+
+def follow(job: Any, poll_s: float = 1.0, out: Any = None, err: Any = None, lost_after_s: float = LOST_AFTER_S) -> int:
+    """Stream rank 0's stdout and stderr until any source says the job is over; return the job's exit
+    status. Ctrl-C or SIGTERM stop the following only, in one line: the job keeps running. A job that
+    no source knows for `lost_after_s` is one line and exit 1."""
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        return _follow(job, poll_s, out or sys.stdout, err or sys.stderr, lost_after_s)
+    except (KeyboardInterrupt, _StopFollowing) as stop:
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        print(
+            f"launch: {name}: stopped following job {job.job_id}; the job keeps running "
+            f"(cancel it with: scancel {job.job_id})",
+            file=err or sys.stderr,
+            flush=True,
+        )
+        return 128 + (signal.SIGINT if name == "SIGINT" else signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _follow(job: Any, poll_s: float, out: Any, err: Any, lost_after_s: float) -> int:
+    streams = [(rank0_log(job), out), (rank0_log(job).with_suffix(".err"), err)]
+    offsets = [0, 0]
+    known_at = time.monotonic()
     while True:
-        state = final_state(job.job_id)
-        if log_path.exists():
-            with open(log_path, encoding="utf-8", errors="replace") as stream:
-                stream.seek(offset)
-                chunk = stream.read()
-                offset = stream.tell()
-            out.write(chunk)
-            out.flush()
+        said = [source(job.job_id) for source in STATE_SOURCES]
+        state = next((one for one in said if one.split()[0] in TERMINAL_STATES), None)
+        for i, (path, stream) in enumerate(streams):
+            if path.exists():
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    f.seek(offsets[i])
+                    chunk = f.read()
+                    offsets[i] = f.tell()
+                stream.write(chunk)
+                stream.flush()
         if state is not None:
             break
+        if any(one != "UNKNOWN" for one in said):
+            known_at = time.monotonic()
+        elif time.monotonic() - known_at > lost_after_s:
+            print(
+                f"launch: job {job.job_id} is unknown to sacct and scontrol for {lost_after_s:.0f} s (lost, e.g. "
+                "purged by a controller restart); stopped waiting; submit the same command again",
+                file=err,
+                flush=True,
+            )
+            return FAILURE
         time.sleep(poll_s)  # polling the scheduler: there is nothing to wait on
     return exit_status(job, state)
 

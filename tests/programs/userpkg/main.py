@@ -4,6 +4,8 @@ import json
 import os
 import sys
 
+from report import importable  # tests/programs/report.py: the working directory is on the path
+
 if __name__ == "__main__":
     rank = os.environ.get("RANK", "0")
     os.makedirs(sys.argv[2], exist_ok=True)
@@ -15,6 +17,7 @@ if __name__ == "__main__":
                 "name": __name__,
                 "cwd": os.getcwd(),
                 "world_size": os.environ.get("WORLD_SIZE"),
+                "importable": importable(),
             },
             f,
         )
