@@ -102,14 +102,9 @@ def resolve_run_dir(spec: JobSpec) -> str:
 
 
 def _yaml_run_dir(config: str) -> str | None:
-    import yaml
+    from torchlaunch.config import read_yaml  # the one bounded reader of config files
 
-    try:
-        with open(config, encoding="utf-8") as stream:
-            data = yaml.safe_load(stream) or {}
-    except OSError as error:
-        raise BadInput(f"cannot read config {config}: {error.strerror}; pass an existing --config") from None
-    value = data.get("run_dir") if isinstance(data, dict) else None
+    value = read_yaml(config).get("run_dir")
     return str(value) if value else None
 
 
