@@ -29,6 +29,7 @@ from torchlaunch.core.checkpoint import store
 from torchlaunch.core.checkpoint.snapshot import AsyncWriter, SnapshotBuffers
 from torchlaunch.core.checkpoint.store import CheckpointError, CommitInfo
 from torchlaunch.core.dist import DistContext, agreed, broadcast_object, gather_objects
+from torchlaunch.exit_codes import BadInput
 
 WORKER_KIND = "torchlaunch.worker"
 """The built-in worker's checkpoints (also those written before the envelope named a kind)."""
@@ -266,10 +267,18 @@ class Checkpointer:
         if clash:
             raise ValueError(f"checkpoint payload keys {clash} are reserved for the envelope")
         previous: str | None = None
+        refused: str | None = None
         if ctx.is_main:
             previous = self._settle()
-        gathered = gather_objects(ctx, (capture_rng(ctx.device), previous))
-        failed = [e for _, e in gathered if e]
+            try:
+                store.check_root(self.root)  # bad input on every rank, before anything is written
+            except BadInput as e:
+                refused = str(e)
+        gathered = gather_objects(ctx, (capture_rng(ctx.device), previous, refused))
+        refusals = [r for _, _, r in gathered if r]
+        if refusals:
+            raise BadInput(refusals[0])
+        failed = [e for _, e, _ in gathered if e]
         if failed:
             raise CheckpointError(str(failed[0]))
         if not ctx.is_main and not synchronous:
@@ -283,7 +292,7 @@ class Checkpointer:
                 "kind": self.kind,
                 "step": int(step),
                 "world_size": ctx.world_size,
-                "rng": [r for r, _ in gathered],
+                "rng": [r for r, _, _ in gathered],
                 "versions": _versions(payload.get("versions")),
             }
             marker = dict(meta or {}, world_size=ctx.world_size, kind=self.kind)
