@@ -172,3 +172,76 @@ def test_dataclass_fields_have_no_unbounded_numbers_in_lists() -> None:
     for f in dataclasses.fields(config_mod.OptimConfig):
         if f.name == "betas":
             assert "bound" in f.metadata
+
+
+# ------------------------------------------------------------------ launcher options (cause 5)
+
+
+def _local(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    from torchlaunch.launch import local
+
+    rc = local.main([*argv, "--device", "cpu", "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={tmp_path}"])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--gpus", "99", "--dry-run"], "CPU workers on a machine that runs at most"),
+        (["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "0"], "--master-port must be in 1..65535"),
+        (["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "65536"], "--master-port must be in"),
+        (["--nnodes", "2", "--master-addr", "bad host!"], "is not a host name or address"),
+        (["--nnodes", "2", "--master-addr", "no-such-host.invalid"], "does not resolve"),
+        (["--nnodes", "100001", "--master-addr", "127.0.0.1"], "--nnodes must be in 1..100000"),
+    ],
+)
+def test_local_machine_shape_is_bounded(argv: list[str], words: str, tmp_path: Path, capsys) -> None:
+    rc, err = _local(argv, tmp_path, capsys)
+    assert rc == BAD_INPUT and len(err) == 1 and words in err[0], err
+
+
+def test_a_rendezvous_port_in_use_on_node_0_is_refused(tmp_path: Path, capsys) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        rc, err = _local(["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(taken)], tmp_path, capsys)
+    assert rc == BAD_INPUT and len(err) == 1 and "already in use" in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--mem-gb", "-5"], "--mem-gb must be in 1.."),
+        (["--cpus-per-task", "0"], "--cpus-per-task must be in 1.."),
+        (["--master-port", "70000"], "--master-port must be in 1..65535"),
+        (["--master-port", "0"], "--master-port must be in 1..65535"),
+        (["--tasks-per-node", "5000"], "--tasks-per-node must be in 1..1024"),
+    ],
+)
+def test_slurm_options_are_bounded(argv: list[str], words: str, tmp_path: Path) -> None:
+    from torchlaunch.exit_codes import BadInput
+    from torchlaunch.launch import slurm
+
+    with pytest.raises(BadInput) as info:
+        slurm.parse_args([*argv, "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={tmp_path}"])
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_k8s_nodes_above_the_api_limit_is_refused(capsys) -> None:
+    from torchlaunch.launch import k8s
+
+    rc = k8s.main(["--nodes", "100001", "--cpu-only", "--storage-class", "nfs"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == BAD_INPUT and len(err) == 1 and "--nodes must be in 1..100000" in err[0], err
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/null"])
+def test_init_from_a_device_is_one_config_error(target: str) -> None:
+    from torchlaunch.worker import init_from
+
+    with pytest.raises(ConfigError, match="not a regular file or a folder") as info:
+        init_from.load_weights(target)
+    assert info.value.key == "model.init_from"
