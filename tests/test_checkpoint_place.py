@@ -194,3 +194,13 @@ def test_a_symlinked_checkpoints_folder_exits_2_through_the_worker(tmp_path: Pat
     assert proc.returncode == BAD_INPUT, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
     assert len(errors) == 1 and "is a symlink to" in errors[0], proc.stderr[-3000:]
+
+
+def test_deep_rank_records_and_lock_records_are_unreadable_not_a_recursion_error(tmp_path: Path) -> None:
+    from torchlaunch import runlock, status
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "a1-rank0.json").write_text(deep)
+    assert status.records(tmp_path, "a1") == []
+    (tmp_path / ".lock.json").write_text(deep)
+    assert runlock.read_holder(tmp_path / ".lock.json").token == runlock.UNREADABLE

@@ -48,6 +48,7 @@ except ImportError:  # not POSIX: O_EXCL and the record alone
     fcntl = None  # type: ignore[assignment]
 
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.untrusted import load_json
 
 LOCK_NAME = ".lock.json"
 GUARD_NAME = ".lock.guard"
@@ -141,7 +142,7 @@ class Holder:
 def read_holder(path: Path) -> Holder | None:
     """The record in a lock file; None when the file is gone or not a record of ours (unreadable)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):

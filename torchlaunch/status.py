@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchlaunch.exit_codes import BAD_INPUT
+from torchlaunch.untrusted import load_json
 
 ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
 """Set by launch.local: the id of this launch; records of other launches are never read."""
@@ -117,7 +118,7 @@ def earlier_bad_input(run_dir: str | None = None) -> str | None:
         return None
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
         try:
-            record = json.loads(f.read_text())
+            record = load_json(f.read_bytes())
         except (OSError, ValueError):
             continue
         if record.get("code") == BAD_INPUT:
@@ -136,7 +137,7 @@ def peer_bad_input(me: int, run_dir: str | None = None) -> tuple[int, str] | Non
         return None
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
         try:
-            record = json.loads(f.read_text())
+            record = load_json(f.read_bytes())
             rank = int(record.get("rank", -1))
         except (OSError, ValueError, TypeError, AttributeError):
             continue
@@ -150,7 +151,7 @@ def records(where: Path, attempt: str) -> list[Record]:
     found = []
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
         try:
-            data = json.loads(f.read_text())
+            data = load_json(f.read_bytes())
             found.append(
                 Record(
                     int(data.get("rank", 0)),
