@@ -34,12 +34,15 @@ HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$|^\
 
 def within(flag: str, value: int | None, low: int, high: int, example: str) -> None:
     """`flag` in low..high (None: not given, nothing to check)."""
-    if value is not None and not low <= value <= high:
-        raise cli.error(f"{flag} must be in {low}..{high}, got {value} (e.g. {flag} {example})")
+    if value is not None and value < low:
+        raise cli.error(f"{flag} must be >= {low}, got {value} (e.g. {flag} {example})")
+    if value is not None and value > high:
+        raise cli.error(f"{flag} must be at most {high}, got {value} (e.g. {flag} {example})")
 
 
 def port(flag: str, value: int | None) -> None:
-    within(flag, value, 1, 65535, "29500")
+    if value is not None and not 1 <= value <= 65535:
+        raise cli.error(f"{flag} must be a port number in 1..65535, got {value} (e.g. {flag} 29500)")
 
 
 def cpu_worker_cap() -> int:

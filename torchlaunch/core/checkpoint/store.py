@@ -318,7 +318,10 @@ def _place_problem(path: Path, marker: dict[str, Any]) -> str | None:
         return f"its marker is of step {quote(marker_step, 40)}, not {folder_step} (a copied or renamed folder)"
     if path.parent.name != ROOT_NAME:
         return None
-    run = recorded_run(path.parent.parent)
+    try:
+        run = recorded_run(path.parent.parent)
+    except BadInput:  # refused at resume (ensure_run) before anything is moved; readers carry on
+        return None
     if run is None:
         return None
     owner = marker.get("run_id")
