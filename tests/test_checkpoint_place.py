@@ -179,6 +179,7 @@ def test_a_deep_or_huge_marker_is_a_skipped_checkpoint_not_a_recursion_error(tmp
     assert "larger than" in (ckpt.verify(big.parent) or "")
 
 
+@pytest.mark.slow
 def test_a_symlinked_checkpoints_folder_exits_2_through_the_worker(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
@@ -204,3 +205,13 @@ def test_deep_rank_records_and_lock_records_are_unreadable_not_a_recursion_error
     assert status.records(tmp_path, "a1") == []
     (tmp_path / ".lock.json").write_text(deep)
     assert runlock.read_holder(tmp_path / ".lock.json").token == runlock.UNREADABLE
+
+
+def test_a_damaged_run_identity_is_refused_at_resume_and_moves_nothing(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    save(run, 10, 20)
+    (run / ckpt.RUN_ID_FILE).write_text('{"run_id": "not hex", "created_at": 1}')
+    with pytest.raises(BadInput, match="run_id.json is not a run identity"):
+        checkpointer(run).load_latest(restore=False)
+    assert [s for s, _ in ckpt.candidates(run / "checkpoints")] == [20, 10]
+    assert ckpt.latest_valid(run / "checkpoints") == run / "checkpoints" / "step-000000020"  # readers carry on

@@ -188,8 +188,14 @@ def _local(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     ("argv", "words"),
     [
         (["--gpus", "99", "--dry-run"], "CPU workers on a machine that runs at most"),
-        (["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "0"], "--master-port must be a port number in 1..65535"),
-        (["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "65536"], "--master-port must be a port number"),
+        (
+            ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "0"],
+            "--master-port must be a port number in 1..65535",
+        ),
+        (
+            ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "65536"],
+            "--master-port must be a port number",
+        ),
         (["--nnodes", "2", "--master-addr", "bad host!"], "is not a host name or address"),
         (["--nnodes", "2", "--master-addr", "no-such-host.invalid"], "does not resolve"),
         (["--nnodes", "100001", "--master-addr", "127.0.0.1"], "--nnodes must be at most 100000"),

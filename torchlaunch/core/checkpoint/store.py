@@ -352,8 +352,9 @@ def recorded_run(run_dir: Path) -> tuple[str, float] | None:
     cached = _RUNS.get(run_dir)
     if cached is not None and cached[0] == (st.st_ino, st.st_mtime_ns):
         return cached[1]
-    problem = "not a regular file"
-    if file.is_file() and not file.is_symlink() and st.st_size <= 4096:
+    regular = file.is_file() and not file.is_symlink()
+    problem = "not a regular file" if not regular else "larger than 4096 bytes"
+    if regular and st.st_size <= 4096:
         try:
             data = load_json(file.read_bytes(), max_depth=2)
             run = (data["run_id"], float(data["created_at"]))
