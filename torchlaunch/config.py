@@ -98,7 +98,9 @@ MAX_SYNTHETIC_BYTES = 32 * 2**30
 MAX_CLASSES = 10**6
 MAX_WIDTH = 8192
 """Base channel width of the built-in models."""
-MAX_LR = 1000.0
+MAX_LR = 1e30
+"""A learning rate is no machine resource: the cap keeps it a number; a diverging one is the loss
+check's to report (non-finite loss, exit 2)."""
 MAX_EPOCHS = 10**6
 MAX_STEPS = 10**12
 MAX_BATCH = 2**24
