@@ -438,7 +438,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if number is None:
             raise ConfigError(key, f"expected a number, got {quote(value)}", f"write a number, e.g. {key}=0.1")
         if not math.isfinite(number):
-            raise ConfigError(key, f"must be a finite number, got {quote(value)}", f"write a number, e.g. {key}=0.1")
+            raise ConfigError(key, f"must be a finite number, got {number}", f"write a number, e.g. {key}=0.1")
         return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
