@@ -89,7 +89,7 @@ def test_run_dir_defaults_to_the_yaml_one_made_absolute(monkeypatch: pytest.Monk
 
 
 def test_missing_config_is_bad_input() -> None:
-    with pytest.raises(BadInput, match="cannot read config"):
+    with pytest.raises(BadInput, match="file not found"):
         resolve_run_dir(JobSpec(config="/nonexistent.yaml"))
 
 

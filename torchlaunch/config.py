@@ -5,7 +5,7 @@ requeue reads that one file. This module never reads environment variables and n
 launchers can validate a config before anything is started.
 
 Each field carries its own rule in its metadata, next to its default and its docstring:
-`field(default=0.1, metadata=above(0, "e.g. optim.lr=0.1"))` or `metadata=choice(("sgd", "adamw"))`;
+`field(default=0.1, metadata=above(0, MAX_LR, "e.g. optim.lr=0.1"))` or `metadata=choice(("sgd", "adamw"))`;
 `rules()` lists them and `validate` checks them, then the rules that tie two fields together. Every
 problem is one ConfigError line: `config error: KEY: PROBLEM (FIX)`.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import tempfile
@@ -26,6 +27,7 @@ from typing import Any
 import yaml
 
 from torchlaunch.exit_codes import ConfigError
+from torchlaunch.untrusted import DepthGuard, TooComplex, check_yaml, quote
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,19 @@ def bound(ok: typing.Callable[[Any], bool], requirement: str, fix: str) -> dict[
     return {"bound": Bound(ok, requirement, fix)}
 
 
-def at_least(low: int, fix: str) -> dict[str, Bound]:
-    return bound(lambda v: v >= low, f"must be >= {low}", fix)
+def _ceiling(high: float, fix: str) -> dict[str, Bound]:
+    """Every number has an upper bound a real machine can meet, checked after its lower bound."""
+    return {"ceiling": Bound(lambda v: v <= high, f"must be at most {high:g}", fix)}
 
 
-def above(low: int, fix: str) -> dict[str, Bound]:
-    return bound(lambda v: v > low, f"must be > {low}", fix)
+def at_least(low: int, high: float, fix: str) -> dict[str, Bound]:
+    """low <= v <= high."""
+    return {**bound(lambda v: v >= low, f"must be >= {low}", fix), **_ceiling(high, fix)}
+
+
+def above(low: int, high: float, fix: str) -> dict[str, Bound]:
+    """low < v <= high."""
+    return {**bound(lambda v: v > low, f"must be > {low}", fix), **_ceiling(high, fix)}
 
 
 def interval(low: float, high: float, ends: str, fix: str) -> dict[str, Bound]:
@@ -75,6 +84,30 @@ SEED_LIMIT = 2**63
 with `seed + global_step`."""
 MAX_TIMEOUT_S = 30 * 86400.0
 """The longest process-group timeout: finite (a timedelta and torch's milliseconds must hold it)."""
+
+
+MAX_WORKERS = 64
+"""DataLoader processes per rank: more is a process bomb, not a faster loader."""
+MAX_IMAGE_SIZE = 4096
+"""Side of an image the model sees (a 4096^2 RGB batch of 256 is already 12 GiB)."""
+MAX_SAMPLES = 10**12
+MAX_SYNTHETIC = 10**7
+"""Synthetic images per split: they are generated into memory."""
+MAX_SYNTHETIC_BYTES = 32 * 2**30
+"""Synthetic images (train + validation) held in memory at once, in bytes."""
+MAX_CLASSES = 10**6
+MAX_WIDTH = 8192
+"""Base channel width of the built-in models."""
+MAX_LR = 1e30
+"""A learning rate is no machine resource: the cap keeps it a number; a diverging one is the loss
+check's to report (non-finite loss, exit 2)."""
+MAX_EPOCHS = 10**6
+MAX_STEPS = 10**12
+MAX_BATCH = 2**24
+MAX_LEAD_TIME_S = 7 * 86400.0
+MIN_TIMEOUT_S = 10.0
+"""The shortest process-group timeout: below it a healthy collective (a checkpoint gather, the first
+NCCL set-up) fails for want of time, not because a peer is lost."""
 
 
 def seed_bound() -> dict[str, Bound]:
@@ -119,22 +152,22 @@ class DataConfig:
     """`tensor` (decoded uint8 cache + batched augmentation), `pil` (per-sample), `auto` (tensor when
     every image has the same size; a plug-in dataset: when its uint8 images fit in a quarter of the
     free memory)."""
-    num_workers: int = field(default=2, metadata=at_least(0, "use 0 to load in the training process"))
+    num_workers: int = field(default=2, metadata=at_least(0, MAX_WORKERS, "use 0 to load in the training process"))
     """DataLoader worker processes per rank for the `pil` loader."""
     cache_dir: str = "~/.cache/torchlaunch"
     """Where decoded uint8 datasets are cached, keyed by the source's fingerprint."""
-    image_size: int = field(default=32, metadata=at_least(8, "e.g. data.image_size=32"))
+    image_size: int = field(default=32, metadata=at_least(8, MAX_IMAGE_SIZE, "e.g. data.image_size=32"))
     """Side length the model sees; the pil loader resizes other sizes to it."""
     augment: bool = True
     """Train-time random crop (random translation) + horizontal flip."""
-    crop_padding: int = field(default=4, metadata=at_least(0, "e.g. data.crop_padding=4"))
+    crop_padding: int = field(default=4, metadata=at_least(0, MAX_IMAGE_SIZE, "e.g. data.crop_padding=4"))
     """Random crop: pad each side by this many pixels, then crop back (translations of up to +-N)."""
     pad_mode: str = field(default="zeros", metadata=choice(("zeros", "reflect")))
     """Padding of the random crop: `zeros` (torchvision's RandomCrop) or `reflect` (mirror the border)."""
     flip: str = field(default="random", metadata=choice(("random", "alternate", "none")))
     """`random` (each image flipped with p=0.5 each epoch), `alternate` (a random half in the first
     epoch, then every image flips each epoch: each image is seen both ways every two epochs), `none`."""
-    cutout: int = field(default=0, metadata=at_least(0, "use 0 for off, e.g. data.cutout=12"))
+    cutout: int = field(default=0, metadata=at_least(0, MAX_IMAGE_SIZE, "use 0 for off, e.g. data.cutout=12"))
     """Cutout: blank one random N x N square of every training image (after crop and flip) to the
     channel mean; drawn per global step like the crops (0 = off; airbench96 uses 12 on 32x32 images)."""
     # -- ImageNet-style crops (issue 27) --
@@ -144,20 +177,21 @@ class DataConfig:
     image, resized to image_size; needs a per-sample path: imagefolder with the pil loader, shards, or a
     plug-in read per sample). Its variates are drawn per global step, so any world size sees the same boxes."""
     val_resize: int = field(
-        default=0, metadata=at_least(0, "use 0 for the default, e.g. data.val_resize=256 for image_size 224")
+        default=0,
+        metadata=at_least(0, MAX_IMAGE_SIZE, "use 0 for the default, e.g. data.val_resize=256 for image_size 224"),
     )
     """Evaluation on the per-sample path: resize the shorter side to this, then centre-crop image_size.
     0 = round(image_size / 0.875) (256 for 224) when train_crop=resized, else squash to image_size."""
     # -- end of the ImageNet-style crops --
-    max_train_samples: int = field(default=0, metadata=at_least(0, "use 0 for all samples"))
+    max_train_samples: int = field(default=0, metadata=at_least(0, MAX_SAMPLES, "use 0 for all samples"))
     """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
-    max_val_samples: int = field(default=0, metadata=at_least(0, "use 0 for all samples"))
+    max_val_samples: int = field(default=0, metadata=at_least(0, MAX_SAMPLES, "use 0 for all samples"))
     """Use only the first N validation samples (0 = all)."""
-    synthetic_train_size: int = field(default=2048, metadata=at_least(1, "e.g. 2048"))
+    synthetic_train_size: int = field(default=2048, metadata=at_least(1, MAX_SYNTHETIC, "e.g. 2048"))
     """synthetic only: number of training images."""
-    synthetic_val_size: int = field(default=512, metadata=at_least(1, "e.g. 512"))
+    synthetic_val_size: int = field(default=512, metadata=at_least(1, MAX_SYNTHETIC, "e.g. 512"))
     """synthetic only: number of validation images."""
-    synthetic_classes: int = field(default=10, metadata=at_least(2, "e.g. 10"))
+    synthetic_classes: int = field(default=10, metadata=at_least(2, MAX_CLASSES, "e.g. 10"))
     """synthetic only: number of classes."""
 
 
@@ -176,7 +210,7 @@ class ModelConfig:
     stem; torchvision.models.list_models names them; model.width=0), or your own as an import path
     `pkg.module:factory`, called as factory(num_classes=N), plus width=W when model.width is set
     (imported from the run's working directory or PYTHONPATH; see examples/my_models.py)."""
-    width: int = field(default=0, metadata=at_least(0, "use 0 for the model's default width"))
+    width: int = field(default=0, metadata=at_least(0, MAX_WIDTH, "use 0 for the model's default width"))
     """Base channel width (0 = the model's default)."""
     compile: bool = False
     """torch.compile the model (slow first steps; helps long GPU runs)."""
@@ -195,13 +229,13 @@ class ModelConfig:
 class OptimConfig:
     name: str = field(default="sgd", metadata=choice(("sgd", "adamw")))
     """`sgd` or `adamw`."""
-    lr: float = field(default=0.1, metadata=above(0, "use a positive learning rate such as optim.lr=0.1"))
+    lr: float = field(default=0.1, metadata=above(0, MAX_LR, "use a positive learning rate such as optim.lr=0.1"))
     """Peak learning rate for the global batch."""
     momentum: float = field(default=0.9, metadata=interval(0, 1, "[)", "e.g. optim.momentum=0.9"))
     """SGD momentum."""
     nesterov: bool = True
     """SGD Nesterov momentum."""
-    weight_decay: float = field(default=5e-4, metadata=at_least(0, "e.g. optim.weight_decay=5e-4"))
+    weight_decay: float = field(default=5e-4, metadata=at_least(0, 10, "e.g. optim.weight_decay=5e-4"))
     """Decoupled for AdamW, L2 for SGD."""
     betas: list[float] = field(
         default_factory=lambda: [0.9, 0.999],
@@ -214,19 +248,19 @@ class OptimConfig:
     """AdamW betas."""
     schedule: str = field(default="cosine", metadata=choice(("cosine", "linear", "step", "constant")))
     """`cosine`, `linear` (straight down to min_lr_ratio), `step` or `constant` after warmup."""
-    warmup_epochs: float = field(default=0.0, metadata=at_least(0, "use 0 for no warmup"))
+    warmup_epochs: float = field(default=0.0, metadata=at_least(0, MAX_EPOCHS, "use 0 for no warmup"))
     """Linear warmup length in epochs (fractions allowed)."""
     warmup_start_ratio: float = field(default=0.0, metadata=interval(0, 1, "[]", "e.g. 0.2"))
     """LR at the first warmup step as a fraction of `lr` (0 = ramp from lr/warmup_steps)."""
-    norm_lr_scale: float = field(default=1.0, metadata=above(0, "use 1 for the same LR as the other weights"))
+    norm_lr_scale: float = field(default=1.0, metadata=above(0, 1000, "use 1 for the same LR as the other weights"))
     """LR multiplier for BatchNorm parameters; their weight decay is divided by it, so the decay per step
     is unchanged (airbench's "bias scaler": BatchNorm biases learn much faster than conv weights)."""
-    lookahead_every: int = field(default=0, metadata=at_least(0, "use 0 to turn lookahead off, e.g. 5"))
+    lookahead_every: int = field(default=0, metadata=at_least(0, MAX_STEPS, "use 0 to turn lookahead off, e.g. 5"))
     """Every N steps pull the weights toward a slow exponential average and copy it back; the run ends
     on the average (0 = off). Smooths the end of short, high-LR runs."""
     lookahead_decay: float = field(default=0.7738, metadata=interval(0, 1, "[)", "e.g. 0.7738, that is 0.95**5"))
     """Lookahead: weight of the average at the end of the run; it rises as decay * progress^3."""
-    step_epochs: int = field(default=30, metadata=at_least(1, "e.g. optim.step_epochs=30"))
+    step_epochs: int = field(default=30, metadata=at_least(1, MAX_EPOCHS, "e.g. optim.step_epochs=30"))
     """`step` schedule: epochs between decays."""
     step_gamma: float = field(default=0.1, metadata=interval(0, 1, "(]", "e.g. optim.step_gamma=0.1"))
     """`step` schedule: decay factor."""
@@ -236,23 +270,23 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = field(default=10, metadata=at_least(1, "e.g. train.epochs=10"))
+    epochs: int = field(default=10, metadata=at_least(1, MAX_EPOCHS, "e.g. train.epochs=10"))
     """Passes over the training set."""
-    batch_size: int = field(default=256, metadata=at_least(1, "e.g. train.batch_size=256"))
+    batch_size: int = field(default=256, metadata=at_least(1, MAX_BATCH, "e.g. train.batch_size=256"))
     """Global batch per optimizer step, summed over all ranks; kept on any world size."""
-    micro_batch_size: int = field(default=0, metadata=at_least(0, "use 0 for batch_size / world size"))
+    micro_batch_size: int = field(default=0, metadata=at_least(0, MAX_BATCH, "use 0 for batch_size / world size"))
     """Per-rank batch per forward pass (0 = batch_size / world size); smaller values accumulate."""
     precision: str = field(default="auto", metadata=choice(("auto", "fp32", "bf16", "fp16")))
     """`fp32`, `bf16`, `fp16` (with GradScaler) or `auto` (bf16 where supported, else fp32)."""
     channels_last: bool = True
     """Use the channels_last memory format (faster convolutions with bf16)."""
-    clip_grad_norm: float = field(default=0.0, metadata=at_least(0, "use 0 to disable clipping"))
+    clip_grad_norm: float = field(default=0.0, metadata=at_least(0, 1e6, "use 0 to disable clipping"))
     """Clip the global gradient norm to this value (0 = off)."""
     label_smoothing: float = field(default=0.0, metadata=interval(0, 1, "[)", "e.g. 0.1"))
     """CrossEntropy label smoothing."""
-    log_every_steps: int = field(default=20, metadata=at_least(1, "e.g. train.log_every_steps=20"))
+    log_every_steps: int = field(default=20, metadata=at_least(1, MAX_STEPS, "e.g. train.log_every_steps=20"))
     """Progress line and metrics.jsonl record every N steps."""
-    max_steps: int = field(default=0, metadata=at_least(0, "use 0 to run all epochs"))
+    max_steps: int = field(default=0, metadata=at_least(0, MAX_STEPS, "use 0 to run all epochs"))
     """Stop after this many optimizer steps in total (0 = run all epochs)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to RUN_DIR/tb (needs the tensorboard package)."""
@@ -263,11 +297,11 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = field(default=0, metadata=at_least(0, "use 0 for epoch-end checkpoints only"))
+    every_steps: int = field(default=0, metadata=at_least(0, MAX_STEPS, "use 0 for epoch-end checkpoints only"))
     """Checkpoint every N optimizer steps (0 = only at epoch ends)."""
-    every_epochs: int = field(default=1, metadata=at_least(0, "e.g. checkpoint.every_epochs=1"))
+    every_epochs: int = field(default=1, metadata=at_least(0, MAX_EPOCHS, "e.g. checkpoint.every_epochs=1"))
     """Checkpoint at the end of every N epochs (0 = never at epoch ends)."""
-    keep: int = field(default=2, metadata=at_least(2, "keep at least 2 so a corrupt newest one has a fallback"))
+    keep: int = field(default=2, metadata=at_least(2, 10_000, "keep at least 2 so a corrupt newest one has a fallback"))
     """Newest checkpoints kept (>= 2); the best by validation accuracy is kept too."""
     resume: str = "auto"
     """`auto` (newest checkpoint that verifies), `never`, or the path of a checkpoint folder."""
@@ -280,7 +314,9 @@ class DistConfig:
     timeout_s: float = field(
         default=300.0,
         metadata=bound(
-            lambda v: 0 < v <= MAX_TIMEOUT_S, f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} (30 days)", "e.g. 300"
+            lambda v: MIN_TIMEOUT_S <= v <= MAX_TIMEOUT_S,
+            f"must be at least {MIN_TIMEOUT_S:.0f} and at most {MAX_TIMEOUT_S:.0f} (30 days)",
+            "e.g. 300",
         ),
     )
     """Process-group timeout: a lost peer fails the collective after this many seconds."""
@@ -299,7 +335,7 @@ class PreemptionConfig:
         default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], metadata=choice(KNOWN_SIGNALS)
     )
     """Signals that mean "checkpoint and stop": the handler only sets a flag."""
-    lead_time_s: float = field(default=0.0, metadata=at_least(0, "use 0 when unknown"))
+    lead_time_s: float = field(default=0.0, metadata=at_least(0, MAX_LEAD_TIME_S, "use 0 when unknown"))
     """Seconds between the signal and the hard kill (Slurm signal delay, k8s grace); 0 = unknown.
     A warning is printed when it is below 3x the measured save time."""
 
@@ -358,9 +394,18 @@ def rules(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, Bound | Ch
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             found.extend(rules(hints[f.name], prefix + f.name + "."))
-        found.extend((prefix + f.name, rule) for rule in (f.metadata.get("bound"), f.metadata.get("choice")) if rule)
+        found.extend(
+            (prefix + f.name, rule)
+            for rule in (f.metadata.get("bound"), f.metadata.get("ceiling"), f.metadata.get("choice"))
+            if rule
+        )
     return found
 
+
+_KNOWN_PATHS = frozenset(
+    ".".join(parts[:n]) for parts in (k.split(".") for k in all_keys()) for n in range(1, len(parts) + 1)
+)
+"""Every key an override may name: the leaves and the sections above them."""
 
 CHOICES: dict[str, tuple[str, ...]] = {key: rule.values for key, rule in rules() if isinstance(rule, Choice)}
 """Each choice field's named values (a view of the field metadata, which owns them)."""
@@ -391,38 +436,43 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(key, f"expected true or false, got {value!r}", f"write {key}=true or {key}=false")
+        raise ConfigError(key, f"expected true or false, got {quote(value)}", f"write {key}=true or {key}=false")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(key, f"expected an integer, got {value!r}", f"write a whole number, e.g. {key}=10")
+        raise ConfigError(key, f"expected an integer, got {quote(value)}", f"write a whole number, e.g. {key}=10")
     if tp is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value) if abs(value) < 1e308 else math.copysign(math.inf, value)
+        elif isinstance(value, str):
             try:
-                return float(value)  # YAML 1.1 reads "1e-3" as a string
+                number = float(value)  # YAML 1.1 reads "1e-3" as a string
             except ValueError:
                 pass
-        raise ConfigError(key, f"expected a number, got {value!r}", f"write a number, e.g. {key}=0.1")
+        if number is None:
+            raise ConfigError(key, f"expected a number, got {quote(value)}", f"write a number, e.g. {key}=0.1")
+        if not math.isfinite(number):
+            raise ConfigError(key, f"must be a finite number, got {number}", f"write a number, e.g. {key}=0.1")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(key, f"expected a string, got {value!r}", f"write {example}")
+        raise ConfigError(key, f"expected a string, got {quote(value)}", f"write {example}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
-            raise ConfigError(key, f"expected a list, got {value!r}", f"write e.g. {key}=[a,b]")
+            raise ConfigError(key, f"expected a list, got {quote(value)}", f"write e.g. {key}=[a,b]")
         return [_coerce(key, v, item_tp) for v in value]
     raise ConfigError(key, f"unsupported type {tp}", "this is a bug in torchlaunch; please report it")
 
 
 def _unknown_key(key: str) -> ConfigError:
-    near = difflib.get_close_matches(key, all_keys(), n=1)
+    near = difflib.get_close_matches(key, all_keys(), n=1) if len(key) <= 200 else []
     hint = f"did you mean {near[0]}?" if near else "see `python -m train --help-config` for valid keys"
     return ConfigError(key, "unknown key", hint)
 
@@ -432,7 +482,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(
-            prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}", "indent the section's keys under it"
+            prefix.rstrip(".") or "<root>",
+            f"expected a mapping, got {quote(data)}",
+            "indent the section's keys under it",
         )
     hints = _type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -461,13 +513,19 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(text, "override has no key", "write key.sub=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml_text(raw, yaml.SafeLoader) if raw.strip() else ""
+    except TooComplex as e:
+        raise ConfigError(key, f"the value {e}", f"write a plain value, e.g. {key}=10") from None
     except yaml.YAMLError:
         value = raw
     return key, value
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    if key not in _KNOWN_PATHS:  # named at its first unknown part; also bounds what a key can build
+        parts = key.split(".", 64)
+        first = next(n for n in range(1, len(parts) + 1) if ".".join(parts[:n]) not in _KNOWN_PATHS)
+        raise _unknown_key(".".join(parts[:first]))
     node = tree
     parts = key.split(".")
     for part in parts[:-1]:
@@ -480,12 +538,30 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+MAX_CONFIG_BYTES = 256 * 1024
+"""Larger config files are refused unread: a config is a few kilobytes, and a huge one would take
+minutes and gigabytes to parse before its first error."""
+
+
+class _SafeLoader(DepthGuard, yaml.SafeLoader):
+    """yaml.safe_load with the nesting guard (overrides)."""
+
+
+def _load_yaml_text(text: str, loader: type) -> Any:
+    """YAML text -> value; TooComplex before composing when it nests too deep or its aliases expand to
+    too many values (an anchor bomb), so nothing downstream (errors included) sees the expansion."""
+    check_yaml(text)
+    if loader is yaml.SafeLoader:
+        loader = _SafeLoader
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+
+
 class DuplicateKey(yaml.YAMLError):
     """A mapping names the same key twice: PyYAML would keep the last one without a word."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping."""
+class _UniqueKeyLoader(DepthGuard, yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping, and nesting deeper than any config."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -494,7 +570,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             try:
                 if key in seen:
-                    raise DuplicateKey(f"key {key!r} appears twice (lines {seen[key]} and {line})")
+                    raise DuplicateKey(f"key {quote(key)} appears twice (lines {seen[key]} and {line})")
             except TypeError:
                 continue  # an unhashable key: SafeLoader reports it
             seen[key] = line
@@ -509,7 +585,24 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
             "--config", f"file not found: {p}", "pass an existing YAML file, e.g. --config configs/smoke.yaml"
         )
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(
+            "--config", f"cannot read {p}: {e.strerror or type(e).__name__}", "pass a readable YAML file"
+        ) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            "--config",
+            f"{p} is larger than {MAX_CONFIG_BYTES // 1024} KiB",
+            "a config holds a few sections of key: value pairs; pass the YAML config, not data",
+        )
+    try:
+        data = _load_yaml_text(raw.decode("utf-8"), _UniqueKeyLoader)
+    except TooComplex as e:
+        raise ConfigError(
+            "--config", f"{p} {e}", "write `section:` blocks of `key: value` pairs, without anchors that expand"
+        ) from None
     except UnicodeDecodeError as e:
         raise ConfigError(
             "--config", f"{p} is not UTF-8 text (byte {e.start})", "save the file as UTF-8 (plain YAML text)"
@@ -544,10 +637,25 @@ def validate(cfg: RunConfig) -> RunConfig:
             for item in value if isinstance(value, list) else [value]:
                 _check_choice(key, item, rule)
         elif not rule.ok(value):
-            raise ConfigError(key, f"{rule.requirement}, got {value!r}", rule.fix)
+            raise ConfigError(key, f"{rule.requirement}, got {quote(value)}", rule.fix)
     if cfg.model.name.startswith(TORCHVISION_PREFIX) and cfg.model.width:
         raise ConfigError(
             "model.width", f"{cfg.model.name} has a fixed width, got {cfg.model.width}", "use model.width=0"
+        )
+    if cfg.data.crop_padding > cfg.data.image_size:
+        raise ConfigError(
+            "data.crop_padding",
+            f"{cfg.data.crop_padding} is larger than data.image_size={cfg.data.image_size}",
+            "pad by a few pixels, e.g. data.crop_padding=4",
+        )
+    synthetic_bytes = (cfg.data.synthetic_train_size + cfg.data.synthetic_val_size) * 3 * cfg.data.image_size**2
+    if cfg.data.name == "synthetic" and synthetic_bytes > MAX_SYNTHETIC_BYTES:
+        raise ConfigError(
+            "data.synthetic_train_size",
+            f"{cfg.data.synthetic_train_size} + {cfg.data.synthetic_val_size} images of "
+            f"{cfg.data.image_size}x{cfg.data.image_size} need {synthetic_bytes / 2**30:.0f} GiB of memory, "
+            f"above {MAX_SYNTHETIC_BYTES // 2**30} GiB",
+            "use fewer or smaller synthetic images, e.g. data.synthetic_train_size=2048",
         )
     if cfg.data.cutout > cfg.data.image_size:
         raise ConfigError(
@@ -572,7 +680,9 @@ def _check_choice(key: str, value: Any, rule: Choice) -> None:
     if rule.plugin and is_plugin(value):
         if not re.fullmatch(PLUGIN_PATTERN, str(value)):
             raise ConfigError(
-                key, f"{value!r} is not an import path", "write pkg.module:factory, e.g. examples.my_models:tiny_cnn"
+                key,
+                f"{quote(value)} is not an import path",
+                "write pkg.module:factory, e.g. examples.my_models:tiny_cnn",
             )
         return
     prefix = rule.open_prefix
@@ -584,7 +694,7 @@ def _check_choice(key: str, value: Any, rule: Choice) -> None:
             *([f"{prefix}<name>"] if prefix else []),
             *(["pkg.module:factory"] if rule.plugin else []),
         ]
-        raise ConfigError(key, f"unknown value {value!r}", f"choose one of: {', '.join(listed)}")
+        raise ConfigError(key, f"unknown value {quote(value)}", f"choose one of: {', '.join(listed)}")
 
 
 def _get_dotted(tree: dict[str, Any], key: str) -> Any:

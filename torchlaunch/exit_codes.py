@@ -30,8 +30,16 @@ class ConfigError(BadInput):
     every config message, wherever the problem is found (parsing, validation, or the worker at start-up)."""
 
     def __init__(self, key: str, problem: str, fix: str) -> None:
-        super().__init__(f"config error: {key}: {problem} ({fix})")
+        key = _bounded(key, 200)  # a key comes from the user too: cut, one line
+        super().__init__(f"config error: {key}: {_bounded(problem, 1000)} ({_bounded(fix, 400)})")
         self.key = key
+
+
+def _bounded(text: str, limit: int) -> str:
+    """One line of at most `limit` characters: the last guard of an error line's length (values in it
+    are quoted with torchlaunch.untrusted.quote where they are formatted)."""
+    text = str(text).replace("\n", "\\n").replace("\r", "\\r")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -50,6 +50,7 @@ except ImportError:  # not POSIX: O_EXCL and the record alone
 from torchlaunch import storage
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.ops import files
+from torchlaunch.untrusted import load_json
 
 LOCK_NAME = ".lock.json"
 GUARD_NAME = ".lock.guard"
@@ -143,7 +144,7 @@ class Holder:
 def read_holder(path: Path) -> Holder | None:
     """The record in a lock file; None when the file is gone or not a record of ours (unreadable)."""
     try:
-        data = json.loads(files.read_bytes(path, files.MAX_BYTES).decode("utf-8"))  # a FIFO is refused, not waited on
+        data = load_json(files.read_bytes(path, files.MAX_BYTES))  # a FIFO is refused, not waited on
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError):

@@ -32,7 +32,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, emit, k8s_validate
+from torchlaunch.launch import cli, emit, k8s_validate, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 from torchlaunch.ops import ranklog, record
 
@@ -499,6 +499,11 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
             raise cli.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_restarts < 0:
         raise cli.error(f"--max-restarts must be >= 0 (torchrun restarts inside a pod), got {args.max_restarts}")
+    shape.within("--nodes", args.nodes, 1, shape.MAX_NODES, "2")
+    shape.within("--gpus-per-node", args.gpus_per_node, 1, shape.MAX_PER_NODE, "8")
+    shape.within("--cpus-per-gpu", args.cpus_per_gpu, 1, 1024, "8")
+    shape.within("--mem-gb-per-gpu", args.mem_gb_per_gpu, 1, 1 << 14, "32")
+    shape.within("--max-restarts", args.max_restarts, 0, shape.MAX_RESTARTS, "3")
     if args.program is None:
         args.config = args.config or DEFAULT_CONFIG
     program = cli.check_program(args, on_disk=False, run_dir_for_builtin=True)  # the code is in the image

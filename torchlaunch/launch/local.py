@@ -48,7 +48,7 @@ from torchlaunch import config as config_mod
 from torchlaunch import contract, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, emit, pdeath, precheck, rankpath
+from torchlaunch.launch import cli, emit, pdeath, precheck, rankpath, shape
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 from torchlaunch.ops import procs as ops_procs
@@ -300,6 +300,21 @@ def check_placement(args: argparse.Namespace) -> None:
         raise cli.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
     if args.max_restarts < 0:
         raise cli.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    shape.within("--gpus", args.gpus, 1, shape.MAX_PER_NODE, "8")
+    shape.within("--nnodes", args.nnodes, 1, shape.MAX_NODES, "2")
+    shape.within("--max-restarts", args.max_restarts, 0, shape.MAX_RESTARTS, "3")
+    shape.port("--master-port", args.master_port)
+
+
+def check_rendezvous(args: argparse.Namespace) -> None:
+    """Multi-node: node 0's address resolves (bounded), and node 0 can bind the port it will host.
+    Not in --dry-run: the command printed may be meant for other machines than this one."""
+    if args.dry_run or (args.nnodes == 1 and args.master_addr is None):
+        return
+    if args.master_addr is not None:
+        shape.master_addr("--master-addr", args.master_addr)
+    if args.node_rank == 0:
+        shape.bindable("--master-port", args.master_port)
 
 
 def check_devices(args: argparse.Namespace) -> None:
@@ -313,6 +328,11 @@ def check_devices(args: argparse.Namespace) -> None:
             raise cli.error(
                 f"GPUS={args.gpus} but only {gpus} GPU(s) are visible (use GPUS<={gpus} or check CUDA_VISIBLE_DEVICES)"
             )
+    if (args.device == "cpu" or visible_gpus() == 0) and args.gpus > (cap := shape.cpu_worker_cap()):
+        raise cli.error(
+            f"--gpus {args.gpus} CPU workers on a machine that runs at most {cap} (4 per usable core; "
+            f"use --gpus {min(cap, 4)})"
+        )
 
 
 @dataclass(frozen=True)
@@ -330,6 +350,7 @@ def plan(args: argparse.Namespace) -> Plan:
     """Validate everything before starting anything (the same in a run, --dry-run and --doctor);
     BadInput on the first problem."""
     check_placement(args)
+    check_rendezvous(args)
     program = cli.check_program(args)
     placement = NodePlacement(args.node_rank, args.master_addr)
     common = {

@@ -38,7 +38,7 @@ from torchlaunch import config as config_mod
 from torchlaunch import runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import cli, emit, precheck, rankpath
+from torchlaunch.launch import cli, emit, precheck, rankpath, shape
 from torchlaunch.launch.spec import JobSpec
 from torchlaunch.ops import ranklog, record, watchdog
 from torchlaunch.ops.launcher import Operation, prepare_rank
@@ -102,14 +102,9 @@ def resolve_run_dir(spec: JobSpec) -> str:
 
 
 def _yaml_run_dir(config: str) -> str | None:
-    import yaml
+    from torchlaunch.config import read_yaml  # the one bounded reader of config files
 
-    try:
-        with open(config, encoding="utf-8") as stream:
-            data = yaml.safe_load(stream) or {}
-    except OSError as error:
-        raise BadInput(f"cannot read config {config}: {error.strerror}; pass an existing --config") from None
-    value = data.get("run_dir") if isinstance(data, dict) else None
+    value = read_yaml(config).get("run_dir")
     return str(value) if value else None
 
 
@@ -806,6 +801,28 @@ def exit_status(job: Any, state: str) -> int:
 # Command line.
 
 
+def check_shape(args: argparse.Namespace) -> None:
+    """Numbers Slurm would refuse late (inside the job) or never schedule (pending forever)."""
+    shape.within("--nodes", args.nodes, 1, shape.MAX_NODES, "2")
+    shape.within("--gpus-per-node", args.gpus_per_node, 1, shape.MAX_PER_NODE, "8")
+    shape.within("--tasks-per-node", args.tasks_per_node, 1, shape.MAX_PER_NODE, "4")
+    shape.within("--time", args.time, 1, 366 * 24 * 60, "240")
+    shape.within("--cpus-per-task", args.cpus_per_task, 1, 4096, "8")
+    shape.within("--mem-gb", args.mem_gb, 1, 1 << 16, "64")
+    shape.within("--signal-delay-s", args.signal_delay_s, 0, 3600, "90")
+    shape.within("--max-timeouts", args.max_timeouts, 0, shape.MAX_RESTARTS, "3")
+    shape.port("--master-port", args.master_port)
+    if args.tasks_per_node is not None:
+        cpus = shape.slurm_node_cpus(args.partition)
+        need = args.tasks_per_node * (args.cpus_per_task or 1)
+        if cpus is not None and need > cpus:
+            raise cli.error(
+                f"--tasks-per-node {args.tasks_per_node} x --cpus-per-task {args.cpus_per_task or 1} needs {need} "
+                f"CPUs per node, the largest node{' of ' + args.partition if args.partition else ''} has {cpus} "
+                f"(the job would pend forever; use --tasks-per-node {max(1, cpus // (args.cpus_per_task or 1))})"
+            )
+
+
 def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespace]:
     parser = cli.Parser(
         prog="python -m launch.slurm",
@@ -854,6 +871,7 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         if not key:
             raise BadInput(f"--sbatch {item!r} is not KEY=VALUE")
         extra[key.lstrip("-")] = value if sep else True  # type: ignore[assignment]
+    check_shape(args)
     use_gpus = args.tasks_per_node is None
     per_node = args.gpus_per_node if use_gpus else args.tasks_per_node
     if per_node is None:

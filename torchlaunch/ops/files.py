@@ -19,6 +19,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from torchlaunch.untrusted import load_json
+
 MAX_BYTES = 256 * 1024
 """Larger files are refused unread: a record is a few hundred bytes."""
 
@@ -105,7 +107,7 @@ def read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     if len(raw) > MAX_BYTES:
         return None, f"larger than {MAX_BYTES} bytes"
     try:
-        value = json.loads(raw.decode("utf-8"))
+        value = load_json(raw)  # depth-checked before the recursive parser runs
     except UnicodeDecodeError:
         return None, "not UTF-8"
     except ValueError:

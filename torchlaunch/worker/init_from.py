@@ -34,6 +34,8 @@ def locate(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.exists():
         raise _bad(f"{path} does not exist")
+    if not (path.is_file() or path.is_dir()):  # a device (/dev/zero), FIFO or socket: never read
+        raise _bad(f"{path} is not a regular file or a folder")
     return path
 
 
@@ -42,6 +44,8 @@ def _from_checkpoint_folder(path: Path) -> dict[str, Any]:
         state = ckpt.load_state(path, "cpu")
     except ckpt.InvalidCheckpoint as e:
         raise _bad(f"{path} is not a valid checkpoint: {e}", "pick another checkpoint") from None
+    if not isinstance(state.get("model"), Mapping):
+        raise _bad(f"{path} holds no model state", "pick a checkpoint of the built-in worker")
     return state["model"]
 
 

@@ -55,6 +55,7 @@ from torchlaunch.worker.optim import build_optimizer, build_scheduler
 from torchlaunch.worker.precision import autocast_dtype, training_precision
 from torchlaunch.worker.precision import resolve_precision as resolve_precision  # evaluate.py imports it from here
 from torchlaunch.worker.schedule import LoopSchedule
+from torchlaunch.worker.state_check import worker_state_problem
 
 VERSION = "0.1.0"
 
@@ -323,7 +324,12 @@ class Trainer:
     def resume(self) -> Path | None:
         """Load the checkpoint checkpoint.resume names (rank 0 picks; every rank reads the same folder)."""
         checkpointer = ckpt.Checkpointer(
-            self.ctx, self.ckpt_root, self.cfg.checkpoint.keep, ckpt.WORKER_KIND, writer=self.writer
+            self.ctx,
+            self.ckpt_root,
+            self.cfg.checkpoint.keep,
+            ckpt.WORKER_KIND,
+            writer=self.writer,
+            check_state=worker_state_problem,
         )
         loaded = checkpointer.load_latest(self.cfg.checkpoint.resume, restore=False)
         if loaded is None:

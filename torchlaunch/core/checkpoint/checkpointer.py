@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import platform
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from torchlaunch.core.checkpoint import store
 from torchlaunch.core.checkpoint.snapshot import AsyncWriter, SnapshotBuffers
 from torchlaunch.core.checkpoint.store import CheckpointError, CommitInfo
 from torchlaunch.core.dist import DistContext, agreed, broadcast_object, gather_objects
+from torchlaunch.exit_codes import BadInput
 
 WORKER_KIND = "torchlaunch.worker"
 """The built-in worker's checkpoints (also those written before the envelope named a kind)."""
@@ -82,6 +84,66 @@ def restore_rank_rng(state: dict[str, Any], ctx: DistContext) -> bool:
     return True
 
 
+def _tensor(value: Any, dtype: torch.dtype, numel: int | None = None) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == dtype
+        and value.dim() == 1
+        and (numel is None or value.numel() == numel)
+    )
+
+
+def rng_problem(rng: Any) -> str | None:
+    """Why one rank's saved RNG states (capture_rng's layout) cannot be restored, or None."""
+    if not isinstance(rng, dict):
+        return "not a mapping"
+    if not _tensor(rng.get("torch"), torch.uint8, torch.get_rng_state().numel()):
+        return "torch state is not the generator's byte tensor"
+    cuda = rng.get("cuda")
+    if cuda is not None and not _tensor(cuda, torch.uint8):
+        return "cuda state is not a byte tensor"
+    n = rng.get("numpy")
+    if not (
+        isinstance(n, list | tuple)
+        and len(n) == 5
+        and n[0] == "MT19937"
+        and _tensor(n[1], torch.int64, 624)
+        and all(isinstance(v, int) for v in n[2:4])
+        and isinstance(n[4], float)
+    ):
+        return "numpy state is not MT19937's"
+    py = rng.get("python")
+    if not (
+        isinstance(py, list | tuple)
+        and len(py) == 3
+        and isinstance(py[1], list | tuple)
+        and len(py[1]) == 625
+        and all(isinstance(v, int) for v in py[1])
+    ):
+        return "python state is not random.getstate()'s"
+    return None
+
+
+def envelope_problem(state: dict[str, Any]) -> str | None:
+    """Why a loaded checkpoint's envelope (step, world size, RNG states) is unusable, or None;
+    checkpoints written before the envelope named them have no step/world size to check."""
+    step = state.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step is {type(step).__name__}, not a step number"
+    if "world_size" not in state and "rng" not in state:
+        return None
+    world, rng = state.get("world_size"), state.get("rng")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        return "world_size is not a positive integer"
+    if not isinstance(rng, list) or len(rng) != world:
+        return f"rng holds no state for each of its {world} ranks"
+    for rank, entry in enumerate(rng):
+        problem = rng_problem(entry)
+        if problem is not None:
+            return f"rank {rank}'s RNG states: {problem}"
+    return None
+
+
 def kind_of(state: dict[str, Any]) -> str:
     return str(state.get("kind", WORKER_KIND))
 
@@ -118,8 +180,12 @@ class Checkpointer:
         metric: str = "val_acc",
         writer: AsyncWriter | None = None,
         snapshots: SnapshotBuffers | None = None,
+        check_state: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
+        """`check_state(state)`: the owner's check of its payload (None: usable), so a checksum-valid
+        state that cannot be restored is skipped for the previous checkpoint like a corrupt one."""
         self.ctx, self.root, self.keep, self.kind = ctx, Path(root), keep, kind
+        self.check_state = check_state
         self.map_location, self.metric = map_location, metric
         self.writer = writer if writer is not None else AsyncWriter()
         self.snapshots = snapshots if snapshots is not None else SnapshotBuffers()
@@ -138,11 +204,13 @@ class Checkpointer:
 
         def choose() -> str | None:
             nonlocal found
+            store.check_root(self.root)
+            store.ensure_run(self.root)
             store.clean_stale(self.root)
             if resume == "auto":
-                found = store.find_latest(self.root, self.map_location, move_invalid=True)
+                found = store.find_latest(self.root, self.map_location, move_invalid=True, check=self._usable)
             else:
-                found = store.resolve_resume(resume, self.root, self.map_location)
+                found = store.resolve_resume(resume, self.root, self.map_location, check=self._usable)
             return str(found[0]) if found else None
 
         chosen = agreed(ctx, lambda: choose() if ctx.is_main else None)
@@ -154,6 +222,16 @@ class Checkpointer:
         if restore and kind_of(state) == self.kind:
             self.restore_rng(state)
         return Loaded(path, step_of(state, path), kind_of(state), state)
+
+    def _usable(self, path: Path, state: dict[str, Any]) -> str | None:
+        """Why a loaded state cannot be continued from (its envelope, then the owner's payload), or None."""
+        problem = envelope_problem(state)
+        placed = store.parse_step(path.name)  # the marker's step agrees with it (store.verify)
+        if problem is None and "step" in state and placed is not None and state["step"] != placed:
+            problem = f"its state is of step {state['step']}, its folder of step {placed}"
+        if problem is None and self.check_state is not None and kind_of(state) == self.kind:
+            problem = self.check_state(state)
+        return problem
 
     def restore_rng(self, state: dict[str, Any]) -> bool:
         """This rank's RNG states from `state`; on a new world size a warning (rank 0) and False."""
@@ -189,10 +267,18 @@ class Checkpointer:
         if clash:
             raise ValueError(f"checkpoint payload keys {clash} are reserved for the envelope")
         previous: str | None = None
+        refused: str | None = None
         if ctx.is_main:
             previous = self._settle()
-        gathered = gather_objects(ctx, (capture_rng(ctx.device), previous))
-        failed = [e for _, e in gathered if e]
+            try:
+                store.check_root(self.root)  # bad input on every rank, before anything is written
+            except BadInput as e:
+                refused = str(e)
+        gathered = gather_objects(ctx, (capture_rng(ctx.device), previous, refused))
+        refusals = [r for _, _, r in gathered if r]
+        if refusals:
+            raise BadInput(refusals[0])
+        failed = [e for _, e, _ in gathered if e]
         if failed:
             raise store.checkpoint_error(str(failed[0]))
         if not ctx.is_main and not synchronous:
@@ -206,7 +292,7 @@ class Checkpointer:
                 "kind": self.kind,
                 "step": int(step),
                 "world_size": ctx.world_size,
-                "rng": [r for r, _ in gathered],
+                "rng": [r for r, _, _ in gathered],
                 "versions": _versions(payload.get("versions")),
             }
             marker = dict(meta or {}, world_size=ctx.world_size, kind=self.kind)

@@ -37,8 +37,9 @@ import torch
 import xxhash
 
 from torchlaunch import storage
-from torchlaunch.exit_codes import ConfigError
+from torchlaunch.exit_codes import BadInput, ConfigError
 from torchlaunch.storage import StorageError
+from torchlaunch.untrusted import load_json, quote
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
@@ -47,6 +48,13 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
 REPLACED_PREFIX = ".replaced-"
 QUARANTINE_DIR = "quarantine"
+ROOT_NAME = "checkpoints"
+"""RUN_DIR/checkpoints: the layout where a checkpoint is tied to its run (RUN_ID_FILE beside it)."""
+RUN_ID_FILE = "run_id.json"
+"""RUN_DIR/run_id.json: the run's identity, written once at its first start; every marker carries it,
+so a checkpoint folder copied in from another run is not resumed as this run's own."""
+MAX_MARKER_BYTES = 1 << 20
+"""Larger commit markers are refused unread: a marker is a few hundred bytes."""
 
 
 class CheckpointError(Exception):
@@ -71,6 +79,11 @@ def checkpoint_error(message: str) -> CheckpointError:
 
 class InvalidCheckpoint(Exception):
     """A checkpoint failed verification or safe loading; the message says why."""
+
+
+class NewerFormat(BadInput):
+    """A checkpoint written by a newer torchlaunch: refused in one line (exit 2) and left in place, since
+    it is likely valid (never quarantined, never skipped for an older step)."""
 
 
 def step_dir_name(step: int) -> str:
@@ -187,7 +200,9 @@ def write_checkpoint(
     `before_commit` is a test hook called with the temp folder after the state is written.
     """
     start = time.perf_counter()
+    check_root(root)
     root.mkdir(parents=True, exist_ok=True)
+    run_id = ensure_run(root)
     final = root / step_dir_name(step)
     if not replace and verify(final) is None:
         marker = read_marker(final)
@@ -202,6 +217,8 @@ def write_checkpoint(
         marker = dict(
             meta, step=step, checksum=digest, bytes=size, format_version=FORMAT_VERSION, committed_at=time.time()
         )
+        if run_id is not None:
+            marker["run_id"] = run_id
         if final.exists() and (final / MARKER_FILE).exists():
             # Commit inside the temp folder first, then swap: a crash between the two renames leaves
             # the old folder aside, and clean_stale() puts it back at the next start (no step is lost).
@@ -264,14 +281,14 @@ def _fault_injection_stall(tmp: Path, step: int) -> None:
         marker.unlink()
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} in the commit marker")
-
-
 def read_marker(path: Path) -> dict[str, Any]:
     """The commit marker's fields. Only finite numbers: a marker is written by json.dump of ints,
     floats and strings, so NaN or Infinity means a forged or damaged file (ValueError, like bad JSON)."""
-    marker = json.loads((path / MARKER_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
+    with open(path / MARKER_FILE, "rb") as fh:
+        raw = fh.read(MAX_MARKER_BYTES + 1)
+    if len(raw) > MAX_MARKER_BYTES:
+        raise ValueError(f"the commit marker is larger than {MAX_MARKER_BYTES} bytes")
+    marker = load_json(raw, max_depth=8)  # depth, NaN/Infinity: ValueError, like bad JSON
     if not isinstance(marker, dict):
         raise ValueError("the commit marker is not a JSON object")
     return marker
@@ -284,8 +301,11 @@ def _marker_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
     try:
         marker = read_marker(path)
         expected_checksum(marker), int(marker["bytes"])
-    except (ValueError, KeyError, TypeError, OverflowError) as e:
-        return f"unreadable commit marker ({e})", {}
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+        return f"unreadable commit marker ({str(e)[:200]})", {}
+    place = _place_problem(path, marker)
+    if place is not None:
+        return place, marker
     if not (path / STATE_FILE).is_file():
         return "state file missing", marker
     size = (path / STATE_FILE).stat().st_size
@@ -295,6 +315,122 @@ def _marker_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
 
 
 CHECKSUM_MISMATCH = "checksum mismatch (corrupted bytes)"
+
+
+def newer_format(marker: dict[str, Any]) -> int | None:
+    """The marker's format_version when it is newer than this build reads, else None."""
+    version = marker.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        return version
+    return None
+
+
+def _place_problem(path: Path, marker: dict[str, Any]) -> str | None:
+    """Why a committed folder is not the checkpoint its place says (None when it is): the folder's
+    name, the marker's step and the run the marker belongs to must agree, so a copy of step 10 named
+    step-000999999, or a folder copied in from another run, is never resumed as this run's newest."""
+    version = newer_format(marker)
+    if version is not None:
+        return f"written in format_version {version} by a newer torchlaunch (this build reads {FORMAT_VERSION})"
+    folder_step, marker_step = parse_step(path.name), marker.get("step")
+    if (
+        folder_step is not None
+        and "step" in marker
+        and (isinstance(marker_step, bool) or not isinstance(marker_step, int) or marker_step != folder_step)
+    ):
+        return f"its marker is of step {quote(marker_step, 40)}, not {folder_step} (a copied or renamed folder)"
+    if path.parent.name != ROOT_NAME:
+        return None
+    try:
+        run = recorded_run(path.parent.parent)
+    except BadInput:  # refused at resume (ensure_run) before anything is moved; readers carry on
+        return None
+    if run is None:
+        return None
+    owner = marker.get("run_id")
+    if owner is None:  # committed before runs had an identity: this run's own only if older than it
+        committed = marker.get("committed_at")
+        if not isinstance(committed, int | float) or isinstance(committed, bool) or committed <= run[1]:
+            return None
+        return "its marker names no run and is newer than this run's identity (copied from another run?)"
+    if owner != run[0]:
+        return f"it belongs to run {quote(owner, 40)}, this run dir is run {run[0]} (copied from another run?)"
+    return None
+
+
+_RUNS: dict[Path, tuple[tuple[int, int], tuple[str, float]]] = {}
+"""run dir -> (file identity, (run_id, created_at)) of its RUN_ID_FILE, read once per change."""
+
+
+def recorded_run(run_dir: Path) -> tuple[str, float] | None:
+    """(run_id, created_at) from RUN_DIR/run_id.json; None when the run has none yet. A damaged or
+    forged record is bad input: which checkpoints are this run's cannot be told without it."""
+    file = run_dir / RUN_ID_FILE
+    try:
+        st = file.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BadInput(f"checkpoint error: cannot read {file}: {e.strerror or e} (make the run dir readable)") from None
+    cached = _RUNS.get(run_dir)
+    if cached is not None and cached[0] == (st.st_ino, st.st_mtime_ns):
+        return cached[1]
+    regular = file.is_file() and not file.is_symlink()
+    problem = "not a regular file" if not regular else "larger than 4096 bytes"
+    if regular and st.st_size <= 4096:
+        try:
+            data = load_json(file.read_bytes(), max_depth=2)
+            run = (data["run_id"], float(data["created_at"]))
+            if isinstance(run[0], str) and re.fullmatch(r"[0-9a-f]{32}", run[0]) and run[1] == run[1]:
+                _RUNS[run_dir] = ((st.st_ino, st.st_mtime_ns), run)
+                return run
+            problem = "not a run identity"
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            problem = f"unreadable ({str(e)[:100]})"
+    raise BadInput(
+        f"checkpoint error: {file} is {problem} (restore it: its run_id is the one in this run's "
+        "checkpoints/step-*/COMMITTED.json, with created_at before their committed_at)"
+    )
+
+
+def ensure_run(root: Path) -> str | None:
+    """This run's id (RUN_DIR/run_id.json created at its first start, atomically and exactly once);
+    None for a checkpoint root outside the RUN_DIR/checkpoints layout, which has no run to belong to."""
+    if root.name != ROOT_NAME:
+        return None
+    run_dir = root.parent
+    run = recorded_run(run_dir)
+    if run is not None:
+        return run[0]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f"{TMP_PREFIX}{RUN_ID_FILE}.{uuid.uuid4().hex[:8]}"
+    tmp.write_text(json.dumps({"run_id": uuid.uuid4().hex, "created_at": time.time()}))
+    try:
+        os.link(tmp, run_dir / RUN_ID_FILE)  # exclusive: two first starts agree on one identity
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(run_dir)
+    run = recorded_run(run_dir)
+    return run[0] if run is not None else None
+
+
+def check_root(root: Path) -> None:
+    """RUN_DIR/checkpoints must be a real folder of this run dir (or not exist yet): a symlink would
+    resume another run's state and let retention delete its checkpoints; a dangling one or a file
+    there could not be written. One line, exit 2."""
+    if root.is_symlink():
+        target = os.readlink(root)
+        dangling = "" if root.exists() else ", which does not exist"
+        raise BadInput(
+            f"checkpoint error: {root} is a symlink to {quote(target)}{dangling} (checkpoints must be a real "
+            "folder of the run dir: remove the link, or pass that run's own run_dir)"
+        )
+    if root.exists() and not root.is_dir():
+        raise BadInput(f"checkpoint error: {root} is not a folder (move the file away, or pick another run_dir)")
+    if root.name == ROOT_NAME and root.exists() and root.resolve().parent != root.parent.resolve():
+        raise BadInput(f"checkpoint error: {root} resolves outside its run dir (use a real folder)")
 
 
 def verify(path: Path) -> str | None:
@@ -372,6 +508,12 @@ def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str
     is discarded and the mismatch is reported, as when the file was verified first. Parsing the bad
     bytes meanwhile is safe: weights_only=True is what refuses crafted files in the first place."""
     reason, marker = _marker_problem(path)
+    version = newer_format(marker)
+    if version is not None:
+        raise NewerFormat(
+            f"checkpoint error: {path} was written in format_version {version} by a newer torchlaunch, this "
+            f"build reads {FORMAT_VERSION} (resume with that version, or start a new run_dir; it is left as it is)"
+        )
     if reason is not None:
         raise InvalidCheckpoint(reason)
     expected = expected_checksum(marker)
@@ -389,7 +531,12 @@ def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str
     _remember_verified(path)
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         version = state.get("format_version") if isinstance(state, dict) else None
-        raise InvalidCheckpoint(f"format version {version!r}, this build reads {FORMAT_VERSION}")
+        if newer_format({"format_version": version}) is not None:
+            raise NewerFormat(
+                f"checkpoint error: {path} holds format_version {version} of a newer torchlaunch, this build "
+                f"reads {FORMAT_VERSION} (resume with that version, or start a new run_dir)"
+            )
+        raise InvalidCheckpoint(f"format version {quote(version, 40)}, this build reads {FORMAT_VERSION}")
     return state
 
 
@@ -409,7 +556,11 @@ def candidates(root: Path) -> list[tuple[int, Path]]:
     """Checkpoint folders under root, newest step first."""
     if not root.is_dir():
         return []
-    found = [(step, p) for p in root.iterdir() if p.is_dir() and (step := parse_step(p.name)) is not None]
+    found = [
+        (step, p)
+        for p in root.iterdir()
+        if not p.is_symlink() and p.is_dir() and (step := parse_step(p.name)) is not None
+    ]
     return sorted(found, key=lambda item: item[0], reverse=True)
 
 
@@ -480,17 +631,32 @@ def latest_valid(root: Path, on_skip: SkipReport | None = None) -> Path | None:
     return None
 
 
+StateCheck = Callable[[Path, dict[str, Any]], "str | None"]
+"""check(folder, state): why a loaded state cannot be used (missing keys, wrong types, another step
+than its folder's), or None."""
+
+
+def _load_checked(path: Path, map_location: str | torch.device, check: StateCheck | None) -> dict[str, Any]:
+    state = load_state(path, map_location)
+    problem = check(path, state) if check is not None else None
+    if problem is not None:
+        raise InvalidCheckpoint(f"its state is not usable: {problem}")
+    return state
+
+
 def find_latest(
     root: Path,
     map_location: str | torch.device = "cpu",
     on_skip: Callable[[str], None] = warn,
     move_invalid: bool = False,
+    check: StateCheck | None = None,
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies and loads; each skipped one is reported with its reason.
-    `move_invalid` (rank 0 at resume): skipped folders also go to quarantine, and the report says where."""
+    """The newest checkpoint that verifies, loads and passes `check`; each skipped one is reported with
+    its reason. `move_invalid` (rank 0 at resume): skipped folders also go to quarantine, and the report
+    says where. A newer format is NewerFormat (bad input), never skipped: it is likely valid."""
     for _, path in candidates(root):
         try:
-            return path, load_state(path, map_location)
+            return path, _load_checked(path, map_location, check)
         except InvalidCheckpoint as e:
             moved = f"; moved to {quarantine(root, path)}" if move_invalid else ""
             on_skip(f"skipping checkpoint {path / STATE_FILE}: {e}{moved}; falling back to the previous one")
@@ -498,14 +664,18 @@ def find_latest(
 
 
 def resolve_resume(
-    resume: str, root: Path, map_location: str | torch.device = "cpu", on_skip: Callable[[str], None] = warn
+    resume: str,
+    root: Path,
+    map_location: str | torch.device = "cpu",
+    on_skip: Callable[[str], None] = warn,
+    check: StateCheck | None = None,
 ) -> tuple[Path, dict[str, Any]] | None:
     """`auto` -> newest valid or None; `never` -> None; a path (checkpoint folder, its state.pt, a run
     or checkpoints folder: its newest valid one) -> that checkpoint, or BadInput."""
     if resume == "never":
         return None
     if resume == "auto":
-        return find_latest(root, map_location, on_skip)
+        return find_latest(root, map_location, on_skip, check=check)
     found = locate(resume)
     if found is None or found.kind == "file":
         raise ConfigError(
@@ -521,7 +691,7 @@ def resolve_resume(
             "use auto, never, or a checkpoint folder such as RUN_DIR/checkpoints/step-000000100",
         )
     try:
-        return path, load_state(path, map_location)
+        return path, _load_checked(path, map_location, check)
     except InvalidCheckpoint as e:
         raise ConfigError(
             "checkpoint.resume",
@@ -607,7 +777,9 @@ def retain(
             unchecked.append(p)  # older than what is kept: deleted unless it is the best by metric
             continue
         reason = verify(p)
-        if reason is not None:
+        if reason is not None and _is_newer(p):
+            foreign.append(p)  # a newer torchlaunch's: likely valid, never moved
+        elif reason is not None:
             bad.append((p, reason))
         elif committed_step is not None and step > committed_step:
             foreign.append(p)
@@ -628,6 +800,13 @@ def retain(
             _VERIFIED.pop(p, None)
             removed.append(p)
     return removed
+
+
+def _is_newer(path: Path) -> bool:
+    try:
+        return newer_format(read_marker(path)) is not None
+    except (OSError, ValueError):
+        return False
 
 
 def _best_verified(others: list[Path], metric: str, kept: list[Path]) -> Path | None:
