@@ -59,7 +59,7 @@ def main() -> int:
             for _, idx in sampler.batches(epoch, start):
                 loss = nn.functional.cross_entropy(net(x[idx].to(ctx.device)), y[idx].to(ctx.device))
                 optimizer.zero_grad()
-                loss.backward()
+                (loss * sampler.loss_weight).backward()  # 1.0 unless the world size leaves uneven shares
                 optimizer.step()
                 step += 1
                 if ctx.is_main:

@@ -272,9 +272,25 @@ def test_sampler_ranks_share_the_global_batch() -> None:
     assert [r0 + r1 for r0, r1 in zip(*ranks, strict=True)] == whole
 
 
+def test_sampler_uneven_shares_and_the_loss_weight_that_keeps_the_global_mean() -> None:
+    """3 ranks of a batch of 8: shares 3/3/2 that concatenate to the 1-rank batches; each rank's mean
+    loss weighted by loss_weight (share * W / B) and averaged over W is the global batch's mean."""
+    whole = [idx.tolist() for _, idx in api.resumable_sampler(100, 8, 5).batches(0)]
+    samplers = [api.resumable_sampler(100, 8, 5, rank=r, world_size=3) for r in range(3)]
+    assert [s.batch_size for s in samplers] == [3, 3, 2] and samplers[0].shares == (3, 3, 2)
+    parts = [[idx.tolist() for _, idx in s.batches(0)] for s in samplers]
+    assert [a + b + c for a, b, c in zip(*parts, strict=True)] == whole
+    assert [s.loss_weight for s in samplers] == [9 / 8, 9 / 8, 6 / 8]
+    assert api.resumable_sampler(100, 8, 5, rank=1, world_size=4).loss_weight == 1.0
+    values = torch.arange(8, dtype=torch.float64)  # per-sample losses of one global batch
+    shares = torch.split(values, list(samplers[0].shares))
+    averaged = sum(part.mean() * s.loss_weight for part, s in zip(shares, samplers, strict=True)) / 3
+    assert torch.isclose(averaged, values.mean())
+
+
 @pytest.mark.parametrize(
     "n,batch,world,needle",
-    [(100, 6, 4, "multiple of the world size 4"), (5, 8, 1, "dataset_len=5"), (100, 0, 1, "batch_size=0")],
+    [(100, 3, 4, "at least the world size 4"), (5, 8, 1, "dataset_len=5"), (100, 0, 1, "batch_size=0")],
 )
 def test_sampler_bad_sizes_are_bad_input(n: int, batch: int, world: int, needle: str) -> None:
     with pytest.raises(api.BadInput, match=needle):

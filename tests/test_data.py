@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ def one_line_bad_input(fn, *args) -> str:
 # ------------------------------------------------------------------------------------------ batch plan
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
 def test_rank_slices_make_up_the_global_batch_on_any_world_size(world: int) -> None:
     n, batch, seed = 1000, 64, 3
     reference = BatchPlan(n, batch, seed)  # one process: the global batch itself
@@ -64,7 +65,47 @@ def test_rank_slices_make_up_the_global_batch_on_any_world_size(world: int) -> N
             assert torch.equal(torch.cat([idx for idx, _ in parts]), want_idx)
             for k in range(3):  # dy, dx, flip: the same augmentation whatever the world size
                 assert torch.equal(torch.cat([aug[k] for _, aug in parts]), want_aug[k])
-            assert all(len(idx) == batch // world for idx, _ in parts)
+            assert [len(idx) for idx, _ in parts] == list(plans[0].shares)
+
+
+def test_shares_of_every_world_size_up_to_the_batch_concatenate_to_the_step() -> None:
+    """W = 1..B ranks: the shares (which differ by at most one) put together are exactly the global
+    step's indices and augmentation draws (crop, flip, cutout), in order."""
+    n, batch, seed = 200, 64, 11
+    reference = BatchPlan(n, batch, seed, cutout=3, image_size=8)
+    perm = reference.permutation(1)
+    steps = (0, reference.steps_per_epoch - 1)
+    want = {s: reference.rank_step(perm, 1, s) for s in steps}
+    for world in range(1, batch + 1):
+        plans = [BatchPlan(n, batch, seed, r, world, cutout=3, image_size=8) for r in range(world)]
+        shares = plans[0].shares
+        assert sum(shares) == batch and max(shares) - min(shares) <= 1 and min(shares) >= 1
+        assert [p.per_rank for p in plans] == list(shares)
+        for s in steps:
+            parts = [p.rank_step(perm, 1, s) for p in plans]
+            assert torch.equal(torch.cat([idx for idx, _ in parts]), want[s][0]), (world, s)
+            for k in range(len(want[s][1])):
+                assert torch.equal(torch.cat([aug[k] for _, aug in parts]), want[s][1][k]), (world, s, k)
+
+
+@pytest.mark.parametrize("micro", [0, 1, 2, 5, 16, 100])
+def test_micro_steps_are_the_same_count_on_every_rank_and_differ_by_one(micro: int) -> None:
+    """Every rank runs the same number of micro-steps (DDP syncs on the last); at each one the ranks'
+    batches differ by at most one sample and fit micro; the last is never empty; the loss weights of
+    all micro-batches of all ranks add up to W (so DDP's average is the global mean)."""
+    batch = 37
+    for world in (1, 2, 3, 5, 8, 37):
+        plans = [BatchPlan(100, batch, 0, r, world, micro) for r in range(world)]
+        sizes = [p.micro_sizes() for p in plans]
+        assert len({len(z) for z in sizes}) == 1 and len(sizes[0]) == plans[0].accumulation
+        assert [sum(z) for z in sizes] == list(plans[0].shares)
+        for column in zip(*sizes, strict=True):
+            assert max(column) - min(column) <= 1
+            assert max(column) <= (micro or batch) and max(column) <= plans[0].micro
+        assert all(z[-1] >= 1 for z in sizes)
+        assert sum(p.loss_weight(m) for p, z in zip(plans, sizes, strict=True) for m in z) == world
+    even = BatchPlan(100, 32, 0, 1, 2, 4)
+    assert even.micro_sizes() == [4, 4, 4, 4] and even.loss_weight(4) == Fraction(1, 4)
 
 
 def test_epoch_is_a_permutation_and_epochs_differ() -> None:
@@ -115,10 +156,24 @@ def test_loader_resumes_at_any_step(start: int) -> None:
             assert torch.equal(x1, x2) and torch.equal(y1, y2)
 
 
-def test_plan_rejects_batches_that_do_not_split() -> None:
-    assert "divisible by the world size 4" in one_line_bad_input(BatchPlan, 100, 30, 0, 0, 4)
+def test_plan_rejects_a_rank_without_samples() -> None:
+    """More ranks than samples in the batch: one line naming both fixes (exit 2 as bad input)."""
+    line = one_line_bad_input(BatchPlan, 100, 3, 0, 0, 4)
+    assert "3 is smaller than the world size 4" in line and "1 rank(s) would get no samples" in line
     assert "larger than the training set" in one_line_bad_input(BatchPlan, 10, 32, 0)
-    assert "micro_batch_size" in one_line_bad_input(BatchPlan, 100, 32, 0, 0, 2, 5)
+    assert BatchPlan(100, 30, 0, 3, 4).shares == (8, 8, 7, 7)  # uneven shares are fine
+    assert BatchPlan(100, 32, 0, 0, 2, 5).accumulation == 4  # micro need not divide the share
+
+
+def test_uneven_loader_micro_batches_put_together_are_the_one_rank_batch() -> None:
+    """Real loader, augmentation on: 3 ranks' micro-batches of a 16-sample step (shares 6/5/5, at most 4
+    per pass: 3+3, 2+3, 2+3) concatenate to the 1-rank loader's step, pixel for pixel."""
+    whole = dict(synthetic_loader(BatchPlan(96, 16, seed=2)).epoch(1, 0))
+    ranks = [dict(synthetic_loader(BatchPlan(96, 16, 2, r, 3, 4)).epoch(1, 0)) for r in range(3)]
+    assert [[len(y) for _, y in ranks[r][0]] for r in range(3)] == [[3, 3], [2, 3], [2, 3]]
+    for step, ((x, y),) in whole.items():
+        parts = [mb for r in range(3) for mb in ranks[r][step]]
+        assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(torch.cat([p[1] for p in parts]), y)
 
 
 # ------------------------------------------------------------------------------------------ augmentation

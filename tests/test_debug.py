@@ -164,8 +164,8 @@ def test_describe_oom_when_options_are_already_used() -> None:
     assert "lower train.micro_batch_size" in text
 
 
-def test_smaller_micro_batch_divides_the_global_batch() -> None:
+def test_smaller_micro_batch_halves_the_pass() -> None:
     assert debug._smaller_micro_batch(960, 120, 8) == 60
     assert debug._smaller_micro_batch(6 * 3, 6, 3) == 3
-    assert debug._smaller_micro_batch(10, 5, 2) == 1
+    assert debug._smaller_micro_batch(10, 5, 2) == 2  # need not divide: shares of 5 run as 2 passes of 3 and 2
     assert debug._smaller_micro_batch(8, 1, 8) is None

@@ -293,7 +293,17 @@ def _check_writable(root: Path) -> None:
 class ResumableSampler:
     """The global-step batch plan: per epoch a permutation fixed by (seed, epoch); global step s takes
     samples s*B:(s+1)*B of it and each rank its contiguous share. A pure function of (seed, epoch,
-    step, rank, world size), so a resumed run continues the same sample order without replaying."""
+    step, rank, world size), so a resumed run continues the same sample order without replaying.
+
+    Any world size from 1 to B works: when W does not divide B the shares differ by one sample
+    (`shares`), and a rank's loss needs a weight so that DDP's average over the ranks is the mean over
+    the global batch:
+
+        loss = criterion(model(x), y) * sampler.loss_weight   # mean loss over this rank's share
+
+    (`loss_weight` is share * W / B: exactly 1.0 when W divides B, so an even run is unchanged; with a
+    summed loss use W / B instead; accumulating micro-batches, weight each one's mean loss by
+    count * W / B.)"""
 
     plan: BatchPlan
 
@@ -304,8 +314,19 @@ class ResumableSampler:
 
     @property
     def batch_size(self) -> int:
-        """This rank's share of a global batch."""
+        """This rank's share of a global batch (see shares)."""
         return self.plan.per_rank
+
+    @property
+    def shares(self) -> tuple[int, ...]:
+        """Every rank's samples per global step: differ by at most one, the larger ones first."""
+        return self.plan.shares
+
+    @property
+    def loss_weight(self) -> float:
+        """Multiply this rank's MEAN loss over its share by this (share * W / B) so the gradient DDP
+        averages is the global batch's mean; 1.0 whenever the world size divides the batch."""
+        return float(self.plan.loss_weight(self.plan.per_rank))
 
     def locate(self, global_step: int) -> tuple[int, int]:
         """(epoch, step in that epoch) of the next batch after `global_step` steps."""
@@ -323,14 +344,15 @@ def resumable_sampler(
     dataset_len: int, batch_size: int, seed: int, *, rank: int | None = None, world_size: int | None = None
 ) -> ResumableSampler:
     """The batch plan for a map-style dataset of `dataset_len` samples. `batch_size` is the GLOBAL
-    batch (split over the ranks); rank and world size default to setup()'s (else 0 of 1)."""
+    batch (split over the ranks, unevenly when the world size does not divide it: weight the loss by
+    `loss_weight`); rank and world size default to setup()'s (else 0 of 1)."""
     ctx = _session.ctx if _session is not None else None
     rank = (ctx.rank if ctx else 0) if rank is None else rank
     world_size = (ctx.world_size if ctx else 1) if world_size is None else world_size
-    if batch_size < 1 or batch_size % world_size:
+    if batch_size < max(1, world_size):
         raise BadInput(
-            f"api error: resumable_sampler batch_size={batch_size}: the global batch must be a "
-            f"positive multiple of the world size {world_size} (e.g. {world_size * 32})"
+            f"api error: resumable_sampler batch_size={batch_size}: the global batch must be at least "
+            f"the world size {world_size}, or a rank gets no samples (e.g. {world_size * 32})"
         )
     if dataset_len < batch_size:
         raise BadInput(

@@ -273,9 +273,11 @@ class TrainConfig:
     epochs: int = field(default=10, metadata=at_least(1, MAX_EPOCHS, "e.g. train.epochs=10"))
     """Passes over the training set."""
     batch_size: int = field(default=256, metadata=at_least(1, MAX_BATCH, "e.g. train.batch_size=256"))
-    """Global batch per optimizer step, summed over all ranks; kept on any world size."""
+    """Global batch per optimizer step, summed over all ranks; kept on any world size from 1 to it (ranks'
+    shares differ by at most one sample when the world size does not divide it)."""
     micro_batch_size: int = field(default=0, metadata=at_least(0, MAX_BATCH, "use 0 for batch_size / world size"))
-    """Per-rank batch per forward pass (0 = batch_size / world size); smaller values accumulate."""
+    """At most this many samples per rank per forward pass (0 = the rank's whole share of the batch):
+    every rank accumulates ceil(largest share / this) micro-batches per step; any value works."""
     precision: str = field(default="auto", metadata=choice(("auto", "fp32", "bf16", "fp16")))
     """`fp32`, `bf16`, `fp16` (with GradScaler) or `auto` (bf16 where supported, else fp32)."""
     channels_last: bool = True
@@ -667,12 +669,6 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
     if not str(cfg.data.root).strip() and cfg.data.name != "synthetic" and not is_plugin(cfg.data.name):
         raise ConfigError("data.root", "must not be empty", "point it at your dataset folder")
-    if cfg.train.micro_batch_size and cfg.train.batch_size % cfg.train.micro_batch_size:
-        raise ConfigError(
-            "train.micro_batch_size",
-            f"{cfg.train.micro_batch_size} does not divide train.batch_size={cfg.train.batch_size}",
-            "pick a divisor of the global batch",
-        )
     return cfg
 
 

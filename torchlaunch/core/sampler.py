@@ -4,11 +4,14 @@
 Determinism contract (what makes exact resume and world-size changes possible):
 - the global order of an epoch is a permutation that depends only on (seed, epoch);
 - global step s of an epoch is the slice perm[s*B:(s+1)*B] of that order (B = global batch);
-- rank r of W takes the r-th contiguous 1/W of that slice, split into micro-batches;
+- rank r of W takes the r-th of W contiguous parts of that slice (shares differ by at most one sample:
+  the first B mod W ranks take one more), split into the same number of micro-steps on every rank;
 - augmentation parameters (crop offsets or RandomResizedCrop variates, flips, cutout squares) are drawn
   per global step from (seed, epoch, step) and sliced the same way.
 So the samples and augmentations in a global step do not depend on the world size at all, and
-resuming needs only (epoch, step within the epoch): no data is replayed.
+resuming needs only (epoch, step within the epoch): no data is replayed. Any world size from 1 to B
+runs the same global step: with uneven shares each micro-batch's mean loss is weighted by
+count * W / B (loss_weight), so DDP's average over W ranks is the mean over the global batch.
 
 It lives in core (not in the worker's data package) because the public API (torchlaunch.api's
 resumable sampler) shares it without importing readers, decoders or PIL.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
@@ -57,21 +61,15 @@ class BatchPlan:
     """`pad` (the crop offsets dy, dx) or `resized` (RandomResizedCrop variates: see resized_variates)."""
 
     def __post_init__(self) -> None:
-        if self.global_batch % self.world_size:
+        if self.global_batch < self.world_size:
             raise ConfigError(
                 "train.batch_size",
-                f"{self.global_batch} is not divisible by the world size {self.world_size}",
-                f"use a multiple of {self.world_size}",
+                f"{self.global_batch} is smaller than the world size {self.world_size}: "
+                f"{self.world_size - self.global_batch} rank(s) would get no samples",
+                f"use a global batch of at least {self.world_size}, or at most {self.global_batch} ranks",
             )
-        per_rank = self.global_batch // self.world_size
-        micro = self.micro_batch or per_rank
-        if micro > per_rank or per_rank % micro:
-            raise ConfigError(
-                "train.micro_batch_size",
-                f"{micro} does not divide the per-rank batch {per_rank} "
-                f"= batch_size {self.global_batch} / world size {self.world_size}",
-                f"use a divisor of {per_rank}",
-            )
+        if self.micro_batch < 0:
+            raise ConfigError("train.micro_batch_size", f"must be >= 0, got {self.micro_batch}", "use 0 for no limit")
         if self.cutout > self.image_size:
             raise ConfigError(
                 "data.cutout",
@@ -86,16 +84,45 @@ class BatchPlan:
             )
 
     @property
-    def per_rank(self) -> int:
-        return self.global_batch // self.world_size
+    def shares(self) -> tuple[int, ...]:
+        """Every rank's samples per global step: B split into W contiguous parts that differ by at most
+        one (the first B mod W ranks take one more)."""
+        base, extra = divmod(self.global_batch, self.world_size)
+        return tuple(base + (r < extra) for r in range(self.world_size))
 
     @property
-    def micro(self) -> int:
-        return self.micro_batch or self.per_rank
+    def per_rank(self) -> int:
+        """This rank's share of every global step (see shares)."""
+        base, extra = divmod(self.global_batch, self.world_size)
+        return base + (self.rank < extra)
 
     @property
     def accumulation(self) -> int:
-        return self.per_rank // self.micro
+        """Micro-steps per global step, the same on every rank (DDP syncs on the last one): enough for
+        the largest share to fit train.micro_batch_size."""
+        return -(-self._largest_share // self.micro_batch) if self.micro_batch else 1
+
+    @property
+    def micro(self) -> int:
+        """The largest micro-batch of any rank (at most micro_batch when that is set)."""
+        return -(-self._largest_share // self.accumulation)
+
+    @property
+    def _largest_share(self) -> int:
+        return -(-self.global_batch // self.world_size)
+
+    def micro_sizes(self) -> list[int]:
+        """This rank's micro-batch sizes, smallest first: its share split into `accumulation` parts that
+        differ by at most one, so at every micro-step the ranks' batches differ by at most one sample.
+        A part is 0 only with train.micro_batch_size=1 on uneven shares; never the last one."""
+        base, extra = divmod(self.per_rank, self.accumulation)
+        return [base] * (self.accumulation - extra) + [base + 1] * extra
+
+    def loss_weight(self, count: int) -> Fraction:
+        """What a micro-batch's MEAN loss over `count` samples is multiplied by: count * W / B. DDP
+        averages the ranks' gradients (divides by W), so the step's gradient is the mean over the
+        global batch, whatever the shares; with even shares and k micro-steps it is exactly 1/k."""
+        return Fraction(count * self.world_size, self.global_batch)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -145,7 +172,19 @@ class BatchPlan:
         return torch.randint(0, 2, (self.num_samples,), generator=g).bool()
 
     def rank_slice(self) -> slice:
-        return slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+        """This rank's contiguous part of a global step's B samples (and of its augmentation draws)."""
+        base, extra = divmod(self.global_batch, self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + self.per_rank)
+
+    def shares_text(self) -> str:
+        """The shares as a person reads them: `2 x 24`, `22/21/21`, or `8 x 3 + 24 x 2` for many ranks."""
+        base, extra = divmod(self.global_batch, self.world_size)
+        if not extra:
+            return f"{self.world_size} x {base}"
+        if self.world_size <= 8:
+            return "/".join(map(str, self.shares))
+        return f"{extra} x {base + 1} + {self.world_size - extra} x {base}"
 
     def step_indices(self, perm: torch.Tensor, step: int) -> torch.Tensor:
         """Every rank's samples of global step `step`: slice step*B:(step+1)*B of the epoch's permutation."""

@@ -191,7 +191,7 @@ def describe_oom(
 ) -> str:
     """A multi-line report: what ran out, the allocator summary, and the options as overrides."""
     where = f" on {device}" if device is not None else ""
-    per_rank = micro_batch_size or (batch_size // world_size if batch_size else None)
+    per_rank = micro_batch_size or (-(-batch_size // world_size) if batch_size else None)  # the largest share
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lines = [f"out of memory{where}: {first}"]
     if per_rank:
@@ -203,7 +203,8 @@ def describe_oom(
     lines.append("options (each keeps the global batch, so results stay comparable):")
     smaller = _smaller_micro_batch(batch_size, per_rank, world_size)
     if smaller is not None and batch_size is not None:
-        steps = batch_size // (smaller * world_size)
+        largest_share = -(-batch_size // world_size)
+        steps = -(-largest_share // smaller)
         lines.append(
             f"  - smaller per-rank batch with gradient accumulation: train.micro_batch_size="
             f"{smaller} (train.batch_size={batch_size} unchanged, {steps} micro-batches per step)"
@@ -211,7 +212,7 @@ def describe_oom(
     else:
         lines.append(
             "  - smaller per-rank batch with gradient accumulation: lower "
-            "train.micro_batch_size, keeping train.batch_size (it must divide it)"
+            "train.micro_batch_size, keeping train.batch_size"
         )
     if precision == "bf16":
         lines.append("  - bf16 is already on (train.precision=bf16)")
@@ -230,13 +231,11 @@ def describe_oom(
 
 
 def _smaller_micro_batch(batch_size: int | None, per_rank: int | None, world_size: int) -> int | None:
-    """The largest per-rank batch at most half the current one that still divides the batch."""
+    """Half the current per-rank batch: any micro-batch size works (the plan splits every share into
+    the same number of passes), so halving halves the activation memory."""
     if not batch_size or not per_rank or per_rank < 2:
         return None
-    for candidate in range(per_rank // 2, 0, -1):
-        if batch_size % (candidate * world_size) == 0:
-            return candidate
-    return None
+    return per_rank // 2
 
 
 def _memory_summary(device: torch.device | str | None) -> str:

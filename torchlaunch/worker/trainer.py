@@ -44,6 +44,7 @@ from torchlaunch.ops.progress import heartbeat
 from torchlaunch.startup import process_age_s
 from torchlaunch.tools.debug import check_model_io
 from torchlaunch.worker import eval_loop
+from torchlaunch.worker.accumulate import backward_share
 from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
 from torchlaunch.worker.data.augment import val_resize_for
 from torchlaunch.worker.faults import FaultSignal
@@ -390,24 +391,12 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One optimizer step over this rank's micro-batches; returns the rank's mean loss as a 0-d
-        float32 tensor on the device, unread: reading it would wait for the step, so the loop adds it
-        to a running sum on the device that it reads only at check points."""
+        """One optimizer step over this rank's micro-batches; returns the rank's weighted loss sum (its
+        share's mean loss x share x W / B, worker/accumulate.py) as a 0-d float32 tensor on the device,
+        unread: reading it would wait for the step, so the loop adds it to a running sum on the device
+        that it reads only at check points. Summed over the ranks it is W x the global batch's mean."""
         self.net.train()
-        total = torch.zeros((), device=self.device)
-        n = len(micro_batches)
-        for i, (x, y) in enumerate(micro_batches):
-            sync = i == n - 1
-            ctx = (
-                self.net.no_sync()
-                if (not sync and isinstance(self.net, DistributedDataParallel))
-                else contextlib.nullcontext()
-            )
-            with ctx:
-                with self.autocast():
-                    loss = self.criterion(self.net(x), y) / n
-                self.scaler.scale(loss).backward()
-            total += loss.detach().float()
+        total = backward_share(self.net, micro_batches, self.criterion, self.plan, self.scaler, self.autocast)
         if self.cfg.train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)

@@ -223,8 +223,8 @@ class TrainLoader:
         x = self.normalize(images)
         if self.augment_on and box:
             x = cutout(x, box[0], box[1], self.plan.cutout)
-        m = self.plan.micro
-        return [(x[i : i + m], labels[i : i + m]) for i in range(0, x.shape[0], m)]
+        sizes = self.plan.micro_sizes()  # this rank's share in the plan's micro-steps (uneven shares too)
+        return list(zip(x.split(sizes), labels.split(sizes), strict=True))
 
 
 def eval_shard(n: int, rank: int, world_size: int) -> range:

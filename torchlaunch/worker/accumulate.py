@@ -1,0 +1,47 @@
+"""One rank's forward and backward passes of one global step: its micro-batches, the loss of each
+weighted so that DDP's average over the ranks is the mean over the global batch (BatchPlan.loss_weight),
+gradients synchronised once, on the last micro-batch.
+
+Uneven shares: every rank runs the plan's number of micro-steps, except that an empty micro-batch (only
+with train.micro_batch_size=1 on uneven shares) is skipped. That keeps the collectives in step: DDP
+communicates in a rank's first forward of a step (buffer broadcast, the one-time bucket rebuild) and in
+its synchronised backward, and the last micro-batch is never empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from torchlaunch.core.sampler import BatchPlan
+
+
+def backward_share(
+    net: nn.Module,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    plan: BatchPlan,
+    scaler: torch.amp.GradScaler,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> torch.Tensor:
+    """Accumulate this rank's weighted gradients of one step; returns sum(count * mean loss) * W / B over
+    its micro-batches as a 0-d float32 device tensor, unread (the ranks' values sum to W x the global
+    mean loss). `criterion` must average over the batch (CrossEntropyLoss's default reduction)."""
+    total = torch.zeros((), device=next(net.parameters()).device)
+    batches = [(x, y) for x, y in micro_batches if len(y)]
+    last = len(batches) - 1
+    for i, (x, y) in enumerate(batches):
+        quiet = i < last and isinstance(net, DistributedDataParallel)
+        with net.no_sync() if quiet else contextlib.nullcontext():
+            weight = plan.loss_weight(len(y))
+            with autocast():
+                loss = criterion(net(x), y)
+                # 1/k exactly when the shares are even (the plain accumulation mean, bit for bit)
+                loss = loss / weight.denominator if weight.numerator == 1 else loss * float(weight)
+            scaler.scale(loss).backward()
+        total += loss.detach().float()
+    return total
