@@ -68,6 +68,10 @@ def render_status(run: Path, st: state.Status, now: float) -> str:
     step = f"{_clean(st.step)}/{_clean(st.total)}" if st.total is not None else _clean(st.step)
     rate = f"{st.images_per_s:.1f}" if st.images_per_s is not None else "-"
     lines.append(f"step:       {step}  epoch {_clean(st.epoch)}  images/s {rate}  ETA {_duration(st.eta_s)}")
+    if st.world_size is not None or st.world_change is not None:
+        world = f"{st.world_size} ranks" if st.world_size is not None else "-"
+        change = f"; last change at {st.world_change.text()}" if st.world_change is not None else ""
+        lines.append(f"world:      {world}{change}")
     if st.checkpoint is not None:
         lines.append(
             f"checkpoint: {_clean(Path(st.checkpoint.path).name)} (step {st.checkpoint.step}, "

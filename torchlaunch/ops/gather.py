@@ -15,11 +15,14 @@ import time
 from pathlib import Path
 
 from torchlaunch.ops import progress, record
-from torchlaunch.ops.files import read_json
-from torchlaunch.ops.state import Checkpoint, Facts, current_launch
+from torchlaunch.ops.files import as_int, read_json, read_range
+from torchlaunch.ops.state import WORLD_EVENT, Checkpoint, Facts, WorldChange, current_launch
 
 CHECKPOINTS_DIR = "checkpoints"
 STATUS_DIR = "status"
+METRICS_FILE = "metrics.jsonl"
+METRICS_TAIL_BYTES = 64 << 20
+"""How much of metrics.jsonl's end is searched for the last world-size change (~500k records)."""
 QUERY_TIMEOUT_S = 10.0
 SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -48,6 +51,33 @@ def newest_checkpoint(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
             return Checkpoint(step, str(path), committed), skipped
         skipped.append(f"checkpoint {path.name} skipped: {why}")
     return None, skipped
+
+
+def last_world_change(run_dir: Path) -> WorldChange | None:
+    """The last world-size change event in metrics.jsonl (its tail), or None; malformed lines skipped."""
+    try:
+        raw, _ = read_range(run_dir / METRICS_FILE, -METRICS_TAIL_BYTES, METRICS_TAIL_BYTES)
+    except OSError:
+        return None
+    needle = WORLD_EVENT.encode()
+    for line in reversed(raw.splitlines()):
+        if needle not in line:
+            continue
+        try:
+            rec = json.loads(line)  # a forged line: ValueError (not UTF-8, not JSON) or too deep
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(rec, dict) or rec.get("event") != WORLD_EVENT:
+            continue
+        step, now, was = (
+            as_int(rec.get("step"), 0),
+            as_int(rec.get("world_size"), 1),
+            as_int(rec.get("previous_world_size"), 1),
+        )
+        if step is None or now is None or was is None:
+            continue
+        return WorldChange(step, now, was, as_int(rec.get("nodes"), 1), as_int(rec.get("previous_nodes"), 1))
+    return None
 
 
 def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
@@ -137,4 +167,5 @@ def facts(
         hang_timeout=hang_timeout,
         now=time.time(),
         problems=[*problems, *beat_problems, *skipped],
+        world_change=last_world_change(run_dir),
     )

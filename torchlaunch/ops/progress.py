@@ -73,6 +73,7 @@ class Heartbeat:
         rank: int,
         *,
         local_rank: int = 0,
+        world_size: int | None = None,
         launch_id: str | None = None,
         interval_s: float = DEFAULT_INTERVAL_S,
         clock: Any = time.monotonic,
@@ -87,6 +88,7 @@ class Heartbeat:
         self._base: dict[str, Any] = {
             "rank": rank,
             "local_rank": local_rank,
+            "world_size": world_size,
             "launch": launch_id,
             "host": socket.gethostname(),
             "pid": self._pid,
@@ -143,7 +145,11 @@ def _current() -> Heartbeat | None:
         return None  # a forked child (a data loader worker) is not the rank: it must not overwrite its file
     if _writer is None:
         _writer = Heartbeat(
-            Path(where), _env_rank("RANK"), local_rank=_env_rank("LOCAL_RANK"), launch_id=os.environ.get(LAUNCH_ENV)
+            Path(where),
+            _env_rank("RANK"),
+            local_rank=_env_rank("LOCAL_RANK"),
+            world_size=_env_rank("WORLD_SIZE") or None,
+            launch_id=os.environ.get(LAUNCH_ENV),
         )
     return _writer
 
@@ -196,6 +202,8 @@ class RankBeat:
     images_per_s: float | None
     dump_signal: int | None
     stack_file: str | None
+    world_size: int | None = None
+    """WORLD_SIZE of the attempt that wrote the beat (status shows it: a run may continue on fewer)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankBeat | None:
@@ -206,6 +214,7 @@ class RankBeat:
         return cls(
             rank=rank,
             local_rank=as_int(data.get("local_rank"), 0, MAX_RANKS),
+            world_size=as_int(data.get("world_size"), 1, MAX_RANKS),
             launch=as_str(data.get("launch"), 64),
             host=as_str(data.get("host"), 256),
             pid=as_int(data.get("pid"), 2, 1 << 31),

@@ -18,6 +18,7 @@ numbers `status` prints. The rules, in order (docs/OPERATING.md has the picture)
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,26 @@ SCHEDULER_WORDS = {
 }
 """Slurm (squeue/sacct) and Kubernetes (as cli.kubectl_state words it) job states, in our words."""
 
+WORLD_EVENT = "world_size_changed"
+"""The `event` of the metrics.jsonl record the worker writes when a run continues on another world size."""
+
+
+@dataclass(frozen=True)
+class WorldChange:
+    """The last world-size change of a run (its metrics.jsonl event): at `step`, from `previous_*`."""
+
+    step: int
+    world_size: int
+    previous_world_size: int
+    nodes: int | None = None
+    previous_nodes: int | None = None
+
+    def text(self) -> str:
+        nodes = ""
+        if self.nodes is not None and self.previous_nodes is not None and self.nodes != self.previous_nodes:
+            nodes = f", nodes {self.previous_nodes} -> {self.nodes}"
+        return f"step {self.step}: {self.previous_world_size} -> {self.world_size} ranks{nodes}"
+
 
 def scheduler_word(raw: str | None) -> str | None:
     """Our word for a scheduler's state ("CANCELLED by 1000" -> cancelled); None when unknown."""
@@ -95,6 +116,7 @@ class Facts:
     hang_timeout: float | None = None  # None: the default; 0: disabled
     now: float = 0.0
     problems: Sequence[str] = ()
+    world_change: WorldChange | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +148,9 @@ class Status:
     ranks: tuple[RankView, ...] = ()
     cancel_requested: bool = False
     problems: tuple[str, ...] = ()
+    world_size: int | None = None
+    """The ranks of the running attempt (its heartbeats' WORLD_SIZE)."""
+    world_change: WorldChange | None = None
 
     def to_json(self) -> dict[str, object]:
         ckpt = self.checkpoint
@@ -151,6 +176,8 @@ class Status:
             ],
             "cancel_requested": self.cancel_requested,
             "problems": list(self.problems),
+            "world_size": self.world_size,
+            "world_change": None if self.world_change is None else dataclasses.asdict(self.world_change),
         }
 
 
@@ -221,6 +248,7 @@ def decide(facts: Facts) -> Status:
             checkpoint=ckpt,
             checkpoint_age_s=ckpt_age,
             problems=tuple(facts.problems),
+            world_change=facts.world_change,
         )
     launch = nodes[0].launch_id
     beats = [b for b in facts.beats if b.launch in (None, launch)]
@@ -257,4 +285,6 @@ def decide(facts: Facts) -> Status:
         ),
         cancel_requested=facts.cancel_launch == launch,
         problems=tuple(facts.problems),
+        world_size=head.world_size if head else None,
+        world_change=facts.world_change,
     )

@@ -10,11 +10,52 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchlaunch.exit_codes import ConfigError
 from torchlaunch.ops import ranklog
+from torchlaunch.ops.state import WORLD_EVENT  # status reads the event back
+
+if TYPE_CHECKING:
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.sampler import BatchPlan
+
+
+@dataclass(frozen=True)
+class WorldSize:
+    """The ranks an attempt runs on, and its nodes when the env contract tells them (every node runs
+    LOCAL_WORLD_SIZE ranks); None when it does not (an old checkpoint, uneven nodes)."""
+
+    ranks: int
+    nodes: int | None = None
+
+    @classmethod
+    def of(cls, ctx: DistContext) -> WorldSize:
+        local = ctx.local_world_size
+        return cls(ctx.world_size, ctx.world_size // local if local >= 1 and ctx.world_size % local == 0 else None)
+
+
+def world_change_line(step: int, now: WorldSize, was: WorldSize, plan: BatchPlan) -> str:
+    """The one line rank 0 prints when a run resumes on another world size, e.g.
+    `node lost: continuing on 1 of 2 nodes from step 480, global batch 48 kept as 1 x 48`."""
+    ranks = f"{now.ranks} ranks (was {was.ranks})"
+    if now.nodes is not None and was.nodes is not None and now.nodes != was.nodes:
+        moved = abs(was.nodes - now.nodes)
+        which = "node" if moved == 1 else f"{moved} nodes"
+        if now.nodes < was.nodes:
+            head = f"{which} lost: continuing on {now.nodes} of {was.nodes} nodes"
+        else:
+            head = f"{which} joined: continuing on {now.nodes} nodes (was {was.nodes})"
+        if now.ranks != now.nodes or was.ranks != was.nodes:
+            head += f", {ranks}"
+    else:
+        head = f"world size changed: continuing on {ranks}"
+    shares = plan.shares_text()
+    kept = f"shares {shares}" if "/" in shares else shares
+    passes = f" in {plan.accumulation} micro-steps" if plan.accumulation > 1 else ""
+    return f"{head} from step {step}, global batch {plan.global_batch} kept as {kept}{passes}"
 
 
 class MetricsLog:
@@ -184,6 +225,22 @@ class RunLog:
         )
         self._startup_note = ""
         self.window_start = time.perf_counter()
+
+    def world_changed(self, step: int, epoch: int, now: WorldSize, was: WorldSize, plan: BatchPlan) -> None:
+        """The run continues on another world size: one line, and an event record in metrics.jsonl."""
+        self.line(world_change_line(step, now, was, plan))
+        self.metrics.write(
+            {
+                "step": step,
+                "epoch": epoch,
+                "event": WORLD_EVENT,
+                "world_size": now.ranks,
+                "previous_world_size": was.ranks,
+                "nodes": now.nodes,
+                "previous_nodes": was.nodes,
+                "shares": plan.shares_text(),
+            }
+        )
 
     def validation(self, step: int, epoch: int, val: dict[str, Any]) -> None:
         self.metrics.write({"step": step, "epoch": epoch, **val, "elapsed_s": time.perf_counter() - self.run_start})

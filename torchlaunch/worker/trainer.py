@@ -50,7 +50,7 @@ from torchlaunch.worker.data.augment import val_resize_for
 from torchlaunch.worker.faults import FaultSignal
 from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead
-from torchlaunch.worker.metrics import RunLog, require_tensorboard
+from torchlaunch.worker.metrics import RunLog, WorldSize, require_tensorboard
 from torchlaunch.worker.models import build_model
 from torchlaunch.worker.optim import build_optimizer, build_scheduler
 from torchlaunch.worker.precision import autocast_dtype, training_precision
@@ -205,6 +205,8 @@ class Trainer:
             val_resize=self.val_resize,
         )
         self.progress = Progress()
+        self.world = WorldSize.of(ctx)
+        self.saved_world: WorldSize | None = None  # what the loaded checkpoint was written on
         self.fault = FaultSignal.from_env(ctx.rank)
         self.writer = ckpt.AsyncWriter()
         self.snapshots = ckpt.SnapshotBuffers()  # reused between async saves (no fresh pages per save)
@@ -258,6 +260,7 @@ class Trainer:
                 "last_val": dict(p.last_val),
             },
             "global_batch": self.plan.global_batch,
+            "topology": {"nodes": self.world.nodes},  # the world size itself is in the envelope
             "classes": list(self.data.classes),
             "plugins": self.plugins,
             "norm": {"mean": list(self.data.mean), "std": list(self.data.std)},
@@ -320,6 +323,9 @@ class Trainer:
         if not ckpt.restore_rank_rng(state, self.ctx):
             # a new world size has new ranks: derive fresh per-rank streams deterministically
             seed_everything(self.cfg.seed + pr["global_step"], self.ctx.rank)
+        saved_nodes = (state.get("topology") or {}).get("nodes") if isinstance(state.get("topology"), dict) else None
+        known = type(saved_nodes) is int and saved_nodes >= 1
+        self.saved_world = WorldSize(state["world_size"], saved_nodes if known else None)
         self.last_saved = (pr["global_step"], pr["epoch"], pr["val_pending"])
 
     def resume(self) -> Path | None:
@@ -458,6 +464,8 @@ class Trainer:
         )
         try:
             log.line(self._opening_line(resumed))
+            if resumed and self.saved_world is not None and self.saved_world != self.world:
+                log.world_changed(p.global_step, p.epoch, self.world, self.saved_world, self.plan)
             if self.ctx.is_main:
                 ckpt.clean_stale(self.ckpt_root)
             self._warn_lead_time(log)
