@@ -25,3 +25,22 @@ def tiny_cnn(num_classes: int, width: int = 16) -> nn.Module:
         nn.Flatten(),
         nn.Linear(2 * width, num_classes),
     )
+
+
+def tiny_gn_cnn(num_classes: int, width: int = 16) -> nn.Module:
+    """tiny_cnn with GroupNorm instead of BatchNorm. BatchNorm normalises over each rank's own
+    micro-batch, so its step depends on how the global batch is split; GroupNorm normalises each sample
+    alone, so this model takes the same step on any world size (up to float summation order), which
+    is what a run that loses or regains a node wants."""
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1),
+        nn.GroupNorm(4, width),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.GroupNorm(4, 2 * width),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(2 * width, num_classes),
+    )
