@@ -577,7 +577,8 @@ class Trainer:
         return (
             f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
             f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
-            f"epochs, global batch {self.plan.global_batch} (accumulation {self.plan.accumulation}), "
+            f"epochs, global batch {self.plan.global_batch} ({self.plan.shares_text()}, accumulation "
+            f"{self.plan.accumulation}), "
             f"gradients: {self.gradient_path}"
         )
 
