@@ -13,6 +13,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -86,6 +87,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # three spawned processes: their start-up is most of its time
 def test_three_uneven_ranks_take_the_one_rank_step(tmp_path: Path) -> None:
     mp.start_processes(_rank, args=(3, str(tmp_path / "store"), str(tmp_path)), nprocs=3, start_method="spawn")
     for batch, micro in CASES:
