@@ -39,6 +39,8 @@ def test_the_line_without_node_counts_names_ranks_and_uneven_shares() -> None:
     )
     same_nodes = world_change_line(5, WorldSize(3, 1), WorldSize(2, 1), plan(64, 3))
     assert same_nodes.startswith("world size changed: continuing on 3 ranks (was 2)")
+    one = world_change_line(5, WorldSize(1, 1), WorldSize(2, 1), plan(64, 1))
+    assert one == "world size changed: continuing on 1 rank (was 2) from step 5, global batch 64 kept as 1 x 64"
 
 
 def test_world_size_of_a_context() -> None:

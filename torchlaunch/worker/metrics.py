@@ -40,7 +40,7 @@ class WorldSize:
 def world_change_line(step: int, now: WorldSize, was: WorldSize, plan: BatchPlan) -> str:
     """The one line rank 0 prints when a run resumes on another world size, e.g.
     `node lost: continuing on 1 of 2 nodes from step 480, global batch 48 kept as 1 x 48`."""
-    ranks = f"{now.ranks} ranks (was {was.ranks})"
+    ranks = f"{now.ranks} rank{'s' if now.ranks != 1 else ''} (was {was.ranks})"
     if now.nodes is not None and was.nodes is not None and now.nodes != was.nodes:
         moved = abs(was.nodes - now.nodes)
         which = "node" if moved == 1 else f"{moved} nodes"
