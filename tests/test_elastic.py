@@ -3,6 +3,7 @@ run-dir lock of an elastic job, whose launchers join one another (real processes
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -137,3 +138,57 @@ def test_an_elastic_job_is_refused_on_a_run_dir_another_launch_holds(tmp_path: P
             runlock.acquire(tmp_path, job=JOB)
     finally:
         lock.release()
+
+
+def test_elastic_sbatch_golden() -> None:
+    """--nodes 1-2: one #SBATCH --nodes=1-2 (submitit's own count stays 2) and --requeue, so Slurm requeues
+    the job after a node failure onto the nodes that are up; srun lays out the tasks (launch.elastic)."""
+    from torchlaunch.launch.slurm import SlurmOptions, executor_parameters, sbatch_script
+
+    spec = JobSpec(config="configs/smoke.yaml", nodes=2, min_nodes=1, gpus_per_node=2, run_dir="/shared/runs/e")
+    options = SlurmOptions(use_gpus=False, python="/opt/venv/bin/python", repo_root="/opt/repo")
+    script = sbatch_script(spec, options)
+    path = Path(__file__).parent / "golden" / "slurm_elastic.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(script)
+    assert script == path.read_text()
+    assert script.count("#SBATCH --nodes=") == 1 and "#SBATCH --nodes=1-2\n" in script
+    assert "#SBATCH --requeue\n" in script
+    params = executor_parameters(spec, options, "/shared/runs/e")
+    assert params["nodes"] == 2 and "ntasks_per_node" not in params and "#SBATCH --ntasks-per-node" not in script
+    assert " --ntasks-per-node 2 /opt/venv/bin/python " in script and "#SBATCH --mincpus=2\n" in script
+
+
+@pytest.mark.parametrize(
+    ("nodes", "needle"),
+    [("2-1", "MIN 2 is more than MAX 1"), ("0-2", "--nodes must be >= 1, got 0"), ("1..2", "a range MIN:MAX")],
+)
+def test_slurm_bad_node_ranges_are_one_line(nodes: str, needle: str) -> None:
+    from torchlaunch.launch import slurm
+
+    code = slurm.main(["--dry-run", "--nodes", nodes, "--tasks-per-node", "1", "--config", "configs/smoke.yaml"])
+    assert code == 2
+
+
+def test_wait_follows_a_job_requeued_after_a_node_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a node failure sacct's last record is the failed allocation's NODE_FAIL while slurmctld has
+    requeued the job (PENDING), and for a moment both say NODE_FAIL: --wait goes on until the requeued
+    allocation ends."""
+    from torchlaunch.launch import slurm
+
+    class Job:
+        job_id = "8"
+        paths = type("Paths", (), {"folder": str(tmp_path)})()
+
+    said = iter(
+        [("NODE_FAIL", "NODE_FAIL"), ("NODE_FAIL", "PENDING"), ("NODE_FAIL", "RUNNING"), ("COMPLETED", "COMPLETED")]
+    )
+    now: list[tuple[str, str]] = []
+
+    def sacct(job_id: str) -> str:
+        now[:] = [next(said)]
+        return now[0][0]
+
+    monkeypatch.setattr(slurm, "STATE_SOURCES", (sacct, lambda job_id: now[0][1]))
+    assert slurm.follow(Job(), poll_s=0, out=io.StringIO(), err=io.StringIO()) == 0
+    assert next(said, None) is None  # it polled through the requeue to the end
