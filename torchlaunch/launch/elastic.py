@@ -43,6 +43,11 @@ RDZV_KEYS = {
 }
 """The --rdzv-conf keys passed through to torchrun's c10d rendezvous, each a positive whole number."""
 MAX_RDZV_VALUE = 86_400
+DEFAULT_RDZV = {"keep_alive_interval": 2, "keep_alive_max_attempt": 3, "last_call_timeout": 10}
+"""This launcher's rendezvous timeouts for elastic jobs, where torchrun's (5 s x 3 heartbeats, a 30 s last
+call) kept a group that lost a node idle for ~65 s before its first step on the nodes left (bench.elastic,
+2 loopback nodes): a lost node is now noticed after 6 s of missed heartbeats, and a group re-forms 10 s
+after its first node is back in the rendezvous. --rdzv-conf overrides each."""
 AGENT_STOP_GRACE_S = 30
 """torchrun's agent: SIGTERM to SIGKILL of its workers on a membership restart (not configurable from
 torchrun's command line in torch 2.14); the preemption checkpoint must fit in it."""
@@ -86,13 +91,11 @@ def parse_nodes(flag: str, text: str | int, example: str = "2") -> NodeRange:
     return NodeRange(low, high)
 
 
-def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, int], ...]:
-    """`--rdzv-conf k=v,k=v` (torchrun's option, the timeouts of the rendezvous only) -> sorted pairs;
-    a key the launcher sets itself (is_host) or does not know is refused in one line."""
-    if not text:
-        return ()
-    pairs: dict[str, int] = {}
-    for item in text.split(","):
+def parse_rdzv_conf(text: str | None, defaults: dict[str, int] | None = None) -> tuple[tuple[str, int], ...]:
+    """`--rdzv-conf k=v,k=v` (torchrun's option, the timeouts of the rendezvous only) over `defaults` ->
+    sorted pairs; a key the launcher sets itself (is_host) or does not know is refused in one line."""
+    pairs: dict[str, int] = dict(defaults or {})
+    for item in text.split(",") if text else []:
         key, eq, value = item.strip().partition("=")
         if key not in RDZV_KEYS:
             known = ", ".join(RDZV_KEYS)

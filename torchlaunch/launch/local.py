@@ -300,7 +300,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--rdzv-conf",
         default=None,
         metavar="K=V,...",
-        help="elastic rendezvous timeouts: " + "; ".join(f"{k}: {v}" for k, v in elastic.RDZV_KEYS.items()),
+        help="elastic rendezvous timeouts (default "
+        + ",".join(f"{k}={v}" for k, v in elastic.DEFAULT_RDZV.items())
+        + "): "
+        + "; ".join(f"{k}: {v}" for k, v in elastic.RDZV_KEYS.items()),
     )
     p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
     p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on node 0")
@@ -340,7 +343,7 @@ def check_placement(args: argparse.Namespace) -> None:
 def check_nodes(args: argparse.Namespace) -> elastic.NodeRange:
     """--nnodes N or MIN:MAX (launch.elastic), and what only one of them takes."""
     nodes = elastic.parse_nodes("--nnodes", args.nnodes)
-    args.rdzv = elastic.parse_rdzv_conf(args.rdzv_conf)
+    args.rdzv = elastic.parse_rdzv_conf(args.rdzv_conf, elastic.DEFAULT_RDZV) if nodes.elastic else ()
     if nodes.elastic:
         if args.node_rank is not None:
             raise cli.error(
@@ -356,7 +359,7 @@ def check_nodes(args: argparse.Namespace) -> elastic.NodeRange:
                 f"--nnodes {nodes.torchrun()} with --max-restarts 0: a lost node costs one torchrun restart, so "
                 "the job would end with it; pass --max-restarts K (e.g. 3)"
             )
-    elif args.rdzv:
+    elif args.rdzv_conf:
         raise cli.error(f"--rdzv-conf is for elastic jobs (--nnodes MIN:MAX), not --nnodes {nodes.max}")
     return nodes
 
