@@ -150,7 +150,8 @@ def newest_world(run_dir: Path) -> tuple[int, int]:
     found = records(run_dir)
     if not found:
         return 0, 0
-    mtimes = {f.name: f.stat().st_mtime for f in (run_dir / "trace").glob("rank*.jsonl")}
+    written = {r["file"] for r in found}  # a file just created may hold no whole record yet
+    mtimes = {f.name: f.stat().st_mtime for f in (run_dir / "trace").glob("rank*.jsonl") if f.name in written}
     newest_file = max(mtimes, key=mtimes.get)
     last = [r for r in found if r["file"] == newest_file][-1]
     return max(r["step"] for r in found), last["world_size"]
