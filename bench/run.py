@@ -29,6 +29,7 @@ from bench import (
     ckpt,
     datapath,
     ddp,
+    elastic,
     loader224,
     loop,
     peers,
@@ -50,6 +51,7 @@ ALL = (
     "amp",
     "ddp",
     "ckpt",
+    "elastic",
     "startup",
     "userscript",
     "progress",
@@ -108,6 +110,8 @@ def run_selected(
     if "ckpt" in names:
         rs, preempt = record("ckpt", lambda: ckpt.run(quick=quick))
         keep(rs)
+    if "elastic" in names:
+        keep(record("elastic", lambda: elastic.run(quick=quick)))
     if "startup" in names:
         keep(record("startup", lambda: startup.run(quick=quick, work=work)))
         if startup_against and not quick:
@@ -394,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         "ckpt_load",
         "ckpt_async",
         "ckpt_resume",
+        "elastic-recovery",
+        "elastic-throughput",
         "startup",
         "startup_against",
         "userscript",

@@ -226,3 +226,14 @@ def test_peer_sides_choose_their_own_threads() -> None:
     env = peers.side_env({"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"})
     assert "OMP_NUM_THREADS" not in env
     assert env["PATH"] == "/usr/bin" and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.slow
+def test_elastic_quick() -> None:
+    """Two loopback launchers, one SIGKILLed: both degraded-restart figures come back well formed."""
+    from bench import elastic
+
+    recovery, throughput = elastic.run(quick=True)
+    well_formed(recovery)
+    well_formed(throughput)
+    assert recovery.unit == "s" and recovery.project > 0 and throughput.unit == "steps/s"

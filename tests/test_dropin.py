@@ -76,11 +76,21 @@ def test_multi_node_spellings_mean_ours(script: str) -> None:
     assert a[0] == OK and a[1] == b[1] and "--rdzv-endpoint h0:29511" in a[1] and "--node-rank 1" in a[1]
 
 
+def test_elastic_spellings_mean_ours(script: str) -> None:
+    """torchrun's elastic --nnodes MIN:MAX means the same here (launch.elastic): no --node-rank, no is_host."""
+    ours = ["--nnodes", "1:2", "--master-addr", "h0", "--master-port", "29511", "--max-restarts", "3"]
+    theirs = ["--nnodes=1:2", "--master_addr", "h0", "--master_port=29511", "--max_restarts", "3"]
+    a = call(["--dry-run", "--device", "cpu", *ours, "--", script])
+    b = call(["--dry-run", "--device", "cpu", *theirs, "--", script])
+    assert a[0] == OK and a[1] == b[1] and "--nnodes 1:2 " in a[1] and "--rdzv-endpoint h0:29511" in a[1]
+    assert "--node-rank" not in a[1] and "is_host" not in a[1]
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--nnodes", "1:2"], "--nnodes 1:2: elastic ranges are not supported; use --nnodes N"),
-        (["--nnodes=1:2"], "--nnodes 1:2: elastic ranges are not supported"),
+        (["--nnodes", "1:2"], "--nnodes 1:2 needs --master-addr HOST"),
+        (["--nnodes=1:2", "--master_addr", "h"], "--nnodes 1:2 with --max-restarts 0"),
         (["--standalone", "--nnodes", "2", "--master-addr", "h"], "--standalone runs one node"),
         (["--tee", "3"], "RUN_DIR/logs/rank-N.log"),
         (["--redirects", "3"], "python -m launch logs RUN_DIR"),

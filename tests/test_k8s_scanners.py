@@ -34,6 +34,7 @@ RENDERINGS = {
         "reg.example/ddp@sha256:" + "0" * 64,
     ],
     "cpu": ["--nodes", "2", "--gpus-per-node", "1", "--cpu-only", "--config", "configs/smoke.yaml"],
+    "elastic": ["--nodes", "1:4", "--max-restarts", "3"],
 }
 
 

@@ -204,6 +204,12 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^python -m launch\.k8s ", "run", ""),
     Rule(r"^kubectl ", "skip", "needs a Kubernetes cluster"),
     Rule(r"^python examples/custom_loop\.py ", "run", ""),
+    Rule(
+        r"^python -m launch\.local --nnodes \d+:\d+ ",
+        "run",
+        "an elastic job's nodes are other machines (node0): the command is checked and printed (--dry-run)",
+        lambda cmd, scratch: f"{cmd} --dry-run",
+    ),
     Rule(r"^python -m launch\.local .*-- ", "run", ""),
     Rule(r"^python -m launch\.local ", "run", ""),
     Rule(r"^python -m train --config configs/smoke\.yaml ", "run", ""),

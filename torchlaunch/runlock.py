@@ -22,6 +22,12 @@ How ownership is decided:
 - The holder also keeps an flock on the lock file for its life where the filesystem supports it: a
   lock file some process still holds that way is live whatever its record says.
 - Released (the file removed, only if it is still ours) on exit, normal or by exception.
+- An elastic job (launch.elastic: every node's launcher on one shared run dir, nodes leaving and
+  joining) is one owner: the record names its `job`, a launcher of the same job joins instead of being
+  refused, and each member holds a node slot, RUN_DIR/.lock.nodes/node-K.json (created O_EXCL, flocked
+  for the member's life; K also names the member's job record). The job is live while any member's slot
+  is, whoever wrote the record (the node that wrote it may be the one that was lost); the last member
+  to leave removes the lock.
 
 Stdlib only.
 """
@@ -54,6 +60,8 @@ from torchlaunch.untrusted import load_json
 
 LOCK_NAME = ".lock.json"
 GUARD_NAME = ".lock.guard"
+NODES_DIR = ".lock.nodes"
+MAX_SLOTS = 100_000
 FORMAT = 1
 UNREADABLE = "unreadable"
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)
@@ -109,9 +117,17 @@ class Holder:
     command: list[str] = field(default_factory=list)
     token: str = ""
     format: int = FORMAT
+    job: str | None = None
+    """An elastic job's key (launch.elastic.job_key): launchers with the same one share the run dir."""
 
     @classmethod
-    def me(cls, command: list[str] | None = None, scheduler: str | None = None, job_id: str | None = None) -> Holder:
+    def me(
+        cls,
+        command: list[str] | None = None,
+        scheduler: str | None = None,
+        job_id: str | None = None,
+        job: str | None = None,
+    ) -> Holder:
         pid = os.getpid()
         return cls(
             host=socket.gethostname(),
@@ -123,6 +139,7 @@ class Holder:
             started=time.time(),
             command=list(sys.argv if command is None else command),
             token=uuid.uuid4().hex,
+            job=job,
         )
 
     @classmethod
@@ -191,21 +208,25 @@ class RunLock:
         job_id: str | None = None,
         job_alive: JobAlive | None = None,
         warn: TextIO | None = None,
+        job: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
-        self.holder = Holder.me(command, scheduler, job_id)
+        self.holder = Holder.me(command, scheduler, job_id, job)
         self.job_alive = job_alive
         self.warn = warn
         self._fd: int | None = None
         self._released = True
+        self.slot: int | None = None
+        """An elastic member's node slot (RUN_DIR/.lock.nodes/node-K.json); None for other launches."""
+        self._slot_fd: int | None = None
 
     # ---- public ------------------------------------------------------------------------------
 
     def acquire(self) -> RunLock:
         """Own the run dir; BadInput naming a live holder, or the storage's refusal (torchlaunch.storage)."""
         try:
-            return self._acquire()
+            return self._join() if self.holder.job else self._acquire()
         except OSError as error:
             if not storage.is_storage(error):
                 raise
@@ -223,28 +244,80 @@ class RunLock:
             if current is None:
                 raise BadInput(f"launch error: run dir {self.run_dir}: its lock came and went; run the command again")
             verdict = self.judge(current)
-            if verdict == "live":
-                raise BadInput(
-                    f"launch error: run dir {self.run_dir} is in use by {current.describe()}; wait for it, stop it, "
-                    f"or pass another run dir (if that job is gone, remove {self.path})"
-                )
-            if not guarded:
-                raise BadInput(
-                    f"launch error: run dir {self.run_dir} has a stale lock of {current.describe()}, and this "
-                    f"filesystem has no flock to take it over safely; remove {self.path} and run again"
-                )
-            if verdict == "stale":
-                self._say(f"launch: taking over run dir {self.run_dir} from {current.describe()}: that holder is gone")
-            self.path.unlink(missing_ok=True)
-            if not self._create():
-                raise BadInput(f"launch error: run dir {self.run_dir}: another launch took it first; see {self.path}")
+            self._take_over(current, verdict, guarded)
             return self._owned()
+
+    def _take_over(self, current: Holder, verdict: str, guarded: bool) -> None:
+        """Replace a lock judged `verdict` (under the guard), or refuse a live or unguardable one."""
+        if verdict == "live":
+            raise BadInput(
+                f"launch error: run dir {self.run_dir} is in use by {current.describe()}; wait for it, stop it, "
+                f"or pass another run dir (if that job is gone, remove {self.path})"
+            )
+        if not guarded:
+            raise BadInput(
+                f"launch error: run dir {self.run_dir} has a stale lock of {current.describe()}, and this "
+                f"filesystem has no flock to take it over safely; remove {self.path} and run again"
+            )
+        if verdict == "stale":
+            self._say(f"launch: taking over run dir {self.run_dir} from {current.describe()}: that holder is gone")
+        self.path.unlink(missing_ok=True)
+        if not self._create():
+            raise BadInput(f"launch error: run dir {self.run_dir}: another launch took it first; see {self.path}")
+
+    def _join(self) -> RunLock:
+        """An elastic job's launcher: own the run dir for the job, or join the job that owns it, and hold
+        a node slot. All under the guard, so members coming and going never race one another."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with self._guard() as guarded:
+            current = read_holder(self.path)
+            if current is None:
+                if not self._create():
+                    raise BadInput(
+                        f"launch error: run dir {self.run_dir}: its lock came and went; run the command again"
+                    )
+            elif current.job != self.holder.job:
+                self._take_over(current, self.judge(current), guarded)
+            elif self.judge(current, members=False) == "stale" and guarded:
+                self.path.unlink(missing_ok=True)  # the job's own record, its writer gone: name a live member
+                self._create()
+            self.slot = self._claim_slot()
+        return self._owned()
+
+    def _claim_slot(self) -> int:
+        """The lowest node slot no live member holds (caller holds the guard)."""
+        folder = self.run_dir / NODES_DIR
+        folder.mkdir(exist_ok=True)
+        for k in range(MAX_SLOTS):
+            path = folder / f"node-{k}.json"
+            if path.exists() and slot_live(path, self.holder):
+                continue
+            path.unlink(missing_ok=True)
+            fd = _create_record(path, self.holder)
+            if fd is not None:
+                self._slot_fd = fd
+                return k
+        raise BadInput(f"launch error: run dir {self.run_dir}: {MAX_SLOTS} node slots in use; see {folder}")
+
+    def live_members(self, job: str) -> list[Holder]:
+        """The live members of elastic job `job` on this run dir, this launcher excepted."""
+        found = []
+        for path in sorted((self.run_dir / NODES_DIR).glob("node-*.json")):
+            member = read_holder(path)
+            if member is None or member.job != job or member.token == self.holder.token:
+                continue
+            if slot_live(path, self.holder):
+                found.append(member)
+        return found
 
     def release(self) -> None:
         """Remove the lock file if it is still ours (a later owner's lock is never removed)."""
         if self._released:
             return
         self._released = True
+        if self.slot is not None:
+            self._leave()
+            return
         try:
             current = read_holder(self.path)
             if current is not None and current.token == self.holder.token:
@@ -255,6 +328,24 @@ class RunLock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+    def _leave(self) -> None:
+        """An elastic member leaves: its slot goes; the last member of the job removes the lock."""
+        job = self.holder.job or ""
+        try:
+            with self._guard():
+                if self.slot is not None:
+                    (self.run_dir / NODES_DIR / f"node-{self.slot}.json").unlink(missing_ok=True)
+                current = read_holder(self.path)
+                if current is not None and current.job == job and not self.live_members(job):
+                    self.path.unlink(missing_ok=True)
+        except OSError:
+            pass  # the run dir went read-only or away: the flocks die with us, so the lock reads as stale
+        finally:
+            for fd in (self._slot_fd, self._fd):
+                if fd is not None:
+                    os.close(fd)
+            self._slot_fd = self._fd = None
 
     def hand_over(self, scheduler: str, job_id: str) -> None:
         """The run dir now belongs to a scheduler job (the launcher exits, the job runs on): the record
@@ -269,10 +360,13 @@ class RunLock:
             os.close(self._fd)
             self._fd = None
 
-    def judge(self, other: Holder) -> str:
-        """ "live", "stale" (holder gone: take over with a warning) or "ours" (our own job again)."""
+    def judge(self, other: Holder, *, members: bool = True) -> str:
+        """ "live", "stale" (holder gone: take over with a warning) or "ours" (our own job again).
+        An elastic job's lock is live while any of its members is (`members`), whoever wrote the record."""
         if other.token == UNREADABLE:
             return "live"  # not ours to judge: someone must look at it
+        if members and other.job and self.live_members(other.job):
+            return "live"
         if flock_held(self.path):
             return "live"
         me = self.holder
@@ -302,22 +396,9 @@ class RunLock:
 
     def _create(self) -> bool:
         """Write our record to a new lock file; False when one exists already."""
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        fd = _create_record(self.path, self.holder)
+        if fd is None:
             return False
-        try:
-            os.write(fd, (json.dumps(asdict(self.holder), indent=1) + "\n").encode())
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            self.path.unlink(missing_ok=True)
-            raise
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # a prober (flock_held) holds it for an instant at most
-            except OSError:
-                pass  # no flock on this filesystem: the record alone rules
         self._fd = fd
         return True
 
@@ -331,6 +412,48 @@ class RunLock:
 
     def _guard(self) -> _Guard:
         return _Guard(self.run_dir / GUARD_NAME)
+
+
+def _create_record(path: Path, holder: Holder) -> int | None:
+    """A new file holding `holder`'s record, flocked for as long as the returned fd stays open; None
+    when the file exists already."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return None
+    try:
+        os.write(fd, (json.dumps(asdict(holder), indent=1) + "\n").encode())
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a prober (flock_held) holds it for an instant at most
+        except OSError:
+            pass  # no flock on this filesystem: the record alone rules
+    return fd
+
+
+def slot_live(path: Path, me: Holder) -> bool:
+    """Whether the member that wrote node slot `path` is still there: its flock where the filesystem has
+    flock, else its pid on this host; a member on another host without flock counts as live."""
+    member = read_holder(path)
+    if member is None:
+        return False
+    if member.token == UNREADABLE:
+        return True
+    held = flock_held(path)
+    if held is not None:
+        return held
+    if member.host != me.host:
+        return True
+    if member.boot and me.boot and member.boot != me.boot:
+        return False
+    return pid_alive(member.pid) and (
+        member.pid_start is None or pid_start_time(member.pid) in (None, member.pid_start)
+    )
 
 
 class _Guard:

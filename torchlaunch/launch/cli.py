@@ -16,8 +16,8 @@ what is refused before anything starts is decided here, once, so the three canno
   same thing. Exit 2 either way, never a traceback.
 - torchrun's and accelerate's spellings of the same options are accepted (ALIASES: `--nproc-per-node`,
   `--nproc_per_node`, `--num_processes` -> `--gpus`, `--node_rank`, `--master_addr`, ...), `--standalone`
-  is a no-op on one node; what means something else here is refused in one line naming ours (REFUSED,
-  `--nnodes 1:2`).
+  is a no-op on one node; what means something else here is refused in one line naming ours (REFUSED).
+  torchrun's elastic `--nnodes MIN:MAX` means the same here (torchlaunch.launch.elastic).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ REFUSED = {
 
 def translate(items: Sequence[str], known: Sequence[str]) -> list[str]:
     """torchrun's and accelerate's spellings rewritten to ours (only where `known` has ours), --standalone
-    dropped (one node is standalone already), elastic --nnodes ranges and REFUSED options refused."""
+    dropped (one node is standalone already), REFUSED options refused."""
     out: list[str] = []
     standalone = False
     for i, item in enumerate(items):
@@ -131,10 +131,6 @@ def translate(items: Sequence[str], known: Sequence[str]) -> list[str]:
             shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
             if shown in AUTO_COUNTS:
                 raise error(f"{item if eq else item + ' ' + shown}: pass the worker count as a number (--gpus N)")
-        if name == "--nnodes":
-            shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
-            if ":" in shown:
-                raise error(f"--nnodes {shown}: elastic ranges are not supported; use --nnodes N")
         out.append(name + eq + value if eq else name)
     if standalone:
         nodes = [out[i + 1] for i, a in enumerate(out[:-1]) if a == "--nnodes"]

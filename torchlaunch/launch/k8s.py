@@ -32,7 +32,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, emit, k8s_validate, shape
+from torchlaunch.launch import cli, elastic, emit, k8s_elastic, k8s_validate, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 from torchlaunch.ops import ranklog, record
 
@@ -84,6 +84,10 @@ class K8sOptions:
     pod's ranks with exit 1, which the Job retries within its backoff limit."""
     console: ranklog.Console = ranklog.Console()
     """Which ranks' output reaches the pod's log, and whether each line names its rank."""
+    jobset: bool = False
+    """Render a JobSet around the Job (torchlaunch.launch.k8s_elastic) instead of the Job and its Service."""
+    jobset_restarts: int = k8s_elastic.DEFAULT_JOBSET_RESTARTS
+    """The JobSet's failurePolicy.maxRestarts: whole-set restarts after the Job failed."""
 
     @property
     def grace_period_s(self) -> int:
@@ -118,7 +122,7 @@ def metadata(opts: K8sOptions, name: str, *, skips: dict[str, str] | None = None
 
 def master_addr(opts: K8sOptions) -> str:
     """Pod 0's stable name: hostname `<name>-0` in the headless service's subdomain `<name>`."""
-    return f"{opts.name}-0.{opts.name}"
+    return k8s_elastic.master_addr(opts.name, opts.jobset)
 
 
 def run_dir(spec: JobSpec, opts: K8sOptions) -> str:
@@ -141,10 +145,7 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         "python",
         "-m",
         "torchlaunch.launch.local",
-        "--nnodes",
-        str(spec.nodes),
-        "--node-rank",
-        '"$JOB_COMPLETION_INDEX"',
+        *k8s_elastic.nodes_args(spec),
         "--master-addr",
         '"$MASTER_ADDR"',
         "--master-port",
@@ -338,7 +339,7 @@ def job(spec: JobSpec, opts: K8sOptions) -> Manifest:
         if "@sha256:" in image
         else {"CKV_K8S_43": "`make image` tags images; pass --image REG/IMG@sha256:DIGEST to pin a digest"}
     )
-    return {
+    rendered = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata(opts, opts.name, skips=skips),
@@ -363,12 +364,20 @@ def job(spec: JobSpec, opts: K8sOptions) -> Manifest:
             },
         },
     }
+    return k8s_elastic.job_spec(spec, rendered)
 
 
 def manifests(spec: JobSpec, opts: K8sOptions, recipe_text: str) -> list[Manifest]:
     """Every object of one run, in apply order."""
     validate(spec, opts)
     recipe = [] if spec.program else [config_map(spec, opts, recipe_text)]  # a user's program has no recipe
+    if opts.jobset:  # the JobSet makes the headless Service itself
+        return [
+            network_policy(opts),
+            *recipe,
+            shared_claim(opts),
+            k8s_elastic.jobset(job(spec, opts), opts.name, opts.jobset_restarts),
+        ]
     return [service(spec, opts), network_policy(opts), *recipe, shared_claim(opts), job(spec, opts)]
 
 
@@ -376,6 +385,7 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
     """Refuse (BadInput, one line) every value the API server would reject, before anything is printed."""
     # Pod hostnames are `<name>-<index>` and must stay DNS labels (<= 63 characters).
     k8s_validate.object_name(opts.name, "--name", nodes=spec.nodes)
+    k8s_elastic.check(spec, opts.name, opts.jobset, opts.jobset_restarts)
     if opts.namespace is not None:
         k8s_validate.dns1123_label(opts.namespace, "--namespace")
     if opts.storage_class is not None:
@@ -442,7 +452,22 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "shipped to the pods in a ConfigMap; not with a program after --",
         run_dir_help="run directory on the shared volume (default /shared/runs/NAME)",
     )
-    p.add_argument("--nodes", type=int, default=2, help="pods (one per node)")
+    p.add_argument(
+        "--nodes",
+        default="2",
+        help="pods (one per node), or MIN:MAX: elastic, the pods left go on when one is lost (needs --max-restarts)",
+    )
+    p.add_argument(
+        "--jobset",
+        action="store_true",
+        help="render a JobSet (jobset.x-k8s.io/v1alpha2, for JobSet/Kueue clusters) instead of the Job and Service",
+    )
+    p.add_argument(
+        "--jobset-max-restarts",
+        type=int,
+        default=k8s_elastic.DEFAULT_JOBSET_RESTARTS,
+        help="with --jobset: whole-set restarts after the Job failed (failurePolicy.maxRestarts)",
+    )
     p.add_argument("--gpus-per-node", type=int, default=8, help="worker processes (GPUs) per pod")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="training image, REGISTRY/IMAGE:TAG (make image)")
     p.add_argument(
@@ -494,12 +519,12 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     from torchlaunch import config as config_mod
     from torchlaunch.launch import precheck
 
-    for name in ("nodes", "gpus_per_node", "cpus_per_gpu", "mem_gb_per_gpu"):
+    nodes = elastic.parse_nodes("--nodes", args.nodes, "2 or --nodes 1:4")
+    for name in ("gpus_per_node", "cpus_per_gpu", "mem_gb_per_gpu"):
         if getattr(args, name) < 1:
             raise cli.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_restarts < 0:
         raise cli.error(f"--max-restarts must be >= 0 (torchrun restarts inside a pod), got {args.max_restarts}")
-    shape.within("--nodes", args.nodes, 1, shape.MAX_NODES, "2")
     shape.within("--gpus-per-node", args.gpus_per_node, 1, shape.MAX_PER_NODE, "8")
     shape.within("--cpus-per-gpu", args.cpus_per_gpu, 1, 1024, "8")
     shape.within("--mem-gb-per-gpu", args.mem_gb_per_gpu, 1, 1 << 14, "32")
@@ -508,7 +533,8 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
         args.config = args.config or DEFAULT_CONFIG
     program = cli.check_program(args, on_disk=False, run_dir_for_builtin=True)  # the code is in the image
     common = {
-        "nodes": args.nodes,
+        "nodes": nodes.max,
+        "min_nodes": nodes.min if nodes.elastic else None,
         "gpus_per_node": args.gpus_per_node,
         "run_dir": args.run_dir,
         "master_port": args.master_port,
@@ -551,6 +577,8 @@ def options_from(args: argparse.Namespace) -> K8sOptions:
         workdir=args.workdir,
         hang_timeout=args.hang_timeout,
         console=cli.console_of(args),
+        jobset=args.jobset,
+        jobset_restarts=args.jobset_max_restarts,
     )
 
 

@@ -3,6 +3,7 @@ One worker without restarts runs directly, without torchrun's agent (see runs_wi
 
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
+    python -m launch.local --nnodes 1:2 --master-addr node0 --max-restarts 3 --config ...  # elastic (launch.elastic)
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
     python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
 
@@ -48,7 +49,7 @@ from torchlaunch import config as config_mod
 from torchlaunch import contract, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, emit, pdeath, precheck, rankpath, shape
+from torchlaunch.launch import cli, elastic, emit, pdeath, precheck, rankpath, shape
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 from torchlaunch.ops import procs as ops_procs
@@ -83,6 +84,8 @@ class NodePlacement:
 
     node_rank: int = 0
     master_addr: str | None = None
+    rdzv_conf: tuple[tuple[str, int], ...] = ()
+    """Elastic jobs: torchrun's rendezvous timeouts (launch.elastic.parse_rdzv_conf)."""
 
 
 def run_id(run_dir: str) -> str:
@@ -138,7 +141,18 @@ def torchrun_argv(
         "--max-restarts",
         str(spec.max_restarts),
     ]
-    if spec.nodes == 1 and placement.master_addr is None:
+    if spec.min_nodes is not None:
+        if placement.master_addr is None:
+            raise cli.error("--master-addr is required with --nnodes MIN:MAX (the host of the rendezvous store)")
+        argv[argv.index("--nnodes") + 1] = elastic.NodeRange(spec.min_nodes, spec.nodes).torchrun()
+        argv += elastic.torchrun_rendezvous(
+            elastic.NodeRange(spec.min_nodes, spec.nodes),
+            placement.master_addr,
+            spec.master_port,
+            rdzv_run_id or "torchlaunch",
+            placement.rdzv_conf,
+        )
+    elif spec.nodes == 1 and placement.master_addr is None:
         argv.append("--standalone")  # private rendezvous on a free local port
     else:
         if placement.master_addr is None:
@@ -164,7 +178,13 @@ def runs_without_agent(spec: JobSpec, placement: NodePlacement) -> bool:
     """One worker on one node with no restarts: torchrun's agent would only start it (its own torch
     import alone costs ~1.7 s on 2 cores), so the worker runs directly, with torchrun's env contract set
     by this launcher (single_worker_env); a one-rank contract builds no process group (core.dist)."""
-    return spec.nodes == 1 and spec.gpus_per_node == 1 and spec.max_restarts == 0 and placement.master_addr is None
+    return (
+        spec.nodes == 1
+        and spec.min_nodes is None
+        and spec.gpus_per_node == 1
+        and spec.max_restarts == 0
+        and placement.master_addr is None
+    )
 
 
 def worker_argv(spec: JobSpec, *, python: str = "python", module: str = BUILTIN_WORKER) -> list[str]:
@@ -270,8 +290,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         run_dir_help="with a program after --: the shared folder --doctor checks (default: a private temporary folder)",
     )
     p.add_argument("--gpus", type=int, default=1, help="worker processes on this node (one per GPU)")
-    p.add_argument("--nnodes", type=int, default=1, help="number of nodes in the job")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's index (0 hosts the rendezvous)")
+    p.add_argument(
+        "--nnodes",
+        default="1",
+        help="number of nodes in the job, or MIN:MAX: elastic, goes on with the nodes left when one is lost",
+    )
+    p.add_argument("--node-rank", type=int, default=None, help="this node's index (0 hosts the rendezvous)")
+    p.add_argument(
+        "--rdzv-conf",
+        default=None,
+        metavar="K=V,...",
+        help="elastic rendezvous timeouts (default "
+        + ",".join(f"{k}={v}" for k, v in elastic.DEFAULT_RDZV.items())
+        + "): "
+        + "; ".join(f"{k}: {v}" for k, v in elastic.RDZV_KEYS.items()),
+    )
     p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
     p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on node 0")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts of the worker group")
@@ -294,8 +327,9 @@ def check_placement(args: argparse.Namespace) -> None:
     """The launcher's own numbers, whatever the program."""
     if args.gpus < 1:
         raise cli.error(f"--gpus must be >= 1, got {args.gpus} (GPUS=1 runs one worker)")
-    if args.nnodes < 1:
-        raise cli.error(f"--nnodes must be >= 1, got {args.nnodes}")
+    args.node_range = check_nodes(args)
+    args.nnodes = args.node_range.max
+    args.node_rank = 0 if args.node_rank is None else args.node_rank
     if not 0 <= args.node_rank < args.nnodes:
         raise cli.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
     if args.max_restarts < 0:
@@ -306,6 +340,30 @@ def check_placement(args: argparse.Namespace) -> None:
     shape.port("--master-port", args.master_port)
 
 
+def check_nodes(args: argparse.Namespace) -> elastic.NodeRange:
+    """--nnodes N or MIN:MAX (launch.elastic), and what only one of them takes."""
+    nodes = elastic.parse_nodes("--nnodes", args.nnodes)
+    args.rdzv = elastic.parse_rdzv_conf(args.rdzv_conf, elastic.DEFAULT_RDZV) if nodes.elastic else ()
+    if nodes.elastic:
+        if args.node_rank is not None:
+            raise cli.error(
+                f"--node-rank with --nnodes {nodes.torchrun()}: node ranks come from the rendezvous; drop --node-rank"
+            )
+        if args.master_addr is None:
+            raise cli.error(
+                f"--nnodes {nodes.torchrun()} needs --master-addr HOST (the host of the rendezvous store; "
+                "127.0.0.1 for several launchers on this machine)"
+            )
+        if args.max_restarts == 0:
+            raise cli.error(
+                f"--nnodes {nodes.torchrun()} with --max-restarts 0: a lost node costs one torchrun restart, so "
+                "the job would end with it; pass --max-restarts K (e.g. 3)"
+            )
+    elif args.rdzv_conf:
+        raise cli.error(f"--rdzv-conf is for elastic jobs (--nnodes MIN:MAX), not --nnodes {nodes.max}")
+    return nodes
+
+
 def check_rendezvous(args: argparse.Namespace) -> None:
     """Multi-node: node 0's address resolves (bounded), and node 0 can bind the port it will host.
     Not in --dry-run: the command printed may be meant for other machines than this one."""
@@ -313,7 +371,7 @@ def check_rendezvous(args: argparse.Namespace) -> None:
         return
     if args.master_addr is not None:
         shape.master_addr("--master-addr", args.master_addr)
-    if args.node_rank == 0:
+    if args.node_rank == 0 and not args.node_range.elastic:  # elastic: the first launcher there binds it
         shape.bindable("--master-port", args.master_port)
 
 
@@ -352,9 +410,10 @@ def plan(args: argparse.Namespace) -> Plan:
     check_placement(args)
     check_rendezvous(args)
     program = cli.check_program(args)
-    placement = NodePlacement(args.node_rank, args.master_addr)
+    placement = NodePlacement(args.node_rank, args.master_addr, args.rdzv)
     common = {
         "nodes": args.nnodes,
+        "min_nodes": args.node_range.min if args.node_range.elastic else None,
         "gpus_per_node": args.gpus,
         "master_port": args.master_port,
         "max_restarts": args.max_restarts,
@@ -429,16 +488,21 @@ def contract_env(env: dict[str, str], agent: bool, rdzv_run_id: str) -> dict[str
     return {**clean, **single_worker_env(rdzv_run_id, free_port())}
 
 
-def operation(args: argparse.Namespace, run_dir: str | Path, attempt: str, ranks: int) -> Operation:
-    """What makes this node's launch operable (status, logs, cancel, the hang watchdog): E's ops blocks."""
+def operation(
+    args: argparse.Namespace, run_dir: str | Path, attempt: str, ranks: int, lock: runlock.RunLock | None = None
+) -> Operation:
+    """What makes this node's launch operable (status, logs, cancel, the hang watchdog): E's ops blocks.
+    An elastic launcher's job record is named by its node slot in the run-dir lock (its rank is the
+    rendezvous's, and changes with the group)."""
     scheduler, job_id, extra = record.scheduler_from_env(os.environ)
+    node = lock.slot if lock is not None and lock.slot is not None else args.node_rank
     return Operation(
         run_dir,
         scheduler=scheduler,
         command=list(sys.argv),
         launch_id=attempt,
         job_id=job_id,
-        node_rank=args.node_rank,
+        node_rank=node,
         nnodes=args.nnodes,
         local_ranks=ranks,
         hang_timeout=args.hang_timeout,
@@ -448,12 +512,17 @@ def operation(args: argparse.Namespace, run_dir: str | Path, attempt: str, ranks
 
 
 @contextlib.contextmanager
-def owned(run_dir: str | None, placement: NodePlacement) -> Iterator[None]:
+def owned(run_dir: str | None, placement: NodePlacement, job: str | None = None) -> Iterator[runlock.RunLock | None]:
     """Node 0 owns the run dir for the launch (the other nodes join its job); taken before anything is
-    written there. A live holder is bad input: one line naming it (cli.main prints it, exit 2)."""
-    lock = runlock.acquire(run_dir, command=list(sys.argv)) if run_dir and placement.node_rank == 0 else None
+    written there. A live holder is bad input: one line naming it (cli.main prints it, exit 2). An elastic
+    job (`job`, launch.elastic.job_key) has no node 0: every node's launcher joins the job's lock."""
+    lock = None
+    if run_dir and job is not None:
+        lock = runlock.acquire(run_dir, command=list(sys.argv), job=job)
+    elif run_dir and placement.node_rank == 0:
+        lock = runlock.acquire(run_dir, command=list(sys.argv))
     try:
-        yield
+        yield lock
     finally:
         if lock is not None:
             lock.release()
@@ -473,14 +542,14 @@ def launch(argv: Sequence[str]) -> int:
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK
-    with owned(cfg.run_dir, planned.placement):
+    with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:
         config_mod.write_resolved(cfg)
         attempt = uuid.uuid4().hex[:12]
         agent = uses_agent(spec, planned.placement, args.doctor)
         env = contract_env(launch_env(spec, dict(os.environ), available_cores(), attempt), agent, rdzv)
         if args.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        op = operation(args, cfg.run_dir, attempt, spec.gpus_per_node)
+        op = operation(args, cfg.run_dir, attempt, spec.gpus_per_node, lock)
         env.update(op.rank_env())
         print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
         return run(
@@ -493,6 +562,13 @@ def launch(argv: Sequence[str]) -> int:
             agent=agent,
             run_dir=Path(cfg.run_dir),
         )
+
+
+def elastic_job(spec: JobSpec, placement: NodePlacement, rdzv: str) -> str | None:
+    """The run-dir lock's job key of an elastic launch (every node's launcher shares it); None otherwise."""
+    if spec.min_nodes is None or placement.master_addr is None:
+        return None
+    return elastic.job_key(rdzv, placement.master_addr, spec.master_port)
 
 
 def uses_agent(spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
@@ -524,7 +600,7 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK
-    with owned(args.run_dir, placement):
+    with owned(args.run_dir, placement, elastic_job(spec, placement, rdzv)) as lock:
         private.mkdir(mode=0o700)
         try:
             if args.doctor:
@@ -534,7 +610,7 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
             env = contract_env(env, agent, rdzv)
             if args.device == "cpu":
                 env["CUDA_VISIBLE_DEVICES"] = ""
-            op = operation(args, args.run_dir or private / "run", attempt, spec.gpus_per_node)
+            op = operation(args, args.run_dir or private / "run", attempt, spec.gpus_per_node, lock)
             env.update(op.rank_env())
             print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
             return run(

@@ -38,7 +38,7 @@ from torchlaunch import config as config_mod
 from torchlaunch import runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import cli, emit, precheck, rankpath, shape
+from torchlaunch.launch import cli, elastic, emit, precheck, rankpath, shape
 from torchlaunch.launch.spec import JobSpec
 from torchlaunch.ops import ranklog, record, watchdog
 from torchlaunch.ops.launcher import Operation, prepare_rank
@@ -204,7 +204,7 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
             "--container-workdir",
             options.repo_root,
         ]
-    return params
+    return elastic.slurm_parameters(spec, params)
 
 
 def submitit_command(python: str, folder: str) -> str:
@@ -491,8 +491,8 @@ def validate(spec: JobSpec, options: SlurmOptions, partitions: dict[str, Partiti
     partition = partitions.get(name)
     if partition is None:
         raise BadInput(f"unknown partition {name!r}; this cluster has: {', '.join(sorted(partitions))}")
-    if spec.nodes > partition.nodes:
-        raise BadInput(f"--nodes {spec.nodes} but partition {name!r} has {partition.nodes} nodes")
+    if (spec.min_nodes or spec.nodes) > partition.nodes:
+        raise BadInput(f"--nodes {spec.min_nodes or spec.nodes} but partition {name!r} has {partition.nodes} nodes")
     if options.use_gpus and "gpu" not in partition.gres:
         raise BadInput(
             f"partition {name!r} has no GPUs (GRES: {partition.gres or 'none'}); "
@@ -624,6 +624,12 @@ def scontrol_state(job_id: str) -> str:
     return "UNKNOWN"
 
 
+LIVE_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "RUNNING", "SUSPENDED")
+"""States in which a job goes on: a source saying one of these outweighs another's terminal state (after a
+node failure, sacct's last record is the failed allocation's NODE_FAIL while slurmctld has requeued it)."""
+NODE_FAIL_REQUEUE_S = 60.0
+"""How long --wait keeps following a job that ended NODE_FAIL for its requeue to show (PENDING): every
+source says NODE_FAIL for a moment before slurmctld requeues a --requeue job (measured: under 1 s)."""
 STATE_SOURCES: tuple[Any, ...] = (job_state, scontrol_state)
 """Asked in order on every poll; the first that names a terminal state ends `--wait`."""
 
@@ -674,9 +680,16 @@ def _follow(job: Any, poll_s: float, out: Any, err: Any, lost_after_s: float) ->
     streams = [(rank0_log(job), out), (rank0_log(job).with_suffix(".err"), err)]
     offsets = [0, 0]
     known_at = time.monotonic()
+    node_failed_at: float | None = None
     while True:
         said = [source(job.job_id) for source in STATE_SOURCES]
         state = next((one for one in said if one.split()[0] in TERMINAL_STATES), None)
+        if state is not None and any(one.split()[0] in LIVE_STATES for one in said):
+            state = None  # requeued after a node failure: accounting's NODE_FAIL is the failed allocation's
+        if state is not None and state.split()[0] == "NODE_FAIL":
+            node_failed_at = node_failed_at or time.monotonic()
+            if time.monotonic() - node_failed_at < NODE_FAIL_REQUEUE_S:
+                state = None  # Slurm requeues a --requeue job after a node failure: NODE_FAIL comes first
         for i, (path, stream) in enumerate(streams):
             if path.exists():
                 with open(path, encoding="utf-8", errors="replace") as f:
@@ -803,7 +816,7 @@ def exit_status(job: Any, state: str) -> int:
 
 def check_shape(args: argparse.Namespace) -> None:
     """Numbers Slurm would refuse late (inside the job) or never schedule (pending forever)."""
-    shape.within("--nodes", args.nodes, 1, shape.MAX_NODES, "2")
+    args.node_range = elastic.parse_nodes("--nodes", args.nodes, "2 or --nodes 1-2")
     shape.within("--gpus-per-node", args.gpus_per_node, 1, shape.MAX_PER_NODE, "8")
     shape.within("--tasks-per-node", args.tasks_per_node, 1, shape.MAX_PER_NODE, "4")
     shape.within("--time", args.time, 1, 366 * 24 * 60, "240")
@@ -836,7 +849,12 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         run_dir_help="with a program after --: the shared folder for logs and "
         "submitit's files (the built-in worker takes run_dir=)",
     )
-    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument(
+        "--nodes",
+        default="1",
+        help="nodes, or a range MIN-MAX: an allocation of any size in it, and after a node failure the job "
+        "is requeued onto the nodes that are up (torchlaunch.launch.elastic)",
+    )
     workers = parser.add_mutually_exclusive_group()
     workers.add_argument("--gpus-per-node", type=int, help="GPUs per node, one task per GPU")
     workers.add_argument("--tasks-per-node", type=int, help="CPU worker processes per node (no GPUs)")
@@ -880,7 +898,8 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         spec = JobSpec(
             config=args.config or "",
             overrides=tuple(args.overrides),
-            nodes=args.nodes,
+            nodes=args.node_range.max,
+            min_nodes=args.node_range.min if args.node_range.elastic else None,
             gpus_per_node=per_node,
             program=tuple(program.argv()) if program else (),
             run_dir=os.path.abspath(args.run_dir) if args.run_dir else None,

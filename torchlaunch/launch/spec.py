@@ -24,7 +24,10 @@ class JobSpec:
     overrides: tuple[str, ...] = ()
     """`key.sub=value` overrides applied on top of the YAML."""
     nodes: int = 1
-    """Machines (Slurm nodes, Kubernetes pods)."""
+    """Machines (Slurm nodes, Kubernetes pods); with min_nodes, the most the job grows to."""
+    min_nodes: int | None = None
+    """Elastic jobs (torchlaunch.launch.elastic): the fewest machines the job keeps running on; None:
+    exactly `nodes`."""
     gpus_per_node: int = 1
     """Worker processes per machine: one per GPU, or CPU processes on gloo without GPUs."""
     run_dir: str | None = None
@@ -51,6 +54,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if self.nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {self.nodes}")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ValueError(f"min_nodes must be in 1..nodes ({self.nodes}), got {self.min_nodes}")
         if self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
         if self.max_restarts < 0:

@@ -1,0 +1,155 @@
+"""Elastic node ranges: a job that runs on any node count from MIN to MAX, and keeps running on the nodes left.
+
+    python -m launch.local --nnodes 1:2 --master-addr node0 --master-port 29500 --max-restarts 3 --config ...
+    python -m launch.slurm --nodes 1-2 ...          (Slurm's own spelling of a node range)
+    python -m launch.k8s --nodes 1:4 ...            (an elastic Indexed Job, or --jobset)
+
+Why torchrun's c10d rendezvous with MIN:MAX and no node rank: the rendezvous hands out node ranks per
+round, so a node that is lost (its ranks fail a collective or are ended by the hang watchdog) costs one
+restart of the survivors' agents, which re-form the group on the nodes left (>= MIN) and restart the
+worker, which resumes from the last committed checkpoint on the new world size (the global-step plan
+keeps the global batch and the sample order). A node that comes back waits in the rendezvous; the
+running agents see it at their next monitor tick and restart their workers with SIGTERM, which the
+built-in worker treats as a preemption (all ranks agree on a step and commit a checkpoint, then exit),
+so growing back loses no work. torchrun does not count such membership restarts against
+--max-restarts; a lost node counts as one failure.
+
+What torchrun's agent gives a worker to stop on a membership change (LocalElasticAgent._stop_workers ->
+_shutdown: SIGTERM, then SIGKILL after 30 s, torch 2.14): the checkpoint of a preemption must fit in
+that window, or the node that came back costs the steps since the last periodic checkpoint.
+
+Where the rendezvous store lives: the TCP store is hosted by the agent on the --master-addr host that
+binds the port first. Losing that host ends the rendezvous for every node (the survivors' agents cannot
+re-form the group); that case is a full restart of the job, not a degraded one (see the README).
+
+Torch-free: pure parsing and argv pieces, tested by golden files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from torchlaunch.launch import cli, shape
+from torchlaunch.launch.spec import JobSpec
+
+RDZV_KEYS = {
+    "join_timeout": "s a node waits for MIN nodes to form a group (torchrun: 600)",
+    "last_call_timeout": "s the group waits for more nodes once MIN are there (torchrun: 30)",
+    "close_timeout": "s to close the rendezvous at the end (torchrun: 30)",
+    "keep_alive_interval": "s between a node's heartbeats to the rendezvous (torchrun: 5)",
+    "keep_alive_max_attempt": "missed heartbeats before a node counts as dead (torchrun: 3)",
+}
+"""The --rdzv-conf keys passed through to torchrun's c10d rendezvous, each a positive whole number."""
+MAX_RDZV_VALUE = 86_400
+DEFAULT_RDZV = {"keep_alive_interval": 2, "keep_alive_max_attempt": 3, "last_call_timeout": 10}
+"""This launcher's rendezvous timeouts for elastic jobs, where torchrun's (5 s x 3 heartbeats, a 30 s last
+call) kept a group that lost a node idle for ~65 s before its first step on the nodes left (bench.elastic,
+2 loopback nodes): a lost node is now noticed after 6 s of missed heartbeats, and a group re-forms 10 s
+after its first node is back in the rendezvous. --rdzv-conf overrides each."""
+AGENT_STOP_GRACE_S = 30
+"""torchrun's agent: SIGTERM to SIGKILL of its workers on a membership restart (not configurable from
+torchrun's command line in torch 2.14); the preemption checkpoint must fit in it."""
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """MIN..MAX nodes; a fixed count is MIN == MAX (not elastic)."""
+
+    min: int
+    max: int
+
+    @property
+    def elastic(self) -> bool:
+        return self.min != self.max
+
+    def torchrun(self) -> str:
+        """torchrun's --nnodes value."""
+        return f"{self.min}:{self.max}" if self.elastic else str(self.max)
+
+    def slurm(self) -> str:
+        """sbatch's --nodes value (Slurm's own range spelling)."""
+        return f"{self.min}-{self.max}" if self.elastic else str(self.max)
+
+
+RANGE = re.compile(r"^\s*(\d+)\s*(?:([:-])\s*(\d+)\s*)?$")
+
+
+def parse_nodes(flag: str, text: str | int, example: str = "2") -> NodeRange:
+    """`N`, `MIN:MAX` (torchrun's spelling) or `MIN-MAX` (Slurm's) -> NodeRange, checked once here:
+    MIN >= 1, MIN <= MAX, MAX within the launcher bound. One line naming the fix otherwise."""
+    found = RANGE.match(str(text))
+    if found is None:
+        raise cli.error(f"{flag} {str(text)[:40]!r}: pass a node count N or a range MIN:MAX (e.g. {flag} {example})")
+    low = int(found.group(1))
+    high = int(found.group(3)) if found.group(3) is not None else low
+    shape.within(flag, low, 1, shape.MAX_NODES, example)
+    shape.within(flag, high, 1, shape.MAX_NODES, example)
+    if low > high:
+        raise cli.error(f"{flag} {text}: MIN {low} is more than MAX {high} (e.g. {flag} {high}:{low})")
+    return NodeRange(low, high)
+
+
+def parse_rdzv_conf(text: str | None, defaults: dict[str, int] | None = None) -> tuple[tuple[str, int], ...]:
+    """`--rdzv-conf k=v,k=v` (torchrun's option, the timeouts of the rendezvous only) over `defaults` ->
+    sorted pairs; a key the launcher sets itself (is_host) or does not know is refused in one line."""
+    pairs: dict[str, int] = dict(defaults or {})
+    for item in text.split(",") if text else []:
+        key, eq, value = item.strip().partition("=")
+        if key not in RDZV_KEYS:
+            known = ", ".join(RDZV_KEYS)
+            raise cli.error(f"--rdzv-conf {key[:40]!r} is not a rendezvous setting of this launcher (one of {known})")
+        if not eq or not value.strip().isdigit() or not 1 <= int(value) <= MAX_RDZV_VALUE:
+            raise cli.error(f"--rdzv-conf {key}={value[:20]}: must be a whole number 1..{MAX_RDZV_VALUE} ({key}=30)")
+        pairs[key] = int(value)
+    return tuple(sorted(pairs.items()))
+
+
+def torchrun_rendezvous(
+    nodes: NodeRange, master_addr: str, port: int, rdzv_id: str, conf: tuple[tuple[str, int], ...] = ()
+) -> list[str]:
+    """torchrun's elastic rendezvous options (pure): no --node-rank (the rendezvous assigns it) and no
+    is_host (the agent on the --master-addr host that binds the port first hosts the store, so any
+    launcher on that host may be the one that starts first)."""
+    argv = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{master_addr}:{port}",
+        "--rdzv-id",
+        rdzv_id,
+    ]
+    if conf:
+        argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf)]
+    return argv
+
+
+def slurm_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
+    """submitit's executor parameters of an elastic spec (unchanged for a fixed node count).
+
+    - sbatch --nodes=MIN-MAX, as an additional parameter: submitit's own `nodes` stays the MAX count (it
+      multiplies it by the tasks per node to count its results, so a string there breaks submission), and
+      an additional parameter replaces the same #SBATCH key, so the script says --nodes once.
+    - No sbatch --ntasks-per-node: with it Slurm fixes the job's task count at MIN x tasks-per-node, and a
+      node without a task is never allocated, so a 1-2 node job with one task per node always got one
+      node (Slurm 22.05, measured on the dev cluster). The node's CPUs are asked for with --mincpus and the
+      tasks are laid out by srun --ntasks-per-node, so the allocation is as many nodes as are up in
+      MIN..MAX, also when Slurm requeues the job after a node failure (--requeue).
+    """
+    if spec.min_nodes is None:
+        return params
+    out = dict(params)
+    per_node = int(out.pop("ntasks_per_node", spec.gpus_per_node))
+    out["additional_parameters"] = {
+        **out.get("additional_parameters", {}),
+        "nodes": NodeRange(spec.min_nodes, spec.nodes).slurm(),
+        "mincpus": per_node * (spec.cpus_per_task or 1),
+    }
+    out["srun_args"] = ["--ntasks-per-node", str(per_node), *out.get("srun_args", [])]
+    return out
+
+
+def job_key(rdzv_id: str, master_addr: str, port: int) -> str:
+    """What makes launchers one elastic job on a run dir (the run-dir lock's `job`): the same rendezvous."""
+    return f"elastic:{rdzv_id}@{master_addr}:{port}"
