@@ -131,6 +131,20 @@ def with_args(extra: str) -> Callable[[str, Path], str]:
     return rewrite
 
 
+def shard_paths(cmd: str, scratch: Path) -> str:
+    """The README's shard commands on data made here: the image tree in, the scratch dir's shard set out."""
+    images = str(scratch / "images")
+    shards = str(scratch / "in-shards")
+    for old, new in (
+        ("/data/imagenet/train", images),
+        ("/data/imagenet/val", images),
+        ("/data/in-shards", shards),
+        ("/data/wds-imagenet", shards),
+    ):
+        cmd = cmd.replace(old, new)
+    return cmd
+
+
 def with_overrides(extra: str) -> Callable[[str, Path], str]:
     return lambda cmd, scratch: f"{placeholders(cmd, scratch)} {extra}"
 
@@ -185,6 +199,13 @@ RULES: tuple[Rule, ...] = (
         "run",
         "CI is offline: a class-folder tree of 32x32 images stands in for CIFAR-10's download; smoke-sized",
         with_overrides(f"data.name=imagefolder data.root={{images}} train.batch_size=16 {SMOKE}"),
+    ),
+    Rule(
+        r"^python -m train\.shards ",
+        "run",
+        "/data/imagenet/{train,val} are the class-folder tree made here; /data/in-shards and /data/wds-imagenet "
+        "the shard set the write command leaves in the scratch dir (index rebuilds its indexes)",
+        shard_paths,
     ),
     Rule(r"^python -m train\.evaluate ", "run", "path/to/images is the class-folder tree made here", placeholders),
     Rule(
