@@ -202,6 +202,7 @@ class Trainer:
             data.image_size,
             trace=cfg.debug.trace_batches,
             val_resize=self.val_resize,
+            decode=cfg.data.decode,
         )
         self.progress = Progress()
         self.fault = FaultSignal.from_env(ctx.rank)
