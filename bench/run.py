@@ -29,6 +29,7 @@ from bench import (
     ckpt,
     datapath,
     ddp,
+    gpu224,
     loader224,
     loop,
     peers,
@@ -47,6 +48,7 @@ ALL = (
     "datapath",
     "loader224",
     "shards",
+    "gpu224",
     "amp",
     "ddp",
     "ckpt",
@@ -101,6 +103,8 @@ def run_selected(
         keep(record("loader224", lambda: loader224.run(quick=quick, work=work)))
     if "shards" in names:
         keep(record("shards", lambda: shards.run(quick=quick, work=work)))
+    if "gpu224" in names:  # without CUDA: one line saying it is skipped, no figure
+        keep(record("gpu224", lambda: gpu224.run(quick=quick, work=work)))
     if "amp" in names:
         keep(record("amp", lambda: amp.run(quick=quick)))
     if "ddp" in names:
@@ -281,6 +285,12 @@ def render(doc: dict) -> str:
         "with the uint8 set resident on the GPU, and the time for configs/fast.yaml to reach 94% validation "
         "accuracy. **Not run yet**: no GPU was lent to this task; run "
         "`python -m bench.gpu --data-root PATH` on a GPU machine and paste its JSON here.",
+        "",
+        "`bench/gpu224.py` (`python -m bench.run --only gpu224`) measures issue 27's two GPU rows: batched "
+        "`decode_jpeg(device=cuda)` images/s ÷ torchvision's A100 figure (7,800), and ResNet-50 AMP at 224 px "
+        "on a shard set with `data.decode=gpu` ÷ the same Trainer on synthetic in-GPU data (goal >= 0.9 and "
+        ">= 2,500 images/s). Without CUDA it says so and records nothing; it has been dry-run on the CPU only "
+        "(`python -m bench.gpu224 --dry-run`), see docs/GPU.md.",
         "",
         "## Honest notes",
         "",

@@ -184,3 +184,12 @@ def test_a_rank_without_cuda_refuses_gpu_decode_in_one_line_exit_2(shard_root: P
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(lines) == 1 and "data.decode" in lines[0] and "use data.decode=cpu" in lines[0], lines
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip on a machine without CUDA")
+def test_bench_gpu224_says_it_is_skipped_without_cuda(capsys: pytest.CaptureFixture) -> None:
+    from bench import gpu224
+
+    assert gpu224.run() is None
+    err = capsys.readouterr().err
+    assert "skipped: no CUDA device" in err and "python -m bench.run --only gpu224" in err
