@@ -4,6 +4,7 @@ run, interleaved, median of rounds.
 
     python -m bench.run                    # default set (~15 min on 2 cores; progress alone ~5 min)
     python -m bench.run --only startup --startup-against REV   # also start-up ÷ commit REV's, same run
+    python -m bench.run --only loop --data-against REV         # also loop + data path ÷ commit REV's (bench/against.py)
     python -m bench.run --only loop amp    # some of them; the others keep their last recorded figures
     python -m bench.run --full             # also the time-to-accuracy run (tens of minutes)
     python -m bench.run --quick            # tiny sizes: checks the machinery, figures meaningless
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from bench import (
+    against,
     amp,
     ckpt,
     datapath,
@@ -68,7 +70,12 @@ def log(msg: str) -> None:
 
 
 def run_selected(
-    names: list[str], quick: bool, full: bool, work: Path, startup_against: str | None = None
+    names: list[str],
+    quick: bool,
+    full: bool,
+    work: Path,
+    startup_against: str | None = None,
+    data_against: str | None = None,
 ) -> tuple[dict[str, dict], dict | None, dict]:
     results: dict[str, dict] = {}
     preempt: dict | None = None
@@ -132,6 +139,8 @@ def run_selected(
             keep(record("peers-cifar", lambda: peers.run(peers_py, work=work, cifar_stem=True)))
     if "proposals" in names:
         keep(record("proposals", lambda: proposals.run(quick=quick)))
+    if data_against and not quick:
+        keep(record("data-against", lambda: against.run(data_against, work=work / "data-against")))
     tta_result = None
     if "tta" in names and full:
         tta_result = record("tta", lambda: tta.run_full(work))
@@ -381,12 +390,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with startup: also this tree's start-up ÷ commit REV's, measured in the same run",
     )
+    p.add_argument(
+        "--data-against",
+        metavar="REV",
+        help="also run bench.loop and bench.datapath from commit REV and this tree, alternating (bench/against.py)",
+    )
     args = p.parse_args(argv)
     names = [] if args.render else list(args.only or ALL)
     set_threads(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-"))
     start = time.perf_counter()
-    results, preempt, more = run_selected(names, args.quick, args.full, work, args.startup_against)
+    results, preempt, more = run_selected(names, args.quick, args.full, work, args.startup_against, args.data_against)
     args.docs.mkdir(parents=True, exist_ok=True)
     store = args.docs / "bench-results.json"
     doc = json.loads(store.read_text()) if store.is_file() else {"results": {}}
@@ -409,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         "ckpt_resume",
         "startup",
         "startup_against",
+        "loop_against",
+        "datapath_against",
         "userscript",
         "progress_step",
         "progress",
