@@ -143,7 +143,7 @@ def run(
     if quick:
         rounds, workers = 1, 0
     images = write_jpegs(work / "jpegs", classes, per_class)
-    shards = shard_set(images, work / "shards")
+    shards = shard_set(images, work / "shards224")  # not work/shards: bench.shards works there
     if shards is None:
         return None
     steps = (classes * per_class * 9 // 10) // batch
