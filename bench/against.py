@@ -103,7 +103,7 @@ def run(rev: str, rounds: int = 2, work: Path | None = None, quick: bool = False
                 higher_is_better=True,
                 command=f"python -m bench.run --only loop --data-against {rev}",
                 project_label=f"bench.{name} from this tree (project side)",
-                baseline_label=f"bench.{name} from a worktree of {rev} (project side)",
+                baseline_label=f"bench.{name} from an export of {rev} (project side)",
                 rounds=per_round,
                 notes=f"{rounds} alternating rounds, fresh processes, separate work folders; each side's own ratio "
                 f"(project ÷ its baseline, same process): this {median([r['ratio'] for r in this]):.3g}, {rev} "
