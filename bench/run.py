@@ -4,6 +4,7 @@ run, interleaved, median of rounds.
 
     python -m bench.run                    # default set (~15 min on 2 cores; progress alone ~5 min)
     python -m bench.run --only startup --startup-against REV   # also start-up ÷ commit REV's, same run
+    python -m bench.run --only loop --data-against REV         # also loop + data path ÷ commit REV's (bench/against.py)
     python -m bench.run --only loop amp    # some of them; the others keep their last recorded figures
     python -m bench.run --full             # also the time-to-accuracy run (tens of minutes)
     python -m bench.run --quick            # tiny sizes: checks the machinery, figures meaningless
@@ -25,11 +26,13 @@ from pathlib import Path
 import torch
 
 from bench import (
+    against,
     amp,
     ckpt,
     datapath,
     ddp,
     elastic,
+    gpu224,
     loader224,
     loop,
     peers,
@@ -48,6 +51,7 @@ ALL = (
     "datapath",
     "loader224",
     "shards",
+    "gpu224",
     "amp",
     "ddp",
     "ckpt",
@@ -68,7 +72,12 @@ def log(msg: str) -> None:
 
 
 def run_selected(
-    names: list[str], quick: bool, full: bool, work: Path, startup_against: str | None = None
+    names: list[str],
+    quick: bool,
+    full: bool,
+    work: Path,
+    startup_against: str | None = None,
+    data_against: str | None = None,
 ) -> tuple[dict[str, dict], dict | None, dict]:
     results: dict[str, dict] = {}
     preempt: dict | None = None
@@ -103,6 +112,8 @@ def run_selected(
         keep(record("loader224", lambda: loader224.run(quick=quick, work=work)))
     if "shards" in names:
         keep(record("shards", lambda: shards.run(quick=quick, work=work)))
+    if "gpu224" in names:  # without CUDA: one line saying it is skipped, no figure
+        keep(record("gpu224", lambda: gpu224.run(quick=quick, work=work)))
     if "amp" in names:
         keep(record("amp", lambda: amp.run(quick=quick)))
     if "ddp" in names:
@@ -132,6 +143,8 @@ def run_selected(
             keep(record("peers-cifar", lambda: peers.run(peers_py, work=work, cifar_stem=True)))
     if "proposals" in names:
         keep(record("proposals", lambda: proposals.run(quick=quick)))
+    if data_against and not quick:
+        keep(record("data-against", lambda: against.run(data_against, work=work / "data-against")))
     tta_result = None
     if "tta" in names and full:
         tta_result = record("tta", lambda: tta.run_full(work))
@@ -286,6 +299,12 @@ def render(doc: dict) -> str:
         "accuracy. **Not run yet**: no GPU was lent to this task; run "
         "`python -m bench.gpu --data-root PATH` on a GPU machine and paste its JSON here.",
         "",
+        "`bench/gpu224.py` (`python -m bench.run --only gpu224`) measures issue 27's two GPU rows: batched "
+        "`decode_jpeg(device=cuda)` images/s ÷ torchvision's A100 figure (7,800), and ResNet-50 AMP at 224 px "
+        "on a shard set with `data.decode=gpu` ÷ the same Trainer on synthetic in-GPU data (goal >= 0.9 and "
+        ">= 2,500 images/s). Without CUDA it says so and records nothing; it has been dry-run on the CPU only "
+        "(`python -m bench.gpu224 --dry-run`), see docs/GPU.md.",
+        "",
         "## Honest notes",
         "",
         "- The torchvision reference classification `train.py` is not shipped in any package and cannot be "
@@ -375,12 +394,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with startup: also this tree's start-up ÷ commit REV's, measured in the same run",
     )
+    p.add_argument(
+        "--data-against",
+        metavar="REV",
+        help="also run bench.loop and bench.datapath from commit REV and this tree, alternating (bench/against.py)",
+    )
     args = p.parse_args(argv)
     names = [] if args.render else list(args.only or ALL)
     set_threads(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-"))
     start = time.perf_counter()
-    results, preempt, more = run_selected(names, args.quick, args.full, work, args.startup_against)
+    results, preempt, more = run_selected(names, args.quick, args.full, work, args.startup_against, args.data_against)
     args.docs.mkdir(parents=True, exist_ok=True)
     store = args.docs / "bench-results.json"
     doc = json.loads(store.read_text()) if store.is_file() else {"results": {}}
@@ -389,9 +413,12 @@ def main(argv: list[str] | None = None) -> int:
         "loop",
         "datapath",
         "loader224",
+        "first_batch",
         "shards_decode",
         "shards_open",
         "shards_writer",
+        "gpu_decode",
+        "gpu_e2e",
         "amp",
         "ddp",
         "ckpt_save",
@@ -402,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         "elastic-throughput",
         "startup",
         "startup_against",
+        "loop_against",
+        "datapath_against",
         "userscript",
         "progress_step",
         "progress",

@@ -144,3 +144,27 @@ def test_evaluation_resizes_the_shorter_side_and_centre_crops(tmp_path: Path) ->
         ref = tv.Compose([tv.Resize(64), tv.CenterCrop(56), tv.PILToTensor()])(im.convert("RGB"))
     assert ours.shape == (1, 3, 56, 56)
     assert (ours[0] - ref.float()).abs().mean() < 3.0  # a smooth gradient: the same view to within rounding
+
+
+def test_training_crop_is_torchvisions_crop_then_resize_and_close_to_pils() -> None:
+    """A whole-pixel box of a full-scale decode goes through crop_resize_tensor: the same pixels as
+    torchvision's tensor resized_crop (crop, then antialiased bilinear resize) of the same box, mirrored
+    when asked; and within rounding of PIL's resize over that box (the kernel the fast path replaced)."""
+    tvf = pytest.importorskip("torchvision.transforms.v2.functional")
+    from torchlaunch.worker.data.augment import crop_resize
+
+    y, x = np.mgrid[0:150, 0:200]
+    smooth = np.stack([x * 1.2, y * 1.6, (x + y) * 0.7], -1).astype(np.uint8)
+    im = Image.fromarray(smooth)
+    tensor = torch.from_numpy(smooth).permute(2, 0, 1)
+    for box, flip in (((10, 20, 120, 90), False), ((0, 0, 200, 150), True), ((37, 5, 41, 60), False)):
+        ours = crop_resize(im, 200, 150, box, 56, flip)
+        left, top, w, h = box
+        ref = tvf.resized_crop(tensor, top, left, h, w, [56, 56], antialias=True)
+        ref = ref.flip(-1) if flip else ref
+        assert ours.dtype == torch.uint8 and ours.shape == (3, 56, 56)
+        assert (ours.int() - ref.int()).abs().max() <= 1  # the mirror before the resize: rounding only
+        pil = np.asarray(im.resize((56, 56), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)))
+        pil = pil[:, ::-1] if flip else pil
+        assert np.abs(ours.permute(1, 2, 0).numpy().astype(int) - pil.astype(int)).mean() < 1.0
+        assert torch.equal(crop_resize(im, 200, 150, box, 56, flip), ours)  # a pure function of (box, flip)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import launcher
+from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
 from tests.test_resized_crop import write_jpegs
 
 pytestmark = pytest.mark.slow
@@ -64,11 +64,16 @@ def jpegs(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, jpegs: Path) -> dict[int, list]:
+def reference_dir(tmp_path_factory, jpegs: Path) -> Path:
     run_dir = tmp_path_factory.mktemp("reference")
     done = run(run_dir, jpegs, gpus=3, workers=0)
     assert done.returncode == 0, done.stderr[-2000:]
-    return traced(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(reference_dir: Path) -> dict[int, list]:
+    return traced(reference_dir)
 
 
 @pytest.mark.parametrize("before,after,workers", [(2, 3, (1, 3)), (4, 3, (0, 1))], ids=["2to3", "4to3"])
@@ -83,3 +88,17 @@ def test_resume_on_another_world_size_draws_the_same_crops(
     assert "resumed from" in second.stdout + second.stderr
     resumed = traced(tmp_path)
     assert resumed == reference  # every global step: the same samples, boxes and flips
+
+
+def test_resume_on_the_same_world_size_is_bit_exact(tmp_path: Path, jpegs: Path, reference_dir: Path) -> None:
+    """3 ranks interrupted mid-epoch with 1 DataLoader worker each, resumed on 3 with 2: the final weights,
+    optimizer and scaler equal the uninterrupted 3-rank run's (0 workers) bit for bit. The crops are a
+    pure function of (image, box, flip) on any worker count, so the pixels, not only the boxes, match."""
+    first = run(tmp_path, jpegs, 3, 1, env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=3,rank=1"})
+    assert first.returncode == 75, first.stderr[-2000:]
+    second = run(tmp_path, jpegs, 3, 2)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resumed from" in second.stdout + second.stderr
+    assert traced(tmp_path) == traced(reference_dir)
+    assert_states_equal(final_state(reference_dir), final_state(tmp_path))
+    assert_models_equal(reference_dir / "model.pt", tmp_path / "model.pt")

@@ -182,6 +182,11 @@ class DataConfig:
     )
     """Evaluation on the per-sample path: resize the shorter side to this, then centre-crop image_size.
     0 = round(image_size / 0.875) (256 for 224) when train_crop=resized, else squash to image_size."""
+    decode: str = field(default="cpu", metadata=choice(("cpu", "gpu")))
+    """Training JPEG decode with train_crop=resized: `cpu` (PIL in DataLoader workers) or `gpu` (workers
+    read the encoded bytes and the step's boxes and flips; the rank decodes the batch with
+    torchvision.io.decode_jpeg on its CUDA device and crops, resizes and flips there; shards and
+    imagefolder only; other formats and modes of a sample decode on the CPU). Evaluation stays on the CPU."""
     # -- end of the ImageNet-style crops --
     max_train_samples: int = field(default=0, metadata=at_least(0, MAX_SAMPLES, "use 0 for all samples"))
     """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
@@ -664,6 +669,15 @@ def validate(cfg: RunConfig) -> RunConfig:
             "data.cutout",
             f"{cfg.data.cutout} is larger than data.image_size={cfg.data.image_size}",
             f"use a square of at most {cfg.data.image_size}, e.g. data.cutout=12, or 0 for off",
+        )
+    if cfg.data.decode == "gpu" and (
+        cfg.data.name not in ("shards", "imagefolder") or cfg.data.train_crop != "resized"
+    ):
+        raise ConfigError(
+            "data.decode",
+            f"gpu decodes the JPEGs of data.name=shards or imagefolder with data.train_crop=resized, got "
+            f"data.name={quote(cfg.data.name)} data.train_crop={quote(cfg.data.train_crop)}",
+            "use data.decode=cpu, or data.train_crop=resized with data.name=shards",
         )
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")

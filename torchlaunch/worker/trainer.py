@@ -203,6 +203,7 @@ class Trainer:
             data.image_size,
             trace=cfg.debug.trace_batches,
             val_resize=self.val_resize,
+            decode=cfg.data.decode,
         )
         self.progress = Progress()
         self.world = WorldSize.of(ctx)

@@ -12,6 +12,7 @@ from PIL import Image
 from torchlaunch.config import ConfigError
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.worker.data import gpu_decode
 from torchlaunch.worker.data.augment import (
     Normalizer,
     augment,
@@ -124,10 +125,13 @@ class TrainLoader:
         image_size: int,
         trace: bool = False,
         val_resize: int = 0,
+        decode: str = "cpu",
     ) -> None:
         self.data, self.plan, self.normalize, self.device = data, plan, normalize, device
         self.augment_on, self.num_workers, self.image_size = augment_on, num_workers, image_size
-        self.trace, self.val_resize = trace, val_resize
+        self.trace, self.val_resize, self.decode = trace, val_resize, decode
+        if decode == "gpu":  # data.decode=gpu (worker/data/gpu_decode.py): a CUDA device or one line, exit 2
+            gpu_decode.check_device(device)
         self.step_trace: dict[str, list] = {}
         self.resized = plan.train_crop == "resized"
         if self.resized and data.images is not None:
@@ -182,15 +186,21 @@ class TrainLoader:
             dataset: torch.utils.data.Dataset = _BoxDataset(self.data.files, self.data.labels, self.image_size, resize)
         else:
             dataset = _FileDataset(self.data.files, self.data.labels, self.image_size)
+        gpu = self.resized and self.decode == "gpu"
+        if gpu:  # workers hand on encoded bytes + the same boxes and flips; decoded on the device below
+            dataset = gpu_decode.EncodedDataset(self.data.files, self.data.labels, self.image_size, resize)
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_sampler=batches,
             num_workers=self.num_workers,
-            pin_memory=self.device.type == "cuda",
+            collate_fn=gpu_decode.collate if gpu else None,
+            pin_memory=self.device.type == "cuda" and not gpu,
             multiprocessing_context="fork" if self.num_workers else None,
         )
         try:
             for step, batch in zip(steps, loader, strict=True):
+                if gpu:
+                    batch = gpu_decode.to_batch(batch, self.image_size, self.device)
                 _, aug = self.plan.rank_step(perm, epoch, step)
                 images, labels = batch[0], batch[1]
                 if self.trace:
