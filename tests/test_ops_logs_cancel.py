@@ -71,7 +71,7 @@ def test_logs_of_a_missing_rank_is_bad_input(tmp_path: Path, capsys: pytest.Capt
 
 def test_logs_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
     rec = record.JobRecord(launch_id="F1", started=time.time())
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     write_json(record.record_path(tmp_path), rec.to_json())
     write_log(tmp_path, 0, [(1.0, "before")])
@@ -183,7 +183,7 @@ def fake_tools(folder: Path, squeue: str = "", sacct: str = "", stdout: str = "/
 
 
 def slurm_record(run: Path, job_id: str) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     rec = record.JobRecord(launch_id="S1", scheduler="slurm", job_id=job_id, host="node7", started=time.time())
     write_json(record.record_path(run), rec.to_json())
@@ -216,7 +216,7 @@ def test_a_forged_slurm_job_id_is_never_passed_to_scancel(tmp_path: Path, monkey
 
 
 def test_cancel_a_kubernetes_job_prints_the_command(tmp_path: Path) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     rec = record.JobRecord(launch_id="K1", scheduler="k8s", job_id="cifar-run", extra={"namespace": "ml"})
     write_json(record.record_path(tmp_path), rec.to_json())
@@ -227,7 +227,7 @@ def test_cancel_a_kubernetes_job_prints_the_command(tmp_path: Path) -> None:
 
 
 def test_cancel_signals_only_the_recorded_process(tmp_path: Path) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     rec = record.JobRecord(launch_id="X1", host=HOST, launcher_pid=os.getppid(), launcher_start=1, started=time.time())
     write_json(record.record_path(tmp_path), rec.to_json())
@@ -238,7 +238,7 @@ def test_cancel_signals_only_the_recorded_process(tmp_path: Path) -> None:
 
 
 def test_status_asks_squeue_and_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     fake_tools(tmp_path / "bin", squeue="PENDING\\n")
     kubectl = tmp_path / "bin" / "kubectl"

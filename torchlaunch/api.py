@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from torchlaunch import rundir
 from torchlaunch import status as _status
 from torchlaunch.core import checkpoint as _ckpt
 from torchlaunch.core import dist as _dist
@@ -224,7 +225,7 @@ class Checkpointer:
                 f"api error: Checkpointer keep={keep!r}: must be an integer >= 1 "
                 "(the number of newest checkpoints to keep, e.g. keep=2)"
             )
-        self.root = Path(run_dir).expanduser() / "checkpoints"
+        self.root = rundir.checkpoints(Path(run_dir).expanduser())
         self.keep, self.synchronous, self.map_location = keep, synchronous, map_location
         self.step: int | None = None
         """The step of the checkpoint load_latest() returned (None: none yet)."""

@@ -15,11 +15,11 @@ saying it), and after a preemption signal the runner and launch.local turn an un
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchlaunch import rundir
 from torchlaunch.exit_codes import BAD_INPUT
 from torchlaunch.ops.files import read_json
 
@@ -34,7 +34,7 @@ def folder(run_dir: str | None = None) -> Path | None:
     chosen = os.environ.get(STATUS_DIR_ENV)
     if chosen:
         return Path(chosen)
-    return Path(run_dir) / "status" if run_dir else None
+    return rundir.status(run_dir) if run_dir else None
 
 
 _finished_declared = False
@@ -99,12 +99,12 @@ def report(
     if not attempt or where is None:
         return
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        tmp = where / f".{attempt}-rank{rank}.tmp"
-        tmp.write_text(
-            json.dumps({"code": code, "reason": reason, "rank": rank, "finished": finished, "committed": committed})
+        rundir.write_json(  # the launcher never sees half a record
+            where / f"{attempt}-rank{rank}.json",
+            {"code": code, "reason": reason, "rank": rank, "finished": finished, "committed": committed},
+            durable=False,
+            sort_keys=False,
         )
-        os.replace(tmp, where / f"{attempt}-rank{rank}.json")  # the launcher never sees half a record
     except OSError:
         pass
 

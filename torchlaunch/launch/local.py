@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, runlock, status
+from torchlaunch import contract, rundir, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.launch import cli, emit, pdeath, precheck, rankpath, shape
@@ -237,7 +237,7 @@ def combine_exit_codes(
 
 def read_worker_codes(run_dir: Path, attempt: str) -> tuple[list[int], list[str]]:
     """The built-in worker's reports, left in RUN_DIR/status/ (consumed)."""
-    return status.collect(Path(run_dir) / "status", attempt)
+    return status.collect(rundir.status(run_dir), attempt)
 
 
 def visible_gpus() -> int:
@@ -366,7 +366,7 @@ def plan(args: argparse.Namespace) -> Plan:
     cfg = config_mod.load(args.config, args.overrides)
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
-    spec = JobSpec(config=str(Path(cfg.run_dir) / "config.yaml"), run_dir=cfg.run_dir, **common)
+    spec = JobSpec(config=str(rundir.config(cfg.run_dir)), run_dir=cfg.run_dir, **common)
     return Plan(spec, placement, cfg, None)
 
 
@@ -486,7 +486,7 @@ def launch(argv: Sequence[str]) -> int:
         return run(
             argv_out,
             env,
-            Path(cfg.run_dir) / "status",
+            rundir.status(cfg.run_dir),
             attempt,
             ranks=spec.gpus_per_node,
             op=op,

@@ -39,6 +39,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from torchlaunch.ops import procs
+
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
 WATCH_INTERVAL_S = 0.5
@@ -135,14 +137,9 @@ def _parent_map() -> dict[int, list[int]]:
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stream:
-                stat = stream.read()
-        except OSError:
-            continue  # gone meanwhile
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1].isdigit():
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        parent = procs.parent(entry)
+        if parent is not None:  # else gone meanwhile
+            children.setdefault(parent, []).append(int(entry))
     return children
 
 
@@ -190,13 +187,7 @@ def launcher_env() -> dict[str, str]:
 
 def parent_of(pid: int) -> int | None:
     """The parent pid of `pid` (/proc/PID/stat field 4); None if it is gone or off Linux."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
-            stat = stream.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return procs.parent(pid)
 
 
 def die_with_agent(sig: int = signal.SIGKILL) -> str | None:

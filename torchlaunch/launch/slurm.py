@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import config as config_mod
-from torchlaunch import runlock
+from torchlaunch import rundir, runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch import cli, emit, precheck, rankpath, shape
@@ -134,7 +134,7 @@ def task_argv(spec: JobSpec, options: SlurmOptions, run_dir: str) -> list[str]:
 
 
 def submitit_folder(run_dir: str) -> str:
-    return os.path.join(run_dir, "slurm", "%j")
+    return os.path.join(rundir.slurm(run_dir), "%j")
 
 
 def task_python(spec: JobSpec, options: SlurmOptions) -> str:

@@ -14,46 +14,45 @@ import subprocess
 import time
 from pathlib import Path
 
+from torchlaunch import rundir
 from torchlaunch.ops import progress, record
 from torchlaunch.ops.files import read_json
 from torchlaunch.ops.state import Checkpoint, Facts, current_launch
 
-CHECKPOINTS_DIR = "checkpoints"
-STATUS_DIR = "status"
 QUERY_TIMEOUT_S = 10.0
 SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
-    """The newest checkpoint that verifies (commit marker, size and checksum), and why newer ones were
-    skipped. torchlaunch.core.checkpoint is imported here only, when a checkpoint folder exists: it
-    loads torch, which `status` of a run without checkpoints never needs."""
-    root = run_dir / CHECKPOINTS_DIR
+    """The newest checkpoint that verifies (commit marker, size and checksum: the store's latest_valid,
+    what "does this run have a checkpoint" means everywhere), and why newer ones were skipped.
+    torchlaunch.core.checkpoint is imported here only, when a checkpoint folder exists: it loads torch,
+    which `status` of a run without checkpoints never needs."""
+    root = rundir.checkpoints(run_dir)
     if not root.is_dir():
         return None, []
     from torchlaunch.core import checkpoint as ckpt
 
     skipped: list[str] = []
-    for step, path in ckpt.candidates(root):
-        try:
-            why = ckpt.verify(path)
-        except (OSError, ValueError) as e:
-            why = f"cannot be read ({e})"
-        if why is None:
-            try:
-                committed = (path / ckpt.MARKER_FILE).stat().st_mtime
-            except OSError:
-                committed = None
-            return Checkpoint(step, str(path), committed), skipped
-        skipped.append(f"checkpoint {path.name} skipped: {why}")
-    return None, skipped
+    try:
+        path = ckpt.latest_valid(root, lambda p, why: skipped.append(f"checkpoint {p.name} skipped: {why}"))
+    except (OSError, ValueError) as e:
+        return None, [*skipped, f"checkpoints cannot be read ({e})"]
+    if path is None:
+        return None, skipped
+    try:
+        committed = (path / ckpt.MARKER_FILE).stat().st_mtime
+    except OSError:
+        committed = None
+    step = ckpt.parse_step(path.name)
+    return Checkpoint(step if step is not None else 0, str(path), committed), skipped
 
 
 def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
     """Records torchlaunch.status left for this launch (read only: the launcher consumes them)."""
     out = []
-    for path in sorted((run_dir / STATUS_DIR).glob(f"{launch_id}-rank*.json"))[:4096]:
+    for path in sorted(rundir.status(run_dir).glob(f"{launch_id}-rank*.json"))[:4096]:
         data, _ = read_json(path)
         if data is None:
             continue

@@ -29,14 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from torchlaunch import rundir
 from torchlaunch.ops import procs, ranklog
-from torchlaunch.ops.files import as_float, as_int, as_str, read_json, write_json
+from torchlaunch.ops.files import as_float, as_int, as_str, read_json
 
 PROGRESS_DIR_ENV = "TORCHLAUNCH_PROGRESS_DIR"
 """Set by the launcher to RUN_DIR/progress: where each rank leaves its heartbeat."""
 LAUNCH_ENV = "TORCHLAUNCH_ATTEMPT_ID"
 """The launch id (the same variable torchlaunch.status reads): heartbeats of other launches are old."""
-PROGRESS_DIR = "progress"
+PROGRESS_DIR = rundir.PROGRESS
 DEFAULT_INTERVAL_S = 5.0
 DUMP_SIGNAL = signal.SIGRTMIN + 2 if hasattr(signal, "SIGRTMIN") else None
 """The stack-dump request. Not SIGUSR1/SIGUSR2: the launchers already mean "preempted" by those.
@@ -46,7 +47,7 @@ MAX_RANKS = 1 << 16
 
 
 def folder(run_dir: str | Path) -> Path:
-    return Path(run_dir) / PROGRESS_DIR
+    return rundir.progress(run_dir)
 
 
 def beat_path(where: Path, rank: int) -> Path:
@@ -125,7 +126,7 @@ class Heartbeat:
     def _write(self) -> None:
         payload = {**self._base, **self._fields, **self.dump, "beat": self._count, "time": time.time()}
         try:
-            write_json(beat_path(self.where, self.rank), payload)
+            rundir.write_json(beat_path(self.where, self.rank), payload, durable=False)
         except OSError:
             pass  # progress is advisory: a full or vanished disk must not stop training
 

@@ -33,7 +33,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-LOGS_DIR = "logs"
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
 NAME = re.compile(r"^rank-(\d+)\.log$")
 READ_BYTES = 4 << 20
@@ -134,7 +133,9 @@ class ConsoleWriter:
 
 
 def folder(run_dir: str | Path) -> Path:
-    return Path(run_dir) / LOGS_DIR
+    from torchlaunch import rundir  # here, not at the top: this file also runs as the tee, stdlib only (-I)
+
+    return rundir.logs(run_dir)
 
 
 def log_path(run_dir: str | Path, rank: int) -> Path:

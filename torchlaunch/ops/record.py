@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from torchlaunch import rundir
 from torchlaunch.ops import procs, proof
-from torchlaunch.ops.files import as_float, as_int, as_str, read_json, write_json
+from torchlaunch.ops.files import as_float, as_int, as_str, read_json
 
 VERSION = 1
-JOB_DIR = "job"
+JOB_DIR = rundir.JOB
 CANCEL_FILE = "cancel.json"
 SCHEDULERS = ("local", "slurm", "k8s")
 OUTCOMES = ("finished", "failed", "bad_input", "preempted", "hung", "cancelled")
@@ -124,7 +125,7 @@ def scheduler_from_env(env: Mapping[str, str]) -> tuple[str, str | None, dict[st
 
 
 def job_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / JOB_DIR
+    return rundir.job(run_dir)
 
 
 def record_path(run_dir: str | Path, node_rank: int = 0) -> Path:
@@ -168,7 +169,7 @@ def start(
         started=time.time(),
         extra={**(extra or {}), **({proof.DIGEST_KEY: proof.digest(token)} if token else {})},
     )
-    write_json(record_path(run_dir, node_rank), rec.to_json(), durable=True)
+    rundir.write_json(record_path(run_dir, node_rank), rec.to_json())
     return rec
 
 
@@ -177,7 +178,7 @@ def finish(run_dir: str | Path, rec: JobRecord, code: int, outcome: str, reason:
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r} is not one of {OUTCOMES}")
     done = replace(rec, ended=time.time(), code=code, outcome=outcome, reason=reason[:1000])
-    write_json(record_path(run_dir, rec.node_rank), done.to_json(), durable=True)
+    rundir.write_json(record_path(run_dir, rec.node_rank), done.to_json())
     return done
 
 
@@ -202,10 +203,9 @@ def read_all(run_dir: str | Path) -> tuple[list[JobRecord], list[str]]:
 
 def request_cancel(run_dir: str | Path, launch_id: str, how: str) -> None:
     """Ask the launch `launch_id` to stop for good (its launcher maps the ensuing exit to cancelled)."""
-    write_json(
+    rundir.write_json(
         job_dir(run_dir) / CANCEL_FILE,
         {"launch_id": launch_id, "requested": time.time(), "how": how, "host": socket.gethostname()},
-        durable=True,
     )
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchlaunch import rundir
 from torchlaunch.exit_codes import ConfigError
 from torchlaunch.ops import ranklog
 
@@ -35,9 +36,7 @@ class MetricsLog:
                 for ln in path.read_text().splitlines()
                 if _line_step(ln) is not None and _line_step(ln) <= resume_step
             ]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(ln + "\n" for ln in kept))
-            os.replace(tmp, path)
+            rundir.write_text(path, "".join(ln + "\n" for ln in kept))
         elif resume_step is None and path.is_file():
             path.unlink()
         # Through ranklog.open_log: a FIFO or a symlink under the name is replaced, never blocked on or written through.
@@ -135,7 +134,9 @@ class RunLog:
     ) -> None:
         main = rank == 0
         self.epochs, self.steps_per_epoch, self.global_batch = epochs, steps_per_epoch, global_batch
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl", main, resume_step, run_dir / "tb" if tensorboard else None)
+        self.metrics = MetricsLog(
+            rundir.metrics(run_dir), main, resume_step, rundir.tensorboard(run_dir) if tensorboard else None
+        )
         self.batches = MetricsLog(run_dir / "trace" / f"rank{rank}.jsonl", trace, resume_step)
         self.tracing = trace
         self.report = Reporter(main, total_steps, start_step)
