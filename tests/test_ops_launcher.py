@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED
 from torchlaunch.ops import cli, launcher, record, watchdog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +42,8 @@ wait_for_peer()
         (OK, False, False, "finished", OK),
         (BAD_INPUT, True, False, "bad_input", BAD_INPUT),
         (PREEMPTED, False, False, "preempted", PREEMPTED),
-        (PREEMPTED, True, False, "cancelled", PREEMPTED),
-        (FAILURE, True, False, "cancelled", PREEMPTED),
+        (PREEMPTED, True, False, "cancelled", CANCELLED),
+        (FAILURE, True, False, "cancelled", CANCELLED),
         (FAILURE, False, False, "failed", FAILURE),
         (-9, False, True, "hung", FAILURE),
     ],

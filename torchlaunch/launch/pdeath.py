@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from torchlaunch import contract
 from torchlaunch.ops import procs
 
 PR_SET_PDEATHSIG = 1
@@ -174,10 +175,8 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, *, include_root: bool = True)
     return signalled
 
 
-AGENT_ENV = "TORCHELASTIC_RUN_ID"
-"""Set by torchrun's agent in every worker it starts: the sign that our parent is that agent."""
-LAUNCHER_PID_ENV = "TORCHLAUNCH_LAUNCHER_PID"
-"""Set by the launcher for torchrun (and so for its workers): the agent's expected parent."""
+AGENT_ENV = contract.ELASTIC_RUN_ID
+LAUNCHER_PID_ENV = contract.LAUNCHER_PID
 
 
 def launcher_env() -> dict[str, str]:
@@ -197,10 +196,10 @@ def die_with_agent(sig: int = signal.SIGKILL) -> str | None:
     A worker only runs this once its interpreter is up, and the agent may have died (with the
     launcher) before that: getppid() then already names the reaper, which looks like a live parent.
     So the agent's own parent must still be the launcher named in the environment."""
-    if not os.environ.get(AGENT_ENV):
+    if not contract.get(AGENT_ENV):
         return None
     how = die_with_parent_now(sig)
-    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    launcher = contract.get(LAUNCHER_PID_ENV, "") or ""
     if how != "orphan" and launcher.isdigit() and parent_of(os.getppid()) != int(launcher):
         os.kill(os.getpid(), sig)
         return "orphan"

@@ -29,14 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from torchlaunch import rundir
+from torchlaunch import contract, rundir
 from torchlaunch.ops import procs, ranklog
 from torchlaunch.ops.files import as_float, as_int, as_str, read_json
 
-PROGRESS_DIR_ENV = "TORCHLAUNCH_PROGRESS_DIR"
-"""Set by the launcher to RUN_DIR/progress: where each rank leaves its heartbeat."""
-LAUNCH_ENV = "TORCHLAUNCH_ATTEMPT_ID"
-"""The launch id (the same variable torchlaunch.status reads): heartbeats of other launches are old."""
+PROGRESS_DIR_ENV = contract.PROGRESS_DIR
+LAUNCH_ENV = contract.ATTEMPT_ID
 PROGRESS_DIR = rundir.PROGRESS
 DEFAULT_INTERVAL_S = 5.0
 DUMP_SIGNAL = signal.SIGRTMIN + 2 if hasattr(signal, "SIGRTMIN") else None
@@ -56,13 +54,6 @@ def beat_path(where: Path, rank: int) -> Path:
 
 def stack_path(where: Path, rank: int) -> Path:
     return where / f"rank-{rank}.stack"
-
-
-def _env_rank(name: str) -> int:
-    try:
-        return int(os.environ.get(name, "0") or 0)
-    except ValueError:
-        return 0
 
 
 class Heartbeat:
@@ -137,14 +128,14 @@ _stack_file: IO[bytes] | None = None
 
 def _current() -> Heartbeat | None:
     global _writer
-    where = os.environ.get(PROGRESS_DIR_ENV)
+    where = contract.get(PROGRESS_DIR_ENV)
     if not where:
         return None
     if _writer is not None and _writer._pid != os.getpid():
         return None  # a forked child (a data loader worker) is not the rank: it must not overwrite its file
     if _writer is None:
         _writer = Heartbeat(
-            Path(where), _env_rank("RANK"), local_rank=_env_rank("LOCAL_RANK"), launch_id=os.environ.get(LAUNCH_ENV)
+            Path(where), contract.rank(), local_rank=contract.local_rank(), launch_id=contract.get(LAUNCH_ENV)
         )
     return _writer
 

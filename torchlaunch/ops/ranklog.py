@@ -32,6 +32,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+
+contract: ModuleType | None = None
+if __name__ != "__main__":  # run as the tee (python -I this file) it imports the standard library only
+    from torchlaunch import contract
 
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
 NAME = re.compile(r"^rank-(\d+)\.log$")
@@ -39,10 +44,8 @@ READ_BYTES = 4 << 20
 """The most `logs` reads of one log at a time: the tail of a 2 GB log, never all of it."""
 
 
-PREFIX_ENV = "TORCHLAUNCH_RANK_PREFIX"
-"""Set to 1 by the launcher: every console line of a rank starts with `[rank N] `."""
-CONSOLE_RANKS_ENV = "TORCHLAUNCH_CONSOLE_RANKS"
-"""Set by the launcher to the ranks whose output reaches the console (`0,3`, or empty for none)."""
+PREFIX_ENV = "" if contract is None else contract.RANK_PREFIX
+CONSOLE_RANKS_ENV = "" if contract is None else contract.CONSOLE_RANKS
 
 
 @dataclass(frozen=True)

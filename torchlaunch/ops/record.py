@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import rundir
+from torchlaunch import contract, rundir
 from torchlaunch.ops import procs, proof
 from torchlaunch.ops.files import as_float, as_int, as_str, read_json
 
@@ -104,23 +104,22 @@ class JobRecord:
         return procs.same_process(self.launcher_pid, self.launcher_start)
 
 
-K8S_JOB_ENV = "TORCHLAUNCH_K8S_JOB"
-K8S_NAMESPACE_ENV = "TORCHLAUNCH_K8S_NAMESPACE"
-"""Set in the pod by the Job manifest (downward API: the job-name label and metadata.namespace)."""
+K8S_JOB_ENV = contract.K8S_JOB
+K8S_NAMESPACE_ENV = contract.K8S_NAMESPACE
 
 
 def scheduler_from_env(env: Mapping[str, str]) -> tuple[str, str | None, dict[str, str]]:
     """(scheduler, job id, extra) of the launcher's own environment: a Kubernetes pod (its Job's name
     and namespace), a Slurm allocation (SLURM_JOB_ID, the array form when there is one), else local."""
     job = env.get(K8S_JOB_ENV)
-    if job and env.get("KUBERNETES_SERVICE_HOST"):
+    if job and env.get(contract.KUBERNETES_SERVICE_HOST):
         namespace = env.get(K8S_NAMESPACE_ENV)
         return "k8s", job, {"namespace": namespace} if namespace else {}
-    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    array, task = env.get(contract.SLURM_ARRAY_JOB_ID), env.get(contract.SLURM_ARRAY_TASK_ID)
     if array and task:
         return "slurm", f"{array}_{task}", {}
-    if env.get("SLURM_JOB_ID"):
-        return "slurm", env["SLURM_JOB_ID"], {}
+    if env.get(contract.SLURM_JOB_ID):
+        return "slurm", env[contract.SLURM_JOB_ID], {}
     return "local", None, {}
 
 

@@ -33,7 +33,7 @@ from PIL import Image, UnidentifiedImageError
 
 from torchlaunch import contract
 from torchlaunch.config import DataConfig
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -273,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         index = prepare(args.root.expanduser(), args.cache_dir.expanduser(), args.size)
     except (BadInput, OSError, Image.DecompressionBombError):
-        return 2
+        return BAD_INPUT
     if index is None:
-        return 1
+        return FAILURE
     print(json.dumps(asdict(index)))
-    return 0
+    return OK
 
 
 if __name__ == "__main__":

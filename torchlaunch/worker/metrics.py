@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import rundir
+from torchlaunch import contract, rundir
 from torchlaunch.exit_codes import ConfigError
 from torchlaunch.ops import ranklog
 
@@ -87,7 +87,7 @@ class Reporter:
     def __init__(self, enabled: bool, total_steps: int, start_step: int) -> None:
         self.enabled = enabled
         self.bar = None
-        if enabled and (sys.stderr.isatty() or os.environ.get("TORCHLAUNCH_PROGRESS_BAR") == "1"):
+        if enabled and (sys.stderr.isatty() or contract.get(contract.PROGRESS_BAR) == "1"):
             try:
                 from tqdm import tqdm
 

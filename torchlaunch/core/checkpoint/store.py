@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import xxhash
 
-from torchlaunch import rundir, storage
+from torchlaunch import contract, rundir, storage
 from torchlaunch.exit_codes import BadInput, ConfigError
 from torchlaunch.storage import StorageError
 from torchlaunch.untrusted import load_json, quote
@@ -261,8 +261,8 @@ def _fault_injection_stall(tmp: Path, step: int) -> None:
     """Fault-injection aid for crash tests: with TORCHLAUNCH_FAULT_SAVE_STALL_S set, saves of steps from
     TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP (default 0) announce that a write is provably in progress (a
     STALLING file in the temp folder) and hold it open that long."""
-    stall = os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_S")
-    if stall and step >= int(os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP", "0")):
+    stall = contract.get(contract.FAULT_SAVE_STALL_S)
+    if stall and step >= int(contract.get(contract.FAULT_SAVE_STALL_FROM_STEP, "0") or "0"):
         marker = tmp / "STALLING"
         marker.write_text(str(os.getpid()))
         time.sleep(float(stall))
