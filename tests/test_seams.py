@@ -7,11 +7,18 @@ These read the code (ast), not the behaviour: what they prove is that no second 
 from __future__ import annotations
 
 import ast
+import io
 import re
-from collections.abc import Iterator
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from torchlaunch import contract, exit_codes, rundir
+import pytest
+
+from torchlaunch import contract, exit_codes, rundir, schedulers
+from torchlaunch.ops import cli, record
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "torchlaunch"
@@ -172,3 +179,122 @@ def test_every_project_variable_is_defined_in_contract() -> None:
             ):
                 found.append(f"{where(path, node)}: {node.value}")
     assert not found, "environment names defined outside torchlaunch/contract.py:\n" + "\n".join(found)
+
+
+def test_no_branch_on_a_schedulers_name_outside_the_scheduler_modules() -> None:
+    """`scheduler == "slurm"` (or != / in) anywhere else means a backend's knowledge leaked out of
+    torchlaunch/schedulers/: it belongs behind the Scheduler interface."""
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("schedulers/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and "scheduler" in ast.unparse(node.left).lower():
+                if any(_names_a_scheduler(c) for c in node.comparators):
+                    found.append(f"{where(path, node)}: {ast.unparse(node)}")
+    assert not found, "branches on a scheduler's name (use torchlaunch.schedulers):\n" + "\n".join(found)
+
+
+def _names_a_scheduler(node: ast.expr) -> bool:
+    """A string literal, or a tuple/list/set of them (`in ("slurm", "k8s")`)."""
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return bool(node.elts) and all(_names_a_scheduler(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def test_the_scheduler_modules_import_neither_torch_nor_the_launchers() -> None:
+    for path in sorted((PACKAGE / "schedulers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in ("torch", "numpy", "launch", "train"), f"{path.name}: {name}"
+                assert not name.startswith("torchlaunch.launch"), f"{path.name}: {name}"
+
+
+# ---- adding a scheduler is one module: an example backend, "a subprocess on this host" ----------------
+
+
+class HostProcesses:
+    """A job is a process on this host, its job id the pid; its exit status is left in the run dir by
+    whoever waits for it. Everything `status`, `logs`, `cancel` and `list` need, and nothing else."""
+
+    name = "host-process"
+    by_pid = False
+
+    def __init__(self) -> None:
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def detect(self, env: Mapping[str, str]) -> schedulers.Detected | None:
+        job = env.get("EXAMPLE_HOST_PROCESS_JOB")
+        return schedulers.Detected(self.name, job) if job else None
+
+    def state(self, job_id: str, extra: Mapping[str, str]) -> str | None:
+        child = self.children.get(job_id)
+        if child is None:
+            return None
+        code = child.poll()
+        if code is None:
+            return "RUNNING"
+        return "COMPLETED" if code == 0 else "CANCELLED" if code == -signal.SIGTERM else "FAILED"
+
+    def alive(self, job_id: str) -> bool:
+        child = self.children.get(job_id)
+        return child is not None and child.poll() is None
+
+    def cancel(self, run_dir: Path, nodes: Sequence[record.JobRecord]) -> list[schedulers.Step]:
+        return [schedulers.Step("run", ("kill", "-TERM", str(nodes[0].job_id)))]
+
+    def logs(self, run_dir: Path, job_id: str | None) -> list[Path]:
+        return [run_dir / "host-process.out"]
+
+    def claim(self, job_id: str, run_dir: Path) -> None:
+        pass
+
+
+@pytest.fixture
+def host_processes() -> Iterator[HostProcesses]:
+    backend = HostProcesses()
+    schedulers.register(backend)
+    try:
+        yield backend
+    finally:
+        schedulers.unregister(backend.name)
+        for child in backend.children.values():
+            if child.poll() is None:
+                child.kill()
+            child.wait(timeout=30)
+
+
+def test_an_example_backend_is_operated_by_status_logs_cancel_and_list(
+    host_processes: HostProcesses, tmp_path: Path
+) -> None:
+    """Registering the class above is the whole change: the job record, status, logs, list and cancel
+    go through it (the run-dir lock too, through schedulers.alive)."""
+    run = tmp_path / "runs" / "example"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    job_id = str(child.pid)
+    host_processes.children[job_id] = child
+    found = record.scheduler_from_env({"EXAMPLE_HOST_PROCESS_JOB": job_id})
+    assert found == ("host-process", job_id, {})
+    record.start(run, scheduler=found[0], job_id=found[1], command=["example"], launch_id="L1")
+    (run / "logs").mkdir()
+    (run / "logs" / "rank-0.log").write_bytes(b"2026-12-01T09:51:00.123Z hello from rank 0\n")
+
+    def ops(*argv: str) -> str:
+        out = io.StringIO()
+        assert cli.main(list(argv), out=out) == 0
+        return out.getvalue()
+
+    assert "state:      running" in ops("status", str(run))
+    assert "scheduler:  host-process  job " + job_id in ops("status", str(run))
+    assert ops("logs", str(run)).splitlines() == ["[rank 0] hello from rank 0"]
+    assert "example" in ops("list", str(tmp_path / "runs")) and "running" in ops("list", str(tmp_path / "runs"))
+    assert schedulers.alive("host-process", job_id) is True  # what the run-dir lock asks
+    assert f"kill -TERM {job_id}" in ops("cancel", str(run), "--dry-run")
+    assert f"kill -TERM {job_id}" in ops("cancel", str(run))
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    assert "state:      cancelled" in ops("status", str(run))
+    assert schedulers.alive("host-process", job_id) is False

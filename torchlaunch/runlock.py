@@ -170,7 +170,8 @@ class RunLock:
     """`with RunLock(run_dir).acquire():` owns `run_dir` until the block (or the process) ends.
 
     `scheduler`/`job_id` name the caller's own scheduler job, if any (a lock held by that same job
-    is taken over silently); `job_alive` answers whether another holder's scheduler job is still on."""
+    is taken over silently); `job_alive` answers whether another holder's scheduler job is still on
+    (torchlaunch.schedulers.alive asks the holder's backend; without one the holder is live)."""
 
     def __init__(
         self,

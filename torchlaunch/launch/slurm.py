@@ -35,13 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, exit_codes, rundir, runlock
+from torchlaunch import contract, exit_codes, rundir, runlock, schedulers
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch import cli, emit, precheck, rankpath, shape
 from torchlaunch.launch.spec import JobSpec
 from torchlaunch.ops import files, ranklog, record, watchdog
 from torchlaunch.ops.launcher import Operation, prepare_rank
+from torchlaunch.schedulers.slurm import STATE_SOURCES, TERMINAL_STATES, controller_state, job_state
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER
@@ -49,7 +50,6 @@ PREFLIGHT = program_mod.PREFLIGHT
 DEFAULT_MAX_TIMEOUTS = 3
 SLURM_SIGNAL_SLACK_S = 65
 """Slurm may send the --signal up to 60 s before the requested lead time (its timer resolution)."""
-TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 @dataclass(frozen=True)
@@ -560,7 +560,7 @@ def check_slurm_conf() -> None:
 def submit(spec: JobSpec, options: SlurmOptions) -> Any:
     """Own the run dir, submit, hand the run dir to the job and record it as pending for `launch status`."""
     run_dir = resolve_run_dir(spec)
-    lock = runlock.acquire(run_dir, job_alive=slurm_job_alive)  # before anything is written there
+    lock = runlock.acquire(run_dir, job_alive=schedulers.alive)  # before anything is written there
     try:
         job = _submit(spec, options, run_dir)
     except BaseException:
@@ -577,13 +577,6 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
         local_ranks=spec.gpus_per_node,
     )
     return job
-
-
-def slurm_job_alive(scheduler: str, job_id: str) -> bool:
-    """runlock's question for a run dir handed to a Slurm job: pending, running or requeued still owns it."""
-    if scheduler != "slurm":
-        return True  # another scheduler's job: not ours to judge
-    return controller_state(job_id) not in ("UNKNOWN", *TERMINAL_STATES)
 
 
 def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
@@ -614,62 +607,6 @@ def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
 
 def rank0_log(job: Any) -> Path:
     return Path(job.paths.folder) / f"{job.job_id}_0_log.out"
-
-
-def controller_state(job_id: str) -> str:
-    """The job's live state from slurmctld: RUNNING while a timeout or preemption signal is pending,
-    COMPLETING once scancel or the hard time limit is ending it."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    return out.strip() or "UNKNOWN"
-
-
-def job_state(job_id: str) -> str:
-    """The job's state from accounting (first word: "CANCELLED by 0" -> "CANCELLED")."""
-    try:
-        out = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    lines = [line.strip() for line in out.splitlines() if line.strip()]
-    return lines[-1] if lines else "UNKNOWN"
-
-
-def scontrol_state(job_id: str) -> str:
-    """The job's state from `scontrol show job` (slurmctld's memory of finished jobs, MinJobAge), which
-    knows a job's end even where accounting has no record of it."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    for word in out.split():
-        if word.startswith("JobState="):
-            return word.partition("=")[2] or "UNKNOWN"
-    return "UNKNOWN"
-
-
-STATE_SOURCES: tuple[Any, ...] = (job_state, scontrol_state)
-"""Asked in order on every poll; the first that names a terminal state ends `--wait`."""
-
-
-def final_state(job_id: str) -> str | None:
-    """The terminal state named by any source (sacct, then scontrol), or None while none says the job is over."""
-    for source in STATE_SOURCES:
-        state = source(job_id)
-        if state.split()[0] in TERMINAL_STATES:
-            return state
-    return None
 
 
 LOST_AFTER_S = 300.0

@@ -7,21 +7,13 @@ word for `state.scheduler_word`; a missing tool or a failing query leaves the de
 
 from __future__ import annotations
 
-import json
-import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
-from torchlaunch import rundir
+from torchlaunch import rundir, schedulers
 from torchlaunch.ops import progress, record
 from torchlaunch.ops.files import read_json
 from torchlaunch.ops.state import Checkpoint, Facts, current_launch
-
-QUERY_TIMEOUT_S = 10.0
-SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
-K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
@@ -62,57 +54,10 @@ def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def _run(argv: list[str]) -> str | None:
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def slurm_state(job_id: str) -> str | None:
-    """squeue while the job is known to the controller, else sacct's final state."""
-    if not SLURM_ID.match(job_id):
-        return None
-    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    if out and out.strip():
-        return out.split()[0]
-    out = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
-    lines = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
-    return lines[-1] if lines else None
-
-
-def kubectl_state(name: str, namespace: str | None) -> str | None:
-    """A Kubernetes Job's state in Slurm's words (scheduler_word reads both)."""
-    if not K8S_NAME.match(name) or (namespace is not None and not K8S_NAME.match(namespace)):
-        return None
-    argv = ["kubectl", "get", "job", name, "-o", "json"] + (["--namespace", namespace] if namespace else [])
-    out = _run(argv)
-    if not out:
-        return None
-    try:
-        job = json.loads(out)
-        status = job.get("status", {}) if isinstance(job, dict) else {}
-    except ValueError:
-        return None
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or [] if isinstance(c, dict)}
-    if conditions.get("Complete") == "True":
-        return "COMPLETED"
-    if conditions.get("Failed") == "True":
-        return "FAILED"
-    if status.get("active"):
-        return "RUNNING" if status.get("ready") else "PENDING"
-    return "PENDING"
-
-
 def scheduler_state(rec: record.JobRecord) -> str | None:
-    if rec.scheduler == "slurm" and rec.job_id:
-        return slurm_state(rec.job_id)
-    if rec.scheduler == "k8s" and rec.job_id:
-        return kubectl_state(rec.job_id, rec.extra.get("namespace"))
-    return None
+    """What the record's scheduler says about its job (None: no job id, or it cannot say)."""
+    backend = schedulers.get(rec.scheduler)
+    return backend.state(rec.job_id, rec.extra) if backend is not None and rec.job_id else None
 
 
 def facts(

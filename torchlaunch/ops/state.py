@@ -65,7 +65,7 @@ SCHEDULER_WORDS = {
     "DEADLINE": "failed",
     "PREEMPTED": "preempted",
 }
-"""Slurm (squeue/sacct) and Kubernetes (as cli.kubectl_state words it) job states, in our words."""
+"""Slurm (squeue/sacct) and Kubernetes (as torchlaunch.schedulers.k8s.state words it) job states, in our words."""
 
 
 def scheduler_word(raw: str | None) -> str | None:
