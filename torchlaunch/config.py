@@ -135,7 +135,7 @@ class DataConfig:
     """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `shards` (a tar
     shard set written by `python -m train.shards write`: root holds manifest.json, train/, val/), `synthetic`, or
     your own as an import path `pkg.module:factory` (imported from the run's working directory or
-    PYTHONPATH; the factory returns (train, val, classes), contract in train/plugins.py and
+    PYTHONPATH; the factory returns (train, val, classes), contract in torchlaunch/worker/plugins.py and
     examples/my_data.py)."""
     root: str = "data"
     """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders; shards: the

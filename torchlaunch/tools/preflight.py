@@ -443,7 +443,7 @@ def run_checks(
 
 @dataclass(frozen=True)
 class _Context:
-    """The slice of train.dist.DistContext the checks use."""
+    """The slice of torchlaunch.core.dist.DistContext the checks use."""
 
     rank: int
     world_size: int
@@ -452,7 +452,7 @@ class _Context:
 
 
 def _setup(settings: PreflightSettings) -> tuple[_Context, Callable[[bool], None]]:
-    """Join the job's process group exactly as the worker does (train.dist), and a teardown.
+    """Join the job's process group exactly as the worker does (torchlaunch.core.dist), and a teardown.
 
     Without a launcher it makes a one-rank group on an in-memory store, so the same checks run.
     """

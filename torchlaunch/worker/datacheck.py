@@ -26,7 +26,7 @@ PROBE_TIMEOUT_S = 1.5
 
 
 def cifar10_missing_message(root: Path, reason: str, tried_download: bool) -> str:
-    """The one line for a missing CIFAR-10, shared by the worker (train/data.py) and the launchers."""
+    """The one line for a missing CIFAR-10, shared by the worker (torchlaunch.worker.data) and the launchers."""
     first_fix = "run once with internet access" if tried_download else "set data.download=true when online"
     return (
         f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): {first_fix}, "

@@ -122,7 +122,9 @@ def load_checkpoint(path: Path, trust_plugin: bool = False) -> dict[str, Any]:
         raise BadInput(f"evaluate error: {path} is not a valid checkpoint: {e} (pick another one)") from None
     missing = [k for k in ("config", "classes", "norm", "model") if k not in state]
     if missing:
-        raise BadInput(f"evaluate error: {path} lacks {', '.join(missing)} (it was not written by train.trainer)")
+        raise BadInput(
+            f"evaluate error: {path} lacks {', '.join(missing)} (it was not written by the built-in worker, torchlaunch.worker.trainer)"
+        )
     from torchlaunch.worker.plugins import allow_recorded
 
     config = state["config"] if isinstance(state["config"], dict) else {}

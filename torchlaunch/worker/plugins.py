@@ -292,7 +292,7 @@ def load_data(path: str, root: str, image_size: int) -> PluginData:
         raise ConfigError(
             "data.name",
             f"factory {path!r} returned {type(result).__name__}",
-            "return (train, val, classes) or train.plugins.PluginData; see examples/my_data.py",
+            "return (train, val, classes) or torchlaunch.worker.plugins.PluginData; see examples/my_data.py",
         )
     classes = result.classes
     if (
