@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchlaunch import compat
 from torchlaunch.contract import CONTRACT, read_env  # noqa: F401 - CONTRACT re-exported
 from torchlaunch.core.affinity import pin_local_rank
 from torchlaunch.exit_codes import BadInput, ConfigError
@@ -102,7 +103,7 @@ def teardown(ctx: DistContext, clean: bool = True) -> None:
     if clean:
         try:
             barrier(ctx)
-            store = dist.distributed_c10d._get_default_store()
+            store = compat.default_store()
         except Exception:  # a peer already left: nothing to synchronise with
             pass
     try:

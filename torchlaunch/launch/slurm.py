@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlaunch import compat, contract, exit_codes, rundir, runlock, schedulers
 from torchlaunch import config as config_mod
-from torchlaunch import contract, exit_codes, rundir, runlock, schedulers
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch import cli, emit, precheck, rankpath, shape
@@ -209,7 +209,7 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
 
 def submitit_command(python: str, folder: str) -> str:
     """What submitit runs in each task (SlurmExecutor._submitit_command_str, with our python)."""
-    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(folder)])
+    return " ".join([shlex.quote(python), f"-u -m {compat.SUBMITIT_TASK_MODULE}", shlex.quote(folder)])
 
 
 def sbatch_script(spec: JobSpec, options: SlurmOptions) -> str:
@@ -455,20 +455,17 @@ class SlurmTask:
     def _save_for_requeue(self) -> None:
         """Rewrite the submitted pickle so the next allocation sees the updated counters."""
         import submitit
-        from submitit.core import utils
 
         paths = submitit.JobEnvironment().paths
-        delayed = utils.DelayedSubmission(self)
+        delayed = compat.delayed_submission(self)
         delayed.set_timeout(self.time_min, self.max_timeouts - self.timeouts)
-        with utils.temporary_save_path(paths.submitted_pickle) as tmp:
+        with compat.temporary_save_path(paths.submitted_pickle) as tmp:
             delayed.dump(tmp)
 
     def checkpoint(self) -> Any:
         """submitit calls this only when its own USR2 handler runs: a signal before the worker
         installed its handlers. Nothing trained since the last checkpoint, so requeue as is."""
-        from submitit.core import utils
-
-        return utils.DelayedSubmission(self)
+        return compat.delayed_submission(self)
 
 
 # ----------------------------------------------------------------------------------------------

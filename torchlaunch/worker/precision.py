@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchlaunch import rundir
+from torchlaunch import compat, rundir
 from torchlaunch.exit_codes import BadInput, ConfigError
 
 if TYPE_CHECKING:
@@ -245,12 +245,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 
 def _cpu_bf16_ok() -> bool:
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return compat.mkldnn_bf16_supported()
 
 
 def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> str:
