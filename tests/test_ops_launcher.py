@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED
-from torchlaunch.ops import cli, launcher, record, watchdog
+from torchlaunch.jobs import cli, launcher, record, watchdog
 
 REPO = Path(__file__).resolve().parents[1]
 
 RANK = """\
 import os
-from torchlaunch.ops import launcher, progress
+from torchlaunch.jobs import launcher, progress
 
 launcher.prepare_rank()
 progress.heartbeat(3, total=10)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.ops import cli, ranklog, record
+from torchlaunch.jobs import cli, ranklog, record
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
@@ -98,7 +98,7 @@ def test_logs_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> N
 TEE_CHILD = """\
 import os, sys
 from pathlib import Path
-from torchlaunch.ops import ranklog
+from torchlaunch.jobs import ranklog
 ranklog.start_tee(Path(sys.argv[1]))
 print("to stdout", flush=True)
 print("to stderr", file=sys.stderr, flush=True)
@@ -125,7 +125,7 @@ def test_the_tee_keeps_a_killed_ranks_output(tmp_path: Path) -> None:
 
 LAUNCHER = """\
 import os, signal, subprocess, sys
-from torchlaunch.ops import proof, record
+from torchlaunch.jobs import proof, record
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 token = proof.new_token()  # as ops.launcher.Operation does: the child holds it, the record its digest
 child = subprocess.Popen(["sleep", "300"], env={**os.environ, proof.TOKEN_ENV: token})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.ops import record
+from torchlaunch.jobs import record
 
 pytestmark = pytest.mark.slurm
 
@@ -22,7 +22,7 @@ DEV_CLUSTER = REPO / "slurm" / "dev-cluster.sh"
 
 TASK = """\
 import os, signal, sys
-from torchlaunch.ops import proof, record
+from torchlaunch.jobs import proof, record
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 run = sys.argv[1]
 rec = record.start(run, scheduler="slurm", command=sys.argv, job_id=os.environ["SLURM_JOB_ID"], launch_id="SL1")

@@ -23,8 +23,8 @@ from torchlaunch import rundir, status, storage
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import store
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.ops import cli, files, proof, ranklog, record
-from torchlaunch.ops import launcher as oplauncher
+from torchlaunch.jobs import cli, files, proof, ranklog, record
+from torchlaunch.jobs import launcher as oplauncher
 from torchlaunch.worker import folder_cache
 
 PROGRAM = str(REPO / "tests" / "programs" / "exit_with.py")
@@ -224,7 +224,7 @@ def test_an_image_folder_with_a_fifo_or_a_symlink_loop_is_one_line(tmp_path: Pat
 
 
 def test_a_forged_record_naming_an_unrelated_process_is_refused(tmp_path: Path, capsys) -> None:
-    from torchlaunch.ops import procs
+    from torchlaunch.jobs import procs
 
     victim = subprocess.Popen(["sleep", "300"])
     try:

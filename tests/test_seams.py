@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import contract, exit_codes, rundir, schedulers
-from torchlaunch.ops import cli, record
+from torchlaunch.jobs import cli, record
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "torchlaunch"
@@ -298,3 +298,21 @@ def test_an_example_backend_is_operated_by_status_logs_cancel_and_list(
     assert child.wait(timeout=30) == -signal.SIGTERM
     assert "state:      cancelled" in ops("status", str(run))
     assert schedulers.alive("host-process", job_id) is False
+
+
+def test_the_rank_side_imports_nothing_from_the_launchers_or_the_tools() -> None:
+    """The worker, the core and the rank runner sit below launch/ and tools/: an import upward would
+    load launcher code into every rank (tools.preflight is started by name, as a program, not imported)."""
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if not (rel.startswith(("worker/", "core/")) or rel in ("runner.py", "api.py")):
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for name in names:
+                if name.startswith(("torchlaunch.launch", "torchlaunch.tools")):
+                    found.append(f"{where(path, node)}: {name}")
+    assert not found, "rank-side code importing launcher or tool modules:\n" + "\n".join(found)

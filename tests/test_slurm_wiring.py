@@ -13,8 +13,8 @@ import pytest
 
 from torchlaunch import runlock
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK
+from torchlaunch.jobs import record
 from torchlaunch.launch import slurm
-from torchlaunch.ops import record
 from torchlaunch.schedulers import slurm as slurm_backend
 
 HOSTILE = "x\ntouch F #"

@@ -15,7 +15,7 @@ checksum, retention, snapshot buffers, RNG capture or cross-rank agreement:
 
 A loop that asks preemption_requested() every step also leaves the launcher's heartbeat (what
 `python -m launch.local status` and the hang watchdog read); a loop that does not calls
-`api.heartbeat(step)` itself (torchlaunch.ops.progress.heartbeat: one clock read, no host sync).
+`api.heartbeat(step)` itself (torchlaunch.jobs.progress.heartbeat: one clock read, no host sync).
 
 Exit codes: 0 done, 1 failure, 2 bad input, 75 preempted with a checkpoint committed. Inside
 `with api.setup()`, a BadInput becomes one line on stderr and exit 2.
@@ -41,7 +41,7 @@ from torchlaunch.core import dist as _dist
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.ops.progress import heartbeat
+from torchlaunch.jobs.progress import heartbeat
 
 __all__ = [
     "BAD_INPUT",

@@ -52,7 +52,7 @@ def name(code: int) -> str:
 
 
 def launch_code(outcome: str, code: int) -> int:
-    """A launch's exit code from its outcome (torchlaunch.ops.record.OUTCOMES) and its node code: a hang
+    """A launch's exit code from its outcome (torchlaunch.jobs.record.OUTCOMES) and its node code: a hang
     is retryable (1: torchrun restarts, Slurm requeues); a cancelled launch is CANCELLED whatever its
     ranks ended with (they checkpoint and exit 75 on the cancel's SIGTERM)."""
     if outcome == "hung":

@@ -49,7 +49,7 @@ except ImportError:  # not POSIX: O_EXCL and the record alone
 
 from torchlaunch import rundir, storage
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.ops import files, procs
+from torchlaunch.jobs import files, procs
 from torchlaunch.untrusted import load_json
 
 LOCK_NAME = rundir.LOCK

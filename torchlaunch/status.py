@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torchlaunch import contract, rundir
 from torchlaunch.exit_codes import BAD_INPUT
-from torchlaunch.ops.files import read_json
+from torchlaunch.jobs.files import read_json
 
 ATTEMPT_ENV = contract.ATTEMPT_ID
 STATUS_DIR_ENV = contract.STATUS_DIR

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 from torchlaunch import compat, runner, storage
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, LaunchParser
-from torchlaunch.ops import ranklog, watchdog
+from torchlaunch.jobs import ranklog, watchdog
 
 PREFIX = LaunchParser.error_prefix
 DOMAIN_LINE = re.compile(r"^[a-z][a-z0-9]* error: ")

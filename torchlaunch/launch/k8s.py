@@ -33,9 +33,9 @@ from typing import Any
 
 from torchlaunch import contract
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.jobs import ranklog, record
 from torchlaunch.launch import cli, emit, k8s_validate, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
-from torchlaunch.ops import ranklog, record
 
 Manifest = dict[str, Any]
 

@@ -45,16 +45,16 @@ from pathlib import Path
 from typing import IO
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, exit_codes, rundir, runlock, status
+from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, emit, pdeath, precheck, rankpath, shape
+from torchlaunch.jobs import procs as ops_procs
+from torchlaunch.jobs import record, watchdog
+from torchlaunch.jobs.launcher import Operation
+from torchlaunch.jobs.progress import RankBeat
+from torchlaunch.launch import cli, emit, precheck, shape
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
-from torchlaunch.ops import procs as ops_procs
-from torchlaunch.ops import record, watchdog
-from torchlaunch.ops.launcher import Operation
-from torchlaunch.ops.progress import RankBeat
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
 PREFLIGHT = program_mod.PREFLIGHT
@@ -492,7 +492,7 @@ def new_checkpoint(run_dir: Path | None, since: float) -> tuple[int | None, bool
     read only after an exit 75 (it imports torch to verify the checkpoint)."""
     if run_dir is None:
         return None, False
-    from torchlaunch.ops import gather
+    from torchlaunch.jobs import gather
 
     found, _ = gather.newest_checkpoint(run_dir)
     if found is None:

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import compat, contract, exit_codes, rundir, runlock, schedulers
+from torchlaunch import compat, contract, exit_codes, rankpath, rundir, runlock, schedulers
 from torchlaunch import config as config_mod
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import cli, emit, precheck, rankpath, shape
+from torchlaunch.jobs import files, ranklog, record, watchdog
+from torchlaunch.jobs.launcher import Operation, prepare_rank
+from torchlaunch.launch import cli, emit, precheck, shape
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.ops import files, ranklog, record, watchdog
-from torchlaunch.ops.launcher import Operation, prepare_rank
 from torchlaunch.schedulers.slurm import STATE_SOURCES, TERMINAL_STATES, controller_state, job_state
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from torchlaunch.ops.record import JobRecord
+    from torchlaunch.jobs.record import JobRecord
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Scheduler(Protocol):
 
     def state(self, job_id: str, extra: Mapping[str, str]) -> str | None:
         """The scheduler's word for the job, in Slurm's vocabulary (PENDING, RUNNING, COMPLETED, FAILED,
-        CANCELLED...: ops.state.scheduler_word reads it); None when it cannot say."""
+        CANCELLED...: jobs.state.scheduler_word reads it); None when it cannot say."""
 
     def alive(self, job_id: str) -> bool:
         """Whether the job still owns its run dir (pending, running, requeued); True when it cannot tell."""

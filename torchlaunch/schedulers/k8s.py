@@ -18,14 +18,14 @@ from torchlaunch.schedulers import Detected, Step
 from torchlaunch.schedulers.slurm import _run
 
 if TYPE_CHECKING:
-    from torchlaunch.ops.record import JobRecord
+    from torchlaunch.jobs.record import JobRecord
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 """A DNS-1123 label: only such a name reaches a kubectl command."""
 
 
 def state(name: str, namespace: str | None) -> str | None:
-    """A Kubernetes Job's state in Slurm's words (ops.state.scheduler_word reads both)."""
+    """A Kubernetes Job's state in Slurm's words (jobs.state.scheduler_word reads both)."""
     if not K8S_NAME.match(name) or (namespace is not None and not K8S_NAME.match(namespace)):
         return None
     argv = ["kubectl", "get", "job", name, "-o", "json"] + (["--namespace", namespace] if namespace else [])

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.ops import proof
+from torchlaunch.jobs import proof
 from torchlaunch.schedulers import Detected, Step
 
 if TYPE_CHECKING:
-    from torchlaunch.ops.record import JobRecord
+    from torchlaunch.jobs.record import JobRecord
 
 
 class Local:
@@ -41,11 +41,11 @@ class Local:
         return []  # the launcher's console is the user's terminal
 
     def claim(self, job_id: str, run_dir: Path) -> None:
-        pass  # proven by the launch token in a child's environment (ops.proof.local_launcher)
+        pass  # proven by the launch token in a child's environment (jobs.proof.local_launcher)
 
 
 def signal_launchers(nodes: Sequence[JobRecord]) -> list[Step]:
-    """SIGTERM to each live launcher of this launch on this host, once proven this run's (ops.proof);
+    """SIGTERM to each live launcher of this launch on this host, once proven this run's (jobs.proof);
     the ssh command for one on another host."""
     steps: list[Step] = []
     here = socket.gethostname()

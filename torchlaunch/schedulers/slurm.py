@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from torchlaunch import contract, rundir
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.ops import proof
+from torchlaunch.jobs import proof
 from torchlaunch.schedulers import Detected, Step
 
 if TYPE_CHECKING:
-    from torchlaunch.ops.record import JobRecord
+    from torchlaunch.jobs.record import JobRecord
 
 QUERY_TIMEOUT_S = 10.0
 SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")

@@ -517,8 +517,7 @@ def _run(settings: PreflightSettings, max_mib: float, token_wait_s: float) -> tu
 
 
 if __name__ == "__main__":
-    from torchlaunch import runner
-    from torchlaunch.launch import pdeath
+    from torchlaunch import pdeath, runner
 
     pdeath.die_with_agent()  # torchrun starts ranks in sessions of their own: end with it
     runner.exit_process(runner.main(["-m", runner.PREFLIGHT, *sys.argv[1:]]))

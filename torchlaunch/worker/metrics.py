@@ -15,7 +15,7 @@ from typing import Any
 
 from torchlaunch import contract, rundir
 from torchlaunch.exit_codes import ConfigError
-from torchlaunch.ops import ranklog
+from torchlaunch.jobs import ranklog
 
 
 class MetricsLog:

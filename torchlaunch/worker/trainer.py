@@ -40,12 +40,12 @@ from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
-from torchlaunch.ops.progress import heartbeat
+from torchlaunch.jobs.progress import heartbeat
 from torchlaunch.startup import process_age_s
-from torchlaunch.tools.debug import check_model_io
 from torchlaunch.worker import eval_loop
 from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
 from torchlaunch.worker.data.augment import val_resize_for
+from torchlaunch.worker.debug import check_model_io
 from torchlaunch.worker.faults import FaultSignal
 from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead

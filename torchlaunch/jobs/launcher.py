@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torchlaunch import contract, exit_codes, schedulers, storage
 from torchlaunch.exit_codes import BAD_INPUT, OK
-from torchlaunch.ops import progress, proof, ranklog, record, watchdog
+from torchlaunch.jobs import progress, proof, ranklog, record, watchdog
 
 OnHang = Callable[[watchdog.Verdict, Path, list[progress.RankBeat]], None]
 """Called from the watchdog's thread after the dump: end the hung ranks (watchdog.kill_ranks)."""

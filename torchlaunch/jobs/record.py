@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import contract, rundir, schedulers
-from torchlaunch.ops import procs, proof
-from torchlaunch.ops.files import as_float, as_int, as_str, read_json
+from torchlaunch.jobs import procs, proof
+from torchlaunch.jobs.files import as_float, as_int, as_str, read_json
 
 VERSION = 1
 JOB_DIR = rundir.JOB
@@ -141,7 +141,7 @@ def start(
     token: str | None = None,
 ) -> JobRecord:
     """Record this launcher (this process) as running the job on this node; returns the record.
-    `token` (given to the launcher's children, see ops.proof) is recorded only as its digest."""
+    `token` (given to the launcher's children, see jobs.proof) is recorded only as its digest."""
     if schedulers.get(scheduler) is None:
         raise ValueError(f"scheduler {scheduler!r} is not one of {schedulers.names()}")
     pid = os.getpid()

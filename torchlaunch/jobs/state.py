@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from torchlaunch.exit_codes import BAD_INPUT, PREEMPTED
-from torchlaunch.ops import watchdog
-from torchlaunch.ops.progress import RankBeat
-from torchlaunch.ops.record import JobRecord
+from torchlaunch.jobs import watchdog
+from torchlaunch.jobs.progress import RankBeat
+from torchlaunch.jobs.record import JobRecord
 
 STATES = (
     "pending",

@@ -1,6 +1,6 @@
 """Per-rank progress: a tiny heartbeat file per rank, and the stack-dump hook the watchdog pulls.
 
-    from torchlaunch.ops.progress import heartbeat
+    from torchlaunch.jobs.progress import heartbeat
     for step in range(start, total):
         ...                        # your training step
         heartbeat(step + 1, total=total, epoch=epoch)
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from torchlaunch import contract, rundir
-from torchlaunch.ops import procs, ranklog
-from torchlaunch.ops.files import as_float, as_int, as_str, read_json
+from torchlaunch.jobs import procs, ranklog
+from torchlaunch.jobs.files import as_float, as_int, as_str, read_json
 
 PROGRESS_DIR_ENV = contract.PROGRESS_DIR
 LAUNCH_ENV = contract.ATTEMPT_ID

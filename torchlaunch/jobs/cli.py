@@ -25,8 +25,8 @@ from typing import IO
 from torchlaunch import schedulers
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 from torchlaunch.exit_codes import LaunchParser as Parser
-from torchlaunch.ops import gather, ranklog, record, state, watchdog
-from torchlaunch.ops.files import printable
+from torchlaunch.jobs import gather, ranklog, record, state, watchdog
+from torchlaunch.jobs.files import printable
 
 FOLLOW_POLL_S = 0.5
 

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from torchlaunch import rundir, schedulers
-from torchlaunch.ops import progress, record
-from torchlaunch.ops.files import read_json
-from torchlaunch.ops.state import Checkpoint, Facts, current_launch
+from torchlaunch.jobs import progress, record
+from torchlaunch.jobs.files import read_json
+from torchlaunch.jobs.state import Checkpoint, Facts, current_launch
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
