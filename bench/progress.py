@@ -11,7 +11,7 @@ by rank 0 itself: metrics.jsonl's `elapsed_s` at its training records (every 10 
 being the median of its windows' steps/s (training_rate says why), so start-up, validation and the
 final save are left out on both sides.
 
-On: what every user gets. Each rank's trainer calls torchlaunch.ops.progress.heartbeat after every
+On: what every user gets. Each rank's trainer calls torchlaunch.jobs.progress.heartbeat after every
 step (one monotonic-clock read; every 5 s a few hundred bytes replace RUN_DIR/progress/rank-N.json),
 and the launcher's watchdog thread polls those files every 5 s.
 
@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import REPO, Result, median, median_ratio, paired_rates
-from torchlaunch.ops import progress as ops_progress
+from torchlaunch.jobs import progress as ops_progress
 
 COMMAND = "python -m bench.run --only progress"
 CONFIG = "configs/smoke.yaml"

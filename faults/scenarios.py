@@ -281,7 +281,7 @@ def hang_dumps(run_dir: Path) -> dict[str, str]:
 
 def launch_outcomes(run_dir: Path) -> list[str | None]:
     """Each node's recorded outcome of its latest launch (RUN_DIR/job/node-N.json), node 0 first."""
-    from torchlaunch.ops import record
+    from torchlaunch.jobs import record
 
     records, _ = record.read_all(run_dir)
     by_node = {r.node_rank: r.outcome for r in records}

@@ -1,5 +1,5 @@
-"""`python -m launch status|logs|cancel|list RUN_DIR`: the command users type; the code is torchlaunch.ops.cli."""
+"""`python -m launch status|logs|cancel|list RUN_DIR`: the command users type; the code is torchlaunch.jobs.cli."""
 
 import runpy
 
-runpy.run_module("torchlaunch.ops.cli", run_name="__main__", alter_sys=True)
+runpy.run_module("torchlaunch.jobs.cli", run_name="__main__", alter_sys=True)

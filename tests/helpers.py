@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from tests.conftest import run_launcher
 from torchlaunch.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m launch.local ARGS` from the repo root; raises if it outlives `timeout`."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "torchlaunch.launch.local", *args],
-        cwd=REPO,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`python -m launch.local ARGS` from the repo root, as a CompletedProcess: conftest.run_launcher (the
+    one launcher helper: its own process group, killed whole and the test failed on timeout)."""
+    code, out, err = run_launcher(args, timeout=timeout, env=env)
+    return subprocess.CompletedProcess([sys.executable, "-m", "torchlaunch.launch.local", *args], code, out, err)
 
 
 def final_state(run_dir: Path) -> dict:

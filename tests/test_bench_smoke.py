@@ -16,7 +16,7 @@ import torch
 
 from bench import amp, ckpt, datapath, ddp, loop, peers, progress, proposals, run
 from bench.common import REPO, Result, interleaved_steps, median_ratio, paired_rates, shared_tarball, subset_folder
-from torchlaunch.ops import progress as ops_progress
+from torchlaunch.jobs import progress as ops_progress
 from torchlaunch.worker.data import BatchPlan, augment
 
 needs_data = pytest.mark.skipif(

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.tools import debug
+from torchlaunch.worker import debug
 
 
 def cnn_for_32px(num_classes: int = 10) -> nn.Module:

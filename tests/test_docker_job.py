@@ -396,7 +396,7 @@ def test_job_trains_end_to_end_with_two_pods(uninterrupted):
 
 
 def test_launch_status_of_the_pods_run_dir_names_the_job(uninterrupted):
-    from torchlaunch.ops import record
+    from torchlaunch.jobs import record
 
     dj = uninterrupted
     assert record.read_all(dj.run_dir)[0], f"no job record in {dj.run_dir}/job: the pods' launch.local writes one"

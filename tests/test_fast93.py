@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
 from tests.test_data import write_folder
 from torchlaunch import config
 from torchlaunch.exit_codes import BadInput
@@ -164,25 +163,7 @@ RECIPE = [
     "checkpoint.every_steps=4",
     "checkpoint.every_epochs=1",
 ]
-
-
-@pytest.mark.slow
-def test_tiny_fast93_run_resumes_bit_for_bit(tmp_path: Path) -> None:
-    """A kill mid-epoch (after a cutout step, before the next checkpoint) and a rerun end on the same bits."""
-    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    done = launcher(["--gpus", "2", *RECIPE, f"run_dir={reference}"])
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "fastnet93" in done.stdout + done.stderr
-    first = launcher(
-        ["--gpus", "2", *RECIPE, f"run_dir={resumed}"], env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=7,rank=1"}
-    )
-    assert first.returncode == 75, first.stderr[-2000:]
-    second = launcher(["--gpus", "2", *RECIPE, f"run_dir={resumed}"])
-    assert second.returncode == 0, second.stderr[-2000:]
-    a, b = final_state(reference), final_state(resumed)
-    assert_states_equal(a, b)
-    assert a["config"]["data"]["cutout"] == 12
-    assert_models_equal(reference / "model.pt", resumed / "model.pt")
+"""Also run, interrupted and resumed, by test_fast_recipe.test_a_fast_recipe_resumes_bit_for_bit[fast93]."""
 
 
 def test_cutout_changes_training_batches() -> None:

@@ -1,6 +1,6 @@
 """The heartbeat is wired: the built-in trainer and the API's per-step call leave RUN_DIR/progress/rank-N.json.
 
-The launcher's `status` and hang watchdog read these files (torchlaunch/ops/progress.py); a step that
+The launcher's `status` and hang watchdog read these files (torchlaunch/jobs/progress.py); a step that
 never reports would leave a healthy run looking hung. The trainer's beat carries its step, total,
 epoch and the per-rank batch, all Python ints (test_host_sync.py checks that no device read was added).
 """
@@ -15,7 +15,7 @@ import torch
 from tests.test_host_sync import _trainer
 from torchlaunch import api
 from torchlaunch.exit_codes import OK
-from torchlaunch.ops import progress
+from torchlaunch.jobs import progress
 
 
 @pytest.fixture

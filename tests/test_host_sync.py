@@ -27,7 +27,7 @@ from torchlaunch import config as config_mod
 from torchlaunch.core.dist import DistContext
 from torchlaunch.core.preemption import PreemptionWatcher
 from torchlaunch.exit_codes import OK
-from torchlaunch.ops import progress
+from torchlaunch.jobs import progress
 from torchlaunch.worker import trainer as trainer_mod
 from torchlaunch.worker.data import load_bundle
 from torchlaunch.worker.trainer import Trainer

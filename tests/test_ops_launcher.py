@@ -1,4 +1,4 @@
-"""The launcher's side of operating a job (ops.launcher.Operation) end to end with real torch-free
+"""The launcher's side of operating a job (jobs.launcher.Operation) end to end with real torch-free
 ranks: record at start, heartbeats and per-rank logs from the ranks, a hang noticed and dumped, the
 ranks ended, the launch recorded as hung with exit code 1; and the outcome mapping for every code."""
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.ops import cli, launcher, record, watchdog
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED
+from torchlaunch.jobs import cli, launcher, record, watchdog
 
 REPO = Path(__file__).resolve().parents[1]
 
 RANK = """\
 import os
-from torchlaunch.ops import launcher, progress
+from torchlaunch.jobs import launcher, progress
 
 launcher.prepare_rank()
 progress.heartbeat(3, total=10)
@@ -42,8 +42,8 @@ wait_for_peer()
         (OK, False, False, "finished", OK),
         (BAD_INPUT, True, False, "bad_input", BAD_INPUT),
         (PREEMPTED, False, False, "preempted", PREEMPTED),
-        (PREEMPTED, True, False, "cancelled", PREEMPTED),
-        (FAILURE, True, False, "cancelled", PREEMPTED),
+        (PREEMPTED, True, False, "cancelled", CANCELLED),
+        (FAILURE, True, False, "cancelled", CANCELLED),
         (FAILURE, False, False, "failed", FAILURE),
         (-9, False, True, "hung", FAILURE),
     ],

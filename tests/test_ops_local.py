@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, assert_models_equal, launcher
-from torchlaunch.exit_codes import FAILURE, OK, PREEMPTED
+from torchlaunch.exit_codes import CANCELLED, FAILURE, OK
 
 pytestmark = pytest.mark.slow
 
@@ -75,8 +75,8 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(tmp_p
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == PREEMPTED, err[-3000:]
-    assert "preempted with a committed checkpoint (exit 75)" in err
+    assert proc.returncode == CANCELLED, err[-3000:]  # never requeued: not 75
+    assert "launch: cancelled (exit 3, never requeued) (newest checkpoint: step" in err
     st = ops("status", str(run_dir))
     assert "state:      cancelled" in st.stdout, st.stdout + st.stderr
     assert not (run_dir / "model.pt").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.ops import cli, ranklog, record
+from torchlaunch.jobs import cli, ranklog, record
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
@@ -71,7 +71,7 @@ def test_logs_of_a_missing_rank_is_bad_input(tmp_path: Path, capsys: pytest.Capt
 
 def test_logs_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> None:
     rec = record.JobRecord(launch_id="F1", started=time.time())
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     write_json(record.record_path(tmp_path), rec.to_json())
     write_log(tmp_path, 0, [(1.0, "before")])
@@ -98,7 +98,7 @@ def test_logs_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> N
 TEE_CHILD = """\
 import os, sys
 from pathlib import Path
-from torchlaunch.ops import ranklog
+from torchlaunch.jobs import ranklog
 ranklog.start_tee(Path(sys.argv[1]))
 print("to stdout", flush=True)
 print("to stderr", file=sys.stderr, flush=True)
@@ -125,9 +125,9 @@ def test_the_tee_keeps_a_killed_ranks_output(tmp_path: Path) -> None:
 
 LAUNCHER = """\
 import os, signal, subprocess, sys
-from torchlaunch.ops import proof, record
+from torchlaunch.jobs import proof, record
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-token = proof.new_token()  # as ops.launcher.Operation does: the child holds it, the record its digest
+token = proof.new_token()  # as jobs.launcher.Operation does: the child holds it, the record its digest
 child = subprocess.Popen(["sleep", "300"], env={**os.environ, proof.TOKEN_ENV: token})
 rec = record.start(sys.argv[1], scheduler="local", command=["python", "-m", "launch.local"], launch_id="LC1", token=token)
 print("ready", flush=True)
@@ -183,7 +183,7 @@ def fake_tools(folder: Path, squeue: str = "", sacct: str = "", stdout: str = "/
 
 
 def slurm_record(run: Path, job_id: str) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     rec = record.JobRecord(launch_id="S1", scheduler="slurm", job_id=job_id, host="node7", started=time.time())
     write_json(record.record_path(run), rec.to_json())
@@ -216,7 +216,7 @@ def test_a_forged_slurm_job_id_is_never_passed_to_scancel(tmp_path: Path, monkey
 
 
 def test_cancel_a_kubernetes_job_prints_the_command(tmp_path: Path) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     rec = record.JobRecord(launch_id="K1", scheduler="k8s", job_id="cifar-run", extra={"namespace": "ml"})
     write_json(record.record_path(tmp_path), rec.to_json())
@@ -227,7 +227,7 @@ def test_cancel_a_kubernetes_job_prints_the_command(tmp_path: Path) -> None:
 
 
 def test_cancel_signals_only_the_recorded_process(tmp_path: Path) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     rec = record.JobRecord(launch_id="X1", host=HOST, launcher_pid=os.getppid(), launcher_start=1, started=time.time())
     write_json(record.record_path(tmp_path), rec.to_json())
@@ -238,7 +238,7 @@ def test_cancel_signals_only_the_recorded_process(tmp_path: Path) -> None:
 
 
 def test_status_asks_squeue_and_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchlaunch.ops.files import write_json
+    from torchlaunch.rundir import write_json
 
     fake_tools(tmp_path / "bin", squeue="PENDING\\n")
     kubectl = tmp_path / "bin" / "kubectl"

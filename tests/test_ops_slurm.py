@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.ops import record
+from torchlaunch.jobs import record
 
 pytestmark = pytest.mark.slurm
 
@@ -22,11 +22,11 @@ DEV_CLUSTER = REPO / "slurm" / "dev-cluster.sh"
 
 TASK = """\
 import os, signal, sys
-from torchlaunch.ops import proof, record
+from torchlaunch.jobs import proof, record
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 run = sys.argv[1]
 rec = record.start(run, scheduler="slurm", command=sys.argv, job_id=os.environ["SLURM_JOB_ID"], launch_id="SL1")
-proof.claim_slurm_job(rec.job_id, run)  # as ops.launcher.Operation.start does in a job
+proof.claim_slurm_job(rec.job_id, run)  # as jobs.launcher.Operation.start does in a job
 signal.sigwait({signal.SIGTERM})
 outcome = "cancelled" if record.cancel_requested(run, rec.launch_id) else "preempted"
 record.finish(run, rec, 75, outcome, "checkpoint committed on SIGTERM")

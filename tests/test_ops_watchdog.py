@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.ops import procs, progress, watchdog
-from torchlaunch.ops.watchdog import Seen
+from torchlaunch.jobs import procs, progress, watchdog
+from torchlaunch.jobs.watchdog import Seen
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
 
 CHILD = """\
 import os
-from torchlaunch.ops import progress
+from torchlaunch.jobs import progress
 
 registered = os.environ.get("REGISTER") == "1"
 if registered:

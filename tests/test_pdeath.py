@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.launch import pdeath
+from torchlaunch import pdeath
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 60.0
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not pdeath.supported() or not hasattr(os, "pidfd
 PARENT = textwrap.dedent(
     """
     import os, subprocess, sys, time
-    from torchlaunch.launch import pdeath
+    from torchlaunch import pdeath
     argv, guarded, new_session = sys.argv[1:-2], sys.argv[-2] == "1", sys.argv[-1] == "1"
     child = subprocess.Popen(
         argv,
@@ -112,7 +112,7 @@ def test_control_without_it_the_child_trains_on():
 
 
 WATCHED = (
-    "from torchlaunch.launch import pdeath; import time; pdeath.set_pdeathsig = lambda sig: False; "
+    "from torchlaunch import pdeath; import time; pdeath.set_pdeathsig = lambda sig: False; "
     "assert pdeath.die_with_parent_now() == 'watcher'; print('watching', flush=True); time.sleep(3600)"
 )
 
@@ -126,7 +126,7 @@ def test_without_prctl_a_watcher_ends_the_orphan():
 
 
 def test_pdeathsig_is_set_in_the_child_and_survives_exec():
-    code = "from torchlaunch.launch import pdeath; print(pdeath.get_pdeathsig())"
+    code = "from torchlaunch import pdeath; print(pdeath.get_pdeathsig())"
     out = subprocess.run(
         [sys.executable, "-c", code], preexec_fn=pdeath.die_with_parent(signal.SIGTERM), env=env(), capture_output=True
     )
@@ -135,7 +135,7 @@ def test_pdeathsig_is_set_in_the_child_and_survives_exec():
 
 def test_an_orphan_kills_itself_at_once():
     """The race: the parent died before the death signal was set; the process finds itself reparented."""
-    code = "from torchlaunch.launch import pdeath; pdeath.die_with_parent_now(parent=-5); print('survived')"
+    code = "from torchlaunch import pdeath; pdeath.die_with_parent_now(parent=-5); print('survived')"
     out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True)
     assert out.returncode == -signal.SIGKILL and "survived" not in out.stdout
 
@@ -143,7 +143,7 @@ def test_an_orphan_kills_itself_at_once():
 def test_worker_whose_agent_already_left_the_launcher_kills_itself():
     """The launcher named in the environment is not the parent's parent: the agent was orphaned before
     this worker got to set its death signal."""
-    code = "from torchlaunch.launch import pdeath; pdeath.die_with_agent(); print('survived')"
+    code = "from torchlaunch import pdeath; pdeath.die_with_agent(); print('survived')"
     orphaned = {**env(), pdeath.AGENT_ENV: "run", pdeath.LAUNCHER_PID_ENV: str(os.getppid() + 1)}
     out = subprocess.run([sys.executable, "-c", code], env=orphaned, capture_output=True, text=True)
     assert out.returncode == -signal.SIGKILL and "survived" not in out.stdout
@@ -153,7 +153,7 @@ def test_worker_whose_agent_already_left_the_launcher_kills_itself():
 
 
 def test_die_with_agent_only_under_torchrun():
-    code = "from torchlaunch.launch import pdeath; print(pdeath.die_with_agent(), pdeath.get_pdeathsig())"
+    code = "from torchlaunch import pdeath; print(pdeath.die_with_agent(), pdeath.get_pdeathsig())"
     plain = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True)
     agent = subprocess.run(
         [sys.executable, "-c", code], env={**env(), pdeath.AGENT_ENV: "run"}, capture_output=True, text=True
@@ -171,7 +171,7 @@ AGENT = textwrap.dedent(
     time.sleep(3600)
     """
 )
-WORKER = "from torchlaunch.launch import pdeath; import time; pdeath.die_with_agent(); time.sleep(3600)"
+WORKER = "from torchlaunch import pdeath; import time; pdeath.die_with_agent(); time.sleep(3600)"
 
 
 def test_worker_in_its_own_session_dies_with_agent_and_launcher(tmp_path):
@@ -196,7 +196,7 @@ def test_kill_tree_reaches_descendants_in_other_sessions():
 WORKER_SCRIPT = textwrap.dedent(
     """
     import os, time
-    from torchlaunch.launch import pdeath
+    from torchlaunch import pdeath
     print("worker", os.getpid(), pdeath.die_with_agent(), flush=True)
     time.sleep(3600)
     """

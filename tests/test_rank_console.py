@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from torchlaunch.jobs import ranklog
 from torchlaunch.launch import cli, k8s, slurm
-from torchlaunch.ops import ranklog
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from tests.helpers import REPO, launcher
-from torchlaunch import status, storage
+from torchlaunch import rundir, status, storage
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import store
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.ops import cli, files, proof, ranklog, record
-from torchlaunch.ops import launcher as oplauncher
+from torchlaunch.jobs import cli, files, proof, ranklog, record
+from torchlaunch.jobs import launcher as oplauncher
 from torchlaunch.worker import folder_cache
 
 PROGRAM = str(REPO / "tests" / "programs" / "exit_with.py")
@@ -224,7 +224,7 @@ def test_an_image_folder_with_a_fifo_or_a_symlink_loop_is_one_line(tmp_path: Pat
 
 
 def test_a_forged_record_naming_an_unrelated_process_is_refused(tmp_path: Path, capsys) -> None:
-    from torchlaunch.ops import procs
+    from torchlaunch.jobs import procs
 
     victim = subprocess.Popen(["sleep", "300"])
     try:
@@ -236,7 +236,7 @@ def test_a_forged_record_naming_an_unrelated_process_is_refused(tmp_path: Path, 
             started=time.time(),
             extra={proof.DIGEST_KEY: proof.digest("guessed")},
         )
-        files.write_json(record.record_path(tmp_path), forged.to_json())
+        rundir.write_json(record.record_path(tmp_path), forged.to_json())
         assert cli.main(["cancel", str(tmp_path)], out=io.StringIO()) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "cancel refused" in err[0] and f"pid {victim.pid}" in err[0]
@@ -269,7 +269,7 @@ def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, 
     try:
         run = tmp_path / "run"
         forged = record.JobRecord(launch_id="S9", scheduler="slurm", job_id=job, host="node1", started=time.time())
-        files.write_json(record.record_path(run), forged.to_json())
+        rundir.write_json(record.record_path(run), forged.to_json())
         capsys.readouterr()
         assert cli.main(["cancel", str(run)], out=io.StringIO()) == 2
         err = capsys.readouterr().err.strip().splitlines()

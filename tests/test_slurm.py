@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.exit_codes import BAD_INPUT, BadInput
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, BadInput
 from torchlaunch.launch.slurm import (
     SlurmOptions,
     executor_parameters,
@@ -157,38 +157,42 @@ def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:
 
 
 class FinishedJob:
-    """Just what exit_status reads from a submitit job: its id and the first task's exception."""
+    """Just what exit_status reads from a submitit job: its id and its folder."""
 
     job_id = "42"
 
-    def __init__(self, error: str | None) -> None:
-        self.error = error
-
-    def exception(self) -> Exception | None:
-        return RuntimeError(self.error) if self.error else None
+    def __init__(self, folder: Path) -> None:
+        self.paths = type("Paths", (), {"folder": folder})()
 
 
 @pytest.mark.parametrize(
-    ("state", "error", "code"),
+    ("state", "result", "code"),
     [
         ("COMPLETED", None, 0),
-        ("CANCELLED by 0", None, 1),
-        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 2: bad input, not requeued", 2),
-        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 75: timed out 4 times (limit 3)", 75),
-        ("FAILED", "Traceback...\nlaunch.slurm.WorkerExit: worker exit code 1: worker failed", 1),
+        ("CANCELLED by 0", None, CANCELLED),
+        ("FAILED", (2, "bad input, not requeued"), 2),
+        ("FAILED", (75, "timed out 4 times (limit 3)"), 75),
+        ("FAILED", (CANCELLED, "job 42 was cancelled (python -m launch cancel), not requeued"), CANCELLED),
+        ("FAILED", (1, "worker failed"), 1),
+        ("FAILED", None, 1),
         ("TIMEOUT", None, 1),
     ],
 )
 def test_exit_status_maps_slurm_states_to_project_codes(
-    state: str, error: str | None, code: int, capsys: pytest.CaptureFixture[str]
+    state: str, result: tuple[int, str] | None, code: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchlaunch.launch.slurm import exit_status
+    """The code travels as data: task 0's result record, never its exception's text."""
+    from torchlaunch import rundir
+    from torchlaunch.launch.slurm import exit_status, result_path
 
-    job = FinishedJob(error)
-    job.paths = type("Paths", (), {"folder": "/runs/a/slurm/42"})()  # type: ignore[attr-defined]
-    assert exit_status(job, state) == code
+    if result is not None:
+        rundir.write_json(result_path(tmp_path, "42"), {"code": result[0], "why": result[1]})
+    assert exit_status(FinishedJob(tmp_path), state) == code
     if code:
-        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        if result is not None and code != 1:
+            assert err[0] == f"worker exit code {code}: {result[1]}"
 
 
 def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:

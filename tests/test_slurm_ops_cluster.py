@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_slurm_cluster import DEV_CLUSTER, REPO, Launch, requeue_records, wait_until
-from torchlaunch.ops import ranklog
+from torchlaunch.jobs import ranklog
 
 pytestmark = pytest.mark.slurm
 
@@ -34,7 +34,7 @@ def cluster() -> str:
 STEPPER = textwrap.dedent(
     """
     import os, pathlib, signal, sys, time
-    from torchlaunch.ops.progress import heartbeat
+    from torchlaunch.jobs.progress import heartbeat
     run, total, hang = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "hang"
     rank = int(os.environ["RANK"])
     state = run / f"step-{rank}.txt"

@@ -13,8 +13,9 @@ import pytest
 
 from torchlaunch import runlock
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK
+from torchlaunch.jobs import record
 from torchlaunch.launch import slurm
-from torchlaunch.ops import record
+from torchlaunch.schedulers import slurm as slurm_backend
 
 HOSTILE = "x\ntouch F #"
 
@@ -101,10 +102,11 @@ def test_submit_takes_the_run_dir_hands_it_to_the_job_and_records_it(
     [rec], _ = record.read_all(tmp_path / "run")
     assert (rec.scheduler, rec.job_id, rec.launch_id, rec.outcome) == ("slurm", "4242", "4242-0", None)
     assert rec.command[:3] == ("python", "-m", "launch.slurm")
-    monkeypatch.setattr(slurm, "controller_state", lambda job_id: "RUNNING")
+    monkeypatch.setattr(slurm_backend, "have", lambda tool: True)
+    monkeypatch.setattr(slurm_backend, "controller_state", lambda job_id: "RUNNING")
     with pytest.raises(slurm.BadInput, match="in use by slurm job 4242"):
         slurm.submit(spec, options)
-    monkeypatch.setattr(slurm, "controller_state", lambda job_id: "UNKNOWN")  # over: taken over
+    monkeypatch.setattr(slurm_backend, "controller_state", lambda job_id: "UNKNOWN")  # over: taken over
     slurm.submit(spec, options)
 
 
@@ -131,7 +133,7 @@ def test_scontrol_state_reads_the_job_state(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(
         slurm.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=line, stderr="")
     )
-    assert slurm.scontrol_state("7") == "FAILED"
+    assert slurm_backend.scontrol_state("7") == "FAILED"
 
 
 def test_a_failed_job_shows_the_first_failing_rank_its_node_and_its_stderr(tmp_path: Path) -> None:

@@ -346,7 +346,7 @@ def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
 
 
 def test_rank_path_drops_the_project_root_but_never_an_installs_site_packages(tmp_path: Path) -> None:
-    from torchlaunch.launch import rankpath
+    from torchlaunch import rankpath
 
     assert rankpath.pythonpath(f"/a{os.pathsep}{REPO}") == f"/a{os.pathsep}{REPO / 'rankpath'}"
     site = tmp_path / "site-packages"  # an installed torchlaunch: no rankpath/ beside it
@@ -356,7 +356,7 @@ def test_rank_path_drops_the_project_root_but_never_an_installs_site_packages(tm
 
 def assert_only_torchlaunch_importable(seen: list[dict[str, str | None]]) -> None:
     """A rank's `import tests` (or bench, examples, ...) is the user's, never the project's: the launcher
-    puts torchlaunch alone on the path (torchlaunch.launch.rankpath), even when its own PYTHONPATH holds
+    puts torchlaunch alone on the path (torchlaunch.rankpath), even when its own PYTHONPATH holds
     the project root (these tests' child_env does)."""
     assert seen
     for found in seen:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torchlaunch.core.dist import DistContext
 from torchlaunch.core.sampler import BatchPlan
-from torchlaunch.ops import cli, gather, progress, state
+from torchlaunch.jobs import cli, gather, progress, state
 from torchlaunch.worker.metrics import RunLog, WorldSize, world_change_line
 
 

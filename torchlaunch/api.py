@@ -15,7 +15,7 @@ checksum, retention, snapshot buffers, RNG capture or cross-rank agreement:
 
 A loop that asks preemption_requested() every step also leaves the launcher's heartbeat (what
 `python -m launch.local status` and the hang watchdog read); a loop that does not calls
-`api.heartbeat(step)` itself (torchlaunch.ops.progress.heartbeat: one clock read, no host sync).
+`api.heartbeat(step)` itself (torchlaunch.jobs.progress.heartbeat: one clock read, no host sync).
 
 Exit codes: 0 done, 1 failure, 2 bad input, 75 preempted with a checkpoint committed. Inside
 `with api.setup()`, a BadInput becomes one line on stderr and exit 2.
@@ -34,13 +34,14 @@ from typing import Any
 
 import torch
 
+from torchlaunch import rundir
 from torchlaunch import status as _status
 from torchlaunch.core import checkpoint as _ckpt
 from torchlaunch.core import dist as _dist
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.ops.progress import heartbeat
+from torchlaunch.jobs.progress import heartbeat
 
 __all__ = [
     "BAD_INPUT",
@@ -224,7 +225,7 @@ class Checkpointer:
                 f"api error: Checkpointer keep={keep!r}: must be an integer >= 1 "
                 "(the number of newest checkpoints to keep, e.g. keep=2)"
             )
-        self.root = Path(run_dir).expanduser() / "checkpoints"
+        self.root = rundir.checkpoints(Path(run_dir).expanduser())
         self.keep, self.synchronous, self.map_location = keep, synchronous, map_location
         self.step: int | None = None
         """The step of the checkpoint load_latest() returned (None: none yet)."""

@@ -17,7 +17,6 @@ import difflib
 import math
 import os
 import re
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from torchlaunch import rundir
 from torchlaunch.exit_codes import ConfigError
 from torchlaunch.untrusted import DepthGuard, TooComplex, check_yaml, quote
 
@@ -135,7 +135,7 @@ class DataConfig:
     """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `shards` (a tar
     shard set written by `python -m train.shards write`: root holds manifest.json, train/, val/), `synthetic`, or
     your own as an import path `pkg.module:factory` (imported from the run's working directory or
-    PYTHONPATH; the factory returns (train, val, classes), contract in train/plugins.py and
+    PYTHONPATH; the factory returns (train, val, classes), contract in torchlaunch/worker/plugins.py and
     examples/my_data.py)."""
     root: str = "data"
     """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders; shards: the
@@ -736,27 +736,20 @@ def dump(cfg: RunConfig) -> str:
 
 
 def write_resolved(cfg: RunConfig) -> Path:
-    """Atomically write RUN_DIR/config.yaml (temp file + rename) so readers never see half a file."""
+    """Atomically write RUN_DIR/config.yaml (the run dir's atomic writer) so readers never see half a file."""
     run_dir = Path(cfg.run_dir)
-    target = run_dir / "config.yaml"
+    target = rundir.config(run_dir)
     text = dump(cfg)
+    tmp = rundir.temp_name(target)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if target.is_file() and target.read_text() == text:
             return target
-        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.", suffix=".tmp")
+        tmp.touch(exist_ok=False)  # where a run dir that cannot be written shows: a config error
     except OSError as e:
         what = "a file, not a folder" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or e
         raise ConfigError(
             "run_dir", f"cannot write {run_dir}: {what}", "pick a folder you can write, e.g. run_dir=runs/my-run"
         ) from None
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    rundir.write_text(target, text, tmp=tmp, mkdir=False)
     return target

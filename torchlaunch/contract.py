@@ -1,4 +1,5 @@
-"""The launcher -> rank environment contract: its names and its only reader (torch-free).
+"""The environment a job runs in: every variable name (torchrun's, the schedulers', the project's
+own TORCHLAUNCH_*) defined here once, and read here (torch-free).
 
 Contract: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, set by torchrun,
 submitit's TorchDistributedEnvironment or a Kubernetes pod's launch.local. When they are absent a rank
@@ -17,7 +18,136 @@ from collections.abc import Mapping
 
 from torchlaunch.exit_codes import BadInput
 
-CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# ---- torchrun's contract (what every launcher gives every rank) --------------------------------------
+
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+CONTRACT = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ROLE_RANK = "ROLE_RANK"
+ROLE_NAME = "ROLE_NAME"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+"""How many times torchrun's agent restarted the worker group in this launch (0 at the first start)."""
+ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+"""Set by torchrun's agent in every worker it starts: the sign that a rank's parent is that agent."""
+TORCHRUN_ENV = (
+    *CONTRACT,
+    GROUP_RANK,
+    GROUP_WORLD_SIZE,
+    ROLE_RANK,
+    ROLE_NAME,
+    ROLE_WORLD_SIZE,
+    ELASTIC_RUN_ID,
+    RESTART_COUNT,
+    MAX_RESTARTS,
+    USE_AGENT_STORE,
+    ERROR_FILE,
+)
+"""What torchrun's agent sets in every worker (local_elastic_agent._start_workers): never inherited."""
+
+
+def single_worker_env(rdzv_run_id: str, port: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """torchrun's env contract for one worker on one node, for a launcher that starts it without an
+    agent: the same names and values torchrun's agent gives its only worker (so `init_process_group
+    ("env://")` and a framework's own environment detection work), except USE_AGENT_STORE=False since
+    no agent hosts a store: rank 0 hosts it at MASTER_PORT."""
+    env = os.environ if env is None else env
+    return {
+        RANK: "0",
+        LOCAL_RANK: "0",
+        WORLD_SIZE: "1",
+        LOCAL_WORLD_SIZE: "1",
+        GROUP_RANK: "0",
+        GROUP_WORLD_SIZE: "1",
+        ROLE_RANK: "0",
+        ROLE_NAME: "default",
+        ROLE_WORLD_SIZE: "1",
+        MASTER_ADDR: "localhost",
+        MASTER_PORT: str(port),
+        ELASTIC_RUN_ID: rdzv_run_id,
+        RESTART_COUNT: "0",
+        MAX_RESTARTS: "0",
+        USE_AGENT_STORE: "False",
+        NCCL_ASYNC_ERROR_HANDLING: env.get(NCCL_ASYNC_ERROR_HANDLING, "1"),
+    }
+
+
+# ---- the schedulers' own ------------------------------------------------------------------------------
+
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_ARRAY_JOB_ID = "SLURM_ARRAY_JOB_ID"
+SLURM_ARRAY_TASK_ID = "SLURM_ARRAY_TASK_ID"
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
+SLURM_NODEID = "SLURM_NODEID"
+SLURM_NNODES = "SLURM_NNODES"
+SLURM_CPUS_PER_TASK = "SLURM_CPUS_PER_TASK"
+KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
+"""Set in every pod: with K8S_JOB, the sign that a launcher runs in a Kubernetes Job's pod."""
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+"""An Indexed Job pod's index: its node rank."""
+
+# ---- the project's own: launcher -> rank (and pod manifest -> launcher) ------------------------------
+
+ATTEMPT_ID = "TORCHLAUNCH_ATTEMPT_ID"
+"""Set by the launcher: the id of this launch. Status records and heartbeats of other launches are old."""
+STATUS_DIR = "TORCHLAUNCH_STATUS_DIR"
+"""Set by the launcher: where the ranks of this node leave their outcome records (torchlaunch.status)."""
+PROGRESS_DIR = "TORCHLAUNCH_PROGRESS_DIR"
+"""Set by the launcher to RUN_DIR/progress: where each rank leaves its heartbeat."""
+LOGS_DIR = "TORCHLAUNCH_LOGS_DIR"
+"""Set by the launcher to RUN_DIR/logs: each rank tees its output into rank-N.log there."""
+LAUNCH_TOKEN = "TORCHLAUNCH_LAUNCH_TOKEN"
+"""Set by the launcher in its children's environment: the secret behind the job record's digest."""
+LAUNCHER_PID = "TORCHLAUNCH_LAUNCHER_PID"
+"""Set by the launcher for torchrun (and so for its workers): the agent's expected parent."""
+RANK_PREFIX = "TORCHLAUNCH_RANK_PREFIX"
+"""Set to 1 by the launcher: every console line of a rank starts with `[rank N] `."""
+CONSOLE_RANKS = "TORCHLAUNCH_CONSOLE_RANKS"
+"""Set by the launcher to the ranks whose output reaches the console (`0,3`, or empty for none)."""
+PROGRESS_BAR = "TORCHLAUNCH_PROGRESS_BAR"
+"""Set to 1 by the launcher when its own stderr is a terminal: the workers see a pipe, the user a terminal."""
+K8S_JOB = "TORCHLAUNCH_K8S_JOB"
+K8S_NAMESPACE = "TORCHLAUNCH_K8S_NAMESPACE"
+"""Set in the pod by the Job manifest (downward API: the job-name label and metadata.namespace)."""
+
+# ---- test and fault-injection aids (documented in the README's Testing section) ----------------------
+
+DOWNLOAD_PROBE = "TORCHLAUNCH_DOWNLOAD_PROBE"
+"""HOST:PORT probed instead of the download host (tests point it at loopback)."""
+FAULT_SIGNAL = "TORCHLAUNCH_FAULT_SIGNAL"
+"""`at=step|val|save,n=N[,rank=R][,sig=SIGTERM]`: rank R sends itself a signal there (torchlaunch.worker.faults)."""
+FAULT_SAVE_STALL_S = "TORCHLAUNCH_FAULT_SAVE_STALL_S"
+FAULT_SAVE_STALL_FROM_STEP = "TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP"
+"""A checkpoint save stalls this long before its commit, from this step on (torchlaunch.core.checkpoint.store)."""
+
+
+def get(name: str, default: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The value of the contract variable `name` (one of the names above), else `default`: every read
+    of the job's environment outside this module goes through here, so a name cannot drift."""
+    env = os.environ if env is None else env
+    return env.get(name, default)
+
+
+def require(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The value of `name`, which the caller's scheduler always sets (KeyError where it did not)."""
+    env = os.environ if env is None else env
+    return env[name]
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """torchrun's restarts of the worker group in this launch (0 at the first start or without torchrun)."""
+    return _lenient(RESTART_COUNT, env)
 
 
 def read_env(env: Mapping[str, str] | None = None) -> dict[str, int | str] | None:

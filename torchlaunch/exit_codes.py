@@ -1,4 +1,10 @@
-"""Process exit codes shared by every launcher and the worker.
+"""Process exit codes: the one table every level maps through, and what each code asks of a scheduler.
+
+A code is decided at four levels, each from the one below, and each in this module: a rank (the
+runner: its program's end), a node (the launcher: torchrun's code and the ranks' records, `node_code`),
+a launch (the node's outcome once a cancel or a hang is known, `launch_code`) and a scheduler's final
+state (`scheduler_code`, for `--wait`). Codes travel between levels as data (status records, job
+records, the Slurm task's result record), never parsed out of a message.
 
 Kept free of torch imports so launchers can use it without loading torch.
 """
@@ -6,7 +12,8 @@ Kept free of torch imports so launchers can use it without loading torch.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 OK = 0
 """The run finished."""
@@ -18,7 +25,99 @@ BAD_INPUT = 2
 """Bad config, data or arguments: a rerun would fail the same way, so never retry."""
 
 PREEMPTED = 75
-"""A signal asked us to stop; a checkpoint was committed first. Run the same command again."""
+"""A signal asked us to stop; a checkpoint was committed first. Run the same command again (EX_TEMPFAIL:
+Slurm requeues on it, Kubernetes' podFailurePolicy ignores it, a retry loop reruns it)."""
+
+CANCELLED = 3
+"""A user stopped the job for good (`python -m launch cancel`, scancel, kubectl delete): the newest
+checkpoint is in the run dir, and nothing should run it again. Not 75, which every scheduler reads as
+"requeue me"; not 1, which a retry policy reruns; not 2, which says the input is wrong."""
+
+TABLE: dict[int, tuple[str, str]] = {
+    OK: ("finished", "nothing"),
+    FAILURE: ("failed", "retry per policy"),
+    BAD_INPUT: ("bad input", "never retry: fix the input"),
+    CANCELLED: ("cancelled", "never retry: a new submission of the same command resumes"),
+    PREEMPTED: ("preempted", "run the same command again: it resumes"),
+}
+"""code -> (its name, what a scheduler should do): the README's exit-code table."""
+
+RETRYABLE = frozenset({FAILURE, PREEMPTED})
+"""Codes after which running the same command again is right (for 1, as the scheduler's policy says)."""
+
+
+def name(code: int) -> str:
+    """`preempted`, `bad input`...; `exit N` for a code outside the table (a crash's own code)."""
+    return TABLE[code][0] if code in TABLE else f"exit {code}"
+
+
+def launch_code(outcome: str, code: int) -> int:
+    """A launch's exit code from its outcome (torchlaunch.jobs.record.OUTCOMES) and its node code: a hang
+    is retryable (1: torchrun restarts, Slurm requeues); a cancelled launch is CANCELLED whatever its
+    ranks ended with (they checkpoint and exit 75 on the cancel's SIGTERM)."""
+    if outcome == "hung":
+        return FAILURE
+    if outcome == "cancelled":
+        return CANCELLED
+    return code
+
+
+def outcome_of(code: int, *, cancelled: bool = False, hung: bool = False) -> str:
+    """The outcome word of a launch's code (before launch_code): what its job record says."""
+    if hung:
+        return "hung"
+    if code == OK:
+        return "finished"
+    if code == BAD_INPUT:
+        return "bad_input"
+    if cancelled or code == CANCELLED:
+        return "cancelled"
+    return "preempted" if code == PREEMPTED else "failed"
+
+
+def node_code(
+    torchrun_code: int,
+    worker_codes: Sequence[int],
+    ranks: int | None = None,
+    *,
+    signalled: bool = False,
+    records: Sequence[Any] = (),
+) -> int:
+    """One node's exit code from torchrun's and its ranks' reports (records: torchlaunch.status.Record).
+    When all `ranks` local ranks reported a finish, a non-zero torchrun code can only come from a rank's
+    C++ teardown after its program ended (gloo sometimes aborts there): the run is done. After the
+    launcher forwarded a preemption signal, a run is finished only where every rank's program declared
+    it (Record.finished): an undeclared 0 is 75, so the scheduler runs it again; a signal that stopped
+    the job before any rank reported (during start-up) is 75 too: nothing was lost, and exit 1 would be
+    retried by policy as a failure."""
+    complete = bool(worker_codes) and (ranks is None or len(worker_codes) == ranks)
+    if signalled and not worker_codes:
+        return PREEMPTED  # stopped before any rank could report (start-up): nothing lost, run it again
+    if signalled and complete and all(c in (OK, PREEMPTED) for c in worker_codes):
+        if not (records and all(r.finished for r in records if r.code == OK)) or PREEMPTED in worker_codes:
+            return PREEMPTED
+    if torchrun_code == 0:
+        return OK
+    if ranks is not None and len(worker_codes) == ranks and all(c == OK for c in worker_codes):
+        return OK
+    if BAD_INPUT in worker_codes:
+        return BAD_INPUT
+    if PREEMPTED in worker_codes and FAILURE not in worker_codes:
+        return PREEMPTED
+    return FAILURE
+
+
+def scheduler_code(state: str, result: int | None) -> int:
+    """A job's exit code from the scheduler's final state word (Slurm's COMPLETED, CANCELLED, FAILED,
+    TIMEOUT...) and, where the job left one, the code its task recorded as data."""
+    kind = state.split()[0] if state.split() else ""
+    if kind == "COMPLETED":
+        return OK
+    if kind == "CANCELLED":
+        return CANCELLED
+    if result in (BAD_INPUT, PREEMPTED, CANCELLED):
+        return result
+    return FAILURE
 
 
 class BadInput(Exception):

@@ -53,13 +53,13 @@ try:
 except ImportError:  # not POSIX: O_EXCL and the record alone
     fcntl = None  # type: ignore[assignment]
 
-from torchlaunch import storage
+from torchlaunch import rundir, storage
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.ops import files
+from torchlaunch.jobs import files, procs
 from torchlaunch.untrusted import load_json
 
-LOCK_NAME = ".lock.json"
-GUARD_NAME = ".lock.guard"
+LOCK_NAME = rundir.LOCK
+GUARD_NAME = rundir.LOCK_GUARD
 NODES_DIR = ".lock.nodes"
 MAX_SLOTS = 100_000
 FORMAT = 1
@@ -72,17 +72,7 @@ JobAlive = Callable[[str, str], bool]
 
 def pid_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22); None off Linux or if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
-            stat = stream.read()
-    except OSError:
-        return None
-    # comm (field 2) is in parentheses and may hold spaces or ')': split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    return procs.start_ticks(pid)
 
 
 def boot_id() -> str | None:
@@ -197,7 +187,8 @@ class RunLock:
     """`with RunLock(run_dir).acquire():` owns `run_dir` until the block (or the process) ends.
 
     `scheduler`/`job_id` name the caller's own scheduler job, if any (a lock held by that same job
-    is taken over silently); `job_alive` answers whether another holder's scheduler job is still on."""
+    is taken over silently); `job_alive` answers whether another holder's scheduler job is still on
+    (torchlaunch.schedulers.alive asks the holder's backend; without one the holder is live)."""
 
     def __init__(
         self,
@@ -351,9 +342,8 @@ class RunLock:
         """The run dir now belongs to a scheduler job (the launcher exits, the job runs on): the record
         names the job, and this process no longer releases the lock on exit."""
         holder = Holder(**{**asdict(self.holder), "scheduler": scheduler, "job_id": str(job_id)})
-        tmp = self.path.with_name(f"{LOCK_NAME}.{self.holder.token}.tmp")
-        tmp.write_text(json.dumps(asdict(holder), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)  # same token: still ours, written whole
+        # same token: still ours, written whole
+        rundir.write_json(self.path, asdict(holder), indent=1, sort_keys=False, newline=True, mkdir=False)
         self.holder = holder
         self._released = True
         if self._fd is not None:

@@ -344,7 +344,7 @@ def execute(program: Program, cwd: str | None = None) -> None:
         if code:
             raise SystemExit(code)
         return
-    from torchlaunch.launch import rankpath  # only for a user's program: the project stays off its path
+    from torchlaunch import rankpath  # only for a user's program: the project stays off its path
 
     rankpath.scrub()
     if program.module is not None:
@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
         return BAD_INPUT
     if status.earlier_bad_input():
         return BAD_INPUT  # launch.local already has the reason from the first attempt
-    from torchlaunch.ops import launcher as ops_launcher
+    from torchlaunch.jobs import launcher as ops_launcher
 
     ops_launcher.prepare_rank()  # stack dumps on request, the per-rank log (no-op without a launcher)
     watch = SignalWatch()
@@ -538,7 +538,7 @@ def exit_process(code: int, program: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from torchlaunch.launch import pdeath
+    from torchlaunch import pdeath
 
     pdeath.die_with_agent()  # torchrun starts ranks in sessions of their own: end with it
     exit_process(main(), sys.argv[1:])

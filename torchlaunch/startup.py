@@ -9,17 +9,18 @@ from __future__ import annotations
 import os
 import time
 
+from torchlaunch.jobs import procs
+
 _FALLBACK_T0 = time.monotonic()
 """Where /proc is missing (not Linux): the time this module was imported, the earliest we can see."""
 
 
 def process_age_s() -> float:
     """Seconds since this process was started (10 ms resolution on Linux: clock ticks)."""
+    start_ticks = procs.start_ticks("self")  # field 22, starttime: clock ticks after boot
+    if start_ticks is None:
+        return time.monotonic() - _FALLBACK_T0
     try:
-        with open("/proc/self/stat") as fh:
-            stat = fh.read()
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 (state) onward
-        start_ticks = int(fields[19])  # field 22, starttime: clock ticks after boot
         return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         return time.monotonic() - _FALLBACK_T0

@@ -15,26 +15,23 @@ saying it), and after a preemption signal the runner and launch.local turn an un
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchlaunch import contract, rundir
 from torchlaunch.exit_codes import BAD_INPUT
-from torchlaunch.ops.files import read_json
+from torchlaunch.jobs.files import read_json
 
-ATTEMPT_ENV = "TORCHLAUNCH_ATTEMPT_ID"
-"""Set by launch.local: the id of this launch; records of other launches are never read."""
-STATUS_DIR_ENV = "TORCHLAUNCH_STATUS_DIR"
-"""Set by launch.local: where the ranks of this node leave their records."""
+ATTEMPT_ENV = contract.ATTEMPT_ID
+STATUS_DIR_ENV = contract.STATUS_DIR
 
 
 def folder(run_dir: str | None = None) -> Path | None:
     """The status folder: the launcher's choice, else RUN_DIR/status (older launchers), else none."""
-    chosen = os.environ.get(STATUS_DIR_ENV)
+    chosen = contract.get(STATUS_DIR_ENV)
     if chosen:
         return Path(chosen)
-    return Path(run_dir) / "status" if run_dir else None
+    return rundir.status(run_dir) if run_dir else None
 
 
 _finished_declared = False
@@ -81,7 +78,7 @@ class Record:
 
 def launched() -> bool:
     """True under launch.local, which prints a bad-input reason once for all ranks."""
-    return bool(os.environ.get(ATTEMPT_ENV))
+    return bool(contract.get(ATTEMPT_ENV))
 
 
 def report(
@@ -94,17 +91,17 @@ def report(
     committed: int | None = None,
 ) -> None:
     """Leave this rank's outcome for the launcher that started us (no-op without one)."""
-    attempt = os.environ.get(ATTEMPT_ENV)
+    attempt = contract.get(ATTEMPT_ENV)
     where = folder(run_dir)
     if not attempt or where is None:
         return
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        tmp = where / f".{attempt}-rank{rank}.tmp"
-        tmp.write_text(
-            json.dumps({"code": code, "reason": reason, "rank": rank, "finished": finished, "committed": committed})
+        rundir.write_json(  # the launcher never sees half a record
+            where / f"{attempt}-rank{rank}.json",
+            {"code": code, "reason": reason, "rank": rank, "finished": finished, "committed": committed},
+            durable=False,
+            sort_keys=False,
         )
-        os.replace(tmp, where / f"{attempt}-rank{rank}.json")  # the launcher never sees half a record
     except OSError:
         pass
 
@@ -112,9 +109,9 @@ def report(
 def earlier_bad_input(run_dir: str | None = None) -> str | None:
     """After a torchrun restart within the same launch: the reason a rank already found bad input
     (a rerun would fail the same way, so the restarted group stops at once), else None."""
-    attempt = os.environ.get(ATTEMPT_ENV)
+    attempt = contract.get(ATTEMPT_ENV)
     where = folder(run_dir)
-    if not attempt or where is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+    if not attempt or where is None or contract.restart_count() == 0:
         return None
     for f in sorted(where.glob(f"{attempt}-rank*.json")):
         record, _ = read_json(f)  # never blocks on a FIFO left under a record's name
@@ -130,7 +127,7 @@ def peer_bad_input(me: int, run_dir: str | None = None) -> tuple[int, str] | Non
 
     A rank that finds bad input reports it before it exits; its peers then fail in their next
     collective ("Connection closed by peer"), a consequence, not a second problem worth a traceback."""
-    attempt = os.environ.get(ATTEMPT_ENV)
+    attempt = contract.get(ATTEMPT_ENV)
     where = folder(run_dir)
     if not attempt or where is None:
         return None

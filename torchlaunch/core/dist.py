@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchlaunch import compat
 from torchlaunch.contract import CONTRACT, read_env  # noqa: F401 - CONTRACT re-exported
 from torchlaunch.core.affinity import pin_local_rank
 from torchlaunch.exit_codes import BadInput, ConfigError
@@ -53,7 +54,7 @@ def pick_device(local_rank: int) -> torch.device:
 
 def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = False) -> DistContext:
     """Join the process group described by the environment (or run alone). `pin_cpus`: CPU workers
-    sharing a machine each take their own slice of cores first (train/affinity.py), so that the
+    sharing a machine each take their own slice of cores first (torchlaunch.core.affinity), so that the
     threads gloo and OpenMP start later inherit it."""
     env = read_env()
     if env is None or int(env["WORLD_SIZE"]) == 1:  # a one-rank contract (launch.local --gpus 1): no group needed
@@ -102,7 +103,7 @@ def teardown(ctx: DistContext, clean: bool = True) -> None:
     if clean:
         try:
             barrier(ctx)
-            store = dist.distributed_c10d._get_default_store()
+            store = compat.default_store()
         except Exception:  # a peer already left: nothing to synchronise with
             pass
     try:
@@ -249,7 +250,7 @@ def ordered_allreduce_hook(process_group, bucket):  # no annotations: DDP checks
 
 def rank_order_mean(parts: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """(parts[0] + parts[1] + ... ) / len(parts) into `out`, summed in rank order: the one averaging
-    rule of every exact gradient path (this hook, train/shm_reduce.py)."""
+    rule of every exact gradient path (this hook, torchlaunch/core/shm_reduce.py)."""
     out.copy_(parts[0])
     for part in parts[1:]:
         out.add_(part)

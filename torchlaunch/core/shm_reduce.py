@@ -7,7 +7,7 @@ rank sums the slots itself. Measured in bench/ddp.py (2 ranks x 1 thread, fastne
 ~1.2 ms per step against gloo's ~10 ms.
 
 Exactness: every rank sums the slots in rank order and divides by the world size, which is exactly
-what `train.dist.ordered_allreduce_hook` computes (and, for two ranks, what DDP's default hook computes:
+what `torchlaunch.core.dist.ordered_allreduce_hook` computes (and, for two ranks, what DDP's default hook computes:
 a/2 + b/2 == (a + b)/2 in binary floating point). So results do not depend on bucket layout, and
 switching this path on or off changes no bit of a run.
 

@@ -29,9 +29,9 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 
-from torchlaunch import runner, storage
+from torchlaunch import compat, runner, storage
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, LaunchParser
-from torchlaunch.ops import ranklog, watchdog
+from torchlaunch.jobs import ranklog, watchdog
 
 PREFIX = LaunchParser.error_prefix
 DOMAIN_LINE = re.compile(r"^[a-z][a-z0-9]* error: ")
@@ -198,7 +198,7 @@ def looks_like_program(item: str) -> bool:
 def refuse_program_without_split(parser: argparse.ArgumentParser, own: Sequence[str], prog: str) -> None:
     """`launch.local --gpus 2 train.py --epochs 1`: torchrun's habit. The program's own options would
     be read as the launcher's (`--device`), so it is one line showing the command with `--`."""
-    actions = parser._option_string_actions
+    actions = compat.option_actions(parser)
     for i, item in enumerate(own):
         previous = actions.get(own[i - 1].partition("=")[0]) if i else None
         takes_value = previous is not None and "=" not in own[i - 1] and previous.nargs != 0
@@ -214,7 +214,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     """The one grammar: options and overrides in any order before `--`, the program after it."""
     own, program = split_program(argv)
     refuse_program_without_split(parser, own, parser.prog)
-    args = parser.parse_intermixed_args(translate(own, list(parser._option_string_actions)))
+    args = parser.parse_intermixed_args(translate(own, list(compat.option_actions(parser))))
     args.program = program
     for override in args.overrides:
         if "=" not in override or override.startswith("="):

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from torchlaunch import contract
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.jobs import ranklog, record
 from torchlaunch.launch import cli, elastic, emit, k8s_elastic, k8s_validate, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
-from torchlaunch.ops import ranklog, record
 
 Manifest = dict[str, Any]
 
@@ -252,8 +253,8 @@ def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
         # runs from --workdir when given (where its code is: COPYed into the image or mounted).
         "workingDir": opts.workdir or opts.shared_dir,
         "env": [
-            {"name": "MASTER_ADDR", "value": master_addr(opts)},
-            {"name": "MASTER_PORT", "value": str(spec.master_port)},
+            {"name": contract.MASTER_ADDR, "value": master_addr(opts)},
+            {"name": contract.MASTER_PORT, "value": str(spec.master_port)},
             {"name": "HOME", "value": "/tmp"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             # `python -m launch status|cancel` find the Job from the record the pods write.

@@ -46,36 +46,23 @@ from pathlib import Path
 from typing import IO
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, runlock, status
+from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import cli, elastic, emit, pdeath, precheck, rankpath, shape
+from torchlaunch.jobs import procs as ops_procs
+from torchlaunch.jobs import record, watchdog
+from torchlaunch.jobs.launcher import Operation
+from torchlaunch.jobs.progress import RankBeat
+from torchlaunch.launch import cli, elastic, emit, precheck, shape
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
-from torchlaunch.ops import procs as ops_procs
-from torchlaunch.ops import record, watchdog
-from torchlaunch.ops.launcher import Operation
-from torchlaunch.ops.progress import RankBeat
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
 PREFLIGHT = program_mod.PREFLIGHT
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER  # the default program; never the top-level `train` a user may own
 FORWARDED_SIGNALS = program_mod.PREEMPTION_SIGNALS
-TORCHRUN_ENV = (
-    *contract.CONTRACT,
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_NAME",
-    "ROLE_WORLD_SIZE",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_ERROR_FILE",
-)
-"""What torchrun's agent sets in every worker (local_elastic_agent._start_workers): never inherited."""
+TORCHRUN_ENV = contract.TORCHRUN_ENV
 
 
 @dataclass(frozen=True)
@@ -223,41 +210,12 @@ def launch_env(
     return env
 
 
-def combine_exit_codes(
-    torchrun_code: int,
-    worker_codes: Sequence[int],
-    ranks: int | None = None,
-    *,
-    signalled: bool = False,
-    records: Sequence[status.Record] = (),
-) -> int:
-    """The job's exit code from torchrun's and the workers' reports. When all `ranks` local ranks
-    reported a finish, a non-zero torchrun code can only come from a rank's C++ teardown after its
-    program ended (gloo sometimes aborts there): the run is done. After this launcher forwarded a
-    preemption signal, a run is finished only where every rank's program declared it (status.Record.
-    finished): an undeclared 0 is 75, so the scheduler runs it again; a signal that stopped the job
-    before any rank reported (during start-up) is 75 too: nothing was lost, and exit 1 would be retried
-    by policy as a failure."""
-    complete = bool(worker_codes) and (ranks is None or len(worker_codes) == ranks)
-    if signalled and not worker_codes:
-        return PREEMPTED  # stopped before any rank could report (start-up): nothing lost, run it again
-    if signalled and complete and all(c in (OK, PREEMPTED) for c in worker_codes):
-        if not (records and all(r.finished for r in records if r.code == OK)) or PREEMPTED in worker_codes:
-            return PREEMPTED
-    if torchrun_code == 0:
-        return OK
-    if ranks is not None and len(worker_codes) == ranks and all(c == OK for c in worker_codes):
-        return OK
-    if BAD_INPUT in worker_codes:
-        return BAD_INPUT
-    if PREEMPTED in worker_codes and FAILURE not in worker_codes:
-        return PREEMPTED
-    return FAILURE
+combine_exit_codes = exit_codes.node_code
 
 
 def read_worker_codes(run_dir: Path, attempt: str) -> tuple[list[int], list[str]]:
     """The built-in worker's reports, left in RUN_DIR/status/ (consumed)."""
-    return status.collect(Path(run_dir) / "status", attempt)
+    return status.collect(rundir.status(run_dir), attempt)
 
 
 def visible_gpus() -> int:
@@ -425,7 +383,7 @@ def plan(args: argparse.Namespace) -> Plan:
     cfg = config_mod.load(args.config, args.overrides)
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
-    spec = JobSpec(config=str(Path(cfg.run_dir) / "config.yaml"), run_dir=cfg.run_dir, **common)
+    spec = JobSpec(config=str(rundir.config(cfg.run_dir)), run_dir=cfg.run_dir, **common)
     return Plan(spec, placement, cfg, None)
 
 
@@ -454,29 +412,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def single_worker_env(rdzv_run_id: str, port: int) -> dict[str, str]:
-    """torchrun's env contract for one worker on one node, set by this launcher when no agent runs:
-    the same names and values torchrun's agent gives its only worker (so `init_process_group("env://")`
-    and a framework's own environment detection work), except TORCHELASTIC_USE_AGENT_STORE=False since
-    no agent hosts a store: rank 0 hosts it at MASTER_PORT."""
-    return {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "GROUP_RANK": "0",
-        "GROUP_WORLD_SIZE": "1",
-        "ROLE_RANK": "0",
-        "ROLE_NAME": "default",
-        "ROLE_WORLD_SIZE": "1",
-        "MASTER_ADDR": "localhost",
-        "MASTER_PORT": str(port),
-        "TORCHELASTIC_RUN_ID": rdzv_run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-    }
+single_worker_env = contract.single_worker_env
 
 
 def contract_env(env: dict[str, str], agent: bool, rdzv_run_id: str) -> dict[str, str]:
@@ -555,7 +491,7 @@ def launch(argv: Sequence[str]) -> int:
         return run(
             argv_out,
             env,
-            Path(cfg.run_dir) / "status",
+            rundir.status(cfg.run_dir),
             attempt,
             ranks=spec.gpus_per_node,
             op=op,
@@ -632,7 +568,7 @@ def new_checkpoint(run_dir: Path | None, since: float) -> tuple[int | None, bool
     read only after an exit 75 (it imports torch to verify the checkpoint)."""
     if run_dir is None:
         return None, False
-    from torchlaunch.ops import gather
+    from torchlaunch.jobs import gather
 
     found, _ = gather.newest_checkpoint(run_dir)
     if found is None:
@@ -701,7 +637,7 @@ def run(
     started = time.time()
     read_fd, write_fd = os.pipe()
     if sys.stderr.isatty():
-        env = {**env, "TORCHLAUNCH_PROGRESS_BAR": "1"}  # workers see a pipe, the user a terminal
+        env = {**env, contract.PROGRESS_BAR: "1"}  # workers see a pipe, the user a terminal
     forwarded: list[int] = list(_EARLY_SIGNALS)
     children: list[subprocess.Popen] = []
 
@@ -763,6 +699,10 @@ def run(
     elif code == PREEMPTED:
         step, new = new_checkpoint(run_dir, started - 1.0)  # the marker's mtime: a file system's clock
         print(f"launch: {preempted_line(found, forwarded, step, new, run_dir)}", file=sys.stderr)
+    elif code == exit_codes.CANCELLED:
+        step, _ = new_checkpoint(run_dir, started - 1.0)
+        at = f" (newest checkpoint: step {step})" if step is not None else ""
+        print(f"launch: cancelled (exit {code}, never requeued){at}; the same command resumes", file=sys.stderr)
     elif code == FAILURE:
         first = status.first_failure(found)
         if first is None or ranks is None or len(found) < ranks:

@@ -34,14 +34,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlaunch import compat, contract, exit_codes, rankpath, rundir, runlock, schedulers
 from torchlaunch import config as config_mod
-from torchlaunch import runlock
 from torchlaunch import runner as program_mod
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import cli, elastic, emit, precheck, rankpath, shape
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.jobs import files, ranklog, record, watchdog
+from torchlaunch.jobs.launcher import Operation, prepare_rank
+from torchlaunch.launch import cli, elastic, emit, precheck, shape
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.ops import ranklog, record, watchdog
-from torchlaunch.ops.launcher import Operation, prepare_rank
+from torchlaunch.schedulers.slurm import (
+    LIVE_STATES,
+    NODE_FAIL_REQUEUE_S,
+    STATE_SOURCES,
+    TERMINAL_STATES,
+    controller_state,
+    job_state,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER
@@ -49,7 +57,6 @@ PREFLIGHT = program_mod.PREFLIGHT
 DEFAULT_MAX_TIMEOUTS = 3
 SLURM_SIGNAL_SLACK_S = 65
 """Slurm may send the --signal up to 60 s before the requested lead time (its timer resolution)."""
-TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,7 @@ def task_argv(spec: JobSpec, options: SlurmOptions, run_dir: str) -> list[str]:
 
 
 def submitit_folder(run_dir: str) -> str:
-    return os.path.join(run_dir, "slurm", "%j")
+    return os.path.join(rundir.slurm(run_dir), "%j")
 
 
 def task_python(spec: JobSpec, options: SlurmOptions) -> str:
@@ -209,7 +216,7 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
 
 def submitit_command(python: str, folder: str) -> str:
     """What submitit runs in each task (SlurmExecutor._submitit_command_str, with our python)."""
-    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(folder)])
+    return " ".join([shlex.quote(python), f"-u -m {compat.SUBMITIT_TASK_MODULE}", shlex.quote(folder)])
 
 
 def sbatch_script(spec: JobSpec, options: SlurmOptions) -> str:
@@ -227,11 +234,40 @@ def sbatch_script(spec: JobSpec, options: SlurmOptions) -> str:
 
 
 class WorkerExit(RuntimeError):
-    """Raised in a task so submitit records a failure (and Slurm does not requeue): carries the code."""
+    """Raised in a task so submitit records a failure (and Slurm does not requeue): carries the code.
+    submitit keeps only the traceback's text; the code reaches `--wait` as data, through the task's
+    result record (write_result), never parsed back out of this message."""
 
     def __init__(self, code: int, why: str) -> None:
         super().__init__(f"worker exit code {code}: {why}")
         self.code = code
+        self.why = why
+        write_result(code, why)
+
+
+def result_path(folder: str | os.PathLike[str], job_id: str, task: int = 0) -> Path:
+    """Where task `task` of `job_id` leaves its exit code and reason, beside submitit's own files."""
+    return Path(folder) / f"{job_id}_{task}_result.json"
+
+
+def write_result(code: int, why: str) -> None:
+    """In a task of a submitit job: record its final code and reason for `--wait` (exit_status). Outside
+    one (a unit test calling a task's method), or when the folder cannot be written, nothing."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        rundir.write_json(result_path(env.paths.folder, str(env.job_id), env.global_rank), {"code": code, "why": why})
+    except Exception:  # noqa: BLE001 - the result record is a courtesy to --wait: the job's end comes first
+        pass
+
+
+def read_result(folder: str | os.PathLike[str], job_id: str) -> tuple[int | None, str]:
+    """(code, reason) task 0 of `job_id` recorded, or (None, "") when it left none (it was killed)."""
+    data, _ = files.read_json(result_path(folder, job_id))
+    if data is None:
+        return None, ""
+    return files.as_int(data.get("code"), 0, 255), files.as_str(data.get("why"), 1000) or ""
 
 
 def is_timeout(elapsed_s: float, time_min: int, signal_delay_s: int) -> bool:
@@ -282,7 +318,7 @@ class SlurmTask:
 
         started = time.time()
         # One thread per allotted CPU: torch would otherwise start a thread per core in every task.
-        os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+        os.environ.setdefault("OMP_NUM_THREADS", contract.get(contract.SLURM_CPUS_PER_TASK, "1") or "1")
         dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         rank = dist_env.rank
         print(
@@ -303,12 +339,18 @@ class SlurmTask:
             code = op.finish(code)
         if code == OK:
             if rank == 0 and self.run_dir:
-                runlock.release_for_job(self.run_dir, "slurm", os.environ.get("SLURM_JOB_ID", ""))
+                runlock.release_for_job(self.run_dir, "slurm", contract.get(contract.SLURM_JOB_ID, "") or "")
             # submitit writes the result after we return; then skip C++ static destructors, which
             # sometimes abort a rank at exit on torch 2.14.1 ("terminate called without an active
             # exception") and would turn a finished job into FAILED.
             atexit.register(leave, OK)
             return OK
+        if code == CANCELLED:
+            raise WorkerExit(
+                code,
+                f"job {contract.get(contract.SLURM_JOB_ID, '')} was cancelled (python -m launch cancel), not requeued; "
+                "a checkpoint is committed: submit the same command again to resume",
+            )
         if code == PREEMPTED:
             self._requeue(rank, time.time() - started)
         if code == BAD_INPUT:
@@ -317,7 +359,7 @@ class SlurmTask:
 
     def launch_id(self) -> str:
         """This allocation of the job: the same on every node, new after each requeue."""
-        return f"{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or 0}"
+        return f"{contract.get(contract.SLURM_JOB_ID, '0')}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
 
     def _operation(self, local_rank: int, local_world_size: int) -> Operation | None:
         """Rank env and per-rank logs for this task; the node's local rank 0 also records the node's
@@ -329,9 +371,9 @@ class SlurmTask:
             scheduler="slurm",
             command=self.command or list(self.argv),
             launch_id=self.launch_id(),
-            job_id=os.environ.get("SLURM_JOB_ID"),
-            node_rank=int(os.environ.get("SLURM_NODEID", "0")),
-            nnodes=int(os.environ.get("SLURM_NNODES", "1")),
+            job_id=contract.get(contract.SLURM_JOB_ID),
+            node_rank=int(contract.get(contract.SLURM_NODEID, "0") or "0"),
+            nnodes=int(contract.get(contract.SLURM_NNODES, "1") or "1"),
             local_ranks=local_world_size,
             hang_timeout=self.hang_timeout,
             console=ranklog.Console.from_env(self.console_env),
@@ -346,7 +388,7 @@ class SlurmTask:
     def _on_hang(self, verdict: Any, folder: Path, beats: list[Any], op: Operation) -> None:
         """The watchdog's thread, after the stacks are in `folder`: requeue the job (the ranks resume
         from the newest checkpoint) up to max_hang_requeues times, then end the hung ranks for good."""
-        job_id = os.environ.get("SLURM_JOB_ID", "")
+        job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
         print(f"slurm task: hang ({verdict.reason}); stacks in {folder}", file=sys.stderr, flush=True)
         if self.hangs < self.max_hang_requeues and not record.cancel_requested(self.run_dir or "", self.launch_id()):
             self.hangs += 1
@@ -375,10 +417,10 @@ class SlurmTask:
         if rank != 0:
             print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
             leave(PREEMPTED)
-        job_id = os.environ["SLURM_JOB_ID"]
+        job_id = contract.require(contract.SLURM_JOB_ID)
         if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
             raise WorkerExit(
-                PREEMPTED,
+                CANCELLED,
                 f"job {job_id} was cancelled (python -m launch cancel), not requeued; a checkpoint is "
                 "committed: submit the same command again to resume",
             )
@@ -420,20 +462,17 @@ class SlurmTask:
     def _save_for_requeue(self) -> None:
         """Rewrite the submitted pickle so the next allocation sees the updated counters."""
         import submitit
-        from submitit.core import utils
 
         paths = submitit.JobEnvironment().paths
-        delayed = utils.DelayedSubmission(self)
+        delayed = compat.delayed_submission(self)
         delayed.set_timeout(self.time_min, self.max_timeouts - self.timeouts)
-        with utils.temporary_save_path(paths.submitted_pickle) as tmp:
+        with compat.temporary_save_path(paths.submitted_pickle) as tmp:
             delayed.dump(tmp)
 
     def checkpoint(self) -> Any:
         """submitit calls this only when its own USR2 handler runs: a signal before the worker
         installed its handlers. Nothing trained since the last checkpoint, so requeue as is."""
-        from submitit.core import utils
-
-        return utils.DelayedSubmission(self)
+        return compat.delayed_submission(self)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -525,7 +564,7 @@ def check_slurm_conf() -> None:
 def submit(spec: JobSpec, options: SlurmOptions) -> Any:
     """Own the run dir, submit, hand the run dir to the job and record it as pending for `launch status`."""
     run_dir = resolve_run_dir(spec)
-    lock = runlock.acquire(run_dir, job_alive=slurm_job_alive)  # before anything is written there
+    lock = runlock.acquire(run_dir, job_alive=schedulers.alive)  # before anything is written there
     try:
         job = _submit(spec, options, run_dir)
     except BaseException:
@@ -542,13 +581,6 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
         local_ranks=spec.gpus_per_node,
     )
     return job
-
-
-def slurm_job_alive(scheduler: str, job_id: str) -> bool:
-    """runlock's question for a run dir handed to a Slurm job: pending, running or requeued still owns it."""
-    if scheduler != "slurm":
-        return True  # another scheduler's job: not ours to judge
-    return controller_state(job_id) not in ("UNKNOWN", *TERMINAL_STATES)
 
 
 def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
@@ -579,68 +611,6 @@ def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
 
 def rank0_log(job: Any) -> Path:
     return Path(job.paths.folder) / f"{job.job_id}_0_log.out"
-
-
-def controller_state(job_id: str) -> str:
-    """The job's live state from slurmctld: RUNNING while a timeout or preemption signal is pending,
-    COMPLETING once scancel or the hard time limit is ending it."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    return out.strip() or "UNKNOWN"
-
-
-def job_state(job_id: str) -> str:
-    """The job's state from accounting (first word: "CANCELLED by 0" -> "CANCELLED")."""
-    try:
-        out = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    lines = [line.strip() for line in out.splitlines() if line.strip()]
-    return lines[-1] if lines else "UNKNOWN"
-
-
-def scontrol_state(job_id: str) -> str:
-    """The job's state from `scontrol show job` (slurmctld's memory of finished jobs, MinJobAge), which
-    knows a job's end even where accounting has no record of it."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    for word in out.split():
-        if word.startswith("JobState="):
-            return word.partition("=")[2] or "UNKNOWN"
-    return "UNKNOWN"
-
-
-LIVE_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "RUNNING", "SUSPENDED")
-"""States in which a job goes on: a source saying one of these outweighs another's terminal state (after a
-node failure, sacct's last record is the failed allocation's NODE_FAIL while slurmctld has requeued it)."""
-NODE_FAIL_REQUEUE_S = 60.0
-"""How long --wait keeps following a job that ended NODE_FAIL for its requeue to show (PENDING): every
-source says NODE_FAIL for a moment before slurmctld requeues a --requeue job (measured: under 1 s)."""
-STATE_SOURCES: tuple[Any, ...] = (job_state, scontrol_state)
-"""Asked in order on every poll; the first that names a terminal state ends `--wait`."""
-
-
-def final_state(job_id: str) -> str | None:
-    """The terminal state named by any source (sacct, then scontrol), or None while none says the job is over."""
-    for source in STATE_SOURCES:
-        state = source(job_id)
-        if state.split()[0] in TERMINAL_STATES:
-            return state
-    return None
 
 
 LOST_AFTER_S = 300.0
@@ -791,23 +761,20 @@ def failure_report(folder: str | Path, job_id: str, state: str) -> str:
 
 
 def exit_status(job: Any, state: str) -> int:
-    """Map the final Slurm state and rank 0's result to the project's exit codes."""
+    """The job's exit code (exit_codes.scheduler_code) from the final Slurm state and the code task 0
+    recorded as data (read_result); one line on stderr unless it finished."""
     kind = state.split()[0]
-    if kind == "COMPLETED":
+    result, why = read_result(job.paths.folder, str(job.job_id)) if kind == "FAILED" else (None, "")
+    code = exit_codes.scheduler_code(state, result)
+    if code == OK:
         return OK
     if kind == "CANCELLED":
         print(f"job {job.job_id} was cancelled ({state}); its newest checkpoint is in the run dir", file=sys.stderr)
-        return FAILURE
-    try:
-        error = str(job.exception()) if kind == "FAILED" else ""
-    except Exception:  # noqa: BLE001 - no result from rank 0 (it died): the logs say why
-        error = ""
-    for code in (PREEMPTED, BAD_INPUT):
-        if f"worker exit code {code}:" in error:
-            print(error.rsplit("WorkerExit: ", 1)[-1].splitlines()[0], file=sys.stderr)
-            return code
-    print(failure_report(job.paths.folder, str(job.job_id), state), file=sys.stderr)
-    return FAILURE
+    elif code != FAILURE:
+        print(f"worker exit code {code}: {why}", file=sys.stderr)
+    else:
+        print(failure_report(job.paths.folder, str(job.job_id), state), file=sys.stderr)
+    return code
 
 
 # ----------------------------------------------------------------------------------------------

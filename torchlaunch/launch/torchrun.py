@@ -13,6 +13,8 @@ import os
 import sys
 import traceback
 
+from torchlaunch.exit_codes import FAILURE
+
 
 def main() -> int:
     from torch.distributed.run import main as torchrun_main
@@ -23,13 +25,13 @@ def main() -> int:
         code = e.code
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)  # what the interpreter does with a message as exit code
-            code = 1
+            code = FAILURE
         return code or 0
     except KeyboardInterrupt:
         raise  # the interpreter's own exit by SIGINT
     except BaseException:  # noqa: BLE001 - the interpreter would print it and exit 1: same here
         traceback.print_exc()
-        return 1
+        return FAILURE
     return 0
 
 

@@ -88,7 +88,7 @@ def fsync_dir(folder: Path) -> None:
 
 def write_durable(path: Path, parts: list[bytes]) -> None:
     """Replace `path` with the concatenated parts: temp name, fsync, rename, fsync of the folder, so a
-    crash leaves either the old file or the whole new one (the JSON counterpart is ops.files.write_json;
+    crash leaves either the old file or the whole new one (the JSON counterpart is torchlaunch.rundir.write_json;
     this one writes binary and is always durable, since an index is what marks a shard complete)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:

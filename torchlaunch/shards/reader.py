@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from torchlaunch.ops.files import read_json
+from torchlaunch.jobs.files import read_json
 from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import open_regular, regular_size
 from torchlaunch.shards.index import EXTS, REINDEX, SET_INDEX, Index, ShardInfo, index_path, load

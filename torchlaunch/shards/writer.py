@@ -31,7 +31,8 @@ import numpy as np
 from PIL import Image
 
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.ops.files import read_json, write_json
+from torchlaunch.jobs.files import read_json
+from torchlaunch.rundir import write_json
 from torchlaunch.shards.decode import to_rgb
 from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import fsync_dir

@@ -124,7 +124,7 @@ def _dtype_works(device: str, dtype_name: str) -> bool:
 
 
 def _cpu_rates(model: str) -> dict[str, Any]:
-    """Training images/s in fp32 and bf16 on this CPU (train/precision.py's measurement, ~1-2 s):
+    """Training images/s in fp32 and bf16 on this CPU (torchlaunch/worker/precision.py's measurement, ~1-2 s):
     CPU flags do not say which is faster, so `precision=auto` measures and so does the doctor."""
     import torch
 

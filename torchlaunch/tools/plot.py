@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import exit_codes
+from torchlaunch import exit_codes, rundir
 from torchlaunch.exit_codes import BadInput
 
 INSTALL_HINT = "pip install -e '.[plot]' (or pip install matplotlib==3.11.2)"
@@ -44,7 +44,7 @@ class RunMetrics:
 
 
 def read_metrics(run_dir: str | Path, name: str | None = None) -> RunMetrics:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = rundir.metrics(run_dir)
     if not path.is_file():
         raise BadInput(
             f"plot: no metrics.jsonl in {run_dir} (pass run folders the worker wrote, e.g. "

@@ -443,7 +443,7 @@ def run_checks(
 
 @dataclass(frozen=True)
 class _Context:
-    """The slice of train.dist.DistContext the checks use."""
+    """The slice of torchlaunch.core.dist.DistContext the checks use."""
 
     rank: int
     world_size: int
@@ -452,7 +452,7 @@ class _Context:
 
 
 def _setup(settings: PreflightSettings) -> tuple[_Context, Callable[[bool], None]]:
-    """Join the job's process group exactly as the worker does (train.dist), and a teardown.
+    """Join the job's process group exactly as the worker does (torchlaunch.core.dist), and a teardown.
 
     Without a launcher it makes a one-rank group on an in-memory store, so the same checks run.
     """
@@ -517,8 +517,7 @@ def _run(settings: PreflightSettings, max_mib: float, token_wait_s: float) -> tu
 
 
 if __name__ == "__main__":
-    from torchlaunch import runner
-    from torchlaunch.launch import pdeath
+    from torchlaunch import pdeath, runner
 
     pdeath.die_with_agent()  # torchrun starts ranks in sessions of their own: end with it
     runner.exit_process(runner.main(["-m", runner.PREFLIGHT, *sys.argv[1:]]))

@@ -14,19 +14,19 @@ import threading
 import urllib.parse
 from pathlib import Path
 
+from torchlaunch import contract
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 """Where torchvision downloads CIFAR-10 from (torchvision.datasets.CIFAR10.url)."""
-PROBE_ENV = "TORCHLAUNCH_DOWNLOAD_PROBE"
-"""HOST:PORT probed instead of the download host (tests point it at loopback)."""
+PROBE_ENV = contract.DOWNLOAD_PROBE
 PROBE_TIMEOUT_S = 1.5
 """Name lookup + TCP connect together; offline machines answer in ms or hang, so this bounds both."""
 
 
 def cifar10_missing_message(root: Path, reason: str, tried_download: bool) -> str:
-    """The one line for a missing CIFAR-10, shared by the worker (train/data.py) and the launchers."""
+    """The one line for a missing CIFAR-10, shared by the worker (torchlaunch.worker.data) and the launchers."""
     first_fix = "run once with internet access" if tried_download else "set data.download=true when online"
     return (
         f"data error: CIFAR-10 not found under {root / 'cifar-10-batches-py'} ({reason}): {first_fix}, "

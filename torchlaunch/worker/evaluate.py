@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import contract
+from torchlaunch import contract, rundir
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, ArgumentParser, BadInput
 
 CIFAR_FOLDER = "cifar-10-batches-py"
@@ -102,7 +102,7 @@ def pick_checkpoint(args: argparse.Namespace) -> Path:
         )
     if found is not None and found.checkpoint is not None:
         return found.checkpoint
-    root = found.root if found is not None and found.root is not None else Path(given).expanduser() / "checkpoints"
+    root = found.root if found is not None and found.root is not None else rundir.checkpoints(Path(given).expanduser())
     skipped: list[tuple[Path, str]] = []
     newest = ckpt.latest_valid(root, on_skip=lambda path, reason: skipped.append((path, reason)))
     if newest is None:
@@ -122,7 +122,9 @@ def load_checkpoint(path: Path, trust_plugin: bool = False) -> dict[str, Any]:
         raise BadInput(f"evaluate error: {path} is not a valid checkpoint: {e} (pick another one)") from None
     missing = [k for k in ("config", "classes", "norm", "model") if k not in state]
     if missing:
-        raise BadInput(f"evaluate error: {path} lacks {', '.join(missing)} (it was not written by train.trainer)")
+        raise BadInput(
+            f"evaluate error: {path} lacks {', '.join(missing)} (it was not written by the built-in worker, torchlaunch.worker.trainer)"
+        )
     from torchlaunch.worker.plugins import allow_recorded
 
     config = state["config"] if isinstance(state["config"], dict) else {}

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import signal
 
-ENV = "TORCHLAUNCH_FAULT_SIGNAL"
+from torchlaunch import contract
+
+ENV = contract.FAULT_SIGNAL
 
 
 class FaultSignal:
@@ -21,14 +23,14 @@ class FaultSignal:
         fields = dict(kv.split("=", 1) for kv in spec.split(",")) if spec else {}
         self.at = fields.get("at")
         self.n = int(fields.get("n", "-1"))
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # once per launch
+        first_attempt = contract.get(contract.RESTART_COUNT, "0") == "0"  # once per launch
         self.active = bool(spec) and int(fields.get("rank", "0")) == rank and first_attempt
         self.signum = getattr(signal, fields.get("sig", "SIGTERM"))
         self.fired = False
 
     @classmethod
     def from_env(cls, rank: int) -> FaultSignal:
-        return cls(os.environ.get(ENV), rank)
+        return cls(contract.get(ENV), rank)
 
     def __call__(self, at: str, n: int) -> None:
         if self.active and not self.fired and at == self.at and n == self.n:

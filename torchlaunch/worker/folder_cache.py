@@ -3,7 +3,7 @@
 Why a module of its own: a worker's start-up is mostly importing torch (and torchvision), ~1-2 s of
 one core. The decode of a cold folder needs only PIL and numpy, so the worker starts it in a child
 process (`python -m train.folder_cache`) before importing torch, on the other core, and loads the
-published cache when its imports are done (train/worker.py). Anything the child cannot do (a
+published cache when its imports are done (torchlaunch/worker/run.py). Anything the child cannot do (a
 corrupt file, no space) it leaves undone; the worker then decodes itself and reports the error as
 it always did. The child also prints what the worker needs of a cached folder (its fingerprint, classes
 and per-class counts), so the worker skips its own scan of every file (~0.2 s for 50,000 images).
@@ -33,7 +33,7 @@ from PIL import Image, UnidentifiedImageError
 
 from torchlaunch import contract
 from torchlaunch.config import DataConfig
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -150,7 +150,7 @@ def cache_images_file(cache_dir: Path, key: str) -> Path:
 def decode_all(files: list[str], size: int) -> np.ndarray | None:
     """Every image decoded into one uint8 (N, 3, size, size) array in a single pass (size check and
     pixels from one open per file: ~1/3 faster than a header pass, then a decode pass, then a stack);
-    None at the first image that is not size x size. Pixels equal train.data.decode_image's."""
+    None at the first image that is not size x size. Pixels equal torchlaunch.worker.data.decode_image's."""
     out = np.empty((len(files), 3, size, size), dtype=np.uint8)
     for i, f in enumerate(files):
         try:
@@ -264,7 +264,7 @@ def finish_prefetch(child: subprocess.Popen | None, wait: bool = True) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The start-up prefetch: prints the folder's index as JSON for the worker, and nothing else (the
     worker, not this child, reports any problem)."""
-    p = argparse.ArgumentParser(prog="python -m train.folder_cache", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m torchlaunch.worker.folder_cache", description=__doc__.splitlines()[0])
     p.add_argument("root", type=Path)
     p.add_argument("cache_dir", type=Path)
     p.add_argument("size", type=int)
@@ -273,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         index = prepare(args.root.expanduser(), args.cache_dir.expanduser(), args.size)
     except (BadInput, OSError, Image.DecompressionBombError):
-        return 2
+        return BAD_INPUT
     if index is None:
-        return 1
+        return FAILURE
     print(json.dumps(asdict(index)))
-    return 0
+    return OK
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlaunch import rundir
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.exit_codes import BadInput, ConfigError
 
@@ -78,8 +79,8 @@ def load_weights(text: str) -> tuple[Path, dict[str, torch.Tensor]]:
         source, state = path, _from_file(path)
     elif found.root is not None and (newest := ckpt.latest_valid(found.root)) is not None:
         source, state = newest, _from_checkpoint_folder(newest)
-    elif (path / "model.pt").is_file():
-        source, state = path / "model.pt", _from_file(path / "model.pt")
+    elif rundir.model(path).is_file():
+        source, state = rundir.model(path), _from_file(rundir.model(path))
     else:
         raise _bad(f"{path} holds no valid checkpoint and no model.pt")
     return source, {_strip(k): v for k, v in state.items()}

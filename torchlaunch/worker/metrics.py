@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchlaunch import contract, rundir
 from torchlaunch.exit_codes import ConfigError
-from torchlaunch.ops import ranklog
-from torchlaunch.ops.state import WORLD_EVENT  # status reads the event back
+from torchlaunch.jobs import ranklog
+from torchlaunch.jobs.state import WORLD_EVENT  # status reads the event back
 
 if TYPE_CHECKING:
     from torchlaunch.core.dist import DistContext
@@ -76,9 +77,7 @@ class MetricsLog:
                 for ln in path.read_text().splitlines()
                 if _line_step(ln) is not None and _line_step(ln) <= resume_step
             ]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(ln + "\n" for ln in kept))
-            os.replace(tmp, path)
+            rundir.write_text(path, "".join(ln + "\n" for ln in kept))
         elif resume_step is None and path.is_file():
             path.unlink()
         # Through ranklog.open_log: a FIFO or a symlink under the name is replaced, never blocked on or written through.
@@ -129,7 +128,7 @@ class Reporter:
     def __init__(self, enabled: bool, total_steps: int, start_step: int) -> None:
         self.enabled = enabled
         self.bar = None
-        if enabled and (sys.stderr.isatty() or os.environ.get("TORCHLAUNCH_PROGRESS_BAR") == "1"):
+        if enabled and (sys.stderr.isatty() or contract.get(contract.PROGRESS_BAR) == "1"):
             try:
                 from tqdm import tqdm
 
@@ -176,7 +175,9 @@ class RunLog:
     ) -> None:
         main = rank == 0
         self.epochs, self.steps_per_epoch, self.global_batch = epochs, steps_per_epoch, global_batch
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl", main, resume_step, run_dir / "tb" if tensorboard else None)
+        self.metrics = MetricsLog(
+            rundir.metrics(run_dir), main, resume_step, rundir.tensorboard(run_dir) if tensorboard else None
+        )
         self.batches = MetricsLog(run_dir / "trace" / f"rank{rank}.jsonl", trace, resume_step)
         self.tracing = trace
         self.report = Reporter(main, total_steps, start_step)

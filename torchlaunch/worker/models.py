@@ -252,7 +252,7 @@ def torchvision_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
 
 
 def build_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
-    """A built-in name, `torchvision.<name>`, or a plug-in `pkg.module:factory` (train/plugins.py)."""
+    """A built-in name, `torchvision.<name>`, or a plug-in `pkg.module:factory` (torchlaunch/worker/plugins.py)."""
     if is_plugin(name):
         from torchlaunch.worker import plugins
 

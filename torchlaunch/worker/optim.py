@@ -18,15 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchlaunch import compat
+
 if TYPE_CHECKING:
     from torchlaunch.config import RunConfig
 
 
-def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The function under functools.wraps layers (torch's dynamo wrappers and profile hook)."""
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
+undecorated = compat.undecorated
 
 
 _BASE = torch.optim.Optimizer
@@ -70,12 +68,8 @@ class AdamW(_NoDynamoImport, torch.optim.AdamW):
 
 def fused_supported(device: torch.device) -> bool:
     """Whether torch has fused SGD/AdamW kernels for this device type (CPU and CUDA do in 2.x)."""
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-        return device.type in _get_fused_kernels_supported_devices()
-    except ImportError:
-        return device.type in ("cpu", "cuda")
+    devices = compat.fused_kernel_devices()
+    return device.type in (devices if devices is not None else ("cpu", "cuda"))
 
 
 def build(

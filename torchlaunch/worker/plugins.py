@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchlaunch import rundir
 from torchlaunch.config import PLUGIN_PATTERN, ConfigError, is_plugin
 from torchlaunch.exit_codes import BadInput
 
@@ -291,7 +292,7 @@ def load_data(path: str, root: str, image_size: int) -> PluginData:
         raise ConfigError(
             "data.name",
             f"factory {path!r} returned {type(result).__name__}",
-            "return (train, val, classes) or train.plugins.PluginData; see examples/my_data.py",
+            "return (train, val, classes) or torchlaunch.worker.plugins.PluginData; see examples/my_data.py",
         )
     classes = result.classes
     if (
@@ -440,5 +441,5 @@ def check_early(cfg: Any) -> None:
     if cfg.model.init_from:
         from torchlaunch.worker import init_from
 
-        if not init_from.will_resume(cfg.checkpoint.resume, Path(cfg.run_dir).expanduser() / "checkpoints"):
+        if not init_from.will_resume(cfg.checkpoint.resume, rundir.checkpoints(Path(cfg.run_dir).expanduser())):
             init_from.locate(cfg.model.init_from)

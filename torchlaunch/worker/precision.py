@@ -14,16 +14,15 @@ The top of this module imports no torch, so launchers can use the messages befor
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchlaunch import compat, rundir
 from torchlaunch.exit_codes import BadInput, ConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from torchlaunch.worker.data import DataBundle
 
 CACHE_FILE = "cpu-precision.json"
-RUN_RECORD = "precision.json"
 FP32_MARGIN = 1.05
 """bf16 must beat fp32 by 5% to be picked: within noise, fp32 is the more exact choice."""
 MEASURE_BATCH_CAP = 32
@@ -162,12 +160,8 @@ def read_json(path: Path) -> Any:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Temp file + rename: a reader (another run, a resume) never sees half a record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    """The run dir's atomic writer: a reader (another run, a resume) never sees half a record."""
+    rundir.write_json(path, data, indent=1, sort_keys=True)
 
 
 def cached_or_measured(cache_dir: Path, key: str, measure: Any) -> tuple[dict[str, Any], str]:
@@ -215,7 +209,7 @@ def choose_for_run(
     cache or a fresh measurement, then recorded in RUN_DIR. Called on one rank; broadcast by the caller."""
     import torch
 
-    record_path = run_dir / RUN_RECORD
+    record_path = rundir.precision(run_dir)
     recorded = read_json(record_path)
     if isinstance(recorded, dict) and recorded.get("precision") in ("bf16", "fp32"):
         return recorded["precision"], (
@@ -251,12 +245,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 
 def _cpu_bf16_ok() -> bool:
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return compat.mkldnn_bf16_supported()
 
 
 def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> str:

@@ -52,7 +52,7 @@ T = TypeVar("T")
 def allocating(what: str, build: Callable[[], T]) -> T:
     """`build()`, with an allocation that can never succeed (a model or image size beyond any memory)
     turned into bad input: the same config would fail the same way on every retry."""
-    from torchlaunch.tools.debug import is_oom
+    from torchlaunch.worker.debug import is_oom
 
     try:
         return build()
@@ -74,8 +74,8 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
     from torchlaunch.core.checkpoint import latest_valid
     from torchlaunch.core.dist import agreed
     from torchlaunch.core.preemption import PreemptionWatcher
-    from torchlaunch.tools.debug import anomaly_detection, describe_oom, is_oom
     from torchlaunch.worker.data import load_bundle
+    from torchlaunch.worker.debug import anomaly_detection, describe_oom, is_oom
     from torchlaunch.worker.plugins import check_early
     from torchlaunch.worker.trainer import Trainer
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch import config as config_mod
+from torchlaunch import rundir
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import (
@@ -40,13 +40,13 @@ from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
-from torchlaunch.ops.progress import heartbeat
+from torchlaunch.jobs.progress import heartbeat
 from torchlaunch.startup import process_age_s
-from torchlaunch.tools.debug import check_model_io
 from torchlaunch.worker import eval_loop
 from torchlaunch.worker.accumulate import backward_share
 from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
 from torchlaunch.worker.data.augment import val_resize_for
+from torchlaunch.worker.debug import check_model_io
 from torchlaunch.worker.faults import FaultSignal
 from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead
@@ -125,7 +125,7 @@ class Trainer:
         if cfg.train.tensorboard:
             require_tensorboard()  # fail on every rank together, before any collective
         self.run_dir = Path(cfg.run_dir)
-        self.ckpt_root = self.run_dir / "checkpoints"
+        self.ckpt_root = rundir.checkpoints(self.run_dir)
         self.precision = training_precision(cfg, ctx, data)
         self.amp_dtype = autocast_dtype(self.precision)
         self.plan = BatchPlan(
@@ -564,11 +564,11 @@ class Trainer:
                 staged.unlink(missing_ok=True)
             raise
         if staged is not None:
-            os.replace(staged, self.run_dir / "model.pt")
+            rundir.publish(staged, rundir.model(self.run_dir))
             p = self.progress
             log.line(
                 f"finished: {p.global_step} steps, final validation top-1 "
-                f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {self.run_dir / 'model.pt'}"
+                f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {rundir.model(self.run_dir)}"
             )
 
     def _opening_line(self, resumed: Path | None) -> str:
@@ -638,13 +638,7 @@ class Trainer:
 
     def _stage_final_model(self) -> Path:
         """model.pt's bytes, durable under a temporary name; the caller moves them into place."""
-        tmp = self.run_dir / ".model.pt.tmp"
-        try:
-            with open(tmp, "wb") as fh:
-                torch.save(self.model.state_dict(), fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        tmp = rundir.temp_name(rundir.model(self.run_dir))
+        with rundir.staged(rundir.model(self.run_dir), tmp=tmp) as fh:
+            torch.save(self.model.state_dict(), fh)
         return tmp

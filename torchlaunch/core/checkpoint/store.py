@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import xxhash
 
-from torchlaunch import storage
+from torchlaunch import contract, rundir, storage
 from torchlaunch.exit_codes import BadInput, ConfigError
 from torchlaunch.storage import StorageError
 from torchlaunch.untrusted import load_json, quote
@@ -47,10 +47,10 @@ MARKER_FILE = "COMMITTED.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
 REPLACED_PREFIX = ".replaced-"
-QUARANTINE_DIR = "quarantine"
-ROOT_NAME = "checkpoints"
+QUARANTINE_DIR = rundir.QUARANTINE
+ROOT_NAME = rundir.CHECKPOINTS
 """RUN_DIR/checkpoints: the layout where a checkpoint is tied to its run (RUN_ID_FILE beside it)."""
-RUN_ID_FILE = "run_id.json"
+RUN_ID_FILE = rundir.RUN_ID
 """RUN_DIR/run_id.json: the run's identity, written once at its first start; every marker carries it,
 so a checkpoint folder copied in from another run is not resumed as this run's own."""
 MAX_MARKER_BYTES = 1 << 20
@@ -94,14 +94,6 @@ def parse_step(name: str) -> int | None:
     """Step number of a checkpoint folder name, as an integer (never compared as text)."""
     m = STEP_DIR.match(name)
     return int(m.group(1)) if m else None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 CHECKSUM = "xxh3_128"
@@ -167,13 +159,9 @@ def _write_hashed(path: Path, state: dict[str, Any]) -> tuple[int, str]:
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """The run dir's atomic writer, under a temp name clean_stale() knows to sweep."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    rundir.write_json(path, payload, indent=1, sort_keys=True, tmp=tmp, mkdir=False)
 
 
 @dataclass(frozen=True)
@@ -226,13 +214,13 @@ def write_checkpoint(
             aside = root / f"{REPLACED_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
             os.rename(final, aside)
             os.rename(tmp, final)
-            _fsync_dir(root)
+            rundir.fsync_dir(root)
             shutil.rmtree(aside, ignore_errors=True)
         else:
             if final.exists():  # an uncommitted leftover of a crashed save of this same step
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            _fsync_dir(root)
+            rundir.fsync_dir(root)
             _write_json_atomic(final / MARKER_FILE, marker)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         os_error = _root_os_error(e)
@@ -273,8 +261,8 @@ def _fault_injection_stall(tmp: Path, step: int) -> None:
     """Fault-injection aid for crash tests: with TORCHLAUNCH_FAULT_SAVE_STALL_S set, saves of steps from
     TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP (default 0) announce that a write is provably in progress (a
     STALLING file in the temp folder) and hold it open that long."""
-    stall = os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_S")
-    if stall and step >= int(os.environ.get("TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP", "0")):
+    stall = contract.get(contract.FAULT_SAVE_STALL_S)
+    if stall and step >= int(contract.get(contract.FAULT_SAVE_STALL_FROM_STEP, "0") or "0"):
         marker = tmp / "STALLING"
         marker.write_text(str(os.getpid()))
         time.sleep(float(stall))
@@ -411,7 +399,7 @@ def ensure_run(root: Path) -> str | None:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(run_dir)
+    rundir.fsync_dir(run_dir)
     run = recorded_run(run_dir)
     return run[0] if run is not None else None
 
@@ -604,11 +592,11 @@ def locate(path: str | os.PathLike[str]) -> Located | None:
         return None
     if _looks_like_step(p):
         return Located(p, "step", p.parent, p)
-    if (p / "checkpoints").is_dir():
-        return Located(p, "run", p / "checkpoints")
-    if candidates(p) or p.name == "checkpoints":
+    if rundir.checkpoints(p).is_dir():
+        return Located(p, "run", rundir.checkpoints(p))
+    if candidates(p) or p.name == ROOT_NAME:
         return Located(p, "checkpoints", p)
-    return Located(p, "run", p / "checkpoints")  # a run folder without checkpoints yet
+    return Located(p, "run", rundir.checkpoints(p))  # a run folder without checkpoints yet
 
 
 def _looks_like_step(path: Path) -> bool:

@@ -4,7 +4,7 @@ the ranks the heartbeat and log folders, watch for a hang, and record how the la
     op = Operation(run_dir, scheduler="local", command=sys.argv, launch_id=attempt, local_ranks=4)
     env.update(op.rank_env())
     op.start(on_hang=lambda verdict, folder, beats: watchdog.kill_ranks(beats))  # torchrun restarts them
-    code = op.finish(code)          # hung -> 1 (retryable), cancelled -> 75 and never requeued
+    code = op.finish(code)          # hung -> 1 (retryable), cancelled -> 3 (exit_codes.CANCELLED)
 
 And in each rank, before its program runs: `prepare_rank()` (stack-dump handler + log tee).
 """
@@ -16,39 +16,18 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from torchlaunch import storage
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.ops import progress, proof, ranklog, record, watchdog
+from torchlaunch import contract, exit_codes, schedulers, storage
+from torchlaunch.exit_codes import BAD_INPUT, OK
+from torchlaunch.jobs import progress, proof, ranklog, record, watchdog
 
 OnHang = Callable[[watchdog.Verdict, Path, list[progress.RankBeat]], None]
 """Called from the watchdog's thread after the dump: end the hung ranks (watchdog.kill_ranks)."""
 
-LOGS_DIR_ENV = "TORCHLAUNCH_LOGS_DIR"
-"""Set by the launcher to RUN_DIR/logs: each rank tees its output into rank-N.log there."""
+LOGS_DIR_ENV = contract.LOGS_DIR
 
 
-def outcome_of(code: int, *, cancelled: bool, hung: bool) -> str:
-    """The recorded outcome of a launch that ended with `code`."""
-    if hung:
-        return "hung"
-    if code == OK:
-        return "finished"
-    if code == BAD_INPUT:
-        return "bad_input"
-    if cancelled:
-        return "cancelled"
-    return "preempted" if code == PREEMPTED else "failed"
-
-
-def exit_code_of(outcome: str, code: int) -> int:
-    """The launcher's exit code: a hang is retryable (1: torchrun restarts, Slurm requeues); a cancelled
-    launch keeps 75 (a checkpoint is committed, the same command resumes); the Slurm task must not
-    requeue it, which it learns from record.cancel_requested."""
-    if outcome == "hung":
-        return FAILURE
-    if outcome == "cancelled":
-        return PREEMPTED
-    return code
+outcome_of = exit_codes.outcome_of
+exit_code_of = exit_codes.launch_code
 
 
 class Operation:
@@ -100,8 +79,9 @@ class Operation:
     def start(self, on_hang: OnHang | None = None) -> record.JobRecord:
         """Record the launch; with `on_hang` (usually watchdog.kill_ranks), watch the node's ranks."""
         self.record = record.start(self.run_dir, **self._args, token=self.token)  # type: ignore[arg-type]
-        if self.record.scheduler == "slurm" and self.record.job_id and self.record.node_rank == 0:
-            proof.claim_slurm_job(self.record.job_id, self.run_dir)  # lets `cancel` prove the job is this run's
+        backend = schedulers.get(self.record.scheduler)
+        if backend is not None and self.record.job_id and self.record.node_rank == 0:
+            backend.claim(self.record.job_id, self.run_dir)  # lets `cancel` prove the job is this run's
         if on_hang is not None and self.hang_timeout != 0:
 
             def hung(verdict: watchdog.Verdict, folder: Path, beats: list[progress.RankBeat]) -> None:
@@ -146,7 +126,7 @@ def prepare_rank() -> None:
         return
     _prepared_in = os.getpid()
     progress.register_stack_dump()
-    logs = os.environ.get(LOGS_DIR_ENV)
+    logs = contract.get(LOGS_DIR_ENV)
     if logs:
-        rank = progress._env_rank("RANK")
+        rank = contract.rank()
         ranklog.start_tee(Path(logs) / f"rank-{rank}.log", rank, ranklog.Console.from_env())

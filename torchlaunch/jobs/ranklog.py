@@ -32,18 +32,20 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
-LOGS_DIR = "logs"
+contract: ModuleType | None = None
+if __name__ != "__main__":  # run as the tee (python -I this file) it imports the standard library only
+    from torchlaunch import contract
+
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
 NAME = re.compile(r"^rank-(\d+)\.log$")
 READ_BYTES = 4 << 20
 """The most `logs` reads of one log at a time: the tail of a 2 GB log, never all of it."""
 
 
-PREFIX_ENV = "TORCHLAUNCH_RANK_PREFIX"
-"""Set to 1 by the launcher: every console line of a rank starts with `[rank N] `."""
-CONSOLE_RANKS_ENV = "TORCHLAUNCH_CONSOLE_RANKS"
-"""Set by the launcher to the ranks whose output reaches the console (`0,3`, or empty for none)."""
+PREFIX_ENV = "" if contract is None else contract.RANK_PREFIX
+CONSOLE_RANKS_ENV = "" if contract is None else contract.CONSOLE_RANKS
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,9 @@ class ConsoleWriter:
 
 
 def folder(run_dir: str | Path) -> Path:
-    return Path(run_dir) / LOGS_DIR
+    from torchlaunch import rundir  # here, not at the top: this file also runs as the tee, stdlib only (-I)
+
+    return rundir.logs(run_dir)
 
 
 def log_path(run_dir: str | Path, rank: int) -> Path:
@@ -266,7 +270,7 @@ def read_lines(
     the log, from a line start), and the offset after them. At most READ_BYTES per call, through
     files.read_range: a FIFO or a symlink under a log's name is not read, a 2 GB log not read whole.
     A line without a stamp (written by something else) takes the previous line's."""
-    from torchlaunch.ops import files  # here: the tee runs this module as a stdlib-only script
+    from torchlaunch.jobs import files  # here: the tee runs this module as a stdlib-only script
 
     try:
         data, start = files.read_range(path, -READ_BYTES if offset is None else offset, READ_BYTES)

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from torchlaunch.exit_codes import BAD_INPUT, PREEMPTED
-from torchlaunch.ops import watchdog
-from torchlaunch.ops.progress import RankBeat
-from torchlaunch.ops.record import JobRecord
+from torchlaunch.jobs import watchdog
+from torchlaunch.jobs.progress import RankBeat
+from torchlaunch.jobs.record import JobRecord
 
 STATES = (
     "pending",
@@ -66,7 +66,7 @@ SCHEDULER_WORDS = {
     "DEADLINE": "failed",
     "PREEMPTED": "preempted",
 }
-"""Slurm (squeue/sacct) and Kubernetes (as cli.kubectl_state words it) job states, in our words."""
+"""Slurm (squeue/sacct) and Kubernetes (as torchlaunch.schedulers.k8s.state words it) job states, in our words."""
 
 WORLD_EVENT = "world_size_changed"
 """The `event` of the metrics.jsonl record the worker writes when a run continues on another world size."""

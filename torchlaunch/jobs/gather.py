@@ -8,55 +8,47 @@ word for `state.scheduler_word`; a missing tool or a failing query leaves the de
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
-from torchlaunch.ops import progress, record
-from torchlaunch.ops.files import as_int, read_json, read_range
-from torchlaunch.ops.state import WORLD_EVENT, Checkpoint, Facts, WorldChange, current_launch
+from torchlaunch import rundir, schedulers
+from torchlaunch.jobs import progress, record
+from torchlaunch.jobs.files import as_int, read_json, read_range
+from torchlaunch.jobs.state import WORLD_EVENT, Checkpoint, Facts, WorldChange, current_launch
 
-CHECKPOINTS_DIR = "checkpoints"
-STATUS_DIR = "status"
-METRICS_FILE = "metrics.jsonl"
 METRICS_TAIL_BYTES = 64 << 20
 """How much of metrics.jsonl's end is searched for the last world-size change (~500k records)."""
-QUERY_TIMEOUT_S = 10.0
-SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
-K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
-    """The newest checkpoint that verifies (commit marker, size and checksum), and why newer ones were
-    skipped. torchlaunch.core.checkpoint is imported here only, when a checkpoint folder exists: it
-    loads torch, which `status` of a run without checkpoints never needs."""
-    root = run_dir / CHECKPOINTS_DIR
+    """The newest checkpoint that verifies (commit marker, size and checksum: the store's latest_valid,
+    what "does this run have a checkpoint" means everywhere), and why newer ones were skipped.
+    torchlaunch.core.checkpoint is imported here only, when a checkpoint folder exists: it loads torch,
+    which `status` of a run without checkpoints never needs."""
+    root = rundir.checkpoints(run_dir)
     if not root.is_dir():
         return None, []
     from torchlaunch.core import checkpoint as ckpt
 
     skipped: list[str] = []
-    for step, path in ckpt.candidates(root):
-        try:
-            why = ckpt.verify(path)
-        except (OSError, ValueError) as e:
-            why = f"cannot be read ({e})"
-        if why is None:
-            try:
-                committed = (path / ckpt.MARKER_FILE).stat().st_mtime
-            except OSError:
-                committed = None
-            return Checkpoint(step, str(path), committed), skipped
-        skipped.append(f"checkpoint {path.name} skipped: {why}")
-    return None, skipped
+    try:
+        path = ckpt.latest_valid(root, lambda p, why: skipped.append(f"checkpoint {p.name} skipped: {why}"))
+    except (OSError, ValueError) as e:
+        return None, [*skipped, f"checkpoints cannot be read ({e})"]
+    if path is None:
+        return None, skipped
+    try:
+        committed = (path / ckpt.MARKER_FILE).stat().st_mtime
+    except OSError:
+        committed = None
+    step = ckpt.parse_step(path.name)
+    return Checkpoint(step if step is not None else 0, str(path), committed), skipped
 
 
 def last_world_change(run_dir: Path) -> WorldChange | None:
     """The last world-size change event in metrics.jsonl (its tail), or None; malformed lines skipped."""
     try:
-        raw, _ = read_range(run_dir / METRICS_FILE, -METRICS_TAIL_BYTES, METRICS_TAIL_BYTES)
+        raw, _ = read_range(rundir.metrics(run_dir), -METRICS_TAIL_BYTES, METRICS_TAIL_BYTES)
     except OSError:
         return None
     needle = WORLD_EVENT.encode()
@@ -83,7 +75,7 @@ def last_world_change(run_dir: Path) -> WorldChange | None:
 def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
     """Records torchlaunch.status left for this launch (read only: the launcher consumes them)."""
     out = []
-    for path in sorted((run_dir / STATUS_DIR).glob(f"{launch_id}-rank*.json"))[:4096]:
+    for path in sorted(rundir.status(run_dir).glob(f"{launch_id}-rank*.json"))[:4096]:
         data, _ = read_json(path)
         if data is None:
             continue
@@ -93,57 +85,10 @@ def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def _run(argv: list[str]) -> str | None:
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def slurm_state(job_id: str) -> str | None:
-    """squeue while the job is known to the controller, else sacct's final state."""
-    if not SLURM_ID.match(job_id):
-        return None
-    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    if out and out.strip():
-        return out.split()[0]
-    out = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
-    lines = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
-    return lines[-1] if lines else None
-
-
-def kubectl_state(name: str, namespace: str | None) -> str | None:
-    """A Kubernetes Job's state in Slurm's words (scheduler_word reads both)."""
-    if not K8S_NAME.match(name) or (namespace is not None and not K8S_NAME.match(namespace)):
-        return None
-    argv = ["kubectl", "get", "job", name, "-o", "json"] + (["--namespace", namespace] if namespace else [])
-    out = _run(argv)
-    if not out:
-        return None
-    try:
-        job = json.loads(out)
-        status = job.get("status", {}) if isinstance(job, dict) else {}
-    except ValueError:
-        return None
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or [] if isinstance(c, dict)}
-    if conditions.get("Complete") == "True":
-        return "COMPLETED"
-    if conditions.get("Failed") == "True":
-        return "FAILED"
-    if status.get("active"):
-        return "RUNNING" if status.get("ready") else "PENDING"
-    return "PENDING"
-
-
 def scheduler_state(rec: record.JobRecord) -> str | None:
-    if rec.scheduler == "slurm" and rec.job_id:
-        return slurm_state(rec.job_id)
-    if rec.scheduler == "k8s" and rec.job_id:
-        return kubectl_state(rec.job_id, rec.extra.get("namespace"))
-    return None
+    """What the record's scheduler says about its job (None: no job id, or it cannot say)."""
+    backend = schedulers.get(rec.scheduler)
+    return backend.state(rec.job_id, rec.extra) if backend is not None and rec.job_id else None
 
 
 def facts(

@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,10 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from torchlaunch import schedulers
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 from torchlaunch.exit_codes import LaunchParser as Parser
-from torchlaunch.ops import gather, proof, ranklog, record, state, watchdog
-from torchlaunch.ops.files import printable
+from torchlaunch.jobs import gather, ranklog, record, state, watchdog
+from torchlaunch.jobs.files import printable
 
 FOLLOW_POLL_S = 0.5
 
@@ -145,12 +145,20 @@ def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
         raise BadInput(f"launch error: no log for rank {args.rank} in {printable(str(run))}/logs (ranks: {have})")
     ranks = [args.rank] if args.rank is not None else present
     if not present and not args.follow:
-        print(f"launch: no rank logs in {printable(str(run))}/logs yet", file=sys.stderr)
+        print(f"launch: no rank logs in {printable(str(run))}/logs yet{_scheduler_output(run)}", file=sys.stderr)
     if not args.follow:
         for line in ranklog.merged(run, ranks):
             print(line, file=out)
         return OK
     return follow(run, args.rank, out)
+
+
+def _scheduler_output(run: Path) -> str:
+    """`; the scheduler's own output: PATHS` when the newest launch's scheduler keeps files of its own."""
+    nodes = state.current_launch(record.read_all(run)[0])
+    backend = schedulers.get(nodes[0].scheduler) if nodes else None
+    found = backend.logs(run, nodes[0].job_id) if backend is not None else []
+    return f"; the scheduler's own output: {printable(' '.join(map(str, found[:8])))}" if found else ""
 
 
 def follow(run: Path, rank: int | None, out: IO[str]) -> int:
@@ -172,37 +180,13 @@ def follow(run: Path, rank: int | None, out: IO[str]) -> int:
             time.sleep(FOLLOW_POLL_S)  # waiting for new output, not synchronising with anything
 
 
-def cancel_plan(run: Path, st: state.Status, nodes: Sequence[record.JobRecord]) -> list[tuple[str, list[str] | int]]:
-    """What a clean stop takes: ("signal", pid) for a local launcher on this host, ("run", argv) for a
-    scheduler command, ("print", argv) for a command the user must run elsewhere."""
-    steps: list[tuple[str, list[str] | int]] = []
+def cancel_plan(run: Path, st: state.Status, nodes: Sequence[record.JobRecord]) -> list[schedulers.Step]:
+    """What a clean stop takes, as the record's scheduler says (torchlaunch.schedulers): SIGTERM to a
+    launcher on this host, a scheduler command to run, or a command the user must run elsewhere."""
     node0 = min(nodes, key=lambda r: r.node_rank)
-    if node0.scheduler == "slurm" and node0.job_id and gather.SLURM_ID.match(node0.job_id):
-        why = proof.slurm_job(node0.job_id, run)
-        if why is not None:
-            raise BadInput(f"launch error: cancel refused: Slurm job {node0.job_id} is not proven this run's: {why}")
-        steps.append(("run", ["scancel", node0.job_id]))
-    elif node0.scheduler == "k8s" and node0.job_id and gather.K8S_NAME.match(node0.job_id):
-        argv = ["kubectl", "delete", "job", node0.job_id, "--wait=false"]
-        namespace = node0.extra.get("namespace")
-        if namespace and gather.K8S_NAME.match(namespace):
-            argv += ["--namespace", namespace]
-        steps.append(("print", argv))
-    else:
-        here = socket.gethostname()
-        for n in nodes:
-            if n.outcome is not None or n.launcher_pid is None:
-                continue
-            if n.host == here and n.launcher_alive() and n.launcher_pid != os.getpid():
-                why = proof.local_launcher(n.launcher_pid, n.extra.get(proof.DIGEST_KEY))
-                if why is not None:
-                    raise BadInput(
-                        f"launch error: cancel refused: pid {n.launcher_pid} is not proven this run's launcher: {why}"
-                    )
-                steps.append(("signal", n.launcher_pid))
-            elif n.host != here:
-                steps.append(("print", ["ssh", n.host or "?", "kill", "-TERM", str(n.launcher_pid)]))
-    return steps
+    backend = schedulers.get(node0.scheduler) or schedulers.get("local")
+    assert backend is not None
+    return backend.cancel(run, nodes)
 
 
 def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
@@ -223,21 +207,21 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
     steps = cancel_plan(run, st, nodes)
     if args.dry_run:
         print(f"cancel (dry run): mark launch {nodes[0].launch_id} cancelled in {run}/job/cancel.json", file=out)
-        for kind, what in steps:
-            text = f"kill -TERM {what}" if kind == "signal" else shlex.join(what)  # type: ignore[arg-type]
+        for step in steps:
+            text = f"kill -TERM {step.pid}" if step.kind == "signal" else shlex.join(step.argv)
             print(f"cancel (dry run): {text}", file=out)
         return OK
     if not steps:
         print(f"cancel: no running launcher of {printable(str(run))} found on this host ({st.state})", file=out)
         return FAILURE
-    record.request_cancel(run, nodes[0].launch_id, ",".join(kind for kind, _ in steps))
+    record.request_cancel(run, nodes[0].launch_id, ",".join(step.kind for step in steps))
     code = OK
-    for kind, what in steps:
-        if kind == "signal":
-            os.kill(int(what), signal.SIGTERM)  # type: ignore[arg-type]
-            print(f"cancel: asked launcher pid {what} to checkpoint and stop (SIGTERM)", file=out)
-        elif kind == "run":
-            argv = list(what)  # type: ignore[arg-type]
+    for step in steps:
+        if step.kind == "signal" and step.pid is not None:
+            os.kill(step.pid, signal.SIGTERM)
+            print(f"cancel: asked launcher pid {step.pid} to checkpoint and stop (SIGTERM)", file=out)
+        elif step.kind == "run":
+            argv = list(step.argv)
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
                 failed = done.returncode != 0
@@ -250,7 +234,7 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
             else:
                 print(f"cancel: {shlex.join(argv)} (the ranks checkpoint on SIGTERM; not requeued)", file=out)
         else:
-            print(f"cancel: run this to stop it: {shlex.join(what)}", file=out)  # type: ignore[arg-type]
+            print(f"cancel: run this to stop it: {shlex.join(step.argv)}", file=out)
     print("cancel: the same launch command resumes from the checkpoint", file=out)
     return code
 

@@ -1,8 +1,9 @@
-"""Run-dir files that other processes read while they are written: atomic replace, guarded read.
+"""Run-dir files that other processes read while they are written: the guarded read.
 
-A writer never leaves half a file (temp name, then os.replace); a reader treats a missing, oversized,
-truncated, non-UTF-8 or non-object file as absent and says why, because a run dir is shared storage
-that anything may have written: its contents are data, never trusted to be well-formed.
+Writers go through torchlaunch.rundir's atomic writer, so a reader never meets half a file it wrote;
+a reader still treats a missing, oversized, truncated, non-UTF-8 or non-object file as absent and says
+why, because a run dir is shared storage that anything may have written: its contents are data,
+never trusted to be well-formed.
 
 Nor is what a name points at trusted: every read of a run-dir file goes through open_regular, which
 refuses a FIFO or a device (opened non-blocking, then fstat: a FIFO would block the reader forever), a
@@ -13,7 +14,6 @@ symlink as the last component (O_NOFOLLOW: a log linked to /etc/shadow is not pr
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from pathlib import Path
@@ -23,19 +23,6 @@ from torchlaunch.untrusted import load_json
 
 MAX_BYTES = 256 * 1024
 """Larger files are refused unread: a record is a few hundred bytes."""
-
-
-def write_json(path: Path, payload: dict[str, Any], *, durable: bool = False) -> None:
-    """Replace `path` atomically; `durable` fsyncs first (records that must survive a crash)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = json.dumps(payload, sort_keys=True).encode()
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class NotRegular(OSError):

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 FOLDER = REPO_ROOT / "rankpath"
 """On a rank's PYTHONPATH: `torchlaunch` and nothing else of the project."""
 

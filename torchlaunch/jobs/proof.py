@@ -23,10 +23,10 @@ import secrets
 import subprocess
 from pathlib import Path
 
-from torchlaunch.ops import files
+from torchlaunch import contract
+from torchlaunch.jobs import files
 
-TOKEN_ENV = "TORCHLAUNCH_LAUNCH_TOKEN"
-"""Set by the launcher in its children's environment: the secret behind the record's digest."""
+TOKEN_ENV = contract.LAUNCH_TOKEN
 DIGEST_KEY = "token_sha256"
 """The record's extra field holding the token's digest."""
 QUERY_TIMEOUT_S = 20

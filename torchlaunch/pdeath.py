@@ -39,6 +39,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from torchlaunch import contract
+from torchlaunch.jobs import procs
+
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
 WATCH_INTERVAL_S = 0.5
@@ -135,14 +138,9 @@ def _parent_map() -> dict[int, list[int]]:
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stream:
-                stat = stream.read()
-        except OSError:
-            continue  # gone meanwhile
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1].isdigit():
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        parent = procs.parent(entry)
+        if parent is not None:  # else gone meanwhile
+            children.setdefault(parent, []).append(int(entry))
     return children
 
 
@@ -177,10 +175,8 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, *, include_root: bool = True)
     return signalled
 
 
-AGENT_ENV = "TORCHELASTIC_RUN_ID"
-"""Set by torchrun's agent in every worker it starts: the sign that our parent is that agent."""
-LAUNCHER_PID_ENV = "TORCHLAUNCH_LAUNCHER_PID"
-"""Set by the launcher for torchrun (and so for its workers): the agent's expected parent."""
+AGENT_ENV = contract.ELASTIC_RUN_ID
+LAUNCHER_PID_ENV = contract.LAUNCHER_PID
 
 
 def launcher_env() -> dict[str, str]:
@@ -190,13 +186,7 @@ def launcher_env() -> dict[str, str]:
 
 def parent_of(pid: int) -> int | None:
     """The parent pid of `pid` (/proc/PID/stat field 4); None if it is gone or off Linux."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
-            stat = stream.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return procs.parent(pid)
 
 
 def die_with_agent(sig: int = signal.SIGKILL) -> str | None:
@@ -206,10 +196,10 @@ def die_with_agent(sig: int = signal.SIGKILL) -> str | None:
     A worker only runs this once its interpreter is up, and the agent may have died (with the
     launcher) before that: getppid() then already names the reaper, which looks like a live parent.
     So the agent's own parent must still be the launcher named in the environment."""
-    if not os.environ.get(AGENT_ENV):
+    if not contract.get(AGENT_ENV):
         return None
     how = die_with_parent_now(sig)
-    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    launcher = contract.get(LAUNCHER_PID_ENV, "") or ""
     if how != "orphan" and launcher.isdigit() and parent_of(os.getppid()) != int(launcher):
         os.kill(os.getpid(), sig)
         return "orphan"

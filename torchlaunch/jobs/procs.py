@@ -1,4 +1,5 @@
-"""What /proc says about a process: alive, the same process as recorded (start time), its state.
+"""What /proc says about a process: alive, the same process as recorded (start time), its state,
+its parent. The one reader of /proc/PID/stat.
 
 A pid from a record is data: before anything is signalled, its start time must match the one recorded
 with it, so a recycled pid (or a forged one) is never signalled. Linux only; elsewhere every answer is
@@ -7,31 +8,38 @@ with it, so a recycled pid (or a forged one) is never signalled. Linux only; els
 
 from __future__ import annotations
 
-from pathlib import Path
-
 STOPPED_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a tracer", "D": "in uninterruptible I/O (D)"}
 """Process states in which a signal is not acted on, so no stack can be asked for."""
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (which may contain spaces and parentheses)."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (field 3, the state, onward): the command name
+    is in parentheses and may hold spaces, ')' or bytes that are not UTF-8, so split after the last ')'.
+    None when there is no such process (or no /proc)."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
+            text = stream.read()
     except (OSError, ValueError):
         return None
     _, sep, rest = text.rpartition(")")
     return rest.split() if sep else None
 
 
-def state(pid: int) -> str | None:
+def parent(pid: int | str) -> int | None:
+    """The parent pid of `pid` (field 4); None if it is gone or off Linux."""
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 and fields[1].isdigit() else None
+
+
+def state(pid: int | str) -> str | None:
     """The one-letter process state (R, S, D, T, Z...) or None when there is no such process."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[0] if fields else None
 
 
-def start_ticks(pid: int) -> int | None:
+def start_ticks(pid: int | str) -> int | None:
     """The process start time in clock ticks since boot: with the pid, it names one process."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     try:
         return int(fields[19]) if fields else None
     except (IndexError, ValueError):

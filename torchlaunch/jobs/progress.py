@@ -1,6 +1,6 @@
 """Per-rank progress: a tiny heartbeat file per rank, and the stack-dump hook the watchdog pulls.
 
-    from torchlaunch.ops.progress import heartbeat
+    from torchlaunch.jobs.progress import heartbeat
     for step in range(start, total):
         ...                        # your training step
         heartbeat(step + 1, total=total, epoch=epoch)
@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from torchlaunch.ops import procs, ranklog
-from torchlaunch.ops.files import as_float, as_int, as_str, read_json, write_json
+from torchlaunch import contract, rundir
+from torchlaunch.jobs import procs, ranklog
+from torchlaunch.jobs.files import as_float, as_int, as_str, read_json
 
-PROGRESS_DIR_ENV = "TORCHLAUNCH_PROGRESS_DIR"
-"""Set by the launcher to RUN_DIR/progress: where each rank leaves its heartbeat."""
-LAUNCH_ENV = "TORCHLAUNCH_ATTEMPT_ID"
-"""The launch id (the same variable torchlaunch.status reads): heartbeats of other launches are old."""
-PROGRESS_DIR = "progress"
+PROGRESS_DIR_ENV = contract.PROGRESS_DIR
+LAUNCH_ENV = contract.ATTEMPT_ID
+PROGRESS_DIR = rundir.PROGRESS
 DEFAULT_INTERVAL_S = 5.0
 DUMP_SIGNAL = signal.SIGRTMIN + 2 if hasattr(signal, "SIGRTMIN") else None
 """The stack-dump request. Not SIGUSR1/SIGUSR2: the launchers already mean "preempted" by those.
@@ -46,7 +45,7 @@ MAX_RANKS = 1 << 16
 
 
 def folder(run_dir: str | Path) -> Path:
-    return Path(run_dir) / PROGRESS_DIR
+    return rundir.progress(run_dir)
 
 
 def beat_path(where: Path, rank: int) -> Path:
@@ -55,13 +54,6 @@ def beat_path(where: Path, rank: int) -> Path:
 
 def stack_path(where: Path, rank: int) -> Path:
     return where / f"rank-{rank}.stack"
-
-
-def _env_rank(name: str) -> int:
-    try:
-        return int(os.environ.get(name, "0") or 0)
-    except ValueError:
-        return 0
 
 
 class Heartbeat:
@@ -127,7 +119,7 @@ class Heartbeat:
     def _write(self) -> None:
         payload = {**self._base, **self._fields, **self.dump, "beat": self._count, "time": time.time()}
         try:
-            write_json(beat_path(self.where, self.rank), payload)
+            rundir.write_json(beat_path(self.where, self.rank), payload, durable=False)
         except OSError:
             pass  # progress is advisory: a full or vanished disk must not stop training
 
@@ -138,7 +130,7 @@ _stack_file: IO[bytes] | None = None
 
 def _current() -> Heartbeat | None:
     global _writer
-    where = os.environ.get(PROGRESS_DIR_ENV)
+    where = contract.get(PROGRESS_DIR_ENV)
     if not where:
         return None
     if _writer is not None and _writer._pid != os.getpid():
@@ -146,10 +138,10 @@ def _current() -> Heartbeat | None:
     if _writer is None:
         _writer = Heartbeat(
             Path(where),
-            _env_rank("RANK"),
-            local_rank=_env_rank("LOCAL_RANK"),
-            world_size=_env_rank("WORLD_SIZE") or None,
-            launch_id=os.environ.get(LAUNCH_ENV),
+            contract.rank(),
+            local_rank=contract.local_rank(),
+            world_size=contract.world_size() or None,
+            launch_id=contract.get(LAUNCH_ENV),
         )
     return _writer
 

@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from torchlaunch.ops import procs, proof
-from torchlaunch.ops.files import as_float, as_int, as_str, read_json, write_json
+from torchlaunch import contract, rundir, schedulers
+from torchlaunch.jobs import procs, proof
+from torchlaunch.jobs.files import as_float, as_int, as_str, read_json
 
 VERSION = 1
-JOB_DIR = "job"
+JOB_DIR = rundir.JOB
 CANCEL_FILE = "cancel.json"
-SCHEDULERS = ("local", "slurm", "k8s")
 OUTCOMES = ("finished", "failed", "bad_input", "preempted", "hung", "cancelled")
 MAX_NODES = 1 << 16
 LAUNCH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -75,7 +75,7 @@ class JobRecord:
         extra = data.get("extra")
         return cls(
             launch_id=launch_id,
-            scheduler=scheduler if scheduler in SCHEDULERS else "local",
+            scheduler=scheduler if schedulers.get(scheduler) is not None else "local",
             job_id=as_str(data.get("job_id"), 256),
             host=as_str(data.get("host"), 256),
             node_rank=as_int(data.get("node_rank"), 0, MAX_NODES) or 0,
@@ -98,33 +98,25 @@ class JobRecord:
     def launcher_alive(self) -> bool | None:
         """True/False when this host can tell (a local launcher on this host), else None: under Slurm
         or Kubernetes the scheduler answers for the job (the submitting process may be long gone)."""
-        if self.scheduler != "local" or self.launcher_pid is None or self.host != socket.gethostname():
+        backend = schedulers.get(self.scheduler)
+        if backend is None or not backend.by_pid or self.launcher_pid is None or self.host != socket.gethostname():
             return None
         return procs.same_process(self.launcher_pid, self.launcher_start)
 
 
-K8S_JOB_ENV = "TORCHLAUNCH_K8S_JOB"
-K8S_NAMESPACE_ENV = "TORCHLAUNCH_K8S_NAMESPACE"
-"""Set in the pod by the Job manifest (downward API: the job-name label and metadata.namespace)."""
+K8S_JOB_ENV = contract.K8S_JOB
+K8S_NAMESPACE_ENV = contract.K8S_NAMESPACE
 
 
 def scheduler_from_env(env: Mapping[str, str]) -> tuple[str, str | None, dict[str, str]]:
-    """(scheduler, job id, extra) of the launcher's own environment: a Kubernetes pod (its Job's name
-    and namespace), a Slurm allocation (SLURM_JOB_ID, the array form when there is one), else local."""
-    job = env.get(K8S_JOB_ENV)
-    if job and env.get("KUBERNETES_SERVICE_HOST"):
-        namespace = env.get(K8S_NAMESPACE_ENV)
-        return "k8s", job, {"namespace": namespace} if namespace else {}
-    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return "slurm", f"{array}_{task}", {}
-    if env.get("SLURM_JOB_ID"):
-        return "slurm", env["SLURM_JOB_ID"], {}
-    return "local", None, {}
+    """(scheduler, job id, extra) of the launcher's own environment: the registered backend that
+    recognises it (a Kubernetes pod, a Slurm allocation...), else local (torchlaunch.schedulers)."""
+    found = schedulers.detect(env)
+    return found.scheduler, found.job_id, dict(found.extra)
 
 
 def job_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / JOB_DIR
+    return rundir.job(run_dir)
 
 
 def record_path(run_dir: str | Path, node_rank: int = 0) -> Path:
@@ -149,9 +141,9 @@ def start(
     token: str | None = None,
 ) -> JobRecord:
     """Record this launcher (this process) as running the job on this node; returns the record.
-    `token` (given to the launcher's children, see ops.proof) is recorded only as its digest."""
-    if scheduler not in SCHEDULERS:
-        raise ValueError(f"scheduler {scheduler!r} is not one of {SCHEDULERS}")
+    `token` (given to the launcher's children, see jobs.proof) is recorded only as its digest."""
+    if schedulers.get(scheduler) is None:
+        raise ValueError(f"scheduler {scheduler!r} is not one of {schedulers.names()}")
     pid = os.getpid()
     rec = JobRecord(
         launch_id=launch_id or new_launch_id(),
@@ -168,7 +160,7 @@ def start(
         started=time.time(),
         extra={**(extra or {}), **({proof.DIGEST_KEY: proof.digest(token)} if token else {})},
     )
-    write_json(record_path(run_dir, node_rank), rec.to_json(), durable=True)
+    rundir.write_json(record_path(run_dir, node_rank), rec.to_json())
     return rec
 
 
@@ -177,7 +169,7 @@ def finish(run_dir: str | Path, rec: JobRecord, code: int, outcome: str, reason:
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r} is not one of {OUTCOMES}")
     done = replace(rec, ended=time.time(), code=code, outcome=outcome, reason=reason[:1000])
-    write_json(record_path(run_dir, rec.node_rank), done.to_json(), durable=True)
+    rundir.write_json(record_path(run_dir, rec.node_rank), done.to_json())
     return done
 
 
@@ -202,10 +194,9 @@ def read_all(run_dir: str | Path) -> tuple[list[JobRecord], list[str]]:
 
 def request_cancel(run_dir: str | Path, launch_id: str, how: str) -> None:
     """Ask the launch `launch_id` to stop for good (its launcher maps the ensuing exit to cancelled)."""
-    write_json(
+    rundir.write_json(
         job_dir(run_dir) / CANCEL_FILE,
         {"launch_id": launch_id, "requested": time.time(), "how": how, "host": socket.gethostname()},
-        durable=True,
     )
 
 

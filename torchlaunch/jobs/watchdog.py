@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from torchlaunch.ops import files, procs, progress
+from torchlaunch.jobs import files, procs, progress
 
 MIN_TIMEOUT_S = 600.0
 STEP_TIMES = 50

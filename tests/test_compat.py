@@ -1,0 +1,60 @@
+"""Each private API in torchlaunch.compat, exercised against the installed torch, submitit and
+argparse: an upgrade that renames or changes one fails here, by name, not in a running job."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pickle
+from pathlib import Path
+
+import torch
+
+from torchlaunch import compat
+
+
+def test_argparse_option_actions_say_which_options_take_a_value() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int)
+    parser.add_argument("--dry-run", action="store_true")
+    actions = compat.option_actions(parser)
+    assert actions["--gpus"].nargs is None and actions["--dry-run"].nargs == 0
+    assert set(actions) >= {"--gpus", "--dry-run", "-h", "--help"}
+
+
+def test_undecorated_reaches_torchs_own_optimizer_methods() -> None:
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        inner = compat.undecorated(getattr(torch.optim.Optimizer, name))
+        assert not hasattr(inner, "__wrapped__") and inner.__name__ == name
+        assert inner.__code__.co_filename.endswith("optimizer.py"), inner.__code__.co_filename
+
+
+def test_the_default_store_of_a_one_rank_group(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        store = compat.default_store()
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fused_kernel_devices_and_mkldnn_bf16() -> None:
+    devices = compat.fused_kernel_devices()
+    assert devices is not None and "cuda" in devices
+    assert isinstance(compat.mkldnn_bf16_supported(), bool)
+    assert callable(torch.ops.mkldnn._is_mkldnn_bf16_supported)
+
+
+def test_submitits_task_module_and_requeue_pickle(tmp_path: Path) -> None:
+    assert importlib.util.find_spec(compat.SUBMITIT_TASK_MODULE) is not None
+    delayed = compat.delayed_submission(sum)
+    delayed.set_timeout(10, 2)
+    target = tmp_path / "submitted.pkl"
+    with compat.temporary_save_path(target) as tmp:
+        delayed.dump(tmp)
+    assert target.is_file() and not any(p != target for p in tmp_path.iterdir())
+    with open(target, "rb") as fh:
+        assert pickle.load(fh).function is sum

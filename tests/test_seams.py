@@ -1,0 +1,318 @@
+"""One owner per concept, checked on the source: a run-dir name, an exit code and an environment
+variable are each spelled in one module, so the next storage layout or scheduler changes one place.
+
+These read the code (ast), not the behaviour: what they prove is that no second spelling exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from torchlaunch import contract, exit_codes, rundir, schedulers
+from torchlaunch.jobs import cli, record
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "torchlaunch"
+
+
+def modules(*skip: str) -> Iterator[tuple[Path, ast.AST]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel not in skip:
+            yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def where(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+
+
+def is_os_path_join(call: ast.Call) -> bool:
+    return ast.unparse(call.func) in ("os.path.join", "path.join", "join")
+
+
+RUN_DIR_NAMES = {
+    value
+    for name, value in vars(rundir).items()
+    if name.isupper() and isinstance(value, str) and name not in ("PathLike",)
+}
+
+
+def test_run_dir_names_are_joined_onto_a_path_only_in_rundir() -> None:
+    """`run_dir / "checkpoints"` or os.path.join(run_dir, "status") anywhere else is a second owner."""
+    assert {"checkpoints", "status", "logs", "progress", "job", "metrics.jsonl", "model.pt", "config.yaml"} <= (
+        RUN_DIR_NAMES
+    )
+    found = []
+    for path, tree in modules("rundir.py"):
+        for node in ast.walk(tree):
+            parts: list[ast.expr] = []
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                parts = [node.right]
+            elif isinstance(node, ast.Call) and is_os_path_join(node):
+                parts = list(node.args[1:])
+            for part in parts:
+                if isinstance(part, ast.Constant) and part.value in RUN_DIR_NAMES:
+                    found.append(f"{where(path, node)}: {ast.unparse(node)}")
+    assert not found, "run-dir paths spelled outside torchlaunch/rundir.py:\n" + "\n".join(found)
+
+
+def test_one_atomic_writer() -> None:
+    """os.replace / os.rename of a file, and fsync of a folder, live in rundir.py; a checkpoint's folder
+    renames (store), a decoded cache's folder (folder_cache) and tar shards (shards/) keep their own
+    protocols, named here."""
+    allowed = {
+        "rundir.py",
+        "core/checkpoint/store.py",  # folder renames of the commit protocol (the marker goes through rundir)
+        "worker/folder_cache.py",  # a whole cache folder published by one rename, first writer wins
+        "shards/fsio.py",
+        "shards/writer.py",
+        "runlock.py",  # the lock record is created exclusively (O_EXCL), never replaced over another's
+        "tools/preflight.py",  # measures how long an fsync takes on the run dir's storage
+    }
+    found = []
+    for path, tree in modules(*allowed):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.replace", "os.rename", "os.fsync"):
+                found.append(f"{where(path, node)}: {ast.unparse(node)}")
+    assert not found, "hand-written atomic writers (use torchlaunch.rundir):\n" + "\n".join(found)
+
+
+EXIT_CODES = {exit_codes.FAILURE, exit_codes.BAD_INPUT, exit_codes.CANCELLED, exit_codes.PREEMPTED}
+EXITS = ("sys.exit", "os._exit", "SystemExit", "leave")
+
+
+def test_exit_codes_are_named_not_spelled() -> None:
+    """`return 75`, `sys.exit(2)`, `code == 75`: every project code is a name from exit_codes."""
+    found = []
+    for path, tree in modules("exit_codes.py"):
+        for node in ast.walk(tree):
+            values: list[ast.expr] = []
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in EXITS:
+                values = list(node.args)
+            elif isinstance(node, ast.Return) and node.value is not None:
+                values = [node.value]
+            elif isinstance(node, ast.Compare) and re.search(r"\b(code|rc|returncode|exit_code)\b", ast.unparse(node)):
+                values = list(node.comparators)
+            for value in values:
+                if isinstance(value, ast.Constant) and type(value.value) is int and value.value in EXIT_CODES:
+                    if isinstance(node, ast.Return) and not _returns_exit_code(path, node, tree):
+                        continue
+                    found.append(f"{where(path, node)}: {ast.unparse(node)}")
+    assert not found, "exit codes spelled as numbers (use torchlaunch.exit_codes):\n" + "\n".join(found)
+
+
+def _returns_exit_code(path: Path, node: ast.Return, tree: ast.AST) -> bool:
+    """A `return 1` counts only in a function whose name says it returns an exit code."""
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and node in ast.walk(fn):
+            return fn.name in ("main", "run", "follow", "exit_status") or "code" in fn.name
+    return False
+
+
+def test_the_sbatch_script_uses_the_tables_codes() -> None:
+    text = (REPO / "slurm" / "train.sbatch").read_text()
+    for name in ("BAD_INPUT", "CANCELLED", "PREEMPTED"):
+        assert re.search(rf"^{name}={getattr(exit_codes, name)}$", text, re.MULTILINE), name
+
+
+def test_the_readme_table_lists_every_code() -> None:
+    table = (REPO / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    for code in exit_codes.TABLE:
+        assert re.search(rf"^\| {code} \|", table, re.MULTILINE), code
+
+
+CONTRACT_NAMES = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)}
+
+
+def test_the_environment_is_read_only_through_contract() -> None:
+    """os.environ.get(X) / os.environ[X] / os.getenv(X) of a contract name (spelled, or through a
+    constant such as ATTEMPT_ENV) only in contract.py."""
+    assert {"RANK", "TORCHLAUNCH_ATTEMPT_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID"} <= CONTRACT_NAMES
+    found = []
+    for path, tree in modules("contract.py"):
+        for node in ast.walk(tree):
+            key: ast.expr | None = None
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv") and node.args:
+                key = node.args[0]
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                if isinstance(node.ctx, ast.Load):
+                    key = node.slice
+            if key is None:
+                continue
+            named = isinstance(key, ast.Attribute | ast.Name) and (
+                ast.unparse(key).isupper() or "_ENV" in ast.unparse(key)
+            )
+            if (isinstance(key, ast.Constant) and key.value in CONTRACT_NAMES) or named:
+                found.append(f"{where(path, node)}: {ast.unparse(node)}")
+    assert not found, "contract variables read outside torchlaunch/contract.py:\n" + "\n".join(found)
+
+
+def test_every_project_variable_is_defined_in_contract() -> None:
+    """A TORCHLAUNCH_* literal outside contract.py is a second definition (docstrings aside)."""
+    found = []
+    for path, tree in modules("contract.py"):
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                docstrings.add(id(node.value))  # attribute docstrings
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.fullmatch(r"(TORCHLAUNCH|TORCHELASTIC)_[A-Z_]+", node.value)
+                and id(node) not in docstrings
+            ):
+                found.append(f"{where(path, node)}: {node.value}")
+    assert not found, "environment names defined outside torchlaunch/contract.py:\n" + "\n".join(found)
+
+
+def test_no_branch_on_a_schedulers_name_outside_the_scheduler_modules() -> None:
+    """`scheduler == "slurm"` (or != / in) anywhere else means a backend's knowledge leaked out of
+    torchlaunch/schedulers/: it belongs behind the Scheduler interface."""
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("schedulers/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and "scheduler" in ast.unparse(node.left).lower():
+                if any(_names_a_scheduler(c) for c in node.comparators):
+                    found.append(f"{where(path, node)}: {ast.unparse(node)}")
+    assert not found, "branches on a scheduler's name (use torchlaunch.schedulers):\n" + "\n".join(found)
+
+
+def _names_a_scheduler(node: ast.expr) -> bool:
+    """A string literal, or a tuple/list/set of them (`in ("slurm", "k8s")`)."""
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return bool(node.elts) and all(_names_a_scheduler(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def test_the_scheduler_modules_import_neither_torch_nor_the_launchers() -> None:
+    for path in sorted((PACKAGE / "schedulers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in ("torch", "numpy", "launch", "train"), f"{path.name}: {name}"
+                assert not name.startswith("torchlaunch.launch"), f"{path.name}: {name}"
+
+
+# ---- adding a scheduler is one module: an example backend, "a subprocess on this host" ----------------
+
+
+class HostProcesses:
+    """A job is a process on this host, its job id the pid; its exit status is left in the run dir by
+    whoever waits for it. Everything `status`, `logs`, `cancel` and `list` need, and nothing else."""
+
+    name = "host-process"
+    by_pid = False
+
+    def __init__(self) -> None:
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def detect(self, env: Mapping[str, str]) -> schedulers.Detected | None:
+        job = env.get("EXAMPLE_HOST_PROCESS_JOB")
+        return schedulers.Detected(self.name, job) if job else None
+
+    def state(self, job_id: str, extra: Mapping[str, str]) -> str | None:
+        child = self.children.get(job_id)
+        if child is None:
+            return None
+        code = child.poll()
+        if code is None:
+            return "RUNNING"
+        return "COMPLETED" if code == 0 else "CANCELLED" if code == -signal.SIGTERM else "FAILED"
+
+    def alive(self, job_id: str) -> bool:
+        child = self.children.get(job_id)
+        return child is not None and child.poll() is None
+
+    def cancel(self, run_dir: Path, nodes: Sequence[record.JobRecord]) -> list[schedulers.Step]:
+        return [schedulers.Step("run", ("kill", "-TERM", str(nodes[0].job_id)))]
+
+    def logs(self, run_dir: Path, job_id: str | None) -> list[Path]:
+        return [run_dir / "host-process.out"]
+
+    def claim(self, job_id: str, run_dir: Path) -> None:
+        pass
+
+
+@pytest.fixture
+def host_processes() -> Iterator[HostProcesses]:
+    backend = HostProcesses()
+    schedulers.register(backend)
+    try:
+        yield backend
+    finally:
+        schedulers.unregister(backend.name)
+        for child in backend.children.values():
+            if child.poll() is None:
+                child.kill()
+            child.wait(timeout=30)
+
+
+def test_an_example_backend_is_operated_by_status_logs_cancel_and_list(
+    host_processes: HostProcesses, tmp_path: Path
+) -> None:
+    """Registering the class above is the whole change: the job record, status, logs, list and cancel
+    go through it (the run-dir lock too, through schedulers.alive)."""
+    run = tmp_path / "runs" / "example"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    job_id = str(child.pid)
+    host_processes.children[job_id] = child
+    found = record.scheduler_from_env({"EXAMPLE_HOST_PROCESS_JOB": job_id})
+    assert found == ("host-process", job_id, {})
+    record.start(run, scheduler=found[0], job_id=found[1], command=["example"], launch_id="L1")
+    (run / "logs").mkdir()
+    (run / "logs" / "rank-0.log").write_bytes(b"2026-12-01T09:51:00.123Z hello from rank 0\n")
+
+    def ops(*argv: str) -> str:
+        out = io.StringIO()
+        assert cli.main(list(argv), out=out) == 0
+        return out.getvalue()
+
+    assert "state:      running" in ops("status", str(run))
+    assert "scheduler:  host-process  job " + job_id in ops("status", str(run))
+    assert ops("logs", str(run)).splitlines() == ["[rank 0] hello from rank 0"]
+    assert "example" in ops("list", str(tmp_path / "runs")) and "running" in ops("list", str(tmp_path / "runs"))
+    assert schedulers.alive("host-process", job_id) is True  # what the run-dir lock asks
+    assert f"kill -TERM {job_id}" in ops("cancel", str(run), "--dry-run")
+    assert f"kill -TERM {job_id}" in ops("cancel", str(run))
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    assert "state:      cancelled" in ops("status", str(run))
+    assert schedulers.alive("host-process", job_id) is False
+
+
+def test_the_rank_side_imports_nothing_from_the_launchers_or_the_tools() -> None:
+    """The worker, the core and the rank runner sit below launch/ and tools/: an import upward would
+    load launcher code into every rank (tools.preflight is started by name, as a program, not imported)."""
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if not (rel.startswith(("worker/", "core/")) or rel in ("runner.py", "api.py")):
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for name in names:
+                if name.startswith(("torchlaunch.launch", "torchlaunch.tools")):
+                    found.append(f"{where(path, node)}: {name}")
+    assert not found, "rank-side code importing launcher or tool modules:\n" + "\n".join(found)

@@ -1,0 +1,73 @@
+"""Every private API of torch, submitit and argparse the project relies on, in one place.
+
+A private name can change in any release; here each one is reached through one function, and
+tests/test_compat.py exercises each against the installed version, so an upgrade that breaks one
+fails one named test instead of a rank at 3 a.m. Imports are inside the functions: the launchers
+import this module without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SUBMITIT_TASK_MODULE = "submitit.core._submit"
+"""What submitit runs in each Slurm task (SlurmExecutor._submitit_command_str), with our python."""
+
+
+def option_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """option string -> its Action (argparse's `_option_string_actions`): which options take a value."""
+    return parser._option_string_actions
+
+
+def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function under functools.wraps layers (torch's optimizer methods are wrapped in dynamo's
+    disable and the profiler hook; calling the inner one skips the torch._dynamo import)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def default_store() -> Any:
+    """The process group's default c10d store (torch.distributed.distributed_c10d._get_default_store)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def fused_kernel_devices() -> list[str] | None:
+    """Device types with fused SGD/AdamW kernels (torch.utils._foreach_utils); None where torch has no such list."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return None
+    return list(_get_fused_kernels_supported_devices())
+
+
+def mkldnn_bf16_supported() -> bool:
+    """Whether oneDNN runs bf16 on this CPU (torch.ops.mkldnn._is_mkldnn_bf16_supported); False if unknown."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def delayed_submission(fn: Callable[[], Any]) -> Any:
+    """submitit's picklable (callable, args) record of a submitted task (submitit.core.utils)."""
+    from submitit.core import utils
+
+    return utils.DelayedSubmission(fn)
+
+
+@contextmanager
+def temporary_save_path(path: str | Path) -> Iterator[Path]:
+    """submitit's temp-then-rename save of a task pickle (submitit.core.utils.temporary_save_path)."""
+    from submitit.core import utils
+
+    with utils.temporary_save_path(path) as tmp:
+        yield Path(tmp)

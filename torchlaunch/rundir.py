@@ -1,0 +1,205 @@
+"""The run dir's layout and its one atomic writer (stdlib only: launchers import it before torch).
+
+A run dir is shared between the launcher, every rank, every requeue and the operator commands, so
+each of them must agree on where a thing lives; a name spelled once here is a name that cannot drift
+between a writer and its reader. Other modules ask for a path (`checkpoints(run_dir)`) and never
+join a literal onto a run dir themselves.
+
+Every file another process may read while it is written goes through `write_bytes` / `write_json`:
+a temp name in the same folder (so the rename stays on one filesystem), the bytes, fsync of the
+file, rename over the target, fsync of the folder. A reader therefore sees the old file or the new
+one, never half of either; a crash right after the call keeps the new one. `durable=False` skips the
+two fsyncs for files rewritten every few seconds (heartbeats, per-rank status records), where losing
+the newest version to a power cut is harmless and an fsync per step is not.
+
+What the writer does not do is word errors: it raises the OSError, and the caller decides what it
+means (torchlaunch.storage words a run-dir write as one line and exit 2; a heartbeat ignores it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+PathLike = str | os.PathLike[str]
+
+# ---- the layout: one name per thing ------------------------------------------------------------
+
+CHECKPOINTS = "checkpoints"
+"""RUN_DIR/checkpoints/step-NNNNNNNNN/: committed checkpoints (torchlaunch.core.checkpoint.store)."""
+QUARANTINE = "quarantine"
+"""RUN_DIR/checkpoints/quarantine/: checkpoints set aside by `doctor` after they failed to verify."""
+RUN_ID = "run_id.json"
+"""RUN_DIR/run_id.json: the run's identity, written once; every commit marker carries it."""
+STATUS = "status"
+"""RUN_DIR/status/: each rank's outcome for the launcher (torchlaunch.status)."""
+LOGS = "logs"
+"""RUN_DIR/logs/rank-N.log: each rank's console output."""
+PROGRESS = "progress"
+"""RUN_DIR/progress/rank-N.json: each rank's heartbeat (and stack dumps beside it)."""
+JOB = "job"
+"""RUN_DIR/job/node-N.json: each node launcher's job record (the operator commands read it)."""
+METRICS = "metrics.jsonl"
+"""RUN_DIR/metrics.jsonl: the built-in worker's metrics, one JSON object a line."""
+TENSORBOARD = "tb"
+"""RUN_DIR/tb/: TensorBoard event files when logging.tensorboard is on."""
+MODEL = "model.pt"
+"""RUN_DIR/model.pt: the final weights, published once the final checkpoint is committed."""
+CONFIG = "config.yaml"
+"""RUN_DIR/config.yaml: the resolved config every rank and every requeue reads."""
+PRECISION = "precision.json"
+"""RUN_DIR/precision.json: the precision `auto` chose at the run's first start."""
+LOCK = ".lock.json"
+"""RUN_DIR/.lock.json: the record of who holds the run dir (torchlaunch.runlock)."""
+LOCK_GUARD = ".lock.guard"
+"""RUN_DIR/.lock.guard: serialises takeovers of a stale lock."""
+SLURM = "slurm"
+"""RUN_DIR/slurm/JOB_ID/: submitit's pickles and the Slurm tasks' logs."""
+
+
+def _under(run_dir: PathLike, name: str) -> Path:
+    return Path(run_dir) / name
+
+
+def checkpoints(run_dir: PathLike) -> Path:
+    return _under(run_dir, CHECKPOINTS)
+
+
+def quarantine(run_dir: PathLike) -> Path:
+    return checkpoints(run_dir) / QUARANTINE
+
+
+def run_id(run_dir: PathLike) -> Path:
+    return _under(run_dir, RUN_ID)
+
+
+def status(run_dir: PathLike) -> Path:
+    return _under(run_dir, STATUS)
+
+
+def logs(run_dir: PathLike) -> Path:
+    return _under(run_dir, LOGS)
+
+
+def progress(run_dir: PathLike) -> Path:
+    return _under(run_dir, PROGRESS)
+
+
+def job(run_dir: PathLike) -> Path:
+    return _under(run_dir, JOB)
+
+
+def metrics(run_dir: PathLike) -> Path:
+    return _under(run_dir, METRICS)
+
+
+def tensorboard(run_dir: PathLike) -> Path:
+    return _under(run_dir, TENSORBOARD)
+
+
+def model(run_dir: PathLike) -> Path:
+    return _under(run_dir, MODEL)
+
+
+def config(run_dir: PathLike) -> Path:
+    return _under(run_dir, CONFIG)
+
+
+def precision(run_dir: PathLike) -> Path:
+    return _under(run_dir, PRECISION)
+
+
+def lock(run_dir: PathLike) -> Path:
+    return _under(run_dir, LOCK)
+
+
+def lock_guard(run_dir: PathLike) -> Path:
+    return _under(run_dir, LOCK_GUARD)
+
+
+def slurm(run_dir: PathLike) -> Path:
+    return _under(run_dir, SLURM)
+
+
+# ---- the one atomic writer ----------------------------------------------------------------------
+
+
+def fsync_dir(folder: PathLike) -> None:
+    """Make a rename (or a new entry) in `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    """A hidden, unique sibling of `path` (same folder, so the final rename never crosses filesystems)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def publish(tmp: PathLike, path: PathLike, *, durable: bool = True) -> None:
+    """Rename the finished `tmp` over `path` (and fsync the folder): the moment the new file appears."""
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(Path(path).parent)
+
+
+@contextmanager
+def staged(path: PathLike, *, durable: bool = True, tmp: PathLike | None = None) -> Iterator[IO[bytes]]:
+    """A binary file to write `path`'s new bytes into (a stream, e.g. torch.save's), under a temp name;
+    on a clean exit it is fsynced (`durable`) and left for `publish`, on an error it is removed."""
+    tmp_path = Path(tmp) if tmp is not None else temp_name(Path(path))
+    try:
+        with open(tmp_path, "wb") as fh:
+            yield fh
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes(
+    path: PathLike, data: bytes, *, durable: bool = True, tmp: PathLike | None = None, mkdir: bool = True
+) -> None:
+    """Replace `path` with `data` atomically: temp file in the same folder, fsync, rename, fsync folder
+    (`durable=False`: temp file and rename only). `tmp` names the temp file where a sweep must know it."""
+    path = Path(path)
+    if mkdir:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = Path(tmp) if tmp is not None else temp_name(path)
+    with staged(path, durable=durable, tmp=tmp_path) as fh:
+        fh.write(data)
+    try:
+        publish(tmp_path, path, durable=durable)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: PathLike, text: str, **kwargs: Any) -> None:
+    """write_bytes of `text` as UTF-8."""
+    write_bytes(path, text.encode("utf-8"), **kwargs)
+
+
+def write_json(
+    path: PathLike,
+    value: Any,
+    *,
+    durable: bool = True,
+    indent: int | None = None,
+    sort_keys: bool = True,
+    newline: bool = False,
+    tmp: PathLike | None = None,
+    mkdir: bool = True,
+) -> None:
+    """write_bytes of `value` as JSON (the format options are the readers' business, not the writer's)."""
+    text = json.dumps(value, indent=indent, sort_keys=sort_keys) + ("\n" if newline else "")
+    write_bytes(path, text.encode("utf-8"), durable=durable, tmp=tmp, mkdir=mkdir)

@@ -1,0 +1,87 @@
+"""The Kubernetes backend: a Job (Indexed, one pod per node) named by the pod's downward-API labels.
+
+`state` asks kubectl when it is installed (in Slurm's words: COMPLETED, FAILED, RUNNING, PENDING);
+`cancel` prints the exact `kubectl delete job` for the user to run where the cluster's credentials
+are, since the run dir's host need not have them. The manifest is torchlaunch.launch.k8s's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torchlaunch import contract
+from torchlaunch.schedulers import Detected, Step
+from torchlaunch.schedulers.slurm import _run
+
+if TYPE_CHECKING:
+    from torchlaunch.jobs.record import JobRecord
+
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A DNS-1123 label: only such a name reaches a kubectl command."""
+
+
+def state(name: str, namespace: str | None) -> str | None:
+    """A Kubernetes Job's state in Slurm's words (jobs.state.scheduler_word reads both)."""
+    if not K8S_NAME.match(name) or (namespace is not None and not K8S_NAME.match(namespace)):
+        return None
+    argv = ["kubectl", "get", "job", name, "-o", "json"] + (["--namespace", namespace] if namespace else [])
+    out = _run(argv)
+    if not out:
+        return None
+    try:
+        job = json.loads(out)
+        status = job.get("status", {}) if isinstance(job, dict) else {}
+    except ValueError:
+        return None
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or [] if isinstance(c, dict)}
+    if conditions.get("Complete") == "True":
+        return "COMPLETED"
+    if conditions.get("Failed") == "True":
+        return "FAILED"
+    if status.get("active"):
+        return "RUNNING" if status.get("ready") else "PENDING"
+    return "PENDING"
+
+
+class Kubernetes:
+    name = "k8s"
+    by_pid = False
+
+    def detect(self, env: Mapping[str, str]) -> Detected | None:
+        """A pod of a Job rendered by torchlaunch.launch.k8s (its name and namespace from the downward API)."""
+        job = env.get(contract.K8S_JOB)
+        if not (job and env.get(contract.KUBERNETES_SERVICE_HOST)):
+            return None
+        namespace = env.get(contract.K8S_NAMESPACE)
+        return Detected(self.name, job, {"namespace": namespace} if namespace else {})
+
+    def state(self, job_id: str, extra: Mapping[str, str]) -> str | None:
+        return state(job_id, extra.get("namespace"))
+
+    def alive(self, job_id: str) -> bool:
+        return True  # judged by whoever holds the cluster's credentials, never from a run dir
+
+    def cancel(self, run_dir: Path, nodes: Sequence[JobRecord]) -> list[Step]:
+        node0 = min(nodes, key=lambda r: r.node_rank)
+        if not node0.job_id or not K8S_NAME.match(node0.job_id):
+            from torchlaunch.schedulers.local import signal_launchers
+
+            return signal_launchers(nodes)
+        argv = ["kubectl", "delete", "job", node0.job_id, "--wait=false"]
+        namespace = node0.extra.get("namespace")
+        if namespace and K8S_NAME.match(namespace):
+            argv += ["--namespace", namespace]
+        return [Step("print", tuple(argv))]
+
+    def logs(self, run_dir: Path, job_id: str | None) -> list[Path]:
+        return []  # the pods' logs are the cluster's (kubectl logs); RUN_DIR/logs has every rank's
+
+    def claim(self, job_id: str, run_dir: Path) -> None:
+        pass  # proven by the record the pod writes into the shared run dir
+
+
+BACKEND = Kubernetes()
