@@ -18,6 +18,8 @@ from torchlaunch.jobs import ranklog
 from torchlaunch.launch import cli, k8s, slurm
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "custom_loop.py"
+"""A real Python program for the parsers that check the program after --."""
 
 SCRIPT = """\
 import os, sys
@@ -193,7 +195,7 @@ def test_every_launcher_takes_the_same_operation_options() -> None:
     import argparse
 
     for parse in (
-        lambda a: slurm.parse_args([*a, "--run-dir", "/tmp/r", "--", sys.executable])[2],
+        lambda a: slurm.parse_args([*a, "--run-dir", "/tmp/r", "--", str(EXAMPLE)])[2],
         k8s.parse_args,
     ):
         args = parse(["--rank-prefix", "--console-ranks", "none", "--hang-timeout", "0"])
