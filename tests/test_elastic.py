@@ -174,7 +174,7 @@ def test_wait_follows_a_job_requeued_after_a_node_failure(tmp_path: Path, monkey
     """After a node failure sacct's last record is the failed allocation's NODE_FAIL while slurmctld has
     requeued the job (PENDING), and for a moment both say NODE_FAIL: --wait goes on until the requeued
     allocation ends."""
-    from torchlaunch.launch import slurm
+    from torchlaunch.schedulers import slurm
 
     class Job:
         job_id = "8"

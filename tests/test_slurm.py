@@ -13,12 +13,12 @@ from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, BadInput
 from torchlaunch.launch.slurm import (
     SlurmOptions,
     executor_parameters,
-    is_timeout,
     resolve_run_dir,
     sbatch_script,
     worker_argv,
 )
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.slurm_task import is_timeout
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -183,7 +183,7 @@ def test_exit_status_maps_slurm_states_to_project_codes(
 ) -> None:
     """The code travels as data: task 0's result record, never its exception's text."""
     from torchlaunch import rundir
-    from torchlaunch.launch.slurm import exit_status, result_path
+    from torchlaunch.schedulers.slurm import exit_status, result_path
 
     if result is not None:
         rundir.write_json(result_path(tmp_path, "42"), {"code": result[0], "why": result[1]})

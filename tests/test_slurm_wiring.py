@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch import runlock
+from torchlaunch import runlock, slurm_task
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK
 from torchlaunch.jobs import record
 from torchlaunch.launch import slurm
@@ -121,17 +121,19 @@ def test_wait_ends_when_scontrol_says_failed_although_sacct_says_unknown(
             return None
 
     asked: list[str] = []
-    monkeypatch.setattr(slurm, "STATE_SOURCES", (lambda j: asked.append("sacct") or "UNKNOWN", lambda j: "FAILED"))
+    monkeypatch.setattr(
+        slurm_backend, "STATE_SOURCES", (lambda j: asked.append("sacct") or "UNKNOWN", lambda j: "FAILED")
+    )
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        assert slurm.follow(Job(), poll_s=0, out=io.StringIO()) == FAILURE
+        assert slurm_backend.follow(Job(), poll_s=0, out=io.StringIO()) == FAILURE
     assert asked == ["sacct"] and "job 7 ended FAILED" in err.getvalue()
 
 
 def test_scontrol_state_reads_the_job_state(monkeypatch: pytest.MonkeyPatch) -> None:
     line = "JobId=7 JobName=train UserId=u(1) JobState=FAILED Reason=NonZeroExitCode Dependency=(null)\n"
     monkeypatch.setattr(
-        slurm.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=line, stderr="")
+        slurm_backend.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=line, stderr="")
     )
     assert slurm_backend.scontrol_state("7") == "FAILED"
 
@@ -147,7 +149,7 @@ def test_a_failed_job_shows_the_first_failing_rank_its_node_and_its_stderr(tmp_p
         (folder / f"9_{task}_log.out").write_text(f"slurm task: rank {task}/3 local 0 master a:1 (x) on {host}\n")
         (folder / f"9_{task}_log.err").write_text(err)
         os.utime(folder / f"9_{task}_log.err", (1000 + task, 1000 + task))
-    report = slurm.failure_report(folder, "9", "FAILED")
+    report = slurm_backend.failure_report(folder, "9", "FAILED")
     lines = report.splitlines()
     assert lines[0] == "job 9 ended FAILED"
     assert lines[1].startswith("first failing: rank 1 on node-b (1 more task(s) failed); last lines of ")
@@ -158,11 +160,11 @@ def test_a_failed_job_shows_the_first_failing_rank_its_node_and_its_stderr(tmp_p
 def test_a_cancelled_launch_is_not_requeued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "55")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    task = slurm.SlurmTask(argv=["x.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
+    task = slurm_task.SlurmTask(argv=["x.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
     assert task.launch_id() == "55-2"
     record.request_cancel(tmp_path, "55-2", "test")
-    monkeypatch.setattr(slurm, "controller_state", lambda job_id: pytest.fail("asked to requeue"))
-    with pytest.raises(slurm.WorkerExit, match="cancelled"):
+    monkeypatch.setattr(slurm_task, "controller_state", lambda job_id: pytest.fail("asked to requeue"))
+    with pytest.raises(slurm_task.WorkerExit, match="cancelled"):
         task._requeue(0, 10.0)
 
 
@@ -171,11 +173,13 @@ def test_a_hang_requeues_once_then_ends_the_hung_ranks(tmp_path: Path, monkeypat
     calls: list[list[str]] = []
     killed: list[object] = []
     monkeypatch.setattr(
-        slurm.subprocess, "run", lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", "")
+        slurm_task.subprocess,
+        "run",
+        lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""),
     )
-    monkeypatch.setattr(slurm.SlurmTask, "_save_for_requeue", lambda self: None)
-    monkeypatch.setattr(slurm.watchdog, "kill_ranks", lambda beats: killed.append(beats) or [])
-    task = slurm.SlurmTask(argv=["x.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
+    monkeypatch.setattr(slurm_task.SlurmTask, "_save_for_requeue", lambda self: None)
+    monkeypatch.setattr(slurm_task.watchdog, "kill_ranks", lambda beats: killed.append(beats) or [])
+    task = slurm_task.SlurmTask(argv=["x.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
     op = type("Op", (), {"dog": None})()
     verdict = type("Verdict", (), {"reason": "no rank progressed for 9s"})()
     task._on_hang(verdict, tmp_path, ["beat"], op)  # type: ignore[arg-type]

@@ -3,21 +3,30 @@
 Every query is bounded by a timeout and answers "cannot say" (None, UNKNOWN, or alive) when the
 tool is missing or fails: a machine without the Slurm tools must never conclude that a job is over
 and take over its run dir. The submission artefact (the submitit executor) and the in-task runtime
-(requeue, the result record) are torchlaunch.launch.slurm's.
+(requeue) is torchlaunch.slurm_task's; the sbatch artefact and the command line are
+torchlaunch.launch.slurm's. What lives here talks to the cluster: the state queries, the partitions
+sbatch would check, the submission through submitit, and following a job to its end (`--wait`: its
+output, its final state, the code its task 0 recorded as data).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchlaunch import contract, rundir
-from torchlaunch.exit_codes import BadInput
-from torchlaunch.jobs import proof
+from torchlaunch import contract, exit_codes, rundir
+from torchlaunch.exit_codes import FAILURE, OK, BadInput
+from torchlaunch.jobs import files, proof, ranklog
 from torchlaunch.schedulers import Detected, Step
 
 if TYPE_CHECKING:
@@ -159,3 +168,254 @@ class Slurm:
 
 
 BACKEND = Slurm()
+
+
+# ----------------------------------------------------------------------------------------------
+# Submitting and following a job (launch.slurm).
+
+
+def result_path(folder: str | os.PathLike[str], job_id: str, task: int = 0) -> Path:
+    """Where task `task` of `job_id` leaves its exit code and reason, beside submitit's own files."""
+    return Path(folder) / f"{job_id}_{task}_result.json"
+
+
+def read_result(folder: str | os.PathLike[str], job_id: str) -> tuple[int | None, str]:
+    """(code, reason) task 0 of `job_id` recorded, or (None, "") when it left none (it was killed)."""
+    data, _ = files.read_json(result_path(folder, job_id))
+    if data is None:
+        return None, ""
+    return files.as_int(data.get("code"), 0, 255), files.as_str(data.get("why"), 1000) or ""
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: int
+    gres: str
+
+
+def cluster_partitions() -> dict[str, Partition] | None:
+    """Partitions from sinfo, or None when no cluster is reachable (then nothing is checked)."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%R|%D|%G"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    partitions: dict[str, Partition] = {}
+    for line in out.splitlines():
+        name, nodes, gres = line.split("|")
+        known = partitions.get(name)
+        count = int(nodes) + (known.nodes if known else 0)
+        gres_all = ",".join(g for g in ((known.gres if known else ""), gres) if g and g != "(null)")
+        partitions[name] = Partition(name, count, gres_all)
+    return partitions
+
+
+def default_partition() -> str | None:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
+
+
+NO_SLURM_CONF = "Could not establish a configuration source"
+"""sbatch's words when neither SLURM_CONF nor the default slurm.conf nor a configless server is found."""
+
+
+def no_slurm_conf_message() -> str:
+    return (
+        f"sbatch cannot find the cluster's slurm.conf (sbatch: fatal: {NO_SLURM_CONF}): for the local "
+        f'test cluster run `eval "$(slurm/dev-cluster.sh env)"` in this shell first, otherwise '
+        f"export SLURM_CONF=<your cluster's slurm.conf>"
+    )
+
+
+def check_slurm_conf() -> None:
+    """BadInput before sbatch prints four lines of its own: sinfo finds its config exactly as sbatch does."""
+    try:
+        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except (subprocess.SubprocessError, OSError):
+        return
+    if NO_SLURM_CONF in probe.stderr:
+        raise BadInput(no_slurm_conf_message())
+
+
+def submit_task(folder: str, python: str, max_timeouts: int, parameters: dict[str, Any], task: Any) -> Any:
+    """sbatch through submitit: an executor with the rendered parameters, then the task's pickle."""
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_timeouts, python=shlex.quote(python))
+    executor.update_parameters(**parameters)
+    return executor.submit(task)
+
+
+def rank0_log(job: Any) -> Path:
+    return Path(job.paths.folder) / f"{job.job_id}_0_log.out"
+
+
+LOST_AFTER_S = 300.0
+"""--wait gives up on a job that no source (accounting, slurmctld) knows for this long: a controller
+restarted under a just-submitted job can purge it, and polling it would never end."""
+
+
+class _StopFollowing(Exception):
+    """SIGTERM reached `launch.slurm --wait`: stop following, like Ctrl-C."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _StopFollowing
+
+
+def follow(job: Any, poll_s: float = 1.0, out: Any = None, err: Any = None, lost_after_s: float = LOST_AFTER_S) -> int:
+    """Stream rank 0's stdout and stderr until any source says the job is over; return the job's exit
+    status. Ctrl-C or SIGTERM stop the following only, in one line: the job keeps running. A job that
+    no source knows for `lost_after_s` is one line and exit 1."""
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        return _follow(job, poll_s, out or sys.stdout, err or sys.stderr, lost_after_s)
+    except (KeyboardInterrupt, _StopFollowing) as stop:
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        print(
+            f"launch: {name}: stopped following job {job.job_id}; the job keeps running "
+            f"(cancel it with: scancel {job.job_id})",
+            file=err or sys.stderr,
+            flush=True,
+        )
+        return 128 + (signal.SIGINT if name == "SIGINT" else signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _follow(job: Any, poll_s: float, out: Any, err: Any, lost_after_s: float) -> int:
+    streams = [(rank0_log(job), out), (rank0_log(job).with_suffix(".err"), err)]
+    offsets = [0, 0]
+    known_at = time.monotonic()
+    node_failed_at: float | None = None
+    while True:
+        said = [source(job.job_id) for source in STATE_SOURCES]
+        state = next((one for one in said if one.split()[0] in TERMINAL_STATES), None)
+        if state is not None and any(one.split()[0] in LIVE_STATES for one in said):
+            state = None  # requeued after a node failure: accounting's NODE_FAIL is the failed allocation's
+        if state is not None and state.split()[0] == "NODE_FAIL":
+            node_failed_at = node_failed_at or time.monotonic()
+            if time.monotonic() - node_failed_at < NODE_FAIL_REQUEUE_S:
+                state = None  # Slurm requeues a --requeue job after a node failure: NODE_FAIL comes first
+        for i, (path, stream) in enumerate(streams):
+            if path.exists():
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    f.seek(offsets[i])
+                    chunk = f.read()
+                    offsets[i] = f.tell()
+                stream.write(chunk)
+                stream.flush()
+        if state is not None:
+            break
+        if any(one != "UNKNOWN" for one in said):
+            known_at = time.monotonic()
+        elif time.monotonic() - known_at > lost_after_s:
+            print(
+                f"launch: job {job.job_id} is unknown to sacct and scontrol for {lost_after_s:.0f} s (lost, e.g. "
+                "purged by a controller restart); stopped waiting; submit the same command again",
+                file=err,
+                flush=True,
+            )
+            return FAILURE
+        time.sleep(poll_s)  # polling the scheduler: there is nothing to wait on
+    return exit_status(job, state)
+
+
+TAIL_LINES = 20
+SUBMITIT_ERROR = "Submitted job triggered an exception"
+"""submitit's line before its traceback of the task's exception (the runner already printed the program's)."""
+TASK_LINE = re.compile(r"^slurm task: rank (\d+)/\d+ .* on (\S+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    task: int
+    rank: int | None
+    host: str | None
+    err: Path
+    tail: list[str]
+
+
+FAILED_MARKERS = ("Traceback (most recent call last)", "worker exit code")
+
+
+def failing_tasks(folder: str | Path, job_id: str) -> list[TaskFailure]:
+    """The tasks of `job_id` whose output shows a failure (a traceback or a worker exit), first failure
+    first (by when it was last written). A task's stderr file is read first; its rank's own log
+    (RUN_DIR/logs/rank-N.log) when the stderr file has no failure, as when --console-ranks kept the
+    rank's output off its task files."""
+    failures = []
+    for err in Path(folder).glob(f"{job_id}_*_log.err"):
+        task = err.name[len(job_id) + 1 :].split("_", 1)[0]
+        if not task.isdigit():
+            continue
+        out = err.with_name(err.name[: -len(".err")] + ".out")
+        seen = TASK_LINE.findall(_read(out))
+        rank, host = (int(seen[-1][0]), seen[-1][1]) if seen else (None, None)
+        sources = [(err, [line for line in _read(err).splitlines() if line.strip()])]
+        if rank is not None:
+            log = ranklog.log_path(Path(folder).parent.parent, rank)  # the folder is RUN_DIR/slurm/JOB
+            entries, _ = ranklog.read_lines(log, rank)
+            sources.append((log, [e[3].decode("utf-8", "replace") for e in entries if e[3].strip()]))
+        for path, lines in sources:
+            if not any(marker in line for line in lines for marker in FAILED_MARKERS):
+                continue
+            ours = [i for i, line in enumerate(lines) if SUBMITIT_ERROR in line]
+            if ours and ours[-1] > 0:
+                lines = lines[: ours[-1]]  # the program's own words, not submitit's re-raise of our WorkerExit
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                mtime = 0.0
+            failures.append((mtime, int(task), TaskFailure(int(task), rank, host, path, lines[-TAIL_LINES:])))
+            break
+    return [failure for _, _, failure in sorted(failures, key=lambda f: (f[0], f[1]))]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def failure_report(folder: str | Path, job_id: str, state: str) -> str:
+    """What `--wait` prints for a failed job: the first failing task's stderr tail (rank and node), then
+    where all logs are; one line when no task's stderr shows a failure."""
+    failures = failing_tasks(folder, job_id)
+    if not failures:
+        return f"job {job_id} ended {state}; see the logs in {folder}"
+    lines = [f"job {job_id} ended {state}"]
+    if failures:
+        first = failures[0]
+        who = f"rank {first.rank}" if first.rank is not None else f"task {first.task}"
+        where = f" on {first.host}" if first.host else ""
+        others = f" ({len(failures) - 1} more task(s) failed)" if len(failures) > 1 else ""
+        lines.append(f"first failing: {who}{where}{others}; last lines of {first.err}:")
+        lines += [f"  {line}" for line in first.tail]
+    lines.append(f"all logs: {folder}")
+    return "\n".join(lines)
+
+
+def exit_status(job: Any, state: str) -> int:
+    """The job's exit code (exit_codes.scheduler_code) from the final Slurm state and the code task 0
+    recorded as data (read_result); one line on stderr unless it finished."""
+    kind = state.split()[0]
+    result, why = read_result(job.paths.folder, str(job.job_id)) if kind == "FAILED" else (None, "")
+    code = exit_codes.scheduler_code(state, result)
+    if code == OK:
+        return OK
+    if kind == "CANCELLED":
+        print(f"job {job.job_id} was cancelled ({state}); its newest checkpoint is in the run dir", file=sys.stderr)
+    elif code != FAILURE:
+        print(f"worker exit code {code}: {why}", file=sys.stderr)
+    else:
+        print(failure_report(job.paths.folder, str(job.job_id), state), file=sys.stderr)
+    return code

@@ -1,0 +1,262 @@
+"""What runs inside each Slurm task: the picklable callable submitit starts on every rank.
+
+It exports the env contract (submitit's TorchDistributedEnvironment), runs the program in-process
+through torchlaunch.runner, and turns the program's exit code into Slurm's next step: rank 0 requeues
+a preempted or timed-out job once (`scontrol requeue`), a hang requeues through the node's watchdog,
+a cancel or bad input ends the job with its code recorded as data for `launch.slurm --wait`. Rank
+side: it imports nothing from torchlaunch.launch (the submitting side renders and submits it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchlaunch import compat, contract, rundir, runlock
+from torchlaunch import runner as program_mod
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
+from torchlaunch.jobs import ranklog, record, watchdog
+from torchlaunch.jobs.launcher import Operation, prepare_rank
+from torchlaunch.schedulers.slurm import controller_state, job_state, result_path
+
+DEFAULT_MAX_TIMEOUTS = 3
+SLURM_SIGNAL_SLACK_S = 65
+"""Slurm may send the --signal up to 60 s before the requested lead time (its timer resolution)."""
+
+
+class WorkerExit(RuntimeError):
+    """Raised in a task so submitit records a failure (and Slurm does not requeue): carries the code.
+    submitit keeps only the traceback's text; the code reaches `--wait` as data, through the task's
+    result record (write_result), never parsed back out of this message."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(f"worker exit code {code}: {why}")
+        self.code = code
+        self.why = why
+        write_result(code, why)
+
+
+def write_result(code: int, why: str) -> None:
+    """In a task of a submitit job: record its final code and reason for `--wait` (exit_status). Outside
+    one (a unit test calling a task's method), or when the folder cannot be written, nothing."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        rundir.write_json(result_path(env.paths.folder, str(env.job_id), env.global_rank), {"code": code, "why": why})
+    except Exception:  # noqa: BLE001 - the result record is a courtesy to --wait: the job's end comes first
+        pass
+
+
+def is_timeout(elapsed_s: float, time_min: int, signal_delay_s: int) -> bool:
+    """A stop counts as a timeout only inside the allocation's final signal window.
+
+    Slurm sends the time-limit signal signal_delay_s (up to 60 s more) before the end; a signal
+    earlier than that is a preemption and must not spend the timeout budget. submitit's own rule,
+    run time >= min(0.8 T, T - 10 min), calls every signal in a job of T <= 10 min a timeout.
+    """
+    return elapsed_s >= time_min * 60 - signal_delay_s - SLURM_SIGNAL_SLACK_S
+
+
+def leave(code: int) -> None:
+    """Exit now with `code`, output flushed, without a submitit result and without running C++
+    static destructors (see the OK path in SlurmTask.__call__)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@dataclass
+class SlurmTask:
+    """The picklable callable submitit runs in every task; its fields survive requeues."""
+
+    argv: list[str]
+    time_min: int
+    signal_delay_s: int
+    max_timeouts: int = DEFAULT_MAX_TIMEOUTS
+    cwd: str | None = None
+    """A user's program runs from here (the submission directory)."""
+    run_dir: str | None = None
+    """The job's run dir: job record, heartbeats, rank logs; rank 0 releases its runlock when the job is done."""
+    command: list[str] = field(default_factory=list)
+    """The submitting command line, for the job record (`python -m launch status`)."""
+    hang_timeout: float | None = None
+    """Seconds without progress before the node's watchdog dumps the ranks and requeues (None: automatic, 0: off)."""
+    console_env: dict[str, str] = field(default_factory=dict)
+    """ranklog.Console's environment for the ranks (their console is the task's output file)."""
+    max_hang_requeues: int = 1
+    timeouts: int = 0
+    preemptions: int = 0
+    hangs: int = 0
+    history: list[str] = field(default_factory=list)
+
+    def __call__(self) -> int:
+        import submitit
+
+        started = time.time()
+        # One thread per allotted CPU: torch would otherwise start a thread per core in every task.
+        os.environ.setdefault("OMP_NUM_THREADS", contract.get(contract.SLURM_CPUS_PER_TASK, "1") or "1")
+        dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        rank = dist_env.rank
+        print(
+            f"slurm task: rank {rank}/{dist_env.world_size} local {dist_env.local_rank} "
+            f"master {dist_env.master_addr}:{dist_env.master_port} "
+            f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions}) on {socket.gethostname()}",
+            flush=True,
+        )
+        op = self._operation(dist_env.local_rank, dist_env.local_world_size)
+        if self.cwd:
+            os.chdir(self.cwd)
+        code = program_mod.main(list(self.argv))  # the one runner, as in every launcher
+        # The program restored submitit's handlers; from here on a late USR2/TERM must not make
+        # submitit requeue a second time.
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+        if op is not None:
+            code = op.finish(code)
+        if code == OK:
+            if rank == 0 and self.run_dir:
+                runlock.release_for_job(self.run_dir, "slurm", contract.get(contract.SLURM_JOB_ID, "") or "")
+            # submitit writes the result after we return; then skip C++ static destructors, which
+            # sometimes abort a rank at exit on torch 2.14.1 ("terminate called without an active
+            # exception") and would turn a finished job into FAILED.
+            atexit.register(leave, OK)
+            return OK
+        if code == CANCELLED:
+            raise WorkerExit(
+                code,
+                f"job {contract.get(contract.SLURM_JOB_ID, '')} was cancelled (python -m launch cancel), not requeued; "
+                "a checkpoint is committed: submit the same command again to resume",
+            )
+        if code == PREEMPTED:
+            self._requeue(rank, time.time() - started)
+        if code == BAD_INPUT:
+            raise WorkerExit(code, "bad input, not requeued; fix the config and submit again")
+        raise WorkerExit(code, "worker failed; see this task's log")
+
+    def launch_id(self) -> str:
+        """This allocation of the job: the same on every node, new after each requeue."""
+        return f"{contract.get(contract.SLURM_JOB_ID, '0')}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
+
+    def _operation(self, local_rank: int, local_world_size: int) -> Operation | None:
+        """Rank env and per-rank logs for this task; the node's local rank 0 also records the node's
+        launch and runs its hang watchdog. None without a run dir (nothing to record into)."""
+        if not self.run_dir:
+            return None
+        op = Operation(
+            self.run_dir,
+            scheduler="slurm",
+            command=self.command or list(self.argv),
+            launch_id=self.launch_id(),
+            job_id=contract.get(contract.SLURM_JOB_ID),
+            node_rank=int(contract.get(contract.SLURM_NODEID, "0") or "0"),
+            nnodes=int(contract.get(contract.SLURM_NNODES, "1") or "1"),
+            local_ranks=local_world_size,
+            hang_timeout=self.hang_timeout,
+            console=ranklog.Console.from_env(self.console_env),
+        )
+        os.environ.update(op.rank_env())
+        prepare_rank()
+        if local_rank != 0:
+            return None
+        op.start(on_hang=lambda verdict, folder, beats: self._on_hang(verdict, folder, beats, op))
+        return op
+
+    def _on_hang(self, verdict: Any, folder: Path, beats: list[Any], op: Operation) -> None:
+        """The watchdog's thread, after the stacks are in `folder`: requeue the job (the ranks resume
+        from the newest checkpoint) up to max_hang_requeues times, then end the hung ranks for good."""
+        job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
+        print(f"slurm task: hang ({verdict.reason}); stacks in {folder}", file=sys.stderr, flush=True)
+        if self.hangs < self.max_hang_requeues and not record.cancel_requested(self.run_dir or "", self.launch_id()):
+            self.hangs += 1
+            self.history.append(f"hang after {verdict.reason}")
+            self._save_for_requeue()
+            requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+            print(
+                f"slurm task: hang: job {job_id} requeued ({self.hangs}/{self.max_hang_requeues}) "
+                f"{requeue.stderr.strip()}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if op.dog is not None:
+                # The job is ending: no second dump of ranks Slurm is killing. (Watchdog.stop() joins
+                # the watchdog's thread, which is this one: only its stop event is set.)
+                op.dog._stop.set()
+            return
+        print(
+            f"slurm task: hang: not requeued again; ending the hung ranks of job {job_id}", file=sys.stderr, flush=True
+        )
+        watchdog.kill_ranks(beats)
+
+    def _requeue(self, rank: int, elapsed_s: float) -> None:
+        """Rank 0 requeues once; every rank leaves without a result so submitit waits for the rerun."""
+        timed_out = is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
+        if rank != 0:
+            print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
+            leave(PREEMPTED)
+        job_id = contract.require(contract.SLURM_JOB_ID)
+        if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
+            raise WorkerExit(
+                CANCELLED,
+                f"job {job_id} was cancelled (python -m launch cancel), not requeued; a checkpoint is "
+                "committed: submit the same command again to resume",
+            )
+        live_state = controller_state(job_id)
+        if live_state != "RUNNING":
+            # scancel (or the hard time limit) got here first: the job is ending for good.
+            raise WorkerExit(
+                PREEMPTED,
+                f"job {job_id} is {live_state}, not requeued; a checkpoint is "
+                "committed: submit the same command again to resume",
+            )
+        if timed_out and self.timeouts >= self.max_timeouts:
+            raise WorkerExit(
+                PREEMPTED,
+                f"timed out {self.timeouts + 1} times (limit {self.max_timeouts}); "
+                "a checkpoint is committed: submit the same command again to resume",
+            )
+        self.timeouts += timed_out
+        self.preemptions += not timed_out
+        kind = "timeout" if timed_out else "preemption"
+        self.history.append(f"{kind} after {elapsed_s:.0f}s")
+        self._save_for_requeue()
+        # Needed for preemption too: Slurm requeues a preempted job only if it is still running when
+        # GraceTime ends; a job whose tasks exit earlier would just complete. Requeueing now also
+        # frees the nodes at once. If Slurm's own requeue won the race, ours is refused: fine.
+        # Leaving without a result pickle is what keeps submitit waiting for the next allocation.
+        requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+        if requeue.returncode != 0:
+            print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})", flush=True)
+        said = program_mod.last_reason
+        what = said if program_mod.stopped_by_runner(said) else "checkpoint committed"
+        print(
+            f"slurm task: {kind}: {what}, job {job_id} requeued "
+            f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
+            flush=True,
+        )
+        leave(PREEMPTED)
+
+    def _save_for_requeue(self) -> None:
+        """Rewrite the submitted pickle so the next allocation sees the updated counters."""
+        import submitit
+
+        paths = submitit.JobEnvironment().paths
+        delayed = compat.delayed_submission(self)
+        delayed.set_timeout(self.time_min, self.max_timeouts - self.timeouts)
+        with compat.temporary_save_path(paths.submitted_pickle) as tmp:
+            delayed.dump(tmp)
+
+    def checkpoint(self) -> Any:
+        """submitit calls this only when its own USR2 handler runs: a signal before the worker
+        installed its handlers. Nothing trained since the last checkpoint, so requeue as is."""
+        return compat.delayed_submission(self)
