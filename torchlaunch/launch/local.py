@@ -187,6 +187,17 @@ def launch_argv(spec: JobSpec, placement: NodePlacement, module: str, doctor: bo
     return torchrun_argv(spec, placement, python=sys.executable, module=module, rdzv_run_id=rdzv_run_id)
 
 
+def rendezvous_id(spec: JobSpec, placement: NodePlacement) -> str:
+    """Every node of one job computes the same id: from the run dir for the built-in worker, from the
+    program and its placement for a user's program."""
+    return program_id(spec.program, placement, spec.master_port) if spec.program else run_id(spec.run_dir or "")
+
+
+def render(spec: JobSpec, placement: NodePlacement, module: str = BUILTIN_WORKER, doctor: bool = False) -> list[str]:
+    """The node's command for `spec` (pure: the --dry-run line, schedulers.local's render)."""
+    return launch_argv(spec, placement, module, doctor, rendezvous_id(spec, placement))
+
+
 def worker_threads(procs_per_node: int, cores: int) -> int:
     """OMP threads per worker so that workers x threads <= cores."""
     return max(1, cores // max(1, procs_per_node))
@@ -473,8 +484,8 @@ def launch(argv: Sequence[str]) -> int:
     cfg, spec = planned.cfg, planned.spec
     assert cfg is not None
     module = PREFLIGHT if args.doctor else args.module
-    rdzv = run_id(cfg.run_dir)
-    argv_out = launch_argv(spec, planned.placement, module, args.doctor, rdzv)
+    rdzv = rendezvous_id(spec, planned.placement)
+    argv_out = render(spec, planned.placement, module, args.doctor)
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK
@@ -531,8 +542,8 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
     if args.doctor:
         module = PREFLIGHT
         spec = spec.replace(config=str(private / "doctor.yaml"))
-    rdzv = program_id(spec.program, placement, spec.master_port)
-    argv_out = launch_argv(spec, placement, module, args.doctor, rdzv)
+    rdzv = rendezvous_id(spec, placement)
+    argv_out = render(spec, placement, module, args.doctor)
     if args.dry_run:
         print(shlex.join(argv_out))
         return OK

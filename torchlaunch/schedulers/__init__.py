@@ -8,18 +8,21 @@ run-dir lock and `launch.slurm --wait` ask a backend through `get(name)` and nev
 scheduler's name, so a new scheduler is one module that calls `register` (tests/test_seams.py adds
 one, "a subprocess on this host", and operates it with no other change).
 
-Modelled on TorchX's Scheduler (submit_dryrun / schedule / describe / log_iter / cancel). Rendering
-and submitting stay in the launcher modules (torchlaunch.launch.local, .slurm, .k8s), which are pure
-functions from a JobSpec to an argv, a submitit executor or a manifest; this interface is what a
-running job needs from its scheduler. Stdlib only: the operator commands import it without torch.
+Modelled on TorchX's Scheduler (submit_dryrun / schedule / describe / log_iter / cancel). `render`
+(the dry run) and `submit` delegate to the backend's launcher module (torchlaunch.launch.local, .slurm,
+.k8s), which owns them: pure functions from a JobSpec to an argv, an sbatch script or manifests, and
+the launcher's command line. A backend loads its launcher by name (`launcher`), only when one of the
+two is called: the operator commands import this package without torch and without the launchers
+(tests/test_seams.py checks both). Stdlib only.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from torchlaunch.jobs.record import JobRecord
@@ -52,6 +55,9 @@ class Scheduler(Protocol):
     """True when a job is its launcher process on the recorded host (alive = that pid runs); False when
     the scheduler answers for the job (the submitting process may be long gone)."""
 
+    launcher: str
+    """The module that owns render and submit (imported by name, on first use: load_launcher)."""
+
     def detect(self, env: Mapping[str, str]) -> Detected | None:
         """The job of this environment, when it is one of this scheduler's; else None."""
 
@@ -70,6 +76,15 @@ class Scheduler(Protocol):
 
     def claim(self, job_id: str, run_dir: Path) -> None:
         """From inside the job, once: bind it to `run_dir` so that `cancel` can prove it (best effort)."""
+
+    def render(self, spec: Any, options: Any) -> str:
+        """What `submit` would start for a launcher.spec.JobSpec, as text (the dry run): pure, the same
+        text for the same input, no file written, no process started. `options` is the launcher's own
+        (local: a NodePlacement; slurm: SlurmOptions; k8s: (K8sOptions, the recipe's text))."""
+
+    def submit(self, argv: Sequence[str]) -> int:
+        """Start a job from the launcher's command line (its grammar, checks and pre-spawn policy);
+        the launcher's exit code."""
 
 
 _BACKENDS: dict[str, Scheduler] = {}
@@ -103,6 +118,11 @@ def detect(env: Mapping[str, str]) -> Detected:
         if found is not None:
             return found
     return Detected("local")
+
+
+def load_launcher(module: str) -> Any:
+    """A backend's launcher module, imported on first use (render, submit) and not before."""
+    return importlib.import_module(module)
 
 
 def alive(scheduler: str, job_id: str) -> bool:

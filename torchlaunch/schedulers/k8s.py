@@ -11,9 +11,9 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from torchlaunch import contract
+from torchlaunch import contract, schedulers
 from torchlaunch.schedulers import Detected, Step
 from torchlaunch.schedulers.slurm import _run
 
@@ -82,6 +82,20 @@ class Kubernetes:
 
     def claim(self, job_id: str, run_dir: Path) -> None:
         pass  # proven by the record the pod writes into the shared run dir
+
+    launcher = "torchlaunch.launch.k8s"
+
+    def render(self, spec: Any, options: Any) -> str:
+        """The manifests as YAML (launch.k8s.manifests, launch.k8s.to_yaml); `options` is the launcher's
+        (K8sOptions, recipe text) as its plan returns them."""
+        k8s = schedulers.load_launcher(self.launcher)
+        opts, recipe_text = options
+        return str(k8s.to_yaml(k8s.manifests(spec, opts, recipe_text)))
+
+    def submit(self, argv: Sequence[str]) -> int:
+        """The launcher prints the manifests for `kubectl apply -f -` where the cluster's credentials are:
+        this host need not have them."""
+        return int(schedulers.load_launcher(self.launcher).main(list(argv)))
 
 
 BACKEND = Kubernetes()

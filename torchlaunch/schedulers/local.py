@@ -8,11 +8,13 @@ the launcher records `cancelled` and exits 3). A launcher on another host gets t
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from torchlaunch import schedulers
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.jobs import proof
 from torchlaunch.schedulers import Detected, Step
@@ -42,6 +44,17 @@ class Local:
 
     def claim(self, job_id: str, run_dir: Path) -> None:
         pass  # proven by the launch token in a child's environment (jobs.proof.local_launcher)
+
+    launcher = "torchlaunch.launch.local"
+
+    def render(self, spec: Any, options: Any) -> str:
+        """The command line this node's launcher runs: torchrun, or the single worker itself
+        (launch.local.render; `options` is the node's NodePlacement)."""
+        return shlex.join(schedulers.load_launcher(self.launcher).render(spec, options))
+
+    def submit(self, argv: Sequence[str]) -> int:
+        """Run the node's ranks in the foreground (a local job is its launcher process)."""
+        return int(schedulers.load_launcher(self.launcher).main(list(argv)))
 
 
 def signal_launchers(nodes: Sequence[JobRecord]) -> list[Step]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchlaunch import contract, exit_codes, rundir
+from torchlaunch import contract, exit_codes, rundir, schedulers
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
 from torchlaunch.jobs import files, proof, ranklog
 from torchlaunch.schedulers import Detected, Step
@@ -165,6 +165,15 @@ class Slurm:
 
     def claim(self, job_id: str, run_dir: Path) -> None:
         proof.claim_slurm_job(job_id, run_dir)
+
+    launcher = "torchlaunch.launch.slurm"
+
+    def render(self, spec: Any, options: Any) -> str:
+        """The sbatch script submitit would submit (launch.slurm.sbatch_script)."""
+        return str(schedulers.load_launcher(self.launcher).sbatch_script(spec, options))
+
+    def submit(self, argv: Sequence[str]) -> int:
+        return int(schedulers.load_launcher(self.launcher).main(list(argv)))
 
 
 BACKEND = Slurm()
