@@ -86,7 +86,7 @@ def test_corruption_is_rejected_although_the_load_runs_alongside(tmp_path: Path,
         loads.append("loaded")
         return out
 
-    monkeypatch.setattr(ckpt.torch, "load", spy)
+    monkeypatch.setattr(torch, "load", spy)
     with pytest.raises(ckpt.InvalidCheckpoint, match=r"^checksum mismatch \(corrupted bytes\)$"):
         ckpt.load_state(info.path)
     assert loads == ["loaded" if where == "tensor bytes" else "raised"]  # the new path: it did load
@@ -208,7 +208,7 @@ def test_enospc_injected_gives_clear_error_and_keeps_previous(tmp_path: Path, mo
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt.torch, "save", full)
+    monkeypatch.setattr(torch, "save", full)
     with pytest.raises(ckpt.CheckpointError) as err:
         ckpt.write_checkpoint(tmp_path, 2, state(2), {})
     assert "no space left on device" in str(err.value) and "step-000000001 is intact" in str(err.value)

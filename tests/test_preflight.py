@@ -259,8 +259,7 @@ def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedPro
         "cpu",
         "--config",
         str(config),
-        "--module",
-        "torchlaunch.tools.preflight",
+        "--doctor",
         *overrides,
     ]
     return subprocess.run(cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=150, check=False)

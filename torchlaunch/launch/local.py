@@ -288,7 +288,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         hang_help="end the ranks (exit 1, retryable) when none progressed for S seconds; 0 disables "
         "(default: max(10 min, 50 x the median step time), armed once a rank reports a step)",
     )
-    p.add_argument("--module", default=BUILTIN_WORKER, help=argparse.SUPPRESS)
     return cli.parse(p, argv)
 
 
@@ -483,7 +482,7 @@ def launch(argv: Sequence[str]) -> int:
         return launch_program(args, planned)
     cfg, spec = planned.cfg, planned.spec
     assert cfg is not None
-    module = PREFLIGHT if args.doctor else args.module
+    module = PREFLIGHT if args.doctor else BUILTIN_WORKER
     rdzv = rendezvous_id(spec, planned.placement)
     argv_out = render(spec, planned.placement, module, args.doctor)
     if args.dry_run:

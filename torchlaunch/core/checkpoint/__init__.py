@@ -6,8 +6,6 @@ for background saves and the writer thread; checkpointer.py: collective save/loa
 
 from __future__ import annotations
 
-import torch  # noqa: F401 - tests patch torch.save/torch.load through this module
-
 from torchlaunch.core.checkpoint.checkpointer import (
     ENVELOPE,
     WORKER_KIND,
