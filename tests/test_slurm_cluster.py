@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from torchlaunch.exit_codes import CANCELLED
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,13 +217,13 @@ def test_timeout_requeues_and_finishes(cluster: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_scancel_is_a_clean_failure_without_requeue(cluster: str, tmp_path: Path) -> None:
+def test_scancel_is_a_clean_cancel_without_requeue(cluster: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "cancelled"
     launch = Launch(run_dir, *WORKERS, "--time", "10", *SMOKE)
     wait_until(lambda: trained_steps(run_dir) >= 8, 120, "training to start")
     cancelled = time.monotonic()
     slurm("scancel", launch.job_id)
-    assert launch.finish(90) == 1
+    assert launch.finish(90) == CANCELLED  # a cancel is never requeued, never retried (README: Exit codes)
     print(f"\nscancel: launcher returned {time.monotonic() - cancelled:.1f} s later")
     assert f"job {launch.job_id} was cancelled" in launch.text()
     assert "REQUEUED" not in requeue_records(launch.job_id)
