@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import launcher
-from tests.test_elastic_local import check_same_samples, records, samples
+from tests.test_elastic_local import RECIPE, check_same_samples, records, samples
 from tests.test_slurm_cluster import Launch, requeue_records, slurm, wait_until
 from tests.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
 
@@ -24,21 +24,6 @@ cluster = dev_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-BATCH = 48
-STEPS_PER_EPOCH = 10
-EPOCHS = 3
-RECIPE = [
-    "--config",
-    "configs/smoke.yaml",
-    f"data.synthetic_train_size={BATCH * STEPS_PER_EPOCH}",
-    "data.synthetic_val_size=48",
-    "model.width=4",
-    f"train.batch_size={BATCH}",
-    f"train.epochs={EPOCHS}",
-    "train.log_every_steps=5",
-    "checkpoint.every_steps=3",
-    "debug.trace_batches=true",
-]
 LOST = "n2"
 
 
