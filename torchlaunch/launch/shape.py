@@ -73,8 +73,12 @@ def master_addr(flag: str, addr: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> N
 
 
 def bindable(flag: str, value: int) -> None:
-    """Node 0 hosts the rendezvous: a port already in use would leave every node waiting forever."""
+    """Node 0 hosts the rendezvous: a port already in use would leave every node waiting forever.
+    SO_REUSEADDR as torch's TCPStore sets it: a port whose only users are connections of a killed run
+    (TIME_WAIT, for a minute after a SIGKILLed node) is free for the store, and so for this check; a
+    socket listening on it is not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", value))
         except OSError as e:
