@@ -33,9 +33,29 @@ def traced(run_dir: Path) -> tuple[int, set[int]]:
 
 
 def allocations(job_id: str) -> list[tuple[str, str]]:
-    """(state, node count) of every allocation of the job, oldest first."""
+    """(state, node count) of every allocation of the job, oldest first, as slurmdbd has recorded them.
+
+    slurmdbd learns of a start or an end asynchronously: a record read right after the event may still
+    show the previous state (a running allocation read as pending with 0 nodes). Live questions go to
+    squeue (`running_nodes`); this one is read once the records have settled (`settled_allocations`)."""
     out = slurm("sacct", "-n", "-X", "-D", "-P", "-o", "State,NNodes", "-j", job_id)
     return [tuple(line.split("|")) for line in out.splitlines() if line]  # type: ignore[misc]
+
+
+def running_nodes(job_id: str) -> int:
+    """Nodes of the job's running allocation, from slurmctld itself (0 when it is not running)."""
+    out = slurm("squeue", "-h", "-t", "RUNNING", "-o", "%D", "-j", job_id).strip()
+    return int(out) if out else 0
+
+
+def settled_allocations(job_id: str, timeout: float = 60) -> list[tuple[str, str]]:
+    """The allocations once slurmdbd has recorded the job's end (its last record no longer running)."""
+
+    def settled() -> list[tuple[str, str]]:
+        found = allocations(job_id)
+        return found if found and found[-1][0] not in ("PENDING", "RUNNING", "REQUEUED") else []
+
+    return wait_until(settled, timeout, "slurmdbd to record the job's end")
 
 
 @pytest.mark.timeout(600)
@@ -52,7 +72,7 @@ def test_node_down_requeues_onto_the_node_left_with_the_same_samples(cluster: st
     launch = Launch(run_dir, "--nodes", "1-2", "--tasks-per-node", "1", "--time", "10", *RECIPE)
     try:
         wait_until(lambda: traced(run_dir)[0] >= 8 and 2 in traced(run_dir)[1], 180, "training on 2 nodes")
-        assert allocations(launch.job_id)[-1][1] == "2"
+        assert running_nodes(launch.job_id) == 2
         slurm("scontrol", "update", f"nodename={LOST}", "state=down", "reason=torchlaunch elastic test")
         slurm("scontrol", "update", f"nodename={LOST}", "state=drain", "reason=torchlaunch elastic test")
         wait_until(lambda: "NODE_FAIL" in requeue_records(launch.job_id), 60, "the node failure")
@@ -60,7 +80,7 @@ def test_node_down_requeues_onto_the_node_left_with_the_same_samples(cluster: st
     finally:
         subprocess.run(["scontrol", "update", f"nodename={LOST}", "state=resume"], capture_output=True, timeout=30)
     assert code == 0, launch.text()[-3000:]
-    states = allocations(launch.job_id)
+    states = settled_allocations(launch.job_id)
     assert states[0] == ("NODE_FAIL", "2") and states[-1] == ("COMPLETED", "1"), states
     log = launch.rank0_log()
     assert "resumed from" in log, log[-3000:]
