@@ -16,7 +16,7 @@ import pytest
 from tests.test_local_launcher import check_golden
 from torchlaunch import runlock
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.launch import elastic
+from torchlaunch.launch import elastic, shape
 from torchlaunch.launch.local import NodePlacement, runs_without_agent, torchrun_argv
 from torchlaunch.launch.spec import JobSpec
 
@@ -43,7 +43,7 @@ def test_elastic_argv_has_no_node_rank_and_no_host_flag() -> None:
     [("3", (3, 3)), ("1:2", (1, 2)), ("1-4", (1, 4)), (" 2 : 2 ", (2, 2)), (5, (5, 5))],
 )
 def test_node_ranges(text: str | int, want: tuple[int, int]) -> None:
-    nodes = elastic.parse_nodes("--nnodes", text)
+    nodes = shape.parse_nodes("--nnodes", text)
     assert (nodes.min, nodes.max) == want
     assert nodes.elastic == (want[0] != want[1])
     assert nodes.slurm() == (f"{want[0]}-{want[1]}" if nodes.elastic else str(want[1]))
@@ -62,7 +62,7 @@ def test_node_ranges(text: str | int, want: tuple[int, int]) -> None:
 )
 def test_bad_node_ranges_are_one_line(text: str, needle: str) -> None:
     with pytest.raises(BadInput) as caught:
-        elastic.parse_nodes("--nnodes", text)
+        shape.parse_nodes("--nnodes", text)
     assert needle in str(caught.value) and "\n" not in str(caught.value)
 
 

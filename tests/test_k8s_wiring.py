@@ -26,8 +26,8 @@ EVIL = "x\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: evil\n#"
     [
         (["--namespace", "Prod"], "--namespace 'Prod': must be a DNS-1123 label"),
         (["--storage-size", "lots"], "--storage-size 'lots'"),
-        (["--master-port", "0"], "--master-port 0"),
-        (["--master-port", "70000"], "--master-port 70000"),
+        (["--master-port", "0"], "--master-port must be a port number in 1..65535, got 0"),
+        (["--master-port", "70000"], "--master-port must be a port number in 1..65535, got 70000"),
         (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
         (["--image", "reg example/img"], "--image"),
         (["--image", ""], "--image ''"),

@@ -203,6 +203,51 @@ def _names_a_scheduler(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
+def test_machine_shape_options_are_declared_only_through_shape() -> None:
+    """`--nodes`, `--gpus-per-node`, `--max-restarts` ... are spelled, described and bounded in
+    launch/shape.py; a launcher declares them with shape.add, so a bound or a help text changes once."""
+    from torchlaunch.launch import shape
+
+    flags = {option.flag for option in shape.OPTIONS.values()}
+    found = []
+    for path, tree in modules("launch/shape.py"):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".add_argument"):
+                names = {a.value for a in node.args if isinstance(a, ast.Constant)}
+                if names & flags:
+                    found.append(f"{where(path, node)} declares {sorted(names & flags)}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "shape.within":
+                found.append(f"{where(path, node)} bounds a shape option outside shape.OPTIONS")
+    assert not found, "\n".join(found)
+
+
+def test_every_launcher_checks_the_shape_options_it_declares() -> None:
+    """A bound in shape.OPTIONS holds on every launcher that takes the option: the same value is refused
+    in the same words by launch.local, launch.slurm and launch.k8s."""
+    from torchlaunch.launch import k8s, local, shape
+    from torchlaunch.launch import slurm as slurm_launcher
+
+    refused = {
+        "local": lambda argv: local.check_placement(local.parse_args([*argv, "--config", "configs/smoke.yaml"])),
+        "slurm": lambda argv: slurm_launcher.parse_args([*argv, "--config", "configs/smoke.yaml"]),
+        "k8s": lambda argv: k8s.plan(k8s.parse_args([*argv, "--config", "configs/smoke.yaml"])),
+    }
+    declared = {
+        "local": ("gpus", "nnodes", "master_port", "max_restarts"),
+        "slurm": ("nodes", "gpus_per_node", "tasks_per_node", "time", "cpus_per_task", "mem_gb", "master_port"),
+        "k8s": ("nodes", "gpus_per_node", "master_port", "max_restarts", "cpus_per_gpu", "mem_gb_per_gpu"),
+    }
+    for launcher, dests in declared.items():
+        for dest in dests:
+            option = shape.OPTIONS[dest]
+            with pytest.raises(exit_codes.BadInput) as refusal:
+                refused[launcher]([option.flag, str(option.high + 1)])
+            assert option.flag in str(refusal.value) and str(option.high + 1) in str(refusal.value), (
+                launcher,
+                str(refusal.value),
+            )
+
+
 def test_the_scheduler_modules_import_neither_torch_nor_the_launchers() -> None:
     for path in sorted((PACKAGE / "schedulers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

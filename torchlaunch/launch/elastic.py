@@ -27,11 +27,10 @@ Torch-free: pure parsing and argv pieces, tested by golden files.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
-from torchlaunch.launch import cli, shape
+from torchlaunch.launch import cli
+from torchlaunch.launch.shape import NodeRange
 from torchlaunch.launch.spec import JobSpec
 
 RDZV_KEYS = {
@@ -51,44 +50,6 @@ after its first node is back in the rendezvous. --rdzv-conf overrides each."""
 AGENT_STOP_GRACE_S = 30
 """torchrun's agent: SIGTERM to SIGKILL of its workers on a membership restart (not configurable from
 torchrun's command line in torch 2.14); the preemption checkpoint must fit in it."""
-
-
-@dataclass(frozen=True)
-class NodeRange:
-    """MIN..MAX nodes; a fixed count is MIN == MAX (not elastic)."""
-
-    min: int
-    max: int
-
-    @property
-    def elastic(self) -> bool:
-        return self.min != self.max
-
-    def torchrun(self) -> str:
-        """torchrun's --nnodes value."""
-        return f"{self.min}:{self.max}" if self.elastic else str(self.max)
-
-    def slurm(self) -> str:
-        """sbatch's --nodes value (Slurm's own range spelling)."""
-        return f"{self.min}-{self.max}" if self.elastic else str(self.max)
-
-
-RANGE = re.compile(r"^\s*(\d+)\s*(?:([:-])\s*(\d+)\s*)?$")
-
-
-def parse_nodes(flag: str, text: str | int, example: str = "2") -> NodeRange:
-    """`N`, `MIN:MAX` (torchrun's spelling) or `MIN-MAX` (Slurm's) -> NodeRange, checked once here:
-    MIN >= 1, MIN <= MAX, MAX within the launcher bound. One line naming the fix otherwise."""
-    found = RANGE.match(str(text))
-    if found is None:
-        raise cli.error(f"{flag} {str(text)[:40]!r}: pass a node count N or a range MIN:MAX (e.g. {flag} {example})")
-    low = int(found.group(1))
-    high = int(found.group(3)) if found.group(3) is not None else low
-    shape.within(flag, low, 1, shape.MAX_NODES, example)
-    shape.within(flag, high, 1, shape.MAX_NODES, example)
-    if low > high:
-        raise cli.error(f"{flag} {text}: MIN {low} is more than MAX {high} (e.g. {flag} {high}:{low})")
-    return NodeRange(low, high)
 
 
 def parse_rdzv_conf(text: str | None, defaults: dict[str, int] | None = None) -> tuple[tuple[str, int], ...]:

@@ -34,7 +34,7 @@ from typing import Any
 from torchlaunch import contract
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record
-from torchlaunch.launch import cli, elastic, emit, k8s_elastic, k8s_validate, shape
+from torchlaunch.launch import cli, emit, k8s_elastic, k8s_validate, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 
 Manifest = dict[str, Any]
@@ -453,8 +453,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "shipped to the pods in a ConfigMap; not with a program after --",
         run_dir_help="run directory on the shared volume (default /shared/runs/NAME)",
     )
-    p.add_argument(
-        "--nodes",
+    shape.add(
+        p,
+        "nodes",
         default="2",
         help="pods (one per node), or MIN:MAX: elastic, the pods left go on when one is lost (needs --max-restarts)",
     )
@@ -469,7 +470,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=k8s_elastic.DEFAULT_JOBSET_RESTARTS,
         help="with --jobset: whole-set restarts after the Job failed (failurePolicy.maxRestarts)",
     )
-    p.add_argument("--gpus-per-node", type=int, default=8, help="worker processes (GPUs) per pod")
+    shape.add(p, "gpus_per_node", default=8, help="worker processes (GPUs) per pod")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="training image, REGISTRY/IMAGE:TAG (make image)")
     p.add_argument(
         "--workdir",
@@ -480,10 +481,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--namespace", default=None, help="namespace of every object (default: kubectl's)")
     p.add_argument("--storage-class", default=None, help="ReadWriteMany StorageClass of the shared PVC")
     p.add_argument("--storage-size", default=K8sOptions.storage_size, help="size of the shared PVC")
-    p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port of pod 0")
-    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts inside a pod")
-    p.add_argument("--cpus-per-gpu", type=int, default=K8sOptions.cpus_per_gpu)
-    p.add_argument("--mem-gb-per-gpu", type=int, default=K8sOptions.mem_gb_per_gpu)
+    shape.add(p, "master_port", default=DEFAULT_MASTER_PORT, help="rendezvous port of pod 0")
+    shape.add(p, "max_restarts", default=0, help="torchrun restarts inside a pod")
+    shape.add(p, "cpus_per_gpu", default=K8sOptions.cpus_per_gpu)
+    shape.add(p, "mem_gb_per_gpu", default=K8sOptions.mem_gb_per_gpu)
     p.add_argument(
         "--save-time-s",
         type=int,
@@ -520,16 +521,8 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     from torchlaunch import config as config_mod
     from torchlaunch.launch import precheck
 
-    nodes = elastic.parse_nodes("--nodes", args.nodes, "2 or --nodes 1:4")
-    for name in ("gpus_per_node", "cpus_per_gpu", "mem_gb_per_gpu"):
-        if getattr(args, name) < 1:
-            raise cli.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.max_restarts < 0:
-        raise cli.error(f"--max-restarts must be >= 0 (torchrun restarts inside a pod), got {args.max_restarts}")
-    shape.within("--gpus-per-node", args.gpus_per_node, 1, shape.MAX_PER_NODE, "8")
-    shape.within("--cpus-per-gpu", args.cpus_per_gpu, 1, 1024, "8")
-    shape.within("--mem-gb-per-gpu", args.mem_gb_per_gpu, 1, 1 << 14, "32")
-    shape.within("--max-restarts", args.max_restarts, 0, shape.MAX_RESTARTS, "3")
+    shape.check(args, node_example="2 or --nodes 1:4")
+    nodes = args.node_range
     if args.program is None:
         args.config = args.config or DEFAULT_CONFIG
     program = cli.check_program(args, on_disk=False, run_dir_for_builtin=True)  # the code is in the image

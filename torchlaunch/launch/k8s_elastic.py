@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torchlaunch.launch import cli, elastic
+from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
 
 Manifest = dict[str, Any]
@@ -41,13 +41,13 @@ def nodes_args(spec: JobSpec) -> list[str]:
     """launch.local's node options in a pod: a fixed count with the pod's index, or the elastic range."""
     if spec.min_nodes is None:
         return ["--nnodes", str(spec.nodes), "--node-rank", '"$JOB_COMPLETION_INDEX"']
-    return ["--nnodes", elastic.NodeRange(spec.min_nodes, spec.nodes).torchrun()]
+    return ["--nnodes", shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()]
 
 
 def check(spec: JobSpec, name: str, jobset: bool, jobset_restarts: int) -> None:
     """What only an elastic job or a JobSet needs, in one line each."""
     if spec.min_nodes is not None and spec.max_restarts == 0:
-        nodes = elastic.NodeRange(spec.min_nodes, spec.nodes).torchrun()
+        nodes = shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
         raise cli.error(
             f"--nodes {nodes} with --max-restarts 0: a lost pod costs the others one torchrun restart, so the "
             "job would end with it; pass --max-restarts K (e.g. 3)"

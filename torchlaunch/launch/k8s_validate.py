@@ -17,6 +17,7 @@ import posixpath
 import re
 
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.launch import shape
 
 PREFIX = "launch error: "
 
@@ -119,9 +120,10 @@ def quantity(value: str, flag: str, *, positive: bool = True) -> str:
 
 
 def port(value: int, flag: str) -> int:
-    """A TCP port number: 1..65535."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+    """A TCP port number: 1..65535 (the bound is shape.port's)."""
+    if isinstance(value, bool) or not isinstance(value, int):
         raise _refuse(flag, value, "must be a port number in 1..65535 (e.g. 29500)")
+    shape.port(flag, value)
     return value
 
 

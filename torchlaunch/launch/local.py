@@ -131,9 +131,9 @@ def torchrun_argv(
     if spec.min_nodes is not None:
         if placement.master_addr is None:
             raise cli.error("--master-addr is required with --nnodes MIN:MAX (the host of the rendezvous store)")
-        argv[argv.index("--nnodes") + 1] = elastic.NodeRange(spec.min_nodes, spec.nodes).torchrun()
+        argv[argv.index("--nnodes") + 1] = shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
         argv += elastic.torchrun_rendezvous(
-            elastic.NodeRange(spec.min_nodes, spec.nodes),
+            shape.NodeRange(spec.min_nodes, spec.nodes),
             placement.master_addr,
             spec.master_port,
             rdzv_run_id or "torchlaunch",
@@ -258,9 +258,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         config_help="recipe YAML of the built-in worker, e.g. configs/smoke.yaml (not with a program after --)",
         run_dir_help="with a program after --: the shared folder --doctor checks (default: a private temporary folder)",
     )
-    p.add_argument("--gpus", type=int, default=1, help="worker processes on this node (one per GPU)")
-    p.add_argument(
-        "--nnodes",
+    shape.add(p, "gpus", default=1)
+    shape.add(
+        p,
+        "nnodes",
         default="1",
         help="number of nodes in the job, or MIN:MAX: elastic, goes on with the nodes left when one is lost",
     )
@@ -275,8 +276,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         + "; ".join(f"{k}: {v}" for k, v in elastic.RDZV_KEYS.items()),
     )
     p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
-    p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on node 0")
-    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts of the worker group")
+    shape.add(p, "master_port", default=DEFAULT_MASTER_PORT)
+    shape.add(p, "max_restarts", default=0)
     p.add_argument(
         "--device",
         choices=("auto", "cuda", "cpu"),
@@ -293,24 +294,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def check_placement(args: argparse.Namespace) -> None:
     """The launcher's own numbers, whatever the program."""
-    if args.gpus < 1:
-        raise cli.error(f"--gpus must be >= 1, got {args.gpus} (GPUS=1 runs one worker)")
-    args.node_range = check_nodes(args)
+    shape.check(args)
+    check_nodes(args)
     args.nnodes = args.node_range.max
     args.node_rank = 0 if args.node_rank is None else args.node_rank
     if not 0 <= args.node_rank < args.nnodes:
         raise cli.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
-    if args.max_restarts < 0:
-        raise cli.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    shape.within("--gpus", args.gpus, 1, shape.MAX_PER_NODE, "8")
-    shape.within("--nnodes", args.nnodes, 1, shape.MAX_NODES, "2")
-    shape.within("--max-restarts", args.max_restarts, 0, shape.MAX_RESTARTS, "3")
-    shape.port("--master-port", args.master_port)
 
 
-def check_nodes(args: argparse.Namespace) -> elastic.NodeRange:
-    """--nnodes N or MIN:MAX (launch.elastic), and what only one of them takes."""
-    nodes = elastic.parse_nodes("--nnodes", args.nnodes)
+def check_nodes(args: argparse.Namespace) -> None:
+    """--nnodes N or MIN:MAX (parsed by shape.check), and what only one of them takes."""
+    nodes = args.node_range
     args.rdzv = elastic.parse_rdzv_conf(args.rdzv_conf, elastic.DEFAULT_RDZV) if nodes.elastic else ()
     if nodes.elastic:
         if args.node_rank is not None:
@@ -329,7 +323,6 @@ def check_nodes(args: argparse.Namespace) -> elastic.NodeRange:
             )
     elif args.rdzv_conf:
         raise cli.error(f"--rdzv-conf is for elastic jobs (--nnodes MIN:MAX), not --nnodes {nodes.max}")
-    return nodes
 
 
 def check_rendezvous(args: argparse.Namespace) -> None:

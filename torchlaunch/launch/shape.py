@@ -1,4 +1,10 @@
-"""Bounds on the machine-shape options of every launcher, checked before anything starts.
+"""The machine-shape options of every launcher (nodes, workers per node, CPUs, memory, restarts, the
+rendezvous port): spelled, described and bounded here once, declared on a launcher's parser with
+`add`, and checked with `check` before anything starts.
+
+Each launcher keeps its scheduler's own words (torchrun's `--nnodes`/`--gpus` on this machine, sbatch's
+`--nodes`/`--tasks-per-node` on Slurm, per-pod counts on Kubernetes): users arrive knowing those. What
+is shared is the meaning behind a name, its bounds and its error line.
 
 A number a real machine or scheduler cannot meet either fails late (inside the job, after the queue)
 or never (a job pending forever, a rendezvous waiting forever, the OOM killer): each is refused here
@@ -7,6 +13,7 @@ in one line, exit 2. Torch-free; the network checks are bounded in time.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import errno
 import os
@@ -14,6 +21,8 @@ import re
 import shutil
 import socket
 import subprocess
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from torchlaunch.launch import cli
 
@@ -43,6 +52,117 @@ def within(flag: str, value: int | None, low: int, high: int, example: str) -> N
 def port(flag: str, value: int | None) -> None:
     if value is not None and not 1 <= value <= 65535:
         raise cli.error(f"{flag} must be a port number in 1..65535, got {value} (e.g. {flag} 29500)")
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """MIN..MAX nodes; a fixed count is MIN == MAX (not elastic)."""
+
+    min: int
+    max: int
+
+    @property
+    def elastic(self) -> bool:
+        return self.min != self.max
+
+    def torchrun(self) -> str:
+        """torchrun's --nnodes value."""
+        return f"{self.min}:{self.max}" if self.elastic else str(self.max)
+
+    def slurm(self) -> str:
+        """sbatch's --nodes value (Slurm's own range spelling)."""
+        return f"{self.min}-{self.max}" if self.elastic else str(self.max)
+
+
+RANGE = re.compile(r"^\s*(\d+)\s*(?:([:-])\s*(\d+)\s*)?$")
+
+
+def parse_nodes(flag: str, text: str | int, example: str = "2") -> NodeRange:
+    """`N`, `MIN:MAX` (torchrun's spelling) or `MIN-MAX` (Slurm's) -> NodeRange, checked once here:
+    MIN >= 1, MIN <= MAX, MAX within the launcher bound. One line naming the fix otherwise."""
+    found = RANGE.match(str(text))
+    if found is None:
+        raise cli.error(f"{flag} {str(text)[:40]!r}: pass a node count N or a range MIN:MAX (e.g. {flag} {example})")
+    low = int(found.group(1))
+    high = int(found.group(3)) if found.group(3) is not None else low
+    within(flag, low, 1, MAX_NODES, example)
+    within(flag, high, 1, MAX_NODES, example)
+    if low > high:
+        raise cli.error(f"{flag} {text}: MIN {low} is more than MAX {high} (e.g. {flag} {high}:{low})")
+    return NodeRange(low, high)
+
+
+class Declares(Protocol):
+    """A parser or an argument group of one."""
+
+    def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action: ...
+
+
+@dataclass(frozen=True)
+class Option:
+    """One machine-shape option: its flag, the range a real machine or scheduler can meet, an example
+    for the error line and the help users read (a launcher may say it in its own words)."""
+
+    flag: str
+    low: int
+    high: int
+    example: str
+    help: str
+    nodes: bool = False
+    """A node count or range (N, MIN:MAX or MIN-MAX), parsed to args.node_range."""
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS: dict[str, Option] = {
+    o.dest: o
+    for o in (
+        Option("--nnodes", 1, MAX_NODES, "2", "number of nodes in the job, or MIN:MAX", nodes=True),
+        Option("--nodes", 1, MAX_NODES, "2", "nodes in the job, or a range MIN:MAX", nodes=True),
+        Option("--gpus", 1, MAX_PER_NODE, "8", "worker processes on this node (one per GPU)"),
+        Option("--gpus-per-node", 1, MAX_PER_NODE, "8", "worker processes per node, one per GPU"),
+        Option("--tasks-per-node", 1, MAX_PER_NODE, "4", "CPU worker processes per node (no GPUs)"),
+        Option("--cpus-per-task", 1, 4096, "8", "CPU cores per worker process"),
+        Option("--cpus-per-gpu", 1, 1024, "8", "CPU cores per GPU"),
+        Option("--mem-gb", 1, 1 << 16, "64", "memory per node, GB"),
+        Option("--mem-gb-per-gpu", 1, 1 << 14, "32", "memory per GPU, GB"),
+        Option("--time", 1, 366 * 24 * 60, "240", "minutes per allocation"),
+        Option("--signal-delay-s", 0, 3600, "90", "seconds between the preemption signal and the time limit"),
+        Option("--max-restarts", 0, MAX_RESTARTS, "3", "torchrun restarts of the worker group"),
+        Option("--max-timeouts", 0, MAX_RESTARTS, "3", "requeues after a time limit or preemption"),
+        Option("--master-port", 1, 65535, "29500", "rendezvous port on node 0"),
+    )
+}
+"""Every machine-shape option of every launcher, by argparse dest."""
+
+
+def add(parser: Declares, dest: str, *, default: object = None, help: str | None = None) -> None:
+    """Declare OPTIONS[dest] on a launcher's parser (or one of its groups), in the launcher's words
+    when `help` is given."""
+    option = OPTIONS[dest]
+    parser.add_argument(
+        option.flag,
+        type=None if option.nodes else int,
+        default=default,
+        help=help or option.help,
+    )
+
+
+def check(args: argparse.Namespace, node_example: str = "2") -> None:
+    """Every shape option the launcher declared, within its bounds (one line, exit 2, otherwise); a node
+    count or range is parsed to args.node_range."""
+    for dest, option in OPTIONS.items():
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if option.nodes:
+            args.node_range = parse_nodes(option.flag, value, node_example)
+        elif dest == "master_port":
+            port(option.flag, value)
+        else:
+            within(option.flag, value, option.low, option.high, option.example)
 
 
 def cpu_worker_cap() -> int:

@@ -303,15 +303,7 @@ def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
 
 def check_shape(args: argparse.Namespace) -> None:
     """Numbers Slurm would refuse late (inside the job) or never schedule (pending forever)."""
-    args.node_range = elastic.parse_nodes("--nodes", args.nodes, "2 or --nodes 1-2")
-    shape.within("--gpus-per-node", args.gpus_per_node, 1, shape.MAX_PER_NODE, "8")
-    shape.within("--tasks-per-node", args.tasks_per_node, 1, shape.MAX_PER_NODE, "4")
-    shape.within("--time", args.time, 1, 366 * 24 * 60, "240")
-    shape.within("--cpus-per-task", args.cpus_per_task, 1, 4096, "8")
-    shape.within("--mem-gb", args.mem_gb, 1, 1 << 16, "64")
-    shape.within("--signal-delay-s", args.signal_delay_s, 0, 3600, "90")
-    shape.within("--max-timeouts", args.max_timeouts, 0, shape.MAX_RESTARTS, "3")
-    shape.port("--master-port", args.master_port)
+    shape.check(args, node_example="2 or --nodes 1-2")
     if args.tasks_per_node is not None:
         cpus = shape.slurm_node_cpus(args.partition)
         need = args.tasks_per_node * (args.cpus_per_task or 1)
@@ -336,25 +328,26 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
         run_dir_help="with a program after --: the shared folder for logs and "
         "submitit's files (the built-in worker takes run_dir=)",
     )
-    parser.add_argument(
-        "--nodes",
+    shape.add(
+        parser,
+        "nodes",
         default="1",
         help="nodes, or a range MIN-MAX: an allocation of any size in it, and after a node failure the job "
         "is requeued onto the nodes that are up (torchlaunch.launch.elastic)",
     )
     workers = parser.add_mutually_exclusive_group()
-    workers.add_argument("--gpus-per-node", type=int, help="GPUs per node, one task per GPU")
-    workers.add_argument("--tasks-per-node", type=int, help="CPU worker processes per node (no GPUs)")
+    shape.add(workers, "gpus_per_node", help="GPUs per node, one task per GPU")
+    shape.add(workers, "tasks_per_node")
     parser.add_argument("--partition")
-    parser.add_argument("--time", type=int, default=60, help="minutes per allocation")
-    parser.add_argument("--cpus-per-task", type=int)
-    parser.add_argument("--mem-gb", type=int)
+    shape.add(parser, "time", default=60)
+    shape.add(parser, "cpus_per_task")
+    shape.add(parser, "mem_gb")
     parser.add_argument("--account")
     parser.add_argument("--qos")
     parser.add_argument("--constraint")
-    parser.add_argument("--signal-delay-s", type=int, default=90)
-    parser.add_argument("--max-timeouts", type=int, default=DEFAULT_MAX_TIMEOUTS)
-    parser.add_argument("--master-port", type=int)
+    shape.add(parser, "signal_delay_s", default=90)
+    shape.add(parser, "max_timeouts", default=DEFAULT_MAX_TIMEOUTS)
+    shape.add(parser, "master_port", help="rendezvous port on node 0 (default: submitit's, derived from the job id)")
     parser.add_argument(
         "--sbatch", action="append", default=[], metavar="KEY=VALUE", help="extra #SBATCH --KEY=VALUE (repeatable)"
     )
