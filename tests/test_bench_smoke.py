@@ -137,12 +137,10 @@ def test_peers_quick(tmp_path: Path) -> None:
 
 
 @needs_data
-def test_reference_loop_script_runs(tmp_path: Path) -> None:
+def test_reference_loop_script_runs(tmp_path: Path, cifar_shared: Path) -> None:
     """The reference-style loop trains, evaluates the val folder and writes its checkpoint twice, as
     torchvision's train.py does with --output-dir."""
-    from bench.common import unpacked_cifar
-
-    full = unpacked_cifar(tmp_path)
+    full = cifar_shared
     tiny, val = subset_folder(full, tmp_path / "tiny", 4), subset_folder(full, tmp_path / "val", 1)
     save = tmp_path / "out"
     save.mkdir()
@@ -193,12 +191,11 @@ def test_topk_correct_counts_rows_whose_target_is_in_the_top_k() -> None:
 
 
 @needs_data
-def test_peer_folders_are_the_projects_two_splits(tmp_path: Path) -> None:
+def test_peer_folders_are_the_projects_two_splits(tmp_path: Path, cifar_shared: Path) -> None:
     """Peers train on exactly the project's training split and validate on exactly its held-out split."""
-    from bench.common import unpacked_cifar
     from torchlaunch.worker.data import scan_imagefolder, split_indices
 
-    project_root, peer_train, peer_val = peers.make_folders(unpacked_cifar(tmp_path), tmp_path, 200)
+    project_root, peer_train, peer_val = peers.make_folders(cifar_shared, tmp_path, 200)
     _, files, _ = scan_imagefolder(project_root)
     train_idx, val_idx = split_indices(len(files), peers.VAL_FRACTION, 0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,58 @@ def test_nothing_else_reads_the_contract_from_the_environment() -> None:
                 if form in text:
                     readers.append(f"{path.relative_to(REPO)}: {form}")
     assert readers == []
+
+
+SITECUSTOMIZE = """import atexit, os
+atexit.register(lambda: open(os.environ["TEARDOWN_MARK"], "w").close())
+"""
+
+
+@pytest.mark.parametrize(
+    ("program", "torn_down"),
+    [
+        (["-m", "torchlaunch.worker", "--config", "nope.yaml"], False),  # the project's own: os._exit
+        (["{script}"], True),  # a user's program: the interpreter's normal exit, its atexit handlers run
+    ],
+    ids=["built-in-worker", "user-script"],
+)
+def test_the_runner_decides_how_to_leave_from_the_program_it_was_given(
+    program: list[str], torn_down: bool, tmp_path: Path
+) -> None:
+    """`python -m torchlaunch.runner PROGRAM` (every launcher's rank command) leaves the built-in worker's
+    rank without interpreter teardown: the runner read the program after running it, when runpy had
+    rewritten sys.argv to the program's own, so every built-in rank went through the full teardown.
+    Seen from outside: an atexit handler (installed by a sitecustomize on PYTHONPATH) runs for a
+    user's program only."""
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    script = tmp_path / "user.py"
+    script.write_text("print('user program ran')\n")
+    mark = tmp_path / "atexit-ran"
+    env = child_env({"TEARDOWN_MARK": str(mark)})
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    argv = [a.replace("{script}", str(script)) for a in program]
+    r = subprocess.run(
+        [sys.executable, "-m", "torchlaunch.runner", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == (0 if torn_down else BAD_INPUT), r.stderr
+    assert mark.exists() == torn_down, (mark.exists(), r.stderr)
+
+
+def test_run_as_main_takes_the_program_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The words exit_process decides on are the runner's arguments, whatever the program did to sys.argv."""
+    decided: list[object] = []
+
+    def program_rewrites_argv(argv: list[str]) -> int:
+        sys.argv[:] = ["/somewhere/worker.py", "--config", "x.yaml"]  # what runpy does
+        return 0
+
+    monkeypatch.setattr(sys, "argv", ["runner", "-m", runner.BUILTIN_WORKER, "--config", "x.yaml"])
+    monkeypatch.setattr(runner, "main", program_rewrites_argv)
+    monkeypatch.setattr(runner, "exit_process", lambda code, program: decided.append((code, list(program))))
+    runner.run_as_main()
+    assert decided == [(0, ["-m", runner.BUILTIN_WORKER, "--config", "x.yaml"])]

@@ -40,6 +40,7 @@ import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from torchlaunch import (
     contract,
@@ -520,7 +521,7 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     return code
 
 
-def exit_process(code: int, program: Sequence[str] | None = None) -> None:
+def exit_process(code: int, program: Sequence[str] | None = None) -> NoReturn:
     """Leave with `code`. The project's own programs leave without interpreter teardown: with several
     gloo ranks, C++ threads still winding down at finalisation sometimes abort the process ("terminate
     called without an active exception") after a clean finish, turning exit 0 into a crash; their
@@ -537,8 +538,18 @@ def exit_process(code: int, program: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
+def run_as_main() -> NoReturn:
+    """`python -m torchlaunch.runner PROGRAM...`: run it, then leave as exit_process decides for it.
+    The program's words are taken before it runs: running it rewrites sys.argv to its own (runpy), and
+    read afterwards they no longer named the built-in worker, so its ranks went through the full
+    interpreter teardown (~1.2 s per run after the last step, and the gloo abort at finalisation
+    exit_process exists to avoid)."""
+    program = sys.argv[1:]
+    exit_process(main(program), program)
+
+
 if __name__ == "__main__":
     from torchlaunch import pdeath
 
     pdeath.die_with_agent()  # torchrun starts ranks in sessions of their own: end with it
-    exit_process(main(), sys.argv[1:])
+    run_as_main()
