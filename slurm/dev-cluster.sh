@@ -211,7 +211,7 @@ start_slurmdbd() {
   before=$(started_lines "$STATE/log/slurmdbd.log")
   slurmdbd
   wait_ready "$UP_TIMEOUT_S" "$STATE/run/slurmdbd.pid" slurmdbd_ready "$before" && return 0
-  stop_pidfile "$STATE/run/slurmdbd.pid" slurmdbd
+  stop_pidfiles "$STATE/run/slurmdbd.pid:slurmdbd"
   return 1
 }
 
@@ -221,7 +221,7 @@ start_slurmctld() {
   alive "$STATE/run/slurmctld.pid" && return 0
   slurmctld -f "$SLURM_CONF_PATH"
   wait_ready "$UP_TIMEOUT_S" "$STATE/run/slurmctld.pid" slurmctld_ready && return 0
-  stop_pidfile "$STATE/run/slurmctld.pid" slurmctld
+  stop_pidfiles "$STATE/run/slurmctld.pid:slurmctld"
   return 1
 }
 
@@ -271,17 +271,27 @@ cmd_up() {
   cmd_env
 }
 
-stop_pidfile() {
-  local pidfile=$1 name=$2 pid deadline
-  alive "$pidfile" || { rm -f "$pidfile"; return 0; }
-  pid=$(cat "$pidfile")
-  kill "$pid"
-  deadline=$((SECONDS + 30))
-  while kill -0 "$pid" 2>/dev/null; do
-    if ((SECONDS >= deadline)); then log "$name did not stop in 30 s, killing"; kill -9 "$pid"; fi
-    sleep 0.1
+# stop_pidfiles PIDFILE:NAME...: SIGTERM to each daemon at once, then wait for all of them (each takes
+# 1-4 s to exit; daemons of one tier do not depend on each other, so a tier costs its slowest one).
+stop_pidfiles() {
+  local item pidfile name pid deadline
+  local -a pids=() names=() files=()
+  for item in "$@"; do
+    pidfile=${item%%:*} name=${item#*:}
+    alive "$pidfile" || { rm -f "$pidfile"; continue; }
+    pid=$(cat "$pidfile")
+    kill "$pid"
+    pids+=("$pid") names+=("$name") files+=("$pidfile")
   done
-  rm -f "$pidfile"
+  deadline=$((SECONDS + 30))
+  local i
+  for i in "${!pids[@]}"; do
+    while kill -0 "${pids[$i]}" 2>/dev/null; do
+      if ((SECONDS >= deadline)); then log "${names[$i]} did not stop in 30 s, killing"; kill -9 "${pids[$i]}"; fi
+      sleep 0.1
+    done
+    rm -f "${files[$i]}"
+  done
 }
 
 cmd_down() {
@@ -290,11 +300,14 @@ cmd_down() {
     scancel --full --quiet --user=root 2>/dev/null || true
   fi
   local node
-  for node in "${NODES[@]}"; do stop_pidfile "$STATE/run/slurmd-$node.pid" "slurmd $node"; done
-  stop_pidfile "$STATE/run/slurmctld.pid" slurmctld
-  stop_pidfile "$STATE/run/slurmdbd.pid" slurmdbd
-  stop_pidfile "$STATE/run/mariadb.pid" mariadb
-  stop_pidfile "$STATE/run/munged.pid" munged
+  local -a slurmds=()
+  for node in "${NODES[@]}"; do slurmds+=("$STATE/run/slurmd-$node.pid:slurmd $node"); done
+  # In tiers, each after the one that uses it: the nodes, the controller (it flushes accounting to
+  # slurmdbd as it stops), slurmdbd, then its database and munge.
+  stop_pidfiles "${slurmds[@]}"
+  stop_pidfiles "$STATE/run/slurmctld.pid:slurmctld"
+  stop_pidfiles "$STATE/run/slurmdbd.pid:slurmdbd"
+  stop_pidfiles "$STATE/run/mariadb.pid:mariadb" "$STATE/run/munged.pid:munged"
   sed -i "/$HOSTS_MARK/d" /etc/hosts
   log "down (state kept in $STATE; remove it for a fresh start)"
 }

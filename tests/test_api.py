@@ -414,3 +414,36 @@ def test_preemption_requested_answers_two_calls_later_on_every_rank(tmp_path: Pa
     for rank in (0, 1):
         answers = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert answers.index(True) == 6 and all(answers[6:]), (rank, answers)  # posted at call 5, read at 7
+
+
+SLOW_START = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torchlaunch import api
+
+rank = int(os.environ["RANK"])
+if rank == 1:
+    time.sleep(4)  # a rank that starts late (a node importing from a shared filesystem)
+ctx = api.setup(timeout_s=2)
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"rank {ctx.rank} joined: {t.item():.0f}", flush=True)
+if rank == 1:
+    time.sleep(4)  # now a peer that stops answering
+dist.all_reduce(t)
+"""
+
+
+def test_a_late_rank_joins_and_the_timeout_bounds_collectives_after_the_start(tmp_path: Path) -> None:
+    """timeout_s bounds collectives, not the start: a rank 4 s late joins a group whose timeout is 2 s
+    (before, rank 0 gave up at the store after 2 s and the job ended before its first step), and once
+    the group is formed a collective whose peer stops answering fails after those 2 s (gloo says how long
+    it waited)."""
+    script = tmp_path / "slow_start.py"
+    script.write_text(SLOW_START)
+    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--hang-timeout", "0"]
+    rc, out, err = run_cmd([*argv, "--", str(script)], timeout=180)
+    text = out + err
+    assert "rank 0 joined: 2" in text and "rank 1 joined: 2" in text, text[-3000:]
+    assert rc == 1 and "2000ms" in text, text[-3000:]

@@ -41,6 +41,22 @@ def test_the_default_store_of_a_one_rank_group(tmp_path: Path) -> None:
         dist.destroy_process_group()
 
 
+def test_set_group_timeout_changes_the_default_groups_timeout() -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=300)
+    )
+    try:
+        compat.set_group_timeout(12.5)
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        assert backend.options._timeout == datetime.timedelta(seconds=12.5)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_fused_kernel_devices_and_mkldnn_bf16() -> None:
     devices = compat.fused_kernel_devices()
     assert devices is not None and "cuda" in devices

@@ -38,6 +38,21 @@ def default_store() -> Any:
     return distributed_c10d._get_default_store()
 
 
+def set_group_timeout(seconds: float) -> None:
+    """The default process group's timeout for every later collective (torch.distributed.set_timeout;
+    before it was public, distributed_c10d._set_pg_timeout, which torch 2.14 keeps as its alias)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    setter = getattr(dist, "set_timeout", None)
+    if setter is None:
+        from torch.distributed import distributed_c10d
+
+        setter = distributed_c10d._set_pg_timeout
+    setter(datetime.timedelta(seconds=seconds))
+
+
 def fused_kernel_devices() -> list[str] | None:
     """Device types with fused SGD/AdamW kernels (torch.utils._foreach_utils); None where torch has no such list."""
     try:

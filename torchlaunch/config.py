@@ -326,7 +326,8 @@ class DistConfig:
             "e.g. 300",
         ),
     )
-    """Process-group timeout: a lost peer fails the collective after this many seconds."""
+    """Process-group timeout: a lost peer fails the collective after this many seconds. The group's
+    start (every rank arriving) waits at least 300 s (torchlaunch.core.dist.START_WAIT_S)."""
     backend: str = field(default="auto", metadata=choice(("auto", "nccl", "gloo")))
     """`auto` (nccl on CUDA, gloo on CPU), `nccl` or `gloo`."""
     pin_cpus: bool = True

@@ -52,6 +52,14 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+START_WAIT_S = 300.0
+"""How long a rank waits for every rank of its group to arrive (connecting to the store, the group's
+first handshake), whatever dist.timeout_s is. Ranks of several nodes start seconds to minutes apart
+(imports from a shared filesystem, a busier node): that is a slow start, not a lost peer, and with a
+short dist.timeout_s it ended the job before its first step. dist.timeout_s bounds every collective
+after the group is formed."""
+
+
 def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = False) -> DistContext:
     """Join the process group described by the environment (or run alone). `pin_cpus`: CPU workers
     sharing a machine each take their own slice of cores first (torchlaunch.core.affinity), so that the
@@ -76,9 +84,11 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
         init_method="env://",  # reuses torchrun's store when it shares one, else rank 0 hosts it
         rank=int(env["RANK"]),
         world_size=int(env["WORLD_SIZE"]),
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=datetime.timedelta(seconds=max(timeout_s, START_WAIT_S)),
         device_id=device if device.type == "cuda" else None,
     )
+    if timeout_s < START_WAIT_S:
+        compat.set_group_timeout(timeout_s)  # every collective from here on: dist.timeout_s
     return DistContext(
         rank=int(env["RANK"]),
         world_size=int(env["WORLD_SIZE"]),
