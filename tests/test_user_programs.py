@@ -522,6 +522,17 @@ def test_slurm_bad_program_arguments(args: list[str], words: str) -> None:
 def slurm_launch(run_dir: Path, program: list[str], *args: str, cwd: Path = REPO) -> subprocess.Popen:
     """`python -m launch.slurm ARGS --run-dir RUN_DIR --wait -- PROGRAM` in the background."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    # A child inherits an ignored SIGINT (pytest run in the background: `cmd &` in a script ignores it),
+    # never a handler: with one installed here the launcher starts with SIGINT at its default, as from a
+    # terminal, and a test's Ctrl-C reaches it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _start_launcher(run_dir, program, args, cwd)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _start_launcher(run_dir: Path, program: list[str], args: tuple[str, ...], cwd: Path) -> subprocess.Popen:
     with open(run_dir.parent / f"{run_dir.name}.launcher.log", "w") as out:
         return subprocess.Popen(
             [
