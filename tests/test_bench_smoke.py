@@ -25,6 +25,15 @@ needs_data = pytest.mark.skipif(
 )
 
 
+@pytest.fixture
+def bench_work(tmp_path: Path, cifar_shared: Path) -> Path:
+    """A benchmark work folder whose CIFAR-10 copy is the session's (bench.common.unpacked_cifar finds it
+    there and unpacks nothing): each benchmark otherwise unpacked the 50,000 images again."""
+    (tmp_path / "cifar10-jpeg").mkdir()
+    (tmp_path / "cifar10-jpeg" / "train").symlink_to(cifar_shared, target_is_directory=True)
+    return tmp_path
+
+
 def well_formed(r: Result) -> None:
     assert isinstance(r, Result)
     assert math.isfinite(r.ratio) and r.ratio > 0, r
@@ -63,8 +72,8 @@ def test_proposals_quick() -> None:
 
 
 @needs_data
-def test_datapath_quick(tmp_path: Path) -> None:
-    r = datapath.run(quick=True, work=tmp_path)
+def test_datapath_quick(bench_work: Path) -> None:
+    r = datapath.run(quick=True, work=bench_work)
     well_formed(r)
     assert r.extra["proposed_gain"] > 0
 
@@ -121,7 +130,7 @@ def test_progress_micro_costs_leave_the_environment_as_found(tmp_path: Path, mon
 
 @pytest.mark.slow
 @needs_data
-def test_peers_quick(tmp_path: Path) -> None:
+def test_peers_quick(bench_work: Path) -> None:
     """The project side and both peer scripts end to end at tiny size. The peers run with the
     project's python when the benchmark venv (Lightning) is absent: Lightning is then skipped."""
     from bench.common import peers_python
@@ -130,7 +139,7 @@ def test_peers_quick(tmp_path: Path) -> None:
     has_lightning = py.is_file() and subprocess.run([str(py), "-c", "import lightning"]).returncode == 0
     if not has_lightning:
         pytest.skip("bench/.venv-peers with lightning not created (python -m bench.run --only peers creates it)")
-    results = peers.run(py, quick=True, work=tmp_path)
+    results = peers.run(py, quick=True, work=bench_work)
     assert results and len(results) == 2
     for r in results:
         well_formed(r)
