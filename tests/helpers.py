@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from tests.conftest import run_launcher
+from tests.conftest import launcher_argv, run_launcher
 from torchlaunch.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,7 +17,7 @@ def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None =
     """`python -m launch.local ARGS` from the repo root, as a CompletedProcess: conftest.run_launcher (the
     one launcher helper: its own process group, killed whole and the test failed on timeout)."""
     code, out, err = run_launcher(args, timeout=timeout, env=env)
-    return subprocess.CompletedProcess([sys.executable, "-m", "torchlaunch.launch.local", *args], code, out, err)
+    return subprocess.CompletedProcess(launcher_argv("torchlaunch.launch.local", *args), code, out, err)
 
 
 def final_state(run_dir: Path) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import child_env, run_cmd
+from tests.conftest import child_env, launcher_argv, run_cmd
 from tests.helpers import assert_models_equal
 from torchlaunch import api
 from torchlaunch.core import checkpoint as ckpt
@@ -205,9 +205,7 @@ def test_bad_input_under_launch_local_is_reported_once(tmp_path: Path) -> None:
     script.write_text(
         f"from torchlaunch import api\nwith api.setup():\n    api.Checkpointer({str(blocker / 'run')!r})\n"
     )
-    rc, out, err = run_cmd(
-        [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--", str(script)], timeout=180
-    )
+    rc, out, err = run_cmd(launcher_argv("torchlaunch.launch.local", "--gpus", "2", "--", str(script)), timeout=180)
     assert rc == api.BAD_INPUT, err[-2000:]
     assert err.count("api error: Checkpointer run_dir: cannot write") == 1, err[-2000:]
     assert "Traceback" not in err
@@ -408,7 +406,7 @@ def test_preemption_requested_answers_two_calls_later_on_every_rank(tmp_path: Pa
     waiting and read 2 calls later (the Trainer's lag), the same call on every rank."""
     script = tmp_path / "lagged.py"
     script.write_text(LAGGED)
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--"]
+    argv = launcher_argv("torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--")
     rc, _, err = run_cmd([*argv, str(script), str(tmp_path)], timeout=180)
     assert rc == api.PREEMPTED, err[-2000:]
     for rank in (0, 1):
@@ -442,7 +440,7 @@ def test_a_late_rank_joins_and_the_timeout_bounds_collectives_after_the_start(tm
     it waited)."""
     script = tmp_path / "slow_start.py"
     script.write_text(SLOW_START)
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--hang-timeout", "0"]
+    argv = launcher_argv("torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--hang-timeout", "0")
     rc, out, err = run_cmd([*argv, "--", str(script)], timeout=180)
     text = out + err
     assert "rank 0 joined: 2" in text and "rank 1 joined: 2" in text, text[-3000:]

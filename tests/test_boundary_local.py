@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.exit_codes import BAD_INPUT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,16 +57,14 @@ def test_second_local_launch_on_a_run_dir_is_refused_before_writing(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         launch = subprocess.run(
-            [
-                sys.executable,
-                "-m",
+            launcher_argv(
                 "torchlaunch.launch.local",
                 "--device",
                 "cpu",
                 "--config",
                 "configs/smoke.yaml",
                 f"run_dir={run_dir}",
-            ],
+            ),
             cwd=ROOT,
             env=env(),
             capture_output=True,
@@ -93,7 +92,7 @@ def test_sigkilled_local_launcher_leaves_no_rank_running(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--", str(script)],
+        launcher_argv("torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--", str(script)),
         cwd=ROOT,
         env=env(),
         stdout=subprocess.PIPE,
@@ -132,9 +131,7 @@ def test_a_programs_run_dir_is_owned_too(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         launch = subprocess.run(
-            [
-                sys.executable,
-                "-m",
+            launcher_argv(
                 "torchlaunch.launch.local",
                 "--device",
                 "cpu",
@@ -142,7 +139,7 @@ def test_a_programs_run_dir_is_owned_too(tmp_path):
                 str(run_dir),
                 "--",
                 str(script),
-            ],
+            ),
             cwd=ROOT,
             env=env(),
             capture_output=True,

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import launcher_argv
 from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
 from torchlaunch.launch import k8s
 from torchlaunch.launch.spec import JobSpec
@@ -401,7 +401,7 @@ def test_launch_status_of_the_pods_run_dir_names_the_job(uninterrupted):
     dj = uninterrupted
     assert record.read_all(dj.run_dir)[0], f"no job record in {dj.run_dir}/job: the pods' launch.local writes one"
     done = subprocess.run(
-        [sys.executable, "-m", "launch", "status", str(dj.run_dir), "--json"],
+        launcher_argv("launch", "status", str(dj.run_dir), "--json"),
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,

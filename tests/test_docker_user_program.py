@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cmd
+from tests.conftest import launcher_argv, run_cmd
 from tests.helpers import assert_models_equal
 from tests.test_docker_job import (  # noqa: F401 - image is a fixture used by name
     DOCKER,
@@ -56,9 +55,7 @@ STOP_AT = 20
 
 def render_job(image_name: str, name: str, program: list[str], options: Sequence[str] = ()) -> dict:
     """The Job of `python -m launch.k8s ... -- PROGRAM` for 2 CPU pods, as the CLI prints it."""
-    argv = [
-        sys.executable,
-        "-m",
+    argv = launcher_argv(
         "torchlaunch.launch.k8s",
         "--nodes",
         "2",
@@ -78,7 +75,7 @@ def render_job(image_name: str, name: str, program: list[str], options: Sequence
         *options,
         "--",
         *program,
-    ]
+    )
     code, out, err = run_cmd(argv, timeout=60)
     assert code == OK, err
     job = next(m for m in yaml.safe_load_all(out) if m and m["kind"] == "Job")
@@ -122,9 +119,7 @@ def custom_loop(name: str) -> list[str]:
 def host_reference(tmp_path_factory) -> Path:
     """The same script as 2 CPU ranks under launch.local on this machine: the weights to match."""
     run_dir = tmp_path_factory.mktemp("host") / "run"
-    argv = [
-        sys.executable,
-        "-m",
+    argv = launcher_argv(
         "torchlaunch.launch.local",
         "--gpus",
         "2",
@@ -136,7 +131,7 @@ def host_reference(tmp_path_factory) -> Path:
         str(run_dir),
         "--epochs",
         str(EPOCHS),
-    ]
+    )
     code, out, err = run_cmd(argv, timeout=300)
     assert code == OK, err[-3000:]
     assert f"finished: {TOTAL} steps" in out

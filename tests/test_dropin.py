@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from tests.helpers import REPO
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.launch import local
@@ -213,9 +214,7 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
     assert done.returncode == 0, done.stderr
     stale = {"RANK": "7", "WORLD_SIZE": "9", "LOCAL_RANK": "3", "TORCHELASTIC_RUN_ID": "stale", "GROUP_RANK": "5"}
     done = run_dump(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.local",
             "--device",
             "cpu",
@@ -225,7 +224,7 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
             str(prog),
             str(ours),
             keys,
-        ],
+        ),
         ours,
         **stale,
     )
@@ -271,7 +270,7 @@ def test_one_worker_can_init_process_group_from_env(tmp_path: Path) -> None:
         "dist.destroy_process_group()\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "torchlaunch.launch.local", "--device", "cpu", "--gpus", "1", "--", str(prog)],
+        launcher_argv("torchlaunch.launch.local", "--device", "cpu", "--gpus", "1", "--", str(prog)),
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
@@ -287,7 +286,7 @@ def test_a_failing_single_worker_is_named_as_the_worker(tmp_path: Path) -> None:
     prog = tmp_path / "crash.py"
     prog.write_text("def deep():\n    raise RuntimeError('boom')\n\n\ndeep()\n")
     done = subprocess.run(
-        [sys.executable, "-m", "torchlaunch.launch.local", "--device", "cpu", "--", str(prog)],
+        launcher_argv("torchlaunch.launch.local", "--device", "cpu", "--", str(prog)),
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
@@ -331,9 +330,7 @@ def test_a_program_without_a_handler_is_stopped_by_the_runner_and_its_forks_neve
     prog = tmp_path / "p.py"
     prog.write_text(NO_HANDLER_FORKS)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.local",
             "--device",
             "cpu",
@@ -342,7 +339,7 @@ def test_a_program_without_a_handler_is_stopped_by_the_runner_and_its_forks_neve
             "--",
             str(prog),
             str(tmp_path),
-        ],
+        ),
         cwd=ROOT,
         env=child_env(),
         stderr=subprocess.PIPE,
@@ -392,9 +389,7 @@ def test_a_signalled_program_ending_0_is_rerun(gpus: int, end: str, tmp_path: Pa
     prog = tmp_path / "p.py"
     prog.write_text(HANDLER_EXITS_0.replace("END", end))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.local",
             "--device",
             "cpu",
@@ -403,7 +398,7 @@ def test_a_signalled_program_ending_0_is_rerun(gpus: int, end: str, tmp_path: Pa
             "--",
             str(prog),
             str(tmp_path),
-        ],
+        ),
         cwd=ROOT,
         env=child_env(),
         stderr=subprocess.PIPE,
@@ -548,7 +543,7 @@ def test_accelerate_sigterm_exits_75_and_the_same_command_resumes(tmp_path: Path
 def test_sigterm_during_start_up_is_75_without_a_traceback(tmp_path: Path) -> None:
     """A scheduler that stops a job while its ranks are still importing gets "run me again" (75), not
     a failure (1, retried by policy) with torchrun's traceback; the rerun trains from the start."""
-    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml"]
+    argv = launcher_argv("launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml")
     proc = subprocess.Popen(
         [*argv, f"run_dir={tmp_path / 'run'}"],
         cwd=REPO,

@@ -15,13 +15,13 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from tests.helpers import REPO, launcher
 
 BATCH = 48
@@ -59,9 +59,7 @@ def listening(port: int) -> bool:
 
 def start_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
     """One "node": a launcher in a process group of its own (so the whole node can be SIGKILLed)."""
-    argv = [
-        sys.executable,
-        "-m",
+    argv = launcher_argv(
         "torchlaunch.launch.local",
         "--device",
         "cpu",
@@ -77,7 +75,7 @@ def start_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
         RDZV,
         *RECIPE,
         f"run_dir={run_dir}",
-    ]
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     with log.open("w") as out:
         return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import launcher_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_BIN = Path(os.environ.get("TOOLS_BIN", ROOT / ".cache" / "tools-venv" / "bin"))
@@ -51,7 +52,7 @@ def manifest_files(tmp_path_factory) -> dict[str, Path]:
     files = {}
     for name, argv in RENDERINGS.items():
         out = subprocess.run(
-            [sys.executable, "-m", "torchlaunch.launch.k8s", *argv],
+            launcher_argv("torchlaunch.launch.k8s", *argv),
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, error_lines, run_launcher, run_module
+from tests.conftest import REPO, error_lines, launcher_argv, run_launcher, run_module
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch import local
 from torchlaunch.launch.local import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
@@ -132,9 +132,7 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
     )
     assert rc == 0, err
     assert len(out.splitlines()) == 1
-    assert shlex.split(out) == [
-        sys.executable,
-        "-m",
+    assert shlex.split(out) == launcher_argv(
         "torchlaunch.launch.torchrun",
         "--nnodes",
         "1",
@@ -149,7 +147,7 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
         "torchlaunch.worker",
         "--config",
         str(run_dir / "config.yaml"),
-    ]
+    )
     assert not run_dir.exists()
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cmd
+from tests.conftest import REPO, launcher_argv, run_cmd
 from tests.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -180,9 +180,9 @@ def assert_user_world(seen: list[dict], kind: str, project: str, roots: tuple[st
 
 def local_argv(how: str) -> list[str]:
     if how == "command":  # what users type: the thin top-level command module
-        return [sys.executable, "-m", "launch.local"]
+        return launcher_argv("launch.local")
     if how == "module":
-        return [sys.executable, "-m", "torchlaunch.launch.local"]
+        return launcher_argv("torchlaunch.launch.local")
     script = Path(sys.executable).parent / "torchlaunch-local"
     if not script.is_file():
         pytest.skip(f"no console script next to {sys.executable} (pip install -e . installs it)")

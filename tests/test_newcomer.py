@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import launcher_argv
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import precheck
@@ -218,16 +219,14 @@ def test_fp16_on_cpu_stops_in_the_launcher_and_in_the_worker(tmp_path: Path) -> 
 def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     k8s = subprocess.run(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.k8s",
             "--doctor",
             "--cpu-only",
             "--nodes",
             "2",
             "train.precision=fp16",
-        ],
+        ),
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -239,9 +238,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
     if shutil.which("sbatch") is None:
         return
     slurm = subprocess.run(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.slurm",
             "--nodes",
             "1",
@@ -251,7 +248,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
             "configs/smoke.yaml",
             f"run_dir={tmp_path}",
             "train.precision=fp16",
-        ],
+        ),
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -298,9 +295,7 @@ def test_missing_slurm_conf_is_one_line_with_the_fix(tmp_path: Path) -> None:
         pytest.skip("this host has a default slurm.conf, so sbatch finds a configuration without SLURM_CONF")
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.slurm",
             "--nodes",
             "2",
@@ -309,7 +304,7 @@ def test_missing_slurm_conf_is_one_line_with_the_fix(tmp_path: Path) -> None:
             "--config",
             "configs/smoke.yaml",
             f"run_dir={tmp_path}",
-        ],
+        ),
         cwd=REPO,
         env={**env, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -398,7 +393,7 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
     def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
         run_env = {**env, "TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else env
         return subprocess.run(
-            [sys.executable, "-m", "torchlaunch.launch.local", *common, *extra],
+            launcher_argv("torchlaunch.launch.local", *common, *extra),
             cwd=REPO,
             env=run_env,
             capture_output=True,
@@ -448,9 +443,7 @@ def test_bench_states_the_cpu_beside_every_figure() -> None:
 def test_preflight_needs_no_data(tmp_path: Path) -> None:
     """`launch.local --doctor` trains nothing, so a missing dataset must not stop it before it starts."""
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.local",
             "--doctor",
             "--dry-run",
@@ -463,7 +456,7 @@ def test_preflight_needs_no_data(tmp_path: Path) -> None:
             f"data.root={tmp_path / 'none'}",
             "data.download=false",
             f"run_dir={tmp_path / 'run'}",
-        ],
+        ),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -8,12 +8,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from tests.helpers import REPO, assert_models_equal, launcher
 from torchlaunch.exit_codes import CANCELLED, FAILURE, OK
 
@@ -33,7 +33,7 @@ RECIPE = [
 
 def ops(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "launch", *argv],
+        launcher_argv("launch", *argv),
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -53,7 +53,7 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(tmp_p
     reference, run_dir = tmp_path / "ref", tmp_path / "run"
     done = launcher([*RECIPE, f"run_dir={reference}"], timeout=400)
     assert done.returncode == OK, done.stderr[-3000:]
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", *RECIPE, f"run_dir={run_dir}"]
+    argv = launcher_argv("torchlaunch.launch.local", *RECIPE, f"run_dir={run_dir}")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -98,7 +98,7 @@ def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_pa
     run_dir = tmp_path / "run"
     # Long enough that the run is still training when the rank is stopped, however loaded the host.
     recipe = [a if a != "train.epochs=8" else "train.epochs=24" for a in RECIPE]
-    argv = [sys.executable, "-m", "torchlaunch.launch.local", *recipe, f"run_dir={run_dir}", "--hang-timeout", "5"]
+    argv = launcher_argv("torchlaunch.launch.local", *recipe, f"run_dir={run_dir}", "--hang-timeout", "5")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -132,16 +132,14 @@ def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_pa
 def test_a_data_plugin_blocking_on_rank_1_ends_as_hung_with_the_blocking_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     data = ["data.name=tests.programs.blocking_data:blobs", "data.loader=pil", "data.num_workers=0"]
-    argv = [
-        sys.executable,
-        "-m",
+    argv = launcher_argv(
         "torchlaunch.launch.local",
         *RECIPE,
         *data,
         f"run_dir={run_dir}",
         "--hang-timeout",
         "5",
-    ]
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=5 + 60 + 240, check=False)
     assert done.returncode == FAILURE, done.stderr[-3000:]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.jobs import cli, ranklog, record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +77,7 @@ def test_logs_follow_prints_new_lines_and_ends_with_the_job(tmp_path: Path) -> N
     write_json(record.record_path(tmp_path), rec.to_json())
     write_log(tmp_path, 0, [(1.0, "before")])
     follower = subprocess.Popen(
-        [sys.executable, "-m", "launch", "logs", str(tmp_path), "--follow"],
+        launcher_argv("launch", "logs", str(tmp_path), "--follow"),
         cwd=REPO,
         env=env(),
         stdout=subprocess.PIPE,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.jobs import record
 
 pytestmark = pytest.mark.slurm
@@ -44,7 +45,7 @@ def slurm_env() -> dict[str, str]:
 
 def launch(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "launch", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        launcher_argv("launch", *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.jobs import cli, gather, procs, progress, record, state
 from torchlaunch.jobs.progress import RankBeat
 from torchlaunch.jobs.record import JobRecord
@@ -299,7 +300,7 @@ def test_python_m_launch_is_torch_free(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "launch", "status", str(tmp_path), "--json"],
+        launcher_argv("launch", "status", str(tmp_path), "--json"),
         env=env,
         capture_output=True,
         text=True,

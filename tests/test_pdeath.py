@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch import pdeath
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +210,7 @@ def test_real_torchrun_agent_and_workers_die_with_the_launcher(tmp_path):
     runner's die_with_agent in each worker ends the whole tree when the launcher is SIGKILLed."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
-    torchrun = [sys.executable, "-m", "torchlaunch.launch.torchrun", "--standalone", "--nproc-per-node", "2"]
+    torchrun = launcher_argv("torchlaunch.launch.torchrun", "--standalone", "--nproc-per-node", "2")
     parent, agent = start_parent([*torchrun, str(script)], guarded=True)
     workers = []
     while len(workers) < 2:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.tools import preflight
 from torchlaunch.tools.doctor import FAIL, OK, WARN
 
@@ -249,9 +250,7 @@ def test_missing_config_is_bad_input(tmp_path: Path) -> None:
 
 def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedProcess:
     """launch.local with the pre-flight module: what `launch.local --doctor` runs."""
-    cmd = [
-        sys.executable,
-        "-m",
+    cmd = launcher_argv(
         "torchlaunch.launch.local",
         "--gpus",
         "2",
@@ -261,7 +260,7 @@ def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedPro
         str(config),
         "--doctor",
         *overrides,
-    ]
+    )
     return subprocess.run(cmd, env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.jobs import ranklog
 from torchlaunch.launch import cli, k8s, slurm
 
@@ -98,9 +99,7 @@ def run_local(tmp_path: Path, *options: str, gpus: int = 2) -> subprocess.Comple
     script = tmp_path / "hello.py"
     script.write_text(SCRIPT)
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "launch.local",
             "--gpus",
             str(gpus),
@@ -111,7 +110,7 @@ def run_local(tmp_path: Path, *options: str, gpus: int = 2) -> subprocess.Comple
             *options,
             "--",
             str(script),
-        ],
+        ),
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,

@@ -12,12 +12,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from tests.helpers import REPO, assert_models_equal, assert_states_equal, final_state, launcher
 
 pytestmark = pytest.mark.slow
@@ -96,9 +96,7 @@ def test_signal_then_rerun_equals_uninterrupted(tmp_path: Path, reference: Path,
 
 def sigterm_launcher_mid_run(run_dir: Path, gpus: int) -> None:
     """Start launch.local, send SIGTERM to it once rank 0 has logged 3 metrics lines, expect exit 75."""
-    args = [
-        sys.executable,
-        "-m",
+    args = launcher_argv(
         "torchlaunch.launch.local",
         "--gpus",
         str(gpus),
@@ -106,7 +104,7 @@ def sigterm_launcher_mid_run(run_dir: Path, gpus: int) -> None:
         "configs/smoke.yaml",
         f"run_dir={run_dir}",
         *SMALL,
-    ]
+    )
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -165,9 +163,7 @@ def test_world_size_change_continues_global_order(tmp_path: Path, reference: Pat
 
 def test_kill_9_mid_checkpoint_write_then_rerun_matches(tmp_path: Path, reference: Path) -> None:
     """The whole job dies (SIGKILL to every process) while rank 0 is provably inside a save."""
-    args = [
-        sys.executable,
-        "-m",
+    args = launcher_argv(
         "torchlaunch.launch.local",
         "--gpus",
         "2",
@@ -175,7 +171,7 @@ def test_kill_9_mid_checkpoint_write_then_rerun_matches(tmp_path: Path, referenc
         "configs/smoke.yaml",
         f"run_dir={tmp_path}",
         *SMALL,
-    ]
+    )
     env = {**os.environ, "TORCHLAUNCH_FAULT_SAVE_STALL_S": "600", "TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP": "15"}
     proc = subprocess.Popen(
         args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

@@ -361,3 +361,32 @@ def test_the_rank_side_imports_nothing_from_the_launchers_or_the_tools() -> None
                 if name.startswith(("torchlaunch.launch", "torchlaunch.tools")):
                     found.append(f"{where(path, node)}: {name}")
     assert not found, "rank-side code importing launcher or tool modules:\n" + "\n".join(found)
+
+
+LAUNCHER_MODULES = {
+    "torchlaunch.launch.local",
+    "torchlaunch.launch.slurm",
+    "torchlaunch.launch.k8s",
+    "torchlaunch.launch.torchrun",
+    "launch.local",
+    "launch.slurm",
+    "launch.k8s",
+    "launch",
+}
+
+
+def test_the_tests_spell_a_launchers_command_line_only_through_launcher_argv() -> None:
+    """`[sys.executable, "-m", "torchlaunch.launch.local", ...]` in a test is a second spelling of what
+    tests/conftest.launcher_argv builds (the one launcher helper, for runs to completion and Popen alike)."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name == "conftest.py" and path.parent == REPO / "tests":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.List) or len(node.elts) < 3:
+                continue
+            head = [ast.unparse(e) for e in node.elts[:3]]
+            module = node.elts[2].value if isinstance(node.elts[2], ast.Constant) else None
+            if head[0] == "sys.executable" and head[1] == "'-m'" and module in LAUNCHER_MODULES:
+                found.append(f"{where(path, node)}: {ast.unparse(node)[:80]}")
+    assert not found, "\n".join(found)

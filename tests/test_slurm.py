@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, BadInput
 from torchlaunch.launch.slurm import (
     SlurmOptions,
@@ -110,7 +110,7 @@ def test_timeout_rule(elapsed_s: float, time_min: int, delay_s: int, expected: b
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "torchlaunch.launch.slurm", *args],
+        launcher_argv("torchlaunch.launch.slurm", *args),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import launcher_argv
 from torchlaunch.exit_codes import CANCELLED
 
 pytestmark = pytest.mark.slurm
@@ -78,7 +79,7 @@ class Launch:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "torchlaunch.launch.slurm", *args, f"run_dir={run_dir}", "--wait"],
+                launcher_argv("torchlaunch.launch.slurm", *args, f"run_dir={run_dir}", "--wait"),
                 cwd=REPO,
                 env=env,
                 stdout=out,
@@ -291,15 +292,13 @@ def test_plain_sbatch_script_two_nodes(reference: Path, tmp_path: Path) -> None:
 def test_bad_arguments_rejected_before_submission(cluster: str, tmp_path: Path, args: list[str], message: str) -> None:
     before = slurm("sacct", "-n", "-X", "-a", "-P", "-o", "JobID", "-S", "now-1hours")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.slurm",
             "--config",
             "configs/smoke.yaml",
             *args,
             f"run_dir={tmp_path}",
-        ],
+        ),
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,

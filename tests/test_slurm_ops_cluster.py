@@ -8,12 +8,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from tests.test_slurm_cluster import DEV_CLUSTER, REPO, Launch, requeue_records, wait_until
 from torchlaunch.jobs import ranklog
 
@@ -66,9 +66,7 @@ FAILER = textwrap.dedent(
 
 
 def launch_cmd(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "launch", *args], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run(launcher_argv("launch", *args), cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def status(run_dir: Path) -> dict:
@@ -84,7 +82,7 @@ def program_launch(run_dir: Path, script: Path, *args: str, extra: tuple[str, ..
     argv = ["--nodes", "2", "--tasks-per-node", "1", "--time", "10", *extra, "--run-dir", str(run_dir), "--wait"]
     with open(launch.output, "w") as out:
         launch.proc = subprocess.Popen(
-            [sys.executable, "-m", "torchlaunch.launch.slurm", *argv, "--", str(script), *args],
+            launcher_argv("torchlaunch.launch.slurm", *argv, "--", str(script), *args),
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             stdout=out,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import launcher_argv
 from tests.test_slurm_cluster import DEV_CLUSTER, REPO, requeue_records, slurm, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -35,7 +35,7 @@ def cluster() -> str:
 
 def submit(run_dir: Path, program: str, *args: str) -> subprocess.Popen:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "launch.slurm", "--nodes", "2", "--tasks-per-node", "1", "--time", "20"]
+    argv = launcher_argv("launch.slurm", "--nodes", "2", "--tasks-per-node", "1", "--time", "20")
     argv += ["--python", str(PEERS), "--run-dir", str(run_dir), "--wait", "--", program, str(run_dir), *args]
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as out:
         return subprocess.Popen(
@@ -104,7 +104,7 @@ def test_trainer_script_without_a_handler_is_stopped_by_the_runner_and_requeued(
     and how Trainer resumes, is requeued once, and the script's own resume finishes the run."""
     run_dir = tmp_path / "trainer"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "launch.slurm", "--nodes", "1", "--tasks-per-node", "1", "--time", "20"]
+    argv = launcher_argv("launch.slurm", "--nodes", "1", "--tasks-per-node", "1", "--time", "20")
     argv += ["--python", str(PEERS), "--run-dir", str(run_dir), "--wait", "--"]
     argv += ["tests/programs/trainer_train.py", str(run_dir), "--steps", "60"]
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as out:

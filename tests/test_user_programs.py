@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env, error_lines, run_cmd, run_launcher, run_module
+from tests.conftest import REPO, child_env, error_lines, launcher_argv, run_cmd, run_launcher, run_module
 from tests.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 from torchlaunch import runner as program_mod
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
@@ -171,7 +171,7 @@ def test_dry_run_prints_the_exact_command(
     if tail is None:
         assert argv == [sys.executable, "-m", "torchlaunch.runner", EXIT_WITH, "0", "a b"]
     else:
-        assert argv[:4] == [sys.executable, "-m", "torchlaunch.launch.torchrun", "--nnodes"] and argv[5:] == tail
+        assert argv[:4] == launcher_argv("torchlaunch.launch.torchrun", "--nnodes") and argv[5:] == tail
 
 
 def test_dry_run_of_a_module_and_of_the_doctor(
@@ -322,9 +322,7 @@ def test_exit_codes_through_the_launcher(gpus: int, program_code: int, launch_co
 def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
     rc, _, err = run_cmd(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.local",
             "--gpus",
             "2",
@@ -334,7 +332,7 @@ def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
             "userpkg.main",
             "0",
             str(out),
-        ],
+        ),
         timeout=120,
         cwd=PROGRAMS,
     )
@@ -411,9 +409,7 @@ def test_restart_after_a_crash(tmp_path: Path) -> None:
 def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path) -> None:
     out = tmp_path / "ready"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
+        launcher_argv(
             "torchlaunch.launch.local",
             "--gpus",
             str(gpus),
@@ -421,7 +417,7 @@ def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path)
             "--",
             "tests/programs/wait_for_term.py",
             str(out),
-        ],
+        ),
         cwd=REPO,
         env=child_env(),
         stdout=subprocess.PIPE,
@@ -535,9 +531,7 @@ def slurm_launch(run_dir: Path, program: list[str], *args: str, cwd: Path = REPO
 def _start_launcher(run_dir: Path, program: list[str], args: tuple[str, ...], cwd: Path) -> subprocess.Popen:
     with open(run_dir.parent / f"{run_dir.name}.launcher.log", "w") as out:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
+            launcher_argv(
                 "torchlaunch.launch.slurm",
                 *args,
                 "--run-dir",
@@ -545,7 +539,7 @@ def _start_launcher(run_dir: Path, program: list[str], args: tuple[str, ...], cw
                 "--wait",
                 "--",
                 *program,
-            ],
+            ),
             cwd=cwd,
             env=child_env(),
             stdout=out,
@@ -744,9 +738,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def custom_loop_launch(run_dir: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
+    return launcher_argv(
         "torchlaunch.launch.local",
         "--gpus",
         "2",
@@ -757,7 +749,7 @@ def custom_loop_launch(run_dir: Path) -> list[str]:
         str(run_dir),
         "--epochs",
         CUSTOM_EPOCHS,
-    ]
+    )
 
 
 @pytest.fixture(scope="module")

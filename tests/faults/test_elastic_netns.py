@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from faults import progress
 from faults.job import REPO, node_env
 from faults.netns import Cluster, Node
+from tests.conftest import launcher_argv
 from tests.helpers import launcher
 from tests.test_elastic_local import RDZV, RECIPE, check_same_samples, newest_world, records, samples, sigterm_pending
 
@@ -30,11 +30,11 @@ DEADLINE_S = 240.0
 
 
 def argv(run_dir: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "torchlaunch.launch.local", "--nnodes", "1:2", "--master-addr", "node0",
+    return launcher_argv(
+        "torchlaunch.launch.local", "--nnodes", "1:2", "--master-addr", "node0",
         "--device", "cpu", "--max-restarts", "3", "--rdzv-conf", RDZV, "--hang-timeout", str(HANG_TIMEOUT_S),
         *RECIPE, f"run_dir={run_dir}",
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def start(cluster: Cluster, node: Node, run_dir: Path, log: Path):
