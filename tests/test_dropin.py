@@ -517,7 +517,9 @@ def test_lightning_sigterm_exits_75_and_the_same_command_resumes(gpus: int, tmp_
 @pytest.mark.timeout(900)
 def test_accelerate_sigterm_exits_75_and_the_same_command_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    argv = [str(PEERS), "-m", "torchlaunch.launch.local", "--device", "cpu", "--nproc_per_node", "2", "--standalone"]
+    argv = launcher_argv(
+        "torchlaunch.launch.local", "--device", "cpu", "--nproc_per_node", "2", "--standalone", python=str(PEERS)
+    )
     argv += ["--", "tests/programs/accelerate_train.py", str(run), "--epochs", "3"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
