@@ -1,7 +1,8 @@
 """ImageNet-style loading at 224 px: the project's loaders with data.train_crop=resized (a shard set,
 and the per-file ImageFolder path) ÷ torchvision's reference way (torchvision.datasets.ImageFolder +
-PIL + transforms.RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor in DataLoader workers), over
-the same generated JPEGs (ImageNet-like sizes: 500x375 and other shapes, quality 90), images per core: every
+PIL + transforms.RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize in DataLoader
+workers: its reference preset, handing over the normalised float tensor the project's loader hands over),
+over the same generated JPEGs (ImageNet-like sizes: 500x375 and other shapes, quality 90), images per core: every
 side runs with the same number of DataLoader workers, and the rate is images per CPU-second spent by
 the bench process and its workers together (workers are joined after each epoch, so their CPU time is
 counted): on a box shared with other jobs this moves far less than wall time, which is kept beside it
@@ -89,7 +90,16 @@ def reference_loader(root: Path, batch: int, workers: int):
     import torchvision
     from torchvision import transforms as T
 
-    tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor()])
+    # torchvision's reference preset (references/classification/presets.py, ClassificationPresetTrain):
+    # the normalised float tensor the model gets, as the project's loader hands over.
+    tf = T.Compose(
+        [
+            T.RandomResizedCrop(224),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+        ]
+    )
     ds = torchvision.datasets.ImageFolder(str(root), transform=tf)
     return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
 
@@ -219,7 +229,7 @@ def run(
             higher_is_better=True,
             command=COMMAND,
             project_label="shards + RandomResizedCrop (plan variates, JPEG draft) + flip",
-            baseline_label="ImageFolder + PIL + RandomResizedCrop(224) + flip + ToTensor",
+            baseline_label="ImageFolder + PIL + RandomResizedCrop(224) + flip + ToTensor + Normalize",
             rounds=per_round,
             notes=f"{classes * per_class} generated JPEGs ({', '.join(f'{w}x{h}' for w, h in SHAPES)}), batch {batch}, "
             f"{workers} DataLoader workers each side, {rounds} interleaved rounds; per core = per CPU-second of the "
