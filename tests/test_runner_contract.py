@@ -108,16 +108,10 @@ def test_the_runner_decides_how_to_leave_from_the_program_it_was_given(
     script = tmp_path / "user.py"
     script.write_text("print('user program ran')\n")
     mark = tmp_path / "atexit-ran"
-    env = child_env({"TEARDOWN_MARK": str(mark)})
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     argv = [a.replace("{script}", str(script)) for a in program]
-    r = subprocess.run(
-        [sys.executable, "-m", "torchlaunch.runner", *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    r = run(
+        ["-m", "torchlaunch.runner", *argv],
+        {"TEARDOWN_MARK": str(mark), "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
     )
     assert r.returncode == (0 if torn_down else BAD_INPUT), r.stderr
     assert mark.exists() == torn_down, (mark.exists(), r.stderr)
