@@ -42,6 +42,7 @@ from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.jobs.progress import heartbeat
+from torchlaunch.stop_signals import STOP_SIGNAL_NAMES, loader_worker_init
 
 __all__ = [
     "BAD_INPUT",
@@ -53,14 +54,15 @@ __all__ = [
     "Context",
     "ResumableSampler",
     "heartbeat",
+    "loader_worker_init",
     "preemption_requested",
     "resumable_sampler",
     "setup",
     "teardown",
 ]
 
-SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
-"""What Kubernetes, Slurm (--signal) and a Ctrl-C send before a stop: the worker's defaults."""
+SIGNALS = STOP_SIGNAL_NAMES
+"""What Kubernetes, Slurm (--signal), a terminal and a Ctrl-C send before a stop: the worker's defaults."""
 
 KIND = "torchlaunch.api"
 """Marks checkpoints written by Checkpointer (the built-in worker's hold its own payload)."""

@@ -27,6 +27,7 @@ import yaml
 
 from torchlaunch import rundir
 from torchlaunch.exit_codes import ConfigError
+from torchlaunch.stop_signals import STOP_SIGNAL_NAMES
 from torchlaunch.untrusted import DepthGuard, TooComplex, check_yaml, quote
 
 
@@ -339,9 +340,7 @@ class DistConfig:
 
 @dataclass
 class PreemptionConfig:
-    signals: list[str] = field(
-        default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], metadata=choice(KNOWN_SIGNALS)
-    )
+    signals: list[str] = field(default_factory=lambda: list(STOP_SIGNAL_NAMES), metadata=choice(KNOWN_SIGNALS))
     """Signals that mean "checkpoint and stop": the handler only sets a flag."""
     lead_time_s: float = field(default=0.0, metadata=at_least(0, MAX_LEAD_TIME_S, "use 0 when unknown"))
     """Seconds between the signal and the hard kill (Slurm signal delay, k8s grace); 0 = unknown.

@@ -47,6 +47,7 @@ from torchlaunch import (
     joined,
     startup,  # noqa: F401 - before any heavy import: its clock fallback (no /proc) starts here
     status,
+    stop_signals,
 )
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
@@ -59,10 +60,8 @@ BUILTINS = {BUILTIN_WORKER: "torchlaunch.worker.run:main", PREFLIGHT: "torchlaun
 """The project's own programs: module -> entry function taking the argv and returning an exit code."""
 
 
-PREEMPTION_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP") if hasattr(signal, name)
-)
-"""What schedulers and a Ctrl-C send before a stop; what launch.local forwards."""
+PREEMPTION_SIGNALS = stop_signals.STOP_SIGNALS
+"""What schedulers and a Ctrl-C send before a stop; what launch.local forwards (stop_signals owns it)."""
 
 
 class SignalWatch:
@@ -415,8 +414,8 @@ def _outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
         if not status.launched() or status.folder() is None:
             print(reason, file=sys.stderr, flush=True)  # else launch.local prints it once for all ranks
         return BAD_INPUT, reason
-    except KeyboardInterrupt:
-        reason = f"{program.name} interrupted (SIGINT without a handler)"
+    except KeyboardInterrupt as e:
+        reason = f"{program.name} interrupted ({e or 'SIGINT without a handler'})"
         print(reason, file=sys.stderr, flush=True)
         return FAILURE, reason
     except Stopped:
@@ -490,6 +489,7 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
     from torchlaunch.jobs import launcher as ops_launcher
 
     ops_launcher.prepare_rank()  # stack dumps on request, the per-rank log (no-op without a launcher)
+    stop_signals.shield_forked_children()  # loader workers never die of the stop meant for this rank
     watch = SignalWatch()
     multi_rank = not program.builtin and contract.world_size() > 1
     if multi_rank:

@@ -27,6 +27,7 @@ from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
 from torchlaunch.jobs.launcher import Operation, prepare_rank
 from torchlaunch.schedulers.slurm import controller_state, job_state, result_path
+from torchlaunch.stop_signals import STOP_SIGNALS
 
 DEFAULT_MAX_TIMEOUTS = 3
 SLURM_SIGNAL_SLACK_S = 65
@@ -120,7 +121,7 @@ class SlurmTask:
         code = program_mod.main(list(self.argv))  # the one runner, as in every launcher
         # The program restored submitit's handlers; from here on a late USR2/TERM must not make
         # submitit requeue a second time.
-        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         if op is not None:
             code = op.finish(code)

@@ -12,6 +12,7 @@ decide by step count alone, so every rank stops at the same step.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -25,11 +26,18 @@ if TYPE_CHECKING:
 
 
 class PreemptionWatcher:
-    """Installs flag-setting handlers for the configured signals; restore() puts the old ones back."""
+    """Installs flag-setting handlers for the configured signals; restore() puts the old ones back.
+
+    The first stop signal sets the flag; later ones are the same stop and are not repeated (a scheduler
+    that signals the batch shell and every task delivers it twice). A second SIGINT is a person pressing
+    Ctrl-C again: it ends the run at once, without a checkpoint, as Python's own KeyboardInterrupt
+    would. A forked child (a loader worker run without the rank runner's fork shield) never acts."""
 
     def __init__(self, signal_names: list[str]) -> None:
         self.signum: int | None = None
         self.received_at: float | None = None
+        self.pid = os.getpid()
+        self._interrupted_before = False
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return  # handlers can only be installed from the main thread
@@ -38,6 +46,12 @@ class PreemptionWatcher:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:
+            return
+        if signum == signal.SIGINT and self.signum is not None and self._interrupted_before:
+            self.restore()
+            raise KeyboardInterrupt("second Ctrl-C: stopped at once, without a checkpoint")
+        self._interrupted_before = self._interrupted_before or signum == signal.SIGINT
         if self.signum is None:
             self.signum = signum
             self.received_at = time.monotonic()

@@ -38,6 +38,7 @@ contract: ModuleType | None = None
 if __name__ != "__main__":  # run as the tee (python -I this file) it imports the standard library only
     from torchlaunch import contract
 
+TEE_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
 NAME = re.compile(r"^rank-(\d+)\.log$")
 READ_BYTES = 4 << 20
@@ -207,7 +208,9 @@ def open_log(log: str) -> int:
 def tee_main(log: str, sources: Sequence[tuple[int, int]], label: bytes = b"", show: bool = True) -> int:
     """Copy each (pipe read end, original fd) pair, stamped, into `log` and, when `show`, to the
     original fd (each line starting with `label`)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    # The rank decides a stop; its log must outlive it to record it. Spelled here because the tee
+    # imports the standard library only: the set is torchlaunch.stop_signals' (a test compares them).
+    for sig in TEE_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
     out = open_log(log)
     stampers = {src: LineStamper(out) for src, _ in sources}

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -579,6 +579,61 @@ def new_checkpoint(run_dir: Path | None, since: float) -> tuple[int | None, bool
     return found.step, found.committed is not None and found.committed >= since
 
 
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+SHUTDOWN_TIMEOUT_S = 30
+"""How long torchrun's agent waits for its ranks after passing on a stop before it SIGKILLs them (torch's
+own default, spelled so a launch can raise it: `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` in the launcher's
+environment wins). The rank's checkpoint at the next step boundary must fit in it."""
+
+
+class StopRelay:
+    """The launcher's handler for every stop signal, wherever it came from (a kubelet or `docker stop`
+    to this PID, Ctrl-C to the terminal's process group, a scheduler to every process).
+
+    The child (torchrun's agent, or the single worker) runs in a process group of its own, so a
+    terminal's signals reach this process alone and the ranks hear of a stop exactly once: the first
+    stop signal is passed on as one SIGTERM, which torchrun forwards to each rank's process group (the
+    ranks checkpoint at one agreed step; their loader workers are shielded, torchlaunch.stop_signals).
+    Later signals are the same stop and are not passed on again (a second SIGTERM would make torchrun
+    abandon its graceful shutdown and kill the ranks mid-checkpoint), except a second SIGINT: a person
+    pressing Ctrl-C again wants out now, so the whole tree is killed at once (exit 3, cancelled)."""
+
+    def __init__(self, received: list[int], children: list[subprocess.Popen]) -> None:
+        self.received = received
+        self.children = children
+        self.interrupted = False
+        self._passed_on = False
+
+    def receive(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        if signum == signal.SIGINT and self.received.count(signal.SIGINT) >= 2:
+            self.interrupted = True
+            for child in self.children:
+                pdeath.kill_tree(child.pid)
+            return
+        self.pass_on()
+
+    def pass_on(self) -> None:
+        if self._passed_on:
+            return
+        for child in self.children:
+            self._passed_on = True
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+
+
+def own_group_dying_with(die_with_parent: Callable[[], None] | None) -> Callable[[], None]:
+    """A Popen preexec_fn: the child leads a process group of its own (see StopRelay), and still dies
+    with this launcher (pdeath.die_with_parent), since a group kill of the launcher no longer reaches it."""
+
+    def preexec() -> None:
+        os.setpgid(0, 0)
+        if die_with_parent is not None:
+            die_with_parent()
+
+    return preexec
+
+
 AGENT_GRACE_S = 30.0
 """After the watchdog ended the hung ranks: how long torchrun's agent gets to exit or start a new group.
 Exiting takes it < 1 s where node 0's rendezvous store answers and at most its rendezvous close timeout
@@ -643,14 +698,8 @@ def run(
         env = {**env, contract.PROGRESS_BAR: "1"}  # workers see a pipe, the user a terminal
     forwarded: list[int] = list(_EARLY_SIGNALS)
     children: list[subprocess.Popen] = []
-
-    def forward(signum: int, frame: object) -> None:
-        forwarded.append(signum)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.SIGTERM)
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    stop = StopRelay(forwarded, children)
+    previous = {sig: signal.signal(sig, stop.receive) for sig in FORWARDED_SIGNALS}
     if forwarded:  # stopped before anything started: nothing to save, nothing lost
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -662,10 +711,11 @@ def run(
             file=sys.stderr,
         )
         return PREEMPTED
-    child = subprocess.Popen(argv, env=env, stderr=write_fd, preexec_fn=pdeath.die_with_parent())
+    env.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
+    child = subprocess.Popen(argv, env=env, stderr=write_fd, preexec_fn=own_group_dying_with(pdeath.die_with_parent()))
     children.append(child)
     if forwarded:  # a signal between the check above and Popen: pass it on now
-        child.send_signal(signal.SIGTERM)
+        stop.pass_on()
     os.close(write_fd)
     relay = StderrRelay(read_fd, sys.stderr)
     try:
@@ -685,6 +735,14 @@ def run(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         relay.finish()
+    if stop.interrupted:
+        reason = f"second Ctrl-C: {what} and its ranks ended at once, without a checkpoint"
+        # A person stopped the run for good: cancelled (3), never the retryable 1 or the requeued 75.
+        code = op.finish(exit_codes.CANCELLED, reason) if op is not None else exit_codes.CANCELLED
+        print(
+            f"launch: {reason} (exit {code}); the same command resumes from the newest committed one", file=sys.stderr
+        )
+        return code
     found = status.records(status_folder, attempt)
     codes = [r.code for r in found]
     code = combine_exit_codes(child_code, codes, ranks, signalled=bool(forwarded), records=found)

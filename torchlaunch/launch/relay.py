@@ -19,8 +19,9 @@ from typing import TextIO
 AGENT_LOG_LINE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S*torch/distributed/")
 SEGMENT_END = re.compile(rb"[\r\n]")
 TRACEBACK = b"Traceback (most recent call last)"
-AGENTS_ERROR = b"ChildFailedError"
-"""In the exception line of torchrun's own traceback (torch.distributed.elastic...ChildFailedError)."""
+AGENTS_ERRORS = (b"ChildFailedError", b"elastic.multiprocessing.api.SignalException")
+"""In the exception line of torchrun's own tracebacks: its report of a failed worker, and the one it ends
+with after passing a stop signal on to its workers (the launcher says what the stop became in one line)."""
 MAX_PENDING = 2000
 """Segments a traceback may hold back before it is passed on undecided (a runaway writer)."""
 
@@ -48,7 +49,7 @@ class StderrRelay:
             self._pending.append(segment)
             if is_exception_line(segment):
                 block, self._pending = self._pending, []
-                if AGENTS_ERROR in segment:
+                if any(error in segment for error in AGENTS_ERRORS):
                     self._in_report = True  # the report box follows: hold it all
                     self.held += block
                 else:

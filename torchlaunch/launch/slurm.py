@@ -145,12 +145,30 @@ def task_python(spec: JobSpec, options: SlurmOptions) -> str:
     return options.python or ("python3" if spec.image else sys.executable)
 
 
+BATCH_SHELL_STOP = (
+    "# Stop signals to this batch shell (scancel --full, #SBATCH --signal=B:...) reach the tasks through srun;",
+    "# the shell waits for them (their checkpoint and requeue) instead of dying and taking the job with it.",
+    'srun() { command srun "$@" & local step=$!; '
+    "trap 'kill -TERM '\"$step\"' 2>/dev/null' TERM INT HUP; "
+    "trap 'kill -USR1 '\"$step\"' 2>/dev/null' USR1; "
+    "trap 'kill -USR2 '\"$step\"' 2>/dev/null' USR2; "
+    'while kill -0 "$step" 2>/dev/null; do wait "$step"; done; '
+    'trap - TERM INT HUP USR1 USR2; wait "$step"; }',
+)
+"""The batch script's lines before submitit's `srun ...`: a shell function of that name runs the real srun
+in the background and waits for it, passing each stop signal the shell gets on to srun, which forwards it
+to every task (SIGINT and SIGHUP as SIGTERM: srun reads a lone SIGINT as a request for its status). A
+shell without it dies of the first such signal (bash's default action) and Slurm ends the job before the
+ranks can checkpoint. Every stop signal is one stop to a rank, however many times it arrives."""
+
+
 def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
     """submitit.SlurmExecutor.update_parameters(**this): one task per GPU / CPU worker."""
     setup = [
+        *BATCH_SHELL_STOP,
         # torchlaunch only (rankpath): the project's tests/, bench/ ... never shadow the user's packages.
         f"export PYTHONPATH={emit.shell_word(str(Path(options.repo_root, rankpath.FOLDER.name)), 'the repository root')}"
-        "${PYTHONPATH:+:$PYTHONPATH}"
+        "${PYTHONPATH:+:$PYTHONPATH}",
     ]
     if options.explicit_master_port:
         setup.append(f"export MASTER_PORT={spec.master_port}")

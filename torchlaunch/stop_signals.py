@@ -1,0 +1,90 @@
+"""The stop signals, spelled once, and the rule that only the rank acts on them (stdlib only).
+
+A stop reaches a rank's process tree however the world sends it: to the launcher alone (a kubelet,
+`docker stop`), to a process group (Ctrl-C, torchrun's forwarding: `killpg` of each worker's group),
+or to every process of the job (Slurm's preemption and `scancel --signal`, which walk the whole tree).
+The last two also hit the rank's DataLoader workers. A forked worker inherits the rank's handlers only
+until torch or the user's code replaces them, and a worker that dies of the signal takes the rank with
+it ("DataLoader worker (pid N) is killed by signal: Terminated") before the rank reaches its
+checkpoint. So the rank owns the decision and its forked children never act on a stop signal:
+
+- `shield_forked_children()` (the rank runner calls it, for every program on every launcher): every
+  child the rank forks (DataLoader workers with the default `fork` context, multiprocessing `fork`
+  processes) starts with the stop signals blocked and dies with the rank (PR_SET_PDEATHSIG, where it
+  was forked from the rank's main thread). Blocked, not handled: torch's loader worker installs a C
+  SIGTERM handler of its own at start (it exits quietly when its parent sends SIGTERM and re-raises
+  the default action for anyone else's), which would replace any handler set at fork. The rank
+  decides, checkpoints, exits, and its children end with it, also when a second Ctrl-C ends the rank
+  at once. A loader worker the rank stops normally is told through its queue, not by a signal.
+- `loader_worker_init(worker_id)`: the same for loader workers started by `spawn` or `forkserver`, which
+  run no fork hook: pass it as `DataLoader(worker_init_fn=...)` (`torchlaunch.api.loader_worker_init`).
+
+A signal mask is inherited across exec: a program a shielded child starts (a decoder binary run by
+subprocess from a loader worker) starts with the stop signals blocked too. A child that wants them
+for itself, or for what it starts, calls `unshield()`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+STOP_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+"""What schedulers, a kubelet and a terminal send before a stop: SIGTERM (Kubernetes, docker stop,
+scancel), SIGINT (Ctrl-C), SIGUSR1/SIGUSR2 (Slurm's --signal, submitit's default), SIGHUP (a closed
+terminal or ssh session). The one definition: the runner, the launchers' forwarding, the built-in
+worker's default `preemption.signals` and the API's default read it."""
+
+STOP_SIGNALS: tuple[int, ...] = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES if hasattr(signal, name))
+
+_forked_from_main_thread = False
+_registered = False
+
+
+def shield_child() -> None:
+    """In a child of the rank: block the stop signals (the rank decides and ends its children), and
+    leave the rank's wake-up pipe to the rank (runner.SignalWatch reads it). Called by the fork hook,
+    and by loader_worker_init for spawned workers."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # not the main thread: there is no wake-up fd to leave
+        pass
+
+
+def unshield() -> None:
+    """In a shielded child that wants the stop signals for itself (or for the programs it starts)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _before_fork() -> None:
+    global _forked_from_main_thread
+    _forked_from_main_thread = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    shield_child()
+    if _forked_from_main_thread:
+        # The kernel signals on the death of the forking *thread*: only the main thread's lives as long
+        # as the rank. A child forked by a short-lived thread keeps torch's own parent watch instead.
+        from torchlaunch import pdeath
+
+        pdeath.die_with_parent_now(signal.SIGKILL)
+
+
+def shield_forked_children() -> None:
+    """Register the fork hook once per process (the rank runner, before the program starts)."""
+    global _registered
+    if _registered or not hasattr(os, "register_at_fork"):
+        return
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    _registered = True
+
+
+def loader_worker_init(worker_id: int) -> None:
+    """`DataLoader(worker_init_fn=loader_worker_init)`: a loader worker started by `spawn` or
+    `forkserver` ignores the stop signals meant for its rank, as a forked one does by the fork hook.
+    Harmless with `fork` (the hook already ran). Chain it from your own worker_init_fn if you have one."""
+    del worker_id
+    shield_child()
