@@ -65,6 +65,19 @@ def test_with_a_checkpoint_the_refusal_says_which_values_a_resume_would_not_use(
     assert "train.epochs 3 -> 2" in str(info.value) and "train.epochs 3 -> 2 (not used" not in str(info.value)
 
 
+def test_the_pre_flight_checks_its_own_copy_and_never_rewrites_the_runs_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--doctor` with other overrides on a run dir: before, it rewrote config.yaml; now its ranks read
+    RUN_DIR/doctor-config.yaml (the command printed) and the run's file stays as it was."""
+    run_dir = tmp_path / "run"
+    started(run_dir, "optim.lr=0.02")
+    argv = ["--config", SMOKE, f"run_dir={run_dir}", "--device", "cpu", "--doctor", "--dry-run", "optim.lr=0.5"]
+    assert local.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"--config {run_dir / rundir.DOCTOR_CONFIG}" in printed and "config.yaml " not in printed
+
+
 def test_reconfigure_changes_it_and_says_from_which_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     before = started(run_dir)

@@ -739,10 +739,11 @@ def dump(cfg: RunConfig) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
 
 
-def write_resolved(cfg: RunConfig) -> Path:
-    """Atomically write RUN_DIR/config.yaml (the run dir's atomic writer) so readers never see half a file."""
+def write_resolved(cfg: RunConfig, target: Path | None = None) -> Path:
+    """Atomically write RUN_DIR/config.yaml, or `target` in the run dir (the run dir's atomic writer) so
+    readers never see half a file."""
     run_dir = Path(cfg.run_dir)
-    target = rundir.config(run_dir)
+    target = rundir.config(run_dir) if target is None else target
     text = dump(cfg)
     tmp = rundir.temp_name(target)
     rundir.check_folders(run_dir, prefix="config error: run_dir: ")  # a worker started without a launcher

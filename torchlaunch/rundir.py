@@ -61,7 +61,9 @@ TENSORBOARD = "tb"
 MODEL = "model.pt"
 """RUN_DIR/model.pt: the final weights, published once the final checkpoint is committed."""
 CONFIG = "config.yaml"
-"""RUN_DIR/config.yaml: the resolved config every rank and every requeue reads."""
+"""RUN_DIR/config.yaml: the resolved config every rank and every requeue reads (written once)."""
+DOCTOR_CONFIG = "doctor-config.yaml"
+"""RUN_DIR/doctor-config.yaml: what `--doctor` checks; the pre-flight never rewrites the run's config."""
 PRECISION = "precision.json"
 """RUN_DIR/precision.json: the precision `auto` chose at the run's first start."""
 LOCK = ".lock.json"
@@ -124,6 +126,10 @@ def model(run_dir: PathLike) -> Path:
 
 def config(run_dir: PathLike) -> Path:
     return _under(run_dir, CONFIG)
+
+
+def doctor_config(run_dir: PathLike) -> Path:
+    return _under(run_dir, DOCTOR_CONFIG)
 
 
 def precision(run_dir: PathLike) -> Path:

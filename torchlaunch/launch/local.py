@@ -396,7 +396,8 @@ def plan(args: argparse.Namespace) -> Plan:
     cfg = config_mod.load(args.config, args.overrides)
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
-    spec = JobSpec(config=str(rundir.config(cfg.run_dir)), run_dir=cfg.run_dir, **common)
+    recipe = rundir.doctor_config(cfg.run_dir) if args.doctor else rundir.config(cfg.run_dir)
+    spec = JobSpec(config=str(recipe), run_dir=cfg.run_dir, **common)
     return Plan(spec, placement, cfg, None)
 
 
@@ -495,7 +496,10 @@ def launch(argv: Sequence[str]) -> int:
         print(shlex.join(argv_out))
         return OK
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:
-        settled = settle_config(cfg, args.reconfigure, lock)
+        if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
+            settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
+        else:
+            settled = settle_config(cfg, args.reconfigure, lock)
         attempt = uuid.uuid4().hex[:12]
         agent = uses_agent(spec, planned.placement, args.doctor)
         env = contract_env(launch_env(spec, dict(os.environ), available_cores(), attempt), agent, rdzv)
