@@ -55,6 +55,24 @@ def test_a_rerun_of_the_same_config_resumes_and_a_respelled_run_dir_is_no_change
     assert again.note is None and "run_dir: " + f"{run_dir}/." in again.path.read_text()
 
 
+def test_how_a_run_runs_may_change_on_a_rerun_and_is_said(tmp_path: Path) -> None:
+    """data.num_workers, train.micro_batch_size (the resume's own advice for memory), ...: a resume is exact
+    across them (tests/test_resume_resized.py changes the worker count), so no --reconfigure, one line."""
+    run_dir = tmp_path / "run"
+    before = started(run_dir, "data.num_workers=1")
+    cfg = config_mod.load(SMOKE, [f"run_dir={run_dir}", "data.num_workers=2", "train.micro_batch_size=64"])
+    settled = config_mod.settle_resolved(cfg, resumes_at=lambda: 8, running=1)
+    assert settled.previous == before and settled.path.read_text() == config_mod.dump(cfg)
+    assert settled.note == (
+        f"launch: updated how the run runs in {settled.path} (data.num_workers 1 -> 2, train.micro_batch_size "
+        "0 -> 64): the new values apply from step 8, where it resumes"
+    )
+    mixed = config_mod.load(SMOKE, [f"run_dir={run_dir}", "data.num_workers=3", "seed=4"])
+    with pytest.raises(ConfigError) as info:
+        config_mod.settle_resolved(mixed)
+    assert "seed 0 -> 4" in str(info.value) and "num_workers" not in str(info.value)
+
+
 def test_with_a_checkpoint_the_refusal_says_which_values_a_resume_would_not_use(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     started(run_dir)
@@ -208,3 +226,8 @@ def test_no_store_listening_is_this_launchers_to_host() -> None:
     free = local.free_port()
     assert not elastic.listening("127.0.0.1", free)
     elastic.check_store("127.0.0.1", free, "tl-any", wait_s=0.5)
+
+
+def test_every_key_the_rule_names_is_a_config_key() -> None:
+    named = config_mod.OPERATIONAL | config_mod.KEPT_AT_RESUME | config_mod.FIXED_AT_RESUME
+    assert named <= set(config_mod.all_keys()), named - set(config_mod.all_keys())

@@ -770,6 +770,28 @@ KEPT_AT_RESUME = frozenset(
 a new value is written but not used, so a change is said to be one that does not apply."""
 FIXED_AT_RESUME = frozenset({"model.name", "model.width", "optim.name", "optim.lookahead_every", "train.batch_size"})
 """Refused by the resume itself (Trainer.load_state_dict): a run with a checkpoint cannot change them."""
+OPERATIONAL = frozenset(
+    {
+        "data.num_workers",
+        "data.cache_dir",
+        "train.micro_batch_size",
+        "train.log_every_steps",
+        "train.tensorboard",
+        "checkpoint.keep",
+        "checkpoint.async_save",
+        "dist.timeout_s",
+        "dist.backend",
+        "dist.pin_cpus",
+        "dist.shared_memory_reduce",
+        "preemption.lead_time_s",
+        "debug.detect_anomaly",
+        "debug.check_model",
+        "debug.trace_batches",
+    }
+)
+"""How the run runs, not what it trains (neither the model, the optimizer, the global batch nor the
+sample order changes with them): a rerun may change them without --reconfigure, and the launcher says
+so in one line. train.micro_batch_size is the resume's own advice for memory."""
 MAX_LISTED = 6
 """Changed keys named in one line; the rest are counted."""
 
@@ -860,14 +882,15 @@ def settle_resolved(
     if not found:  # the same values; run_dir may be spelled another way (relative, absolute): the ranks' spelling
         return Settled(write_resolved(cfg))
     step = resumes_at()
-    if not reconfigure:
+    trained = [c for c in found if c.key not in OPERATIONAL]
+    if trained and not reconfigure:
         raise ConfigError(
             "run_dir",
-            f"{quote(str(cfg.run_dir))} was started with another config: {listed(found, step is not None)}",
+            f"{quote(str(cfg.run_dir))} was started with another config: {listed(trained, step is not None)}",
             f"to resume it rerun without these changes (--config {quote(str(target))}); to change them pass "
             "--reconfigure; or pick a new run_dir",
         )
-    if running:
+    if running and trained:
         raise ConfigError(
             "run_dir",
             f"--reconfigure while {running} other launcher(s) of this elastic job run on it",
@@ -884,7 +907,8 @@ def settle_resolved(
     previous = target.read_text(errors="replace") if readable else None
     write_resolved(cfg)
     where = f"from step {step}, where it resumes" if step is not None else "from step 0 (no checkpoint yet)"
-    note = f"launch: reconfigured {target} ({listed(found, step is not None)}): the new values apply {where}"
+    what = "reconfigured" if trained else "updated how the run runs in"
+    note = f"launch: {what} {target} ({listed(found, step is not None)}): the new values apply {where}"
     return Settled(target, note, previous)
 
 
