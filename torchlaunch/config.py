@@ -1,8 +1,11 @@
 """The run's configuration: nested dataclasses, YAML + dotted overrides, validation with clear errors.
 
 Launchers resolve defaults + YAML + overrides once and write RUN_DIR/config.yaml; every rank and every
-requeue reads that one file. This module never reads environment variables and never imports torch, so
-launchers can validate a config before anything is started.
+requeue reads that one file. It is written once, when the run dir has none: a later launch that resolves
+to other values is refused with the keys that differ, unless it asks for the change (`--reconfigure`,
+settle_resolved), which says from which step the new values apply and which ones a resume cannot use.
+This module never reads environment variables and never imports torch, so launchers can validate a
+config before anything is started.
 
 Each field carries its own rule in its metadata, next to its default and its docstring:
 `field(default=0.1, metadata=above(0, MAX_LR, "e.g. optim.lr=0.1"))` or `metadata=choice(("sgd", "adamw"))`;
@@ -735,12 +738,14 @@ def dump(cfg: RunConfig) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
 
 
-def write_resolved(cfg: RunConfig) -> Path:
-    """Atomically write RUN_DIR/config.yaml (the run dir's atomic writer) so readers never see half a file."""
+def write_resolved(cfg: RunConfig, target: Path | None = None) -> Path:
+    """Atomically write RUN_DIR/config.yaml, or `target` in the run dir (the run dir's atomic writer) so
+    readers never see half a file."""
     run_dir = Path(cfg.run_dir)
-    target = rundir.config(run_dir)
+    target = rundir.config(run_dir) if target is None else target
     text = dump(cfg)
     tmp = rundir.temp_name(target)
+    rundir.check_folders(run_dir, prefix="config error: run_dir: ")  # a worker started without a launcher
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if target.is_file() and target.read_text() == text:
@@ -753,3 +758,162 @@ def write_resolved(cfg: RunConfig) -> Path:
         ) from None
     rundir.write_text(target, text, tmp=tmp, mkdir=False)
     return target
+
+
+# ---- a run's config changes only by an explicit, stated act -------------------------------------
+
+KEPT_AT_RESUME = frozenset(
+    {"optim.lr", "optim.momentum", "optim.nesterov", "optim.weight_decay", "optim.betas", "optim.norm_lr_scale"}
+)
+"""Restored from the checkpoint at a resume (the optimizer's param groups, the LR scheduler's base_lrs):
+a new value is written but not used, so a change is said to be one that does not apply."""
+FIXED_AT_RESUME = frozenset({"model.name", "model.width", "optim.name", "optim.lookahead_every", "train.batch_size"})
+"""Refused by the resume itself (Trainer.load_state_dict): a run with a checkpoint cannot change them."""
+OPERATIONAL = frozenset(
+    {
+        "data.num_workers",
+        "data.cache_dir",
+        "train.micro_batch_size",
+        "train.log_every_steps",
+        "train.tensorboard",
+        "checkpoint.keep",
+        "checkpoint.async_save",
+        "dist.timeout_s",
+        "dist.backend",
+        "dist.pin_cpus",
+        "dist.shared_memory_reduce",
+        "preemption.lead_time_s",
+        "debug.detect_anomaly",
+        "debug.check_model",
+        "debug.trace_batches",
+    }
+)
+"""How the run runs, not what it trains (neither the model, the optimizer, the global batch nor the
+sample order changes with them): a rerun may change them without --reconfigure, and the launcher says
+so in one line. train.micro_batch_size is the resume's own advice for memory."""
+MAX_LISTED = 6
+"""Changed keys named in one line; the rest are counted."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key whose value differs between RUN_DIR/config.yaml and the launch's resolved config."""
+
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key} {quote(self.old, 40)} -> {quote(self.new, 40)}"
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+ABSENT = "<absent>"
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
+    """The dotted keys whose values differ, sorted (a key on one side only shows ABSENT on the other)."""
+    a, b = _flat(old), _flat(new)
+    return [
+        Change(k, a.get(k, ABSENT), b.get(k, ABSENT))
+        for k in sorted(set(a) | set(b))
+        if a.get(k, ABSENT) != b.get(k, ABSENT)
+    ]
+
+
+def listed(found: typing.Sequence[Change], kept: bool) -> str:
+    """`optim.lr 0.02 -> 0.5 (not used: restored from the checkpoint), ...`, at most MAX_LISTED named."""
+    words = [
+        f"{c}{' (not used: restored from the checkpoint)' if kept and c.key in KEPT_AT_RESUME else ''}" for c in found
+    ]
+    more = f", and {len(words) - MAX_LISTED} more" if len(words) > MAX_LISTED else ""
+    return ", ".join(words[:MAX_LISTED]) + more
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What settle_resolved did: the file, the line to print (a reconfigure), the text it replaced."""
+
+    path: Path
+    note: str | None = None
+    previous: str | None = None
+    """config.yaml's text before a reconfigure: restore_resolved puts it back if the resume refuses."""
+
+
+def settle_resolved(
+    cfg: RunConfig,
+    *,
+    reconfigure: bool = False,
+    resumes_at: typing.Callable[[], int | None] = lambda: None,
+    running: int = 0,
+) -> Settled:
+    """RUN_DIR/config.yaml for a launch of `cfg`, under the run-dir lock: written when the run dir has
+    none (or the same values); a differing one is refused (ConfigError naming the keys, nothing written)
+    unless `reconfigure`, which rewrites it and says from which step (`resumes_at`: the newest checkpoint's,
+    asked only then) the new values apply and which do not. Refused as well: a reconfigure while `running`
+    other launchers of the job use the file, and one of a key the resume itself refuses (FIXED_AT_RESUME)."""
+    target = rundir.config(cfg.run_dir)
+    if not target.exists() and not target.is_symlink():
+        return Settled(write_resolved(cfg))
+    try:
+        old = read_yaml(target)
+    except ConfigError as e:
+        if not reconfigure:
+            raise ConfigError(
+                "run_dir",
+                f"{quote(str(target))} cannot be read ({str(e).partition(': ')[2][:200]})",
+                "restore it, or pass --reconfigure to replace it with this launch's config",
+            ) from None
+        old = {}
+    try:  # keys the file lacks (written by an older version) are that version's defaults, not a change
+        old = to_dict(from_dict(old))
+    except ConfigError:
+        pass
+    found = [c for c in changes(old, to_dict(cfg)) if c.key != "run_dir"]
+    if not found:  # the same values; run_dir may be spelled another way (relative, absolute): the ranks' spelling
+        return Settled(write_resolved(cfg))
+    step = resumes_at()
+    trained = [c for c in found if c.key not in OPERATIONAL]
+    if trained and not reconfigure:
+        raise ConfigError(
+            "run_dir",
+            f"{quote(str(cfg.run_dir))} was started with another config: {listed(trained, step is not None)}",
+            f"to resume it rerun without these changes (--config {quote(str(target))}); to change them pass "
+            "--reconfigure; or pick a new run_dir",
+        )
+    if running and trained:
+        raise ConfigError(
+            "run_dir",
+            f"--reconfigure while {running} other launcher(s) of this elastic job run on it",
+            "stop the job first, then reconfigure",
+        )
+    fixed = [c for c in found if c.key in FIXED_AT_RESUME]
+    if fixed and step is not None:
+        raise ConfigError(
+            fixed[0].key,
+            f"--reconfigure cannot change it on a run with checkpoints ({fixed[0]}): the resume would refuse it",
+            "start a new run_dir (model.init_from=RUN_DIR/model.pt keeps the weights)",
+        )
+    readable = target.is_file() and not target.is_symlink() and target.stat().st_size <= MAX_CONFIG_BYTES
+    previous = target.read_text(errors="replace") if readable else None
+    write_resolved(cfg)
+    where = f"from step {step}, where it resumes" if step is not None else "from step 0 (no checkpoint yet)"
+    what = "reconfigured" if trained else "updated how the run runs in"
+    note = f"launch: {what} {target} ({listed(found, step is not None)}): the new values apply {where}"
+    return Settled(target, note, previous)
+
+
+def restore_resolved(settled: Settled) -> bool:
+    """Put back the config.yaml a reconfigure replaced (the resume refused the new one): True if done."""
+    if settled.previous is None:
+        return False
+    rundir.write_text(settled.path, settled.previous)
+    return True

@@ -14,6 +14,13 @@ the newest version to a power cut is harmless and an fsync per step is not.
 
 What the writer does not do is word errors: it raises the OSError, and the caller decides what it
 means (torchlaunch.storage words a run-dir write as one line and exit 2; a heartbeat ignores it).
+
+What it does not do either is follow a folder out of the run dir: a run dir (and a shard set's output
+folder) is untrusted storage, and a subfolder linked elsewhere would have every write, append and delete
+in it land in the link's target (a foreign shard overwritten, a file in /tmp deleted by the lock's slot
+sweep). `check_real_folder` is the one check, refused as bad input before anything is written:
+checkpoints/ (torchlaunch.core.checkpoint.store), every folder in FOLDERS (the run lock, the worker's
+config write) and the shard writer's split folders.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.untrusted import quote
 
 PathLike = str | os.PathLike[str]
 
@@ -51,7 +61,9 @@ TENSORBOARD = "tb"
 MODEL = "model.pt"
 """RUN_DIR/model.pt: the final weights, published once the final checkpoint is committed."""
 CONFIG = "config.yaml"
-"""RUN_DIR/config.yaml: the resolved config every rank and every requeue reads."""
+"""RUN_DIR/config.yaml: the resolved config every rank and every requeue reads (written once)."""
+DOCTOR_CONFIG = "doctor-config.yaml"
+"""RUN_DIR/doctor-config.yaml: what `--doctor` checks; the pre-flight never rewrites the run's config."""
 PRECISION = "precision.json"
 """RUN_DIR/precision.json: the precision `auto` chose at the run's first start."""
 LOCK = ".lock.json"
@@ -60,6 +72,12 @@ LOCK_GUARD = ".lock.guard"
 """RUN_DIR/.lock.guard: serialises takeovers of a stale lock."""
 SLURM = "slurm"
 """RUN_DIR/slurm/JOB_ID/: submitit's pickles and the Slurm tasks' logs."""
+LOCK_NODES = ".lock.nodes"
+"""RUN_DIR/.lock.nodes/node-K.json: an elastic job's member slots (torchlaunch.runlock)."""
+HANGS = "hangs"
+"""RUN_DIR/hangs/STAMP-HOST-PID/: the hang watchdog's stack dumps (torchlaunch.jobs.watchdog)."""
+FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS)
+"""Every folder the launchers and ranks write, append or delete in: each must be a real folder."""
 
 
 def _under(run_dir: PathLike, name: str) -> Path:
@@ -110,6 +128,10 @@ def config(run_dir: PathLike) -> Path:
     return _under(run_dir, CONFIG)
 
 
+def doctor_config(run_dir: PathLike) -> Path:
+    return _under(run_dir, DOCTOR_CONFIG)
+
+
 def precision(run_dir: PathLike) -> Path:
     return _under(run_dir, PRECISION)
 
@@ -124,6 +146,40 @@ def lock_guard(run_dir: PathLike) -> Path:
 
 def slurm(run_dir: PathLike) -> Path:
     return _under(run_dir, SLURM)
+
+
+# ---- no write follows a folder out ------------------------------------------------------------
+
+
+def check_real_folder(folder: PathLike, *, prefix: str, what: str, fix: str) -> None:
+    """BadInput (one line, exit 2) unless `folder` is absent or a real folder of its parent: a symlink
+    (followed, every write, append and delete in it would land in its target), a file there, or a
+    folder that resolves outside its parent (a bind mount, a linked ancestor swapped in). `what` names
+    the folder's role, `fix` the way out; the check never follows or writes anything."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        target = os.readlink(folder)
+        dangling = "" if folder.exists() else ", which does not exist"
+        raise BadInput(
+            f"{prefix}{quote(str(folder))} is a symlink to {quote(target)}{dangling} ({what} must be a real "
+            f"folder: {fix})"
+        )
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(f"{prefix}{quote(str(folder))} is not a folder ({what} must be one: move the file away)")
+    if folder.exists() and folder.resolve().parent != folder.parent.resolve():
+        raise BadInput(f"{prefix}{quote(str(folder))} resolves outside its folder ({what} must be a real folder)")
+
+
+def check_folders(run_dir: PathLike, *, prefix: str = "launch error: ") -> None:
+    """Every folder of FOLDERS in `run_dir` is real or absent (check_real_folder), before anything is
+    written there; the run dir itself may be a link (the user named it)."""
+    for name in FOLDERS:
+        check_real_folder(
+            _under(run_dir, name),
+            prefix=prefix,
+            what=f"RUN_DIR/{name}",
+            fix="remove the link (nothing is written through one), or pick another run_dir",
+        )
 
 
 # ---- the one atomic writer ----------------------------------------------------------------------

@@ -60,7 +60,7 @@ from torchlaunch.untrusted import load_json
 
 LOCK_NAME = rundir.LOCK
 GUARD_NAME = rundir.LOCK_GUARD
-NODES_DIR = ".lock.nodes"
+NODES_DIR = rundir.LOCK_NODES
 MAX_SLOTS = 100_000
 FORMAT = 1
 UNREADABLE = "unreadable"
@@ -215,7 +215,9 @@ class RunLock:
     # ---- public ------------------------------------------------------------------------------
 
     def acquire(self) -> RunLock:
-        """Own the run dir; BadInput naming a live holder, or the storage's refusal (torchlaunch.storage)."""
+        """Own the run dir; BadInput naming a live holder, a folder of it linked elsewhere (nothing is
+        written through one: rundir.check_folders), or the storage's refusal (torchlaunch.storage)."""
+        rundir.check_folders(self.run_dir)
         try:
             return self._join() if self.holder.job else self._acquire()
         except OSError as error:
@@ -457,7 +459,8 @@ class _Guard:
     def __enter__(self) -> bool:
         if fcntl is None:
             return False
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        # O_NOFOLLOW: a guard name linked out of the run dir is never created or opened through the link
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)  # held for microseconds by a live process; dies with it
         except OSError as error:

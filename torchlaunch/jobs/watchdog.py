@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from torchlaunch import rundir
 from torchlaunch.jobs import files, procs, progress
 
 MIN_TIMEOUT_S = 600.0
 STEP_TIMES = 50
-HANGS_DIR = "hangs"
+HANGS_DIR = rundir.HANGS
 DUMP_WAIT_S = 10.0
 """How long a rank that is running (not stopped) gets to write its stack after the signal."""
 QUIET_S = 0.2

@@ -22,16 +22,27 @@ Where the rendezvous store lives: the TCP store is hosted by the agent on the --
 binds the port first. Losing that host ends the rendezvous for every node (the survivors' agents cannot
 re-form the group); that case is a full restart of the job, not a degraded one (see the README).
 
-Torch-free: pure parsing and argv pieces, tested by golden files.
+Whose store it is: a second job given the same --master-addr/--master-port would otherwise join the
+first job's store under its own rendezvous id, train on it, and die with it (a 109-line traceback and
+exit 75 when the first job ended). Before starting torchrun, a launcher that finds a store listening there
+asks it for its own rendezvous's key (`torch.rendezvous.<id>`, which torchrun's c10d backend writes the
+moment it creates or joins the store); a store without it after STORE_WAIT_S belongs to another run and
+is refused in one line (check_store, run by the agent's wrapper torchlaunch.launch.torchrun).
+
+Torch-free at import: pure parsing and argv pieces, tested by golden files; check_store imports torch
+only when a store is listening.
 """
 
 from __future__ import annotations
 
+import socket
+from datetime import timedelta
 from typing import Any
 
 from torchlaunch.launch import cli
 from torchlaunch.launch.shape import NodeRange
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.untrusted import quote
 
 RDZV_KEYS = {
     "join_timeout": "s a node waits for MIN nodes to form a group (torchrun: 600)",
@@ -114,3 +125,44 @@ def slurm_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
 def job_key(rdzv_id: str, master_addr: str, port: int) -> str:
     """What makes launchers one elastic job on a run dir (the run-dir lock's `job`): the same rendezvous."""
     return f"elastic:{rdzv_id}@{master_addr}:{port}"
+
+
+RENDEZVOUS_KEY = "torch.rendezvous."
+"""torchrun's c10d rendezvous backend keeps a run's state under this prefix + the rendezvous id
+(C10dRendezvousBackend, torch 2.14), set when its agent creates or first reaches the store."""
+STORE_WAIT_S = 5.0
+"""How long a store that is up may take to show this run's key: its host agent writes it right after
+binding (a few ms), so only a store of another run stays without it."""
+
+
+def listening(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at host:port (bounded; nothing is sent)."""
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def check_store(master_addr: str, port: int, rdzv_id: str, wait_s: float = STORE_WAIT_S) -> None:
+    """An elastic agent's rendezvous store, if one is up already, must be its own job's: the store at
+    master_addr:port holds `torch.rendezvous.<rdzv_id>` within `wait_s`, else one line, exit 2. Nothing
+    listening there: this launcher's agent will host it. Something that is no store: torchrun says so."""
+    if not listening(master_addr, port):
+        return
+    from torch.distributed import TCPStore  # only here: a store is up
+
+    try:
+        store = TCPStore(
+            master_addr.strip("[]"), port, is_master=False, timeout=timedelta(seconds=wait_s), wait_for_workers=False
+        )
+    except (RuntimeError, ValueError):  # not a TCPStore (DistNetworkError is a RuntimeError)
+        return
+    try:
+        store.wait([RENDEZVOUS_KEY + rdzv_id], timedelta(seconds=wait_s))
+    except RuntimeError:  # DistStoreError: timed out
+        raise cli.error(
+            f"--master-addr {quote(master_addr, 80)} --master-port {port}: the rendezvous store there belongs to "
+            f"another job (no rendezvous {quote(rdzv_id, 40)} in it after {wait_s:g} s); pass a --master-port "
+            "no other job uses"
+        ) from None

@@ -284,6 +284,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default="auto",
         help="auto: GPUs when visible, else CPU processes on gloo",
     )
+    p.add_argument(
+        "--reconfigure",
+        action="store_true",
+        help="let this launch change the config of a run dir that has one (RUN_DIR/config.yaml is written once; "
+        "a rerun with other values is refused, naming them): says from which step the new values apply",
+    )
     cli.add_operation(
         p,
         hang_help="end the ranks (exit 1, retryable) when none progressed for S seconds; 0 disables "
@@ -380,13 +386,18 @@ def plan(args: argparse.Namespace) -> Plan:
         "max_restarts": args.max_restarts,
     }
     if program is not None:
+        if args.reconfigure:
+            raise cli.error(
+                "--reconfigure changes the built-in worker's RUN_DIR/config.yaml; a program after -- has none"
+            )
         check_devices(args)
         spec = JobSpec(program=tuple(program.argv()), run_dir=args.run_dir, **common)
         return Plan(spec, placement, None, program)
     cfg = config_mod.load(args.config, args.overrides)
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
-    spec = JobSpec(config=str(rundir.config(cfg.run_dir)), run_dir=cfg.run_dir, **common)
+    recipe = rundir.doctor_config(cfg.run_dir) if args.doctor else rundir.config(cfg.run_dir)
+    spec = JobSpec(config=str(recipe), run_dir=cfg.run_dir, **common)
     return Plan(spec, placement, cfg, None)
 
 
@@ -454,8 +465,11 @@ def operation(
 def owned(run_dir: str | None, placement: NodePlacement, job: str | None = None) -> Iterator[runlock.RunLock | None]:
     """Node 0 owns the run dir for the launch (the other nodes join its job); taken before anything is
     written there. A live holder is bad input: one line naming it (cli.main prints it, exit 2). An elastic
-    job (`job`, launch.elastic.job_key) has no node 0: every node's launcher joins the job's lock."""
+    job (`job`, launch.elastic.job_key) has no node 0: every node's launcher joins the job's lock. A folder
+    of the run dir linked elsewhere is refused first, on every node (rundir.check_folders)."""
     lock = None
+    if run_dir:  # every node writes there (job record, logs, heartbeats), node 0 or not
+        rundir.check_folders(run_dir)
     if run_dir and job is not None:
         lock = runlock.acquire(run_dir, command=list(sys.argv), job=job)
     elif run_dir and placement.node_rank == 0:
@@ -482,7 +496,10 @@ def launch(argv: Sequence[str]) -> int:
         print(shlex.join(argv_out))
         return OK
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:
-        config_mod.write_resolved(cfg)
+        if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
+            settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
+        else:
+            settled = settle_config(cfg, args.reconfigure, lock)
         attempt = uuid.uuid4().hex[:12]
         agent = uses_agent(spec, planned.placement, args.doctor)
         env = contract_env(launch_env(spec, dict(os.environ), available_cores(), attempt), agent, rdzv)
@@ -491,7 +508,7 @@ def launch(argv: Sequence[str]) -> int:
         op = operation(args, cfg.run_dir, attempt, spec.gpus_per_node, lock)
         env.update(op.rank_env())
         print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
-        return run(
+        code = run(
             argv_out,
             env,
             rundir.status(cfg.run_dir),
@@ -501,6 +518,27 @@ def launch(argv: Sequence[str]) -> int:
             agent=agent,
             run_dir=Path(cfg.run_dir),
         )
+        if code == BAD_INPUT and config_mod.restore_resolved(settled):
+            print(
+                f"launch: {settled.path} is the run's previous config again (the reconfigure was refused)",
+                file=sys.stderr,
+            )
+        return code
+
+
+def settle_config(cfg: config_mod.RunConfig, reconfigure: bool, lock: runlock.RunLock | None) -> config_mod.Settled:
+    """RUN_DIR/config.yaml under the run-dir lock (config.settle_resolved): written once, changed only by
+    --reconfigure, which is refused while other launchers of an elastic job run on it and said in one line."""
+    running = len(lock.live_members(lock.holder.job)) if lock is not None and lock.holder.job else 0
+    settled = config_mod.settle_resolved(
+        cfg,
+        reconfigure=reconfigure,
+        resumes_at=lambda: new_checkpoint(Path(cfg.run_dir), 0.0)[0],
+        running=running,
+    )
+    if settled.note:
+        print(settled.note, file=sys.stderr, flush=True)
+    return settled
 
 
 def elastic_job(spec: JobSpec, placement: NodePlacement, rdzv: str) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torchlaunch.launch import cli
+from torchlaunch.untrusted import quote
 
 MAX_NODES = 100_000
 """Machines per job: Kubernetes' limit on an Indexed Job's completions and parallelism."""
@@ -38,7 +39,9 @@ MIN_CPU_WORKERS = 8
 RESOLVE_TIMEOUT_S = 10.0
 """Longest wait for the rendezvous host's name to resolve (a wrong one otherwise costs ~80 s and a
 traceback in every rank)."""
-HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$|^\[?[0-9A-Fa-f:.]+\]?$")
+HOST = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[?[0-9A-Fa-f:.]+\]?")
+"""A host name or an IPv4/IPv6 address, matched whole (HOST.fullmatch): `$` would also match before a
+trailing newline, so `127.0.0.1\\n` passed the check and cut the error line that quoted it."""
 
 
 def within(flag: str, value: int | None, low: int, high: int, example: str) -> None:
@@ -176,17 +179,19 @@ def cpu_worker_cap() -> int:
 
 def master_addr(flag: str, addr: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
     """A host name or address that resolves within timeout_s, else one line."""
-    if not HOST.match(addr):
-        raise cli.error(f"{flag} {addr[:80]!r} is not a host name or address (e.g. {flag} node0 or 10.0.0.1)")
+    if not HOST.fullmatch(addr):
+        raise cli.error(f"{flag} {quote(addr, 80)} is not a host name or address (e.g. {flag} node0 or 10.0.0.1)")
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     future = pool.submit(socket.getaddrinfo, addr.strip("[]"), None)
     try:
         future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
-        raise cli.error(f"{flag} {addr} did not resolve within {timeout_s:.0f} s (check the name and DNS)") from None
+        raise cli.error(
+            f"{flag} {quote(addr, 80)} did not resolve within {timeout_s:.0f} s (check the name and DNS)"
+        ) from None
     except OSError as e:
         raise cli.error(
-            f"{flag} {addr} does not resolve: {e.strerror or e} (pass node 0's host name or address)"
+            f"{flag} {quote(addr, 80)} does not resolve: {e.strerror or e} (pass node 0's host name or address)"
         ) from None
     finally:
         pool.shutdown(wait=False)

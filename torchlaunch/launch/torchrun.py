@@ -5,6 +5,12 @@ with os._exit), and launch.local waits for torchrun's exit, so every run paid it
 worker had already finished. The agent's work is done when its main returns: its workers have
 exited, their files are closed. Exit codes and the failure traceback (which launch.local's relay
 holds back or prints) are the same as torchrun's.
+
+An elastic agent first makes sure a rendezvous store already up at its endpoint is its own job's
+(launch.elastic.check_store): here, where torch is imported anyway, the check costs a connection, where
+the launcher would pay a torch import and arrive late to its job's rendezvous. A store of another job
+is bad input, reported as rank 0's outcome (torchlaunch.status), so the launcher says it in one line and
+exits 2 without the agent ever joining that store.
 """
 
 from __future__ import annotations
@@ -13,12 +19,36 @@ import os
 import sys
 import traceback
 
-from torchlaunch.exit_codes import FAILURE
+from torchlaunch import status
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput
+from torchlaunch.launch import elastic
+
+
+def _value(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def foreign_store(argv: list[str]) -> str | None:
+    """The refusal line when `argv` is an elastic agent's (--nnodes MIN:MAX) and the store up at its
+    --rdzv-endpoint belongs to another rendezvous than its --rdzv-id; None otherwise."""
+    nodes, endpoint, rdzv_id = (_value(argv, f) for f in ("--nnodes", "--rdzv-endpoint", "--rdzv-id"))
+    if nodes is None or ":" not in nodes or endpoint is None or rdzv_id is None:
+        return None
+    host, _, port = endpoint.rpartition(":")
+    try:
+        elastic.check_store(host, int(port), rdzv_id)
+    except BadInput as refused:
+        return str(refused)
+    return None
 
 
 def main() -> int:
     from torch.distributed.run import main as torchrun_main
 
+    refused = foreign_store(sys.argv[1:])
+    if refused is not None:
+        status.report(0, BAD_INPUT, refused)
+        return BAD_INPUT
     try:
         torchrun_main()
     except SystemExit as e:

@@ -32,7 +32,7 @@ from PIL import Image
 
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.jobs.files import read_json
-from torchlaunch.rundir import write_json
+from torchlaunch.rundir import check_real_folder, write_json
 from torchlaunch.shards.decode import to_rgb
 from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import fsync_dir
@@ -236,6 +236,8 @@ def write(
     classes, splits, source = plan_splits(src, val_from, val_fraction, split_seed)
     options = {"max_side": max_side, "quality": quality, "shard_size_mb": shard_size_mb, "split_seed": split_seed}
     plan = {"source": source, "options": options, "classes": classes}
+    for split in splits:  # the output is untrusted storage: no shard is written or deleted through a link
+        check_real_folder(out / split.name, prefix="shards error: ", what="a split folder", fix="remove the link")
     out.mkdir(parents=True, exist_ok=True)
     old, why = read_json(out / PLAN)
     if old is not None and old != plan:

@@ -407,18 +407,13 @@ def ensure_run(root: Path) -> str | None:
 def check_root(root: Path) -> None:
     """RUN_DIR/checkpoints must be a real folder of this run dir (or not exist yet): a symlink would
     resume another run's state and let retention delete its checkpoints; a dangling one or a file
-    there could not be written. One line, exit 2."""
-    if root.is_symlink():
-        target = os.readlink(root)
-        dangling = "" if root.exists() else ", which does not exist"
-        raise BadInput(
-            f"checkpoint error: {root} is a symlink to {quote(target)}{dangling} (checkpoints must be a real "
-            "folder of the run dir: remove the link, or pass that run's own run_dir)"
-        )
-    if root.exists() and not root.is_dir():
-        raise BadInput(f"checkpoint error: {root} is not a folder (move the file away, or pick another run_dir)")
-    if root.name == ROOT_NAME and root.exists() and root.resolve().parent != root.parent.resolve():
-        raise BadInput(f"checkpoint error: {root} resolves outside its run dir (use a real folder)")
+    there could not be written. One line, exit 2 (the run dir's one check, rundir.check_real_folder)."""
+    rundir.check_real_folder(
+        root,
+        prefix="checkpoint error: ",
+        what="checkpoints",
+        fix="remove the link, or pass that run's own run_dir",
+    )
 
 
 def verify(path: Path) -> str | None:
