@@ -79,7 +79,10 @@ def shard_set(images: Path, out: Path) -> Path | None:
 
 def project_loader(name: str, root: Path, batch: int, workers: int, cache: Path) -> TrainLoader:
     overrides = [f"data.name={name}", f"data.root={root}", "data.image_size=224", "data.train_crop=resized"]
-    cfg = config_mod.load(None, [*overrides, "data.loader=pil", f"data.cache_dir={cache}", "data.val_fraction=0.05"])
+    loader_only = ["model.name=resnet18"]  # no model is built; the default simple_cnn takes only 32-39 px
+    cfg = config_mod.load(
+        None, [*overrides, *loader_only, "data.loader=pil", f"data.cache_dir={cache}", "data.val_fraction=0.05"]
+    )
     bundle = load_bundle(cfg.data)
     plan = BatchPlan(len(bundle.train), batch, seed=0, train_crop="resized", image_size=224)
     norm = Normalizer(bundle.mean, bundle.std, torch.device("cpu"), False)

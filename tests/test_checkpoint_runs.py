@@ -138,7 +138,8 @@ def test_hostile_newer_folders_through_a_real_preemption(tmp_path: Path, plant) 
 
     third = two_ranks(tmp_path)
     assert third.returncode == 0, third.stderr[-2000:]
-    assert f"resumed from {committed} at epoch 0 step {step} (global step {step})" in third.stdout + third.stderr
+    assert f"resumed from {committed} at epoch 1/" in third.stdout + third.stderr  # epochs count from 1
+    assert f" step {step}/" in third.stdout + third.stderr and f"(global step {step})" in third.stdout + third.stderr
     assert ckpt.find_latest(root)[1]["progress"]["global_step"] == 10
 
 

@@ -256,7 +256,7 @@ def test_node_lost_then_returns_same_samples(tmp_path: Path, reference: dict[int
     assert worlds == {1, 2}
     text = logs[0].read_text()
     committed = re.findall(r"preempted: checkpoint committed at global step (\d+)", text)
-    resumed = re.findall(r"resumed from \S+ at epoch \d+ step \d+ \(global step (\d+)\)", text)
+    resumed = re.findall(r"resumed from \S+ at epoch \d+/\d+ step \d+/\d+ \(global step (\d+)\)", text)
     assert len(committed) == 1, tails(logs)  # growing back: the running rank committed on the agent's SIGTERM
     assert resumed[-1] == committed[0], tails(logs)  # and the grown group went on from there: no lost work
     assert not (run_dir / ".lock.json").exists(), "the last node to leave removes the run-dir lock"

@@ -61,7 +61,10 @@ def strict_validate(text: str, tmp_path: Path) -> None:
     [
         (["--", "train.py", "--note", EVIL], ["--", "train.py", "--note", "x"]),
         (["--name", "run", "--", "train.py", "--note", EVIL], ["--name", "run", "--", "train.py"]),
-        (["--config", "configs/smoke.yaml", f"data.root={EVIL}"], ["--config", "configs/smoke.yaml"]),
+        (  # data.name: a synthetic recipe refuses a data.root it would not read
+            ["--config", "configs/smoke.yaml", "data.name=imagefolder", f"data.root={EVIL}"],
+            ["--config", "configs/smoke.yaml", "data.name=imagefolder"],
+        ),
     ],
     ids=["program-argument", "program-named", "override"],
 )

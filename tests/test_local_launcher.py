@@ -146,7 +146,9 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
         "-m",
         "torchlaunch.worker",
         "--config",
-        str(run_dir / "config.yaml"),
+        SMOKE,  # the recipe and overrides as typed: the command runs as printed (tests/test_newcomer2.py)
+        f"run_dir={run_dir}",
+        "optim.lr=0.01",
     )
     assert not run_dir.exists()
 
@@ -164,7 +166,7 @@ def test_one_worker_without_restarts_skips_the_agent(
         assert argv == [
             sys.executable,
             *("-m", "torchlaunch.runner", "-m", "torchlaunch.worker"),
-            *("--config", str(tmp_path / "config.yaml")),
+            *("--config", SMOKE, f"run_dir={tmp_path}", "seed=3"),
         ]
     else:
         assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and "--nproc-per-node" in argv

@@ -15,11 +15,13 @@ problem is one ConfigError line: `config error: KEY: PROBLEM (FIX)`.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import difflib
+import inspect
 import math
 import os
 import re
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from torchlaunch import rundir
+from torchlaunch import rundir, suggest
 from torchlaunch.exit_codes import ConfigError
 from torchlaunch.stop_signals import STOP_SIGNAL_NAMES
 from torchlaunch.untrusted import DepthGuard, TooComplex, check_yaml, quote
@@ -125,6 +127,9 @@ def choice(values: tuple[str, ...], open_prefix: str = "", plugin: bool = False)
     return {"choice": Choice(tuple(values), open_prefix, plugin)}
 
 
+SIMPLE_CNN_SIZES = range(32, 40)
+"""Image sides simple_cnn (torchlaunch.worker.models) takes: three 2x max-pools must leave 4x4 for its
+linear classifier. Checked here, before any rank starts, not at the first forward pass."""
 TORCHVISION_PREFIX = "torchvision."
 """model.name=torchvision.<name> builds torchvision's model <name>; torchlaunch.worker.models checks the
 name when it builds the model (this module never imports torch)."""
@@ -397,6 +402,55 @@ def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring: the string literal under it in the class's source, the one place a
+    key's meaning is written (Python keeps no attribute docstrings at run time, so it is read back here)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):  # no source (a frozen install): keys without meanings
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def first_sentence(text: str, limit: int = 160) -> str:
+    """The meaning's first sentence (not cut at "e.g."), at most `limit` characters."""
+    found = re.match(r"(.*?(?<!e\.g)(?<!i\.e)\.)(\s|$)", text)
+    short = found.group(1) if found else text
+    return short if len(short) <= limit else short[: limit - 3] + "..."
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    value = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("...").strip()
+
+
+def key_help(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default as written in YAML, first sentence of its docstring) of every leaf, in
+    field order: what `python -m train --help-config` prints."""
+    found: list[tuple[str, str, str]] = []
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            found.extend(key_help(hints[f.name], prefix + f.name + "."))
+        else:
+            found.append((prefix + f.name, _default_text(f), first_sentence(docs.get(f.name, ""))))
+    return found
+
+
+def help_config() -> str:
+    """Every key as `key=DEFAULT  # meaning`, aligned: the text of `--help-config`."""
+    rows = [(f"{key}={default}", meaning) for key, default, meaning in key_help()]
+    width = min(max(len(left) for left, _ in rows), 48)
+    return "\n".join(f"{left:<{width}}  # {meaning}" if meaning else left for left, meaning in rows)
+
+
 def rules(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, Bound | Choice]]:
     """(dotted key, rule) of every field that carries a bound or a choice in its metadata, in field order."""
     found: list[tuple[str, Bound | Choice]] = []
@@ -481,9 +535,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(key, f"unsupported type {tp}", "this is a bug in torchlaunch; please report it")
 
 
-def _unknown_key(key: str) -> ConfigError:
-    near = difflib.get_close_matches(key, all_keys(), n=1) if len(key) <= 200 else []
-    hint = f"did you mean {near[0]}?" if near else "see `python -m train --help-config` for valid keys"
+def _unknown_key(key: str, typed: str | None = None) -> ConfigError:
+    """`key` (the first unknown part of what was typed) is unknown; the hint is judged on all of `typed`
+    (`trian.epochs` is reported at `trian`, and means train.epochs)."""
+    near = suggest.closest(typed or key, all_keys())
+    hint = f"did you mean {near}?" if near else "see `python -m train --help-config` for valid keys"
     return ConfigError(key, "unknown key", hint)
 
 
@@ -535,7 +591,7 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     if key not in _KNOWN_PATHS:  # named at its first unknown part; also bounds what a key can build
         parts = key.split(".", 64)
         first = next(n for n in range(1, len(parts) + 1) if ".".join(parts[:n]) not in _KNOWN_PATHS)
-        raise _unknown_key(".".join(parts[:first]))
+        raise _unknown_key(".".join(parts[:first]), key)
     node = tree
     parts = key.split(".")
     for part in parts[:-1]:
@@ -686,6 +742,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
     if not str(cfg.data.root).strip() and cfg.data.name != "synthetic" and not is_plugin(cfg.data.name):
         raise ConfigError("data.root", "must not be empty", "point it at your dataset folder")
+    if cfg.model.name == "simple_cnn" and cfg.data.image_size not in SIMPLE_CNN_SIZES:
+        raise ConfigError(
+            "data.image_size",
+            f"model.name=simple_cnn takes {SIMPLE_CNN_SIZES.start}-{SIMPLE_CNN_SIZES.stop - 1} px images (its "
+            f"classifier is sized for 32x32), got {cfg.data.image_size}",
+            "use data.image_size=32, or a model for any size: model.name=resnet18, fastnet or torchvision.<name>",
+        )
     return cfg
 
 
@@ -720,10 +783,27 @@ def _get_dotted(tree: dict[str, Any], key: str) -> Any:
 def load(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str] = ()) -> RunConfig:
     """Defaults <- YAML file <- `key=value` overrides, validated."""
     tree = read_yaml(path) if path is not None else {}
+    given: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
-    return validate(_build(RunConfig, tree, ""))
+        given.add(key)
+    cfg = validate(_build(RunConfig, tree, ""))
+    refuse_unread(cfg, given)
+    return cfg
+
+
+def refuse_unread(cfg: RunConfig, given: typing.Collection[str]) -> None:
+    """An override the resolved recipe never reads is refused, not dropped without a word: `data.root=DIR`
+    on a recipe whose data.name is synthetic would train on generated images and say nothing. Only what
+    was typed is judged (a resolved config.yaml carries every default, data.root included)."""
+    if "data.root" in given and cfg.data.name == "synthetic":
+        raise ConfigError(
+            "data.root",
+            f"{quote(cfg.data.root)} is not read: the recipe's data.name is synthetic (generated images)",
+            "add data.name=imagefolder for a folder of class folders, data.name=shards for a shard set, "
+            "or data.name=cifar10",
+        )
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

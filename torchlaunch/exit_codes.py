@@ -152,7 +152,20 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
-        raise BadInput(f"{self.error_prefix}{message} (see {self.prog} --help)")
+        raise BadInput(f"{self.error_prefix}{message}{self._hint(message)} (see {self.prog} --help)")
+
+    def _hint(self, message: str) -> str:
+        """`; did you mean --gpus?` for the first unrecognized option that is near one of ours."""
+        from torchlaunch import suggest
+
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        ours = [o for o in self._option_string_actions if o.startswith("--")]
+        for word in message.removeprefix("unrecognized arguments: ").split():
+            near = suggest.closest_option(word, ours) if word.startswith("--") else None
+            if near:
+                return f"; did you mean {near}?"
+        return ""
 
 
 class LaunchParser(ArgumentParser):

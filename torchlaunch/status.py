@@ -90,7 +90,11 @@ def report(
     finished: bool = False,
     committed: int | None = None,
 ) -> None:
-    """Leave this rank's outcome for the launcher that started us (no-op without one)."""
+    """Leave this rank's outcome for the launcher that started us (no-op without one), and its last
+    step in its heartbeat: `status`/`list` of an ended run show the step it ended at."""
+    from torchlaunch.jobs import progress  # the heartbeat's owner; imported late (it reads the job files)
+
+    progress.flush()
     attempt = contract.get(ATTEMPT_ENV)
     where = folder(run_dir)
     if not attempt or where is None:

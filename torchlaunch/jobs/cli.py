@@ -67,7 +67,8 @@ def render_status(run: Path, st: state.Status, now: float) -> str:
         lines.append(f"started:    {started} ({_duration(now - st.started)} ago)")
     step = f"{_clean(st.step)}/{_clean(st.total)}" if st.total is not None else _clean(st.step)
     rate = f"{st.images_per_s:.1f}" if st.images_per_s is not None else "-"
-    lines.append(f"step:       {step}  epoch {_clean(st.epoch)}  images/s {rate}  ETA {_duration(st.eta_s)}")
+    epoch = _clean(st.epoch + 1 if st.epoch is not None else None)  # counted from 1, as the console counts
+    lines.append(f"step:       {step}  epoch {epoch}  images/s {rate}  ETA {_duration(st.eta_s)}")
     if st.world_size is not None or st.world_change is not None:
         world = f"{st.world_size} ranks" if st.world_size is not None else "-"
         change = f"; last change at {st.world_change.text()}" if st.world_change is not None else ""

@@ -91,6 +91,7 @@ class Heartbeat:
         self._last: tuple[float, int] | None = None
         self._step_times: deque[float] = deque(maxlen=32)
         self._fields: dict[str, Any] = {}
+        self._pending: tuple[int, int | None, int | None, int | None] | None = None
         self.dump: dict[str, Any] = {}
 
     def beat(
@@ -104,7 +105,9 @@ class Heartbeat:
     ) -> None:
         now = self._clock()
         if now < self._next_write and not force:
+            self._pending = (step, total, epoch, samples_per_step)  # written by flush() if no later beat is
             return
+        self._pending = None
         self._next_write = now + self.interval_s
         step = int(step)
         if self._last is not None and step > self._last[1]:
@@ -115,6 +118,13 @@ class Heartbeat:
         images = samples_per_step / step_time if samples_per_step and step_time else None
         self._fields = {"step": step, "total": total, "epoch": epoch, "step_time": step_time, "images_per_s": images}
         self._write()
+
+    def flush(self) -> None:
+        """Write the last step reported, if the interval held it back: at the end of a run the file
+        would otherwise show a step up to `interval_s` old (`status` of a finished run: a stale step)."""
+        if self._pending is not None and self._pid == os.getpid():
+            step, total, epoch, samples_per_step = self._pending
+            self.beat(step, total=total, epoch=epoch, samples_per_step=samples_per_step, force=True)
 
     def _write(self) -> None:
         payload = {**self._base, **self._fields, **self.dump, "beat": self._count, "time": time.time()}
@@ -153,6 +163,12 @@ def heartbeat(
     writer = _current()
     if writer is not None:
         writer.beat(step, total=total, epoch=epoch, samples_per_step=samples_per_step)
+
+
+def flush() -> None:
+    """Write this rank's last reported step now (the rank is ending); a no-op outside a launcher."""
+    if _writer is not None:
+        _writer.flush()
 
 
 def register_stack_dump() -> Path | None:

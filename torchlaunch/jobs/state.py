@@ -140,6 +140,7 @@ class Status:
     step: int | None = None
     total: int | None = None
     epoch: int | None = None
+    """The heartbeat's epoch index, from 0 as stored (and in --json); `status` prints it from 1."""
     images_per_s: float | None = None
     eta_s: float | None = None
     last_progress_age_s: float | None = None

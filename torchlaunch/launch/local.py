@@ -491,10 +491,10 @@ def launch(argv: Sequence[str]) -> int:
     assert cfg is not None
     module = PREFLIGHT if args.doctor else BUILTIN_WORKER
     rdzv = rendezvous_id(spec, planned.placement)
-    argv_out = render(spec, planned.placement, module, args.doctor)
     if args.dry_run:
-        print(shlex.join(argv_out))
+        print(shlex.join(render(as_typed(spec, args), planned.placement, module, args.doctor)))
         return OK
+    argv_out = render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:
         if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
             settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
@@ -539,6 +539,13 @@ def settle_config(cfg: config_mod.RunConfig, reconfigure: bool, lock: runlock.Ru
     if settled.note:
         print(settled.note, file=sys.stderr, flush=True)
     return settled
+
+
+def as_typed(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
+    """The built-in worker's job on the recipe and overrides as typed: what --dry-run prints, so the
+    command runs as printed (the ranks of a launch read RUN_DIR/config.yaml, which a dry run never
+    writes; run as printed, rank 0 resolves and writes it, as `python -m train` does)."""
+    return spec.replace(config=args.config, overrides=tuple(args.overrides))
 
 
 def elastic_job(spec: JobSpec, placement: NodePlacement, rdzv: str) -> str | None:

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import contract, rundir
+from torchlaunch.config import from_dict
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, ArgumentParser, BadInput
+from torchlaunch.untrusted import quote
 
 CIFAR_FOLDER = "cifar-10-batches-py"
 
@@ -44,9 +46,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--data-root",
         default=None,
-        help=f"folder holding {CIFAR_FOLDER} (its 10k test batch is used) or a folder of class folders; "
-        "for a run whose data.name is a plug-in, optional: passed to its factory as root, and its "
-        "val split is evaluated",
+        help=f"folder holding {CIFAR_FOLDER} (its 10k test batch is used), a shard set (its val/) or a folder of "
+        "class folders; default: the run's recorded data.root for shards and cifar10, and for an image folder "
+        "with --split val; for a run whose data.name is a plug-in, optional: passed to its factory as root, "
+        "and its val split is evaluated",
     )
     p.add_argument(
         "--data-name",
@@ -177,22 +180,18 @@ def load_eval_set(
     train_cfg: dict[str, Any], data_root: str | None, data_name: str, split: str
 ) -> tuple[Any, list[str]]:
     """(images, class names) to evaluate on, using the run's data settings with data.root replaced."""
-    from torchlaunch.config import from_dict, is_plugin
+    from torchlaunch.config import is_plugin
     from torchlaunch.worker.data import load_bundle, load_imagefolder
 
     cfg = from_dict(train_cfg).data
     if is_plugin(cfg.name):  # a plug-in dataset: its own val split, as the run validated
         bundle = load_bundle(replace(cfg, root=data_root) if data_root else cfg)
         return bundle.val, bundle.classes
-    if data_root is None:
-        raise BadInput(
-            f"evaluate error: --data-root is required: the run trained on data.name={cfg.name} "
-            f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)"
-        )
+    data_root, data_name = recorded_root(cfg, data_root, data_name, split)
     root = Path(data_root).expanduser()
     if not root.is_dir():
         raise BadInput(
-            f"data error: --data-root {root} does not exist or is not a folder "
+            f"data error: --data-root {quote(str(root))} does not exist or is not a folder "
             f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)"
         )
     name = detect_data_name(root, data_name)
@@ -211,6 +210,25 @@ def load_eval_set(
     if split == "val":
         images = images.head(cfg.max_val_samples)
     return images, classes
+
+
+HELD_OUT = ("shards", "cifar10")
+"""Data sets whose evaluation split is held out from training by their layout (a shard set's val/,
+CIFAR-10's test batch): the run's own data.root evaluates them without a word from the user."""
+
+
+def recorded_root(cfg: Any, data_root: str | None, data_name: str, split: str) -> tuple[str, str]:
+    """(root, data name) to evaluate: --data-root when given, else the root the run recorded in its
+    config for a set whose held-out split is known (HELD_OUT; an image folder with --split val too)."""
+    if data_root is not None:
+        return data_root, data_name
+    if cfg.name in HELD_OUT or (cfg.name == "imagefolder" and split == "val"):
+        return cfg.root, cfg.name if data_name == "auto" else data_name
+    raise BadInput(
+        f"evaluate error: --data-root is required: the run trained on data.name={quote(cfg.name)}, whose every "
+        f"image it may have trained on (pass a folder holding {CIFAR_FOLDER} or a folder of class folders, "
+        "or --split val to score the run's own held-out images)"
+    )
 
 
 def check_classes(data_classes: list[str], ckpt_classes: list[str], root: str) -> None:
@@ -299,7 +317,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         loaded = dist.agreed(ctx, lambda: load() if ctx.local_rank == 0 else None)
         loaded = dist.agreed(ctx, lambda: loaded or load())
         data, classes = loaded
-        dist.agreed(ctx, lambda: check_classes(classes, list(state["classes"]), args.data_root))
+        where = args.data_root or from_dict(state["config"]).data.root
+        dist.agreed(ctx, lambda: check_classes(classes, list(state["classes"]), where))
         batch = args.batch_size or default_batch_size(state["config"], ctx.world_size)
         result = evaluate_model(state, data, ctx, batch, args.tta)
         clean = True

@@ -34,6 +34,7 @@ from PIL import Image, UnidentifiedImageError
 from torchlaunch import contract
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
+from torchlaunch.untrusted import quote
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -74,6 +75,7 @@ def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
             f"data error: {root} has no class folders (expected {root}/<class>/<image>.jpg; "
             f"point data.root at the folder that holds the class folders)"
         )
+    refuse_split_folders(root, classes)
     for name in classes:
         _utf8_name(root / name)
     files: list[str] = []
@@ -102,6 +104,24 @@ def scan_imagefolder(root: Path) -> tuple[list[str], list[str], list[int]]:
             f"would learn from no sample (add images to it, or remove the folder)"
         )
     return classes, files, labels
+
+
+SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test"})
+"""Folder names of a dataset's splits: a root holding only these is a split layout, not classes."""
+
+
+def refuse_split_folders(root: Path, classes: list[str]) -> None:
+    """`root/train/` and `root/val/` read as class folders would train a 2-class "train vs val" model
+    that reaches high accuracy on nothing: one line pointing at the split to train on instead."""
+    if "train" not in classes or len(classes) < 2 or not set(classes) <= SPLIT_NAMES:
+        return
+    others = [c for c in classes if c != "train"]
+    raise BadInput(
+        f"data error: {quote(str(root))} holds the splits train/ and {', '.join(c + '/' for c in others)}, not "
+        f"class folders: it would train a {len(classes)}-class model telling the splits apart (point data.root at "
+        f"{quote(str(root / 'train'))}; data.val_fraction holds out the validation images from it, and "
+        f"python -m train.evaluate --data-root {quote(str(root / others[0]))} scores the {others[0]}/ split)"
+    )
 
 
 def _utf8_name(path: Path) -> str:

@@ -4,12 +4,12 @@ so a run (or a benchmark against peers) can use exactly the model other code tra
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from torchlaunch import suggest
 from torchlaunch.config import TORCHVISION_PREFIX, ConfigError, is_plugin
 
 
@@ -239,8 +239,8 @@ def torchvision_model(name: str, num_classes: int, width: int = 0) -> nn.Module:
         raise ConfigError("model.width", f"{key} has a fixed width, got {width}", "use model.width=0")
     valid = torchvision.models.list_models(module=torchvision.models)  # classification models only
     if name not in valid:
-        near = difflib.get_close_matches(name, valid, n=1)
-        hint = f"did you mean {TORCHVISION_PREFIX}{near[0]}? " if near else ""
+        near = suggest.closest(name, valid)
+        hint = f"did you mean {TORCHVISION_PREFIX}{near}? " if near else ""
         raise ConfigError(
             "model.name",
             f"unknown torchvision classification model {key!r}",

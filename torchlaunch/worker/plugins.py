@@ -32,7 +32,6 @@ validation (no torch) can share its syntax check.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import os
@@ -43,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import rundir
+from torchlaunch import rundir, suggest
 from torchlaunch.config import PLUGIN_PATTERN, ConfigError, is_plugin
 from torchlaunch.exit_codes import BadInput
 
@@ -132,8 +131,8 @@ def resolve(key: str, path: str) -> Callable[..., Any]:
     for part in attr.split("."):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
-            near = difflib.get_close_matches(part, names, n=1)
-            hint = f"did you mean {module_name}:{near[0]}? " if near else ""
+            near = suggest.closest(part, names)
+            hint = f"did you mean {module_name}:{near}? " if near else ""
             raise ConfigError(
                 key,
                 f"module {module_name!r} ({where}) has no attribute {part!r} (from {path!r})",

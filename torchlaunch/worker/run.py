@@ -24,7 +24,9 @@ from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ArgumentParser(prog="python -m train", description="Train an image classifier (one rank).")
     parser.add_argument("--config", help="recipe YAML or a resolved RUN_DIR/config.yaml")
-    parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
+    parser.add_argument(
+        "--help-config", action="store_true", help="list every config key with its default and meaning, and exit"
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, values parsed as YAML")
     return parser.parse_args(argv)
 
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     """Train one rank; the exit code (BadInput and failures escape to the runner)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.help_config:
-        print("\n".join(config_mod.all_keys()))
+        print(config_mod.help_config())
         return OK
     if not args.config:
         raise ConfigError("--config", "missing", "pass a recipe, e.g. --config configs/smoke.yaml")

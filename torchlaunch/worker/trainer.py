@@ -465,6 +465,8 @@ class Trainer:
         )
         try:
             log.line(self._opening_line(resumed))
+            if self.loader.worker_note and self.ctx.is_main:
+                log.line(self.loader.worker_note)
             if resumed and self.saved_world is not None and self.saved_world != self.world:
                 log.world_changed(p.global_step, p.epoch, self.world, self.saved_world, self.plan)
             if self.ctx.is_main:
@@ -573,11 +575,16 @@ class Trainer:
 
     def _opening_line(self, resumed: Path | None) -> str:
         p = self.progress
-        if resumed:
-            return f"resumed from {resumed} at epoch {p.epoch} step {p.step_in_epoch} (global step {p.global_step})"
+        if resumed:  # epochs counted from 1, as the progress lines count them
+            return (
+                f"resumed from {resumed} at epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/"
+                f"{self.plan.steps_per_epoch} (global step {p.global_step})"
+            )
+        size = self.cfg.data.image_size
         return (
             f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
-            f"({self.precision}), {self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
+            f"({self.precision}) at {size}x{size} px (data.image_size), "
+            f"{self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
             f"epochs, global batch {self.plan.global_batch} ({self.plan.shares_text()}, accumulation "
             f"{self.plan.accumulation}), "
             f"gradients: {self.gradient_path}"
@@ -597,7 +604,7 @@ class Trainer:
         if not math.isfinite(total):
             p = self.progress
             raise NonFiniteLoss(
-                f"training error: non-finite loss in global steps {window_from + 1}-{p.global_step} (epoch {p.epoch}, "
+                f"training error: non-finite loss in global steps {window_from + 1}-{p.global_step} (epoch {p.epoch + 1}, "
                 f"step {p.step_in_epoch}); likely causes: learning rate too high (optim.lr={self.cfg.optim.lr}), "
                 f"fp16 overflow, or bad input values; rerun with debug.detect_anomaly=true to find the op; the "
                 f"last good checkpoint is kept in {self.ckpt_root}"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -108,6 +110,29 @@ def _reraise_bad_input(e: Exception) -> None:
             raise BadInput(line) from None
 
 
+TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
+"""torch's DataLoader warning when data.num_workers exceeds the cores a rank may use: six lines, from
+every rank, each launch. TrainLoader silences it; rank 0 says worker_count_note once instead."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a pinned CPU rank's slice), as torch counts them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_count_note(num_workers: int, cores: int) -> str | None:
+    """The one line for more DataLoader processes per rank than it has cores, or None."""
+    if num_workers <= cores:
+        return None
+    return (
+        f"note: data.num_workers={num_workers} loader processes per rank share the {cores} core(s) this rank "
+        f"may use (data.num_workers={cores} avoids the contention; 0 loads in the training process)"
+    )
+
+
 class TrainLoader:
     """Yields this rank's micro-batches for each step of an epoch, from any starting step.
 
@@ -133,6 +158,11 @@ class TrainLoader:
         if decode == "gpu":  # data.decode=gpu (worker/data/gpu_decode.py): a CUDA device or one line, exit 2
             gpu_decode.check_device(device)
         self.step_trace: dict[str, list] = {}
+        self.worker_note: str | None = None
+        """For rank 0 to print once (TORCH_WORKER_WARNING)."""
+        if data.images is None and num_workers:
+            warnings.filterwarnings("ignore", message=TORCH_WORKER_WARNING, category=UserWarning)
+            self.worker_note = worker_count_note(num_workers, usable_cores())
         self.resized = plan.train_crop == "resized"
         if self.resized and data.images is not None:
             raise ConfigError(
