@@ -86,7 +86,7 @@ def read_manifest(root: Path) -> dict[str, Any] | None:
     splits = doc.get("splits", {})
     if not isinstance(splits, dict) or not all(isinstance(v, dict) for v in splits.values()):
         raise ShardError(
-            f"manifest {path} has a damaged split table ({type(splits).__name__} where a mapping of splits belongs)",
+            f"manifest {path} has a damaged split table (`splits` must map each split's name to an object)",
             "rewrite the set with python -m train.shards write, or delete the manifest",
         )
     return doc
