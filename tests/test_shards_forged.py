@@ -308,6 +308,8 @@ def test_writer_argument_and_folder_refusals(source: Path, tmp_path: Path, capsy
     refused([*write, str(tmp_path / "o"), "--split-seed", "-1"], capsys, "--split-seed must be 0-")
     (tmp_path / "afile").write_text("x")
     refused([*write, str(tmp_path / "afile")], capsys, "a file stands where a folder must be")
+    if Path("/proc/self").is_dir():  # no folder can be made there, whoever runs this (ENOENT as root)
+        refused([*write, "/proc/torchlaunch-shards"], capsys, "shards error: --out /proc/torchlaunch-shards: ")
     refused([*write, str(source / "shards")], capsys, "is inside --from")
     assert not (source / "shards").exists()
     refused([*write, str(source)], capsys, "is --from")

@@ -72,8 +72,11 @@ def run(argv: list[str] | None) -> int:
     except OSError as e:
         if not is_storage(e):
             raise
-        what = "--out" if args.command == "write" else "shard folder"
-        raise refusal(e, prefix="shards error: ", what=what) from None
+        what, folder = ("--out", args.out) if args.command == "write" else ("shard folder", args.dir)
+        path = e.filename if e.filename is not None else folder  # a failed write() names no file
+        if os.path.basename(os.fsdecode(path)).endswith(".tmp"):  # a temp name means nothing to the user
+            path = os.path.dirname(os.fsdecode(path))
+        raise refusal(e, path, prefix="shards error: ", what=what) from None
 
 
 def command(args) -> int:

@@ -40,6 +40,7 @@ from torchlaunch.shards.fsio import fsync_dir
 from torchlaunch.shards.index import SET_INDEX, index_path, load, matches, write_set_index, write_shard_index
 from torchlaunch.shards.reader import MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION
 from torchlaunch.shards.record import WRITE_PLAN, read_sums, write_sums
+from torchlaunch.storage import refusal
 from torchlaunch.untrusted import quote
 from torchlaunch.worker.folder_cache import decode_error, scan_imagefolder
 
@@ -270,7 +271,10 @@ def write(
     classes, splits, source = plan_splits(src, val_from, val_fraction, split_seed)
     options = {"max_side": max_side, "quality": quality, "shard_size_mb": shard_size_mb, "split_seed": split_seed}
     plan = {"source": source, "options": options, "classes": classes}
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # whatever the errno (a file in the way, /proc, no permission): --out is the user's input
+        raise refusal(e, out, prefix="shards error: ", what="--out") from None
     old, why = read_json(out / PLAN)
     if old is not None and old != plan:
         raise BadInput(
