@@ -166,9 +166,11 @@ FORGED_HEADERS = {
 @pytest.mark.parametrize("case", sorted(FORGED_COLUMNS) + sorted(FORGED_HEADERS))
 def test_forged_index_is_one_line_everywhere(tmp_path: Path, capsys: pytest.CaptureFixture, case: str) -> None:
     """A forged train index (valid checksums, values out of range) is refused by verify, the reader, the
-    launcher's pre-check and the doctor, one line each. Old code: verify passed a label of -5 and
-    sizes of 0 or below (training then died in a loader worker with ZeroDivisionError, or trained on
-    nonsense), and the rest were IndexError / OverflowError / ValueError tracebacks, exit 1."""
+    launcher's pre-check and the doctor, one line each. Old code: verify passed a label of -5, sizes
+    of 0 or below (training then died in a loader worker with ZeroDivisionError, or trained on
+    nonsense) and an unreadable key column; 9e18 built 9e18 class names; an extension code, offset,
+    negative shape or column offset out of range were tracebacks, exit 1. The 3-d shape, 2^62 shape
+    and negative shard count were one line there too (other words): kept as guards on the message."""
     root = good_set(tmp_path / "set")
     idx = root / "train" / ("train-000000.tar" + INDEX_SUFFIX)
     (root / "train" / SET_INDEX).unlink()  # the reader falls back to the per-shard index: forge that one

@@ -1,6 +1,7 @@
 """`python -m train.shards index DIR` and `... verify DIR`: index shards written by other tools, and
-check a set end to end (every shard's size and checksum against its index, every member's checksum
-and a full decode), one line per bad shard or member."""
+check a set end to end (every shard's size and checksum against its index and against what the
+writer recorded, every member's checksum and a full decode), one line per bad shard or member.
+`index` never rebuilds over a shard whose bytes changed (record.py says why) unless told to."""
 
 from __future__ import annotations
 
