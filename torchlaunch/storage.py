@@ -23,7 +23,7 @@ FULL = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if e 
 """Out of space or quota: a save fails again at the same place until space is freed."""
 
 FIXES: dict[int, str] = {
-    errno.ENOSPC: "free space there or point the run dir at a larger volume",
+    errno.ENOSPC: "free space there or use a larger volume",
     errno.EROFS: "the filesystem is mounted read-only: remount it read-write or pick a writable folder",
     errno.ENAMETOOLONG: "a path component is over the filesystem's limit (usually 255 bytes): use a shorter name",
     errno.ENOTDIR: "a file stands where a folder must be: move that file away or pick another folder",

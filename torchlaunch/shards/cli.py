@@ -6,7 +6,10 @@ import os
 import sys
 from pathlib import Path
 
-from torchlaunch.exit_codes import BAD_INPUT, OK, ArgumentParser, BadInput
+from torchlaunch.exit_codes import BAD_INPUT, OK, ArgumentParser, BadInput, _bounded
+from torchlaunch.storage import is_storage, refusal
+
+MAX_SEED = (1 << 63) - 1
 
 
 def parser() -> ArgumentParser:
@@ -38,6 +41,12 @@ def parser() -> ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.error_prefix = "shards error: "
         c.add_argument("dir", type=Path, metavar="DIR")
+        if name == "index":
+            c.add_argument(
+                "--accept-changed",
+                action="store_true",
+                help="index shards whose bytes differ from their index or the writer's record, as they are now",
+            )
     return p
 
 
@@ -52,10 +61,25 @@ def check(args) -> None:
         raise BadInput(f"shards error: --quality must be 1-100, got {args.quality} (e.g. 90)")
     if not 0.01 <= args.shard_size_mb <= 1 << 20:
         raise BadInput(f"shards error: --shard-size-mb must be 0.01-1048576, got {args.shard_size_mb} (e.g. 256)")
+    if not 0 <= args.split_seed <= MAX_SEED:
+        raise BadInput(f"shards error: --split-seed must be 0-{MAX_SEED}, got {args.split_seed} (e.g. 0)")
 
 
 def run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
+    try:
+        return command(args)
+    except OSError as e:
+        if not is_storage(e):
+            raise
+        what, folder = ("--out", args.out) if args.command == "write" else ("shard folder", args.dir)
+        path = e.filename if e.filename is not None else folder  # a failed write() names no file
+        if os.path.basename(os.fsdecode(path)).endswith(".tmp"):  # a temp name means nothing to the user
+            path = os.path.dirname(os.fsdecode(path))
+        raise refusal(e, path, prefix="shards error: ", what=what) from None
+
+
+def command(args) -> int:
     if args.command == "write":
         check(args)
         from torchlaunch.shards.writer import write
@@ -75,7 +99,11 @@ def run(argv: list[str] | None) -> int:
     from torchlaunch.shards.verify import index_folder, verify_folder
 
     if args.command == "index":
-        n = index_folder(args.dir.expanduser(), log=lambda m: print(m, file=sys.stderr, flush=True))
+        n = index_folder(
+            args.dir.expanduser(),
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+            accept_changed=args.accept_changed,
+        )
         print(f"shards: {n} shard index(es) built under {args.dir}", file=sys.stderr)
         return OK
     bad = 0
@@ -92,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(argv)
     except BadInput as e:
-        print(str(e).splitlines()[0] if str(e) else type(e).__name__, file=sys.stderr)
+        # one line whatever a path or name in it holds: line breaks escaped, not cut (exit_codes._bounded)
+        print(_bounded(str(e), 2400) if str(e) else type(e).__name__, file=sys.stderr)
         return BAD_INPUT
 
 

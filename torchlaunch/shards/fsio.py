@@ -8,6 +8,7 @@ block or follow either; the fstat after the open is what the reader trusts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -91,10 +92,15 @@ def write_durable(path: Path, parts: list[bytes]) -> None:
     crash leaves either the old file or the whole new one (the JSON counterpart is torchlaunch.rundir.write_json;
     this one writes binary and is always durable, since an index is what marks a shard complete)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        for part in parts:
-            f.write(part)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:  # a full or read-only disk: leave no partial file behind (the caller words the error)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)

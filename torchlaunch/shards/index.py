@@ -34,8 +34,10 @@ import numpy as np
 import xxhash
 from PIL import Image
 
-from torchlaunch.shards.errors import ShardError
+from torchlaunch.shards.bounds import MAX_CLASSES, check_index, column_layout
+from torchlaunch.shards.errors import ShardError, shown
 from torchlaunch.shards.fsio import open_regular, write_durable
+from torchlaunch.untrusted import load_json, quote
 
 MAGIC = b"TLSHIDX1"
 VERSION = 1
@@ -144,7 +146,7 @@ def _header(path: Path, fd: int, size: int) -> dict[str, Any]:
     if len(raw) != hlen or xxhash.xxh3_64(raw).intdigest() != hsum:
         raise ShardError(f"index {path} has a damaged header (checksum mismatch)", fix)
     try:
-        header = json.loads(raw)
+        header = load_json(raw)
         header["data_start"] = -(-(PREAMBLE.size + hlen) // ALIGN) * ALIGN
         header["file_size"] = size
         header["shards"] = [
@@ -153,18 +155,14 @@ def _header(path: Path, fd: int, size: int) -> dict[str, Any]:
         for c in list(COLUMNS) + ["key"]:
             d = header["columns"][c]
             np.dtype(d["dtype"]), int(d["at"]), [int(x) for x in d["shape"]], str(d["xxh3"])
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
         raise ShardError(f"index {path} has a damaged header ({type(e).__name__})", fix) from None
     return header
 
 
 def _read_column(path: Path, fd: int, header: dict[str, Any], name: str) -> np.ndarray:
     d = header["columns"][name]
-    dtype = np.dtype(d["dtype"])
-    shape = tuple(int(x) for x in d["shape"])
-    if name in COLUMNS and dtype != np.dtype(COLUMNS[name]):
-        raise ShardError(f"index {path}: column {name} has dtype {dtype}, expected {COLUMNS[name]}", REINDEX)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    dtype, shape, nbytes = column_layout(f"index {path}", name, d, COLUMNS.get(name), header["file_size"], REINDEX)
     at = header["data_start"] + int(d["at"])
     if at + nbytes > header["file_size"]:
         raise ShardError(f"index {path} is truncated (column {name} ends past the file)", REINDEX)
@@ -198,8 +196,7 @@ def load(path: Path, kind: str | None = None) -> Index:
     n = columns["label"].shape[0]
     if any(c.shape[0] != n for c in columns.values()) or columns["size"].shape != (n, 2):
         raise ShardError(f"index {path} is inconsistent (columns of different lengths)", REINDEX)
-    if sum(s.count for s in header["shards"]) != n:
-        raise ShardError(f"index {path} is inconsistent (shard counts do not add up to {n})", REINDEX)
+    check_index(f"index {path}", header["shards"], columns, len(EXTS), REINDEX)
     return Index(path=path, kind=header["kind"], shards=header["shards"], columns=columns, header=header)
 
 
@@ -214,7 +211,17 @@ def split_name(name: str) -> tuple[str, str] | None:
 
 
 def _member_where(shard: Path, member: str) -> str:
-    return f"{shard.name} member {member}"
+    return f"{shown(shard.name)} member {shown(member)}"
+
+
+def _utf8(key: str) -> bool:
+    """A member name tarfile decoded is UTF-8 text (names that are not come as surrogate escapes, which
+    neither the key column nor webdataset's readers can hold)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
@@ -239,10 +246,11 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                 return
             if "image" not in sample:
                 raise ShardError(
-                    f"shard {shard.name}: sample {current} has no image member (.jpg/.jpeg/.png/.webp)", fix
+                    f"shard {shown(shard.name)}: sample {shown(current)} has no image member (.jpg/.jpeg/.png/.webp)",
+                    fix,
                 )
             if "label" not in sample:
-                raise ShardError(f"shard {shard.name}: sample {current} has no {current}.cls member", fix)
+                raise ShardError(f"shard {shown(shard.name)}: sample {shown(current)} has no .cls member", fix)
             off, n, ext, digest, w, h = sample["image"]
             rows.append((off, n, sample["label"], w, h, digest, ext, current.encode()))
 
@@ -254,6 +262,8 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                 if parts is None:
                     continue
                 key, ext = parts
+                if not key.isascii() and not _utf8(key):
+                    raise ShardError(f"{_member_where(shard, m.name)} has a name that is not UTF-8 text", fix)
                 if key != current:
                     finish()
                     current, sample = key, {}
@@ -281,6 +291,12 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                         raise ShardError(
                             f"{_member_where(shard, m.name)} does not hold a class index (ASCII digits)", fix
                         )
+                    if label >= MAX_CLASSES:
+                        raise ShardError(
+                            f"{_member_where(shard, m.name)} holds class {quote(text.decode('ascii', 'replace').strip(), 40)}, "
+                            f"above the limit of {MAX_CLASSES - 1}",
+                            fix,
+                        )
                     sample["label"] = label
             finish()
         except tarfile.TarError as e:
@@ -302,7 +318,9 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
         "ext": np.array(cols[6], dtype="u1"),
         "key": np.array(cols[7], dtype=f"S{max(len(k) for k in cols[7])}"),
     }
-    return ShardInfo(shard.name, size, digest, len(rows)), columns
+    info = ShardInfo(shard.name, size, digest, len(rows))
+    check_index(f"shard {shard}", [info], columns, len(EXTS), fix)
+    return info, columns
 
 
 def write_shard_index(shard: Path) -> Index:

@@ -22,15 +22,19 @@ import numpy as np
 import xxhash
 
 from torchlaunch.jobs.files import read_json
-from torchlaunch.shards.errors import ShardError
+from torchlaunch.shards.errors import ShardError, shown
 from torchlaunch.shards.fsio import open_regular, regular_size
 from torchlaunch.shards.index import EXTS, REINDEX, SET_INDEX, Index, ShardInfo, index_path, load
+from torchlaunch.shards.record import WRITE_PLAN
 
 MAX_FDS = 64
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "torchlaunch-shards"
 MANIFEST_VERSION = 1
-FIX_SHARD = "replace the shard with a good copy and rebuild its index: python -m train.shards index DIR"
+FIX_SHARD = (
+    "restore a good copy of the shard, or rewrite it from the source with python -m train.shards write "
+    "(`python -m train.shards verify DIR` gives the command); re-indexing does not repair it"
+)
 
 
 def list_shards(folder: Path) -> list[str]:
@@ -79,6 +83,12 @@ def read_manifest(root: Path) -> dict[str, Any] | None:
     classes = doc.get("classes")
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         raise ShardError(f"manifest {path} has no class list", "rewrite the set with python -m train.shards write")
+    splits = doc.get("splits", {})
+    if not isinstance(splits, dict) or not all(isinstance(v, dict) for v in splits.values()):
+        raise ShardError(
+            f"manifest {path} has a damaged split table (`splits` must map each split's name to an object)",
+            "rewrite the set with python -m train.shards write, or delete the manifest",
+        )
     return doc
 
 
@@ -167,6 +177,11 @@ class ShardSet:
                 f"{folder} holds no .tar shards", "point data.root at a folder written by python -m train.shards write"
             )
         manifest = read_manifest(folder.parent) or read_manifest(folder)
+        if manifest is None and os.path.lexists(folder.parent / WRITE_PLAN):
+            raise ShardError(
+                f"{folder.parent} holds a shard write that did not finish (no {MANIFEST})",
+                "rerun the python -m train.shards write command that wrote it: it continues where it stopped",
+            )
         if manifest is not None:
             listed = manifest.get("splits", {}).get(folder.name, {}).get("shards")
             if isinstance(listed, list):
@@ -275,7 +290,7 @@ class ShardSet:
             key = self.key(i)
         except ShardError:
             key = f"#{i - int(self._starts[s])}"
-        return f"{self.shards[s].name} member {key}.{EXTS[int(self._ext[i])]}"
+        return f"{shown(self.shards[s].name)} member {shown(f'{key}.{EXTS[int(self._ext[i])]}')}"
 
     def close(self) -> None:
         if self._pid == os.getpid():

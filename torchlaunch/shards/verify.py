@@ -1,6 +1,7 @@
 """`python -m train.shards index DIR` and `... verify DIR`: index shards written by other tools, and
-check a set end to end (every shard's size and checksum against its index, every member's checksum
-and a full decode), one line per bad shard or member."""
+check a set end to end (every shard's size and checksum against its index and against what the
+writer recorded, every member's checksum and a full decode), one line per bad shard or member.
+`index` never rebuilds over a shard whose bytes changed (record.py says why) unless told to."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 from torchlaunch.shards.decode import decode
 from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import open_regular, regular_size
-from torchlaunch.shards.index import REINDEX, file_xxh3, index_path, load, matches, write_set_index, write_shard_index
-from torchlaunch.shards.reader import ShardSet, list_shards
+from torchlaunch.shards.index import REINDEX, Index, file_xxh3, index_path, load, write_set_index, write_shard_index
+from torchlaunch.shards.reader import ShardSet, list_shards, read_manifest
+from torchlaunch.shards.record import SUMS, read_sums, repair_fix
 
 
 def split_folders(root: Path) -> list[Path]:
@@ -31,11 +33,37 @@ def split_folders(root: Path) -> list[Path]:
     return found
 
 
-def index_folder(root: Path, log=print) -> int:
-    """Build the missing or stale per-shard indexes and each split's set index; returns shards indexed."""
-    built = 0
+def manifest_of(folder: Path) -> tuple[dict | None, Path]:
+    """A split folder's set manifest (ours, else None) and the set's root, found as ShardSet.open finds them."""
+    for root in (folder.parent, folder):
+        manifest = read_manifest(root)
+        if manifest is not None:
+            return manifest, root
+    return None, folder
+
+
+def digest(shard: Path, fix: str) -> tuple[int, str]:
+    """(size, xxh3) of a shard as it is now (reads the whole file)."""
+    fd, size = open_regular(shard, "shard", fix)
+    try:
+        return size, file_xxh3(fd, size)
+    finally:
+        os.close(fd)
+
+
+def index_folder(root: Path, log=print, accept_changed: bool = False) -> int:
+    """Build the missing or stale per-shard indexes and each split's set index; returns shards indexed.
+
+    A shard whose bytes differ from the index that was there, or from what the writer recorded
+    (record.SUMS), is not re-indexed without `accept_changed`: an index built over them would call
+    the change good (verify would then pass a flipped byte). The refusal comes before anything is
+    written and says how to repair the shard for real."""
+    plans: list[tuple[Path, list[tuple[Path, Index | None]]]] = []
+    changed: list[tuple[Path, str, str]] = []
     for folder in split_folders(root):
-        parts = []
+        manifest, set_root = manifest_of(folder)
+        sums = read_sums(folder)
+        todo: list[tuple[Path, Index | None]] = []
         for name in list_shards(folder):
             shard, idx = folder / name, index_path(folder / name)
             current = None
@@ -43,8 +71,28 @@ def index_folder(root: Path, log=print) -> int:
                 try:
                     current = load(idx, "shard")
                 except ShardError:
-                    current = None
-            if current is None or current.shards[0].name != name or not matches(current, shard):
+                    current = None  # a damaged or foreign index vouches for nothing: rebuilt
+            if current is not None and (len(current.shards) != 1 or current.shards[0].name != name):
+                current = None
+            now = digest(shard, REINDEX)
+            if name in sums and sums[name] != now:
+                changed.append((shard, f"what the writer recorded ({SUMS})", repair_fix(manifest, set_root)))
+            elif current is not None and (current.shards[0].size, current.shards[0].xxh3) != now:
+                changed.append((shard, "its index", repair_fix(manifest, set_root)))
+            keep = current is not None and (current.shards[0].size, current.shards[0].xxh3) == now
+            todo.append((shard, current if keep else None))
+        plans.append((folder, todo))
+    if changed and not accept_changed:
+        shard, against, fix = changed[0]
+        more = f" ({len(changed)} shards in all)" if len(changed) > 1 else ""
+        raise ShardError(
+            f"shard {shard} differs from {against}{more}: an index built now would call the changed bytes good", fix
+        )
+    built = 0
+    for folder, todo in plans:
+        parts = []
+        for shard, current in todo:
+            if current is None:
                 current = write_shard_index(shard)
                 built += 1
                 log(f"shards: indexed {shard} ({len(current):,} samples)")
@@ -54,29 +102,43 @@ def index_folder(root: Path, log=print) -> int:
 
 
 def verify_folder(root: Path) -> Iterator[str]:
-    """One line per problem found (empty when the set is good)."""
+    """One line per problem found (empty when the set is good): each shard against its index and
+    against what the writer recorded, then each member's checksum and a full decode."""
     for folder in split_folders(root):
         try:
             ss = ShardSet.open(folder)
+            manifest, set_root = manifest_of(folder)
+            sums = read_sums(folder)
         except ShardError as e:
             yield str(e)
             continue
+        fix = repair_fix(manifest, set_root)
         for s, info in enumerate(ss.shards):
             path = folder / info.name
             try:
-                fd, size = open_regular(path, "shard", REINDEX)
+                now = digest(path, fix)
             except ShardError as e:
                 yield str(e)
                 continue
-            try:
-                if size != info.size:
-                    yield f"data error: shard {path} has {size} bytes, its index says {info.size} ({REINDEX})"
-                    continue
-                if file_xxh3(fd, size) != info.xxh3:
-                    yield f"data error: shard {path} does not match its index checksum ({REINDEX}, or replace the shard)"
-            finally:
-                os.close(fd)
+            if now[0] != info.size:
+                yield str(ShardError(f"shard {path} has {now[0]} bytes, its index says {info.size}", fix))
+                continue
+            if now[1] != info.xxh3:
+                yield str(ShardError(f"shard {path} does not match its index checksum", fix))
+            elif info.name in sums and sums[info.name] != now:
+                yield str(
+                    ShardError(
+                        f"shard {path} differs from what the writer recorded ({SUMS}): it changed after it was "
+                        "written, and its index was rebuilt over the change",
+                        fix,
+                    )
+                )
             start = int(ss._starts[s])
+            if info.count:
+                try:  # the keys are read only when an error line needs one: check they can be
+                    ss.key(start)
+                except ShardError as e:
+                    yield str(e)
             for i in range(start, start + info.count):
                 try:
                     decode(ss.read(i), ss.where(i))

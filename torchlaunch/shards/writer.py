@@ -16,6 +16,7 @@ in DIR/.write-plan.json: a rerun with other inputs is refused rather than mixed 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import multiprocessing as mp
@@ -38,9 +39,12 @@ from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import fsync_dir
 from torchlaunch.shards.index import SET_INDEX, index_path, load, matches, write_set_index, write_shard_index
 from torchlaunch.shards.reader import MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION
+from torchlaunch.shards.record import WRITE_PLAN, read_sums, write_sums
+from torchlaunch.storage import refusal
+from torchlaunch.untrusted import quote
 from torchlaunch.worker.folder_cache import decode_error, scan_imagefolder
 
-PLAN = ".write-plan.json"
+PLAN = WRITE_PLAN
 TAR_OVERHEAD = 2048
 """Bytes a sample adds beyond its image: two 512-byte headers, the .cls block, padding on average."""
 PROBE = 32
@@ -107,14 +111,19 @@ def _info(name: str, size: int) -> tarfile.TarInfo:
 def write_tar(path: Path, members: list[tuple[str, bytes]], hook: Hook | None) -> None:
     """Write a tar atomically and durably (temp name, fsync, rename, folder fsync)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-            for name, data in members:
-                tf.addfile(_info(name, len(data)), io.BytesIO(data))
-                if hook is not None:
-                    hook("member", f"{path.name}/{name}")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+                for name, data in members:
+                    tf.addfile(_info(name, len(data)), io.BytesIO(data))
+                    if hook is not None:
+                        hook("member", f"{path.name}/{name}")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:  # a full disk: give the space back (a crash's temp file is removed by the rerun)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -208,7 +217,10 @@ def write_one(job: tuple, hook: Hook | None = None) -> int:
     return len(positions)
 
 
-def _done(path: Path, count: int) -> bool:
+def _done(path: Path, count: int, recorded: tuple[int, str] | None) -> bool:
+    """Shard `path` is complete: indexed with the planned count, the index matching its bytes, and those
+    bytes what this writer recorded when it wrote them (an index rebuilt over a changed shard does not
+    make it done: the rerun is how a damaged shard is repaired)."""
     idx = index_path(path)
     if not (path.is_file() and idx.is_file()) or path.is_symlink() or idx.is_symlink():
         return False
@@ -216,7 +228,27 @@ def _done(path: Path, count: int) -> bool:
         index = load(idx, "shard")
     except ShardError:
         return False
-    return len(index) == count and matches(index, path)
+    info = index.shards[0]
+    return len(index) == count and matches(index, path) and recorded in (None, (info.size, info.xxh3))
+
+
+def _recorded(folder: Path) -> dict[str, tuple[int, str]]:
+    """What an earlier run of this write recorded in `folder` ({} when nothing usable: rewritten then)."""
+    try:
+        return read_sums(folder)
+    except ShardError:
+        return {}
+
+
+def refuse_nested(src: Path, out: Path, flag: str) -> None:
+    """--out inside a source tree would be scanned as one of its classes on the next run."""
+    inner, outer = out.resolve(), src.resolve()
+    if inner == outer or outer in inner.parents:
+        raise BadInput(
+            f"shards error: --out {quote(str(out))} is {'' if inner == outer else 'inside '}{flag} "
+            f"{quote(str(src))}, so its shards would "
+            "become a class of the source (put --out outside the class folders)"
+        )
 
 
 def write(
@@ -233,12 +265,18 @@ def write(
     hook: Hook | None = None,
 ) -> dict:
     """Write (or finish writing) a shard set; returns the manifest. See the module docstring."""
+    refuse_nested(src, out, "--from")
+    if val_from is not None:
+        refuse_nested(val_from, out, "--val-from")
     classes, splits, source = plan_splits(src, val_from, val_fraction, split_seed)
     options = {"max_side": max_side, "quality": quality, "shard_size_mb": shard_size_mb, "split_seed": split_seed}
     plan = {"source": source, "options": options, "classes": classes}
     for split in splits:  # the output is untrusted storage: no shard is written or deleted through a link
         check_real_folder(out / split.name, prefix="shards error: ", what="a split folder", fix="remove the link")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # whatever the errno (a file in the way, /proc, no permission): --out is the user's input
+        raise refusal(e, out, prefix="shards error: ", what="--out") from None
     old, why = read_json(out / PLAN)
     if old is not None and old != plan:
         raise BadInput(
@@ -249,6 +287,7 @@ def write(
             f"shards error: {out} is not empty and was not written by this command (use an empty or new --out)"
         )
     write_json(out / PLAN, plan, durable=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # the set is unfinished until the new manifest: readers refuse it
     total = sum(len(s.files) for s in splits)
     layouts = []
     for i, split in enumerate(splits):
@@ -260,10 +299,11 @@ def write(
     for split, order, n in layouts:
         folder = out / split.name
         folder.mkdir(exist_ok=True)
+        recorded = _recorded(folder)
         for k, start in enumerate(range(0, len(order), n)):
             path = folder / f"{split.name}-{k:06d}.tar"
             count = min(n, len(order) - start)
-            if _done(path, count):
+            if _done(path, count, recorded.get(path.name)):
                 done_before += count
             else:
                 todo.append((split, order, path, start, count))
@@ -299,7 +339,9 @@ def write(
             index_path(folder / stale).unlink(missing_ok=True)
         for tmp in folder.glob(".*.tmp"):
             tmp.unlink()
-        write_set_index(folder, [load(index_path(folder / nm), "shard") for nm in names])
+        parts = [load(index_path(folder / nm), "shard") for nm in names]
+        write_set_index(folder, parts)
+        write_sums(folder, [p.shards[0] for p in parts])
         manifest["splits"][split.name] = {"count": len(order), "shards": names, "index": SET_INDEX}
     write_json(out / MANIFEST, manifest, durable=True)
     rate = progress.written / seconds if seconds > 0 else 0.0
