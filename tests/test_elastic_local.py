@@ -9,6 +9,7 @@ real c10d rendezvous, CPU + gloo; nothing is mocked. Timeouts are deadlines on p
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import pytest
 
 from tests.conftest import launcher_argv
 from tests.helpers import REPO, launcher
+from torchlaunch.exit_codes import CANCELLED
 
 BATCH = 48
 STEPS_PER_EPOCH = 10
@@ -235,6 +237,9 @@ def test_node_lost_then_returns_same_samples(tmp_path: Path, reference: dict[int
         (survivor,) = rank_pids(a.pid)
         os.kill(survivor, signal.SIGSTOP)
         one_at = newest_world(run_dir)[0]
+        seen = job_status(run_dir)  # the job trains on the node left: one job, running, degraded
+        assert seen["state"] == "running" and "degraded: 1 of 2 nodes" in seen["reason"], seen
+        assert "launcher gone" in seen["reason"], seen  # names the lost node
         assert one_at < TOTAL - 5, "the survivor finished before the node came back: make the run longer"
         b2 = start_node(run_dir, port, logs[2])  # the node returns
         nodes.append(b2)
@@ -260,3 +265,49 @@ def test_node_lost_then_returns_same_samples(tmp_path: Path, reference: dict[int
     assert len(committed) == 1, tails(logs)  # growing back: the running rank committed on the agent's SIGTERM
     assert resumed[-1] == committed[0], tails(logs)  # and the grown group went on from there: no lost work
     assert not (run_dir / ".lock.json").exists(), "the last node to leave removes the run-dir lock"
+
+
+def job_status(run_dir: Path) -> dict:
+    """`python -m launch status --json RUN_DIR`, as a user asks it (in-process: the same code)."""
+    import io
+
+    from torchlaunch.jobs import cli as jobs_cli
+
+    out = io.StringIO()
+    assert jobs_cli.main(["status", "--json", "--no-scheduler", str(run_dir)], out) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.slow
+def test_cancel_stops_every_node_of_an_elastic_job(tmp_path: Path) -> None:
+    """`cancel` on a job of two `--nnodes 1:2` launchers: both checkpoint at one agreed step and end
+    cancelled (exit 3), and the job says so. On 9d2744e it stopped one launcher; the other re-formed
+    alone and trained on while `status` said cancelled, and a second cancel found nothing to stop."""
+    from torchlaunch.jobs import cli as jobs_cli
+
+    run_dir = tmp_path / "run"
+    port = free_port()
+    logs = [tmp_path / "node-a.log", tmp_path / "node-b.log"]
+    a = start_node(run_dir, port, logs[0])
+    nodes = [a]
+    try:
+        wait_for("node A's rendezvous store", lambda: listening(port), nodes, logs)
+        nodes.append(start_node(run_dir, port, logs[1]))
+        wait_for(
+            "training on 2 nodes", lambda: newest_world(run_dir)[1] == 2 and newest_world(run_dir)[0] >= 2, nodes, logs
+        )
+        out = io.StringIO()
+        assert jobs_cli.main(["cancel", str(run_dir)], out) == 0, out.getvalue()
+        assert out.getvalue().count("asked launcher pid") == 2, out.getvalue()
+        codes = [p.wait(timeout=DEADLINE_S) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert codes == [CANCELLED, CANCELLED], tails(logs)
+    assert job_status(run_dir)["state"] == "cancelled"
+    out = io.StringIO()
+    assert jobs_cli.main(["cancel", str(run_dir)], out) == 0
+    assert "already cancelled" in out.getvalue()
+    steps = {int(s) for s in re.findall(r"checkpoint committed at global step (\d+)", tails(logs))}
+    assert len(steps) == 1, tails(logs)  # one agreed step for both nodes

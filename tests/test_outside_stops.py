@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import launcher_argv, run_cmd, run_module
 from tests.helpers import assert_models_equal
 from tests.stops import Launch
+from tests.test_docker_job import image  # noqa: F401 - the image fixture, for the container case
 from tests.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture, for the Slurm cases
 from torchlaunch.exit_codes import CANCELLED, OK, PREEMPTED
 
@@ -36,8 +37,8 @@ def folders(cifar_shared: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     root = tmp_path_factory.mktemp("folders") / "train"
     for cls in sorted(p for p in cifar_shared.iterdir() if p.is_dir()):
         (root / cls.name).mkdir(parents=True)
-        for image in sorted(cls.iterdir())[:40]:
-            shutil.copy(image, root / cls.name / image.name)
+        for jpeg in sorted(cls.iterdir())[:40]:
+            shutil.copy(jpeg, root / cls.name / jpeg.name)
     return root
 
 
@@ -178,3 +179,65 @@ def test_slurm_stop_from_outside_requeues_and_resumes_exactly(
     assert "DataLoader worker" not in logs, logs[-3000:]
     assert requeue_records(launch.job_id) == ["REQUEUED", "COMPLETED"]  # requeued exactly once
     assert_models_equal(run_dir / "model.pt", expected)
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_during_start_up_is_75_with_nothing_lost(folders: Path, shards: Path, tmp_path: Path) -> None:
+    """SIGTERM to the launcher once its ranks exist but before any step: exit 75 in one line, no
+    checkpoint (nothing was trained), never the retryable 1."""
+    run_dir = tmp_path / "run"
+    with Launch(argv("shards", run_dir, folders, shards), env=ENV) as launch:
+        launch.wait_for_log(run_dir, "")  # rank 0's log exists: its process started
+        launch.deliver("pid", signal.SIGTERM)
+        code, out, err = launch.finish()
+    assert code == PREEMPTED, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").glob("step-*"))
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+@pytest.mark.usefixtures("image")
+def test_docker_stop_of_a_container_with_loader_workers_resumes_exactly(
+    folders: Path, shards: Path, tmp_path: Path, tmp_path_factory
+) -> None:
+    """The pod's path: `docker stop -t GRACE` sends SIGTERM to PID 1 (tini, then launch.local) and
+    SIGKILL after the grace period. With 2 ranks reading class folders in loader workers: exit 75
+    within the grace period, and the same container command resumes to the host's uninterrupted weights."""
+    from tests.test_docker_job import IMAGE, docker, shared_folder
+
+    expected = reference("class folders", folders, shards, tmp_path_factory)
+    shared = shared_folder(tmp_path / "shared")
+    data = tmp_path / "data"
+    shutil.copytree(folders, data)
+    data.chmod(0o755)
+    command = [
+        "python", "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
+        "run_dir=/shared/run", "data.image_size=32", "train.batch_size=32", f"train.epochs={EPOCHS}",
+        "checkpoint.every_steps=1000", "data.name=imagefolder", "data.root=/data", "data.loader=pil",
+        "data.num_workers=2",
+    ]  # fmt: skip
+    name = f"tl-stop-{tmp_path.name[-12:].lower()}".replace("_", "-")
+    run = ["run", "--name", name, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--shm-size", "256m"]
+    run += ["-e", "OMP_NUM_THREADS=1", "-v", f"{shared}:/shared", "-v", f"{data}:/data:ro"]
+    docker(*run, "-d", IMAGE, *command)
+    try:
+        beat = shared / "run" / "progress" / "rank-0.json"
+        deadline = time.monotonic() + 300
+        while not (beat.exists() and '"step": ' in beat.read_text(errors="replace")):
+            assert time.monotonic() < deadline, docker("logs", name, check=False).stderr[-3000:]
+            time.sleep(0.1)  # polling the shared volume, bounded by the deadline
+        grace = 30
+        start = time.monotonic()
+        docker("stop", "-t", str(grace), name, timeout=grace + 30)
+        took = time.monotonic() - start
+        code = int(docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip())
+        logs = docker("logs", name, check=False)
+        assert code == PREEMPTED, logs.stderr[-3000:]
+        assert took < grace, took  # ended by its own checkpoint and exit, not by the SIGKILL
+        assert "DataLoader worker" not in logs.stderr and "preempted with a committed checkpoint" in logs.stderr
+        print(f"docker stop -t {grace}: exit 75 after {took:.1f} s")
+    finally:
+        docker("rm", "-f", name, check=False)
+    docker(*run, "--rm", IMAGE, *command, timeout=600)
+    assert_models_equal(shared / "run" / "model.pt", expected)

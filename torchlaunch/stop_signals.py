@@ -18,6 +18,8 @@ checkpoint. So the rank owns the decision and its forked children never act on a
   at once. A loader worker the rank stops normally is told through its queue, not by a signal.
 - `loader_worker_init(worker_id)`: the same for loader workers started by `spawn` or `forkserver`, which
   run no fork hook: pass it as `DataLoader(worker_init_fn=...)` (`torchlaunch.api.loader_worker_init`).
+  Such a worker is shielded from its init on: a stop in the second or so while it imports still kills
+  it (the fork context has no such window).
 
 A signal mask is inherited across exec: a program a shielded child starts (a decoder binary run by
 subprocess from a loader worker) starts with the stop signals blocked too. A child that wants them
@@ -82,9 +84,21 @@ def shield_forked_children() -> None:
     _registered = True
 
 
+def _ignore(signum: int, frame: object) -> None:
+    """A spawned loader worker's handler for the stop signals its other threads may still receive."""
+
+
 def loader_worker_init(worker_id: int) -> None:
     """`DataLoader(worker_init_fn=loader_worker_init)`: a loader worker started by `spawn` or
     `forkserver` ignores the stop signals meant for its rank, as a forked one does by the fork hook.
-    Harmless with `fork` (the hook already ran). Chain it from your own worker_init_fn if you have one."""
+    Harmless with `fork` (the hook already ran). Chain it from your own worker_init_fn if you have one.
+
+    By the time it runs the worker has threads of its own, which a mask set here does not cover, so a
+    process-directed signal could still land on one of them and reach torch's C SIGTERM handler: the
+    stop signals also get a do-nothing handler (in place of torch's), which reset to the default action
+    in anything the worker execs."""
     del worker_id
     shield_child()
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, _ignore)

@@ -203,7 +203,7 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
     if st.state in ("finished", "failed", "bad_input", "cancelled", "preempted", "hung"):
         print(f"cancel: the run is already {st.state}; nothing to stop (it is not requeued)", file=out)
         if st.state in ("preempted", "hung") and not args.dry_run:
-            record.request_cancel(run, nodes[0].launch_id, "after the end")
+            record.request_cancel(run, nodes[0].launch_id, "after the end", record.elastic_job(nodes[0]))
         return OK
     steps = cancel_plan(run, st, nodes)
     if args.dry_run:
@@ -215,7 +215,7 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
     if not steps:
         print(f"cancel: no running launcher of {printable(str(run))} found on this host ({st.state})", file=out)
         return FAILURE
-    record.request_cancel(run, nodes[0].launch_id, ",".join(step.kind for step in steps))
+    record.request_cancel(run, nodes[0].launch_id, ",".join(step.kind for step in steps), record.elastic_job(nodes[0]))
     code = OK
     for step in steps:
         if step.kind == "signal" and step.pid is not None:

@@ -105,6 +105,7 @@ def facts(
         records=records,
         alive={r.node_rank: r.launcher_alive() for r in nodes},
         cancel_launch=cancel_launch,
+        cancel_job=record.cancel_job(run_dir),
         rank_codes=rank_codes(run_dir, launch) if launch else (),
         beats=beats,
         checkpoint=checkpoint,

@@ -97,7 +97,8 @@ class Operation:
         """Stop watching, record the outcome, return the exit code the launcher should end with."""
         if self.dog is not None:
             self.dog.stop()
-        cancelled = record.cancel_requested(self.run_dir, self.launch_id)
+        job = (self._args.get("extra") or {}).get(record.ELASTIC_JOB)
+        cancelled = record.cancel_requested(self.run_dir, self.launch_id, job)
         hung = self.hung is not None and code not in (OK, BAD_INPUT)  # a restart after a hang may still finish
         outcome = outcome_of(code, cancelled=cancelled, hung=hung)
         if hung and self.hung is not None:

@@ -192,11 +192,22 @@ def read_all(run_dir: str | Path) -> tuple[list[JobRecord], list[str]]:
     return sorted(records, key=lambda r: r.node_rank), problems
 
 
-def request_cancel(run_dir: str | Path, launch_id: str, how: str) -> None:
-    """Ask the launch `launch_id` to stop for good (its launcher maps the ensuing exit to cancelled)."""
+ELASTIC_JOB = "elastic_job"
+"""JobRecord.extra key: the elastic job (launch.elastic.job_key) an elastic launcher belongs to. Each of
+an elastic job's launchers is a launch of its own (its own id, record and node slot); the job is the
+set of them, and `status` and `cancel` treat it as one."""
+
+
+def elastic_job(rec: JobRecord) -> str | None:
+    return rec.extra.get(ELASTIC_JOB) or None
+
+
+def request_cancel(run_dir: str | Path, launch_id: str, how: str, job: str | None = None) -> None:
+    """Ask the launch `launch_id` (and, for an elastic job, every launcher of `job`) to stop for good
+    (each launcher maps the ensuing exit to cancelled)."""
     rundir.write_json(
         job_dir(run_dir) / CANCEL_FILE,
-        {"launch_id": launch_id, "requested": time.time(), "how": how, "host": socket.gethostname()},
+        {"launch_id": launch_id, "job": job, "requested": time.time(), "how": how, "host": socket.gethostname()},
     )
 
 
@@ -209,6 +220,12 @@ def cancel_request(run_dir: str | Path) -> tuple[str | None, float | None]:
     return launch, as_float(data.get("requested"), 0)
 
 
-def cancel_requested(run_dir: str | Path, launch_id: str) -> bool:
-    """For the launcher at its end: was this launch asked to stop for good?"""
-    return cancel_request(run_dir)[0] == launch_id
+def cancel_job(run_dir: str | Path) -> str | None:
+    """The elastic job a cancel request stops as a whole, if it named one."""
+    data, _ = read_json(job_dir(run_dir) / CANCEL_FILE)
+    return as_str(data.get("job"), 512) or None if data is not None else None
+
+
+def cancel_requested(run_dir: str | Path, launch_id: str, job: str | None = None) -> bool:
+    """For the launcher at its end: was this launch, or the elastic job it belongs to, asked to stop for good?"""
+    return cancel_request(run_dir)[0] == launch_id or (job is not None and cancel_job(run_dir) == job)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from torchlaunch.exit_codes import BAD_INPUT, PREEMPTED
 from torchlaunch.jobs import watchdog
 from torchlaunch.jobs.progress import RankBeat
-from torchlaunch.jobs.record import JobRecord
+from torchlaunch.jobs.record import JobRecord, elastic_job
 
 STATES = (
     "pending",
@@ -109,6 +109,7 @@ class Facts:
     records: Sequence[JobRecord] = ()
     alive: dict[int, bool | None] = field(default_factory=dict)  # node rank -> launcher runs (None: cannot tell)
     cancel_launch: str | None = None
+    cancel_job: str | None = None  # an elastic job cancelled as a whole (record.cancel_job)
     rank_codes: Sequence[tuple[int, int, str]] = ()  # (rank, code, reason) from torchlaunch.status records
     beats: Sequence[RankBeat] = ()
     checkpoint: Checkpoint | None = None
@@ -183,20 +184,43 @@ class Status:
 
 
 def current_launch(records: Sequence[JobRecord]) -> list[JobRecord]:
-    """The records of the newest launch (the one whose node record started last)."""
+    """The records of the newest launch (the one whose node record started last). An elastic job is one
+    launch of several launchers, each with its own id: the newest one's job, every launcher of it that
+    still runs or ended after the newest one started (an older run of the same job is not part of it)."""
     if not records:
         return []
     newest = max(records, key=lambda r: (r.started or 0.0, r.node_rank == 0))
-    return [r for r in records if r.launch_id == newest.launch_id]
+    job = elastic_job(newest)
+    if job is None:
+        return [r for r in records if r.launch_id == newest.launch_id]
+    since = newest.started or 0.0
+    return [r for r in records if elastic_job(r) == job and (r.outcome is None or (r.ended or 0.0) >= since)]
+
+
+def degraded(facts: Facts, nodes: Sequence[JobRecord]) -> str | None:
+    """For an elastic job training on fewer nodes than it had: `degraded: K of N nodes (lost: ...)`."""
+    if len(nodes) < 2 or elastic_job(nodes[0]) is None:
+        return None
+    live = [r for r in nodes if r.outcome is None and facts.alive.get(r.node_rank) is not False]
+    lost = [r for r in nodes if r not in live]
+    if not live or not lost:
+        return None
+    names = ", ".join(f"node slot {r.node_rank} on {r.host or '?'} ({r.outcome or 'launcher gone'})" for r in lost)
+    return f"degraded: {len(live)} of {len(nodes)} nodes train on (lost: {names})"
 
 
 def _worst(outcomes: Sequence[str]) -> str:
     return min(outcomes, key=SEVERITY.index)
 
 
+def cancel_asked(facts: Facts, nodes: Sequence[JobRecord]) -> bool:
+    """A cancel request names this launch, or the elastic job its launchers belong to."""
+    job = elastic_job(nodes[0]) if nodes else None
+    return any(facts.cancel_launch == r.launch_id for r in nodes) or (job is not None and facts.cancel_job == job)
+
+
 def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple[str, str]:
-    launch = nodes[0].launch_id
-    cancel = facts.cancel_launch == launch
+    cancel = cancel_asked(facts, nodes)
     word = scheduler_word(facts.scheduler_state)
     ended = [r for r in nodes if r.outcome is not None]
     if ended and len(ended) == len(nodes):  # a node that never started wrote no record: it cannot be waited for
@@ -214,6 +238,9 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
         facts.alive.get(r.node_rank) for r in nodes
     ):
         return word, f"scheduler says {facts.scheduler_state}"
+    fewer = degraded(facts, nodes)
+    if fewer is not None:
+        return "running", fewer + ("; cancel requested" if cancel else "")
     if gone:
         codes = {code for _, code, _ in facts.rank_codes}
         host = gone[0].host or "?"
@@ -252,7 +279,8 @@ def decide(facts: Facts) -> Status:
             world_change=facts.world_change,
         )
     launch = nodes[0].launch_id
-    beats = [b for b in facts.beats if b.launch in (None, launch)]
+    launches = {r.launch_id for r in nodes}
+    beats = [b for b in facts.beats if b.launch is None or b.launch in launches]
     state, reason = _state(facts, nodes, beats)
     head = next((b for b in beats if b.rank == 0), beats[0] if beats else None)
     stepped = [b.step for b in beats if b.step is not None]
@@ -284,7 +312,7 @@ def decide(facts: Facts) -> Status:
         ranks=tuple(
             RankView(b.rank, b.host, b.step, facts.now - b.time if b.time is not None else None, b.pid) for b in beats
         ),
-        cancel_requested=facts.cancel_launch == launch,
+        cancel_requested=cancel_asked(facts, nodes),
         problems=tuple(facts.problems),
         world_size=head.world_size if head else None,
         world_change=facts.world_change,

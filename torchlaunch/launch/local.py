@@ -446,6 +446,8 @@ def operation(
     rendezvous's, and changes with the group)."""
     scheduler, job_id, extra = record.scheduler_from_env(os.environ)
     node = lock.slot if lock is not None and lock.slot is not None else args.node_rank
+    if lock is not None and lock.holder.job:  # one job of several launchers: status and cancel see them all
+        extra = {**(extra or {}), record.ELASTIC_JOB: lock.holder.job}
     return Operation(
         run_dir,
         scheduler=scheduler,

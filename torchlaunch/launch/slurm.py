@@ -148,10 +148,12 @@ def task_python(spec: JobSpec, options: SlurmOptions) -> str:
 BATCH_SHELL_STOP = (
     "# Stop signals to this batch shell (scancel --full, #SBATCH --signal=B:...) reach the tasks through srun;",
     "# the shell waits for them (their checkpoint and requeue) instead of dying and taking the job with it.",
-    'srun() { command srun "$@" & local step=$!; '
-    "trap 'kill -TERM '\"$step\"' 2>/dev/null' TERM INT HUP; "
-    "trap 'kill -USR1 '\"$step\"' 2>/dev/null' USR1; "
-    "trap 'kill -USR2 '\"$step\"' 2>/dev/null' USR2; "
+    "srun() { local step= early=; "
+    'trap \'early=TERM; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null\' TERM INT HUP; '
+    'trap \'early=USR1; [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1; '
+    'trap \'early=USR2; [ -n "$step" ] && kill -USR2 "$step" 2>/dev/null\' USR2; '
+    'command srun "$@" & step=$!; '
+    '[ -n "$early" ] && kill -"$early" "$step" 2>/dev/null; '
     'while kill -0 "$step" 2>/dev/null; do wait "$step"; done; '
     'trap - TERM INT HUP USR1 USR2; wait "$step"; }',
 )
