@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test faults test-fast lint format bench doctor preflight image k8s-manifests clean
+.PHONY: install train-local test test-slow faults test-fast lint format bench doctor preflight image k8s-manifests clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -21,8 +21,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 train-local: install
 	$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS)
 
-test: install
-	$(PY) -m pytest -q -m "not netns" $(PYTEST_ARGS)
+# The suite in two tiers, fast first: a unit failure shows in minutes, not after the end-to-end runs.
+test: test-fast test-slow
+
+test-slow: install
+	$(PY) -m pytest -q -m "(slow or slurm or docker) and not netns" $(PYTEST_ARGS)
 
 # The multi-node fault-injection suite (root, network namespaces): its own CI stage.
 faults: install
