@@ -147,9 +147,10 @@ def test_a_second_ctrl_c_ends_the_run_at_once(folders: Path, shards: Path, tmp_p
 
 SLURM_CASES = [
     ("--signal=TERM",),  # every process of the job's steps, loader workers included (preemption, scancel)
-    ("--signal=TERM", "--full"),  # the batch shell too: it must survive and wait for the tasks' requeue
-    ("--signal=USR2", "--batch"),  # the batch shell alone (#SBATCH --signal=B:...): it must pass it on
+    ("--signal=USR2", "--full"),  # the batch shell and srun too: the shell must survive and wait
+    ("--signal=TERM", "--batch"),  # the batch shell alone (#SBATCH --signal=B:TERM@T): it must pass it on
 ]
+"""`--full --signal=TERM` is not here: srun ends its step on SIGTERM (Slurm's design, docs/SLURM.md)."""
 
 
 @pytest.mark.slurm
@@ -160,7 +161,7 @@ def test_slurm_stop_from_outside_requeues_and_resumes_exactly(
     scancel: tuple[str, ...], folders: Path, shards: Path, tmp_path: Path, tmp_path_factory
 ) -> None:
     """2 nodes x 1 task on shards with 2 loader workers per rank; the stop is delivered by scancel.
-    On 9d2744e: `--signal=TERM` failed 1 in 2 tries (a worker's death raced the rank's stop), `--full`
+    On 9d2744e: `--signal=TERM` failed 1 in 2 tries (a worker's death raced the rank's stop); `--full`
     and `--batch` ended the job (the batch shell died of the signal), never requeued."""
     from tests.test_slurm_cluster import Launch as SlurmLaunch
     from tests.test_slurm_cluster import requeue_records, slurm, wait_until

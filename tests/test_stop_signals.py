@@ -115,11 +115,13 @@ def test_a_second_sigint_ends_at_once_and_other_repeats_are_the_same_stop() -> N
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("sent", "seen"), [("USR2", "USR2"), ("TERM", "TERM"), ("INT", "TERM"), ("HUP", "TERM")])
+@pytest.mark.parametrize(
+    ("sent", "seen"), [("USR2", "USR2"), ("USR1", "USR1"), ("TERM", "USR2"), ("INT", "USR2"), ("HUP", "USR2")]
+)
 def test_the_batch_shell_passes_a_stop_on_to_srun_and_waits(sent: str, seen: str, tmp_path: Path) -> None:
     """The generated sbatch script's srun wrapper under real bash, with a stand-in srun that records the
-    signal it gets and exits 75 a moment later (the tasks' checkpoint and requeue). Without the wrapper
-    bash dies of the signal (exit 128+N) and Slurm ends the job."""
+    signal it gets and exits 75 (the tasks' checkpoint and requeue). Without the wrapper bash dies of the
+    signal (exit 128+N) and Slurm ends the job; SIGTERM passed on as SIGTERM makes srun end the step."""
     fake = tmp_path / "bin" / "srun"
     fake.parent.mkdir()
     ready = tmp_path / "ready"

@@ -149,7 +149,7 @@ BATCH_SHELL_STOP = (
     "# Stop signals to this batch shell (scancel --full, #SBATCH --signal=B:...) reach the tasks through srun;",
     "# the shell waits for them (their checkpoint and requeue) instead of dying and taking the job with it.",
     "srun() { local step= early=; "
-    'trap \'early=TERM; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null\' TERM INT HUP; '
+    'trap \'early=USR2; [ -n "$step" ] && kill -USR2 "$step" 2>/dev/null\' TERM INT HUP; '
     'trap \'early=USR1; [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1; '
     'trap \'early=USR2; [ -n "$step" ] && kill -USR2 "$step" 2>/dev/null\' USR2; '
     'command srun "$@" & step=$!; '
@@ -158,10 +158,13 @@ BATCH_SHELL_STOP = (
     'trap - TERM INT HUP USR1 USR2; wait "$step"; }',
 )
 """The batch script's lines before submitit's `srun ...`: a shell function of that name runs the real srun
-in the background and waits for it, passing each stop signal the shell gets on to srun, which forwards it
-to every task (SIGINT and SIGHUP as SIGTERM: srun reads a lone SIGINT as a request for its status). A
-shell without it dies of the first such signal (bash's default action) and Slurm ends the job before the
-ranks can checkpoint. Every stop signal is one stop to a rank, however many times it arrives."""
+in the background and waits for it, passing each stop signal the shell gets on to srun, which forwards
+SIGUSR1 and SIGUSR2 to every task. SIGTERM, SIGINT and SIGHUP go on as SIGUSR2, a stop to every rank:
+srun itself ends its job step on SIGTERM ("forcing job termination") and reads a lone SIGINT as a request
+for its status. A shell without it dies of the first such signal (bash's default action) and Slurm ends
+the job before the ranks can checkpoint. Every stop signal is one stop to a rank, however many times it
+arrives. What no batch script can change: `scancel --full --signal=TERM` also reaches srun, which then
+ends the step (Slurm's design); `--full` with SIGUSR1/SIGUSR2, as Slurm's own --signal sends, is a stop."""
 
 
 def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
