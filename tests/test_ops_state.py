@@ -344,3 +344,41 @@ def test_a_scheduler_job_is_not_judged_by_the_submitting_pid(tmp_path: Path) -> 
     common = {"host": HOST, "launcher_pid": child.pid, "launcher_start": ticks}
     assert JobRecord(launch_id="s", scheduler="slurm", **common).launcher_alive() is None  # type: ignore[arg-type]
     assert JobRecord(launch_id="l", scheduler="local", **common).launcher_alive() is False  # type: ignore[arg-type]
+
+
+# ---- an elastic job: several launchers, each its own launch, one job to status and cancel
+
+
+def elastic(slot: int, launch: str, **kw: object) -> JobRecord:
+    return rec(launch_id=launch, node_rank=slot, extra={record.ELASTIC_JOB: "tl-job@h:29500"}, **kw)
+
+
+def test_an_elastic_job_is_all_of_its_launchers() -> None:
+    a, b = elastic(0, "LA", started=NOW - 100), elastic(1, "LB", started=NOW - 90)
+    older = elastic(2, "LOLD", started=NOW - 5000, outcome="finished", ended=NOW - 4000)
+    other = rec(launch_id="LX", node_rank=3, started=NOW - 200)
+    assert {r.launch_id for r in state.current_launch([a, b, older, other])} == {"LA", "LB"}
+    st = decide(records=[a, b], alive={0: True, 1: True}, beats=[beat(0, launch="LA"), beat(1, launch="LB")])
+    assert st.state == "running" and len(st.ranks) == 2  # both launchers' ranks, not the newest's alone
+
+
+def test_an_elastic_job_on_fewer_nodes_is_running_degraded_and_names_the_lost_node() -> None:
+    """On 9d2744e: `failed` (the newest launcher's record alone, its pid gone)."""
+    a, b = elastic(0, "LA", started=NOW - 100), elastic(1, "LB", started=NOW - 90, host="node-b")
+    st = decide(records=[a, b], alive={0: True, 1: False}, beats=[beat(0, launch="LA")])
+    assert st.state == "running"
+    assert "degraded: 1 of 2 nodes train on" in st.reason and "node slot 1 on node-b (launcher gone)" in st.reason
+    ended = elastic(1, "LB", started=NOW - 90, outcome="failed", ended=NOW - 10)
+    assert "(failed)" in decide(records=[a, ended], alive={0: True}, beats=[beat(0, launch="LA")]).reason
+
+
+def test_a_cancel_of_an_elastic_job_covers_every_launcher(tmp_path: Path) -> None:
+    a, b = elastic(0, "LA", started=NOW - 100), elastic(1, "LB", started=NOW - 90)
+    record.request_cancel(tmp_path, "LB", "signal,signal", "tl-job@h:29500")
+    assert record.cancel_requested(tmp_path, "LA", "tl-job@h:29500")  # the other launcher's end: cancelled
+    assert not record.cancel_requested(tmp_path, "LA")  # a plain launch is matched by its own id only
+    done = [elastic(0, "LA", outcome="cancelled", ended=NOW), elastic(1, "LB", outcome="cancelled", ended=NOW)]
+    st = decide(records=done, cancel_launch="LB", cancel_job="tl-job@h:29500")
+    assert st.state == "cancelled" and st.cancel_requested
+    stopping = decide(records=[a, b], alive={0: True, 1: True}, cancel_launch="LB", cancel_job="tl-job@h:29500")
+    assert stopping.cancel_requested
