@@ -8,6 +8,7 @@ import importlib.util
 import pickle
 from pathlib import Path
 
+import pytest
 import torch
 
 from torchlaunch import compat
@@ -74,3 +75,25 @@ def test_submitits_task_module_and_requeue_pickle(tmp_path: Path) -> None:
     assert target.is_file() and not any(p != target for p in tmp_path.iterdir())
     with open(target, "rb") as fh:
         assert pickle.load(fh).function is sum
+
+
+def test_the_torchrun_agent_acts_on_its_first_stop_only() -> None:
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import SignalException, api
+
+    from torchlaunch import compat
+
+    original = api._terminate_process_handler
+    try:
+        compat.agent_stops_once()
+        handler = api._terminate_process_handler
+        assert handler is not original
+        with pytest.raises(SignalException):
+            handler(signal.SIGTERM, None)
+        handler(signal.SIGTERM, None)  # the same stop again: the graceful shutdown goes on
+        handler(signal.SIGUSR2, None)
+        compat.agent_stops_once()
+        assert api._terminate_process_handler is handler  # once per process
+    finally:
+        api._terminate_process_handler = original

@@ -53,6 +53,32 @@ def set_group_timeout(seconds: float) -> None:
     setter(datetime.timedelta(seconds=seconds))
 
 
+def agent_stops_once() -> None:
+    """torchrun's agent acts on its first stop signal only (torch.distributed.elastic.multiprocessing.api.
+    _terminate_process_handler, looked up when the agent starts its workers).
+
+    Its handler raises SignalException on every stop signal; the first one starts the graceful shutdown
+    (the signal passed on to each worker's process group, up to the shutdown timeout for their
+    checkpoint), and a second one raised inside that wait abandons it: the agent exits and its ranks
+    die with it (pdeath) before they commit. A second one is what the world sends: a signal to every
+    process of a job reaches the agent directly and again through the launcher, a scheduler repeats it."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = api._terminate_process_handler
+    if getattr(original, "stops_once", False):
+        return
+    seen: list[int] = []
+
+    def first_only(signum: int, frame: Any) -> None:
+        if seen:
+            return
+        seen.append(signum)
+        original(signum, frame)
+
+    first_only.stops_once = True  # type: ignore[attr-defined]
+    api._terminate_process_handler = first_only
+
+
 def fused_kernel_devices() -> list[str] | None:
     """Device types with fused SGD/AdamW kernels (torch.utils._foreach_utils); None where torch has no such list."""
     try:

@@ -42,8 +42,18 @@ def foreign_store(argv: list[str]) -> str | None:
     return None
 
 
+AGENT_STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+"""What the agent passes on to its workers' process groups (torchrun's own default lacks SIGUSR1/SIGUSR2,
+so a Slurm-style signal to every process killed the agent, and the ranks with it, before they committed)."""
+
+
 def main() -> int:
     from torch.distributed.run import main as torchrun_main
+
+    from torchlaunch import compat
+
+    compat.agent_stops_once()  # a repeated stop never cuts the ranks' checkpoint short
+    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", AGENT_STOP_SIGNALS)
 
     refused = foreign_store(sys.argv[1:])
     if refused is not None:
