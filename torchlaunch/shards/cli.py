@@ -38,6 +38,14 @@ def parser() -> ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.error_prefix = "shards error: "
         c.add_argument("dir", type=Path, metavar="DIR")
+        if name == "index":
+            c.add_argument(
+                "--label",
+                default="cls",
+                metavar="SOURCE",
+                help="where each sample's class index is: cls (KEY.cls digits, default), another extension, or "
+                "EXT:FIELD for a JSON member's integer field (json:label); train with the same data.shard_label",
+            )
     return p
 
 
@@ -75,7 +83,7 @@ def run(argv: list[str] | None) -> int:
     from torchlaunch.shards.verify import index_folder, verify_folder
 
     if args.command == "index":
-        n = index_folder(args.dir.expanduser(), log=lambda m: print(m, file=sys.stderr, flush=True))
+        n = index_folder(args.dir.expanduser(), log=lambda m: print(m, file=sys.stderr, flush=True), label=args.label)
         print(f"shards: {n} shard index(es) built under {args.dir}", file=sys.stderr)
         return OK
     bad = 0

@@ -10,8 +10,13 @@ lies with its xxh3_64), then the columns, each at a 64-byte boundary:
     label   <i8    class index from KEY.cls
     size    <i4 x2 width, height from the image header (PIL open, no decode)
     xxh3    <u8    xxh3_64 of the member's bytes: a read checks it (~10 us for 100 KB)
-    ext     u1     index into EXTS: the member is KEY.<ext>
-    key     S<k>   the sample key (read only when an error line needs it)
+    ext     u1     index into EXTS: the member is STEM.<ext>
+    key     S<k>   the image member's name without its last extension (STEM): the sample key, plus
+                   what follows the key's first dot when the name holds more (n01_1.JPEG.jpg: n01_1.JPEG);
+                   read one row at a time, when an error line names a member
+
+The header also records where the labels came from (`label`: `cls` when absent, else the
+`--label` source such as `json:label`): a set opened with another data.shard_label is refused.
 
 Why not one .npy per column or an npz: one file is one open and one read at start-up, and the header
 carries the shard's size and checksum next to the arrays it describes, so an index can never be
@@ -34,6 +39,7 @@ import numpy as np
 import xxhash
 from PIL import Image
 
+from torchlaunch.config import shard_label_parts
 from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import open_regular, write_durable
 
@@ -48,6 +54,15 @@ SET_INDEX = "shards.idx"
 COLUMNS = {"offset": "<u8", "nbytes": "<u4", "label": "<i8", "size": "<i4", "xxh3": "<u8", "ext": "u1"}
 REINDEX = "rebuild it: python -m train.shards index DIR"
 MAX_HEADER = 64 << 20
+DEFAULT_LABEL = "cls"
+MAX_JSON_LABEL = 1 << 20
+"""A JSON label member larger than this is refused unread (timm's are ~100 bytes)."""
+LABEL_FIX = (
+    "if its class is in another member, build the indexes from that one, e.g. "
+    "python -m train.shards index DIR --label json:label, and train with data.shard_label=json:label"
+)
+WIDS_INDEX = "shardindex.json"
+"""The wids shard list written beside each set index (the name `widsindex create` writes by default)."""
 
 
 @dataclass
@@ -79,6 +94,30 @@ class Index:
     def keys(self) -> np.ndarray:
         return _column(self.path, self.header, "key")
 
+    @property
+    def label(self) -> str:
+        """Where the labels came from: `cls`, or the `--label` source the index was built with."""
+        return str(self.header.get("label", DEFAULT_LABEL))
+
+    def key_column(self) -> tuple[Path, int, int, int]:
+        """(file, byte offset, width, rows) of the key column, for read_key: an error line reads one
+        key, not a column of 1.28 M (38 MB at ImageNet scale, read by every process that erred)."""
+        d = self.header["columns"]["key"]
+        width = np.dtype(d["dtype"]).itemsize
+        return self.path, self.header["data_start"] + int(d["at"]), width, int(d["shape"][0])
+
+
+def read_key(column: tuple[Path, int, int, int], row: int) -> bytes:
+    """Row `row` of a key column (Index.key_column), trailing NULs stripped as numpy's S dtype does."""
+    path, at, width, rows = column
+    if not 0 <= row < rows:
+        raise ShardError(f"index {path} has no key {row} (it holds {rows})", REINDEX)
+    fd, _size = open_regular(path, "index", REINDEX)
+    try:
+        return os.pread(fd, width, at + row * width).rstrip(b"\0")
+    finally:
+        os.close(fd)
+
 
 def index_path(shard: Path) -> Path:
     return shard.with_name(shard.name + INDEX_SUFFIX)
@@ -97,13 +136,15 @@ def file_xxh3(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
-def pack(kind: str, shards: list[ShardInfo], columns: dict[str, np.ndarray]) -> list[bytes]:
+def pack(kind: str, shards: list[ShardInfo], columns: dict[str, np.ndarray], label: str = DEFAULT_LABEL) -> list[bytes]:
     """The bytes of an index file (see the module docstring)."""
     blobs: list[tuple[str, np.ndarray]] = [(n, np.ascontiguousarray(columns[n], dtype=COLUMNS[n])) for n in COLUMNS]
     keys = np.asarray(columns["key"])
     blobs.append(("key", np.ascontiguousarray(keys if keys.dtype.kind == "S" and keys.size else keys.astype("S1"))))
     described: dict[str, Any] = {}
     header: dict[str, Any] = {"kind": kind, "shards": [s.to_json() for s in shards], "columns": described}
+    if label != DEFAULT_LABEL:  # absent = cls: indexes written before the option keep their bytes
+        header["label"] = label
     # offsets depend on the header's length, which depends on the offsets: fix them relative to the data start
     at = 0
     for name, arr in blobs:
@@ -217,12 +258,35 @@ def _member_where(shard: Path, member: str) -> str:
     return f"{shard.name} member {member}"
 
 
-def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
+def label_source(label: str) -> tuple[tuple[str, ...], str | None]:
+    """The parsed `--label` / data.shard_label (torchlaunch.config.shard_label_parts); ShardError if bad."""
+    parts = shard_label_parts(label)
+    if parts is None:
+        raise ShardError(f"label source {label!r} is not EXT or EXT:FIELD", "e.g. --label cls or --label json:label")
+    return parts
+
+
+def json_label(data: bytes, field: str) -> int | None:
+    """The class index in a JSON member's field, None when the member is no object with an integer there."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    value = doc.get(field) if isinstance(doc, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def build(shard: Path, label: str = DEFAULT_LABEL) -> tuple[ShardInfo, dict[str, np.ndarray]]:
     """Scan one tar shard in the webdataset layout: every sample's image member and label.
 
-    Every sample needs one image member (KEY.jpg/.jpeg/.png/.webp) and a KEY.cls holding its class index
-    as ASCII digits; other members (KEY.json, ...) are ignored, as webdataset's readers do."""
+    Members are grouped by key as webdataset does (the key ends at the first dot of the basename, the
+    rest, lower-cased, is the member's extension), and a member's type is its last extension
+    component, as webdataset's decoders read it: n01_1.JPEG.jpg is sample n01_1's image. Every sample
+    needs one image member (jpg/jpeg/png/webp) and its label from `label` (label_source): by default a
+    KEY.cls holding the class index as ASCII digits; with `json:label`, the integer `label` field of
+    KEY.json. Other members are ignored, as webdataset's readers do."""
     fix = "replace the shard with a good copy, or rewrite it with python -m train.shards write"
+    want, field_name = label_source(label)
     fd, size = open_regular(shard, "shard", fix)
     rows: list[tuple[int, int, int, int, int, int, int, bytes]] = []
     try:
@@ -242,9 +306,9 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                     f"shard {shard.name}: sample {current} has no image member (.jpg/.jpeg/.png/.webp)", fix
                 )
             if "label" not in sample:
-                raise ShardError(f"shard {shard.name}: sample {current} has no {current}.cls member", fix)
-            off, n, ext, digest, w, h = sample["image"]
-            rows.append((off, n, sample["label"], w, h, digest, ext, current.encode()))
+                raise ShardError(f"shard {shard.name}: sample {current} has no {current}.{want[-1]} member", LABEL_FIX)
+            off, n, ext, digest, w, h, stem = sample["image"]
+            rows.append((off, n, sample["label"], w, h, digest, ext, stem.encode()))
 
         try:
             for m in tf:
@@ -254,6 +318,7 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                 if parts is None:
                     continue
                 key, ext = parts
+                kinds = ext.split(".")
                 if key != current:
                     finish()
                     current, sample = key, {}
@@ -261,7 +326,8 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                     raise ShardError(
                         f"shard {shard} is truncated: {_member_where(shard, m.name)} ends past the file", fix
                     )
-                if ext in IMAGE_EXTS and "image" not in sample:
+                exact = ext in IMAGE_EXTS  # KEY.jpg wins over KEY.depth.png whatever the member order
+                if kinds[-1] in IMAGE_EXTS and ("image" not in sample or (exact and not sample["exact"])):
                     data = os.pread(fd, m.size, m.offset_data)
                     try:
                         with Image.open(BytesIO(data)) as im:
@@ -270,18 +336,34 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                         raise ShardError(
                             f"{_member_where(shard, m.name)} is not a readable image ({type(e).__name__}: {e})", fix
                         ) from None
-                    sample["image"] = (m.offset_data, m.size, EXTS.index(ext), xxhash.xxh3_64(data).intdigest(), w, h)
-                elif ext == "cls":
+                    stem = m.name[: len(m.name) - len(kinds[-1]) - 1]
+                    member_xxh3 = xxhash.xxh3_64(data).intdigest()
+                    sample["image"] = (m.offset_data, m.size, EXTS.index(kinds[-1]), member_xxh3, w, h, stem)
+                    sample["exact"] = exact
+                elif "label" in sample or tuple(kinds[-len(want) :]) != want:
+                    continue
+                elif field_name is not None:
+                    found = (
+                        None if m.size > MAX_JSON_LABEL else json_label(os.pread(fd, m.size, m.offset_data), field_name)
+                    )
+                    if found is None:
+                        raise ShardError(
+                            f"{_member_where(shard, m.name)} has no class index in field {field_name!r} "
+                            "(a non-negative integer)",
+                            f"check the label source: --label {label} / data.shard_label={label}",
+                        )
+                    sample["label"] = found
+                else:
                     text = os.pread(fd, min(m.size, 64), m.offset_data)
                     try:
-                        label = int(text.decode("ascii").strip())
+                        value = int(text.decode("ascii").strip())
                     except (UnicodeDecodeError, ValueError):
-                        label = -1
-                    if label < 0 or m.size > 64:
+                        value = -1
+                    if value < 0 or m.size > 64:
                         raise ShardError(
                             f"{_member_where(shard, m.name)} does not hold a class index (ASCII digits)", fix
                         )
-                    sample["label"] = label
+                    sample["label"] = value
             finish()
         except tarfile.TarError as e:
             raise ShardError(f"shard {shard} is a damaged tar ({e})", fix) from None
@@ -291,7 +373,7 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
     finally:
         os.close(fd)
     if not rows:
-        raise ShardError(f"shard {shard} holds no samples (expected KEY.jpg + KEY.cls members)", fix)
+        raise ShardError(f"shard {shard} holds no samples (expected KEY.jpg + KEY.{want[-1]} members)", fix)
     cols = list(zip(*rows, strict=True))
     columns = {
         "offset": np.array(cols[0], dtype="<u8"),
@@ -305,10 +387,10 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
     return ShardInfo(shard.name, size, digest, len(rows)), columns
 
 
-def write_shard_index(shard: Path) -> Index:
+def write_shard_index(shard: Path, label: str = DEFAULT_LABEL) -> Index:
     """Build and durably write `shard`'s index; returns it as loaded back."""
-    info, columns = build(shard)
-    write_durable(index_path(shard), pack("shard", [info], columns))
+    info, columns = build(shard, label)
+    write_durable(index_path(shard), pack("shard", [info], columns, label))
     return load(index_path(shard), "shard")
 
 
@@ -322,8 +404,29 @@ def concat(parts: list[Index]) -> tuple[list[ShardInfo], dict[str, np.ndarray]]:
 
 
 def write_set_index(folder: Path, parts: list[Index]) -> None:
+    """The set index of a split folder, and wids' shard list beside it (write_wids)."""
+    labels = sorted({p.label for p in parts})
+    if len(labels) > 1:
+        raise ShardError(
+            f"the indexes in {folder} take labels from {' and '.join(labels)}", f"{REINDEX} --label SOURCE"
+        )
     shards, columns = concat(parts)
-    write_durable(folder / SET_INDEX, pack("set", shards, columns))
+    write_durable(folder / SET_INDEX, pack("set", shards, columns, labels[0] if labels else DEFAULT_LABEL))
+    write_wids(folder, shards)
+
+
+def write_wids(folder: Path, shards: list[ShardInfo]) -> None:
+    """DIR/SPLIT/shardindex.json: the split as a wids shard list, so `wids.ShardListDataset(PATH)` reads
+    the set without indexing it again. The format is wids' own (`widsindex create`, webdataset's wids
+    package): relative urls resolve against the JSON's folder; no md5sum (wids would check it on every
+    open of a shard), filesize for its summary line."""
+    doc = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": [{"url": s.name, "nsamples": s.count, "filesize": s.size} for s in shards],
+        "name": folder.name,  # not the parent folder: the same input gives the same bytes wherever it is written
+    }
+    write_durable(folder / WIDS_INDEX, [json.dumps(doc, indent=1).encode() + b"\n"])
 
 
 def matches(index: Index, shard: Path) -> bool:

@@ -11,7 +11,17 @@ from pathlib import Path
 from torchlaunch.shards.decode import decode
 from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import open_regular, regular_size
-from torchlaunch.shards.index import REINDEX, file_xxh3, index_path, load, matches, write_set_index, write_shard_index
+from torchlaunch.shards.index import (
+    DEFAULT_LABEL,
+    REINDEX,
+    file_xxh3,
+    index_path,
+    label_source,
+    load,
+    matches,
+    write_set_index,
+    write_shard_index,
+)
 from torchlaunch.shards.reader import ShardSet, list_shards
 
 
@@ -31,8 +41,10 @@ def split_folders(root: Path) -> list[Path]:
     return found
 
 
-def index_folder(root: Path, log=print) -> int:
-    """Build the missing or stale per-shard indexes and each split's set index; returns shards indexed."""
+def index_folder(root: Path, log=print, label: str = DEFAULT_LABEL) -> int:
+    """Build the missing or stale per-shard indexes (and those built from another label source) and
+    each split's set index; returns shards indexed."""
+    label_source(label)  # a bad source is refused before anything is written
     built = 0
     for folder in split_folders(root):
         parts = []
@@ -44,8 +56,13 @@ def index_folder(root: Path, log=print) -> int:
                     current = load(idx, "shard")
                 except ShardError:
                     current = None
-            if current is None or current.shards[0].name != name or not matches(current, shard):
-                current = write_shard_index(shard)
+            if (
+                current is None
+                or current.shards[0].name != name
+                or current.label != label
+                or not matches(current, shard)
+            ):
+                current = write_shard_index(shard, label)
                 built += 1
                 log(f"shards: indexed {shard} ({len(current):,} samples)")
             parts.append(current)
@@ -57,7 +74,7 @@ def verify_folder(root: Path) -> Iterator[str]:
     """One line per problem found (empty when the set is good)."""
     for folder in split_folders(root):
         try:
-            ss = ShardSet.open(folder)
+            ss = ShardSet.open(folder, label=None)  # whatever source the indexes were built from
         except ShardError as e:
             yield str(e)
             continue
