@@ -105,11 +105,16 @@ def test_a_manifest_over_256_kb_opens(tmp_path: Path) -> None:
     assert len(ss.classes) == 21_841
 
 
-def test_an_error_line_reads_one_key_not_the_column(tmp_path: Path) -> None:
+def test_an_error_line_reads_one_key_not_the_column(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """where(i) names the member from one row of the key column (the old code loaded all keys: 38 MB
-    at ImageNet scale, in every process that named a sample)."""
+    at ImageNet scale, in every process that named a sample), on a cached descriptor: the loaders
+    name every sample they read, and an open per sample is an RPC on a cluster filesystem."""
     root = make_set(tmp_path / "set", 50)
     ss = ShardSet.open(root / "train")
+    counts = count_calls(monkeypatch)
+    assert len({ss.where(i) for i in range(150)}) == 150
+    assert counts["open"] == 1, counts
+    monkeypatch.undo()
     assert ss.where(149).startswith("train-000049.tar member 00000149_n") and ss.where(149).endswith("_149.jpg")
     assert ss.key(149).startswith("00000149_n") and not hasattr(ss, "_keys")
     named = [ss.where(i) for i in (0, 2, 3, 149)]

@@ -107,16 +107,13 @@ class Index:
         return self.path, self.header["data_start"] + int(d["at"]), width, int(d["shape"][0])
 
 
-def read_key(column: tuple[Path, int, int, int], row: int) -> bytes:
-    """Row `row` of a key column (Index.key_column), trailing NULs stripped as numpy's S dtype does."""
+def read_key(fd: int, column: tuple[Path, int, int, int], row: int) -> bytes:
+    """Row `row` of a key column (Index.key_column; `fd` its file, open), trailing NULs stripped as
+    numpy's S dtype does."""
     path, at, width, rows = column
     if not 0 <= row < rows:
         raise ShardError(f"index {path} has no key {row} (it holds {rows})", REINDEX)
-    fd, _size = open_regular(path, "index", REINDEX)
-    try:
-        return os.pread(fd, width, at + row * width).rstrip(b"\0")
-    finally:
-        os.close(fd)
+    return os.pread(fd, width, at + row * width).rstrip(b"\0")
 
 
 def index_path(shard: Path) -> Path:

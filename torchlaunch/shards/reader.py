@@ -217,7 +217,7 @@ class ShardSet:
         h.update("\0".join(classes).encode())
         self.fingerprint = "shards-" + h.hexdigest()[:24]
         self._pid = -1
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._fds: OrderedDict[int | str, int] = OrderedDict()  # shard number or key file -> descriptor
 
     @classmethod
     def open(cls, folder: str | Path, split: str | None = None, label: str | None = DEFAULT_LABEL) -> ShardSet:
@@ -273,7 +273,8 @@ class ShardSet:
             raise IndexError(f"sample {i} out of range for {len(self)} samples")
         return int(np.searchsorted(self._starts, i, side="right")) - 1
 
-    def _fd(self, s: int) -> int:
+    def _cached(self, slot: int | str) -> int | None:
+        """The descriptor cached under `slot` in this process (a fork's inherited ones are dropped)."""
         pid = os.getpid()
         if pid != self._pid:
             if self._pid != -1:
@@ -284,9 +285,21 @@ class ShardSet:
                         pass
             self._fds = OrderedDict()
             self._pid = pid
-        fd = self._fds.get(s)
+        fd = self._fds.get(slot)
         if fd is not None:
-            self._fds.move_to_end(s)
+            self._fds.move_to_end(slot)
+        return fd
+
+    def _remember(self, slot: int | str, fd: int) -> int:
+        self._fds[slot] = fd
+        if len(self._fds) > MAX_FDS:
+            _, old = self._fds.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def _fd(self, s: int) -> int:
+        fd = self._cached(s)
+        if fd is not None:
             return fd
         info = self.shards[s]
         path = self.folder / info.name
@@ -295,11 +308,13 @@ class ShardSet:
             os.close(fd)
             change = "truncated" if size < info.size else "longer than indexed"
             raise ShardError(f"shard {path} is {change} ({size} bytes, its index says {info.size})", FIX_SHARD)
-        self._fds[s] = fd
-        if len(self._fds) > MAX_FDS:
-            _, old = self._fds.popitem(last=False)
-            os.close(old)
-        return fd
+        return self._remember(s, fd)
+
+    def _key_fd(self, path: Path) -> int:
+        """A cached descriptor of an index file's key column: the loaders name every sample they read
+        (ShardSamples.open, the GPU path), so a key read must not cost an open (an RPC on Lustre/NFS)."""
+        fd = self._cached(str(path))
+        return fd if fd is not None else self._remember(str(path), open_regular(path, "index", REINDEX)[0])
 
     def read(self, i: int) -> bytes:
         """Sample i's encoded image bytes, checked against the member checksum in the index."""
@@ -321,7 +336,7 @@ class ShardSet:
         s = self._shard_of(i)
         whole = len(self._key_columns) == 1 and len(self.shards) != 1
         column, row = (self._key_columns[0], i) if whole else (self._key_columns[s], i - int(self._starts[s]))
-        return read_key(column, row).decode("utf-8", "replace")
+        return read_key(self._key_fd(column[0]), column, row).decode("utf-8", "replace")
 
     def key(self, i: int) -> str:
         """Sample i's key as webdataset names it (`__key__`: the stem up to the first dot of its basename)."""
