@@ -107,6 +107,10 @@ def test_a_bad_label_source_is_refused_in_one_line(tmp_path: Path, capsys) -> No
     assert not list(tmp_path.rglob("*.idx"))  # refused before anything is written
     assert shards_main(["index", str(tmp_path), "--label", "json:class_name"]) == 2  # a string, not a class index
     assert "has no class index in field 'class_name'" in one_line(capsys)
+    with wds.TarWriter(str(tmp_path / "train" / "train-000000.tar")) as sink:  # a label past int64
+        sink.write({"__key__": "big", "jpg": jpeg(1), "json": {"label": 10**19}})
+    assert shards_main(["index", str(tmp_path), "--label", "json:label"]) == 2
+    assert "member big.json has no class index in field 'label'" in one_line(capsys)
 
 
 def test_wids_reads_the_emitted_shard_list(tmp_path: Path, capsys) -> None:

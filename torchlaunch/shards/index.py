@@ -270,7 +270,8 @@ def json_label(data: bytes, field: str) -> int | None:
     except (ValueError, RecursionError):
         return None
     value = doc.get(field) if isinstance(doc, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31  # int64 column, sane class count
+    return value if ok else None
 
 
 def build(shard: Path, label: str = DEFAULT_LABEL) -> tuple[ShardInfo, dict[str, np.ndarray]]:
