@@ -82,16 +82,16 @@ def list_shards(folder: Path) -> list[str]:
 
 
 def scan_split(folder: Path, listing: list[os.DirEntry]) -> tuple[list[str], list[str]]:
-    """(shard names sorted, orphans: shards whose `NAME.tar.idx` is there but not the shard) in one pass
-    over the listing. A shard name that is not a regular file (symlink, FIFO, folder...) is refused from
+    """(shard names sorted, orphans: shards whose `NAME.tar.idx` is there but not the shard) from one
+    listing, in C-level passes (comprehensions; a folder holds 200,000 names). A shard name that is not a regular file (symlink, FIFO, folder...) is refused from
     the entry's type: no stat per shard (only a filesystem without entry types, or a bad entry, costs
     one). Orphans are a set difference: the old membership test in a list was O(shards^2), 276 s at
     100,000 shards (issue 38)."""
-    for e in listing:  # comprehensions below, one C-level check here: a folder holds 200,000 names
+    for e in listing:
         if not e.is_file(follow_symlinks=False) and is_shard_name(e.name):
             regular_size(folder / e.name, "shard", FIX_SHARD)  # raises, naming what it is
     every = [e.name for e in listing]
-    names = sorted(n for n in every if n.endswith(".tar") and not n.startswith("."))
+    names = sorted(n for n in every if n.endswith(".tar") and not n.startswith("."))  # is_shard_name, inlined
     cut = len(INDEX_SUFFIX)
     indexed = [n[:-cut] for n in every if n.endswith(".tar" + INDEX_SUFFIX)]
     return names, sorted(set(indexed).difference(names))
