@@ -13,8 +13,10 @@ holds 1,281,167 samples in 100,000 shards (12-13 each), val/ 50,000 in 3,904.
 
 Each figure is a fresh process (page cache warm, as on a rerun): `ShardSet.open(DIR/train)` and the
 launcher's data pre-check `check_data(DataConfig(name="shards", root=DIR), local=True)` (opens both
-splits, decodes one sample of each). With `--against REV` the same children also run from an export
-of commit REV (bench/against.py's export), alternating, in the same run. The open without a set
+splits, decodes one sample of each), imports included. With `--against REV` the same children also
+run from an export of commit REV (bench/against.py's export) and from this tree, in the same run, on
+1/5 of the set (20,000 shards) without its manifest: the commit before issue 38's fix refuses the
+manifest at 100,000 shards, and its quadratic scan took over 14 CPU minutes per open there. The open without a set
 index (per-shard indexes only) is timed once as a note: that path reads one file per shard.
 """
 
@@ -119,11 +121,11 @@ def write_split(
     return names
 
 
-def generate(root: Path, quick: bool = False) -> Path:
-    """The set under root (reused when root/manifest.json is already there: generating takes minutes)."""
+def generate(root: Path, scale: int = 1) -> Path:
+    """The set under root, 1/scale of the sizes (reused when root/manifest.json is already there:
+    generating the full set takes minutes)."""
     if (root / "manifest.json").is_file():
         return root
-    scale = 100 if quick else 1
     jpeg = first_jpeg()
     rng = np.random.default_rng(0)
     splits = {}
@@ -180,11 +182,18 @@ def child(what: str, tree: Path, root: Path) -> float:
     return float(out["seconds"])
 
 
+AGAINST_SCALE = 5
+"""The commit before the fix is timed on 1/5 of the set (20,000 shards): its orphan scan is quadratic,
+and at 100,000 shards one open took over 14 CPU minutes on the shared 2-core box (killed)."""
+
+
 def run(quick: bool = False, work: Path | None = None, against: str | None = None, rounds: int = 3) -> list[Result]:
     work = Path(work or tempfile.mkdtemp(prefix="bench-shards-scale-"))
     start = time.perf_counter()
-    root = generate(work / ("scale-quick" if quick else "scale"), quick)
-    generated_s = time.perf_counter() - start
+    scale = 100 if quick else 1
+    root = generate(work / ("scale-quick" if quick else "scale"), scale)
+    generated_s = time.perf_counter() - start  # ~0 when an earlier run's set under --work is reused
+    small = generate(work / f"scale-1in{scale * AGAINST_SCALE}", scale * AGAINST_SCALE) if against else root
     trees = {"this": REPO}
     if against:
         from bench.against import export_tree
@@ -203,24 +212,26 @@ def run(quick: bool = False, work: Path | None = None, against: str | None = Non
                         times[side][what].append(child(what, REPO, root))
                     if against:
                         (plain[what] if side == "this" else times[side][what]).append(
-                            child(what, trees[side], bare(root))
+                            child(what, trees[side], bare(small))
                         )
         noset = child("open-noset", REPO, root)
     finally:
         if against:
             shutil.rmtree(trees[against], ignore_errors=True)
-    n_shards = TRAIN_SHARDS // (100 if quick else 1)
+    n_shards = TRAIN_SHARDS // scale
+    pair = f"{TRAIN_SHARDS // (scale * AGAINST_SCALE):,} shards, {N_TRAIN // (scale * AGAINST_SCALE):,} samples"
     cmd = "python -m bench.run --only shards_scale" + (f" --scale-against {against}" if against else "")
     results = []
     for what, title in (
-        ("open", f"Opening a {n_shards:,}-shard, {N_TRAIN // (100 if quick else 1):,}-sample set (ShardSet.open)"),
+        ("open", f"Opening a {n_shards:,}-shard, {N_TRAIN // scale:,}-sample set (ShardSet.open)"),
         ("precheck", f"Pre-checking a {n_shards:,}-shard set (the launcher's check_data: train + val)"),
     ):
         this = median(times["this"][what])
         before = {side: t[what][0] for side, t in times.items() if side != "this"}
         was = "".join(
-            f"; without the manifest (root/bare, which commit {side} can open): commit {side} {t:.1f} s (one run), "
-            f"this tree {median(plain[what]):.2f} s (median of {len(plain[what])}), same session"
+            f"; BEFORE/AFTER on 1/{AGAINST_SCALE} of the set ({pair}) without its manifest (which commit {side} "
+            f"refuses at 100,000 shards: over 256 KB): commit {side} {t:.1f} s (one run), this tree "
+            f"{median(plain[what]):.2f} s (median of {len(plain[what])}), same session"
             for side, t in before.items()
         )
         results.append(
@@ -238,7 +249,8 @@ def run(quick: bool = False, work: Path | None = None, against: str | None = Non
                 baseline_label="issue 38's budget",
                 rounds=[t / BUDGET_S for t in times["this"][what]],
                 notes=f"generated set: manifest, set and per-shard indexes real, shards sparse files of the indexed "
-                f"sizes, one real JPEG per split (the sample the pre-check decodes); generated in {generated_s:.0f} s"
+                f"sizes, one real JPEG per split (the sample the pre-check decodes); "
+                f"{'reused from an earlier run' if generated_s < 1 else f'generated in {generated_s:.0f} s'}"
                 f"; CPU seconds of the process (this tree, same children): {median(CPU.get(what + ' ' + root.name, [])):.2f}"
                 f"{was}; opening train/ without its set index (one per-shard index read per shard): {noset:.1f} s",
                 extra={"times": times, "bare_this": plain, "open_without_set_index_s": noset, "shards": n_shards},
