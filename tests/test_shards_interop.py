@@ -96,6 +96,28 @@ def test_dotted_keys_with_cls_labels_index_by_default(tmp_path: Path, capsys) ->
     assert [(ss.key(i), int(ss.labels[i])) for i in range(len(ss))] == written["val"]
 
 
+def test_another_label_source_reindexes_the_same_bytes_but_not_changed_ones(tmp_path: Path, capsys) -> None:
+    """The label option and the changed-bytes refusal together (issue 38 items 2 and 8): indexes
+    rebuilt from another label source over the same bytes are no change to accept; a shard whose bytes
+    changed since it was indexed is refused under any source unless --accept-changed; verify takes
+    the set whichever source its indexes were built from."""
+    wds_set(tmp_path, ("cls", "json"))
+    assert shards_main(["index", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert shards_main(["index", str(tmp_path), "--label", "json:label"]) == 0
+    assert "indexed" in capsys.readouterr().err  # rebuilt, not kept as built from .cls
+    assert ShardSet.open(tmp_path / "train", label="json:label").labels.tolist() == [j % 3 for j in range(14)]
+    assert shards_main(["verify", str(tmp_path)]) == 0
+    capsys.readouterr()
+    shard = tmp_path / "train" / "train-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # the tar's end padding: still a readable tar, other bytes than the index's
+    shard.write_bytes(bytes(data))
+    assert shards_main(["index", str(tmp_path)]) == 2
+    assert "differs from its index" in one_line(capsys)
+    assert shards_main(["index", str(tmp_path), "--accept-changed"]) == 0
+
+
 def test_a_bad_label_source_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
     with pytest.raises(ConfigError) as e:
         config_mod.load(None, ["data.shard_label=JSON:label label"])
