@@ -5,6 +5,7 @@ run, interleaved, median of rounds.
     python -m bench.run                    # default set (~15 min on 2 cores; progress alone ~5 min)
     python -m bench.run --only startup --startup-against REV   # also start-up ÷ commit REV's, same run
     python -m bench.run --only loop --data-against REV         # also loop + data path ÷ commit REV's (bench/against.py)
+    python -m bench.run --only shards_scale --scale-against REV  # 100,000-shard open + pre-check, and REV's
     python -m bench.run --only loop amp    # some of them; the others keep their last recorded figures
     python -m bench.run --full             # also the time-to-accuracy run (tens of minutes)
     python -m bench.run --quick            # tiny sizes: checks the machinery, figures meaningless
@@ -39,6 +40,7 @@ from bench import (
     progress,
     proposals,
     shards,
+    shards_scale,
     startup,
     tta,
     userscript,
@@ -51,6 +53,7 @@ ALL = (
     "datapath",
     "loader224",
     "shards",
+    "shards_scale",
     "gpu224",
     "amp",
     "ddp",
@@ -78,6 +81,7 @@ def run_selected(
     work: Path,
     startup_against: str | None = None,
     data_against: str | None = None,
+    scale_against: str | None = None,
 ) -> tuple[dict[str, dict], dict | None, dict]:
     results: dict[str, dict] = {}
     preempt: dict | None = None
@@ -112,6 +116,8 @@ def run_selected(
         keep(record("loader224", lambda: loader224.run(quick=quick, work=work)))
     if "shards" in names:
         keep(record("shards", lambda: shards.run(quick=quick, work=work)))
+    if "shards_scale" in names:
+        keep(record("shards_scale", lambda: shards_scale.run(quick=quick, work=work, against=scale_against)))
     if "gpu224" in names:  # without CUDA: one line saying it is skipped, no figure
         keep(record("gpu224", lambda: gpu224.run(quick=quick, work=work)))
     if "amp" in names:
@@ -395,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with startup: also this tree's start-up ÷ commit REV's, measured in the same run",
     )
     p.add_argument(
+        "--scale-against",
+        metavar="REV",
+        help="with shards_scale: also time commit REV's open and pre-check of the 100,000-shard set (one round)",
+    )
+    p.add_argument(
         "--data-against",
         metavar="REV",
         help="also run bench.loop and bench.datapath from commit REV and this tree, alternating (bench/against.py)",
@@ -404,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-"))
     start = time.perf_counter()
-    results, preempt, more = run_selected(names, args.quick, args.full, work, args.startup_against, args.data_against)
+    results, preempt, more = run_selected(
+        names, args.quick, args.full, work, args.startup_against, args.data_against, args.scale_against
+    )
     args.docs.mkdir(parents=True, exist_ok=True)
     store = args.docs / "bench-results.json"
     doc = json.loads(store.read_text()) if store.is_file() else {"results": {}}
@@ -416,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         "first_batch",
         "shards_decode",
         "shards_open",
+        "shards_scale_open",
+        "shards_scale_precheck",
         "shards_writer",
         "gpu_decode",
         "gpu_e2e",

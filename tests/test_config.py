@@ -235,7 +235,7 @@ def test_all_keys_lists_nested_leaves() -> None:
 RULED_KEYS = {
     "checkpoint.every_epochs", "checkpoint.every_steps", "checkpoint.keep", "data.crop_padding", "data.cutout",
     "data.decode", "data.flip", "data.image_size", "data.loader", "data.max_train_samples", "data.max_val_samples", "data.name",
-    "data.num_workers", "data.pad_mode", "data.split_seed", "data.synthetic_classes", "data.synthetic_train_size",
+    "data.num_workers", "data.pad_mode", "data.shard_label", "data.split_seed", "data.synthetic_classes", "data.synthetic_train_size",
     "data.synthetic_val_size", "data.train_crop", "data.val_fraction", "data.val_resize", "dist.backend", "dist.timeout_s", "model.name", "model.width",
     "optim.betas", "optim.lookahead_decay", "optim.lookahead_every", "optim.lr", "optim.min_lr_ratio",
     "optim.momentum", "optim.name", "optim.norm_lr_scale", "optim.schedule", "optim.step_epochs", "optim.step_gamma",

@@ -136,6 +136,19 @@ name when it builds the model (this module never imports torch)."""
 KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGCONT")
 
 
+SHARD_LABEL = re.compile(r"([a-z0-9_]+(?:\.[a-z0-9_]+)*)(?::([A-Za-z0-9_-]+))?")
+"""data.shard_label / `train.shards index --label`: `EXT` (the member KEY.EXT holds the class index as
+ASCII digits) or `EXT:FIELD` (KEY.EXT is a JSON object and FIELD its integer class index)."""
+
+
+def shard_label_parts(spec: str) -> tuple[tuple[str, ...], str | None] | None:
+    """(extension components, JSON field or None) of a label source, None when it is not one. The
+    extension matches a member's trailing components, as webdataset's decoders match theirs
+    (`cls` takes KEY.cls and KEY.JPEG.cls alike)."""
+    m = SHARD_LABEL.fullmatch(spec) if isinstance(spec, str) and len(spec) <= 64 else None
+    return None if m is None else (tuple(m.group(1).split(".")), m.group(2))
+
+
 @dataclass
 class DataConfig:
     name: str = field(
@@ -151,6 +164,18 @@ class DataConfig:
     shard set's folder."""
     download: bool = False
     """cifar10 only: download the batches into `root` when missing (needs internet)."""
+    shard_label: str = field(
+        default="cls",
+        metadata=bound(
+            lambda v: shard_label_parts(v) is not None,
+            "must be EXT or EXT:FIELD (lower-case extension, optional JSON field)",
+            "e.g. data.shard_label=json:label",
+        ),
+    )
+    """shards only: where a sample's class index is: `cls` (KEY.cls, ASCII digits), another extension
+    holding digits, or `EXT:FIELD` (an integer field of a JSON member, e.g. `json:label`, the layout of
+    webdataset sets with `.json` labels). The set's indexes must be built from the same source:
+    `python -m train.shards index DIR --label json:label`."""
     val_fraction: float = field(
         default=0.1, metadata=bound(lambda v: 0.0 < v < 1.0, "must be between 0 and 1", "e.g. data.val_fraction=0.1")
     )

@@ -83,16 +83,17 @@ def why_unreadable(e: OSError) -> str:
     return f"unreadable ({e.strerror or type(e).__name__})"
 
 
-def read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(object, None), or (None, why it cannot be used); never raises (nor blocks, on a FIFO)."""
+def read_json(path: Path, limit: int = MAX_BYTES) -> tuple[dict[str, Any] | None, str | None]:
+    """(object, None), or (None, why it cannot be used); never raises (nor blocks, on a FIFO). Files over
+    `limit` bytes are refused unread (a shard set's manifest lists every shard: it passes a larger one)."""
     try:
-        raw, _ = read_range(path, 0, MAX_BYTES + 1)
+        raw, _ = read_range(path, 0, limit + 1)
     except FileNotFoundError:
         return None, "missing"
     except OSError as e:
         return None, why_unreadable(e)
-    if len(raw) > MAX_BYTES:
-        return None, f"larger than {MAX_BYTES} bytes"
+    if len(raw) > limit:
+        return None, f"larger than {limit} bytes"
     try:
         value = load_json(raw)  # depth-checked before the recursive parser runs
     except UnicodeDecodeError:

@@ -47,6 +47,13 @@ def parser() -> ArgumentParser:
                 action="store_true",
                 help="index shards whose bytes differ from their index or the writer's record, as they are now",
             )
+            c.add_argument(
+                "--label",
+                default="cls",
+                metavar="SOURCE",
+                help="where each sample's class index is: cls (KEY.cls digits, default), another extension, or "
+                "EXT:FIELD for a JSON member's integer field (json:label); train with the same data.shard_label",
+            )
     return p
 
 
@@ -102,6 +109,7 @@ def command(args) -> int:
         n = index_folder(
             args.dir.expanduser(),
             log=lambda m: print(m, file=sys.stderr, flush=True),
+            label=args.label,
             accept_changed=args.accept_changed,
         )
         print(f"shards: {n} shard index(es) built under {args.dir}", file=sys.stderr)

@@ -10,8 +10,13 @@ lies with its xxh3_64), then the columns, each at a 64-byte boundary:
     label   <i8    class index from KEY.cls
     size    <i4 x2 width, height from the image header (PIL open, no decode)
     xxh3    <u8    xxh3_64 of the member's bytes: a read checks it (~10 us for 100 KB)
-    ext     u1     index into EXTS: the member is KEY.<ext>
-    key     S<k>   the sample key (read only when an error line needs it)
+    ext     u1     index into EXTS: the member is STEM.<ext>
+    key     S<k>   the image member's name without its last extension (STEM): the sample key, plus
+                   what follows the key's first dot when the name holds more (n01_1.JPEG.jpg: n01_1.JPEG);
+                   read one row at a time, when an error line names a member
+
+The header also records where the labels came from (`label`: `cls` when absent, else the
+`--label` source such as `json:label`): a set opened with another data.shard_label is refused.
 
 Why not one .npy per column or an npz: one file is one open and one read at start-up, and the header
 carries the shard's size and checksum next to the arrays it describes, so an index can never be
@@ -28,12 +33,13 @@ import tarfile
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
 from PIL import Image
 
+from torchlaunch.config import shard_label_parts
 from torchlaunch.shards.bounds import MAX_CLASSES, check_index, column_layout
 from torchlaunch.shards.errors import ShardError, shown
 from torchlaunch.shards.fsio import open_regular, write_durable
@@ -50,6 +56,15 @@ SET_INDEX = "shards.idx"
 COLUMNS = {"offset": "<u8", "nbytes": "<u4", "label": "<i8", "size": "<i4", "xxh3": "<u8", "ext": "u1"}
 REINDEX = "rebuild it: python -m train.shards index DIR"
 MAX_HEADER = 64 << 20
+DEFAULT_LABEL = "cls"
+MAX_JSON_LABEL = 1 << 20
+"""A JSON label member larger than this is refused unread (timm's are ~100 bytes)."""
+LABEL_FIX = (
+    "if its class is in another member, build the indexes from that one, e.g. "
+    "python -m train.shards index DIR --label json:label, and train with data.shard_label=json:label"
+)
+WIDS_INDEX = "shardindex.json"
+"""The wids shard list written beside each set index (the name `widsindex create` writes by default)."""
 
 
 @dataclass
@@ -81,6 +96,44 @@ class Index:
     def keys(self) -> np.ndarray:
         return _column(self.path, self.header, "key")
 
+    @property
+    def label(self) -> str:
+        """Where the labels came from: `cls`, or the `--label` source the index was built with."""
+        return str(self.header.get("label", DEFAULT_LABEL))
+
+    def key_column(self) -> KeyColumn:
+        """Where the key column lies, for read_key: an error line reads one key, not a column of
+        1.28 M (38 MB at ImageNet scale, read by every process that erred). Its description is checked
+        here (bounds.column_layout) but a fault is kept, not raised: keys only name samples, so a
+        forged key column is named where a key is read (verify), and a loader's line says `#ROW`."""
+        d = self.header["columns"]["key"]
+        try:
+            dtype, shape, _ = column_layout(f"index {self.path}", "key", d, None, self.header["file_size"], REINDEX)
+        except ShardError as e:
+            return KeyColumn(self.path, 0, 0, 0, str(e))
+        return KeyColumn(self.path, self.header["data_start"] + int(d["at"]), dtype.itemsize, shape[0])
+
+
+class KeyColumn(NamedTuple):
+    """An index's key column (Index.key_column): its file, byte offset, row width and rows, or why
+    its description cannot be trusted (`fault`, the error line read_key raises)."""
+
+    path: Path
+    at: int
+    width: int
+    rows: int
+    fault: str | None = None
+
+
+def read_key(fd: int, column: KeyColumn, row: int) -> bytes:
+    """Row `row` of a key column (Index.key_column; `fd` its file, open), trailing NULs stripped as
+    numpy's S dtype does."""
+    if column.fault is not None:
+        raise ShardError(column.fault)
+    if not 0 <= row < column.rows:
+        raise ShardError(f"index {column.path} has no key {row} (it holds {column.rows})", REINDEX)
+    return os.pread(fd, column.width, column.at + row * column.width).rstrip(b"\0")
+
 
 def index_path(shard: Path) -> Path:
     return shard.with_name(shard.name + INDEX_SUFFIX)
@@ -99,13 +152,15 @@ def file_xxh3(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
-def pack(kind: str, shards: list[ShardInfo], columns: dict[str, np.ndarray]) -> list[bytes]:
+def pack(kind: str, shards: list[ShardInfo], columns: dict[str, np.ndarray], label: str = DEFAULT_LABEL) -> list[bytes]:
     """The bytes of an index file (see the module docstring)."""
     blobs: list[tuple[str, np.ndarray]] = [(n, np.ascontiguousarray(columns[n], dtype=COLUMNS[n])) for n in COLUMNS]
     keys = np.asarray(columns["key"])
     blobs.append(("key", np.ascontiguousarray(keys if keys.dtype.kind == "S" and keys.size else keys.astype("S1"))))
     described: dict[str, Any] = {}
     header: dict[str, Any] = {"kind": kind, "shards": [s.to_json() for s in shards], "columns": described}
+    if label != DEFAULT_LABEL:  # absent = cls: indexes written before the option keep their bytes
+        header["label"] = label
     # offsets depend on the header's length, which depends on the offsets: fix them relative to the data start
     at = 0
     for name, arr in blobs:
@@ -224,12 +279,37 @@ def _utf8(key: str) -> bool:
     return True
 
 
-def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
+def label_source(label: str) -> tuple[tuple[str, ...], str | None]:
+    """The parsed `--label` / data.shard_label (torchlaunch.config.shard_label_parts); ShardError if bad."""
+    parts = shard_label_parts(label)
+    if parts is None:
+        raise ShardError(f"label source {label!r} is not EXT or EXT:FIELD", "e.g. --label cls or --label json:label")
+    return parts
+
+
+def json_label(data: bytes, field: str) -> int | None:
+    """The class index in a JSON member's field, None when the member is no object with an integer
+    in 0..MAX_CLASSES-1 there (the bound the index holds every label to: bounds.MAX_CLASSES)."""
+    try:
+        doc = load_json(data)  # untrusted: nesting bounded, NaN refused, bytes that are not UTF-8 a ValueError
+    except (ValueError, RecursionError):
+        return None
+    value = doc.get(field) if isinstance(doc, dict) else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_CLASSES
+    return value if ok else None
+
+
+def build(shard: Path, label: str = DEFAULT_LABEL) -> tuple[ShardInfo, dict[str, np.ndarray]]:
     """Scan one tar shard in the webdataset layout: every sample's image member and label.
 
-    Every sample needs one image member (KEY.jpg/.jpeg/.png/.webp) and a KEY.cls holding its class index
-    as ASCII digits; other members (KEY.json, ...) are ignored, as webdataset's readers do."""
+    Members are grouped by key as webdataset does (the key ends at the first dot of the basename, the
+    rest, lower-cased, is the member's extension), and a member's type is its last extension
+    component, as webdataset's decoders read it: n01_1.JPEG.jpg is sample n01_1's image. Every sample
+    needs one image member (jpg/jpeg/png/webp) and its label from `label` (label_source): by default a
+    KEY.cls holding the class index as ASCII digits; with `json:label`, the integer `label` field of
+    KEY.json. Other members are ignored, as webdataset's readers do."""
     fix = "replace the shard with a good copy, or rewrite it with python -m train.shards write"
+    want, field_name = label_source(label)
     fd, size = open_regular(shard, "shard", fix)
     rows: list[tuple[int, int, int, int, int, int, int, bytes]] = []
     try:
@@ -250,9 +330,12 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                     fix,
                 )
             if "label" not in sample:
-                raise ShardError(f"shard {shown(shard.name)}: sample {shown(current)} has no .cls member", fix)
-            off, n, ext, digest, w, h = sample["image"]
-            rows.append((off, n, sample["label"], w, h, digest, ext, current.encode()))
+                raise ShardError(
+                    f"shard {shown(shard.name)}: sample {shown(current)} has no {shown(current + '.' + want[-1])} member",
+                    LABEL_FIX,
+                )
+            off, n, ext, digest, w, h, stem = sample["image"]
+            rows.append((off, n, sample["label"], w, h, digest, ext, stem.encode()))
 
         try:
             for m in tf:
@@ -262,8 +345,9 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                 if parts is None:
                     continue
                 key, ext = parts
-                if not key.isascii() and not _utf8(key):
+                if not m.name.isascii() and not _utf8(m.name):  # the key, or the stem a dotted key keeps
                     raise ShardError(f"{_member_where(shard, m.name)} has a name that is not UTF-8 text", fix)
+                kinds = ext.split(".")
                 if key != current:
                     finish()
                     current, sample = key, {}
@@ -271,7 +355,8 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                     raise ShardError(
                         f"shard {shard} is truncated: {_member_where(shard, m.name)} ends past the file", fix
                     )
-                if ext in IMAGE_EXTS and "image" not in sample:
+                exact = ext in IMAGE_EXTS  # KEY.jpg wins over KEY.depth.png whatever the member order
+                if kinds[-1] in IMAGE_EXTS and ("image" not in sample or (exact and not sample["exact"])):
                     data = os.pread(fd, m.size, m.offset_data)
                     try:
                         with Image.open(BytesIO(data)) as im:
@@ -280,24 +365,40 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
                         raise ShardError(
                             f"{_member_where(shard, m.name)} is not a readable image ({type(e).__name__}: {e})", fix
                         ) from None
-                    sample["image"] = (m.offset_data, m.size, EXTS.index(ext), xxhash.xxh3_64(data).intdigest(), w, h)
-                elif ext == "cls":
+                    stem = m.name[: len(m.name) - len(kinds[-1]) - 1]
+                    member_xxh3 = xxhash.xxh3_64(data).intdigest()
+                    sample["image"] = (m.offset_data, m.size, EXTS.index(kinds[-1]), member_xxh3, w, h, stem)
+                    sample["exact"] = exact
+                elif "label" in sample or tuple(kinds[-len(want) :]) != want:
+                    continue
+                elif field_name is not None:
+                    found = (
+                        None if m.size > MAX_JSON_LABEL else json_label(os.pread(fd, m.size, m.offset_data), field_name)
+                    )
+                    if found is None:
+                        raise ShardError(
+                            f"{_member_where(shard, m.name)} has no class index in field {field_name!r} "
+                            f"(an integer 0-{MAX_CLASSES - 1})",
+                            f"check the label source: --label {label} / data.shard_label={label}",
+                        )
+                    sample["label"] = found
+                else:
                     text = os.pread(fd, min(m.size, 64), m.offset_data)
                     try:
-                        label = int(text.decode("ascii").strip())
+                        value = int(text.decode("ascii").strip())
                     except (UnicodeDecodeError, ValueError):
-                        label = -1
-                    if label < 0 or m.size > 64:
+                        value = -1
+                    if value < 0 or m.size > 64:
                         raise ShardError(
                             f"{_member_where(shard, m.name)} does not hold a class index (ASCII digits)", fix
                         )
-                    if label >= MAX_CLASSES:
+                    if value >= MAX_CLASSES:
                         raise ShardError(
                             f"{_member_where(shard, m.name)} holds class {quote(text.decode('ascii', 'replace').strip(), 40)}, "
                             f"above the limit of {MAX_CLASSES - 1}",
                             fix,
                         )
-                    sample["label"] = label
+                    sample["label"] = value
             finish()
         except tarfile.TarError as e:
             raise ShardError(f"shard {shard} is a damaged tar ({e})", fix) from None
@@ -307,7 +408,7 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
     finally:
         os.close(fd)
     if not rows:
-        raise ShardError(f"shard {shard} holds no samples (expected KEY.jpg + KEY.cls members)", fix)
+        raise ShardError(f"shard {shard} holds no samples (expected KEY.jpg + KEY.{want[-1]} members)", fix)
     cols = list(zip(*rows, strict=True))
     columns = {
         "offset": np.array(cols[0], dtype="<u8"),
@@ -323,10 +424,10 @@ def build(shard: Path) -> tuple[ShardInfo, dict[str, np.ndarray]]:
     return info, columns
 
 
-def write_shard_index(shard: Path) -> Index:
+def write_shard_index(shard: Path, label: str = DEFAULT_LABEL) -> Index:
     """Build and durably write `shard`'s index; returns it as loaded back."""
-    info, columns = build(shard)
-    write_durable(index_path(shard), pack("shard", [info], columns))
+    info, columns = build(shard, label)
+    write_durable(index_path(shard), pack("shard", [info], columns, label))
     return load(index_path(shard), "shard")
 
 
@@ -340,8 +441,29 @@ def concat(parts: list[Index]) -> tuple[list[ShardInfo], dict[str, np.ndarray]]:
 
 
 def write_set_index(folder: Path, parts: list[Index]) -> None:
+    """The set index of a split folder, and wids' shard list beside it (write_wids)."""
+    labels = sorted({p.label for p in parts})
+    if len(labels) > 1:
+        raise ShardError(
+            f"the indexes in {folder} take labels from {' and '.join(labels)}", f"{REINDEX} --label SOURCE"
+        )
     shards, columns = concat(parts)
-    write_durable(folder / SET_INDEX, pack("set", shards, columns))
+    write_durable(folder / SET_INDEX, pack("set", shards, columns, labels[0] if labels else DEFAULT_LABEL))
+    write_wids(folder, shards)
+
+
+def write_wids(folder: Path, shards: list[ShardInfo]) -> None:
+    """DIR/SPLIT/shardindex.json: the split as a wids shard list, so `wids.ShardListDataset(PATH)` reads
+    the set without indexing it again. The format is wids' own (`widsindex create`, webdataset's wids
+    package): relative urls resolve against the JSON's folder; no md5sum (wids would check it on every
+    open of a shard), filesize for its summary line."""
+    doc = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": [{"url": s.name, "nsamples": s.count, "filesize": s.size} for s in shards],
+        "name": folder.name,  # not the parent folder: the same input gives the same bytes wherever it is written
+    }
+    write_durable(folder / WIDS_INDEX, [json.dumps(doc, indent=1).encode() + b"\n"])
 
 
 def matches(index: Index, shard: Path) -> bool:

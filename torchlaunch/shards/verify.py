@@ -12,7 +12,17 @@ from pathlib import Path
 from torchlaunch.shards.decode import decode
 from torchlaunch.shards.errors import ShardError
 from torchlaunch.shards.fsio import open_regular, regular_size
-from torchlaunch.shards.index import REINDEX, Index, file_xxh3, index_path, load, write_set_index, write_shard_index
+from torchlaunch.shards.index import (
+    DEFAULT_LABEL,
+    REINDEX,
+    Index,
+    file_xxh3,
+    index_path,
+    label_source,
+    load,
+    write_set_index,
+    write_shard_index,
+)
 from torchlaunch.shards.reader import ShardSet, list_shards, read_manifest
 from torchlaunch.shards.record import SUMS, read_sums, repair_fix
 
@@ -51,13 +61,15 @@ def digest(shard: Path, fix: str) -> tuple[int, str]:
         os.close(fd)
 
 
-def index_folder(root: Path, log=print, accept_changed: bool = False) -> int:
-    """Build the missing or stale per-shard indexes and each split's set index; returns shards indexed.
+def index_folder(root: Path, log=print, label: str = DEFAULT_LABEL, accept_changed: bool = False) -> int:
+    """Build the missing or stale per-shard indexes (and those built from another label source) and
+    each split's set index; returns shards indexed.
 
     A shard whose bytes differ from the index that was there, or from what the writer recorded
     (record.SUMS), is not re-indexed without `accept_changed`: an index built over them would call
     the change good (verify would then pass a flipped byte). The refusal comes before anything is
     written and says how to repair the shard for real."""
+    label_source(label)  # a bad source is refused before anything is written
     plans: list[tuple[Path, list[tuple[Path, Index | None]]]] = []
     changed: list[tuple[Path, str, str]] = []
     for folder in split_folders(root):
@@ -79,7 +91,9 @@ def index_folder(root: Path, log=print, accept_changed: bool = False) -> int:
                 changed.append((shard, f"what the writer recorded ({SUMS})", repair_fix(manifest, set_root)))
             elif current is not None and (current.shards[0].size, current.shards[0].xxh3) != now:
                 changed.append((shard, "its index", repair_fix(manifest, set_root)))
-            keep = current is not None and (current.shards[0].size, current.shards[0].xxh3) == now
+            same = current is not None and (current.shards[0].size, current.shards[0].xxh3) == now
+            # an index from another label source is rebuilt over the same bytes: not a change to accept
+            keep = same and current is not None and current.label == label
             todo.append((shard, current if keep else None))
         plans.append((folder, todo))
     if changed and not accept_changed:
@@ -93,7 +107,7 @@ def index_folder(root: Path, log=print, accept_changed: bool = False) -> int:
         parts = []
         for shard, current in todo:
             if current is None:
-                current = write_shard_index(shard)
+                current = write_shard_index(shard, label)
                 built += 1
                 log(f"shards: indexed {shard} ({len(current):,} samples)")
             parts.append(current)
@@ -106,7 +120,7 @@ def verify_folder(root: Path) -> Iterator[str]:
     against what the writer recorded, then each member's checksum and a full decode."""
     for folder in split_folders(root):
         try:
-            ss = ShardSet.open(folder)
+            ss = ShardSet.open(folder, label=None)  # whatever source the indexes were built from
             manifest, set_root = manifest_of(folder)
             sums = read_sums(folder)
         except ShardError as e:

@@ -283,7 +283,7 @@ def plugin_facts(config: str | None, overrides: list[str]) -> list[dict[str, Any
 
         root = pathlib.Path(cfg.data.root).expanduser()
         try:
-            check_shards(root)
+            check_shards(root, cfg.data.shard_label)
             found.append({"key": "data.root", "name": "shard set", "ok": True, "file": str(root), "error": None})
         except BadInput as exc:
             found.append({"key": "data.root", "name": "shard set", "ok": False, "file": None, "error": str(exc)})

@@ -93,7 +93,7 @@ def check_data(cfg: DataConfig, *, local: bool) -> None:
     if not local and not root.exists():
         return
     if cfg.name == "shards":
-        check_shards(root)
+        check_shards(root, cfg.shard_label)
         return
     if cfg.name == "cifar10":
         check_cifar10(cfg, probe=local)
@@ -108,14 +108,14 @@ def check_data(cfg: DataConfig, *, local: bool) -> None:
         )
 
 
-def check_shards(root: Path) -> None:
+def check_shards(root: Path, label: str = "cls") -> None:
     """A shard set every rank can open: train/ and val/ present with indexes matching their shards
     (ShardSet.open checks them), the same classes in both, at least 2, and the first sample of each
     split decodable. Reads two samples, not the set: a member damaged further in is named by the
     worker that reads it (and by `python -m train.shards verify`)."""
     from torchlaunch.shards import ShardSet, decode  # numpy + PIL, no torch
 
-    splits = {name: ShardSet.open(root / name) for name in ("train", "val")}
+    splits = {name: ShardSet.open(root / name, label=label) for name in ("train", "val")}
     train, val = splits["train"], splits["val"]
     if list(train.classes) != list(val.classes) or len(train.classes) < 2:
         raise BadInput(

@@ -200,7 +200,7 @@ def load_eval_set(
     elif name == "shards":  # the set's own held-out split, either --split
         from torchlaunch.worker.data.shards import open_splits, shard_split
 
-        _, val = open_splits(root)
+        _, val = open_splits(root, cfg.shard_label if cfg.name == "shards" else None)
         images, classes = shard_split(val), list(val.classes)
     elif split == "val":
         bundle = load_imagefolder(replace(cfg, root=str(root)))

@@ -74,11 +74,12 @@ def probe_stats(train: ImageSet, size: int) -> tuple[tuple[float, ...], tuple[fl
     return channel_stats(torch.stack([train.decode(i, size) for i in range(0, len(train), step)][:STATS_PROBE]))
 
 
-def open_splits(root: Path) -> tuple[Any, Any]:
-    """The train and val ShardSets under root; ShardError (one line, exit 2) names what is wrong."""
+def open_splits(root: Path, label: str | None = "cls") -> tuple[Any, Any]:
+    """The train and val ShardSets under root (labels from `label`, data.shard_label; None: as indexed);
+    ShardError (one line, exit 2) names what is wrong."""
     from torchlaunch.shards import ShardSet
 
-    train, val = ShardSet.open(root / "train"), ShardSet.open(root / "val")
+    train, val = ShardSet.open(root / "train", label=label), ShardSet.open(root / "val", label=label)
     if list(train.classes) != list(val.classes):
         raise BadInput(
             f"data error: {root}: train/ names {len(train.classes)} classes and val/ {len(val.classes)} "
@@ -89,7 +90,7 @@ def open_splits(root: Path) -> tuple[Any, Any]:
 
 def load_shards(cfg: DataConfig) -> DataBundle:
     root = Path(cfg.root).expanduser()
-    train_set, val_set = open_splits(root)
+    train_set, val_set = open_splits(root, cfg.shard_label)
     train, val = shard_split(train_set), shard_split(val_set)
     mean, std = probe_stats(train, cfg.image_size)
     return DataBundle(train, val, list(train_set.classes), mean, std, cfg.image_size)
