@@ -27,7 +27,7 @@ from torchlaunch.exit_codes import CANCELLED, OK, PREEMPTED
 pytestmark = pytest.mark.slow
 
 ENV = {"OMP_NUM_THREADS": "1"}
-EPOCHS = "4"
+EPOCHS = "3"
 USER_SCRIPT = "tests/programs/loader_workers.py"
 
 
@@ -91,15 +91,12 @@ def reference(path: str, folders: Path, shards: Path, tmp_path_factory: pytest.T
 CASES = [
     ("shards", "pid", signal.SIGTERM),  # docker stop, a kubelet: SIGTERM to PID 1
     ("shards", "group", signal.SIGINT),  # Ctrl-C
-    ("shards", "every", signal.SIGTERM),  # Slurm's preemption, scancel --signal=TERM
-    ("shards", "every", signal.SIGHUP),  # a closed terminal or ssh session
-    ("shards", "every", signal.SIGUSR2),  # Slurm's --signal lead time (submitit's default)
-    ("class folders", "group", signal.SIGTERM),
-    ("class folders", "every", signal.SIGTERM),
-    ("user script", "pid", signal.SIGTERM),
-    ("user script", "group", signal.SIGINT),
+    ("shards", "every", signal.SIGUSR2),  # Slurm's --signal to every process, torchrun's agent included
+    ("class folders", "every", signal.SIGTERM),  # Slurm's preemption, scancel --signal=TERM
     ("user script", "every", signal.SIGTERM),
 ]
+"""Each delivery and each data path at least once (CI's budget): SIGHUP, and the remaining pairs of
+delivery and path, were measured with the same test on 2026-12-02 (docs/RELIABILITY.md)."""
 
 
 @pytest.mark.timeout(900)
@@ -146,8 +143,7 @@ def test_a_second_ctrl_c_ends_the_run_at_once(folders: Path, shards: Path, tmp_p
 
 
 SLURM_CASES = [
-    ("--signal=TERM",),  # every process of the job's steps, loader workers included (preemption, scancel)
-    ("--signal=USR2", "--full"),  # the batch shell and srun too: the shell must survive and wait
+    ("--signal=USR2", "--full"),  # the batch shell, srun and every task, loader workers included
     ("--signal=TERM", "--batch"),  # the batch shell alone (#SBATCH --signal=B:TERM@T): it must pass it on
 ]
 """`--full --signal=TERM` is not here: srun ends its step on SIGTERM (Slurm's design, docs/SLURM.md)."""
