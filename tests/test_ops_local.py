@@ -58,9 +58,14 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(tmp_p
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not committed(run_dir):
+        while not (committed(run_dir) and beat(run_dir, 0).get("pid") and beat(run_dir, 1).get("pid")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
+        # Hold both ranks still while the commands are asked, so the run cannot finish before the cancel
+        # (on a loaded host it did: the SIGTERM came 24 ms before the last step); let them go after it.
+        ranks = [beat(run_dir, r)["pid"] for r in (0, 1)]
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
         st = ops("status", str(run_dir))
         assert st.returncode == 0 and "state:      running" in st.stdout, st.stdout + st.stderr
         logs = ops("logs", str(run_dir))
@@ -70,6 +75,8 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(tmp_p
         listed = ops("list", str(tmp_path))
         assert "run" in listed.stdout and "running" in listed.stdout, listed.stdout + listed.stderr
         cancel = ops("cancel", str(run_dir))
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
         assert cancel.returncode == 0 and "SIGTERM" in cancel.stdout, cancel.stdout + cancel.stderr
         _, err = proc.communicate(timeout=120)
     finally:
