@@ -128,7 +128,7 @@ def test_the_batch_shell_passes_a_stop_on_to_srun_and_waits(sent: str, seen: str
     fake.write_text(
         "#!/bin/bash\n"
         + "".join(f"trap 'echo {s} > {tmp_path}/got; exit 75' {s}\n" for s in ("TERM", "USR1", "USR2"))
-        + f"touch {ready}\nwhile :; do sleep 0.05; done\n"
+        + f"touch {ready}\nfor _ in $(seq 1200); do sleep 0.05; done\n"  # bounded: never left behind
     )
     fake.chmod(0o755)
     script = tmp_path / "job.sh"
