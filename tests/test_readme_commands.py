@@ -404,6 +404,7 @@ def test_rewrites_keep_the_command_and_say_why(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~40 commands, fast93's 3 steps among them: past pytest's 600 s on a loaded 2-core box
 def test_readme_commands_run(tmp_path: Path) -> None:
     report = run_commands("", tmp_path)
     assert any(line.startswith("ran:") for line in report)
