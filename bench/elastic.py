@@ -153,8 +153,10 @@ def one_round(work: Path, steps: int) -> tuple[float, float, float]:
         trace.poll()  # the last 2-node step is known once b is gone (a polled trace lags the ranks)
         lost_at = max(step for _, step, world in trace.seen if world == 2)
         _wait(trace, lambda: trace.last()[2] == 1, nodes, 300, "step on the node left")
-        recovered = trace.last()[0] - killed
-        resumed = trace.last()[1]
+        # One poll may bring several 1-node steps at once (the ranks outrun a loaded poller): the first
+        # one trained after the loss is the lowest step of world size 1, seen when that poll saw it.
+        first_seen, resumed = min((t, s) for t, s, w in trace.seen if w == 1)
+        recovered = first_seen - killed
         _wait(
             trace, lambda: trace.last()[2] == 1 and trace.last()[1] >= resumed + 2 + steps, nodes, 300, "1-node steps"
         )

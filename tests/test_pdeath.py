@@ -214,7 +214,7 @@ def test_real_torchrun_agent_and_workers_die_with_the_launcher(tmp_path):
     parent, agent = start_parent([*torchrun, str(script)], guarded=True)
     workers = []
     while len(workers) < 2:
-        line = readline(parent)
+        line = readline(parent, bound_s=180.0)  # two interpreters start on a loaded 2-core CI box
         assert line, "torchrun ended before its workers started"
         if line.startswith("worker "):
             _, pid, how = line.split()

@@ -743,10 +743,14 @@ def run(
     read_fd, write_fd = os.pipe()
     if sys.stderr.isatty():
         env = {**env, contract.PROGRESS_BAR: "1"}  # workers see a pipe, the user a terminal
-    forwarded: list[int] = list(_EARLY_SIGNALS)
+    forwarded: list[int] = []
     children: list[subprocess.Popen] = []
     stop = StopRelay(forwarded, children)
     previous = {sig: signal.signal(sig, stop.receive) for sig in FORWARDED_SIGNALS}
+    # Only now, with the relay in place, are earlier stops read: one that lands while the handlers are
+    # swapped is in one list or the other, never in neither (a scheduler's stop just after the
+    # launcher's first line was lost that way, and the run trained to the end).
+    forwarded[:0] = _EARLY_SIGNALS
     if forwarded:  # stopped before anything started: nothing to save, nothing lost
         for sig, handler in previous.items():
             signal.signal(sig, handler)
