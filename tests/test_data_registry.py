@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import REPO
 from torchlaunch import config as config_mod
 from torchlaunch.data import registry
-from torchlaunch.exit_codes import BadInput, ConfigError
-from torchlaunch.launch import precheck
+from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
+from torchlaunch.launch import local, precheck
 from torchlaunch.worker.data import DataBundle, ImageSet, load_bundle
 from torchlaunch.worker.evaluate import load_eval_set, parse_args
 
@@ -100,6 +101,20 @@ def test_an_unknown_data_name_is_bad_input_listing_the_registered_formats(fake: 
     assert "'nosuch'" in message and all(n in message for n in ("cifar10", "imagefolder", "shards", FAKE))
     with pytest.raises(BadInput, match=f"unknown value 'nosuch'.*{FAKE}"):
         registry.get("nosuch")  # a direct caller (an unvalidated config) gets the same exit-2 line
+
+
+def test_the_launcher_asks_the_registry_and_refuses_in_one_line_with_exit_2(
+    fake: FakeFormat, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real launcher in-process (--dry-run spawns nothing): its pre-check runs the fake format's
+    entry, and an unknown data.name is exit 2 with one line naming the registered formats."""
+    smoke = ["--device", "cpu", "--config", str(REPO / "configs" / "smoke.yaml"), "--dry-run", f"run_dir={tmp_path}"]
+    fake.missing = True
+    assert local.main([*smoke, f"data.name={FAKE}", f"data.root={tmp_path}"]) == BAD_INPUT
+    assert capsys.readouterr().err.splitlines() == [f"data error: no fake set under {tmp_path} (make one)"]
+    assert local.main([*smoke, "data.name=nosuch"]) == BAD_INPUT
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "data.name: unknown value 'nosuch'" in line and f"shards, synthetic, {FAKE}, pkg.module:factory" in line
 
 
 def test_gpu_decode_is_the_formats_capability(fake: FakeFormat) -> None:
