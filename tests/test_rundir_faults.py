@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from tests.helpers import REPO, launcher
-from torchlaunch import rundir, status, storage
+from torchlaunch import rundir, status
+from torchlaunch.base import files, storage
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import store
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.jobs import cli, files, proof, ranklog, record
+from torchlaunch.jobs import cli, proof, ranklog, record
 from torchlaunch.jobs import launcher as oplauncher
 from torchlaunch.worker import folder_cache
 
@@ -105,7 +106,7 @@ def test_storage_words_every_errno_with_its_fix(tmp_path: Path) -> None:
 
 
 def test_a_run_dir_starting_with_a_dash_is_not_read_as_an_option() -> None:
-    from torchlaunch.launch import local
+    from torchlaunch.backends.local import launch as local
 
     assert local.not_an_option("-run/config.yaml") == "./-run/config.yaml"
     assert local.not_an_option("/abs/-run/config.yaml") == "/abs/-run/config.yaml"
@@ -224,7 +225,7 @@ def test_an_image_folder_with_a_fifo_or_a_symlink_loop_is_one_line(tmp_path: Pat
 
 
 def test_a_forged_record_naming_an_unrelated_process_is_refused(tmp_path: Path, capsys) -> None:
-    from torchlaunch.jobs import procs
+    from torchlaunch.base import procs
 
     victim = subprocess.Popen(["sleep", "300"])
     try:

@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 
 from torchlaunch import contract
-from torchlaunch.jobs import files
+from torchlaunch.base import files
 
 TOKEN_ENV = contract.LAUNCH_TOKEN
 DIGEST_KEY = "token_sha256"

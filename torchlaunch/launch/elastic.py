@@ -39,10 +39,10 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.launch import cli
 from torchlaunch.launch.shape import NodeRange
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.untrusted import quote
 
 RDZV_KEYS = {
     "join_timeout": "s a node waits for MIN nodes to form a group (torchrun: 600)",

@@ -24,8 +24,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.launch import cli
-from torchlaunch.untrusted import quote
 
 MAX_NODES = 100_000
 """Machines per job: Kubernetes' limit on an Indexed Job's completions and parallelism."""

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import contract, rundir
+from torchlaunch.base.untrusted import quote
 from torchlaunch.config import from_dict
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, ArgumentParser, BadInput
-from torchlaunch.untrusted import quote
 
 CIFAR_FOLDER = "cifar-10-batches-py"
 

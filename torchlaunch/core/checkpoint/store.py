@@ -36,10 +36,11 @@ from typing import Any
 import torch
 import xxhash
 
-from torchlaunch import contract, rundir, storage
+from torchlaunch import contract, rundir
+from torchlaunch.base import storage
+from torchlaunch.base.storage import StorageError
+from torchlaunch.base.untrusted import load_json, quote
 from torchlaunch.exit_codes import BadInput, ConfigError
-from torchlaunch.storage import StorageError
-from torchlaunch.untrusted import load_json, quote
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.pt"

@@ -15,8 +15,8 @@ never requeued. The argv grammar, the program rule and the pre-spawn policy are
 torchlaunch.launch.cli's. See docs/SLURM.md.
 
 This module is the command line and the pure render (JobSpec -> executor parameters, sbatch script,
-the task's argv); the in-task runtime is torchlaunch.slurm_task and the cluster I/O (sinfo, sbatch
-through submitit, following a job) is torchlaunch.schedulers.slurm.
+the task's argv); the in-task runtime is torchlaunch.backends.slurm.task and the cluster I/O (sinfo, sbatch
+through submitit, following a job) is torchlaunch.backends.slurm.operate.
 """
 
 from __future__ import annotations
@@ -31,14 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import compat, rankpath, rundir, runlock, schedulers
+from torchlaunch import backends, compat, rankpath, rundir, runlock
 from torchlaunch import config as config_mod
 from torchlaunch import runner as program_mod
-from torchlaunch.exit_codes import FAILURE, OK, BadInput
-from torchlaunch.jobs import ranklog, record
-from torchlaunch.launch import cli, elastic, emit, precheck, shape
-from torchlaunch.launch.spec import JobSpec
-from torchlaunch.schedulers.slurm import (
+from torchlaunch.backends.slurm.operate import (
     NO_SLURM_CONF,
     Partition,
     check_slurm_conf,
@@ -49,7 +45,11 @@ from torchlaunch.schedulers.slurm import (
     rank0_log,
     submit_task,
 )
-from torchlaunch.slurm_task import DEFAULT_MAX_TIMEOUTS, SlurmTask
+from torchlaunch.backends.slurm.task import DEFAULT_MAX_TIMEOUTS, SlurmTask
+from torchlaunch.exit_codes import FAILURE, OK, BadInput
+from torchlaunch.jobs import ranklog, record
+from torchlaunch.launch import cli, elastic, emit, precheck, shape
+from torchlaunch.launch.spec import JobSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER
@@ -281,7 +281,7 @@ def validate(spec: JobSpec, options: SlurmOptions, partitions: dict[str, Partiti
 def submit(spec: JobSpec, options: SlurmOptions) -> Any:
     """Own the run dir, submit, hand the run dir to the job and record it as pending for `launch status`."""
     run_dir = resolve_run_dir(spec)
-    lock = runlock.acquire(run_dir, job_alive=schedulers.alive)  # before anything is written there
+    lock = runlock.acquire(run_dir, job_alive=backends.alive)  # before anything is written there
     try:
         job = _submit(spec, options, run_dir)
     except BaseException:
@@ -301,7 +301,7 @@ def submit(spec: JobSpec, options: SlurmOptions) -> Any:
 
 
 def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
-    """The rendered executor parameters and task, handed to the cluster (schedulers.slurm.submit_task)."""
+    """The rendered executor parameters and task, handed to the cluster (backends.slurm.submit_task)."""
     parameters = executor_parameters(spec, options, run_dir)
     if spec.program and options.doctor:
         with open(doctor_recipe(run_dir), "w", encoding="utf-8") as recipe:
