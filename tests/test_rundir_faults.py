@@ -20,6 +20,7 @@ import torch
 
 from tests.helpers import REPO, launcher
 from torchlaunch import rundir, status
+from torchlaunch.backends.slurm import proof as slurm_proof
 from torchlaunch.base import files, storage
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import store
@@ -277,7 +278,7 @@ def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, 
         assert len(err) == 1 and f"Slurm job {job} is not proven this run's" in err[0]
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
         assert state.stdout.strip() in ("PENDING", "RUNNING", "CONFIGURING")
-        assert proof.slurm_job(job, other) is None  # the job's own run dir is proven
+        assert slurm_proof.slurm_job(job, other) is None  # the job's own run dir is proven
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)
 

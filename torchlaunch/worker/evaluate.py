@@ -260,7 +260,7 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, 
     from torchlaunch.worker import eval_loop
     from torchlaunch.worker.data import Normalizer, eval_batches
     from torchlaunch.worker.models import build_model
-    from torchlaunch.worker.trainer import resolve_precision
+    from torchlaunch.worker.precision import resolve_precision
 
     cfg = from_dict(state["config"])
     tta = cfg.train.tta if tta == "auto" else tta

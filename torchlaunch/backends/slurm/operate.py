@@ -26,10 +26,11 @@ from typing import Any
 
 from torchlaunch import backends, contract, exit_codes, rundir
 from torchlaunch.backends import Detected, JobState, LaunchRecord, Step
+from torchlaunch.backends.slurm import proof as slurm_proof
 from torchlaunch.base import files
 from torchlaunch.base.procs import tool_output
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
-from torchlaunch.jobs import proof, ranklog
+from torchlaunch.jobs import ranklog
 
 SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 """A job id as Slurm writes it (array and heterogeneous forms): only such a string reaches a command."""
@@ -168,7 +169,7 @@ class Slurm:
             from torchlaunch.backends.launchers import signal_launchers
 
             return signal_launchers(nodes)
-        why = proof.slurm_job(node0.job_id, run_dir)
+        why = slurm_proof.slurm_job(node0.job_id, run_dir)
         if why is not None:
             raise BadInput(f"launch error: cancel refused: Slurm job {node0.job_id} is not proven this run's: {why}")
         return [Step("run", ("scancel", node0.job_id))]
@@ -184,7 +185,7 @@ class Slurm:
             return []
 
     def claim(self, job_id: str, run_dir: Path) -> None:
-        proof.claim_slurm_job(job_id, run_dir)
+        slurm_proof.claim_slurm_job(job_id, run_dir)
 
     launcher = "torchlaunch.backends.slurm.launch"
 
