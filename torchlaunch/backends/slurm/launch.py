@@ -486,10 +486,6 @@ def launch(argv: list[str]) -> int:
     return follow(job)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def elastic_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
     """submitit's executor parameters of an elastic spec (unchanged for a fixed node count).
 
@@ -526,3 +522,7 @@ def node_cpus(partition: str | None, timeout_s: float = 10.0) -> int | None:
         return None
     counts = [int(c) for c in re.findall(r"\d+", out)]
     return max(counts) if counts else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
