@@ -15,9 +15,10 @@ import torch
 
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
+from torchlaunch.backends.local import launch as local
 from torchlaunch.data import registry
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
-from torchlaunch.launch import local, precheck
+from torchlaunch.launch import precheck
 from torchlaunch.worker.data import DataBundle, ImageSet, load_bundle
 from torchlaunch.worker.evaluate import load_eval_set, parse_args
 

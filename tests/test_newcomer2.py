@@ -23,11 +23,12 @@ from PIL import Image
 
 from torchlaunch import config as config_mod
 from torchlaunch import status as status_mod
+from torchlaunch.backends.local import launch as local
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput, ConfigError
 from torchlaunch.jobs import cli as jobs_cli
 from torchlaunch.jobs import progress, state
-from torchlaunch.launch import cli, local
+from torchlaunch.launch import cli
 from torchlaunch.worker.datacheck import check_data
 
 REPO = Path(__file__).resolve().parents[1]

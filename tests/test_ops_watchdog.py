@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.jobs import procs, progress, watchdog
+from torchlaunch.base import procs
+from torchlaunch.jobs import progress, watchdog
 from torchlaunch.jobs.watchdog import Seen
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,8 +14,9 @@ import pytest
 
 from torchlaunch import config as config_mod
 from torchlaunch import rundir, runlock
+from torchlaunch.backends.local import launch as local
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
-from torchlaunch.launch import elastic, local, shape
+from torchlaunch.launch import elastic, shape
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke.yaml")

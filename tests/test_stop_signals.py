@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import pdeath, stop_signals
+from torchlaunch.backends.slurm import launch as slurm_launch
 from torchlaunch.core.preemption import PreemptionWatcher
 from torchlaunch.jobs import ranklog
-from torchlaunch.launch import slurm as slurm_launch
 
 
 def blocked(status: str) -> set[int]:

@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from torchlaunch import rundir, suggest
+from torchlaunch.base.untrusted import DepthGuard, TooComplex, check_yaml, quote
 from torchlaunch.exit_codes import ConfigError
 from torchlaunch.stop_signals import STOP_SIGNAL_NAMES
-from torchlaunch.untrusted import DepthGuard, TooComplex, check_yaml, quote
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ two fsyncs for files rewritten every few seconds (heartbeats, per-rank status re
 the newest version to a power cut is harmless and an fsync per step is not.
 
 What the writer does not do is word errors: it raises the OSError, and the caller decides what it
-means (torchlaunch.storage words a run-dir write as one line and exit 2; a heartbeat ignores it).
+means (torchlaunch.base.storage words a run-dir write as one line and exit 2; a heartbeat ignores it).
 
 What it does not do either is follow a folder out of the run dir: a run dir (and a shard set's output
 folder) is untrusted storage, and a subfolder linked elsewhere would have every write, append and delete
@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.untrusted import quote
 
 PathLike = str | os.PathLike[str]
 

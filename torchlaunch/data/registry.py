@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import ConfigError
-from torchlaunch.untrusted import quote
 
 if TYPE_CHECKING:
     from torchlaunch.config import DataConfig

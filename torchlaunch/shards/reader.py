@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from torchlaunch.jobs.files import read_json
+from torchlaunch.base.files import read_json
 from torchlaunch.shards.errors import ShardError, shown
 from torchlaunch.shards.fsio import open_regular, regular_size
 from torchlaunch.shards.index import (

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import contract, rundir
+from torchlaunch.base.untrusted import quote
 from torchlaunch.config import from_dict
 from torchlaunch.data.formats import CIFAR_FOLDER
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, ArgumentParser, BadInput
-from torchlaunch.untrusted import quote
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -228,7 +228,7 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, 
     from torchlaunch.worker import eval_loop
     from torchlaunch.worker.data import Normalizer, eval_batches
     from torchlaunch.worker.models import build_model
-    from torchlaunch.worker.trainer import resolve_precision
+    from torchlaunch.worker.precision import resolve_precision
 
     cfg = from_dict(state["config"])
     tta = cfg.train.tta if tta == "auto" else tta

@@ -33,7 +33,10 @@ from typing import Any
 
 import torch
 
-from torchlaunch import contract, rundir, storage
+from torchlaunch import contract, rundir
+from torchlaunch.base import storage
+from torchlaunch.base.storage import StorageError
+from torchlaunch.base.untrusted import load_json, quote
 from torchlaunch.core.checkpoint.formats import (
     DEFAULT_FORMAT,
     CheckpointFormat,
@@ -45,8 +48,6 @@ from torchlaunch.core.checkpoint.formats import (
 )
 from torchlaunch.core.checkpoint.single_file import STATE_FILE
 from torchlaunch.exit_codes import BadInput, ConfigError
-from torchlaunch.storage import StorageError
-from torchlaunch.untrusted import load_json, quote
 
 FORMAT_VERSION = 1
 MARKER_FILE = "COMMITTED.json"
