@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -460,9 +461,11 @@ def run_commands(needs: str, tmp_path: Path) -> list[str]:
             continue
         actual = rule.rewrite(cmd, scratch) if rule.rewrite else cmd
         actual = actual.replace("{images}", str(scratch / "images"))
+        started = time.monotonic()
         result = session.run(actual)
+        took = time.monotonic() - started  # printed, never asserted: where the CI budget goes
         ok = result.returncode == rule.expect and re.search(rule.stderr_has, result.stderr) is not None
-        report.append(f"{'ran' if ok else 'FAILED'} ({page}): {actual}")
+        report.append(f"{'ran' if ok else 'FAILED'} ({page}, {took:.1f} s): {actual}")
         if not ok:
             failures.append(
                 f"{page}: {actual}\n  exit {result.returncode} (expected {rule.expect})\n"
