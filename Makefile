@@ -47,7 +47,7 @@ lint: install
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, anchor or nav entry.
 # Built into the git-ignored site/; `mkdocs serve` previews it.
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 format: install
 	$(PY) -m ruff format $(LINT_PATHS)
