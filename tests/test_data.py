@@ -15,6 +15,7 @@ from PIL import Image
 
 from tests.conftest import run_cmd
 from torchlaunch.config import DataConfig
+from torchlaunch.data import folders
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker import data as data_mod
 from torchlaunch.worker import folder_cache
@@ -511,7 +512,7 @@ def test_folder_fingerprint_is_the_relpath_key_for_any_spelling_of_root(tmp_path
             h.update(f"{os.path.relpath(f, r)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:24]
 
-    _, files, _ = folder_cache.scan_imagefolder(root)
+    _, files, _ = folders.scan_imagefolder(root)
     key = folder_cache.folder_fingerprint(root, files)
     assert key == by_relpath(root, files)
     for spelling in (f"{root}/", f"{tmp_path}/./imgs", f"{tmp_path}/imgs/../imgs", os.path.relpath(root)):

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env
+from torchlaunch import config
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.local import launch as local
 from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.launch import cli
-from torchlaunch.worker import precision
 
 SMOKE = "configs/smoke.yaml"
 MODES = {"run": [], "dry-run": ["--dry-run"], "doctor": ["--doctor"]}
@@ -58,7 +58,7 @@ def test_fp16_on_cpu_is_refused_by_every_launcher_in_every_mode(
     code = MAINS[launcher]([*MODES[mode], *cpu_args(launcher, tmp_path)])
     out, err = capsys.readouterr()
     assert code == BAD_INPUT and out == ""
-    assert err.splitlines() == [precision.fp16_on_cpu_message()]
+    assert err.splitlines() == [config.fp16_on_cpu_message()]
     assert not (tmp_path / "run").exists()
 
 
@@ -77,7 +77,7 @@ def test_local_run_refuses_fp16_on_cpu_before_torchrun(tmp_path: Path) -> None:
         timeout=60,
     )
     assert r.returncode == BAD_INPUT
-    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [precision.fp16_on_cpu_message()]
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [config.fp16_on_cpu_message()]
     assert r.stdout.strip() == "TORCH False"  # nothing was started: no torchrun, no worker
     assert not (tmp_path / "run").exists()
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import launcher_argv
+from torchlaunch import config
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import precheck
@@ -234,7 +235,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
         timeout=60,
     )
     assert k8s.returncode == 2 and k8s.stdout == ""
-    assert k8s.stderr.strip() == precision.fp16_on_cpu_message()
+    assert k8s.stderr.strip() == config.fp16_on_cpu_message()
     if shutil.which("sbatch") is None:
         return
     slurm = subprocess.run(
@@ -256,7 +257,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
         timeout=60,
     )
     assert slurm.returncode == 2
-    assert slurm.stderr.strip() == precision.fp16_on_cpu_message()  # the worker's own line, as on every launcher
+    assert slurm.stderr.strip() == config.fp16_on_cpu_message()  # the worker's own line, as on every launcher
 
 
 def test_doctor_names_the_fast_cpu_precision() -> None:

@@ -24,10 +24,10 @@ from torchlaunch.backends.slurm import proof as slurm_proof
 from torchlaunch.base import files, storage
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import store
+from torchlaunch.data import folders
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.jobs import cli, proof, ranklog, record
 from torchlaunch.jobs import launcher as oplauncher
-from torchlaunch.worker import folder_cache
 
 PROGRAM = str(REPO / "tests" / "programs" / "exit_with.py")
 ROOT = os.geteuid() == 0
@@ -219,7 +219,7 @@ def test_an_image_folder_with_a_fifo_or_a_symlink_loop_is_one_line(tmp_path: Pat
             (root / "cat" / "b.jpg").symlink_to(root / "cat" / "c.jpg")
             (root / "cat" / "c.jpg").symlink_to(root / "cat" / "b.jpg")
         with pytest.raises(BadInput, match=r"b\.jpg is not an image file"):
-            folder_cache.scan_imagefolder(root)
+            folders.scan_imagefolder(root)
 
 
 # ---- cause 6: cancel acts on proof, not on the record ------------------------------------------

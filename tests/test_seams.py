@@ -546,3 +546,32 @@ def test_backends_load_from_their_one_registry_line() -> None:
         assert backends.get(backend.name) is backend
         package = target.split(":")[0].rsplit(".", 1)[0]
         assert backend.launcher == f"{package}.launch", (backend.name, backend.launcher)
+
+
+def test_the_floors_below_the_worker_never_import_it() -> None:
+    """The built-in worker is one program on the top floor: the launch side, the backends, the operator
+    commands, the data and shard formats, core/ and base/ run without it (a user's script never loads
+    it), so none of them imports it. Only tools/ (doctor, pre-flight) runs worker parts; the data
+    registry names built-in readers as `module:function` strings, loaded in a rank."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] in ("worker", "tools"):
+            continue
+        found += [
+            f"{path.relative_to(PACKAGE)}: {n}" for n in imported_names(path) if n.startswith("torchlaunch.worker")
+        ]
+    assert not found, "imports of the worker from a lower floor:\n" + "\n".join(found)
+
+
+def test_the_ground_floor_imports_only_itself_and_the_exit_codes() -> None:
+    """base/ (guarded reads, /proc, storage errors, bounded parsing) is imported from every floor, so it
+    imports nothing of the project above it: a change upstairs can never make the ground floor circular."""
+    allowed = ("torchlaunch.base", "torchlaunch.exit_codes", "torchlaunch.suggest")
+    found = []
+    for path in sorted((PACKAGE / "base").glob("*.py")):
+        found += [
+            f"{path.relative_to(PACKAGE)}: {n}"
+            for n in imported_names(path)
+            if n.startswith("torchlaunch") and n != "torchlaunch" and not n.startswith(allowed)
+        ]
+    assert not found, "base/ importing from above:\n" + "\n".join(found)

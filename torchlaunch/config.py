@@ -32,7 +32,7 @@ import yaml
 
 from torchlaunch import rundir, suggest
 from torchlaunch.base.untrusted import DepthGuard, TooComplex, check_yaml, quote
-from torchlaunch.exit_codes import ConfigError
+from torchlaunch.exit_codes import BadInput, ConfigError
 from torchlaunch.stop_signals import STOP_SIGNAL_NAMES
 
 
@@ -518,6 +518,24 @@ CHOICES: dict[str, tuple[str, ...]] = {key: rule.allowed() for key, rule in rule
 
 def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def fp16_on_cpu_message() -> str:
+    return str(
+        ConfigError(
+            "train.precision",
+            "fp16 on CPU is emulated, ~17x slower than bf16",
+            "use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
+            "`make doctor` measures both on this machine",
+        )
+    )
+
+
+def refuse_fp16_on_cpu(precision: str, on_cpu: bool) -> None:
+    """BadInput for fp16 on CPU. A rule of the config that needs the device, so it lives here: launchers
+    check it before spawning and the worker at start, and neither imports the other."""
+    if on_cpu and precision == "fp16":
+        raise BadInput(fp16_on_cpu_message())
 
 
 def _describe(tp: Any) -> str:

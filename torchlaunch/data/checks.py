@@ -101,7 +101,7 @@ def check_data(cfg: DataConfig, *, local: bool) -> None:
 
 def check_imagefolder(cfg: DataConfig, local: bool) -> None:
     """At least 2 images under the class folders: one to train on, one to hold out."""
-    from torchlaunch.worker.folder_cache import scan_imagefolder  # numpy + PIL, no torch
+    from torchlaunch.data.folders import scan_imagefolder  # PIL, no torch
 
     _, files, _ = scan_imagefolder(Path(cfg.root).expanduser())
     if len(files) < 2:

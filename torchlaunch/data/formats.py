@@ -19,9 +19,7 @@ SHARD_MANIFEST = "manifest.json"
 
 def bundle_val(cfg: DataConfig, split: str) -> tuple[Any, list[str]]:
     """A format's own val split through its reader, as the run validated (a plug-in's evaluation set)."""
-    from torchlaunch.worker.data import load_bundle
-
-    bundle = load_bundle(cfg)
+    bundle = lazy("torchlaunch.worker.data:load_bundle")(cfg)
     return bundle.val, bundle.classes
 
 

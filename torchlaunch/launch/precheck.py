@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torchlaunch.config import RunConfig
+from torchlaunch.config import RunConfig, refuse_fp16_on_cpu
 from torchlaunch.data.checks import check_data
-from torchlaunch.worker.precision import refuse_fp16_on_cpu
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))

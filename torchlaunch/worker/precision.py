@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchlaunch import compat, rundir
-from torchlaunch.exit_codes import BadInput, ConfigError
+from torchlaunch.config import refuse_fp16_on_cpu
+from torchlaunch.exit_codes import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -37,23 +38,6 @@ FP32_MARGIN = 1.05
 """bf16 must beat fp32 by 5% to be picked: within noise, fp32 is the more exact choice."""
 MEASURE_BATCH_CAP = 32
 """Timed steps use the run's micro-batch up to this size, keeping the measurement near a second."""
-
-
-def fp16_on_cpu_message() -> str:
-    return str(
-        ConfigError(
-            "train.precision",
-            "fp16 on CPU is emulated, ~17x slower than bf16",
-            "use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
-            "`make doctor` measures both on this machine",
-        )
-    )
-
-
-def refuse_fp16_on_cpu(precision: str, on_cpu: bool) -> None:
-    """BadInput for fp16 on CPU (launchers before spawning, the worker at start)."""
-    if on_cpu and precision == "fp16":
-        raise BadInput(fp16_on_cpu_message())
 
 
 def cpu_model() -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from torchlaunch.config import DataConfig
 from torchlaunch.core.sampler import CROP_PADDING, BatchPlan, mix_seed
 from torchlaunch.data.checks import cifar10_missing_message
+from torchlaunch.data.folders import DECODE_ERRORS, IMAGE_EXTENSIONS, decode_error, scan_imagefolder
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.data.augment import Normalizer, augment, cutout
 from torchlaunch.worker.data.base import (
@@ -44,15 +45,11 @@ from torchlaunch.worker.data.plugin import PluginSamples, available_memory, load
 from torchlaunch.worker.data.shards import ShardSamples, load_shards
 from torchlaunch.worker.data.synthetic import make_synthetic
 from torchlaunch.worker.folder_cache import (
-    DECODE_ERRORS,
-    IMAGE_EXTENSIONS,
     cache_images_file,
     decode_all,
-    decode_error,
     folder_fingerprint,
     images_checksum,
     publish,
-    scan_imagefolder,
     take_prefetched,
 )
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from torchlaunch.worker.folder_cache import DECODE_ERRORS, decode_error
+from torchlaunch.data.folders import DECODE_ERRORS, decode_error
 
 
 class SampleReader:

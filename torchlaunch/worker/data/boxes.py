@@ -8,9 +8,9 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
+from torchlaunch.data.folders import DECODE_ERRORS, decode_error
 from torchlaunch.worker.data.augment import crop_resize, draft_request
 from torchlaunch.worker.data.base import SampleReader
-from torchlaunch.worker.folder_cache import DECODE_ERRORS, decode_error
 
 BoxFn = Callable[[int, int], tuple[float, float, float, float]]
 

@@ -22,10 +22,10 @@ import torch
 from PIL import Image
 
 from torchlaunch.config import ConfigError
+from torchlaunch.data.folders import DECODE_ERRORS, decode_error
 from torchlaunch.worker.data.augment import centre_box, resized_crop_box
 from torchlaunch.worker.data.base import SampleReader
 from torchlaunch.worker.data.boxes import load_box
-from torchlaunch.worker.folder_cache import DECODE_ERRORS, decode_error
 
 GPU_MODES = ("RGB", "L")
 """JPEG colour modes nvJPEG decodes to RGB like PIL does; CMYK/YCCK (Adobe inversion) stay on the CPU."""

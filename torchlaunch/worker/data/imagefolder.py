@@ -13,17 +13,15 @@ from PIL import Image
 
 from torchlaunch.config import ConfigError, DataConfig
 from torchlaunch.core.sampler import mix_seed
+from torchlaunch.data.folders import DECODE_ERRORS, decode_error, scan_imagefolder
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.data.base import DataBundle, ImageSet, channel_stats, decode_image
 from torchlaunch.worker.folder_cache import (
-    DECODE_ERRORS,
     cache_images_file,
     decode_all,
-    decode_error,
     folder_fingerprint,
     images_checksum,
     publish,
-    scan_imagefolder,
     take_prefetched,
 )
 
