@@ -575,3 +575,48 @@ def test_the_ground_floor_imports_only_itself_and_the_exit_codes() -> None:
             if n.startswith("torchlaunch") and n != "torchlaunch" and not n.startswith(allowed)
         ]
     assert not found, "base/ importing from above:\n" + "\n".join(found)
+
+
+def load_time_imports() -> dict[str, set[str]]:
+    """module -> the project modules its body imports when it is loaded (not inside functions, not
+    under TYPE_CHECKING): the edges a circle of half-initialised modules could run through."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("torchlaunch", *path.relative_to(PACKAGE).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def owner(name: str) -> str:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchlaunch"):
+                found |= {owner(f"{node.module}.{a.name}") for a in node.names} | {owner(node.module)}
+            elif isinstance(node, ast.Import):
+                found |= {owner(a.name) for a in node.names if a.name.startswith("torchlaunch")}
+        edges[name] = {t for t in found if t and t != name and not name.startswith(f"{t}.")}
+    return edges
+
+
+def test_no_circle_among_the_imports_a_module_runs_when_loaded() -> None:
+    edges = load_time_imports()
+    assert "torchlaunch.base.files" in edges["torchlaunch.runlock"]  # the graph is read, not empty
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for nxt in sorted(edges[name]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt] if nxt in path else [*path, nxt]
+            if nxt not in state and (circle := visit(nxt, [*path, nxt])):
+                return circle
+        state[name] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (circle := visit(start, [start])):
+            pytest.fail("an import circle: " + " -> ".join(circle))
