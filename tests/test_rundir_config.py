@@ -348,3 +348,15 @@ def test_launch_slurm_settles_the_config_under_the_lock_at_submit(
     monkeypatch.setattr(slurm, "_submit", lambda *a: Job())
     slurm.submit(spec, options, cfg, reconfigure=True)
     assert (run_dir / rundir.CONFIG).read_text() == config_mod.dump(cfg)
+
+
+def test_launch_k8s_carries_reconfigure_to_each_pods_launcher() -> None:
+    """The pods run launch.local, which refuses a changed config: --reconfigure is the pods' too."""
+    from tests.test_k8s import render
+
+    code, out, err = render(["--config", "configs/smoke.yaml", "--reconfigure"])
+    assert code == 0 and "torchlaunch.launch.local" in out and " --reconfigure " in out, err
+    code, out, _ = render(["--config", "configs/smoke.yaml"])
+    assert code == 0 and "--reconfigure" not in out
+    code, out, err = render(["--reconfigure", "--", "script.py"])
+    assert code == BAD_INPUT and out == "" and "a program after -- has none" in err
