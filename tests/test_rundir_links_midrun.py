@@ -162,3 +162,33 @@ def test_retention_deletes_nothing_through_a_checkpoints_folder_swapped_for_a_li
     warned: list[str] = []
     assert store.retain(root, 1, None, on_warn=warned.append) == []
     assert listing(victim) == before and len(warned) == 1 and "symlink" in warned[0]
+
+
+def test_a_linked_trace_folder_is_refused_in_one_line_before_the_trace_is_opened(tmp_path: Path) -> None:
+    """Before (ad98e10): RUN_DIR/trace was no folder of rundir's (not checked at start) and each rank's
+    batch trace was created in the link's target."""
+    from torchlaunch.exit_codes import BadInput
+    from torchlaunch.worker.metrics import RunLog
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    outside = outside_folder(tmp_path)
+    before = listing(outside)
+    (run_dir / "trace").symlink_to(outside)  # the name as the worker has always written it
+    with pytest.raises(BadInput) as refused:
+        RunLog(
+            run_dir,
+            1,
+            epochs=1,
+            steps_per_epoch=1,
+            total_steps=1,
+            global_batch=1,
+            start_step=0,
+            resume_step=None,
+            tensorboard=False,
+            trace=True,
+        )
+    assert "RUN_DIR/trace must be a real folder" in one_line(refused.value)
+    assert listing(outside) == before
+    with pytest.raises(BadInput, match="trace"):
+        rundir.check_folders(run_dir)  # and the launchers' start check names it

@@ -78,7 +78,9 @@ LOCK_NODES = ".lock.nodes"
 """RUN_DIR/.lock.nodes/node-K.json: an elastic job's member slots (torchlaunch.runlock)."""
 HANGS = "hangs"
 """RUN_DIR/hangs/STAMP-HOST-PID/: the hang watchdog's stack dumps (torchlaunch.jobs.watchdog)."""
-FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS)
+TRACE = "trace"
+"""RUN_DIR/trace/rankN.jsonl: each rank's batch trace when debug.trace_batches is on."""
+FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS, TRACE)
 """Every folder the launchers and ranks write, append or delete in: each must be a real folder."""
 
 
@@ -124,6 +126,10 @@ def tensorboard(run_dir: PathLike) -> Path:
 
 def model(run_dir: PathLike) -> Path:
     return _under(run_dir, MODEL)
+
+
+def trace(run_dir: PathLike) -> Path:
+    return _under(run_dir, TRACE)
 
 
 def config(run_dir: PathLike) -> Path:
