@@ -161,6 +161,7 @@ def test_forged_commit_marker_named_for_resume(sgd_run: Path, tmp_path: Path) ->
     run_dir = tmp_path / "run"
     shutil.copytree(sgd_run, run_dir)
     forged = _forge_marker(run_dir)
+    (run_dir / "config.yaml").unlink()  # checkpoint.resume=PATH is a change of the run's config (its own rule)
     rc, _, err = worker(["--config", SMOKE, f"run_dir={run_dir}", *TINY, f"checkpoint.resume={forged}"])
     one_line(rc, err, "config error: checkpoint.resume", str(forged), "non-finite number Infinity")
 
