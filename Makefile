@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test test-slow faults test-fast lint format bench doctor preflight image k8s-manifests clean
+.PHONY: install train-local test test-slow faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -42,6 +42,12 @@ LINT_PATHS := torchlaunch launch train tests bench faults examples
 lint: install
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
+	$(MAKE) --no-print-directory docs
+
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, anchor or nav entry.
+# Built into the git-ignored site/; `mkdocs serve` previews it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 format: install
 	$(PY) -m ruff format $(LINT_PATHS)
@@ -66,5 +72,5 @@ k8s-manifests: install
 	$(PY) -m launch.k8s --dry-run > k8s/job.yaml
 
 clean:
-	rm -rf runs .pytest_cache .ruff_cache build *.egg-info
+	rm -rf runs site .pytest_cache .ruff_cache build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

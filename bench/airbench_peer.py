@@ -268,7 +268,7 @@ def run_project(
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "1",
         "--config",

@@ -275,7 +275,7 @@ def preemption(model: str, batch: int, max_steps: int, timeout_s: float = 600) -
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "2",
         "--device",

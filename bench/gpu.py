@@ -91,7 +91,7 @@ def time_to_accuracy(data_root: str, goal: float, overrides: list[str], timeout_
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "1",
         "--config",

@@ -151,7 +151,7 @@ def run(
                 [
                     sys.executable,
                     "-m",
-                    "torchlaunch.launch.local",
+                    "torchlaunch.backends.local.launch",
                     "--gpus",
                     str(procs),
                     "--device",

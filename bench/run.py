@@ -247,7 +247,7 @@ def render(doc: dict) -> str:
             f"- per epoch (validation top-1 @ seconds since training start): {curve}",
             "- reference from the issue: airbench94 rebuilt for CPU, ~90% (91% with test-time augmentation) "
             "after ~1,000 s on this box (quiet), ~510 images/s",
-            '- the recipe: the airbench ideas as project switches (README, "The time-to-accuracy recipe"); '
+            '- the recipe: the airbench ideas as project switches (docs/recipes.md, "The time-to-accuracy recipe"); '
             "epochs validate without test-time augmentation, the final one with it (flip + 1-pixel "
             "translations, 6 views)",
             "- how accuracy scales with time here (single runs, before the 128-image micro-batches and the "

@@ -298,7 +298,7 @@ def run(quick: bool = False, work: Path | None = None, heavy: bool = False) -> l
         + f" (fastest: {best}). CIFAR-10 32x32: "
         + ", ".join(f"{k} {median(v):,.0f}" for k, v in dec_c.items())
         + f". PIL + draft alone ÷ PIL: {draft_ratio:.2f}. simplejpeg is not a project dependency (bench only); "
-        "the decoder is PIL with draft, the resize torch's on the uint8 crop (see README, Shard data)"
+        "the decoder is PIL with draft, the resize torch's on the uint8 crop (see docs/data.md, Shard data)"
     )
     mb = opened["rss_added"] / 2**20
     return [

@@ -30,7 +30,7 @@ def run_full(work: Path | None = None, overrides: tuple[str, ...] = (), record: 
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "2",
         "--device",

@@ -1,5 +1,5 @@
-"""`python -m launch.local`: the command users type; the code is torchlaunch.launch.local (nothing imports this)."""
+"""`python -m launch.local`: the command users type; the code is torchlaunch.backends.local.launch (nothing imports this)."""
 
 import runpy
 
-runpy.run_module("torchlaunch.launch.local", run_name="__main__", alter_sys=True)
+runpy.run_module("torchlaunch.backends.local.launch", run_name="__main__", alter_sys=True)

@@ -1,5 +1,5 @@
-"""`python -m launch.slurm`: the command users type; the code is torchlaunch.launch.slurm (nothing imports this)."""
+"""`python -m launch.slurm`: the command users type; the code is torchlaunch.backends.slurm.launch (nothing imports this)."""
 
 import runpy
 
-runpy.run_module("torchlaunch.launch.slurm", run_name="__main__", alter_sys=True)
+runpy.run_module("torchlaunch.backends.slurm.launch", run_name="__main__", alter_sys=True)

@@ -61,7 +61,7 @@ def run_cmd(
 def launcher_argv(module: str, *args: str, python: str = sys.executable) -> list[str]:
     """`python -m MODULE ARGS`: the one spelling of a launcher's command line in the tests, whether it
     runs to completion (run_cmd, run_launcher) or in the background (Popen, to be signalled). MODULE is
-    the launcher's module (torchlaunch.launch.local|slurm|k8s|torchrun), or the command a user types
+    the launcher's module (torchlaunch.backends.local.launch|slurm|k8s|torchrun), or the command a user types
     (launch.local, launch.slurm, `launch` for status|logs|cancel|list) where a test checks that spelling."""
     return [python, "-m", module, *args]
 
@@ -70,7 +70,7 @@ def run_launcher(
     args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
 ) -> tuple[int, str, str]:
     """`python -m launch.local ARGS` from the repository root: (returncode, stdout, stderr)."""
-    return run_cmd(launcher_argv("torchlaunch.launch.local", *args), timeout=timeout, env=env)
+    return run_cmd(launcher_argv("torchlaunch.backends.local.launch", *args), timeout=timeout, env=env)
 
 
 def run_module(

@@ -30,7 +30,7 @@ def call(main, argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_local_refuses_a_nul_in_a_program_argument(tmp_path):
-    from torchlaunch.launch import local
+    from torchlaunch.backends.local import launch as local
 
     (tmp_path / "s.py").write_text("")
     code, out, err = call(local.main, ["--dry-run", "--", str(tmp_path / "s.py"), "a\0b"])
@@ -58,7 +58,7 @@ def test_second_local_launch_on_a_run_dir_is_refused_before_writing(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         launch = subprocess.run(
             launcher_argv(
-                "torchlaunch.launch.local",
+                "torchlaunch.backends.local.launch",
                 "--device",
                 "cpu",
                 "--config",
@@ -92,7 +92,7 @@ def test_sigkilled_local_launcher_leaves_no_rank_running(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     launcher = subprocess.Popen(
-        launcher_argv("torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--", str(script)),
+        launcher_argv("torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--", str(script)),
         cwd=ROOT,
         env=env(),
         stdout=subprocess.PIPE,
@@ -132,7 +132,7 @@ def test_a_programs_run_dir_is_owned_too(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         launch = subprocess.run(
             launcher_argv(
-                "torchlaunch.launch.local",
+                "torchlaunch.backends.local.launch",
                 "--device",
                 "cpu",
                 "--run-dir",

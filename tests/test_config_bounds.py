@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import config as config_mod
+from torchlaunch.base.untrusted import QUOTE_LIMIT, TooComplex, check_yaml, load_json, quote
 from torchlaunch.exit_codes import BAD_INPUT, ConfigError
-from torchlaunch.untrusted import QUOTE_LIMIT, TooComplex, check_yaml, load_json, quote
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_LINE = re.compile(r"^config error: (?P<key>[^\s:]+): (?P<what>.+) \((?P<fix>[^()]+)\)$")
@@ -178,7 +178,7 @@ def test_dataclass_fields_have_no_unbounded_numbers_in_lists() -> None:
 
 
 def _local(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
-    from torchlaunch.launch import local
+    from torchlaunch.backends.local import launch as local
 
     rc = local.main([*argv, "--device", "cpu", "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={tmp_path}"])
     return rc, capsys.readouterr().err.strip().splitlines()
@@ -228,8 +228,8 @@ def test_a_rendezvous_port_in_use_on_node_0_is_refused(tmp_path: Path, capsys) -
     ],
 )
 def test_slurm_options_are_bounded(argv: list[str], words: str, tmp_path: Path) -> None:
+    from torchlaunch.backends.slurm import launch as slurm
     from torchlaunch.exit_codes import BadInput
-    from torchlaunch.launch import slurm
 
     with pytest.raises(BadInput) as info:
         slurm.parse_args([*argv, "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={tmp_path}"])
@@ -237,7 +237,7 @@ def test_slurm_options_are_bounded(argv: list[str], words: str, tmp_path: Path) 
 
 
 def test_k8s_nodes_above_the_api_limit_is_refused(capsys) -> None:
-    from torchlaunch.launch import k8s
+    from torchlaunch.backends.k8s import launch as k8s
 
     rc = k8s.main(["--nodes", "100001", "--cpu-only", "--storage-class", "nfs"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from tests.conftest import launcher_argv
+from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
-from torchlaunch.launch import k8s
 from torchlaunch.launch.spec import JobSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -56,7 +56,7 @@ STOP_AT = 20
 def render_job(image_name: str, name: str, program: list[str], options: Sequence[str] = ()) -> dict:
     """The Job of `python -m launch.k8s ... -- PROGRAM` for 2 CPU pods, as the CLI prints it."""
     argv = launcher_argv(
-        "torchlaunch.launch.k8s",
+        "torchlaunch.backends.k8s.launch",
         "--nodes",
         "2",
         "--gpus-per-node",
@@ -120,7 +120,7 @@ def host_reference(tmp_path_factory) -> Path:
     """The same script as 2 CPU ranks under launch.local on this machine: the weights to match."""
     run_dir = tmp_path_factory.mktemp("host") / "run"
     argv = launcher_argv(
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "2",
         "--device",

@@ -15,9 +15,9 @@ import pytest
 
 from tests.test_local_launcher import check_golden
 from torchlaunch import runlock
+from torchlaunch.backends.local.launch import NodePlacement, runs_without_agent, torchrun_argv
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import elastic, shape
-from torchlaunch.launch.local import NodePlacement, runs_without_agent, torchrun_argv
 from torchlaunch.launch.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_an_elastic_job_is_refused_on_a_run_dir_another_launch_holds(tmp_path: P
 def test_elastic_sbatch_golden() -> None:
     """--nodes 1-2: one #SBATCH --nodes=1-2 (submitit's own count stays 2) and --requeue, so Slurm requeues
     the job after a node failure onto the nodes that are up; srun lays out the tasks (launch.elastic)."""
-    from torchlaunch.launch.slurm import SlurmOptions, executor_parameters, sbatch_script
+    from torchlaunch.backends.slurm.launch import SlurmOptions, executor_parameters, sbatch_script
 
     spec = JobSpec(config="configs/smoke.yaml", nodes=2, min_nodes=1, gpus_per_node=2, run_dir="/shared/runs/e")
     options = SlurmOptions(use_gpus=False, python="/opt/venv/bin/python", repo_root="/opt/repo")
@@ -164,7 +164,7 @@ def test_elastic_sbatch_golden() -> None:
     [("2-1", "MIN 2 is more than MAX 1"), ("0-2", "--nodes must be >= 1, got 0"), ("1..2", "a range MIN:MAX")],
 )
 def test_slurm_bad_node_ranges_are_one_line(nodes: str, needle: str) -> None:
-    from torchlaunch.launch import slurm
+    from torchlaunch.backends.slurm import launch as slurm
 
     code = slurm.main(["--dry-run", "--nodes", nodes, "--tasks-per-node", "1", "--config", "configs/smoke.yaml"])
     assert code == 2
@@ -174,7 +174,7 @@ def test_wait_follows_a_job_requeued_after_a_node_failure(tmp_path: Path, monkey
     """After a node failure sacct's last record is the failed allocation's NODE_FAIL while slurmctld has
     requeued the job (PENDING), and for a moment both say NODE_FAIL: --wait goes on until the requeued
     allocation ends."""
-    from torchlaunch.schedulers import slurm
+    from torchlaunch.backends.slurm import operate as slurm
 
     class Job:
         job_id = "8"

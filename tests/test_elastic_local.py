@@ -62,7 +62,7 @@ def listening(port: int) -> bool:
 def start_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
     """One "node": a launcher in a process group of its own (so the whole node can be SIGKILLed)."""
     argv = launcher_argv(
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--device",
         "cpu",
         "--nnodes",

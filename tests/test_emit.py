@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.launch import emit, k8s
+from torchlaunch.launch import emit
 from torchlaunch.launch.spec import JobSpec
 
 HOSTILE = [

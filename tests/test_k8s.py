@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK
-from torchlaunch.launch import k8s
 from torchlaunch.launch.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,11 +146,11 @@ def test_pod_script_waits_for_pod_zero_on_other_pods_only(tmp_path):
     spec, opts = spec_opts()
     spec = spec.replace(overrides=("data.root=a dir/with space",))
     first = run_pod_script(tmp_path, 0, spec, opts)
-    assert len(first) == 1 and first[0].startswith("-m torchlaunch.launch.local --nnodes 3 --node-rank 0 ")
+    assert len(first) == 1 and first[0].startswith("-m torchlaunch.backends.local.launch --nnodes 3 --node-rank 0 ")
     assert "--master-addr run-0.run --master-port 29500 --gpus 4 --config /config/smoke.yaml" in first[0]
     assert first[0].endswith("run_dir=/shared/runs/run data.root=a dir/with space")
     second = run_pod_script(tmp_path, 2, spec, opts)
-    assert second[0] == "-m torchlaunch.launch.k8s --wait-for run-0.run:29500 --wait-timeout-s 600"
+    assert second[0] == "-m torchlaunch.backends.k8s.launch --wait-for run-0.run:29500 --wait-timeout-s 600"
     assert "--node-rank 2 " in second[1]
 
 

@@ -52,7 +52,7 @@ def manifest_files(tmp_path_factory) -> dict[str, Path]:
     files = {}
     for name, argv in RENDERINGS.items():
         out = subprocess.run(
-            launcher_argv("torchlaunch.launch.k8s", *argv),
+            launcher_argv("torchlaunch.backends.k8s.launch", *argv),
             cwd=ROOT,
             capture_output=True,
             text=True,

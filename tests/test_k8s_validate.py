@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from torchlaunch.backends.k8s import validate as v
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.launch import k8s_validate as v
 
 
 def refused(call, *args, **kwargs) -> str:

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from tests.test_k8s import render
+from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
-from torchlaunch.launch import k8s
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = Path(os.environ.get("KUBERNETES_VALIDATE", "/work/main/.cache/tools-venv/bin/kubernetes-validate"))

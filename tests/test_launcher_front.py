@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env
+from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.local import launch as local
+from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.exit_codes import BAD_INPUT, OK
-from torchlaunch.launch import cli, k8s, local, slurm
+from torchlaunch.launch import cli
 from torchlaunch.worker import precision
 
 SMOKE = "configs/smoke.yaml"
@@ -62,7 +65,7 @@ def test_fp16_on_cpu_is_refused_by_every_launcher_in_every_mode(
 def test_local_run_refuses_fp16_on_cpu_before_torchrun(tmp_path: Path) -> None:
     """The real command: exit 2 with the same line, before the launch line, torchrun or even torch."""
     probe = (
-        "import sys; from torchlaunch.launch import local; code = local.main(sys.argv[1:]); "
+        "import sys; from torchlaunch.backends.local import launch as local; code = local.main(sys.argv[1:]); "
         "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
     )
     r = subprocess.run(

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO, error_lines, launcher_argv, run_launcher, run_module
+from torchlaunch.backends.local import launch as local
+from torchlaunch.backends.local.launch import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import local
-from torchlaunch.launch.local import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
 from torchlaunch.launch.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden"

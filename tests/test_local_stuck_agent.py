@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import pdeath
+from torchlaunch.backends.local import launch as local
 from torchlaunch.exit_codes import FAILURE
-from torchlaunch.launch import local
 
 STUCK = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(300)\n"
 # A fake agent with one child (a worker) that also outlives SIGTERM; it prints the child's pid.

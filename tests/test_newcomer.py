@@ -35,7 +35,7 @@ def closed_port() -> int:
 def launch_in_process(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, list[str], bool]:
     """Run launch.local's main in a fresh interpreter: (exit code, stderr lines, torch imported?)."""
     script = (
-        "import sys; from torchlaunch.launch import local; code = local.main(sys.argv[1:]); "
+        "import sys; from torchlaunch.backends.local import launch as local; code = local.main(sys.argv[1:]); "
         "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
     )
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
@@ -220,7 +220,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     k8s = subprocess.run(
         launcher_argv(
-            "torchlaunch.launch.k8s",
+            "torchlaunch.backends.k8s.launch",
             "--doctor",
             "--cpu-only",
             "--nodes",
@@ -239,7 +239,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
         return
     slurm = subprocess.run(
         launcher_argv(
-            "torchlaunch.launch.slurm",
+            "torchlaunch.backends.slurm.launch",
             "--nodes",
             "1",
             "--tasks-per-node",
@@ -296,7 +296,7 @@ def test_missing_slurm_conf_is_one_line_with_the_fix(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     r = subprocess.run(
         launcher_argv(
-            "torchlaunch.launch.slurm",
+            "torchlaunch.backends.slurm.launch",
             "--nodes",
             "2",
             "--tasks-per-node",
@@ -393,7 +393,7 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
     def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
         run_env = {**env, "TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else env
         return subprocess.run(
-            launcher_argv("torchlaunch.launch.local", *common, *extra),
+            launcher_argv("torchlaunch.backends.local.launch", *common, *extra),
             cwd=REPO,
             env=run_env,
             capture_output=True,
@@ -444,7 +444,7 @@ def test_preflight_needs_no_data(tmp_path: Path) -> None:
     """`launch.local --doctor` trains nothing, so a missing dataset must not stop it before it starts."""
     r = subprocess.run(
         launcher_argv(
-            "torchlaunch.launch.local",
+            "torchlaunch.backends.local.launch",
             "--doctor",
             "--dry-run",
             "--gpus",

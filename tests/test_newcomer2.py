@@ -23,15 +23,18 @@ from PIL import Image
 
 from torchlaunch import config as config_mod
 from torchlaunch import status as status_mod
+from torchlaunch.backends.local import launch as local
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput, ConfigError
 from torchlaunch.jobs import cli as jobs_cli
 from torchlaunch.jobs import progress, state
-from torchlaunch.launch import cli, local
+from torchlaunch.launch import cli
 from torchlaunch.worker.datacheck import check_data
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+USER_CODE = (REPO / "docs" / "user-code.md").read_text()
+"""Where the README's "Your own code" section (the refused torchrun/accelerate options) now lives."""
 SMOKE = str(REPO / "configs" / "smoke.yaml")
 
 
@@ -123,11 +126,11 @@ def test_the_start_line_states_the_image_size_and_the_readme_names_its_option() 
     assert "data.image_size=" in command and "data.image_size" in comment
 
 
-# ------------------------------------------------------------------ d. the README says what is refused, truly
+# ------------------------------------------------------------------ d. the docs say what is refused, truly
 
 
 def test_every_option_the_readme_calls_refused_is_refused_and_nnodes_ranges_are_not() -> None:
-    after = README.split("torchrun's and accelerate's spellings are accepted", 1)[1]
+    after = USER_CODE.split("torchrun's and accelerate's spellings are accepted", 1)[1]
     paragraph = " ".join(after.split("\n\n")[0].split())
     refused_sentence = paragraph.split(" are refused in one line naming ours")[0].rsplit(". ", 1)[-1]
     named = [m.split("|")[0] for m in re.findall(r"`(--[^`]+)`", refused_sentence)]
@@ -137,7 +140,7 @@ def test_every_option_the_readme_calls_refused_is_refused_and_nnodes_ranges_are_
         with pytest.raises(BadInput):
             cli.translate(option.split(), known)
     assert cli.translate(["--nnodes", "1:2"], known) == ["--nnodes", "1:2"]
-    assert not any(o.startswith("--nnodes") for o in named), "the README calls --nnodes MIN:MAX refused"
+    assert not any(o.startswith("--nnodes") for o in named), "docs/user-code.md calls --nnodes MIN:MAX refused"
     assert "--nnodes 1:2" in paragraph and "#degraded-restart" in paragraph
 
 

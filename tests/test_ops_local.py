@@ -53,7 +53,7 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(tmp_p
     reference, run_dir = tmp_path / "ref", tmp_path / "run"
     done = launcher([*RECIPE, f"run_dir={reference}"], timeout=400)
     assert done.returncode == OK, done.stderr[-3000:]
-    argv = launcher_argv("torchlaunch.launch.local", *RECIPE, f"run_dir={run_dir}")
+    argv = launcher_argv("torchlaunch.backends.local.launch", *RECIPE, f"run_dir={run_dir}")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -105,7 +105,7 @@ def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_pa
     run_dir = tmp_path / "run"
     # Long enough that the run is still training when the rank is stopped, however loaded the host.
     recipe = [a if a != "train.epochs=8" else "train.epochs=24" for a in RECIPE]
-    argv = launcher_argv("torchlaunch.launch.local", *recipe, f"run_dir={run_dir}", "--hang-timeout", "5")
+    argv = launcher_argv("torchlaunch.backends.local.launch", *recipe, f"run_dir={run_dir}", "--hang-timeout", "5")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -140,7 +140,7 @@ def test_a_data_plugin_blocking_on_rank_1_ends_as_hung_with_the_blocking_line(tm
     run_dir = tmp_path / "run"
     data = ["data.name=tests.programs.blocking_data:blobs", "data.loader=pil", "data.num_workers=0"]
     argv = launcher_argv(
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         *RECIPE,
         *data,
         f"run_dir={run_dir}",

@@ -23,11 +23,12 @@ DEV_CLUSTER = REPO / "slurm" / "dev-cluster.sh"
 
 TASK = """\
 import os, signal, sys
-from torchlaunch.jobs import proof, record
+from torchlaunch.jobs import record
+from torchlaunch.backends.slurm import proof as slurm_proof
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 run = sys.argv[1]
 rec = record.start(run, scheduler="slurm", command=sys.argv, job_id=os.environ["SLURM_JOB_ID"], launch_id="SL1")
-proof.claim_slurm_job(rec.job_id, run)  # as jobs.launcher.Operation.start does in a job
+slurm_proof.claim_slurm_job(rec.job_id, run)  # as jobs.launcher.Operation.start does in a job
 signal.sigwait({signal.SIGTERM})
 outcome = "cancelled" if record.cancel_requested(run, rec.launch_id) else "preempted"
 record.finish(run, rec, 75, outcome, "checkpoint committed on SIGTERM")

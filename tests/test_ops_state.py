@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launcher_argv
-from torchlaunch.jobs import cli, gather, procs, progress, record, state
+from torchlaunch.backends import JobState
+from torchlaunch.backends.slurm.operate import job_word as slurm_says
+from torchlaunch.base import procs
+from torchlaunch.jobs import cli, gather, progress, record, state
 from torchlaunch.jobs.progress import RankBeat
 from torchlaunch.jobs.record import JobRecord
 
@@ -89,14 +92,14 @@ def test_heartbeats_of_an_older_launch_are_ignored() -> None:
 
 def test_pending_and_requeued_from_the_scheduler() -> None:
     slurm = rec(scheduler="slurm", job_id="42", host="node1")
-    assert decide(records=[slurm], scheduler_state="PENDING").state == "pending"
-    assert decide(records=[slurm], scheduler_state="REQUEUED").state == "requeued"
+    assert decide(records=[slurm], scheduler_state=slurm_says("PENDING")).state == "pending"
+    assert decide(records=[slurm], scheduler_state=slurm_says("REQUEUED")).state == "requeued"
     preempted = rec(scheduler="slurm", job_id="42", outcome="preempted", code=75, ended=NOW)
-    assert decide(records=[preempted], scheduler_state="PENDING").state == "requeued"
+    assert decide(records=[preempted], scheduler_state=slurm_says("PENDING")).state == "requeued"
     assert decide(records=[preempted], scheduler_state=None).state == "preempted"
     hung = rec(scheduler="slurm", job_id="42", outcome="hung", code=1, ended=NOW)
-    assert decide(records=[hung], scheduler_state="PENDING").state == "requeued"
-    assert decide(records=[hung], scheduler_state="FAILED").state == "hung"
+    assert decide(records=[hung], scheduler_state=slurm_says("PENDING")).state == "requeued"
+    assert decide(records=[hung], scheduler_state=slurm_says("FAILED")).state == "hung"
 
 
 @pytest.mark.parametrize("outcome", ["finished", "failed", "bad_input", "preempted", "hung", "cancelled"])
@@ -129,19 +132,27 @@ def test_cancelled_and_cancel_of_an_older_launch() -> None:
     assert decide(records=[rec(outcome="finished", ended=NOW)], cancel_launch="L1").state == "finished"
     assert decide(records=[rec()], alive={0: False}, cancel_launch="L1").state == "cancelled"
     slurm = rec(scheduler="slurm", job_id="7")
-    assert decide(records=[slurm], cancel_launch="L1", scheduler_state="CANCELLED by 1000").state == "cancelled"
+    assert (
+        decide(records=[slurm], cancel_launch="L1", scheduler_state=slurm_says("CANCELLED by 1000")).state
+        == "cancelled"
+    )
     running = decide(records=[rec()], alive={0: True}, cancel_launch="L1")
     assert running.state == "running" and running.cancel_requested
     newer = rec(launch_id="L2", started=NOW - 10)
     assert decide(records=[ended, newer], alive={0: True}, cancel_launch="L1").state == "running"
 
 
-def test_scheduler_words() -> None:
-    assert state.scheduler_word("CANCELLED by 1000") == "cancelled"
-    assert state.scheduler_word("COMPLETED") == "finished"
-    assert state.scheduler_word("OUT_OF_MEMORY") == "failed"
-    assert state.scheduler_word("whatever") is None and state.scheduler_word("") is None
-    assert decide(records=[rec(scheduler="slurm", job_id="3")], scheduler_state="TIMEOUT").state == "failed"
+def test_slurm_states_reach_the_project_in_its_own_words() -> None:
+    assert slurm_says("CANCELLED by 1000") == JobState("cancelled", "CANCELLED by 1000")
+    assert slurm_says("COMPLETED") == JobState("finished", "COMPLETED")
+    assert slurm_says("OUT_OF_MEMORY").word == "failed"
+    assert slurm_says("whatever") is None and slurm_says("") is None and slurm_says(None) is None
+
+
+def test_a_backend_cannot_speak_outside_the_projects_words() -> None:
+    with pytest.raises(ValueError, match="not one of"):
+        JobState("COMPLETED", "COMPLETED")
+    assert decide(records=[rec(scheduler="slurm", job_id="3")], scheduler_state=slurm_says("TIMEOUT")).state == "failed"
 
 
 # --- run dirs on disk -------------------------------------------------------------------------------
@@ -332,7 +343,13 @@ def test_ops_modules_import_neither_torch_nor_the_top_level_commands() -> None:
                 top = name.split(".")[0]
                 assert top not in ("launch", "train", "torch", "numpy"), f"{path.name} imports {name}"
                 if name.startswith("torchlaunch.") and not name.startswith(
-                    ("torchlaunch.jobs", "torchlaunch.exit_codes", "torchlaunch.untrusted", "torchlaunch.rundir")
+                    (
+                        "torchlaunch.jobs",
+                        "torchlaunch.exit_codes",
+                        "torchlaunch.base",
+                        "torchlaunch.backends",
+                        "torchlaunch.rundir",
+                    )
                 ):
                     assert (path.name, name) in allowed_lazy, f"{path.name} imports {name}"
 

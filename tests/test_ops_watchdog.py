@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.jobs import procs, progress, watchdog
+from torchlaunch.base import procs
+from torchlaunch.jobs import progress, watchdog
 from torchlaunch.jobs.watchdog import Seen
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,6 +127,7 @@ def spawn(tmp_path: Path) -> Iterator:
         child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
         children.append(child)
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        blocked_in_read(child.pid)
         return child
 
     yield start
@@ -134,6 +136,16 @@ def spawn(tmp_path: Path) -> Iterator:
             child.send_signal(signal.SIGCONT)
             child.kill()
         child.wait(timeout=30)
+
+
+def blocked_in_read(pid: int, bound_s: float = 60.0) -> None:
+    """Wait until the child sleeps in the kernel (its os.read on the pipe: the only sleep after "ready"):
+    on a loaded box "ready" can be read while the child is still on the print line, and a stack dumped
+    then names that line, not the blocking one."""
+    deadline = time.monotonic() + bound_s
+    while procs.state(pid) != "S":
+        assert time.monotonic() < deadline, f"pid {pid} never blocked (state {procs.state(pid)!r})"
+        os.sched_yield()
 
 
 def beat_of(run: Path, rank: int) -> progress.RankBeat:

@@ -61,11 +61,11 @@ def data_args(path: str, folders: Path, shards: Path) -> list[str]:
 def argv(path: str, run_dir: Path, folders: Path, shards: Path) -> list[str]:
     if path == "user script":
         return launcher_argv(
-            "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--run-dir", str(run_dir), "--",
+            "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--run-dir", str(run_dir), "--",
             USER_SCRIPT, "--run-dir", str(run_dir), "--epochs", EPOCHS,
         )  # fmt: skip
     return launcher_argv(
-        "torchlaunch.launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
+        "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
         f"run_dir={run_dir}", "data.image_size=32", "train.batch_size=32", f"train.epochs={EPOCHS}",
         "checkpoint.every_steps=1000", *data_args(path, folders, shards),
     )  # fmt: skip

@@ -251,7 +251,7 @@ def test_missing_config_is_bad_input(tmp_path: Path) -> None:
 def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedProcess:
     """launch.local with the pre-flight module: what `launch.local --doctor` runs."""
     cmd = launcher_argv(
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "2",
         "--device",

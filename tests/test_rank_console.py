@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launcher_argv
+from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.jobs import ranklog
-from torchlaunch.launch import cli, k8s, slurm
+from torchlaunch.launch import cli
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_loop.py"
@@ -200,7 +202,7 @@ def test_every_launcher_takes_the_same_operation_options() -> None:
         args = parse(["--rank-prefix", "--console-ranks", "none", "--hang-timeout", "0"])
         assert cli.console_of(args) == ranklog.Console(prefix=True, ranks=frozenset())
         assert args.hang_timeout == 0
-    from torchlaunch.launch import local
+    from torchlaunch.backends.local import launch as local
 
     args = local.parse_args(["--rank-prefix", "--console-ranks", "none", "--hang-timeout", "0", "--", "x.py"])
     assert isinstance(args, argparse.Namespace) and cli.console_of(args).ranks == frozenset()

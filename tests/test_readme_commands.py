@@ -1,16 +1,18 @@
-"""Every command in README.md's code blocks is run here, or listed as not runnable with the reason,
-so the README cannot drift from the code.
+"""Every command in the code blocks of README.md and of the docs site's pages (docs/*.md) is run here,
+or listed as not runnable with the reason, so neither the README nor the docs can drift from the code.
 
 What counts as a command: each line of an indented code block, or of a fenced block tagged bash, sh,
 shell or console (untagged fences are diagrams, ```python blocks are code excerpts); `# comments`
-and a leading `$ ` are dropped, `\\`-continued lines joined. README.md is read at test time, so the
-coordinator's edits are checked as they are.
+and a leading `$ ` are dropped, `\\`-continued lines joined. The pages are read at test time, so the
+coordinator's edits are checked as they are: README.md first, then the docs pages in the site's nav
+order (mkdocs.yml), then any page the nav lacks. A command that appears on several pages (or twice on
+one) runs once, where it first appears: the CI budget is tight and a second run proves nothing new.
 
 Each command must match a RULE (first match wins): run it as written, run it with the stated
 rewrite (placeholders such as /path/to/train become a small image folder made here; overrides keep
 it smoke-sized), or skip it with the reason (a GPU, the internet, a Kubernetes cluster, or the
-command is a whole CI stage). A README command that matches no rule fails test_every_command_has_a_rule,
-which names it. The commands run in order, in one scratch copy of the working tree (a fresh clone in
+command is a whole CI stage). A command that matches no rule fails test_every_command_has_a_rule,
+which names it and its page. The commands run in order, in one scratch copy of the working tree (a fresh clone in
 CI), sharing one shell environment (so `eval "$(slurm/dev-cluster.sh env)"` reaches the next line),
 with `python` = this interpreter.
 """
@@ -22,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,8 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+MKDOCS = REPO / "mkdocs.yml"
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 COMMAND_TIMEOUT_S = 420
 SMOKE = "train.max_steps=3 train.epochs=1"
@@ -89,6 +94,40 @@ def readme_commands(text: str) -> list[str]:
         commands.append(pending + line)
         pending = ""
     return commands
+
+
+def nav_pages(nav: object) -> list[str]:
+    """The page files of an mkdocs nav (nested lists of `title: file` maps), in reading order."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in nav_pages(value)]
+    if isinstance(nav, list):
+        return [page for item in nav for page in nav_pages(item)]
+    return []
+
+
+def documentation_pages(repo: Path = REPO) -> list[Path]:
+    """README.md, then the docs pages in the site's nav order, then any docs page the nav lacks."""
+    import yaml
+
+    nav = yaml.safe_load((repo / "mkdocs.yml").read_text(encoding="utf-8")).get("nav", [])
+    docs = repo / "docs"
+    ordered = [docs / name for name in nav_pages(nav) if name.endswith(".md")]
+    rest = sorted(set(docs.glob("*.md")) - set(ordered))
+    return [repo / "README.md", *ordered, *rest]
+
+
+def all_commands(pages: list[Path] | None = None) -> list[tuple[str, str]]:
+    """(page, command) for every command of the pages, in order, each command once (its first page)."""
+    seen: set[str] = set()
+    found: list[tuple[str, str]] = []
+    for page in documentation_pages() if pages is None else pages:
+        for cmd in readme_commands(page.read_text(encoding="utf-8")):
+            if cmd not in seen:
+                seen.add(cmd)
+                found.append((page.name, cmd))
+    return found
 
 
 # ------------------------------------------------------------------ what each command needs
@@ -149,9 +188,83 @@ def with_overrides(extra: str) -> Callable[[str, Path], str]:
     return lambda cmd, scratch: f"{placeholders(cmd, scratch)} {extra}"
 
 
+def scratch_run_dir(cmd: str, scratch: Path) -> str:
+    """docs/SLURM.md's run_dir=/tmp/runs/s -> a run dir in the scratch dir (nothing written outside it)."""
+    return cmd.replace("run_dir=/tmp/runs/s", f"run_dir={scratch / 'runs-s'}")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(r"^make (test|test-fast)\b", "skip", "the test suite itself: CI runs it as its own stage (.ci/run)"),
-    Rule(r"^make faults\b", "skip", "root and network namespaces: CI's fault-injection stage (.ci/run)"),
+    Rule(
+        r"^(FAULTS_SEED=\d+ )?make faults\b",
+        "skip",
+        "root and network namespaces: CI's fault-injection stage (.ci/run)",
+    ),
+    Rule(
+        r"^\.venv/bin/python -m (pytest tests/faults|faults\.report --run)\b",
+        "skip",
+        "a part of the fault-injection suite (root, network namespaces; faults.report --run also rewrites "
+        "docs/RELIABILITY.md): CI's `make faults` stage runs it",
+    ),
+    Rule(
+        r"^(mount |.*/mnt/t\b)",
+        "skip",
+        "docs/RELIABILITY.md's session on a 64 KB tmpfs mounted as root; tests/test_rundir_faults.py and "
+        "tests/test_shards_forged.py cover full and read-only storage without root",
+    ),
+    Rule(
+        r"^(command|carry|timeout_s):",
+        "skip",
+        "a parameter of a device-tool call in docs/GPU.md (a lent GPU machine), not a shell command",
+    ),
+    Rule(r"^\|", "skip", "a results table laid out as a code block (docs/GPU.md), not a command"),
+    Rule(
+        r"^mkdir -p \.cache/gpu-data ",
+        "skip",
+        "stages the data of docs/GPU.md's GPU session (a lent GPU machine; /work/shared holds the archive)",
+    ),
+    Rule(
+        r"^python -m launch\.slurm \.\.\. ",
+        "skip",
+        "an elision (`...`: the options of the command above), not a command",
+    ),
+    Rule(r"^sbatch .*--gpus-per-node", "skip", "needs a Slurm partition with GPUs"),
+    Rule(
+        r"^sbatch -p high ",
+        "skip",
+        "a by-hand preemption of the running job (tests/test_slurm_cluster.py preempts jobs on the dev cluster)",
+    ),
+    Rule(
+        r"^slurm/dev-cluster\.sh status \| down$",
+        "skip",
+        "two alternatives in one line; `down` would stop the cluster the other Slurm tests use",
+    ),
+    Rule(
+        r"^export SLURM_CONF=/tmp/slurm-dev/",
+        "skip",
+        'the session already exported SLURM_CONF with `eval "$(slurm/dev-cluster.sh env)"` (docs/launchers.md), '
+        "which reads the cluster's own folder (SLURM_DEV_DIR)",
+    ),
+    Rule(
+        r"^python -m launch\.slurm .* -- train\.py\b",
+        "skip",
+        "train.py stands for the user's own script; docs/launchers.md runs examples/custom_loop.py that way "
+        "on the dev cluster",
+    ),
+    Rule(
+        r"^python -m launch\.local .*--device cpu --config configs/fast93\.yaml",
+        "run",
+        "checked and printed (--dry-run): the same recipe on the same images trains smoke-sized through "
+        "launch.local in docs/quickstart.md's `make train-local GPUS=2 CONFIG=configs/fast93.yaml` (CI budget)",
+        lambda cmd, scratch: f"{placeholders(cmd, scratch)} --dry-run",
+    ),
+    Rule(
+        r"^python -m launch\.local .*data\.name=shards",
+        "run",
+        "/data/in-shards is the shard set the README's write command leaves in the scratch dir; smoke-sized",
+        lambda cmd, scratch: f"{shard_paths(cmd, scratch)} {SMOKE}",
+    ),
+    Rule(r"^python -m launch (status|logs|list|cancel) ", "run", ""),
     Rule(r"^make bench\b", "skip", "~20 minutes of benchmarks; tests/test_bench_smoke.py runs each one smoke-sized"),
     Rule(r"^make (install|lint)$", "run", ""),
     Rule(
@@ -239,6 +352,13 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^eval \"\$\(slurm/dev-cluster\.sh env\)\"$", "run", "", needs="slurm"),
     Rule(r"^python -m launch\.slurm .*--wait.* -- ", "run", "", needs="slurm"),
     Rule(
+        r"^python -m launch\.slurm .*run_dir=/tmp/runs/s\b",
+        "run",
+        "run_dir=/tmp/runs/s becomes a folder of the scratch dir; smoke-sized",
+        lambda cmd, scratch: f"{scratch_run_dir(cmd, scratch)} {SMOKE}",
+        needs="slurm",
+    ),
+    Rule(
         r"^python -m launch\.slurm .*--tasks-per-node",
         "run",
         "waits for the job (so nothing is left running) and is smoke-sized",
@@ -324,33 +444,35 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def run_commands(needs: str, tmp_path: Path, readme: Path = README) -> list[str]:
-    """Run the README's commands of one kind in order; returns a report line per command."""
+def run_commands(needs: str, tmp_path: Path) -> list[str]:
+    """Run the README's and the docs pages' commands of one kind in order, each once; a report line per command."""
     tree = scratch_copy(tmp_path / "tree")
     scratch = tmp_path / "scratch"
     make_images(scratch / "images")
     session = Session(tree, scratch)
     report, failures = [], []
-    for cmd in readme_commands(readme.read_text(encoding="utf-8")):
+    for page, cmd in all_commands():
         rule = rule_for(cmd)
-        assert rule is not None, f"README command without a rule: {cmd}"
+        assert rule is not None, f"{page}: command without a rule: {cmd}"
         if rule.needs != needs:
             continue
         if rule.action == "skip":
-            report.append(f"skipped: {cmd}  ({rule.reason})")
+            report.append(f"skipped ({page}): {cmd}  ({rule.reason})")
             continue
         actual = rule.rewrite(cmd, scratch) if rule.rewrite else cmd
         actual = actual.replace("{images}", str(scratch / "images"))
+        started = time.monotonic()
         result = session.run(actual)
+        took = time.monotonic() - started  # printed, never asserted: where the CI budget goes
         ok = result.returncode == rule.expect and re.search(rule.stderr_has, result.stderr) is not None
-        report.append(f"{'ran' if ok else 'FAILED'}: {actual}")
+        report.append(f"{'ran' if ok else 'FAILED'} ({page}, {took:.1f} s): {actual}")
         if not ok:
             failures.append(
-                f"{actual}\n  exit {result.returncode} (expected {rule.expect})\n"
+                f"{page}: {actual}\n  exit {result.returncode} (expected {rule.expect})\n"
                 f"  stdout tail: {result.stdout[-1500:]}\n  stderr tail: {result.stderr[-2500:]}"
             )
     print("\n".join(report))
-    assert not failures, "README commands failed:\n" + "\n".join(failures)
+    assert not failures, "documented commands failed:\n" + "\n".join(failures)
     return report
 
 
@@ -384,16 +506,40 @@ def test_extraction_reads_indented_and_shell_blocks_only() -> None:
 
 
 def test_every_command_has_a_rule() -> None:
-    commands = readme_commands(README.read_text(encoding="utf-8"))
-    assert commands, "no commands found in README.md"
-    missing = [c for c in commands if rule_for(c) is None]
+    commands = all_commands()
+    assert commands and commands[0][0] == "README.md", "no commands found in README.md"
+    missing = [f"{page}: {cmd}" for page, cmd in commands if rule_for(cmd) is None]
     assert not missing, (
-        "README commands neither run nor listed in tests/test_readme_commands.py RULES "
+        "documented commands neither run nor listed in tests/test_readme_commands.py RULES "
         "(add a rule: run, rewrite with a reason, or skip with a reason): " + "; ".join(missing)
     )
-    for cmd in commands:
+    for page, cmd in commands:
         rule = rule_for(cmd)
-        assert rule is not None and (rule.reason or (rule.action == "run" and rule.rewrite is None)), cmd
+        assert rule is not None and (rule.reason or (rule.action == "run" and rule.rewrite is None)), (page, cmd)
+
+
+def test_every_docs_page_is_read_in_the_sites_order() -> None:
+    """The nav's pages in its order after the README, and a page the nav lacks still read (not skipped)."""
+    pages = documentation_pages()
+    assert pages[0] == README and set(DOCS.glob("*.md")) <= set(pages)
+    assert pages.index(DOCS / "quickstart.md") < pages.index(DOCS / "launchers.md") < pages.index(DOCS / "SLURM.md")
+    with_commands = {page for page, _ in all_commands()}
+    assert {"README.md", "quickstart.md", "launchers.md", "SLURM.md", "KUBERNETES.md"} <= with_commands
+
+
+def test_a_command_on_several_pages_is_listed_once_where_it_first_appears(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.md", tmp_path / "b.md"
+    first.write_text("    make doctor\n    make lint\n    make doctor\n")
+    second.write_text("text\n\n    make lint\n    make preflight\n")
+    assert all_commands([first, second]) == [("a.md", "make doctor"), ("a.md", "make lint"), ("b.md", "make preflight")]
+
+
+def test_a_command_without_a_rule_is_named_with_its_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = tmp_path / "NEW.md"
+    page.write_text("    frobnicate --all\n")
+    monkeypatch.setattr(sys.modules[__name__], "documentation_pages", lambda: [README, page])
+    with pytest.raises(AssertionError, match=r"NEW\.md: frobnicate --all"):
+        test_every_command_has_a_rule()
 
 
 def test_rewrites_keep_the_command_and_say_why(tmp_path: Path) -> None:
@@ -404,7 +550,7 @@ def test_rewrites_keep_the_command_and_say_why(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~40 commands, fast93's 3 steps among them: past pytest's 600 s on a loaded 2-core box
+@pytest.mark.timeout(1800)  # ~50 commands, fast93's 3 steps among them: past pytest's 600 s on a loaded 2-core box
 def test_readme_commands_run(tmp_path: Path) -> None:
     report = run_commands("", tmp_path)
     assert any(line.startswith("ran:") for line in report)

@@ -97,7 +97,7 @@ def test_signal_then_rerun_equals_uninterrupted(tmp_path: Path, reference: Path,
 def sigterm_launcher_mid_run(run_dir: Path, gpus: int) -> None:
     """Start launch.local, send SIGTERM to it once rank 0 has logged 3 metrics lines, expect exit 75."""
     args = launcher_argv(
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         str(gpus),
         "--config",
@@ -164,7 +164,7 @@ def test_world_size_change_continues_global_order(tmp_path: Path, reference: Pat
 def test_kill_9_mid_checkpoint_write_then_rerun_matches(tmp_path: Path, reference: Path) -> None:
     """The whole job dies (SIGKILL to every process) while rank 0 is provably inside a save."""
     args = launcher_argv(
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "2",
         "--config",

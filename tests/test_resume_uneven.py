@@ -4,7 +4,7 @@ samples with the same crop and flip as the uninterrupted 3-rank run, and ends wi
 to float summation order; interrupted and resumed on 3 it ends bit for bit where it would have.
 
 The model is examples/my_models.py:tiny_gn_cnn (GroupNorm): with BatchNorm each rank normalises over
-its own share, so a different split is a different step (README, determinism contract). Real torchrun
+its own share, so a different split is a different step (docs/contracts.md, determinism contract). Real torchrun
 with CPU ranks on gloo through launch.local, the real signal path for the interruption."""
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ import pytest
 
 from torchlaunch import config as config_mod
 from torchlaunch import rundir, runlock
+from torchlaunch.backends.local import launch as local
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
-from torchlaunch.launch import elastic, local, shape
+from torchlaunch.launch import elastic, shape
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke.yaml")
@@ -295,7 +296,7 @@ def slurm_call(argv: list[str]) -> tuple[int, str, str]:
     import contextlib
     import io
 
-    from torchlaunch.launch import slurm
+    from torchlaunch.backends.slurm import launch as slurm
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -323,7 +324,7 @@ def test_launch_slurm_settles_the_config_under_the_lock_at_submit(
 ) -> None:
     """At submit (the cluster stood in for): refused without --reconfigure, nothing written and the run
     dir free; with it rewritten and said; a refused submission puts the previous file back."""
-    from torchlaunch.launch import slurm
+    from torchlaunch.backends.slurm import launch as slurm
 
     class Job:
         job_id = "4242"
@@ -355,7 +356,7 @@ def test_launch_k8s_carries_reconfigure_to_each_pods_launcher() -> None:
     from tests.test_k8s import render
 
     code, out, err = render(["--config", "configs/smoke.yaml", "--reconfigure"])
-    assert code == 0 and "torchlaunch.launch.local" in out and " --reconfigure " in out, err
+    assert code == 0 and "torchlaunch.backends.local.launch" in out and " --reconfigure " in out, err
     code, out, _ = render(["--config", "configs/smoke.yaml"])
     assert code == 0 and "--reconfigure" not in out
     code, out, err = render(["--reconfigure", "--", "script.py"])

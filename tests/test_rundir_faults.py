@@ -19,11 +19,13 @@ import pytest
 import torch
 
 from tests.helpers import REPO, launcher
-from torchlaunch import rundir, status, storage
+from torchlaunch import rundir, status
+from torchlaunch.backends.slurm import proof as slurm_proof
+from torchlaunch.base import files, storage
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import store
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.jobs import cli, files, proof, ranklog, record
+from torchlaunch.jobs import cli, proof, ranklog, record
 from torchlaunch.jobs import launcher as oplauncher
 from torchlaunch.worker import folder_cache
 
@@ -105,7 +107,7 @@ def test_storage_words_every_errno_with_its_fix(tmp_path: Path) -> None:
 
 
 def test_a_run_dir_starting_with_a_dash_is_not_read_as_an_option() -> None:
-    from torchlaunch.launch import local
+    from torchlaunch.backends.local import launch as local
 
     assert local.not_an_option("-run/config.yaml") == "./-run/config.yaml"
     assert local.not_an_option("/abs/-run/config.yaml") == "/abs/-run/config.yaml"
@@ -224,7 +226,7 @@ def test_an_image_folder_with_a_fifo_or_a_symlink_loop_is_one_line(tmp_path: Pat
 
 
 def test_a_forged_record_naming_an_unrelated_process_is_refused(tmp_path: Path, capsys) -> None:
-    from torchlaunch.jobs import procs
+    from torchlaunch.base import procs
 
     victim = subprocess.Popen(["sleep", "300"])
     try:
@@ -276,7 +278,7 @@ def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, 
         assert len(err) == 1 and f"Slurm job {job} is not proven this run's" in err[0]
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
         assert state.stdout.strip() in ("PENDING", "RUNNING", "CONFIGURING")
-        assert proof.slurm_job(job, other) is None  # the job's own run dir is proven
+        assert slurm_proof.slurm_job(job, other) is None  # the job's own run dir is proven
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)
 

@@ -16,8 +16,8 @@ from PIL import Image
 
 from torchlaunch import config as config_mod
 from torchlaunch import rundir, runlock
+from torchlaunch.backends.local import launch as local
 from torchlaunch.exit_codes import BAD_INPUT, BadInput
-from torchlaunch.launch import local
 from torchlaunch.shards.cli import main as shards_main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from torchlaunch import schedulers
-from torchlaunch.launch import k8s, local, slurm
+from torchlaunch import backends
+from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.local import launch as local
+from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.launch.spec import JobSpec
 
 
@@ -28,7 +30,7 @@ def no_process(*args: Any, **kwargs: Any) -> Any:
 def render_purely(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, spec: JobSpec, options: Any
 ) -> tuple[str, str]:
-    backend = schedulers.get(name)
+    backend = backends.get(name)
     assert backend is not None
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as m:
@@ -69,7 +71,7 @@ def test_render_is_pure_and_is_the_launchers_own(monkeypatch: pytest.MonkeyPatch
 def test_importing_the_schedulers_loads_no_launcher_and_no_torch() -> None:
     """render/submit load their launcher by name on first use: the operator commands stay light."""
     code = (
-        "import sys, torchlaunch.schedulers as s; "
+        "import sys, torchlaunch.backends as s; "
         "bad = [m for m in sys.modules if m.startswith('torchlaunch.launch') or m.split('.')[0] == 'torch']; "
         "print(bad); assert not bad"
     )

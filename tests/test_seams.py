@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import re
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch import contract, exit_codes, rundir, schedulers
+from torchlaunch import backends, contract, exit_codes, rundir
 from torchlaunch.jobs import cli, record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +73,7 @@ def test_one_atomic_writer() -> None:
     allowed = {
         "rundir.py",
         "core/checkpoint/store.py",  # folder renames of the commit protocol (the marker goes through rundir)
+        "core/checkpoint/single_file.py",  # a format's payload is fsynced in the temp folder before the commit
         "worker/folder_cache.py",  # a whole cache folder published by one rename, first writer wins
         "shards/fsio.py",
         "shards/writer.py",
@@ -125,9 +127,10 @@ def test_the_sbatch_script_uses_the_tables_codes() -> None:
 
 
 def test_the_readme_table_lists_every_code() -> None:
-    table = (REPO / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
-    for code in exit_codes.TABLE:
-        assert re.search(rf"^\| {code} \|", table, re.MULTILINE), code
+    for page in (REPO / "README.md", REPO / "docs" / "failures.md"):  # the README's table, and the site's copy
+        table = page.read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+        for code in exit_codes.TABLE:
+            assert re.search(rf"^\| {code} \|", table, re.MULTILINE), (page.name, code)
 
 
 CONTRACT_NAMES = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)}
@@ -181,19 +184,19 @@ def test_every_project_variable_is_defined_in_contract() -> None:
     assert not found, "environment names defined outside torchlaunch/contract.py:\n" + "\n".join(found)
 
 
-def test_no_branch_on_a_schedulers_name_outside_the_scheduler_modules() -> None:
+def test_no_branch_on_a_schedulers_name_outside_the_backends() -> None:
     """`scheduler == "slurm"` (or != / in) anywhere else means a backend's knowledge leaked out of
-    torchlaunch/schedulers/: it belongs behind the Scheduler interface."""
+    torchlaunch/backends/: it belongs behind the Backend interface."""
     found = []
     for path, tree in modules():
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith("schedulers/"):
+        if rel.startswith("backends/"):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare) and "scheduler" in ast.unparse(node.left).lower():
                 if any(_names_a_scheduler(c) for c in node.comparators):
                     found.append(f"{where(path, node)}: {ast.unparse(node)}")
-    assert not found, "branches on a scheduler's name (use torchlaunch.schedulers):\n" + "\n".join(found)
+    assert not found, "branches on a scheduler's name (use torchlaunch.backends):\n" + "\n".join(found)
 
 
 def _names_a_scheduler(node: ast.expr) -> bool:
@@ -224,8 +227,10 @@ def test_machine_shape_options_are_declared_only_through_shape() -> None:
 def test_every_launcher_checks_the_shape_options_it_declares() -> None:
     """A bound in shape.OPTIONS holds on every launcher that takes the option: the same value is refused
     in the same words by launch.local, launch.slurm and launch.k8s."""
-    from torchlaunch.launch import k8s, local, shape
-    from torchlaunch.launch import slurm as slurm_launcher
+    from torchlaunch.backends.k8s import launch as k8s
+    from torchlaunch.backends.local import launch as local
+    from torchlaunch.backends.slurm import launch as slurm_launcher
+    from torchlaunch.launch import shape
 
     refused = {
         "local": lambda argv: local.check_placement(local.parse_args([*argv, "--config", "configs/smoke.yaml"])),
@@ -248,15 +253,54 @@ def test_every_launcher_checks_the_shape_options_it_declares() -> None:
             )
 
 
-def test_the_scheduler_modules_import_neither_torch_nor_the_launchers() -> None:
-    for path in sorted((PACKAGE / "schedulers").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
-                assert name.split(".")[0] not in ("torch", "numpy", "launch", "train"), f"{path.name}: {name}"
-                assert not name.startswith("torchlaunch.launch"), f"{path.name}: {name}"
+def imported_names(path: Path) -> list[str]:
+    """Every module an import statement in `path` names (`from a import b` gives a and a.b)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return found
+
+
+def test_the_operate_side_imports_neither_torch_nor_a_launcher() -> None:
+    """status/logs/cancel/list load the registry and every backend's operate module: light, stdlib."""
+    paths = [PACKAGE / "backends" / "__init__.py", PACKAGE / "backends" / "launchers.py"]
+    paths += sorted((PACKAGE / "backends").glob("*/operate.py"))
+    assert len(paths) >= 5
+    for path in paths:
+        for name in imported_names(path):
+            assert name.split(".")[0] not in ("torch", "numpy", "launch", "train"), f"{path}: {name}"
+            assert not name.startswith("torchlaunch.launch") and not name.endswith(".launch"), f"{path}: {name}"
+
+
+def test_no_backend_imports_another_backends_modules() -> None:
+    """What two backends share lives in torchlaunch/backends/ itself or lower (launch/, base/, jobs/):
+    a backend is one folder that can be read, changed or removed alone."""
+    found = []
+    folders = [d for d in sorted((PACKAGE / "backends").iterdir()) if (d / "__init__.py").is_file()]
+    assert {d.name for d in folders} >= {"local", "slurm", "k8s"}
+    for folder in folders:
+        others = tuple(f"torchlaunch.backends.{d.name}" for d in folders if d != folder)
+        for path in sorted(folder.rglob("*.py")):
+            for name in imported_names(path):
+                if name.startswith(others) and name.split(".")[2] != folder.name:
+                    found.append(f"{path.relative_to(PACKAGE)}: {name}")
+    assert not found, "a backend importing another's modules:\n" + "\n".join(found)
+
+
+def test_nothing_outside_a_backend_names_its_private_parts() -> None:
+    """Outside torchlaunch/backends/, a backend is reached through the registry or its launch module
+    (the commands users type), never through a `_private` name of its modules."""
+    found = []
+    for path, tree in modules():
+        if path.relative_to(PACKAGE).as_posix().startswith("backends/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchlaunch.backends."):
+                found += [f"{where(path, node)}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert not found, "\n".join(found)
 
 
 # ---- adding a scheduler is one module: an example backend, "a subprocess on this host" ----------------
@@ -272,25 +316,26 @@ class HostProcesses:
     def __init__(self) -> None:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
 
-    def detect(self, env: Mapping[str, str]) -> schedulers.Detected | None:
+    def detect(self, env: Mapping[str, str]) -> backends.Detected | None:
         job = env.get("EXAMPLE_HOST_PROCESS_JOB")
-        return schedulers.Detected(self.name, job) if job else None
+        return backends.Detected(self.name, job) if job else None
 
-    def state(self, job_id: str, extra: Mapping[str, str]) -> str | None:
+    def state(self, job_id: str, extra: Mapping[str, str]) -> backends.JobState | None:
         child = self.children.get(job_id)
         if child is None:
             return None
         code = child.poll()
         if code is None:
-            return "RUNNING"
-        return "COMPLETED" if code == 0 else "CANCELLED" if code == -signal.SIGTERM else "FAILED"
+            return backends.JobState("running", "running")
+        word = "finished" if code == 0 else "cancelled" if code == -signal.SIGTERM else "failed"
+        return backends.JobState(word, f"exit {code}")
 
     def alive(self, job_id: str) -> bool:
         child = self.children.get(job_id)
         return child is not None and child.poll() is None
 
-    def cancel(self, run_dir: Path, nodes: Sequence[record.JobRecord]) -> list[schedulers.Step]:
-        return [schedulers.Step("run", ("kill", "-TERM", str(nodes[0].job_id)))]
+    def cancel(self, run_dir: Path, nodes: Sequence[backends.LaunchRecord]) -> list[backends.Step]:
+        return [backends.Step("run", ("kill", "-TERM", str(nodes[0].job_id)))]
 
     def logs(self, run_dir: Path, job_id: str | None) -> list[Path]:
         return [run_dir / "host-process.out"]
@@ -302,11 +347,11 @@ class HostProcesses:
 @pytest.fixture
 def host_processes() -> Iterator[HostProcesses]:
     backend = HostProcesses()
-    schedulers.register(backend)
+    backends.register(backend)
     try:
         yield backend
     finally:
-        schedulers.unregister(backend.name)
+        backends.unregister(backend.name)
         for child in backend.children.values():
             if child.poll() is None:
                 child.kill()
@@ -317,7 +362,7 @@ def test_an_example_backend_is_operated_by_status_logs_cancel_and_list(
     host_processes: HostProcesses, tmp_path: Path
 ) -> None:
     """Registering the class above is the whole change: the job record, status, logs, list and cancel
-    go through it (the run-dir lock too, through schedulers.alive)."""
+    go through it (the run-dir lock too, through backends.alive)."""
     run = tmp_path / "runs" / "example"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     job_id = str(child.pid)
@@ -337,12 +382,12 @@ def test_an_example_backend_is_operated_by_status_logs_cancel_and_list(
     assert "scheduler:  host-process  job " + job_id in ops("status", str(run))
     assert ops("logs", str(run)).splitlines() == ["[rank 0] hello from rank 0"]
     assert "example" in ops("list", str(tmp_path / "runs")) and "running" in ops("list", str(tmp_path / "runs"))
-    assert schedulers.alive("host-process", job_id) is True  # what the run-dir lock asks
+    assert backends.alive("host-process", job_id) is True  # what the run-dir lock asks
     assert f"kill -TERM {job_id}" in ops("cancel", str(run), "--dry-run")
     assert f"kill -TERM {job_id}" in ops("cancel", str(run))
     assert child.wait(timeout=30) == -signal.SIGTERM
     assert "state:      cancelled" in ops("status", str(run))
-    assert schedulers.alive("host-process", job_id) is False
+    assert backends.alive("host-process", job_id) is False
 
 
 def test_the_rank_side_imports_nothing_from_the_launchers_or_the_tools() -> None:
@@ -351,7 +396,7 @@ def test_the_rank_side_imports_nothing_from_the_launchers_or_the_tools() -> None
     found = []
     for path, tree in modules():
         rel = path.relative_to(PACKAGE).as_posix()
-        if not (rel.startswith(("worker/", "core/")) or rel in ("runner.py", "api.py", "slurm_task.py")):
+        if not (rel.startswith(("worker/", "core/")) or rel in ("runner.py", "api.py", "backends/slurm/task.py")):
             continue
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -364,9 +409,9 @@ def test_the_rank_side_imports_nothing_from_the_launchers_or_the_tools() -> None
 
 
 LAUNCHER_MODULES = {
-    "torchlaunch.launch.local",
-    "torchlaunch.launch.slurm",
-    "torchlaunch.launch.k8s",
+    "torchlaunch.backends.local.launch",
+    "torchlaunch.backends.slurm.launch",
+    "torchlaunch.backends.k8s.launch",
     "torchlaunch.launch.torchrun",
     "launch.local",
     "launch.slurm",
@@ -376,7 +421,7 @@ LAUNCHER_MODULES = {
 
 
 def test_the_tests_spell_a_launchers_command_line_only_through_launcher_argv() -> None:
-    """`[sys.executable, "-m", "torchlaunch.launch.local", ...]` in a test is a second spelling of what
+    """`[sys.executable, "-m", "torchlaunch.backends.local.launch", ...]` in a test is a second spelling of what
     tests/conftest.launcher_argv builds (the one launcher helper, for runs to completion and Popen alike)."""
     found = []
     for path in sorted((REPO / "tests").rglob("*.py")):
@@ -390,3 +435,114 @@ def test_the_tests_spell_a_launchers_command_line_only_through_launcher_argv() -
             if head[0] == "sys.executable" and head[1] == "'-m'" and module in LAUNCHER_MODULES:
                 found.append(f"{where(path, node)}: {ast.unparse(node)[:80]}")
     assert not found, "\n".join(found)
+
+
+# ---- a third-party backend is a package: found through the entry-point group, nothing registered --------
+
+THIRD_PARTY_BACKEND = '''
+from pathlib import Path
+
+from torchlaunch import backends
+
+
+class PidOnThisHost:
+    """A job is a process on this host; its job id is the pid. Stateless: every answer comes from /proc."""
+
+    name = "pid-on-this-host"
+    by_pid = False
+    launcher = "pid_backend"
+
+    def detect(self, env):
+        job = env.get("PID_BACKEND_JOB")
+        return backends.Detected(self.name, job) if job else None
+
+    def state(self, job_id, extra):
+        if Path(f"/proc/{job_id}").exists():
+            return backends.JobState("running", f"pid {job_id} runs")
+        return backends.JobState("finished", f"pid {job_id} ended")
+
+    def alive(self, job_id):
+        return Path(f"/proc/{job_id}").exists()
+
+    def cancel(self, run_dir, nodes):
+        return [backends.Step("run", ("kill", "-TERM", str(nodes[0].job_id)))]
+
+    def logs(self, run_dir, job_id):
+        return []
+
+    def claim(self, job_id, run_dir):
+        pass
+
+    def render(self, spec, options):
+        return "sleep 600"
+
+    def submit(self, argv):
+        return 0
+
+
+BACKEND = PidOnThisHost()
+'''
+
+
+def install_package(site: Path, entry_points: str) -> None:
+    """A package installed the way pip leaves one: its module and a dist-info with entry_points.txt."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "pid_backend.py").write_text(THIRD_PARTY_BACKEND)
+    info = site / "pid_backend-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pid-backend\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+def test_a_backend_installed_as_a_package_is_found_and_operated_end_to_end(tmp_path: Path) -> None:
+    """The whole change for a new scheduler: one module and one entry-point line in its package's
+    metadata. Fresh interpreters (as users run them) record a job of it, then `status` and `cancel`
+    reach it through the registry; a second, broken entry point costs one line and nothing else."""
+    site = tmp_path / "site"
+    install_package(
+        site,
+        "[torchlaunch.backends]\npid-on-this-host = pid_backend:BACKEND\nbroken = no_such_module_anywhere:BACKEND\n",
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    run = tmp_path / "run"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+
+        def python(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+            )
+
+        recorded = python(
+            "-c",
+            "import sys; from torchlaunch.jobs import record; "
+            "found = record.scheduler_from_env({'PID_BACKEND_JOB': sys.argv[2]}); print(found[0]); "
+            "record.start(sys.argv[1], scheduler=found[0], job_id=found[1], command=['sleep'], launch_id='L1')",
+            str(run),
+            str(sleeper.pid),
+        )
+        assert recorded.returncode == 0 and recorded.stdout.strip() == "pid-on-this-host", recorded.stderr
+        status = python("-m", "launch", "status", str(run))
+        assert status.returncode == 0, status.stderr
+        assert "state:      running" in status.stdout
+        assert f"scheduler:  pid-on-this-host  job {sleeper.pid}" in status.stdout
+        broken = [line for line in status.stderr.splitlines() if "no_such_module_anywhere" in line]
+        assert len(broken) == 1 and broken[0].startswith("torchlaunch: backend 'no_such_module_anywhere:BACKEND'")
+        cancel = python("-m", "launch", "cancel", str(run))
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        assert f"kill -TERM {sleeper.pid}" in cancel.stdout
+        assert sleeper.wait(timeout=60) == -signal.SIGTERM
+        assert "state:      cancelled" in python("-m", "launch", "status", str(run)).stdout
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        sleeper.wait(timeout=30)
+
+
+def test_backends_load_from_their_one_registry_line() -> None:
+    """Each built-in backend is one BUILTIN line naming its operate module; its launcher is its own package's."""
+    for target in backends.BUILTIN:
+        backend = backends.load(target)
+        assert backends.get(backend.name) is backend
+        package = target.split(":")[0].rsplit(".", 1)[0]
+        assert backend.launcher == f"{package}.launch", (backend.name, backend.launcher)

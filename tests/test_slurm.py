@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launcher_argv
-from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, BadInput
-from torchlaunch.launch.slurm import (
+from torchlaunch.backends.slurm.launch import (
     SlurmOptions,
     executor_parameters,
     resolve_run_dir,
     sbatch_script,
     worker_argv,
 )
+from torchlaunch.backends.slurm.task import is_timeout
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, BadInput
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.slurm_task import is_timeout
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -110,7 +110,7 @@ def test_timeout_rule(elapsed_s: float, time_min: int, delay_s: int, expected: b
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        launcher_argv("torchlaunch.launch.slurm", *args),
+        launcher_argv("torchlaunch.backends.slurm.launch", *args),
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -183,7 +183,7 @@ def test_exit_status_maps_slurm_states_to_project_codes(
 ) -> None:
     """The code travels as data: task 0's result record, never its exception's text."""
     from torchlaunch import rundir
-    from torchlaunch.schedulers.slurm import exit_status, result_path
+    from torchlaunch.backends.slurm.operate import exit_status, result_path
 
     if result is not None:
         rundir.write_json(result_path(tmp_path, "42"), {"code": result[0], "why": result[1]})
@@ -205,7 +205,7 @@ def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:
 
 
 def test_doctor_runs_the_preflight_in_each_task() -> None:
-    from torchlaunch.launch.slurm import parse_args, task_argv
+    from torchlaunch.backends.slurm.launch import parse_args, task_argv
 
     spec, options, _ = parse_args(
         ["--nodes", "2", "--tasks-per-node", "2", "--doctor", "--config", "configs/smoke.yaml"]

@@ -79,7 +79,7 @@ class Launch:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(
-                launcher_argv("torchlaunch.launch.slurm", *args, f"run_dir={run_dir}", "--wait"),
+                launcher_argv("torchlaunch.backends.slurm.launch", *args, f"run_dir={run_dir}", "--wait"),
                 cwd=REPO,
                 env=env,
                 stdout=out,
@@ -293,7 +293,7 @@ def test_bad_arguments_rejected_before_submission(cluster: str, tmp_path: Path, 
     before = slurm("sacct", "-n", "-X", "-a", "-P", "-o", "JobID", "-S", "now-1hours")
     result = subprocess.run(
         launcher_argv(
-            "torchlaunch.launch.slurm",
+            "torchlaunch.backends.slurm.launch",
             "--config",
             "configs/smoke.yaml",
             *args,

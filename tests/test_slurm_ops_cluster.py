@@ -82,7 +82,7 @@ def program_launch(run_dir: Path, script: Path, *args: str, extra: tuple[str, ..
     argv = ["--nodes", "2", "--tasks-per-node", "1", "--time", "10", *extra, "--run-dir", str(run_dir), "--wait"]
     with open(launch.output, "w") as out:
         launch.proc = subprocess.Popen(
-            launcher_argv("torchlaunch.launch.slurm", *argv, "--", str(script), *args),
+            launcher_argv("torchlaunch.backends.slurm.launch", *argv, "--", str(script), *args),
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             stdout=out,

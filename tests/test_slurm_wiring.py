@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch import runlock, slurm_task
+from torchlaunch import runlock
+from torchlaunch.backends.slurm import launch as slurm
+from torchlaunch.backends.slurm import operate as slurm_backend
+from torchlaunch.backends.slurm import task as slurm_task
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK
 from torchlaunch.jobs import record
-from torchlaunch.launch import slurm
-from torchlaunch.schedulers import slurm as slurm_backend
 
 HOSTILE = "x\ntouch F #"
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import pdeath, stop_signals
+from torchlaunch.backends.slurm import launch as slurm_launch
 from torchlaunch.core.preemption import PreemptionWatcher
 from torchlaunch.jobs import ranklog
-from torchlaunch.launch import slurm as slurm_launch
 
 
 def blocked(status: str) -> set[int]:
@@ -114,6 +114,11 @@ def test_a_second_sigint_ends_at_once_and_other_repeats_are_the_same_stop() -> N
         watcher.restore()
 
 
+def default_stop_signals() -> None:
+    for sig in stop_signals.STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("sent", "seen"), [("USR2", "USR2"), ("USR1", "USR1"), ("TERM", "USR2"), ("INT", "USR2"), ("HUP", "USR2")]
@@ -134,7 +139,12 @@ def test_the_batch_shell_passes_a_stop_on_to_srun_and_waits(sent: str, seen: str
     script = tmp_path / "job.sh"
     script.write_text("\n".join(slurm_launch.BATCH_SHELL_STOP) + '\nsrun --fake step\necho "srun said $?"\n')
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    shell = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    # slurmstepd starts the batch shell with every signal at its default; a test runner started in the
+    # background of a non-interactive shell (nohup, `cmd &`) would hand bash SIGINT ignored, and bash
+    # cannot trap a signal ignored on entry.
+    shell = subprocess.Popen(
+        ["bash", str(script)], env=env, stdout=subprocess.PIPE, text=True, preexec_fn=default_stop_signals
+    )
     try:
         while not ready.exists():
             assert shell.poll() is None

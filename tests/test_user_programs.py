@@ -22,9 +22,9 @@ import pytest
 from tests.conftest import REPO, child_env, error_lines, launcher_argv, run_cmd, run_launcher, run_module
 from tests.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 from torchlaunch import runner as program_mod
+from torchlaunch.backends.local import launch as local
+from torchlaunch.backends.local.launch import NodePlacement, torchrun_argv
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
-from torchlaunch.launch import local
-from torchlaunch.launch.local import NodePlacement, torchrun_argv
 from torchlaunch.launch.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -323,7 +323,7 @@ def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
     rc, _, err = run_cmd(
         launcher_argv(
-            "torchlaunch.launch.local",
+            "torchlaunch.backends.local.launch",
             "--gpus",
             "2",
             *CPU,
@@ -410,7 +410,7 @@ def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path)
     out = tmp_path / "ready"
     proc = subprocess.Popen(
         launcher_argv(
-            "torchlaunch.launch.local",
+            "torchlaunch.backends.local.launch",
             "--gpus",
             str(gpus),
             *CPU,
@@ -466,7 +466,7 @@ def test_doctor_for_a_user_program(tmp_path: Path) -> None:
 
 
 def test_sbatch_script_of_a_program_golden() -> None:
-    from torchlaunch.launch.slurm import SlurmOptions, sbatch_script, task_argv
+    from torchlaunch.backends.slurm.launch import SlurmOptions, sbatch_script, task_argv
 
     spec = JobSpec(
         program=("/opt/code/train.py", "--epochs", "3"),
@@ -490,7 +490,7 @@ def test_sbatch_script_of_a_program_golden() -> None:
 
 def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
     rc, out, err = run_module(
-        "torchlaunch.launch.slurm",
+        "torchlaunch.backends.slurm.launch",
         ["--dry-run", "--nodes", "2", "--tasks-per-node", "1", "--run-dir", str(tmp_path), "--", EXIT_WITH, "0", "x y"],
         timeout=60,
     )
@@ -510,7 +510,9 @@ def test_slurm_dry_run_makes_the_program_absolute(tmp_path: Path) -> None:
     ],
 )
 def test_slurm_bad_program_arguments(args: list[str], words: str) -> None:
-    rc, out, err = run_module("torchlaunch.launch.slurm", ["--dry-run", "--tasks-per-node", "1", *args], timeout=60)
+    rc, out, err = run_module(
+        "torchlaunch.backends.slurm.launch", ["--dry-run", "--tasks-per-node", "1", *args], timeout=60
+    )
     assert rc == BAD_INPUT and out == ""
     assert len(err.splitlines()) == 1 and words in err, err
 
@@ -532,7 +534,7 @@ def _start_launcher(run_dir: Path, program: list[str], args: tuple[str, ...], cw
     with open(run_dir.parent / f"{run_dir.name}.launcher.log", "w") as out:
         return subprocess.Popen(
             launcher_argv(
-                "torchlaunch.launch.slurm",
+                "torchlaunch.backends.slurm.launch",
                 *args,
                 "--run-dir",
                 str(run_dir),
@@ -704,7 +706,7 @@ def test_k8s_pod_command_is_accepted_by_launch_local(
     for var, value in (("JOB_COMPLETION_INDEX", "1"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29511")):
         line = line.replace(f'"${var}"', value)
     argv = shlex.split(line)
-    assert argv[:4] == ["exec", "python", "-m", "torchlaunch.launch.local"]
+    assert argv[:4] == ["exec", "python", "-m", "torchlaunch.backends.local.launch"]
     monkeypatch.chdir(REPO)
     assert local.main(["--dry-run", *argv[4:]]) == OK
     printed = shlex.split(capsys.readouterr().out)
@@ -739,7 +741,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def custom_loop_launch(run_dir: Path) -> list[str]:
     return launcher_argv(
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         "--gpus",
         "2",
         *CPU,
@@ -911,7 +913,7 @@ def test_slurm_wait_shows_stderr_and_ctrl_c_leaves_the_job_running_in_one_line(t
 @pytest.mark.usefixtures("cluster")
 def test_slurm_wait_on_a_job_no_source_knows_ends_in_one_line(tmp_path: Path) -> None:
     """A job purged by a controller restart is unknown to sacct and scontrol: --wait polled forever."""
-    from torchlaunch.launch import slurm as slurm_mod
+    from torchlaunch.backends.slurm import launch as slurm_mod
 
     class Lost:
         job_id = "987654"

@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from torchlaunch import rundir, suggest
+from torchlaunch.base.untrusted import DepthGuard, TooComplex, check_yaml, quote
 from torchlaunch.exit_codes import ConfigError
 from torchlaunch.stop_signals import STOP_SIGNAL_NAMES
-from torchlaunch.untrusted import DepthGuard, TooComplex, check_yaml, quote
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,12 @@ class Choice:
     """Also accept any longer value with this prefix (model.name=torchvision.<name>)."""
     plugin: bool = False
     """Also accept an import path `pkg.module:factory` (torchlaunch.worker.plugins resolves it)."""
+    source: typing.Callable[[], tuple[str, ...]] | None = None
+    """Ask this for the values at each check instead (data.name: the data-format registry, which a
+    third-party format joins at run time)."""
+
+    def allowed(self) -> tuple[str, ...]:
+        return self.source() if self.source is not None else self.values
 
 
 def bound(ok: typing.Callable[[Any], bool], requirement: str, fix: str) -> dict[str, Bound]:
@@ -122,9 +128,21 @@ def seed_bound() -> dict[str, Bound]:
     )
 
 
-def choice(values: tuple[str, ...], open_prefix: str = "", plugin: bool = False) -> dict[str, Choice]:
+def choice(
+    values: tuple[str, ...],
+    open_prefix: str = "",
+    plugin: bool = False,
+    source: typing.Callable[[], tuple[str, ...]] | None = None,
+) -> dict[str, Choice]:
     """Field metadata: `field(default=..., metadata=choice(("a", "b")))`."""
-    return {"choice": Choice(tuple(values), open_prefix, plugin)}
+    return {"choice": Choice(tuple(values), open_prefix, plugin, source)}
+
+
+def data_format_names() -> tuple[str, ...]:
+    """data.name's values: the registered data formats (torchlaunch.data.registry, torch-free)."""
+    from torchlaunch.data import registry
+
+    return registry.names()
 
 
 SIMPLE_CNN_SIZES = range(32, 40)
@@ -151,9 +169,7 @@ def shard_label_parts(spec: str) -> tuple[tuple[str, ...], str | None] | None:
 
 @dataclass
 class DataConfig:
-    name: str = field(
-        default="synthetic", metadata=choice(("cifar10", "imagefolder", "shards", "synthetic"), plugin=True)
-    )
+    name: str = field(default="synthetic", metadata=choice((), plugin=True, source=data_format_names))
     """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `shards` (a tar
     shard set written by `python -m train.shards write`: root holds manifest.json, train/, val/), `synthetic`, or
     your own as an import path `pkg.module:factory` (imported from the run's working directory or
@@ -496,7 +512,7 @@ _KNOWN_PATHS = frozenset(
 )
 """Every key an override may name: the leaves and the sections above them."""
 
-CHOICES: dict[str, tuple[str, ...]] = {key: rule.values for key, rule in rules() if isinstance(rule, Choice)}
+CHOICES: dict[str, tuple[str, ...]] = {key: rule.allowed() for key, rule in rules() if isinstance(rule, Choice)}
 """Each choice field's named values (a view of the field metadata, which owns them)."""
 
 
@@ -721,6 +737,8 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check choices and ranges; raise ConfigError on the first problem."""
+    from torchlaunch.data import registry
+
     flat = to_dict(cfg)
     for key, rule in rules():
         value = _get_dotted(flat, key)
@@ -739,33 +757,25 @@ def validate(cfg: RunConfig) -> RunConfig:
             f"{cfg.data.crop_padding} is larger than data.image_size={cfg.data.image_size}",
             "pad by a few pixels, e.g. data.crop_padding=4",
         )
-    synthetic_bytes = (cfg.data.synthetic_train_size + cfg.data.synthetic_val_size) * 3 * cfg.data.image_size**2
-    if cfg.data.name == "synthetic" and synthetic_bytes > MAX_SYNTHETIC_BYTES:
-        raise ConfigError(
-            "data.synthetic_train_size",
-            f"{cfg.data.synthetic_train_size} + {cfg.data.synthetic_val_size} images of "
-            f"{cfg.data.image_size}x{cfg.data.image_size} need {synthetic_bytes / 2**30:.0f} GiB of memory, "
-            f"above {MAX_SYNTHETIC_BYTES // 2**30} GiB",
-            "use fewer or smaller synthetic images, e.g. data.synthetic_train_size=2048",
-        )
+    data_format = registry.get(cfg.data.name)
+    if data_format.validate is not None:
+        data_format.validate(cfg.data)
     if cfg.data.cutout > cfg.data.image_size:
         raise ConfigError(
             "data.cutout",
             f"{cfg.data.cutout} is larger than data.image_size={cfg.data.image_size}",
             f"use a square of at most {cfg.data.image_size}, e.g. data.cutout=12, or 0 for off",
         )
-    if cfg.data.decode == "gpu" and (
-        cfg.data.name not in ("shards", "imagefolder") or cfg.data.train_crop != "resized"
-    ):
+    if cfg.data.decode == "gpu" and (not data_format.gpu_decode or cfg.data.train_crop != "resized"):
         raise ConfigError(
             "data.decode",
-            f"gpu decodes the JPEGs of data.name=shards or imagefolder with data.train_crop=resized, got "
-            f"data.name={quote(cfg.data.name)} data.train_crop={quote(cfg.data.train_crop)}",
+            f"gpu decodes the JPEGs of data.name={' or '.join(registry.names(gpu_decode=True))} with "
+            f"data.train_crop=resized, got data.name={quote(cfg.data.name)} data.train_crop={quote(cfg.data.train_crop)}",
             "use data.decode=cpu, or data.train_crop=resized with data.name=shards",
         )
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
-    if not str(cfg.data.root).strip() and cfg.data.name != "synthetic" and not is_plugin(cfg.data.name):
+    if not str(cfg.data.root).strip() and data_format.root == "required":
         raise ConfigError("data.root", "must not be empty", "point it at your dataset folder")
     if cfg.model.name == "simple_cnn" and cfg.data.image_size not in SIMPLE_CNN_SIZES:
         raise ConfigError(
@@ -789,9 +799,10 @@ def _check_choice(key: str, value: Any, rule: Choice) -> None:
     prefix = rule.open_prefix
     if prefix and str(value).startswith(prefix) and len(str(value)) > len(prefix):
         return
-    if value not in rule.values:
+    values = rule.allowed()
+    if value not in values:
         listed = [
-            *rule.values,
+            *values,
             *([f"{prefix}<name>"] if prefix else []),
             *(["pkg.module:factory"] if rule.plugin else []),
         ]
@@ -822,10 +833,13 @@ def refuse_unread(cfg: RunConfig, given: typing.Collection[str]) -> None:
     """An override the resolved recipe never reads is refused, not dropped without a word: `data.root=DIR`
     on a recipe whose data.name is synthetic would train on generated images and say nothing. Only what
     was typed is judged (a resolved config.yaml carries every default, data.root included)."""
-    if "data.root" in given and cfg.data.name == "synthetic":
+    from torchlaunch.data import registry
+
+    data_format = registry.get(cfg.data.name)
+    if "data.root" in given and data_format.root == "unused":
         raise ConfigError(
             "data.root",
-            f"{quote(cfg.data.root)} is not read: the recipe's data.name is synthetic (generated images)",
+            f"{quote(cfg.data.root)} is not read: the recipe's data.name is {cfg.data.name} ({data_format.summary})",
             "add data.name=imagefolder for a folder of class folders, data.name=shards for a shard set, "
             "or data.name=cifar10",
         )

@@ -121,7 +121,7 @@ K8S_JOB = "TORCHLAUNCH_K8S_JOB"
 K8S_NAMESPACE = "TORCHLAUNCH_K8S_NAMESPACE"
 """Set in the pod by the Job manifest (downward API: the job-name label and metadata.namespace)."""
 
-# ---- test and fault-injection aids (documented in the README's Testing section) ----------------------
+# ---- test and fault-injection aids (documented in docs/testing.md) ----------------------
 
 DOWNLOAD_PROBE = "TORCHLAUNCH_DOWNLOAD_PROBE"
 """HOST:PORT probed instead of the download host (tests point it at loopback)."""

@@ -136,7 +136,7 @@ class ConfigError(BadInput):
 
 def _bounded(text: str, limit: int) -> str:
     """One line of at most `limit` characters: the last guard of an error line's length (values in it
-    are quoted with torchlaunch.untrusted.quote where they are formatted)."""
+    are quoted with torchlaunch.base.untrusted.quote where they are formatted)."""
     text = str(text).replace("\n", "\\n").replace("\r", "\\r")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 
 from torchlaunch import contract
-from torchlaunch.jobs import procs
+from torchlaunch.base import procs
 
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2

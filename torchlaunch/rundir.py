@@ -13,7 +13,7 @@ two fsyncs for files rewritten every few seconds (heartbeats, per-rank status re
 the newest version to a power cut is harmless and an fsync per step is not.
 
 What the writer does not do is word errors: it raises the OSError, and the caller decides what it
-means (torchlaunch.storage words a run-dir write as one line and exit 2; a heartbeat ignores it).
+means (torchlaunch.base.storage words a run-dir write as one line and exit 2; a heartbeat ignores it).
 
 What it does not do either is follow a folder out of the run dir: a run dir (and a shard set's output
 folder) is untrusted storage, and a subfolder linked elsewhere would have every write, append and delete
@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.untrusted import quote
 
 PathLike = str | os.PathLike[str]
 
@@ -227,6 +227,19 @@ def same_folder(folder: PathLike, fd: int) -> bool:
         return False
     held = os.fstat(fd)
     return stat.S_ISDIR(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def folder_path(fd: int) -> Path | None:
+    """A path that names the folder behind `fd` itself, not whatever its old path names now: Linux's
+    /proc/self/fd/N (the kernel resolves it to the open folder, so a rename of the folder or a link put
+    in its place changes nothing). For code that can only be handed a path (a checkpoint format); None
+    where the system has no such path."""
+    pinned = Path(f"/proc/self/fd/{fd}")
+    try:
+        here, held = os.stat(pinned), os.fstat(fd)
+    except OSError:
+        return None
+    return pinned if (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino) else None
 
 
 # ---- the one atomic writer ----------------------------------------------------------------------

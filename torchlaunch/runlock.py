@@ -53,10 +53,10 @@ try:
 except ImportError:  # not POSIX: O_EXCL and the record alone
     fcntl = None  # type: ignore[assignment]
 
-from torchlaunch import rundir, storage
+from torchlaunch import rundir
+from torchlaunch.base import files, procs, storage
+from torchlaunch.base.untrusted import load_json
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.jobs import files, procs
-from torchlaunch.untrusted import load_json
 
 LOCK_NAME = rundir.LOCK
 GUARD_NAME = rundir.LOCK_GUARD
@@ -188,7 +188,7 @@ class RunLock:
 
     `scheduler`/`job_id` name the caller's own scheduler job, if any (a lock held by that same job
     is taken over silently); `job_alive` answers whether another holder's scheduler job is still on
-    (torchlaunch.schedulers.alive asks the holder's backend; without one the holder is live)."""
+    (torchlaunch.backends.alive asks the holder's backend; without one the holder is live)."""
 
     def __init__(
         self,
@@ -216,7 +216,7 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         """Own the run dir; BadInput naming a live holder, a folder of it linked elsewhere (nothing is
-        written through one: rundir.check_folders), or the storage's refusal (torchlaunch.storage)."""
+        written through one: rundir.check_folders), or the storage's refusal (torchlaunch.base.storage)."""
         rundir.check_folders(self.run_dir)
         try:
             return self._join() if self.holder.job else self._acquire()

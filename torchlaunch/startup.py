@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from torchlaunch.jobs import procs
+from torchlaunch.base import procs
 
 _FALLBACK_T0 = time.monotonic()
 """Where /proc is missing (not Linux): the time this module was imported, the earliest we can see."""

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchlaunch import contract, rundir
+from torchlaunch.base.files import read_json
 from torchlaunch.exit_codes import BAD_INPUT
-from torchlaunch.jobs.files import read_json
 
 ATTEMPT_ENV = contract.ATTEMPT_ID
 STATUS_DIR_ENV = contract.STATUS_DIR

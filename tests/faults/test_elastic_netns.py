@@ -31,7 +31,7 @@ DEADLINE_S = 240.0
 
 def argv(run_dir: Path) -> list[str]:
     return launcher_argv(
-        "torchlaunch.launch.local", "--nnodes", "1:2", "--master-addr", "node0",
+        "torchlaunch.backends.local.launch", "--nnodes", "1:2", "--master-addr", "node0",
         "--device", "cpu", "--max-restarts", "3", "--rdzv-conf", RDZV, "--hang-timeout", str(HANG_TIMEOUT_S),
         *RECIPE, f"run_dir={run_dir}",
     )  # fmt: skip

@@ -2,7 +2,7 @@
 `status` and `list` lives here, so the decision in state.py stays a pure function.
 
 The scheduler is asked only when its tool is installed, with a short timeout, and its answer is one
-word for `state.scheduler_word`; a missing tool or a failing query leaves the decision to the run dir.
+JobState in the project's words; a missing tool or a failing query leaves the decision to the run dir.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 import time
 from pathlib import Path
 
-from torchlaunch import rundir, schedulers
+from torchlaunch import backends, rundir
+from torchlaunch.base.files import as_int, read_json, read_range
 from torchlaunch.jobs import progress, record
-from torchlaunch.jobs.files import as_int, read_json, read_range
 from torchlaunch.jobs.state import WORLD_EVENT, Checkpoint, Facts, WorldChange, current_launch
 
 METRICS_TAIL_BYTES = 64 << 20
@@ -85,9 +85,9 @@ def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def scheduler_state(rec: record.JobRecord) -> str | None:
+def scheduler_state(rec: record.JobRecord) -> backends.JobState | None:
     """What the record's scheduler says about its job (None: no job id, or it cannot say)."""
-    backend = schedulers.get(rec.scheduler)
+    backend = backends.get(rec.scheduler)
     return backend.state(rec.job_id, rec.extra) if backend is not None and rec.job_id else None
 
 

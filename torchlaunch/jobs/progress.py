@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from torchlaunch import contract, rundir
-from torchlaunch.jobs import procs, ranklog
-from torchlaunch.jobs.files import as_float, as_int, as_str, read_json
+from torchlaunch.base import procs
+from torchlaunch.base.files import as_float, as_int, as_str, read_json
+from torchlaunch.jobs import ranklog
 
 PROGRESS_DIR_ENV = contract.PROGRESS_DIR
 LAUNCH_ENV = contract.ATTEMPT_ID

@@ -273,7 +273,7 @@ def read_lines(
     the log, from a line start), and the offset after them. At most READ_BYTES per call, through
     files.read_range: a FIFO or a symlink under a log's name is not read, a 2 GB log not read whole.
     A line without a stamp (written by something else) takes the previous line's."""
-    from torchlaunch.jobs import files  # here: the tee runs this module as a stdlib-only script
+    from torchlaunch.base import files  # here: the tee runs this module as a stdlib-only script
 
     try:
         data, start = files.read_range(path, -READ_BYTES if offset is None else offset, READ_BYTES)

@@ -23,6 +23,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from torchlaunch.backends import JobState
 from torchlaunch.exit_codes import BAD_INPUT, PREEMPTED
 from torchlaunch.jobs import watchdog
 from torchlaunch.jobs.progress import RankBeat
@@ -41,32 +42,6 @@ STATES = (
     "unknown",
 )
 SEVERITY = ("bad_input", "hung", "cancelled", "failed", "preempted", "finished")
-
-SCHEDULER_WORDS = {
-    "PENDING": "pending",
-    "CONFIGURING": "pending",
-    "REQUEUED": "requeued",
-    "REQUEUE_HOLD": "requeued",
-    "REQUEUE_FED": "requeued",
-    "RESV_DEL_HOLD": "pending",
-    "SUSPENDED": "pending",
-    "RUNNING": "running",
-    "COMPLETING": "running",
-    "STAGE_OUT": "running",
-    "RESIZING": "running",
-    "SIGNALING": "running",
-    "COMPLETED": "finished",
-    "SUCCEEDED": "finished",
-    "CANCELLED": "cancelled",
-    "FAILED": "failed",
-    "TIMEOUT": "failed",
-    "NODE_FAIL": "failed",
-    "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed",
-    "DEADLINE": "failed",
-    "PREEMPTED": "preempted",
-}
-"""Slurm (squeue/sacct) and Kubernetes (as torchlaunch.schedulers.k8s.state words it) job states, in our words."""
 
 WORLD_EVENT = "world_size_changed"
 """The `event` of the metrics.jsonl record the worker writes when a run continues on another world size."""
@@ -89,14 +64,6 @@ class WorldChange:
         return f"step {self.step}: {self.previous_world_size} -> {self.world_size} ranks{nodes}"
 
 
-def scheduler_word(raw: str | None) -> str | None:
-    """Our word for a scheduler's state ("CANCELLED by 1000" -> cancelled); None when unknown."""
-    if not raw:
-        return None
-    head = raw.strip().split()[0].rstrip("+").upper() if raw.strip() else ""
-    return SCHEDULER_WORDS.get(head)
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     step: int
@@ -113,7 +80,7 @@ class Facts:
     rank_codes: Sequence[tuple[int, int, str]] = ()  # (rank, code, reason) from torchlaunch.status records
     beats: Sequence[RankBeat] = ()
     checkpoint: Checkpoint | None = None
-    scheduler_state: str | None = None
+    scheduler_state: JobState | None = None  # what the job's backend says, in our words
     hang_timeout: float | None = None  # None: the default; 0: disabled
     now: float = 0.0
     problems: Sequence[str] = ()
@@ -221,7 +188,8 @@ def cancel_asked(facts: Facts, nodes: Sequence[JobRecord]) -> bool:
 
 def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple[str, str]:
     cancel = cancel_asked(facts, nodes)
-    word = scheduler_word(facts.scheduler_state)
+    word = facts.scheduler_state.word if facts.scheduler_state is not None else None
+    said = facts.scheduler_state.said if facts.scheduler_state is not None else None
     ended = [r for r in nodes if r.outcome is not None]
     if ended and len(ended) == len(nodes):  # a node that never started wrote no record: it cannot be waited for
         outcome = _worst([r.outcome for r in ended if r.outcome])
@@ -229,7 +197,7 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
         if outcome in ("preempted", "failed") and cancel:
             return "cancelled", "cancelled on request; the same launch command resumes from the newest checkpoint"
         if outcome in ("preempted", "hung", "failed") and word in ("pending", "requeued", "running"):
-            return "requeued", f"{outcome}, then requeued by the scheduler (now {facts.scheduler_state})"
+            return "requeued", f"{outcome}, then requeued by the scheduler (now {said})"
         return outcome, why
     gone = [r for r in nodes if r.outcome is None and facts.alive.get(r.node_rank) is False]
     if cancel and (gone or word in ("cancelled", "finished", "failed", "preempted")):
@@ -237,7 +205,7 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
     if word in ("finished", "cancelled", "failed", "preempted") and not any(
         facts.alive.get(r.node_rank) for r in nodes
     ):
-        return word, f"scheduler says {facts.scheduler_state}"
+        return word, f"scheduler says {said}"
     fewer = degraded(facts, nodes)
     if fewer is not None:
         return "running", fewer + ("; cancel requested" if cancel else "")
@@ -251,7 +219,7 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
             return "preempted", "ranks reported a committed checkpoint (exit 75); the launcher ended without a record"
         return "failed", f"launcher pid {gone[0].launcher_pid} on {host} ended without recording an outcome"
     if word in ("pending", "requeued"):
-        return word, f"scheduler says {facts.scheduler_state}"
+        return word, f"scheduler says {said}"
     timeout = watchdog.resolve_timeout(facts.hang_timeout, [b.step_time for b in beats])
     seen = [watchdog.Seen(b.rank, b.time or 0.0, b.step, b.host) for b in beats]
     verdict = watchdog.decide(seen, facts.now, timeout)

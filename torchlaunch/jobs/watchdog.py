@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import IO
 
 from torchlaunch import rundir
-from torchlaunch.jobs import files, procs, progress
+from torchlaunch.base import files, procs
+from torchlaunch.jobs import progress
 
 MIN_TIMEOUT_S = 600.0
 STEP_TIMES = 50

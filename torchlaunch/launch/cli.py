@@ -29,7 +29,8 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 
-from torchlaunch import compat, runner, storage
+from torchlaunch import compat, runner
+from torchlaunch.base import storage
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, LaunchParser
 from torchlaunch.jobs import ranklog, watchdog
 
@@ -268,7 +269,7 @@ def check_program(
 
 def main(body: Callable[[], int]) -> int:
     """Run a launcher's body: a refusal anywhere is its one line on stderr and exit 2, and so is the
-    user's storage refusing a write (full, read-only, a name too long: torchlaunch.storage)."""
+    user's storage refusing a write (full, read-only, a name too long: torchlaunch.base.storage)."""
     try:
         return body()
     except BadInput as problem:

@@ -20,7 +20,7 @@ that window, or the node that came back costs the steps since the last periodic 
 
 Where the rendezvous store lives: the TCP store is hosted by the agent on the --master-addr host that
 binds the port first. Losing that host ends the rendezvous for every node (the survivors' agents cannot
-re-form the group); that case is a full restart of the job, not a degraded one (see the README).
+re-form the group); that case is a full restart of the job, not a degraded one (see docs/launchers.md, Degraded restart).
 
 Whose store it is: a second job given the same --master-addr/--master-port would otherwise join the
 first job's store under its own rendezvous id, train on it, and die with it (a 109-line traceback and
@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
-from typing import Any
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.launch import cli
 from torchlaunch.launch.shape import NodeRange
-from torchlaunch.launch.spec import JobSpec
-from torchlaunch.untrusted import quote
 
 RDZV_KEYS = {
     "join_timeout": "s a node waits for MIN nodes to form a group (torchrun: 600)",
@@ -95,31 +93,6 @@ def torchrun_rendezvous(
     if conf:
         argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf)]
     return argv
-
-
-def slurm_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
-    """submitit's executor parameters of an elastic spec (unchanged for a fixed node count).
-
-    - sbatch --nodes=MIN-MAX, as an additional parameter: submitit's own `nodes` stays the MAX count (it
-      multiplies it by the tasks per node to count its results, so a string there breaks submission), and
-      an additional parameter replaces the same #SBATCH key, so the script says --nodes once.
-    - No sbatch --ntasks-per-node: with it Slurm fixes the job's task count at MIN x tasks-per-node, and a
-      node without a task is never allocated, so a 1-2 node job with one task per node always got one
-      node (Slurm 22.05, measured on the dev cluster). The node's CPUs are asked for with --mincpus and the
-      tasks are laid out by srun --ntasks-per-node, so the allocation is as many nodes as are up in
-      MIN..MAX, also when Slurm requeues the job after a node failure (--requeue).
-    """
-    if spec.min_nodes is None:
-        return params
-    out = dict(params)
-    per_node = int(out.pop("ntasks_per_node", spec.gpus_per_node))
-    out["additional_parameters"] = {
-        **out.get("additional_parameters", {}),
-        "nodes": NodeRange(spec.min_nodes, spec.nodes).slurm(),
-        "mincpus": per_node * (spec.cpus_per_task or 1),
-    }
-    out["srun_args"] = ["--ntasks-per-node", str(per_node), *out.get("srun_args", [])]
-    return out
 
 
 def job_key(rdzv_id: str, master_addr: str, port: int) -> str:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from torchlaunch.config import RunConfig
-from torchlaunch.worker.datacheck import check_data
+from torchlaunch.data.checks import check_data
 from torchlaunch.worker.precision import refuse_fp16_on_cpu
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")

@@ -18,14 +18,12 @@ import concurrent.futures
 import errno
 import os
 import re
-import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.launch import cli
-from torchlaunch.untrusted import quote
 
 MAX_NODES = 100_000
 """Machines per job: Kubernetes' limit on an Indexed Job's completions and parallelism."""
@@ -209,16 +207,3 @@ def bindable(flag: str, value: int) -> None:
         except OSError as e:
             why = "is already in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
             raise cli.error(f"{flag} {value} {why} on this node (pick a free port, e.g. {flag} 29501)") from None
-
-
-def slurm_node_cpus(partition: str | None, timeout_s: float = 10.0) -> int | None:
-    """The most CPUs of one node (of `partition`), when sinfo answers; None when no cluster is reachable."""
-    if shutil.which("sinfo") is None:
-        return None
-    argv = ["sinfo", "-h", "-o", "%c", *(["-p", partition] if partition else [])]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    counts = [int(c) for c in re.findall(r"\d+", out)]
-    return max(counts) if counts else None

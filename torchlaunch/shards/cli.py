@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from torchlaunch.base.storage import is_storage, refusal
 from torchlaunch.exit_codes import BAD_INPUT, OK, ArgumentParser, BadInput, _bounded
-from torchlaunch.storage import is_storage, refusal
 
 MAX_SEED = (1 << 63) - 1
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BadInput, _bounded
-from torchlaunch.untrusted import quote
 
 NAME_LIMIT = 120
 """Longest member, key or file name shown in an error line, in characters."""

@@ -39,11 +39,11 @@ import numpy as np
 import xxhash
 from PIL import Image
 
+from torchlaunch.base.untrusted import load_json, quote
 from torchlaunch.config import shard_label_parts
 from torchlaunch.shards.bounds import MAX_CLASSES, check_index, column_layout
 from torchlaunch.shards.errors import ShardError, shown
 from torchlaunch.shards.fsio import open_regular, write_durable
-from torchlaunch.untrusted import load_json, quote
 
 MAGIC = b"TLSHIDX1"
 VERSION = 1

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from torchlaunch.base.files import read_json
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.jobs.files import read_json
 from torchlaunch.rundir import check_real_folder
 from torchlaunch.shards.errors import ShardError, shown
 from torchlaunch.shards.fsio import open_regular, regular_size

@@ -31,8 +31,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from torchlaunch.base.files import read_json
+from torchlaunch.base.storage import refusal
+from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.jobs.files import read_json
 from torchlaunch.rundir import check_real_folder, write_json
 from torchlaunch.shards.decode import to_rgb
 from torchlaunch.shards.errors import ShardError
@@ -40,8 +42,6 @@ from torchlaunch.shards.fsio import fsync_dir
 from torchlaunch.shards.index import SET_INDEX, index_path, load, matches, write_set_index, write_shard_index
 from torchlaunch.shards.reader import MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION
 from torchlaunch.shards.record import WRITE_PLAN, read_sums, write_sums
-from torchlaunch.storage import refusal
-from torchlaunch.untrusted import quote
 from torchlaunch.worker.folder_cache import decode_error, scan_imagefolder
 
 PLAN = WRITE_PLAN

@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import contract, rundir
+from torchlaunch.base.untrusted import quote
 from torchlaunch.config import from_dict
+from torchlaunch.data.formats import CIFAR_FOLDER
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, ArgumentParser, BadInput
-from torchlaunch.untrusted import quote
-
-CIFAR_FOLDER = "cifar-10-batches-py"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from torchlaunch.data import registry
+
     p = ArgumentParser(
         prog="python -m train.evaluate",
         description="Top-1 accuracy of a checkpoint on CIFAR-10 batches or a folder of "
@@ -53,7 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--data-name",
-        choices=("auto", "cifar10", "imagefolder", "shards"),
+        choices=("auto", *registry.names(evaluable=True)),
         default="auto",
         help=f"auto: cifar10 when DATA_ROOT/{CIFAR_FOLDER} exists, shards when DATA_ROOT/manifest.json does "
         "(its val/ split is evaluated), else imagefolder",
@@ -145,48 +146,23 @@ def load_checkpoint(path: Path, trust_plugin: bool = False) -> dict[str, Any]:
 
 
 def detect_data_name(root: Path, requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if (root / CIFAR_FOLDER).is_dir():
-        return "cifar10"
-    return "shards" if (root / "manifest.json").is_file() else "imagefolder"
+    """--data-name, or (auto) the registered format whose `detect` claims the folder, else class folders."""
+    from torchlaunch.data import registry
 
-
-def load_cifar10_test(root: Path) -> tuple[Any, list[str]]:
-    """The 10k CIFAR-10 test batch through torchvision (md5-checked before it is unpickled)."""
-    import numpy as np
-    import torch
-    import torchvision
-
-    from torchlaunch.worker.data import ImageSet, cifar10_missing_message
-
-    try:
-        ds = torchvision.datasets.CIFAR10(str(root), train=False, download=False)
-    except (OSError, RuntimeError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise BadInput(cifar10_missing_message(root, reason, tried_download=False)) from None
-    images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
-    return ImageSet(labels=torch.tensor(ds.targets, dtype=torch.int64), images=images), list(ds.classes)
-
-
-def load_imagefolder_all(cfg: Any) -> tuple[Any, list[str]]:
-    """Every image under cfg.root, decoded the way training decodes (same cache, same loader choice)."""
-    from torchlaunch.worker.data import folder_images
-
-    return folder_images(cfg)
+    return registry.detect(root) if requested == "auto" else requested
 
 
 def load_eval_set(
     train_cfg: dict[str, Any], data_root: str | None, data_name: str, split: str
 ) -> tuple[Any, list[str]]:
-    """(images, class names) to evaluate on, using the run's data settings with data.root replaced."""
-    from torchlaunch.config import is_plugin
-    from torchlaunch.worker.data import load_bundle, load_imagefolder
+    """(images, class names) to evaluate on, using the run's data settings with data.root replaced; the
+    format's evaluation set comes from the data-format registry (torchlaunch.data.registry)."""
+    from torchlaunch.data import registry
 
     cfg = from_dict(train_cfg).data
-    if is_plugin(cfg.name):  # a plug-in dataset: its own val split, as the run validated
-        bundle = load_bundle(replace(cfg, root=data_root) if data_root else cfg)
-        return bundle.val, bundle.classes
+    trained = registry.get(cfg.name)
+    if trained.own_val and trained.eval_set is not None:  # a plug-in dataset: its own val split, as the run validated
+        return trained.eval_set(replace(cfg, root=data_root) if data_root else cfg, split)
     data_root, data_name = recorded_root(cfg, data_root, data_name, split)
     root = Path(data_root).expanduser()
     if not root.is_dir():
@@ -194,35 +170,27 @@ def load_eval_set(
             f"data error: --data-root {quote(str(root))} does not exist or is not a folder "
             f"(pass a folder holding {CIFAR_FOLDER} or a folder of class folders)"
         )
-    name = detect_data_name(root, data_name)
-    if name == "cifar10":
-        images, classes = load_cifar10_test(root)
-    elif name == "shards":  # the set's own held-out split, either --split
-        from torchlaunch.worker.data.shards import open_splits, shard_split
-
-        _, val = open_splits(root, cfg.shard_label if cfg.name == "shards" else None)
-        images, classes = shard_split(val), list(val.classes)
-    elif split == "val":
-        bundle = load_imagefolder(replace(cfg, root=str(root)))
-        images, classes = bundle.val, bundle.classes
-    else:
-        images, classes = load_imagefolder_all(replace(cfg, root=str(root)))
+    fmt = registry.get(detect_data_name(root, data_name))
+    if fmt.eval_set is None:
+        raise BadInput(
+            f"evaluate error: data.name={quote(fmt.name)} has no evaluation set "
+            f"(pass --data-name, one of: {', '.join(registry.names(evaluable=True))})"
+        )
+    images, classes = fmt.eval_set(replace(cfg, root=str(root)), split)
     if split == "val":
         images = images.head(cfg.max_val_samples)
     return images, classes
 
 
-HELD_OUT = ("shards", "cifar10")
-"""Data sets whose evaluation split is held out from training by their layout (a shard set's val/,
-CIFAR-10's test batch): the run's own data.root evaluates them without a word from the user."""
-
-
 def recorded_root(cfg: Any, data_root: str | None, data_name: str, split: str) -> tuple[str, str]:
     """(root, data name) to evaluate: --data-root when given, else the root the run recorded in its
-    config for a set whose held-out split is known (HELD_OUT; an image folder with --split val too)."""
+    config for a format whose held-out split is known (DataFormat.held_out: a shard set's val/,
+    CIFAR-10's test batch, an image folder's seeded val split)."""
+    from torchlaunch.data import registry
+
     if data_root is not None:
         return data_root, data_name
-    if cfg.name in HELD_OUT or (cfg.name == "imagefolder" and split == "val"):
+    if split in registry.get(cfg.name).held_out:
         return cfg.root, cfg.name if data_name == "auto" else data_name
     raise BadInput(
         f"evaluate error: --data-root is required: the run trained on data.name={quote(cfg.name)}, whose every "
@@ -260,7 +228,7 @@ def evaluate_model(state: dict[str, Any], data: Any, ctx: Any, batch_size: int, 
     from torchlaunch.worker import eval_loop
     from torchlaunch.worker.data import Normalizer, eval_batches
     from torchlaunch.worker.models import build_model
-    from torchlaunch.worker.trainer import resolve_precision
+    from torchlaunch.worker.precision import resolve_precision
 
     cfg = from_dict(state["config"])
     tta = cfg.train.tta if tta == "auto" else tta

@@ -32,9 +32,9 @@ import xxhash
 from PIL import Image, UnidentifiedImageError
 
 from torchlaunch import contract
+from torchlaunch.base.untrusted import quote
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
-from torchlaunch.untrusted import quote
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)

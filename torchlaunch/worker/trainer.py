@@ -53,8 +53,10 @@ from torchlaunch.worker.lookahead import Lookahead
 from torchlaunch.worker.metrics import RunLog, WorldSize, require_tensorboard
 from torchlaunch.worker.models import build_model
 from torchlaunch.worker.optim import build_optimizer, build_scheduler
-from torchlaunch.worker.precision import autocast_dtype, training_precision
-from torchlaunch.worker.precision import resolve_precision as resolve_precision  # evaluate.py imports it from here
+from torchlaunch.worker.precision import (
+    autocast_dtype,
+    training_precision,
+)
 from torchlaunch.worker.schedule import LoopSchedule
 from torchlaunch.worker.state_check import worker_state_problem
 

@@ -1,7 +1,8 @@
 """Checkpoints: the store (commit, verify, locate, latest_valid, retain), snapshots, and the Checkpointer.
 
-Import from here; the submodules each have one job (store.py: the bytes on disk; snapshot.py: copies
-for background saves and the writer thread; checkpointer.py: collective save/load over the store).
+Import from here; the submodules each have one job (store.py: the commit protocol on disk; formats.py:
+the checkpoint-format seam and its registry; single_file.py: today's format, one state.pt; snapshot.py:
+copies for background saves and the writer thread; checkpointer.py: collective save/load over the store).
 """
 
 from __future__ import annotations
@@ -18,22 +19,31 @@ from torchlaunch.core.checkpoint.checkpointer import (
     restore_rng,
     step_of,
 )
+from torchlaunch.core.checkpoint.formats import (
+    CHECKSUM,
+    DEFAULT_FORMAT,
+    CheckpointFormat,
+    InvalidCheckpoint,
+    create_new,
+    expected_checksum,
+    file_checksum,
+    get_format,
+    register_format,
+    unregister_format,
+)
+from torchlaunch.core.checkpoint.single_file import CHECKSUM_MISMATCH, STATE_FILE, SingleFile
 from torchlaunch.core.checkpoint.snapshot import AsyncWriter, Snapshot, SnapshotBuffers, detach_copy
 from torchlaunch.core.checkpoint.store import (
-    CHECKSUM,
-    CHECKSUM_MISMATCH,
     FORMAT_VERSION,
     MARKER_FILE,
     MAX_MARKER_BYTES,
     QUARANTINE_DIR,
     REPLACED_PREFIX,
     RUN_ID_FILE,
-    STATE_FILE,
     STEP_DIR,
     TMP_PREFIX,
     CheckpointError,
     CommitInfo,
-    InvalidCheckpoint,
     Located,
     NewerFormat,
     SkipReport,
@@ -42,8 +52,6 @@ from torchlaunch.core.checkpoint.store import (
     check_root,
     clean_stale,
     ensure_run,
-    expected_checksum,
-    file_checksum,
     find_latest,
     latest_valid,
     load_state,
@@ -62,6 +70,12 @@ from torchlaunch.core.checkpoint.store import (
 
 __all__ = [
     "CHECKSUM",
+    "DEFAULT_FORMAT",
+    "CheckpointFormat",
+    "SingleFile",
+    "get_format",
+    "register_format",
+    "unregister_format",
     "CHECKSUM_MISMATCH",
     "ENVELOPE",
     "FORMAT_VERSION",
@@ -91,6 +105,7 @@ __all__ = [
     "envelope_problem",
     "check_root",
     "clean_stale",
+    "create_new",
     "ensure_run",
     "detach_copy",
     "expected_checksum",

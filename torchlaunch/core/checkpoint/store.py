@@ -1,11 +1,13 @@
 """The on-disk store: atomic commit, checksum, verification, locating, discovery, retention, safe loading.
 
-Layout: RUN_DIR/checkpoints/step-000001234/{state.pt, COMMITTED.json}.
-Commit protocol (rank 0 only):
-  1. serialise the state, checksum it (xxh3-128), write state.pt into a hidden temp folder, fsync;
+Layout: RUN_DIR/checkpoints/step-000001234/{<the format's files>, COMMITTED.json}; the files are a
+checkpoint format's (formats.py: write / check / verify / load_into), today the single state.pt
+(single_file.py). Commit protocol (rank 0 only):
+  1. the format writes the state into a hidden temp folder, checksummed and fsynced;
   2. rename the temp folder to step-NNNNNNNNN (atomic) and fsync the parent folder;
-  3. write COMMITTED.json (checksum, size, step, metrics) to a temp name, fsync, rename; fsync folder.
-A checkpoint is valid only when its marker exists and the state file's size and checksum match it, so a
+  3. write COMMITTED.json (the format's checksum and size, step, metrics) to a temp name, fsync,
+     rename; fsync folder.
+A checkpoint is valid only when its marker exists and the format says its files match it, so a
 crash at any byte leaves at most an invalid folder that discovery skips and the next start removes;
 the previous checkpoint is never touched before a newer one is committed.
 
@@ -19,16 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
-import io
 import json
 import os
-import pickle
 import re
 import shutil
 import stat
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -37,15 +35,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 
-from torchlaunch import contract, rundir, storage
+from torchlaunch import contract, rundir
+from torchlaunch.base import storage
+from torchlaunch.base.storage import StorageError
+from torchlaunch.base.untrusted import load_json, quote
+from torchlaunch.core.checkpoint.formats import (
+    DEFAULT_FORMAT,
+    CheckpointFormat,
+    InvalidCheckpoint,
+    expected_checksum,
+    get_format,
+    marker_format,
+    unknown_format,
+)
+from torchlaunch.core.checkpoint.single_file import STATE_FILE
 from torchlaunch.exit_codes import BadInput, ConfigError
-from torchlaunch.storage import StorageError
-from torchlaunch.untrusted import load_json, quote
 
 FORMAT_VERSION = 1
-STATE_FILE = "state.pt"
 MARKER_FILE = "COMMITTED.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
@@ -80,13 +87,9 @@ def checkpoint_error(message: str) -> CheckpointError:
     return CheckpointStorageError(message) if message.startswith(STORAGE_MARK) else CheckpointError(message)
 
 
-class InvalidCheckpoint(Exception):
-    """A checkpoint failed verification or safe loading; the message says why."""
-
-
 class NewerFormat(BadInput):
-    """A checkpoint written by a newer torchlaunch: refused in one line (exit 2) and left in place, since
-    it is likely valid (never quarantined, never skipped for an older step)."""
+    """A checkpoint written by a newer torchlaunch (or in a checkpoint format this process has not
+    registered): refused in one line (exit 2) and left in place, since it is likely valid (never quarantined, never skipped for an older step)."""
 
 
 def step_dir_name(step: int) -> str:
@@ -97,73 +100,6 @@ def parse_step(name: str) -> int | None:
     """Step number of a checkpoint folder name, as an integer (never compared as text)."""
     m = STEP_DIR.match(name)
     return int(m.group(1)) if m else None
-
-
-CHECKSUM = "xxh3_128"
-"""Content checksum of state files: detects truncation and bit flips (not an attacker: the safe
-loader handles that) at ~20 GB/s, so verifying costs a few percent of a load, unlike sha256."""
-
-
-def _hasher(algorithm: str) -> Any:
-    if algorithm == "xxh3_128":
-        return xxhash.xxh3_128()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise InvalidCheckpoint(f"unknown checksum algorithm {algorithm!r}")
-
-
-def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
-    """ "algorithm:hex" of a file, read in 8 MiB blocks."""
-    h = _hasher(algorithm)
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 23), b""):
-            h.update(block)
-    return f"{algorithm}:{h.hexdigest()}"
-
-
-def expected_checksum(marker: dict[str, Any]) -> str:
-    """The marker's checksum as "algorithm:hex" (markers may carry a bare "sha256" field)."""
-    if "checksum" in marker:
-        return str(marker["checksum"])
-    return f"sha256:{marker['sha256']}"
-
-
-class _HashingFile(io.RawIOBase):
-    """A write-only file that checksums every byte on its way to disk (no second pass)."""
-
-    def __init__(self, fh: io.BufferedWriter) -> None:
-        self.fh, self.hash, self.size = fh, _hasher(CHECKSUM), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.hash.update(view)
-        self.size += view.nbytes
-        return self.fh.write(view)
-
-    def flush(self) -> None:
-        self.fh.flush()
-
-    @property
-    def checksum(self) -> str:
-        return f"{CHECKSUM}:{self.hash.hexdigest()}"
-
-
-def _write_hashed(path: Path, state: dict[str, Any], dir_fd: int | None = None) -> tuple[int, str]:
-    """torch.save straight to disk through a checksumming writer, then fsync (`path` relative to `dir_fd`,
-    created there: never through a link)."""
-
-    def opener(name: str, flags: int) -> int:
-        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
-
-    with open(path, "wb", opener=opener) as raw:
-        hashing = _HashingFile(raw)
-        torch.save(state, hashing)
-        raw.flush()
-        os.fsync(raw.fileno())
-    return hashing.size, hashing.checksum
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any], dir_fd: int | None = None) -> None:
@@ -222,13 +158,16 @@ def write_checkpoint(
     meta: dict[str, Any],
     before_commit: Callable[[Path], None] | None = None,
     replace: bool = False,
+    format_name: str | None = None,
 ) -> CommitInfo:
     """Commit `state` as step `step` under `root`; raise CheckpointError and keep the previous on failure.
 
     A committed checkpoint of the same step is kept as it is unless `replace` (a newer state of the same
     step, e.g. after validation): then the new one is committed in full before the old one moves aside.
-    `before_commit` is a test hook called with the temp folder after the state is written.
+    `before_commit` is a test hook called with the temp folder after the state is written. The folder's
+    files are the checkpoint format's (formats.py; `format_name`, default the single state.pt).
     """
+    fmt = get_format(format_name)
     start = time.perf_counter()
     check_root(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -243,7 +182,7 @@ def write_checkpoint(
     except OSError as e:
         raise _save_failed(e, root, final, step) from None
     try:
-        marker = _commit(root, held, tmp, final, step, state, meta, run_id, before_commit)
+        marker = _commit(root, held, tmp, final, step, state, meta, run_id, before_commit, fmt)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         os_error = _root_os_error(e)
         if os_error is None:
@@ -254,7 +193,7 @@ def write_checkpoint(
         raise _save_failed(os_error, root, final, step) from None
     finally:
         os.close(held)
-    _remember_verified(final)
+    _remember_verified(final, fmt.files(final, marker))
     return CommitInfo(final, step, marker["checksum"], marker["bytes"], time.perf_counter() - start)
 
 
@@ -268,20 +207,25 @@ def _commit(
     meta: dict[str, Any],
     run_id: str | None,
     before_commit: Callable[[Path], None] | None,
+    fmt: CheckpointFormat,
 ) -> dict[str, Any]:
     """write_checkpoint's steps, each relative to `held` (RUN_DIR/checkpoints opened O_NOFOLLOW at the
     save's start) and each folder opened O_NOFOLLOW, with `root` re-checked right before every rename and
-    the marker; returns the marker written."""
+    the marker; returns the marker written. The format writes into the temp folder through a path pinned
+    to that folder's descriptor (_format_folder), so whatever the format, its files land in the folder the
+    save created, never in a link planted under RUN_DIR/checkpoints meanwhile."""
     os.mkdir(tmp.name, dir_fd=held)
     folder = rundir.open_folder(tmp.name, dir_fd=held)
     try:
-        size, digest = _write_hashed(Path(STATE_FILE), state, dir_fd=folder)
+        fields = fmt.write(_format_folder(root, held, tmp, folder), state)
     finally:
         os.close(folder)
     if before_commit is not None:
         before_commit(tmp)
     _fault_injection_stall(tmp, step)
-    marker = dict(meta, step=step, checksum=digest, bytes=size, format_version=FORMAT_VERSION, committed_at=time.time())
+    marker = {**meta, **fields, "step": step, "format_version": FORMAT_VERSION, "committed_at": time.time()}
+    if fmt.name != DEFAULT_FORMAT:  # a marker without "format" is the single file's (every older one)
+        marker["format"] = fmt.name
     if run_id is not None:
         marker["run_id"] = run_id
     _still_root(root, held)
@@ -303,6 +247,21 @@ def _commit(
         _still_root(root, held)
         _write_json_atomic(Path(final.name) / MARKER_FILE, marker, dir_fd=held)
     return marker
+
+
+def _format_folder(root: Path, held: int, tmp: Path, folder: int) -> Path:
+    """The path a checkpoint format is handed for the temp folder: one that names the descriptor
+    `folder` itself (rundir.folder_path), so a format that opens files by path (every format does) writes
+    in the folder the save created, whatever RUN_DIR/checkpoints names by then. Where the system has no
+    such path, `tmp` through `root`, checked right here to still be that folder (a link planted later
+    than this check is caught by the renames' checks, but the format's bytes may have gone through it)."""
+    pinned = rundir.folder_path(folder)
+    if pinned is not None:
+        return pinned
+    _still_root(root, held)
+    if not rundir.same_folder(tmp, folder):
+        raise _Replaced(errno.ELOOP, f"{quote(str(tmp))} was replaced while the run trained")
+    return tmp
 
 
 def _save_failed(os_error: OSError, root: Path, final: Path, step: int) -> CheckpointError:
@@ -376,15 +335,15 @@ def _marker_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
     place = _place_problem(path, marker)
     if place is not None:
         return place, marker
-    if not (path / STATE_FILE).is_file():
-        return "state file missing", marker
-    size = (path / STATE_FILE).stat().st_size
-    if size != int(marker["bytes"]):
-        return f"size {size} bytes, expected {marker['bytes']} (truncated?)", marker
-    return None, marker
+    unknown = unknown_format(marker)
+    if unknown is not None:
+        return unknown, marker
+    return _format(marker).check(path, marker), marker
 
 
-CHECKSUM_MISMATCH = "checksum mismatch (corrupted bytes)"
+def _format(marker: dict[str, Any]) -> CheckpointFormat:
+    """The registered format that wrote a marker's folder (checked by unknown_format first)."""
+    return get_format(marker_format(marker))
 
 
 def newer_format(marker: dict[str, Any]) -> int | None:
@@ -509,69 +468,40 @@ def verify(path: Path) -> str | None:
         return f"cannot be read: {e.strerror or e}"
     if reason is not None:
         return reason
-    signature = _signature(path)
+    fmt = _format(marker)
+    signature = _signature(path, fmt.files(path, marker))
     if signature is not None and _VERIFIED.get(path) == signature:
         return None
-    expected = expected_checksum(marker)
-    try:
-        actual = file_checksum(path / STATE_FILE, expected.partition(":")[0])
-    except OSError as e:
-        return f"cannot be read: {e.strerror or e}"
-    if actual != expected:
-        return CHECKSUM_MISMATCH
-    if signature is not None:
+    problem = fmt.verify(path, marker)
+    if problem is None and signature is not None:
         _VERIFIED[path] = signature
-    return None
+    return problem
 
 
 _VERIFIED: dict[Path, tuple[int, ...]] = {}
 """Folders whose bytes matched their marker, with the file signature they had then."""
 
 
-def _signature(path: Path) -> tuple[int, ...] | None:
+def _signature(path: Path, files: list[Path]) -> tuple[int, ...] | None:
+    """Identity, size and modification time of the payload files and the marker (None: one is gone)."""
     try:
-        state, marker = (path / STATE_FILE).stat(), (path / MARKER_FILE).stat()
+        stats = [f.stat() for f in [*files, path / MARKER_FILE]]
     except OSError:
         return None
-    return (state.st_ino, state.st_size, state.st_mtime_ns, marker.st_ino, marker.st_size, marker.st_mtime_ns)
+    return tuple(n for st in stats for n in (st.st_ino, st.st_size, st.st_mtime_ns))
 
 
-def _remember_verified(path: Path) -> None:
-    signature = _signature(path)
+def _remember_verified(path: Path, files: list[Path]) -> None:
+    signature = _signature(path, files)
     if signature is not None:
         _VERIFIED[path] = signature
 
 
-def _in_thread(fn: Callable[..., str], *args: Any) -> Callable[[], str]:
-    """Start fn(*args) in a thread; the returned callable joins it and returns (or raises) its outcome."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
-            outcome["error"] = e
-
-    thread = threading.Thread(target=run, name="checkpoint-verify", daemon=True)
-    thread.start()
-
-    def result() -> str:
-        thread.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
-    return result
-
-
 def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Verify and load with weights_only=True: a file that needs arbitrary code is refused.
-
-    The checksum is computed in a thread while torch.load reads the same file (xxhash and hashlib
-    release the GIL while hashing), so verifying adds little to a load when a core is free. The state
-    is returned only when the checksum matches; on a mismatch the loaded object (or the loader's error)
-    is discarded and the mismatch is reported, as when the file was verified first. Parsing the bad
-    bytes meanwhile is safe: weights_only=True is what refuses crafted files in the first place."""
+    """Verify and load through the folder's checkpoint format (the single file: weights_only=True, a
+    file that needs arbitrary code is refused, its checksum computed alongside the load). The state is
+    returned only when its bytes match the marker; a newer format_version or a format this build does
+    not know is NewerFormat (bad input), never a reason to skip."""
     reason, marker = _marker_problem(path)
     version = newer_format(marker)
     if version is not None:
@@ -579,21 +509,17 @@ def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str
             f"checkpoint error: {path} was written in format_version {version} by a newer torchlaunch, this "
             f"build reads {FORMAT_VERSION} (resume with that version, or start a new run_dir; it is left as it is)"
         )
+    unknown = unknown_format(marker) if marker else None
+    if unknown is not None:
+        raise NewerFormat(
+            f"checkpoint error: {path} was {unknown} (import the package that registers it, or resume with the "
+            "torchlaunch that wrote it; it is left as it is)"
+        )
     if reason is not None:
         raise InvalidCheckpoint(reason)
-    expected = expected_checksum(marker)
-    algorithm = expected.partition(":")[0]
-    _hasher(algorithm)  # an unknown algorithm fails before any work
-    checksum = _in_thread(file_checksum, path / STATE_FILE, algorithm)
-    try:
-        state = _safe_load(path / STATE_FILE, map_location)
-    except BaseException:
-        if checksum() != expected:
-            raise InvalidCheckpoint(CHECKSUM_MISMATCH) from None
-        raise
-    if checksum() != expected:
-        raise InvalidCheckpoint(CHECKSUM_MISMATCH)
-    _remember_verified(path)
+    fmt = _format(marker)
+    state = fmt.load_into(path, marker, {}, map_location)
+    _remember_verified(path, fmt.files(path, marker))
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         version = state.get("format_version") if isinstance(state, dict) else None
         if newer_format({"format_version": version}) is not None:
@@ -603,18 +529,6 @@ def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str
             )
         raise InvalidCheckpoint(f"format version {quote(version, 40)}, this build reads {FORMAT_VERSION}")
     return state
-
-
-def _safe_load(file: Path, map_location: str | torch.device) -> Any:
-    """torch.load(weights_only=True), its refusals and read errors as InvalidCheckpoint."""
-    try:
-        return torch.load(file, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln]
-        first = lines[0].split(". Please")[0] if lines else (str(e).strip().splitlines() or ["unsupported content"])[0]
-        raise InvalidCheckpoint(f"refused by the safe loader (weights_only=True), nothing executed: {first}") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise InvalidCheckpoint(f"cannot be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def candidates(root: Path) -> list[tuple[int, Path]]:
@@ -872,8 +786,10 @@ def retain(
 
 
 def _is_newer(path: Path) -> bool:
+    """Written by a newer torchlaunch (format_version) or in a checkpoint format this build does not know."""
     try:
-        return newer_format(read_marker(path)) is not None
+        marker = read_marker(path)
+        return newer_format(marker) is not None or unknown_format(marker) is not None
     except (OSError, ValueError):
         return False
 

@@ -11,8 +11,9 @@ Every name the package exported as one module is still importable from here.
 
 from __future__ import annotations
 
-from torchlaunch.config import DataConfig, is_plugin
+from torchlaunch.config import DataConfig
 from torchlaunch.core.sampler import CROP_PADDING, BatchPlan, mix_seed
+from torchlaunch.data.checks import cifar10_missing_message
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.data.augment import Normalizer, augment, cutout
 from torchlaunch.worker.data.base import (
@@ -42,7 +43,6 @@ from torchlaunch.worker.data.loaders import TrainLoader, eval_batches, eval_shar
 from torchlaunch.worker.data.plugin import PluginSamples, available_memory, load_plugin, plugin_labels, plugin_split
 from torchlaunch.worker.data.shards import ShardSamples, load_shards
 from torchlaunch.worker.data.synthetic import make_synthetic
-from torchlaunch.worker.datacheck import cifar10_missing_message
 from torchlaunch.worker.folder_cache import (
     DECODE_ERRORS,
     IMAGE_EXTENSIONS,
@@ -107,17 +107,11 @@ __all__ = [
 
 
 def load_bundle(cfg: DataConfig) -> DataBundle:
-    """The configured dataset, truncated by max_train_samples / max_val_samples."""
-    if cfg.name == "synthetic":
-        bundle = make_synthetic(cfg)
-    elif cfg.name == "cifar10":
-        bundle = load_cifar10(cfg)
-    elif is_plugin(cfg.name):
-        bundle = load_plugin(cfg)
-    elif cfg.name == "shards":
-        bundle = load_shards(cfg)
-    else:
-        bundle = load_imagefolder(cfg)
+    """The configured dataset (its format's reader, from torchlaunch.data.registry), truncated by
+    max_train_samples / max_val_samples."""
+    from torchlaunch.data import registry
+
+    bundle = registry.get(cfg.name).load(cfg)
     bundle.train = bundle.train.head(cfg.max_train_samples)
     bundle.val = bundle.val.head(cfg.max_val_samples)
     if len(bundle.train) == 0 or len(bundle.val) == 0:

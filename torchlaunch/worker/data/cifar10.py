@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from torchlaunch.config import DataConfig
+from torchlaunch.data.checks import cifar10_missing_message  # shared with the launchers' pre-spawn check
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.data.base import DataBundle, ImageSet
-from torchlaunch.worker.datacheck import cifar10_missing_message  # shared with the launchers' pre-spawn check
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -87,3 +87,18 @@ def load_cifar10(cfg: DataConfig) -> DataBundle:
         CIFAR10_STD,
         32,
     )
+
+
+def cifar10_eval_set(cfg: DataConfig, split: str) -> tuple[ImageSet, list[str]]:
+    """Evaluation on CIFAR-10: the 10k test batch through torchvision (md5-checked before it is
+    unpickled), either --split."""
+    import torchvision
+
+    root = Path(cfg.root).expanduser()
+    try:
+        ds = torchvision.datasets.CIFAR10(str(root), train=False, download=False)
+    except (OSError, RuntimeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadInput(cifar10_missing_message(root, reason, tried_download=False)) from None
+    images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
+    return ImageSet(labels=torch.tensor(ds.targets, dtype=torch.int64), images=images), list(ds.classes)

@@ -24,6 +24,7 @@ from PIL import Image
 from torchlaunch.config import ConfigError
 from torchlaunch.worker.data.augment import centre_box, resized_crop_box
 from torchlaunch.worker.data.base import SampleReader
+from torchlaunch.worker.data.boxes import load_box
 from torchlaunch.worker.folder_cache import DECODE_ERRORS, decode_error
 
 GPU_MODES = ("RGB", "L")
@@ -123,8 +124,6 @@ class EncodedDataset(torch.utils.data.Dataset):
 
     def _on_cpu(self, i: int, box_of: Any, flip: bool, label: int, where: str) -> dict[str, Any]:
         """The CPU path's own decode + crop for this sample only: the same pixels and box as data.decode=cpu."""
-        from torchlaunch.worker.data.loaders import load_box
-
         image, box = load_box(self.files, i, box_of, self.size, bool(flip))
         return {
             "data": image,

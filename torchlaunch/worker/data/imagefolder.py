@@ -130,3 +130,12 @@ def load_imagefolder(cfg: DataConfig) -> DataBundle:
         probe = torch.stack([decode_image(f, cfg.image_size) for f in train.files[:: max(1, len(train) // 512)]])
         mean, std = channel_stats(probe)
     return DataBundle(train, everything.subset(val_idx), classes, mean, std, cfg.image_size)
+
+
+def imagefolder_eval_set(cfg: DataConfig, split: str) -> tuple[ImageSet, list[str]]:
+    """Evaluation on class folders: every image (split "all"), or the run's seeded validation split
+    ("val"), decoded the way training decodes (same cache, same loader choice)."""
+    if split == "val":
+        bundle = load_imagefolder(cfg)
+        return bundle.val, bundle.classes
+    return folder_images(cfg)

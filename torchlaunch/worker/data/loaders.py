@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from PIL import Image
 
 from torchlaunch.config import ConfigError
 from torchlaunch.core.sampler import BatchPlan
@@ -19,13 +18,11 @@ from torchlaunch.worker.data.augment import (
     Normalizer,
     augment,
     centre_box,
-    crop_resize,
     cutout,
-    draft_request,
     resized_crop_box,
 )
 from torchlaunch.worker.data.base import ImageSet, SampleReader, decode_image
-from torchlaunch.worker.folder_cache import DECODE_ERRORS, decode_error
+from torchlaunch.worker.data.boxes import load_box
 
 
 class _FileDataset(torch.utils.data.Dataset):
@@ -41,39 +38,6 @@ class _FileDataset(torch.utils.data.Dataset):
         if isinstance(self.files, SampleReader):
             return self.files.image(i, self.size), int(self.labels[i])
         return decode_image(self.files[i], self.size), int(self.labels[i])
-
-
-BoxFn = Callable[[int, int], tuple[float, float, float, float]]
-
-
-def load_box(
-    source: list[str] | SampleReader, i: int, box_of: BoxFn, size: int, flip: bool
-) -> tuple[torch.Tensor, tuple]:
-    """Sample i cropped to box_of(width, height) and resized to size x size (optionally mirrored), with
-    the box. The box is computed from the image's size BEFORE its pixels are decoded (header or index),
-    so a JPEG can decode at the DCT scale the box allows (augment.draft_request)."""
-    if isinstance(source, SampleReader):
-        known = source.size(i)
-        if known is None:
-            im = source.open(i)
-            width, height = im.size
-            box = box_of(width, height)
-        else:
-            width, height = known
-            box = box_of(width, height)
-            im = source.open(i, draft_request(width, height, box[2], box[3], size))
-        return crop_resize(im, width, height, box, size, flip), box
-    path = source[i]
-    try:
-        with Image.open(path) as lazy:
-            width, height = lazy.size
-            box = box_of(width, height)
-            if lazy.format == "JPEG":
-                lazy.draft("RGB", draft_request(width, height, box[2], box[3], size))
-            im = lazy.convert("RGB")
-    except DECODE_ERRORS as e:
-        raise decode_error(path, e) from None
-    return crop_resize(im, width, height, box, size, flip), box
 
 
 class _BoxDataset(torch.utils.data.Dataset):

@@ -95,3 +95,10 @@ def load_shards(cfg: DataConfig) -> DataBundle:
     train, val = shard_split(train_set), shard_split(val_set)
     mean, std = probe_stats(train, cfg.image_size)
     return DataBundle(train, val, list(train_set.classes), mean, std, cfg.image_size)
+
+
+def shards_eval_set(cfg: DataConfig, split: str) -> tuple[ImageSet, list[str]]:
+    """Evaluation on a shard set: its own held-out val/ split, either --split. The run's data.shard_label
+    applies when the run trained on shards; otherwise the labels are read as the set was indexed."""
+    _, val = open_splits(Path(cfg.root).expanduser(), cfg.shard_label if cfg.name == "shards" else None)
+    return shard_split(val), list(val.classes)

@@ -23,10 +23,10 @@ from typing import Any
 
 from torchlaunch import compat, contract, rundir, runlock
 from torchlaunch import runner as program_mod
+from torchlaunch.backends.slurm.operate import controller_state, job_state, result_path
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
 from torchlaunch.jobs.launcher import Operation, prepare_rank
-from torchlaunch.schedulers.slurm import controller_state, job_state, result_path
 from torchlaunch.stop_signals import STOP_SIGNALS
 
 DEFAULT_MAX_TIMEOUTS = 3

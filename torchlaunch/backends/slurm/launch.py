@@ -15,8 +15,8 @@ never requeued. The argv grammar, the program rule and the pre-spawn policy are
 torchlaunch.launch.cli's. See docs/SLURM.md.
 
 This module is the command line and the pure render (JobSpec -> executor parameters, sbatch script,
-the task's argv); the in-task runtime is torchlaunch.slurm_task and the cluster I/O (sinfo, sbatch
-through submitit, following a job) is torchlaunch.schedulers.slurm.
+the task's argv); the in-task runtime is torchlaunch.backends.slurm.task and the cluster I/O (sinfo, sbatch
+through submitit, following a job) is torchlaunch.backends.slurm.operate.
 """
 
 from __future__ import annotations
@@ -24,21 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import compat, rankpath, rundir, runlock, schedulers
+from torchlaunch import backends, compat, rankpath, rundir, runlock
 from torchlaunch import config as config_mod
 from torchlaunch import runner as program_mod
-from torchlaunch.exit_codes import FAILURE, OK, BadInput
-from torchlaunch.jobs import ranklog, record
-from torchlaunch.launch import cli, elastic, emit, precheck, shape
-from torchlaunch.launch.spec import JobSpec
-from torchlaunch.schedulers.slurm import (
+from torchlaunch.backends.slurm.operate import (
     NO_SLURM_CONF,
     Partition,
     check_slurm_conf,
@@ -49,7 +47,12 @@ from torchlaunch.schedulers.slurm import (
     rank0_log,
     submit_task,
 )
-from torchlaunch.slurm_task import DEFAULT_MAX_TIMEOUTS, SlurmTask
+from torchlaunch.backends.slurm.task import DEFAULT_MAX_TIMEOUTS, SlurmTask
+from torchlaunch.exit_codes import FAILURE, OK, BadInput
+from torchlaunch.jobs import ranklog, record
+from torchlaunch.launch import cli, emit, precheck, shape
+from torchlaunch.launch.shape import NodeRange
+from torchlaunch.launch.spec import JobSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER
@@ -231,7 +234,7 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
             "--container-workdir",
             options.repo_root,
         ]
-    return elastic.slurm_parameters(spec, params)
+    return elastic_parameters(spec, params)
 
 
 def submitit_command(python: str, folder: str) -> str:
@@ -297,7 +300,7 @@ def submit(
     """Own the run dir, settle its config (`cfg`: the built-in worker's), submit, hand the run dir to the
     job and record it as pending for `launch status`."""
     run_dir = resolve_run_dir(spec)
-    lock = runlock.acquire(run_dir, job_alive=schedulers.alive)  # before anything is written there
+    lock = runlock.acquire(run_dir, job_alive=backends.alive)  # before anything is written there
     settled: config_mod.Settled | None = None
     try:
         if not options.doctor:  # the pre-flight never rewrites the run's config
@@ -322,7 +325,7 @@ def submit(
 
 
 def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
-    """The rendered executor parameters and task, handed to the cluster (schedulers.slurm.submit_task)."""
+    """The rendered executor parameters and task, handed to the cluster (backends.slurm.submit_task)."""
     parameters = executor_parameters(spec, options, run_dir)
     if spec.program and options.doctor:
         with open(doctor_recipe(run_dir), "w", encoding="utf-8") as recipe:
@@ -349,7 +352,7 @@ def check_shape(args: argparse.Namespace) -> None:
     """Numbers Slurm would refuse late (inside the job) or never schedule (pending forever)."""
     shape.check(args, node_example="2 or --nodes 1-2")
     if args.tasks_per_node is not None:
-        cpus = shape.slurm_node_cpus(args.partition)
+        cpus = node_cpus(args.partition)
         need = args.tasks_per_node * (args.cpus_per_task or 1)
         if cpus is not None and need > cpus:
             raise cli.error(
@@ -508,6 +511,44 @@ def launch(argv: list[str]) -> int:
     if not args.wait:
         return OK
     return follow(job)
+
+
+def elastic_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
+    """submitit's executor parameters of an elastic spec (unchanged for a fixed node count).
+
+    - sbatch --nodes=MIN-MAX, as an additional parameter: submitit's own `nodes` stays the MAX count (it
+      multiplies it by the tasks per node to count its results, so a string there breaks submission), and
+      an additional parameter replaces the same #SBATCH key, so the script says --nodes once.
+    - No sbatch --ntasks-per-node: with it Slurm fixes the job's task count at MIN x tasks-per-node, and a
+      node without a task is never allocated, so a 1-2 node job with one task per node always got one
+      node (Slurm 22.05, measured on the dev cluster). The node's CPUs are asked for with --mincpus and the
+      tasks are laid out by srun --ntasks-per-node, so the allocation is as many nodes as are up in
+      MIN..MAX, also when Slurm requeues the job after a node failure (--requeue).
+    """
+    if spec.min_nodes is None:
+        return params
+    out = dict(params)
+    per_node = int(out.pop("ntasks_per_node", spec.gpus_per_node))
+    out["additional_parameters"] = {
+        **out.get("additional_parameters", {}),
+        "nodes": NodeRange(spec.min_nodes, spec.nodes).slurm(),
+        "mincpus": per_node * (spec.cpus_per_task or 1),
+    }
+    out["srun_args"] = ["--ntasks-per-node", str(per_node), *out.get("srun_args", [])]
+    return out
+
+
+def node_cpus(partition: str | None, timeout_s: float = 10.0) -> int | None:
+    """The most CPUs of one node (of `partition`), when sinfo answers; None when no cluster is reachable."""
+    if shutil.which("sinfo") is None:
+        return None
+    argv = ["sinfo", "-h", "-o", "%c", *(["-p", partition] if partition else [])]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    counts = [int(c) for c in re.findall(r"\d+", out)]
+    return max(counts) if counts else None
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Every query is bounded by a timeout and answers "cannot say" (None, UNKNOWN, or alive) when the
 tool is missing or fails: a machine without the Slurm tools must never conclude that a job is over
 and take over its run dir. The submission artefact (the submitit executor) and the in-task runtime
-(requeue) is torchlaunch.slurm_task's; the sbatch artefact and the command line are
-torchlaunch.launch.slurm's. What lives here talks to the cluster: the state queries, the partitions
+(requeue) is torchlaunch.backends.slurm.task's; the sbatch artefact and the command line are
+torchlaunch.backends.slurm.launch's. What lives here talks to the cluster: the state queries, the partitions
 sbatch would check, the submission through submitit, and following a job to its end (`--wait`: its
 output, its final state, the code its task 0 recorded as data).
 """
@@ -22,31 +22,19 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchlaunch import contract, exit_codes, rundir, schedulers
+from torchlaunch import backends, contract, exit_codes, rundir
+from torchlaunch.backends import Detected, JobState, LaunchRecord, Step
+from torchlaunch.backends.slurm import proof as slurm_proof
+from torchlaunch.base import files
+from torchlaunch.base.procs import tool_output
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
-from torchlaunch.jobs import files, proof, ranklog
-from torchlaunch.schedulers import Detected, Step
+from torchlaunch.jobs import ranklog
 
-if TYPE_CHECKING:
-    from torchlaunch.jobs.record import JobRecord
-
-QUERY_TIMEOUT_S = 10.0
 SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 """A job id as Slurm writes it (array and heterogeneous forms): only such a string reaches a command."""
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
-
-
-def _run(argv: list[str], timeout: float = QUERY_TIMEOUT_S) -> str | None:
-    """The command's stdout; None when the tool is missing, fails or times out."""
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
 
 
 def have(tool: str) -> bool:
@@ -107,14 +95,47 @@ STATE_SOURCES: tuple[Any, ...] = (job_state, scontrol_state)
 """Asked in order on every poll of `--wait`; the first that names a terminal state ends it."""
 
 
+SLURM_WORDS = {
+    "PENDING": "pending",
+    "CONFIGURING": "pending",
+    "RESV_DEL_HOLD": "pending",
+    "SUSPENDED": "pending",
+    "REQUEUED": "requeued",
+    "REQUEUE_HOLD": "requeued",
+    "REQUEUE_FED": "requeued",
+    "RUNNING": "running",
+    "COMPLETING": "running",
+    "STAGE_OUT": "running",
+    "RESIZING": "running",
+    "SIGNALING": "running",
+    "COMPLETED": "finished",
+    "CANCELLED": "cancelled",
+    "FAILED": "failed",
+    "TIMEOUT": "failed",
+    "NODE_FAIL": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "BOOT_FAIL": "failed",
+    "DEADLINE": "failed",
+    "PREEMPTED": "preempted",
+}
+"""squeue's and sacct's job states, in the project's words (torchlaunch.backends.WORDS)."""
+
+
+def job_word(said: str | None) -> JobState | None:
+    """Slurm's state text ("CANCELLED by 1000", "COMPLETED+") in our words; None when unknown."""
+    head = said.strip().split()[0].rstrip("+").upper() if said and said.strip() else ""
+    word = SLURM_WORDS.get(head)
+    return JobState(word, said.strip()) if word is not None and said is not None else None
+
+
 def state(job_id: str) -> str | None:
     """squeue while the job is known to the controller, else sacct's final state (status, list)."""
     if not SLURM_ID.match(job_id):
         return None
-    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    out = tool_output(["squeue", "-h", "-j", job_id, "-o", "%T"])
     if out and out.strip():
         return out.split()[0]
-    out = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    out = tool_output(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
     lines = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
     return lines[-1] if lines else None
 
@@ -132,8 +153,8 @@ class Slurm:
             return Detected(self.name, env[contract.SLURM_JOB_ID])
         return None
 
-    def state(self, job_id: str, extra: Mapping[str, str]) -> str | None:
-        return state(job_id)
+    def state(self, job_id: str, extra: Mapping[str, str]) -> JobState | None:
+        return job_word(state(job_id))
 
     def alive(self, job_id: str) -> bool:
         """Pending, running or requeued still owns the run dir; without squeue nobody can tell: alive."""
@@ -141,14 +162,14 @@ class Slurm:
             return True
         return controller_state(job_id) not in ("UNKNOWN", *TERMINAL_STATES)
 
-    def cancel(self, run_dir: Path, nodes: Sequence[JobRecord]) -> list[Step]:
+    def cancel(self, run_dir: Path, nodes: Sequence[LaunchRecord]) -> list[Step]:
         """scancel, once Slurm says the job is this run's (its output under the run dir, or its comment)."""
         node0 = min(nodes, key=lambda r: r.node_rank)
         if not node0.job_id or not SLURM_ID.match(node0.job_id):
-            from torchlaunch.schedulers.local import signal_launchers
+            from torchlaunch.backends.launchers import signal_launchers
 
             return signal_launchers(nodes)
-        why = proof.slurm_job(node0.job_id, run_dir)
+        why = slurm_proof.slurm_job(node0.job_id, run_dir)
         if why is not None:
             raise BadInput(f"launch error: cancel refused: Slurm job {node0.job_id} is not proven this run's: {why}")
         return [Step("run", ("scancel", node0.job_id))]
@@ -164,16 +185,16 @@ class Slurm:
             return []
 
     def claim(self, job_id: str, run_dir: Path) -> None:
-        proof.claim_slurm_job(job_id, run_dir)
+        slurm_proof.claim_slurm_job(job_id, run_dir)
 
-    launcher = "torchlaunch.launch.slurm"
+    launcher = "torchlaunch.backends.slurm.launch"
 
     def render(self, spec: Any, options: Any) -> str:
         """The sbatch script submitit would submit (launch.slurm.sbatch_script)."""
-        return str(schedulers.load_launcher(self.launcher).sbatch_script(spec, options))
+        return str(backends.load_launcher(self.launcher).sbatch_script(spec, options))
 
     def submit(self, argv: Sequence[str]) -> int:
-        return int(schedulers.load_launcher(self.launcher).main(list(argv)))
+        return int(backends.load_launcher(self.launcher).main(list(argv)))
 
 
 BACKEND = Slurm()

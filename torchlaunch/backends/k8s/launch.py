@@ -32,9 +32,11 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from torchlaunch import contract
+from torchlaunch.backends.k8s import elastic as k8s_elastic
+from torchlaunch.backends.k8s import validate as k8s_validate
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record
-from torchlaunch.launch import cli, emit, k8s_elastic, k8s_validate, shape
+from torchlaunch.launch import cli, emit, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 
 Manifest = dict[str, Any]
@@ -86,7 +88,7 @@ class K8sOptions:
     console: ranklog.Console = ranklog.Console()
     """Which ranks' output reaches the pod's log, and whether each line names its rank."""
     jobset: bool = False
-    """Render a JobSet around the Job (torchlaunch.launch.k8s_elastic) instead of the Job and its Service."""
+    """Render a JobSet around the Job (torchlaunch.backends.k8s.elastic) instead of the Job and its Service."""
     jobset_restarts: int = k8s_elastic.DEFAULT_JOBSET_RESTARTS
     """The JobSet's failurePolicy.maxRestarts: whole-set restarts after the Job failed."""
     reconfigure: bool = False
@@ -148,7 +150,7 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
     launcher = [
         "python",
         "-m",
-        "torchlaunch.launch.local",
+        "torchlaunch.backends.local.launch",
         *k8s_elastic.nodes_args(spec),
         "--master-addr",
         '"$MASTER_ADDR"',
@@ -185,7 +187,7 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
             [
                 "set -eu",
                 'if [ "$JOB_COMPLETION_INDEX" != 0 ]; then',
-                f'  python -m torchlaunch.launch.k8s --wait-for "$MASTER_ADDR:$MASTER_PORT" --wait-timeout-s {opts.wait_timeout_s}',
+                f'  python -m torchlaunch.backends.k8s.launch --wait-for "$MASTER_ADDR:$MASTER_PORT" --wait-timeout-s {opts.wait_timeout_s}',
                 "fi",
                 "exec " + " ".join(launcher),
             ]

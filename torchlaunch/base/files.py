@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from torchlaunch.untrusted import load_json
+from torchlaunch.base.untrusted import load_json
 
 MAX_BYTES = 256 * 1024
 """Larger files are refused unread: a record is a few hundred bytes."""

@@ -2,7 +2,7 @@
 
 `state` asks kubectl when it is installed (in Slurm's words: COMPLETED, FAILED, RUNNING, PENDING);
 `cancel` prints the exact `kubectl delete job` for the user to run where the cluster's credentials
-are, since the run dir's host need not have them. The manifest is torchlaunch.launch.k8s's.
+are, since the run dir's host need not have them. The manifest is torchlaunch.backends.k8s.launch's.
 """
 
 from __future__ import annotations
@@ -11,25 +11,22 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchlaunch import contract, schedulers
-from torchlaunch.schedulers import Detected, Step
-from torchlaunch.schedulers.slurm import _run
-
-if TYPE_CHECKING:
-    from torchlaunch.jobs.record import JobRecord
+from torchlaunch import backends, contract
+from torchlaunch.backends import Detected, JobState, LaunchRecord, Step
+from torchlaunch.base.procs import tool_output
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 """A DNS-1123 label: only such a name reaches a kubectl command."""
 
 
-def state(name: str, namespace: str | None) -> str | None:
-    """A Kubernetes Job's state in Slurm's words (jobs.state.scheduler_word reads both)."""
+def state(name: str, namespace: str | None) -> JobState | None:
+    """A Kubernetes Job's state in the project's words, from its conditions and pod counts."""
     if not K8S_NAME.match(name) or (namespace is not None and not K8S_NAME.match(namespace)):
         return None
     argv = ["kubectl", "get", "job", name, "-o", "json"] + (["--namespace", namespace] if namespace else [])
-    out = _run(argv)
+    out = tool_output(argv)
     if not out:
         return None
     try:
@@ -39,12 +36,12 @@ def state(name: str, namespace: str | None) -> str | None:
         return None
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or [] if isinstance(c, dict)}
     if conditions.get("Complete") == "True":
-        return "COMPLETED"
+        return JobState("finished", "Complete")
     if conditions.get("Failed") == "True":
-        return "FAILED"
+        return JobState("failed", "Failed")
     if status.get("active"):
-        return "RUNNING" if status.get("ready") else "PENDING"
-    return "PENDING"
+        return JobState("running", "active, ready") if status.get("ready") else JobState("pending", "active, not ready")
+    return JobState("pending", "no active pod")
 
 
 class Kubernetes:
@@ -52,23 +49,23 @@ class Kubernetes:
     by_pid = False
 
     def detect(self, env: Mapping[str, str]) -> Detected | None:
-        """A pod of a Job rendered by torchlaunch.launch.k8s (its name and namespace from the downward API)."""
+        """A pod of a Job rendered by torchlaunch.backends.k8s.launch (its name and namespace from the downward API)."""
         job = env.get(contract.K8S_JOB)
         if not (job and env.get(contract.KUBERNETES_SERVICE_HOST)):
             return None
         namespace = env.get(contract.K8S_NAMESPACE)
         return Detected(self.name, job, {"namespace": namespace} if namespace else {})
 
-    def state(self, job_id: str, extra: Mapping[str, str]) -> str | None:
+    def state(self, job_id: str, extra: Mapping[str, str]) -> JobState | None:
         return state(job_id, extra.get("namespace"))
 
     def alive(self, job_id: str) -> bool:
         return True  # judged by whoever holds the cluster's credentials, never from a run dir
 
-    def cancel(self, run_dir: Path, nodes: Sequence[JobRecord]) -> list[Step]:
+    def cancel(self, run_dir: Path, nodes: Sequence[LaunchRecord]) -> list[Step]:
         node0 = min(nodes, key=lambda r: r.node_rank)
         if not node0.job_id or not K8S_NAME.match(node0.job_id):
-            from torchlaunch.schedulers.local import signal_launchers
+            from torchlaunch.backends.launchers import signal_launchers
 
             return signal_launchers(nodes)
         argv = ["kubectl", "delete", "job", node0.job_id, "--wait=false"]
@@ -83,19 +80,19 @@ class Kubernetes:
     def claim(self, job_id: str, run_dir: Path) -> None:
         pass  # proven by the record the pod writes into the shared run dir
 
-    launcher = "torchlaunch.launch.k8s"
+    launcher = "torchlaunch.backends.k8s.launch"
 
     def render(self, spec: Any, options: Any) -> str:
         """The manifests as YAML (launch.k8s.manifests, launch.k8s.to_yaml); `options` is the launcher's
         (K8sOptions, recipe text) as its plan returns them."""
-        k8s = schedulers.load_launcher(self.launcher)
+        k8s = backends.load_launcher(self.launcher)
         opts, recipe_text = options
         return str(k8s.to_yaml(k8s.manifests(spec, opts, recipe_text)))
 
     def submit(self, argv: Sequence[str]) -> int:
         """The launcher prints the manifests for `kubectl apply -f -` where the cluster's credentials are:
         this host need not have them."""
-        return int(schedulers.load_launcher(self.launcher).main(list(argv)))
+        return int(backends.load_launcher(self.launcher).main(list(argv)))
 
 
 BACKEND = Kubernetes()

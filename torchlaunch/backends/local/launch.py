@@ -48,8 +48,8 @@ from typing import IO
 from torchlaunch import config as config_mod
 from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
 from torchlaunch import runner as program_mod
+from torchlaunch.base import procs as ops_procs
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.jobs import procs as ops_procs
 from torchlaunch.jobs import record, watchdog
 from torchlaunch.jobs.launcher import Operation
 from torchlaunch.jobs.progress import RankBeat

@@ -3,10 +3,13 @@ its parent. The one reader of /proc/PID/stat.
 
 A pid from a record is data: before anything is signalled, its start time must match the one recorded
 with it, so a recycled pid (or a forged one) is never signalled. Linux only; elsewhere every answer is
-"unknown" and nothing is signalled.
+"unknown" and nothing is signalled. Beside it, the one bounded runner of a scheduler's query tools.
 """
 
 from __future__ import annotations
+
+import shutil
+import subprocess
 
 STOPPED_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a tracer", "D": "in uninterruptible I/O (D)"}
 """Process states in which a signal is not acted on, so no stack can be asked for."""
@@ -56,3 +59,19 @@ def same_process(pid: int | None, ticks: int | None) -> bool:
 def unresponsive(pid: int) -> str | None:
     """Why `pid` cannot act on a signal now (stopped, D state), else None."""
     return STOPPED_STATES.get(state(pid) or "")
+
+
+TOOL_TIMEOUT_S = 10.0
+"""How long a scheduler tool may take to answer one query."""
+
+
+def tool_output(argv: list[str], timeout: float = TOOL_TIMEOUT_S) -> str | None:
+    """A scheduler tool's stdout (squeue, sacct, kubectl); None when the tool is missing, fails or
+    times out: the operator commands then say what they cannot know, and never hang on a dead controller."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
