@@ -192,3 +192,56 @@ def test_a_linked_trace_folder_is_refused_in_one_line_before_the_trace_is_opened
     assert listing(outside) == before
     with pytest.raises(BadInput, match="trace"):
         rundir.check_folders(run_dir)  # and the launchers' start check names it
+
+
+class _SwapsMidWrite:
+    """A checkpoint format that opens its files by path, as formats do; between its two files the
+    checkpoints folder is swapped for a link (the attacker mirrors the temp folder's name there)."""
+
+    name = "swaps_mid_write"
+
+    def __init__(self, root: Path, outside: Path) -> None:
+        self.root, self.outside = root, outside
+
+    def write(self, tmp_dir: Path, state: dict) -> dict:  # type: ignore[type-arg]
+        (tmp_dir / "part-0").write_bytes(b"first")
+        mirror = next(p.name for p in self.root.iterdir() if p.name.startswith(store.TMP_PREFIX))
+        (self.outside / mirror).mkdir()
+        swap_for_link(self.root, self.outside)
+        (tmp_dir / "part-1").write_bytes(b"second")
+        return {"checksum": "xxh3_128:0", "bytes": 11}
+
+
+def test_a_format_writing_by_path_writes_nothing_through_checkpoints_swapped_mid_write(tmp_path: Path) -> None:
+    """The store hands a format the temp folder as a path pinned to the folder it holds open, so the
+    guarantee is the store's, not each format's: the second file lands in the real temp folder (not in
+    the link's target), and the commit is refused at its check."""
+    from torchlaunch.core.checkpoint import formats
+
+    root = rundir.checkpoints(tmp_path / "run")
+    first = save(root, 1)
+    outside = outside_folder(tmp_path)
+    fmt = formats.register_format(_SwapsMidWrite(root, outside))
+    try:
+        with pytest.raises(store.CheckpointStorageError) as refused:
+            store.write_checkpoint(root, 2, {}, {}, format_name=fmt.name)
+    finally:
+        formats.unregister_format(fmt.name)
+    assert "was replaced while the run trained" in one_line(refused.value)
+    assert list(outside.glob(".tmp-*/*")) == []  # neither file went through the link
+    moved = root.with_name(root.name + ".moved")
+    assert sorted(p.name for p in moved.iterdir()) == [first.path.name]  # temp folder removed, step 1 intact
+    assert store.verify(moved / first.path.name) is None
+
+
+def test_the_single_file_format_never_follows_a_link_planted_in_the_temp_folder(tmp_path: Path) -> None:
+    """formats.create_new: a name already taken, a link included, is refused, not opened."""
+    from torchlaunch.core.checkpoint import formats
+
+    outside = outside_folder(tmp_path)
+    folder = tmp_path / "tmp-folder"
+    folder.mkdir()
+    (folder / store.STATE_FILE).symlink_to(outside / "victim.txt")
+    with pytest.raises(FileExistsError):
+        formats.create_new(folder / store.STATE_FILE)
+    assert (outside / "victim.txt").read_text() == "not yours\n"
