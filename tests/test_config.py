@@ -197,8 +197,9 @@ def test_write_resolved_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     path = config_mod.write_resolved(old)
     old_text = path.read_text()
 
-    def broken_replace(src: str, dst: str) -> None:
-        assert Path(src).read_text() == config_mod.dump(new)  # the full new text was written first
+    def broken_replace(src: str, dst: str, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None) -> None:
+        with open(os.open(src, os.O_RDONLY, dir_fd=src_dir_fd)) as written:  # relative to the folder's descriptor
+            assert written.read() == config_mod.dump(new)  # the full new text was written first
         raise OSError("disk vanished")
 
     new = config_mod.load(None, [f"run_dir={tmp_path}", "seed=2"])

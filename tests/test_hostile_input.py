@@ -138,6 +138,9 @@ def test_resume_with_another_optimizer(sgd_run: Path, tmp_path: Path) -> None:
     (run_dir / "model.pt").unlink()
     more = [t.replace("max_steps=4", "max_steps=8").replace("epochs=1", "epochs=2") for t in TINY]
     rc, _, err = worker(["--config", SMOKE, f"run_dir={run_dir}", *more, "optim.name=adamw"])
+    one_line(rc, err, "config error: run_dir", "optim.name 'sgd' -> 'adamw'", "--reconfigure")  # config.yaml's rule
+    (run_dir / "config.yaml").unlink()  # without the run's config, the resume itself refuses
+    rc, _, err = worker(["--config", SMOKE, f"run_dir={run_dir}", *more, "optim.name=adamw"])
     one_line(rc, err, "config error: optim.name", "optim.name=sgd, now adamw", "resume with optim.name=sgd")
     assert not (run_dir / "model.pt").exists()
 
@@ -158,6 +161,7 @@ def test_forged_commit_marker_named_for_resume(sgd_run: Path, tmp_path: Path) ->
     run_dir = tmp_path / "run"
     shutil.copytree(sgd_run, run_dir)
     forged = _forge_marker(run_dir)
+    (run_dir / "config.yaml").unlink()  # checkpoint.resume=PATH is a change of the run's config (its own rule)
     rc, _, err = worker(["--config", SMOKE, f"run_dir={run_dir}", *TINY, f"checkpoint.resume={forged}"])
     one_line(rc, err, "config error: checkpoint.resume", str(forged), "non-finite number Infinity")
 

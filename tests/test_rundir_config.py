@@ -233,3 +233,131 @@ def test_no_store_listening_is_this_launchers_to_host() -> None:
 def test_every_key_the_rule_names_is_a_config_key() -> None:
     named = config_mod.OPERATIONAL | config_mod.KEPT_AT_RESUME | config_mod.FIXED_AT_RESUME
     assert named <= set(config_mod.all_keys()), named - set(config_mod.all_keys())
+
+
+# ---- every writer of RUN_DIR/config.yaml applies the one rule (the worker, launch.slurm) -----------
+
+
+def no_training(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The worker's set-up and training replaced by a record of the config it would train on."""
+    from torchlaunch.worker import run
+
+    trained: list[str] = []
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(run, "_run", lambda cfg, *a: (trained.append(config_mod.dump(cfg)), (0, "finished"))[1])
+    return trained
+
+
+def test_python_m_train_on_a_run_dir_started_with_another_config_is_refused_before_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `python -m train --config X run_dir=R` wrote its own config over the run's (rank 0's
+    write_resolved), whatever the run had been started with."""
+    from torchlaunch.worker import run
+
+    trained = no_training(monkeypatch)
+    run_dir = tmp_path / "run"
+    before = started(run_dir, "optim.lr=0.02")
+    with pytest.raises(ConfigError) as refused:
+        run.main(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.5"])
+    line = str(refused.value)
+    assert len(line.splitlines()) == 1 and "optim.lr 0.02 -> 0.5" in line and "--reconfigure" in line, line
+    assert trained == [] and (run_dir / rundir.CONFIG).read_text() == before
+    assert sorted(p.name for p in run_dir.iterdir()) == [rundir.CONFIG]
+    assert run.main(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.02"]) == 0  # the same config runs
+    assert run.main(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.5", "--reconfigure"]) == 0
+    assert len(trained) == 2 and "lr: 0.5" in trained[1]
+
+
+def test_the_worker_writes_the_config_by_the_rule_and_says_a_reconfigure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0's write (after the plug-in checks) is settle_resolved's: a first start writes, a rerun of
+    the same config changes nothing, a reconfigure rewrites and says so in one line."""
+    from torchlaunch.worker import run
+
+    run_dir = tmp_path / "run"
+    cfg = config_mod.load(SMOKE, [f"run_dir={run_dir}", "optim.lr=0.02"])
+    run.settle_config(cfg, False, write=False)
+    assert not run_dir.exists()  # the check before anything is written
+    run.settle_config(cfg, False, write=True)
+    before = (run_dir / rundir.CONFIG).read_text()
+    other = config_mod.load(SMOKE, [f"run_dir={run_dir}", "optim.lr=0.5"])
+    with pytest.raises(ConfigError, match="optim.lr 0.02 -> 0.5"):
+        run.settle_config(other, False, write=True)
+    assert (run_dir / rundir.CONFIG).read_text() == before
+    run.settle_config(other, True, write=True)
+    assert (run_dir / rundir.CONFIG).read_text() == config_mod.dump(other)
+    [note] = capsys.readouterr().err.strip().splitlines()
+    assert note.startswith("train: reconfigured ") and "optim.lr 0.02 -> 0.5" in note, note
+
+
+def slurm_call(argv: list[str]) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from torchlaunch.backends.slurm import launch as slurm
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = slurm.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_launch_slurm_refuses_a_run_dir_started_with_another_config_before_rendering(tmp_path: Path) -> None:
+    """Before: launch.slurm rendered and submitted the job, whose rank 0 rewrote config.yaml with the
+    new values. The dry run applies the same refusal; --reconfigure renders and still writes nothing."""
+    run_dir = tmp_path / "run"
+    before = started(run_dir, "optim.lr=0.02")
+    code, out, err = slurm_call(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.5", "--dry-run"])
+    assert code == BAD_INPUT and out == "", (out, err)
+    assert len(err.strip().splitlines()) == 1 and "optim.lr 0.02 -> 0.5" in err and "--reconfigure" in err, err
+    code, out, err = slurm_call(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.02", "--dry-run"])
+    assert code == 0 and "#SBATCH" in out, err
+    code, out, err = slurm_call(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.5", "--dry-run", "--reconfigure"])
+    assert code == 0 and "#SBATCH" in out, err
+    assert (run_dir / rundir.CONFIG).read_text() == before
+
+
+def test_launch_slurm_settles_the_config_under_the_lock_at_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At submit (the cluster stood in for): refused without --reconfigure, nothing written and the run
+    dir free; with it rewritten and said; a refused submission puts the previous file back."""
+    from torchlaunch.backends.slurm import launch as slurm
+
+    class Job:
+        job_id = "4242"
+
+    run_dir = tmp_path / "run"
+    before = started(run_dir, "optim.lr=0.02")
+    argv = ["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.5"]
+    spec, options, _ = slurm.parse_args(argv)
+    cfg = config_mod.load(SMOKE, [f"run_dir={run_dir}", "optim.lr=0.5"])
+    monkeypatch.setattr(slurm, "_submit", lambda *a: pytest.fail("submitted"))
+    with pytest.raises(ConfigError, match="optim.lr 0.02 -> 0.5"):
+        slurm.submit(spec, options, cfg)
+    assert (run_dir / rundir.CONFIG).read_text() == before and not (run_dir / rundir.LOCK).exists()
+
+    def refused(*a: object) -> Job:
+        raise BadInput("sbatch refused")
+
+    monkeypatch.setattr(slurm, "_submit", refused)
+    with pytest.raises(BadInput, match="sbatch refused"):
+        slurm.submit(spec, options, cfg, reconfigure=True)
+    assert (run_dir / rundir.CONFIG).read_text() == before
+    monkeypatch.setattr(slurm, "_submit", lambda *a: Job())
+    slurm.submit(spec, options, cfg, reconfigure=True)
+    assert (run_dir / rundir.CONFIG).read_text() == config_mod.dump(cfg)
+
+
+def test_launch_k8s_carries_reconfigure_to_each_pods_launcher() -> None:
+    """The pods run launch.local, which refuses a changed config: --reconfigure is the pods' too."""
+    from tests.test_k8s import render
+
+    code, out, err = render(["--config", "configs/smoke.yaml", "--reconfigure"])
+    assert code == 0 and "torchlaunch.backends.local.launch" in out and " --reconfigure " in out, err
+    code, out, _ = render(["--config", "configs/smoke.yaml"])
+    assert code == 0 and "--reconfigure" not in out
+    code, out, err = render(["--reconfigure", "--", "script.py"])
+    assert code == BAD_INPUT and out == "" and "a program after -- has none" in err

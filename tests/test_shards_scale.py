@@ -122,3 +122,43 @@ def test_an_error_line_reads_one_key_not_the_column(tmp_path: Path, monkeypatch:
     per_shard = ShardSet.open(root / "train")
     assert [per_shard.where(i) for i in (0, 2, 3, 149)] == named
     assert (root / "train" / ("train-000049.tar" + INDEX_SUFFIX)).is_file()
+
+
+def test_a_split_without_its_set_index_reads_one_index_per_shard_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every open of a split without shards.idx read all per-shard indexes (~100 s at 100,000
+    shards, every rank, every requeue). The launcher's pre-check and the ranks open with remember=True:
+    the first open writes the set index, the next opens read one file, as with the writer's set."""
+    root = make_set(tmp_path / "set", 60)
+    for split in ("train", "val"):
+        (root / split / SET_INDEX).unlink()
+    first = ShardSet.open(root / "train", remember=True)
+    assert (root / "train" / SET_INDEX).is_file()
+    counts = count_calls(monkeypatch)
+    again = ShardSet.open(root / "train")
+    monkeypatch.undo()
+    assert counts["open"] <= 3, counts  # the set index (and the manifest), not 60 per-shard indexes
+    assert again.fingerprint == first.fingerprint and np.array_equal(again.labels, first.labels)
+    assert [again.key(i) for i in (0, 100, 179)] == [first.key(i) for i in (0, 100, 179)]
+    check_data(DataConfig(name="shards", root=str(root)), local=True)  # the pre-check remembers val/ too
+    assert (root / "val" / SET_INDEX).is_file()
+
+
+def test_remembering_a_set_index_writes_nothing_where_it_must_not(tmp_path: Path) -> None:
+    """A plain open (verify's) writes nothing; nor does one through a linked split folder (no write
+    follows a link) or one whose folder cannot be written: the open itself still succeeds."""
+    root = make_set(tmp_path / "set", 5)
+    (root / "train" / SET_INDEX).unlink()
+    ShardSet.open(root / "train")
+    assert not (root / "train" / SET_INDEX).exists()
+    (tmp_path / "linked").symlink_to(root / "train")
+    assert len(ShardSet.open(tmp_path / "linked", remember=True)) == 15
+    assert not (root / "train" / SET_INDEX).exists()
+    if os.geteuid() != 0:  # root writes anywhere
+        (root / "train").chmod(0o555)
+        try:
+            assert len(ShardSet.open(root / "train", remember=True)) == 15
+        finally:
+            (root / "train").chmod(0o755)
+        assert not (root / "train" / SET_INDEX).exists()

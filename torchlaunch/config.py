@@ -985,21 +985,35 @@ class Settled:
     """config.yaml's text before a reconfigure: restore_resolved puts it back if the resume refuses."""
 
 
+def newest_step(run_dir: str | os.PathLike[str]) -> int | None:
+    """The step a resume of `run_dir` starts from (its newest checkpoint that verifies), None without one.
+    Asked only when a launch's config differs from the run's: it imports torch where checkpoints exist."""
+    from torchlaunch.jobs import gather
+
+    found, _ = gather.newest_checkpoint(Path(run_dir))
+    return None if found is None else found.step
+
+
 def settle_resolved(
     cfg: RunConfig,
     *,
     reconfigure: bool = False,
-    resumes_at: typing.Callable[[], int | None] = lambda: None,
+    resumes_at: typing.Callable[[], int | None] | None = None,
     running: int = 0,
+    write: bool = True,
 ) -> Settled:
-    """RUN_DIR/config.yaml for a launch of `cfg`, under the run-dir lock: written when the run dir has
+    """RUN_DIR/config.yaml for a launch of `cfg`, the one rule of every writer of that file (launch.local
+    under the run-dir lock, launch.slurm at submit, the worker's rank 0): written when the run dir has
     none (or the same values); a differing one is refused (ConfigError naming the keys, nothing written)
-    unless `reconfigure`, which rewrites it and says from which step (`resumes_at`: the newest checkpoint's,
+    unless `reconfigure`, which rewrites it and says from which step (`resumes_at`, default newest_step:
     asked only then) the new values apply and which do not. Refused as well: a reconfigure while `running`
-    other launchers of the job use the file, and one of a key the resume itself refuses (FIXED_AT_RESUME)."""
+    other launchers of the job use the file, and one of a key the resume itself refuses (FIXED_AT_RESUME).
+    `write=False` applies the same refusals and writes nothing (a dry run, the ranks other than 0)."""
     target = rundir.config(cfg.run_dir)
+    if resumes_at is None:
+        resumes_at = lambda: newest_step(cfg.run_dir)  # noqa: E731 - deferred: imports torch
     if not target.exists() and not target.is_symlink():
-        return Settled(write_resolved(cfg))
+        return Settled(write_resolved(cfg) if write else target)
     try:
         old = read_yaml(target)
     except ConfigError as e:
@@ -1016,7 +1030,7 @@ def settle_resolved(
         pass
     found = [c for c in changes(old, to_dict(cfg)) if c.key != "run_dir"]
     if not found:  # the same values; run_dir may be spelled another way (relative, absolute): the ranks' spelling
-        return Settled(write_resolved(cfg))
+        return Settled(write_resolved(cfg) if write else target)
     step = resumes_at()
     trained = [c for c in found if c.key not in OPERATIONAL]
     if trained and not reconfigure:
@@ -1041,11 +1055,12 @@ def settle_resolved(
         )
     readable = target.is_file() and not target.is_symlink() and target.stat().st_size <= MAX_CONFIG_BYTES
     previous = target.read_text(errors="replace") if readable else None
-    write_resolved(cfg)
+    if write:
+        write_resolved(cfg)
     where = f"from step {step}, where it resumes" if step is not None else "from step 0 (no checkpoint yet)"
     what = "reconfigured" if trained else "updated how the run runs in"
     note = f"launch: {what} {target} ({listed(found, step is not None)}): the new values apply {where}"
-    return Settled(target, note, previous)
+    return Settled(target, note, previous if write else None)
 
 
 def restore_resolved(settled: Settled) -> bool:

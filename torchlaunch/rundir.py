@@ -25,8 +25,10 @@ config write) and the shard writer's split folders.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,7 +78,9 @@ LOCK_NODES = ".lock.nodes"
 """RUN_DIR/.lock.nodes/node-K.json: an elastic job's member slots (torchlaunch.runlock)."""
 HANGS = "hangs"
 """RUN_DIR/hangs/STAMP-HOST-PID/: the hang watchdog's stack dumps (torchlaunch.jobs.watchdog)."""
-FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS)
+TRACE = "trace"
+"""RUN_DIR/trace/rankN.jsonl: each rank's batch trace when debug.trace_batches is on."""
+FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS, TRACE)
 """Every folder the launchers and ranks write, append or delete in: each must be a real folder."""
 
 
@@ -122,6 +126,10 @@ def tensorboard(run_dir: PathLike) -> Path:
 
 def model(run_dir: PathLike) -> Path:
     return _under(run_dir, MODEL)
+
+
+def trace(run_dir: PathLike) -> Path:
+    return _under(run_dir, TRACE)
 
 
 def config(run_dir: PathLike) -> Path:
@@ -182,6 +190,58 @@ def check_folders(run_dir: PathLike, *, prefix: str = "launch error: ") -> None:
         )
 
 
+class LinkedFolder(OSError):
+    """A run-dir folder that is a symlink (or no folder) when a write comes, after the start's checks
+    passed: one planted while the run trains. An OSError (errno ELOOP), so every caller's handling of a
+    failed write applies; nothing was written through it."""
+
+
+def open_folder(folder: PathLike, *, dir_fd: int | None = None) -> int:
+    """A descriptor of `folder`, opened without following a link in its last component (O_NOFOLLOW):
+    what is written relative to it lands in that real folder, even if its path is swapped for a link
+    later. LinkedFolder (one line) when it is a link now. The caller closes it."""
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(folder, dir_fd):
+            raise LinkedFolder(
+                errno.ELOOP,
+                f"{quote(str(folder))} is a symlink now (swapped in while the run ran): not written through",
+            ) from None
+        raise
+
+
+def _is_link(path: PathLike, dir_fd: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def same_folder(folder: PathLike, fd: int) -> bool:
+    """`folder` still names the real folder behind `fd` (opened by open_folder): not a link, same inode.
+    The check right before a commit: a folder renamed away and a link put in its place fail it."""
+    try:
+        now = os.lstat(folder)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return stat.S_ISDIR(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def folder_path(fd: int) -> Path | None:
+    """A path that names the folder behind `fd` itself, not whatever its old path names now: Linux's
+    /proc/self/fd/N (the kernel resolves it to the open folder, so a rename of the folder or a link put
+    in its place changes nothing). For code that can only be handed a path (a checkpoint format); None
+    where the system has no such path."""
+    pinned = Path(f"/proc/self/fd/{fd}")
+    try:
+        here, held = os.stat(pinned), os.fstat(fd)
+    except OSError:
+        return None
+    return pinned if (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino) else None
+
+
 # ---- the one atomic writer ----------------------------------------------------------------------
 
 
@@ -223,21 +283,51 @@ def staged(path: PathLike, *, durable: bool = True, tmp: PathLike | None = None)
 
 
 def write_bytes(
-    path: PathLike, data: bytes, *, durable: bool = True, tmp: PathLike | None = None, mkdir: bool = True
+    path: PathLike,
+    data: bytes,
+    *,
+    durable: bool = True,
+    tmp: PathLike | None = None,
+    mkdir: bool = True,
+    real_folder: bool = False,
+    dir_fd: int | None = None,
 ) -> None:
     """Replace `path` with `data` atomically: temp file in the same folder, fsync, rename, fsync folder
-    (`durable=False`: temp file and rename only). `tmp` names the temp file where a sweep must know it."""
+    (`durable=False`: temp file and rename only). `tmp` names the temp file where a sweep must know it.
+    The temp file is created and renamed relative to the folder's descriptor, so both land in one folder.
+    `real_folder`: the folder is one of the run dir's (FOLDERS, a step folder), never a link: opened
+    O_NOFOLLOW (open_folder), a link planted there while the run trains is LinkedFolder, not followed.
+    Without it the folder may be a link the user named (the run dir itself). `dir_fd`: `path` is relative
+    to that folder's descriptor (a checkpoint commit's, held from the save's start)."""
     path = Path(path)
-    if mkdir:
+    if mkdir and dir_fd is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = Path(tmp) if tmp is not None else temp_name(path)
-    with staged(path, durable=durable, tmp=tmp_path) as fh:
-        fh.write(data)
+    tmp_name = Path(tmp).name if tmp is not None else temp_name(path).name
+    if real_folder:
+        folder = open_folder(path.parent, dir_fd=dir_fd)
+    else:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        publish(tmp_path, path, durable=durable)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
+        fd = os.open(
+            tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=folder
+        )
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp_name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            try:
+                os.unlink(tmp_name, dir_fd=folder)
+            except OSError:
+                pass
+            raise
+        if durable:
+            os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def write_text(path: PathLike, text: str, **kwargs: Any) -> None:
@@ -255,7 +345,10 @@ def write_json(
     newline: bool = False,
     tmp: PathLike | None = None,
     mkdir: bool = True,
+    real_folder: bool = False,
+    dir_fd: int | None = None,
 ) -> None:
     """write_bytes of `value` as JSON (the format options are the readers' business, not the writer's)."""
     text = json.dumps(value, indent=indent, sort_keys=sort_keys) + ("\n" if newline else "")
-    write_bytes(path, text.encode("utf-8"), durable=durable, tmp=tmp, mkdir=mkdir)
+    data = text.encode("utf-8")
+    write_bytes(path, data, durable=durable, tmp=tmp, mkdir=mkdir, real_folder=real_folder, dir_fd=dir_fd)

@@ -128,7 +128,7 @@ def check_shards(root: Path, label: str = "cls") -> None:
     worker that reads it (and by `python -m train.shards verify`)."""
     from torchlaunch.shards import ShardSet, decode  # numpy + PIL, no torch
 
-    splits = {name: ShardSet.open(root / name, label=label) for name in ("train", "val")}
+    splits = {name: ShardSet.open(root / name, label=label, remember=True) for name in ("train", "val")}
     train, val = splits["train"], splits["val"]
     if list(train.classes) != list(val.classes) or len(train.classes) < 2:
         raise BadInput(

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from torchlaunch import backends, contract, exit_codes
+from torchlaunch import backends, contract, exit_codes, rundir
 from torchlaunch.base import storage
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import progress, proof, ranklog, record, watchdog
@@ -108,10 +108,12 @@ class Operation:
         if self.record is not None:
             try:
                 self.record = record.finish(self.run_dir, self.record, code, outcome, reason)
-            except OSError as error:  # the run dir filled up or went read-only during the run
-                if not storage.is_storage(error):
+            except OSError as error:  # the run dir filled up, went read-only or got a link planted during the run
+                linked = isinstance(error, rundir.LinkedFolder)
+                if not (linked or storage.is_storage(error)):
                     raise
-                line = storage.describe(error, record.record_path(self.run_dir, self.record.node_rank), "job record")
+                where = record.record_path(self.run_dir, self.record.node_rank)
+                line = error.strerror if linked else storage.describe(error, where, "job record")
                 print(f"launch: outcome {outcome} (exit {final}) not recorded: {line}", file=sys.stderr, flush=True)
         return final
 

@@ -130,7 +130,7 @@ class Heartbeat:
     def _write(self) -> None:
         payload = {**self._base, **self._fields, **self.dump, "beat": self._count, "time": time.time()}
         try:
-            rundir.write_json(beat_path(self.where, self.rank), payload, durable=False)
+            rundir.write_json(beat_path(self.where, self.rank), payload, durable=False, real_folder=True)
         except OSError:
             pass  # progress is advisory: a full or vanished disk must not stop training
 

@@ -161,7 +161,7 @@ def start(
         started=time.time(),
         extra={**(extra or {}), **({proof.DIGEST_KEY: proof.digest(token)} if token else {})},
     )
-    rundir.write_json(record_path(run_dir, node_rank), rec.to_json())
+    rundir.write_json(record_path(run_dir, node_rank), rec.to_json(), real_folder=True)
     return rec
 
 
@@ -170,7 +170,7 @@ def finish(run_dir: str | Path, rec: JobRecord, code: int, outcome: str, reason:
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r} is not one of {OUTCOMES}")
     done = replace(rec, ended=time.time(), code=code, outcome=outcome, reason=reason[:1000])
-    rundir.write_json(record_path(run_dir, rec.node_rank), done.to_json())
+    rundir.write_json(record_path(run_dir, rec.node_rank), done.to_json(), real_folder=True)
     return done
 
 
@@ -209,6 +209,7 @@ def request_cancel(run_dir: str | Path, launch_id: str, how: str, job: str | Non
     rundir.write_json(
         job_dir(run_dir) / CANCEL_FILE,
         {"launch_id": launch_id, "job": job, "requested": time.time(), "how": how, "host": socket.gethostname()},
+        real_folder=True,
     )
 
 

@@ -229,21 +229,43 @@ def dump_stacks(
     err = err or sys.stderr
     base = hang_folder(run_dir)
     base.parent.mkdir(parents=True, exist_ok=True)
+    hangs = rundir.open_folder(base.parent)  # a link planted in hangs/'s place during the run: LinkedFolder
+    try:
+        out = _new_folder(base, hangs)
+        host = socket.gethostname()
+        results: list[DumpResult] = []
+        for beat, result in zip(beats, dump_ranks(beats, progress.folder(run_dir), wait_s), strict=True):
+            result.path = out / f"rank-{beat.rank}.txt"
+            header = f"rank {beat.rank} pid {beat.pid} host {beat.host or host} step {beat.step} ({result.how})\n"
+            _write_in(hangs, result.path, header + result.text)
+            results.append(result)
+        return out, _report(out, hangs, host, verdict, results, err)
+    finally:
+        os.close(hangs)
+
+
+def _new_folder(base: Path, hangs: int) -> Path:
+    """RUN_DIR/hangs/<time>-<host>[-N], made relative to hangs/'s descriptor (a second hang within the
+    same second gets its own folder)."""
     out, n = base, 1
-    while True:  # a second hang within the same second gets its own folder
+    while True:
         try:
-            out.mkdir()
-            break
+            os.mkdir(out.name, dir_fd=hangs)
+            return out
         except FileExistsError:
             n += 1
             out = base.with_name(f"{base.name}-{n}")
-    host = socket.gethostname()
-    results: list[DumpResult] = []
-    for beat, result in zip(beats, dump_ranks(beats, progress.folder(run_dir), wait_s), strict=True):
-        result.path = out / f"rank-{beat.rank}.txt"
-        header = f"rank {beat.rank} pid {beat.pid} host {beat.host or host} step {beat.step} ({result.how})\n"
-        result.path.write_text(header + result.text)
-        results.append(result)
+
+
+def _write_in(hangs: int, path: Path, text: str) -> None:
+    """One dump file, written relative to hangs/'s descriptor into its real (never linked) folder."""
+    rundir.write_text(Path(path.parent.name) / path.name, text, durable=False, real_folder=True, dir_fd=hangs)
+
+
+def _report(
+    out: Path, hangs: int, host: str, verdict: Verdict, results: list[DumpResult], err: IO[str]
+) -> list[DumpResult]:
+    """The hang on the console and its copy, RUN_DIR/hangs/.../summary.txt."""
     stalled = ", ".join(str(r) for r in verdict.stalled)
     lines = [f"watchdog: hang on {host}: {verdict.reason}; stalled ranks {stalled} (furthest behind first)"]
     for r in results:
@@ -253,8 +275,8 @@ def dump_stacks(
         else:
             lines.append(f"  {r.text}")
     print("\n".join(lines), file=err, flush=True)
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
-    return out, results
+    _write_in(hangs, out / "summary.txt", "\n".join(lines) + "\n")
+    return results
 
 
 @dataclass
@@ -305,7 +327,11 @@ class Watchdog:
                 verdict = self.check()
                 if verdict.hung:
                     beats = sorted((b for _, _, b in self._seen.values()), key=lambda b: b.rank)
-                    folder, _ = dump_stacks(self.run_dir, beats, verdict)
+                    try:
+                        folder, _ = dump_stacks(self.run_dir, beats, verdict)
+                    except OSError as e:  # full, read-only, or a link planted in hangs/'s place: still end the hang
+                        folder = hang_folder(self.run_dir)
+                        print(f"watchdog: stacks not written: {e.strerror or e}", file=sys.stderr, flush=True)
                     on_hang(verdict, folder, beats)
                     self._seen.clear()
 

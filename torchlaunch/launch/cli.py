@@ -158,6 +158,18 @@ def add_common(parser: argparse.ArgumentParser, *, run_dir_help: str, config_hel
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the built-in worker")
 
 
+RECONFIGURE_HELP = (
+    "let this launch change the config of a run dir that has one (RUN_DIR/config.yaml is written once; "
+    "a rerun with other values is refused, naming them): says from which step the new values apply"
+)
+"""--reconfigure's meaning, the same wherever a user launches the built-in worker (config.settle_resolved)."""
+
+
+def add_reconfigure(parser: argparse.ArgumentParser) -> None:
+    """--reconfigure: the one explicit act that changes a run's RUN_DIR/config.yaml."""
+    parser.add_argument("--reconfigure", action="store_true", help=RECONFIGURE_HELP)
+
+
 def console_ranks(text: str) -> frozenset[int]:
     """The `--console-ranks` option's type."""
     try:

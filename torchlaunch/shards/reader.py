@@ -25,6 +25,8 @@ import numpy as np
 import xxhash
 
 from torchlaunch.base.files import read_json
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.rundir import check_real_folder
 from torchlaunch.shards.errors import ShardError, shown
 from torchlaunch.shards.fsio import open_regular, regular_size
 from torchlaunch.shards.index import (
@@ -40,6 +42,7 @@ from torchlaunch.shards.index import (
     load,
     read_key,
     split_name,
+    write_set_index,
 )
 from torchlaunch.shards.record import WRITE_PLAN
 
@@ -156,13 +159,28 @@ def check_label(index: Index, label: str | None, folder: Path) -> None:
         )
 
 
+def remember_set_index(folder: Path, parts: list[Index]) -> bool:
+    """Write the split's set index from the per-shard indexes an open just read (index.write_set_index,
+    what `train.shards index DIR` ends with), so that every later open of the split (each rank, each
+    requeue) reads one file instead of one per shard: 100,000 per-shard indexes took ~100 s an open.
+    Best effort, never an error: a read-only or linked folder (nothing is written through a link) or
+    indexes of mixed label sources leave the set as it was (False)."""
+    try:
+        check_real_folder(folder, prefix="", what="the split folder", fix="")
+        write_set_index(folder, parts)
+    except (OSError, ShardError, BadInput):
+        return False
+    return True
+
+
 def load_indexes(
-    folder: Path, names: list[str], label: str | None = DEFAULT_LABEL
+    folder: Path, names: list[str], label: str | None = DEFAULT_LABEL, remember: bool = False
 ) -> tuple[list[ShardInfo], dict[str, np.ndarray], KeyColumns]:
     """The shards' index columns: from the set index when it lists exactly these shards, else from
-    every per-shard index (the third value: where their keys are). A shard replaced after the set
-    index was written is found by its size when it is first read (ShardSet._fd), not by a stat of
-    every shard here: that was 100,000 stats per open (issue 38)."""
+    every per-shard index (the third value: where their keys are), then written as the set index when
+    `remember` (remember_set_index). A shard replaced after the set index was written is found by its
+    size when it is first read (ShardSet._fd), not by a stat of every shard here: that was 100,000
+    stats per open (issue 38)."""
     set_path = folder / SET_INDEX
     if (
         regular_size(set_path, "set index", f"delete {set_path}; it is rebuilt by python -m train.shards index DIR")
@@ -188,6 +206,8 @@ def load_indexes(
         parts.append(part)
     shards = [p.shards[0] for p in parts]
     columns = {c: np.concatenate([p.columns[c] for p in parts]) for c in parts[0].columns} if parts else {}
+    if remember and parts:
+        remember_set_index(folder, parts)
     return shards, columns, [p.key_column() for p in parts]
 
 
@@ -231,10 +251,14 @@ class ShardSet:
         self._fds: OrderedDict[int | str, int] = OrderedDict()  # shard number or key file -> descriptor
 
     @classmethod
-    def open(cls, folder: str | Path, split: str | None = None, label: str | None = DEFAULT_LABEL) -> ShardSet:
+    def open(
+        cls, folder: str | Path, split: str | None = None, label: str | None = DEFAULT_LABEL, remember: bool = False
+    ) -> ShardSet:
         """Open a split folder (DIR/train), or DIR itself with `split` (default: DIR/train when DIR holds
         no shards). Reads only the listing and the indexes; ShardError names what is wrong and the fix.
-        `label`: the label source the indexes must have been built from (data.shard_label; None: any)."""
+        `label`: the label source the indexes must have been built from (data.shard_label; None: any).
+        `remember`: a split without a (matching) set index gets one written (remember_set_index), so
+        only the first open reads one index per shard; off for readers that must write nothing (verify)."""
         root = Path(folder).expanduser()
         folder, listing = split_folder(root, split)
         names, orphans = scan_split(folder, listing)
@@ -261,7 +285,7 @@ class ShardSet:
             raise ShardError(
                 f"shard {folder / orphans[0]} is missing (its index {orphans[0]}.idx is present)", FIX_SHARD
             )
-        shards, columns, key_columns = load_indexes(folder, names, label)
+        shards, columns, key_columns = load_indexes(folder, names, label, remember)
         labels = columns["label"]
         top = int(labels.max()) + 1 if len(labels) else 0
         if manifest is not None:

@@ -63,11 +63,28 @@ class MetricsLog:
     """A JSON-lines file; on resume, lines past the checkpoint are dropped so a resumed run's log
     reads like one uninterrupted run."""
 
-    def __init__(self, path: Path, enabled: bool, resume_step: int | None, tensorboard_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        enabled: bool,
+        resume_step: int | None,
+        tensorboard_dir: Path | None = None,
+        real_folder: bool = False,
+    ) -> None:
+        """`real_folder`: the file's folder is one of the run dir's (trace/), never a link: refused in one
+        line (rundir.check_real_folder) before it is made or written in. Opened once: a link planted
+        later is not followed (the file stays open)."""
         self.path, self.enabled = path, enabled
         self.tb = None
         if not enabled:
             return
+        if real_folder:
+            rundir.check_real_folder(
+                path.parent,
+                prefix="config error: run_dir: ",
+                what=f"RUN_DIR/{path.parent.name}",
+                fix="remove the link (nothing is written through one), or pick another run_dir",
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         if tensorboard_dir is not None:
             self.tb = open_tensorboard(tensorboard_dir, purge_step=resume_step + 1 if resume_step is not None else None)
@@ -77,7 +94,7 @@ class MetricsLog:
                 for ln in path.read_text().splitlines()
                 if _line_step(ln) is not None and _line_step(ln) <= resume_step
             ]
-            rundir.write_text(path, "".join(ln + "\n" for ln in kept))
+            rundir.write_text(path, "".join(ln + "\n" for ln in kept), real_folder=real_folder)
         elif resume_step is None and path.is_file():
             path.unlink()
         # Through ranklog.open_log: a FIFO or a symlink under the name is replaced, never blocked on or written through.
@@ -178,7 +195,7 @@ class RunLog:
         self.metrics = MetricsLog(
             rundir.metrics(run_dir), main, resume_step, rundir.tensorboard(run_dir) if tensorboard else None
         )
-        self.batches = MetricsLog(run_dir / "trace" / f"rank{rank}.jsonl", trace, resume_step)
+        self.batches = MetricsLog(rundir.trace(run_dir) / f"rank{rank}.jsonl", trace, resume_step, real_folder=True)
         self.tracing = trace
         self.report = Reporter(main, total_steps, start_step)
         self.run_start = self.window_start = time.perf_counter()

@@ -27,8 +27,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--help-config", action="store_true", help="list every config key with its default and meaning, and exit"
     )
+    parser.add_argument(
+        "--reconfigure",
+        action="store_true",
+        help="let this run change the config of a run dir that has one (RUN_DIR/config.yaml is written once; "
+        "a rerun with other values is refused, naming them)",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, values parsed as YAML")
     return parser.parse_args(argv)
+
+
+def settle_config(cfg: config_mod.RunConfig, reconfigure: bool, write: bool) -> None:
+    """RUN_DIR/config.yaml by the launchers' one rule (config.settle_resolved): a run dir holding another
+    config is refused unless `reconfigure`. Checked by every rank before anything is written (`write`
+    False), then written by rank 0 once the plug-ins are checked. Under a launcher the file already holds
+    this config: no change, nothing said."""
+    settled = config_mod.settle_resolved(cfg, reconfigure=reconfigure, write=write)
+    if settled.note and write:
+        print(settled.note.replace("launch: ", "train: ", 1), file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config:
         raise ConfigError("--config", "missing", "pass a recipe, e.g. --config configs/smoke.yaml")
     cfg = config_mod.load(args.config, args.overrides)
+    settle_config(cfg, args.reconfigure, write=False)  # bad input before anything is written
     prefetch = start_prefetch(cfg.data)  # decodes a cold image folder while torch imports
     try:
-        code, _ = _run(cfg, prefetch)
+        code, _ = _run(cfg, prefetch, args.reconfigure)
     finally:
         finish_prefetch(prefetch, wait=False)
     return code
@@ -70,7 +87,9 @@ def allocating(what: str, build: Callable[[], T]) -> T:
         ) from None
 
 
-def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) -> tuple[int, str]:
+def _run(
+    cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None, reconfigure: bool = False
+) -> tuple[int, str]:
     """Set up, train, tear down. Imports torch lazily so `--help-config` and config errors are fast."""
     from torchlaunch.core import dist
     from torchlaunch.core.checkpoint import latest_valid
@@ -86,7 +105,7 @@ def _run(cfg: config_mod.RunConfig, prefetch: subprocess.Popen | None = None) ->
     clean = False
     try:
         agreed(ctx, lambda: check_early(cfg))  # plug-ins import, init_from exists: before any data work
-        agreed(ctx, lambda: config_mod.write_resolved(cfg) if ctx.is_main else None)
+        agreed(ctx, lambda: settle_config(cfg, reconfigure, write=True) if ctx.is_main else None)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
         finish_prefetch(prefetch)
         data_what = f"the data (data.image_size={cfg.data.image_size})"

@@ -91,6 +91,9 @@ class K8sOptions:
     """Render a JobSet around the Job (torchlaunch.backends.k8s.elastic) instead of the Job and its Service."""
     jobset_restarts: int = k8s_elastic.DEFAULT_JOBSET_RESTARTS
     """The JobSet's failurePolicy.maxRestarts: whole-set restarts after the Job failed."""
+    reconfigure: bool = False
+    """Each pod's launcher takes --reconfigure: the rendered config replaces the run dir's (the first pod
+    to start rewrites it; every later start finds the same values, no change)."""
 
     @property
     def grace_period_s(self) -> int:
@@ -160,6 +163,8 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         launcher += ["--device", "cpu"]
     if opts.doctor:
         launcher += ["--doctor"]
+    if opts.reconfigure:
+        launcher += ["--reconfigure"]
     if spec.max_restarts:
         launcher += ["--max-restarts", str(spec.max_restarts)]
     if opts.hang_timeout is not None:
@@ -508,6 +513,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="(inside pods) wait until HOST:PORT accepts TCP connections, then exit 0",
     )
     p.add_argument("--wait-timeout-s", type=int, default=K8sOptions.wait_timeout_s)
+    cli.add_reconfigure(p)
     cli.add_operation(
         p,
         hang_help="each pod's hang watchdog: end its ranks (exit 1, retried within --backoff-limit) when none "
@@ -539,6 +545,10 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     }
     opts = options_from(args)
     if program is not None:
+        if args.reconfigure:
+            raise cli.error(
+                "--reconfigure changes the built-in worker's RUN_DIR/config.yaml; a program after -- has none"
+            )
         spec = JobSpec(program=tuple(program.argv()), **common)
         validate(spec, opts)
         return spec, opts, ""
@@ -575,6 +585,7 @@ def options_from(args: argparse.Namespace) -> K8sOptions:
         console=cli.console_of(args),
         jobset=args.jobset,
         jobset_restarts=args.jobset_max_restarts,
+        reconfigure=args.reconfigure,
     )
 
 

@@ -284,12 +284,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default="auto",
         help="auto: GPUs when visible, else CPU processes on gloo",
     )
-    p.add_argument(
-        "--reconfigure",
-        action="store_true",
-        help="let this launch change the config of a run dir that has one (RUN_DIR/config.yaml is written once; "
-        "a rerun with other values is refused, naming them): says from which step the new values apply",
-    )
+    cli.add_reconfigure(p)
     cli.add_operation(
         p,
         hang_help="end the ranks (exit 1, retryable) when none progressed for S seconds; 0 disables "
@@ -494,6 +489,8 @@ def launch(argv: Sequence[str]) -> int:
     module = PREFLIGHT if args.doctor else BUILTIN_WORKER
     rdzv = rendezvous_id(spec, planned.placement)
     if args.dry_run:
+        if not args.doctor:  # the refusal a launch would make, nothing written
+            config_mod.settle_resolved(cfg, reconfigure=args.reconfigure, write=False)
         print(shlex.join(render(as_typed(spec, args), planned.placement, module, args.doctor)))
         return OK
     argv_out = render(spec, planned.placement, module, args.doctor)
@@ -532,12 +529,7 @@ def settle_config(cfg: config_mod.RunConfig, reconfigure: bool, lock: runlock.Ru
     """RUN_DIR/config.yaml under the run-dir lock (config.settle_resolved): written once, changed only by
     --reconfigure, which is refused while other launchers of an elastic job run on it and said in one line."""
     running = len(lock.live_members(lock.holder.job)) if lock is not None and lock.holder.job else 0
-    settled = config_mod.settle_resolved(
-        cfg,
-        reconfigure=reconfigure,
-        resumes_at=lambda: new_checkpoint(Path(cfg.run_dir), 0.0)[0],
-        running=running,
-    )
+    settled = config_mod.settle_resolved(cfg, reconfigure=reconfigure, running=running)
     if settled.note:
         print(settled.note, file=sys.stderr, flush=True)
     return settled

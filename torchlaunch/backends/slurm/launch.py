@@ -281,13 +281,34 @@ def validate(spec: JobSpec, options: SlurmOptions, partitions: dict[str, Partiti
         )
 
 
-def submit(spec: JobSpec, options: SlurmOptions) -> Any:
-    """Own the run dir, submit, hand the run dir to the job and record it as pending for `launch status`."""
+def settle_config(cfg: config_mod.RunConfig | None, reconfigure: bool, *, write: bool) -> config_mod.Settled | None:
+    """RUN_DIR/config.yaml by the launchers' one rule (config.settle_resolved): a run dir started with
+    another config is refused in one line unless --reconfigure (a dry run applies the refusal and writes
+    nothing). At submit it is written under the run-dir lock, so every task and requeue of the job resolves
+    the same values again (its rank 0 finds no change). None for a user's program (no config)."""
+    if cfg is None:
+        return None
+    settled = config_mod.settle_resolved(cfg, reconfigure=reconfigure, write=write)
+    if settled.note and write:
+        print(settled.note, file=sys.stderr, flush=True)
+    return settled
+
+
+def submit(
+    spec: JobSpec, options: SlurmOptions, cfg: config_mod.RunConfig | None = None, reconfigure: bool = False
+) -> Any:
+    """Own the run dir, settle its config (`cfg`: the built-in worker's), submit, hand the run dir to the
+    job and record it as pending for `launch status`."""
     run_dir = resolve_run_dir(spec)
     lock = runlock.acquire(run_dir, job_alive=backends.alive)  # before anything is written there
+    settled: config_mod.Settled | None = None
     try:
+        if not options.doctor:  # the pre-flight never rewrites the run's config
+            settled = settle_config(cfg, reconfigure, write=True)
         job = _submit(spec, options, run_dir)
     except BaseException:
+        if settled is not None and config_mod.restore_resolved(settled):
+            print(f"launch: {settled.path} is the run's previous config again (not submitted)", file=sys.stderr)
         lock.release()
         raise
     lock.hand_over("slurm", job.job_id)  # the job owns the run dir now; its rank 0 frees it when done
@@ -381,6 +402,7 @@ def parse_args(argv: list[str]) -> tuple[JobSpec, SlurmOptions, argparse.Namespa
     parser.add_argument("--python", help="interpreter in each task (default: this one; python3 with --image)")
     parser.add_argument("--job-name", help="default: train, or the program's name")
     parser.add_argument("--wait", action="store_true", help="follow rank 0's log; exit with the job's status")
+    cli.add_reconfigure(parser)
     cli.add_operation(
         parser,
         hang_help="seconds without progress before the ranks' stacks are dumped and the job is requeued once "
@@ -454,9 +476,14 @@ def launch(argv: list[str]) -> int:
     validate(spec, options, None)
     # Every value through the emitters now: bad text is exit 2 before anything is written or submitted.
     executor_parameters(spec, options, resolve_run_dir(spec))
+    if spec.program and args.reconfigure:
+        raise cli.error("--reconfigure changes the built-in worker's RUN_DIR/config.yaml; a program after -- has none")
+    cfg: config_mod.RunConfig | None = None
     if not spec.program:
         cfg = config_mod.load(spec.config, spec.overrides)
         precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor)
+        if not options.doctor:
+            settle_config(cfg, args.reconfigure, write=False)  # refused before anything is written or printed
     if args.dry_run:
         print(sbatch_script(spec, options), end="")
         return OK
@@ -465,7 +492,7 @@ def launch(argv: list[str]) -> int:
     check_slurm_conf()
     validate(spec, options, cluster_partitions())
     try:
-        job = submit(spec, options)
+        job = submit(spec, options, cfg, args.reconfigure)
     except BadInput:
         raise
     except Exception as error:  # noqa: BLE001 - sbatch refused (e.g. no controller): one line, no traceback

@@ -14,6 +14,8 @@ its files later; `check`, `verify` and `load_into` are handed that marker back. 
 from __future__ import annotations
 
 import hashlib
+import io
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +51,13 @@ def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
     return f"{algorithm}:{h.hexdigest()}"
 
 
+def create_new(path: Path) -> io.BufferedWriter:
+    """A new file at `path` opened for writing; refused (FileExistsError / OSError ELOOP) when anything,
+    a link included, already has that name: a format's file is never written through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    return os.fdopen(fd, "wb")
+
+
 def expected_checksum(marker: dict[str, Any]) -> str:
     """The marker's checksum as "algorithm:hex" (markers may carry a bare "sha256" field)."""
     if "checksum" in marker:
@@ -63,7 +72,10 @@ class CheckpointFormat(Protocol):
 
     def write(self, tmp_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
         """Write `state` into the (empty, hidden) temp folder, durably (fsynced) before returning; the
-        marker fields to record ("checksum", "bytes", and the format's own)."""
+        marker fields to record ("checksum", "bytes", and the format's own). `tmp_dir` names the folder
+        the store created and holds open (pinned to its descriptor), not a path through the run dir, so
+        files made under it land there even if RUN_DIR/checkpoints is swapped for a link meanwhile;
+        create each file with create_new, so a link planted inside the folder is not followed either."""
         ...
 
     def check(self, directory: Path, marker: dict[str, Any]) -> str | None:

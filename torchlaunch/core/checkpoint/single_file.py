@@ -18,6 +18,7 @@ import torch
 from torchlaunch.core.checkpoint.formats import (
     CHECKSUM,
     InvalidCheckpoint,
+    create_new,
     expected_checksum,
     file_checksum,
     hasher,
@@ -51,8 +52,9 @@ class _HashingFile(io.RawIOBase):
 
 
 def _write_hashed(path: Path, state: dict[str, Any]) -> tuple[int, str]:
-    """torch.save straight to disk through a checksumming writer, then fsync."""
-    with open(path, "wb") as raw:
+    """torch.save straight to disk through a checksumming writer, then fsync; the file is created new,
+    never through a link (create_new)."""
+    with create_new(path) as raw:
         hashing = _HashingFile(raw)
         torch.save(state, hashing)
         raw.flush()

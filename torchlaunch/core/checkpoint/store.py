@@ -19,10 +19,13 @@ retention counts only folders that verify, so a corrupt or forged folder cannot 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 import uuid
@@ -99,10 +102,44 @@ def parse_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """The run dir's atomic writer, under a temp name clean_stale() knows to sweep."""
+def _write_json_atomic(path: Path, payload: dict[str, Any], dir_fd: int | None = None) -> None:
+    """The run dir's atomic writer, under a temp name clean_stale() knows to sweep; the folder is a step
+    folder, never a link (real_folder), `path` relative to `dir_fd` when given."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
-    rundir.write_json(path, payload, indent=1, sort_keys=True, tmp=tmp, mkdir=False)
+    rundir.write_json(path, payload, indent=1, sort_keys=True, tmp=tmp, mkdir=False, real_folder=True, dir_fd=dir_fd)
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _remove(name: str, dir_fd: int) -> None:
+    """Remove `name` in the folder of `dir_fd`: a link or file unlinked (never followed), a folder's tree."""
+    try:
+        mode = os.lstat(name, dir_fd=dir_fd).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+
+
+class _Replaced(OSError):
+    """RUN_DIR/checkpoints no longer names the folder the save started in (a link put in its place)."""
+
+
+def _still_root(root: Path, held: int) -> None:
+    """Right before each commit step: `root` still names the real folder the save holds (rundir.same_folder);
+    else _Replaced, and the save is abandoned without writing through the link."""
+    if not rundir.same_folder(root, held):
+        now = f"a symlink to {quote(os.readlink(root))}" if root.is_symlink() else "another folder or nothing"
+        raise _Replaced(errno.ELOOP, f"{quote(str(root))} was replaced while the run trained (now {now})")
 
 
 @dataclass(frozen=True)
@@ -141,54 +178,114 @@ def write_checkpoint(
         return CommitInfo(final, step, expected_checksum(marker), marker["bytes"], 0.0)
     tmp = root / f"{TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.mkdir()
-        fields = fmt.write(tmp, state)
-        if before_commit is not None:
-            before_commit(tmp)
-        _fault_injection_stall(tmp, step)
-        marker = {**meta, **fields, "step": step, "format_version": FORMAT_VERSION, "committed_at": time.time()}
-        if fmt.name != DEFAULT_FORMAT:  # a marker without "format" is the single file's (every older one)
-            marker["format"] = fmt.name
-        if run_id is not None:
-            marker["run_id"] = run_id
-        if final.exists() and (final / MARKER_FILE).exists():
-            # Commit inside the temp folder first, then swap: a crash between the two renames leaves
-            # the old folder aside, and clean_stale() puts it back at the next start (no step is lost).
-            _write_json_atomic(tmp / MARKER_FILE, marker)
-            aside = root / f"{REPLACED_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(final, aside)
-            os.rename(tmp, final)
-            rundir.fsync_dir(root)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            if final.exists():  # an uncommitted leftover of a crashed save of this same step
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            rundir.fsync_dir(root)
-            _write_json_atomic(final / MARKER_FILE, marker)
+        held = rundir.open_folder(root)  # every step below is relative to it: a link planted later is not followed
+    except OSError as e:
+        raise _save_failed(e, root, final, step) from None
+    try:
+        marker = _commit(root, held, tmp, final, step, state, meta, run_id, before_commit, fmt)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         os_error = _root_os_error(e)
         if os_error is None:
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        if final.exists() and not (final / MARKER_FILE).exists():
-            shutil.rmtree(final, ignore_errors=True)
-        previous = newest_committed(root)
-        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-        if os_error.errno in storage.FULL:
-            left = storage.free_space(root)
-            raise CheckpointStorageError(
-                f"{STORAGE_MARK}no space left on device writing {final} ({left or 'unknown'} free; free space "
-                f"or point run_dir at a larger volume, then run the same command again); {kept}; exit 2: a retry "
-                "before that fails at this same save"
-            ) from None
-        if storage.is_storage(os_error):
-            raise CheckpointStorageError(
-                f"{STORAGE_MARK}{storage.describe(os_error, final, 'writing')}; {kept}; exit 2: not retried"
-            ) from None
-        raise CheckpointError(f"checkpoint error: writing {final} failed: {os_error} ({kept})") from None
+        _remove(tmp.name, held)
+        if _exists(final.name, held) and not _exists(f"{final.name}/{MARKER_FILE}", held):
+            _remove(final.name, held)
+        raise _save_failed(os_error, root, final, step) from None
+    finally:
+        os.close(held)
     _remember_verified(final, fmt.files(final, marker))
     return CommitInfo(final, step, marker["checksum"], marker["bytes"], time.perf_counter() - start)
+
+
+def _commit(
+    root: Path,
+    held: int,
+    tmp: Path,
+    final: Path,
+    step: int,
+    state: dict[str, Any],
+    meta: dict[str, Any],
+    run_id: str | None,
+    before_commit: Callable[[Path], None] | None,
+    fmt: CheckpointFormat,
+) -> dict[str, Any]:
+    """write_checkpoint's steps, each relative to `held` (RUN_DIR/checkpoints opened O_NOFOLLOW at the
+    save's start) and each folder opened O_NOFOLLOW, with `root` re-checked right before every rename and
+    the marker; returns the marker written. The format writes into the temp folder through a path pinned
+    to that folder's descriptor (_format_folder), so whatever the format, its files land in the folder the
+    save created, never in a link planted under RUN_DIR/checkpoints meanwhile."""
+    os.mkdir(tmp.name, dir_fd=held)
+    folder = rundir.open_folder(tmp.name, dir_fd=held)
+    try:
+        fields = fmt.write(_format_folder(root, held, tmp, folder), state)
+    finally:
+        os.close(folder)
+    if before_commit is not None:
+        before_commit(tmp)
+    _fault_injection_stall(tmp, step)
+    marker = {**meta, **fields, "step": step, "format_version": FORMAT_VERSION, "committed_at": time.time()}
+    if fmt.name != DEFAULT_FORMAT:  # a marker without "format" is the single file's (every older one)
+        marker["format"] = fmt.name
+    if run_id is not None:
+        marker["run_id"] = run_id
+    _still_root(root, held)
+    if _exists(f"{final.name}/{MARKER_FILE}", held):
+        # Commit inside the temp folder first, then swap: a crash between the two renames leaves
+        # the old folder aside, and clean_stale() puts it back at the next start (no step is lost).
+        _write_json_atomic(Path(tmp.name) / MARKER_FILE, marker, dir_fd=held)
+        aside = f"{REPLACED_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        _still_root(root, held)
+        os.rename(final.name, aside, src_dir_fd=held, dst_dir_fd=held)
+        os.rename(tmp.name, final.name, src_dir_fd=held, dst_dir_fd=held)
+        os.fsync(held)
+        _remove(aside, held)
+    else:
+        if _exists(final.name, held):  # an uncommitted leftover of a crashed save of this same step
+            _remove(final.name, held)
+        os.rename(tmp.name, final.name, src_dir_fd=held, dst_dir_fd=held)
+        os.fsync(held)
+        _still_root(root, held)
+        _write_json_atomic(Path(final.name) / MARKER_FILE, marker, dir_fd=held)
+    return marker
+
+
+def _format_folder(root: Path, held: int, tmp: Path, folder: int) -> Path:
+    """The path a checkpoint format is handed for the temp folder: one that names the descriptor
+    `folder` itself (rundir.folder_path), so a format that opens files by path (every format does) writes
+    in the folder the save created, whatever RUN_DIR/checkpoints names by then. Where the system has no
+    such path, `tmp` through `root`, checked right here to still be that folder (a link planted later
+    than this check is caught by the renames' checks, but the format's bytes may have gone through it)."""
+    pinned = rundir.folder_path(folder)
+    if pinned is not None:
+        return pinned
+    _still_root(root, held)
+    if not rundir.same_folder(tmp, folder):
+        raise _Replaced(errno.ELOOP, f"{quote(str(tmp))} was replaced while the run trained")
+    return tmp
+
+
+def _save_failed(os_error: OSError, root: Path, final: Path, step: int) -> CheckpointError:
+    """The one line a failed save raises, saying what survived (the previous checkpoint is never touched)."""
+    previous = newest_committed(root) if not root.is_symlink() else None
+    kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+    if isinstance(os_error, (_Replaced, rundir.LinkedFolder)):
+        return CheckpointStorageError(
+            f"{STORAGE_MARK}{os_error.strerror}: the save of step {step} is abandoned and nothing was written "
+            f"through the link; the checkpoints committed before it were not touched; exit 2: remove the link "
+            "and put RUN_DIR/checkpoints back, then run the same command again"
+        )
+    if os_error.errno in storage.FULL:
+        left = storage.free_space(root)
+        return CheckpointStorageError(
+            f"{STORAGE_MARK}no space left on device writing {final} ({left or 'unknown'} free; free space "
+            f"or point run_dir at a larger volume, then run the same command again); {kept}; exit 2: a retry "
+            "before that fails at this same save"
+        )
+    if storage.is_storage(os_error):
+        return CheckpointStorageError(
+            f"{STORAGE_MARK}{storage.describe(os_error, final, 'writing')}; {kept}; exit 2: not retried"
+        )
+    return CheckpointError(f"checkpoint error: writing {final} failed: {os_error} ({kept})")
 
 
 def _root_os_error(e: BaseException) -> OSError | None:
@@ -645,7 +742,11 @@ def retain(
     them) and the best verified one by `metric`; delete the other committed folders. A folder that would
     count but does not verify is moved to quarantine (one warning naming them all), never counted, so
     corrupt or forged folders cannot push good checkpoints out. Verified folders newer than `committed`
-    (another lineage, e.g. after a resume from an explicit older checkpoint) are kept, not counted."""
+    (another lineage, e.g. after a resume from an explicit older checkpoint) are kept, not counted.
+    A root that became a link (planted after the save) deletes nothing: retention never reaches through."""
+    if root.is_symlink():
+        on_warn(f"retention skipped: {quote(str(root))} is a symlink now (nothing is deleted through it)")
+        return []
     ordered = [(step, p) for step, p in candidates(root) if (p / MARKER_FILE).is_file()]
     committed_step = parse_step(committed.name) if committed is not None else None
     kept: list[Path] = [] if committed is None else [committed]

@@ -79,7 +79,8 @@ def open_splits(root: Path, label: str | None = "cls") -> tuple[Any, Any]:
     ShardError (one line, exit 2) names what is wrong."""
     from torchlaunch.shards import ShardSet
 
-    train, val = ShardSet.open(root / "train", label=label), ShardSet.open(root / "val", label=label)
+    train = ShardSet.open(root / "train", label=label, remember=True)
+    val = ShardSet.open(root / "val", label=label, remember=True)
     if list(train.classes) != list(val.classes):
         raise BadInput(
             f"data error: {root}: train/ names {len(train.classes)} classes and val/ {len(val.classes)} "
