@@ -155,8 +155,25 @@ def crop_resize_tensor(im: Image.Image, box: tuple[int, int, int, int], image_si
     region = im.crop((left, top, left + w, top + h))
     if flip:
         region = region.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    chw = torch.from_numpy(np.array(region, dtype=np.uint8)).permute(2, 0, 1)  # channels-last strides
-    if (h, w) == (image_size, image_size):
+    return resize_hwc(torch.from_numpy(np.array(region, dtype=np.uint8)), image_size)
+
+
+def crop_resize_hwc(pixels: torch.Tensor, box: tuple[int, int, int, int], image_size: int, flip: bool) -> torch.Tensor:
+    """crop_resize_tensor for a decoded uint8 (H, W, 3) tensor instead of a PIL image (jpeg.decode_rgb):
+    the box copied out (mirrored) into the same contiguous (h, w, 3) array crop_resize_tensor makes, so
+    the resize runs the same kernel on the same bytes and the pixels are identical for the same decode."""
+    left, top, w, h = box
+    region = pixels[top : top + h, left : left + w]
+    if flip:
+        region = region.flip(1)
+    return resize_hwc(region.contiguous(), image_size)
+
+
+def resize_hwc(region: torch.Tensor, image_size: int) -> torch.Tensor:
+    """A contiguous uint8 (h, w, 3) crop -> (3, S, S) by torch's antialiased bilinear resize of the
+    channels-last view (no copy to planar first: the uint8 kernel works on interleaved channels)."""
+    chw = region.permute(2, 0, 1)  # channels-last strides
+    if tuple(chw.shape[1:]) == (image_size, image_size):
         return chw.contiguous()
     return torch.nn.functional.interpolate(
         chw[None], size=(image_size, image_size), mode="bilinear", antialias=True, align_corners=False

@@ -36,6 +36,12 @@ class SampleReader:
         at a reduced DCT scale no smaller than that."""
         raise NotImplementedError
 
+    def encoded(self, i: int) -> tuple[bytes, str] | None:
+        """Sample i's encoded bytes and the name its errors carry, when the reader stores encoded files
+        (a shard set): the training crop then picks its decoder from the header (boxes.decode_box).
+        None: `open` is the only way to the pixels."""
+        return None
+
     def size(self, i: int) -> tuple[int, int] | None:
         """(width, height) of sample i when known without decoding (an index), else None."""
         return None

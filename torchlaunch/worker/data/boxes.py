@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 
 from torchlaunch.data.folders import DECODE_ERRORS, decode_error
-from torchlaunch.worker.data.augment import crop_resize, draft_request
+from torchlaunch.worker.data import jpeg
+from torchlaunch.worker.data.augment import crop_resize, crop_resize_hwc, draft_request
 from torchlaunch.worker.data.base import SampleReader
 
 BoxFn = Callable[[int, int], tuple[float, float, float, float]]
@@ -27,10 +28,13 @@ def load_box(
             im = source.open(i)
             width, height = im.size
             box = box_of(width, height)
-        else:
-            width, height = known
-            box = box_of(width, height)
-            im = source.open(i, draft_request(width, height, box[2], box[3], size))
+            return crop_resize(im, width, height, box, size, flip), box
+        width, height = known
+        box = box_of(width, height)
+        encoded = source.encoded(i)
+        if encoded is not None:
+            return decode_box(encoded[0], encoded[1], width, height, box, size, flip), box
+        im = source.open(i, draft_request(width, height, box[2], box[3], size))
         return crop_resize(im, width, height, box, size, flip), box
     path = source[i]
     try:
@@ -39,7 +43,49 @@ def load_box(
             box = box_of(width, height)
             if lazy.format == "JPEG":
                 lazy.draft("RGB", draft_request(width, height, box[2], box[3], size))
+            if tensor_decodable(lazy, width, height, box):
+                lazy.fp.seek(0)
+                pixels = jpeg.decode_rgb(lazy.fp.read())
+                if pixels is not None and tuple(pixels.shape[:2]) == (height, width):
+                    return crop_resize_hwc(pixels, whole(box), size, flip), box
             im = lazy.convert("RGB")
     except DECODE_ERRORS as e:
         raise decode_error(path, e) from None
     return crop_resize(im, width, height, box, size, flip), box
+
+
+def tensor_decodable(lazy: Image.Image, width: int, height: int, box: tuple[float, float, float, float]) -> bool:
+    """Whether jpeg.decode_rgb gives the pixels PIL would for this opened (not yet decoded) image: a
+    JPEG PIL reads as RGB or grey (libjpeg-turbo converts both to RGB as PIL's convert does; CMYK
+    conversions differ), at full scale (the draft the box allows did not reduce it: torchvision has no
+    DCT scaling), of the expected size, under a whole-pixel box (the training crop's; the evaluation's
+    fractional centre box resamples through PIL)."""
+    return (
+        jpeg.decoder() is not None
+        and lazy.format == "JPEG"
+        and lazy.mode in ("RGB", "L")
+        and lazy.size == (width, height)
+        and all(float(v).is_integer() for v in box)
+    )
+
+
+def whole(box: tuple[float, float, float, float]) -> tuple[int, int, int, int]:
+    left, top, w, h = box
+    return int(left), int(top), int(w), int(h)
+
+
+def decode_box(
+    data: bytes, where: str, width: int, height: int, box: tuple[float, float, float, float], size: int, flip: bool
+) -> torch.Tensor:
+    """A stored member (a shard's bytes, its index size width x height) under `box`, resized to size x
+    size: decoded to a tensor by jpeg.decode_rgb when tensor_decodable, else (and whenever torchvision
+    refuses the data) by PIL with the box's draft, as shards.decode does, with its ShardError naming
+    `where` for bad data. Both give the same pixels for the same (member, box, flip)."""
+    from torchlaunch.shards.decode import finish, open_lazy
+
+    lazy = open_lazy(data, where, draft_request(width, height, box[2], box[3], size))
+    if tensor_decodable(lazy, width, height, box):
+        pixels = jpeg.decode_rgb(data)
+        if pixels is not None and tuple(pixels.shape[:2]) == (height, width):
+            return crop_resize_hwc(pixels, whole(box), size, flip)
+    return crop_resize(finish(lazy, where), width, height, box, size, flip)

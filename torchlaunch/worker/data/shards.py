@@ -45,6 +45,10 @@ class ShardSamples(SampleReader):
         j = int(self.index[i])
         return decode(self.shards.read(j), self.shards.where(j), draft_to)
 
+    def encoded(self, i: int) -> tuple[bytes, str]:
+        j = int(self.index[i])
+        return self.shards.read(j), self.shards.where(j)
+
     def size(self, i: int) -> tuple[int, int]:
         w, h = self.shards.sizes[int(self.index[i])]
         return int(w), int(h)
