@@ -65,6 +65,7 @@ def test_the_same_pixels_as_pils_decode_for_every_box_and_flip(variant: str) -> 
     fast = 0
     for w, h in ((150, 113), (113, 150), (97, 61), (320, 240)):  # 320x240: big boxes draft at 1/2
         data = encode(photo(w, h), mode, **kw)
+        assert (jpeg.plain_size(data) == (w, h)) is (variant != "cmyk")  # PIL's Image.open skipped
         for k in range(8):
             box, flip = resized_crop_box(rng.random((10, 4)), w, h), bool(k % 2)
             ours = decode_box(data, "m", w, h, box, SIZE, flip)
@@ -182,3 +183,62 @@ def test_the_decoder_loads_without_importing_torchvision() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_plain_headers_are_the_ones_pil_opens_as_rgb_or_grey_at_that_size() -> None:
+    """jpeg.plain_size lets a JPEG skip Image.open: only when PIL would open it, as RGB or L, at the
+    size it says, within the bomb limit. Encoder variants, then random damage to the header bytes."""
+    arr = photo(53, 37)
+    plain = [
+        encode(arr, **kw) for kw in ({"quality": 90}, {"progressive": True}, {"subsampling": 0}, {"comment": b"c"})
+    ]
+    plain.append(encode(arr, "L"))
+    other = [
+        encode(arr, "CMYK"),
+        encode(arr, exif=b"Exif\x00\x00II*\x00"),
+        encode(arr, icc_profile=b"\x00" * 200),
+        encode(arr, fmt="PNG"),
+    ]
+    assert all(jpeg.plain_size(b) == (53, 37) for b in plain)
+    assert all(jpeg.plain_size(b) is None for b in other)
+    rng = np.random.default_rng(0)
+    accepted = 0
+    for t in range(4000):
+        data = bytearray(plain[t % len(plain)])
+        header = data.index(b"\xff\xda") + 12
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(0, header))
+            data[at] = int(rng.integers(0, 256)) if rng.random() < 0.7 else data[at] ^ (1 << int(rng.integers(0, 8)))
+        damaged = bytes(data[: int(rng.integers(0, len(data)))] if rng.random() < 0.1 else data)
+        size = jpeg.plain_size(damaged)
+        if size is None:
+            continue
+        accepted += 1
+        with Image.open(io.BytesIO(damaged)) as im:
+            assert (im.format, im.mode in ("RGB", "L"), im.size) == ("JPEG", True, size), damaged[:64]
+    assert accepted > 1000
+
+
+def test_damaged_data_the_tensor_decoder_reads_is_what_pil_reads() -> None:
+    """Corrupt scan data under a plain header: whatever the tensor decoder returns, PIL returns too,
+    pixel for pixel; what it refuses goes to PIL (decode_box), which decodes or names the error as
+    before. (libjpeg-turbo's warnings on such data reach stderr through torchvision; PIL's do not.)"""
+    rng = np.random.default_rng(1)
+    seeds = [encode(photo(40, 30, s), **kw) for s, kw in enumerate(({"quality": 90}, {"progressive": True}))]
+    seeds.append(encode(photo(40, 30), "L"))
+    decoded = 0
+    for t in range(600):
+        data = bytearray(seeds[t % len(seeds)])
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(2, len(data)))
+            data[at] = int(rng.integers(0, 256))
+        damaged = bytes(data)
+        if jpeg.plain_size(damaged) is None:
+            continue
+        ours = jpeg.decode_rgb(damaged)
+        if ours is None:
+            continue
+        with Image.open(io.BytesIO(damaged)) as im:
+            assert np.array_equal(np.asarray(im.convert("RGB")), ours.numpy())
+        decoded += 1
+    assert decoded > 100

@@ -65,8 +65,12 @@ def tensor_decodable(lazy: Image.Image, width: int, height: int, box: tuple[floa
         and lazy.format == "JPEG"
         and lazy.mode in ("RGB", "L")
         and lazy.size == (width, height)
-        and all(float(v).is_integer() for v in box)
+        and whole_pixels(box)
     )
+
+
+def whole_pixels(box: tuple[float, float, float, float]) -> bool:
+    return all(float(v).is_integer() for v in box)
 
 
 def whole(box: tuple[float, float, float, float]) -> tuple[int, int, int, int]:
@@ -78,14 +82,28 @@ def decode_box(
     data: bytes, where: str, width: int, height: int, box: tuple[float, float, float, float], size: int, flip: bool
 ) -> torch.Tensor:
     """A stored member (a shard's bytes, its index size width x height) under `box`, resized to size x
-    size: decoded to a tensor by jpeg.decode_rgb when tensor_decodable, else (and whenever torchvision
-    refuses the data) by PIL with the box's draft, as shards.decode does, with its ShardError naming
-    `where` for bad data. Both give the same pixels for the same (member, box, flip)."""
-    from torchlaunch.shards.decode import finish, open_lazy
+    size, the same pixels for the same (member, box, flip) on every path: a plain JPEG header
+    (jpeg.plain_size) at full scale skips PIL altogether; other JPEGs PIL reads as RGB or grey are
+    opened by PIL and decoded to a tensor (tensor_decodable); everything else, and whatever the tensor
+    decoder refuses, is decoded by PIL with the box's draft, as shards.decode does, with its ShardError
+    naming `where` for bad data."""
+    from torchlaunch.shards.decode import decode, finish, open_lazy
 
-    lazy = open_lazy(data, where, draft_request(width, height, box[2], box[3], size))
+    request = draft_request(width, height, box[2], box[3], size)
+    if whole_pixels(box) and not drafted(width, height, request) and jpeg.plain_size(data) == (width, height):
+        pixels = jpeg.decode_rgb(data)
+        if pixels is not None and tuple(pixels.shape[:2]) == (height, width):
+            return crop_resize_hwc(pixels, whole(box), size, flip)
+        return crop_resize(decode(data, where, request), width, height, box, size, flip)  # PIL names the error
+    lazy = open_lazy(data, where, request)
     if tensor_decodable(lazy, width, height, box):
         pixels = jpeg.decode_rgb(data)
         if pixels is not None and tuple(pixels.shape[:2]) == (height, width):
             return crop_resize_hwc(pixels, whole(box), size, flip)
     return crop_resize(finish(lazy, where), width, height, box, size, flip)
+
+
+def drafted(width: int, height: int, request: tuple[int, int]) -> bool:
+    """Whether PIL's JPEG draft to `request` decodes at a reduced DCT scale (JpegImageFile.draft: the
+    largest of 8, 4, 2 not above min(width // request width, height // request height))."""
+    return min(width // max(1, int(request[0])), height // max(1, int(request[1]))) >= 2

@@ -5,15 +5,18 @@ Why: at ImageNet size (a 224 px RandomResizedCrop of ~500x375 JPEGs) decoding is
 time. PIL and torchvision run libjpeg-turbo with the same settings (accurate integer IDCT, fancy
 upsampling), so their RGB pixels are identical (tests/test_jpeg_decode.py, and `decoder` checks it
 once per process), but PIL then unpacks every pixel into its 4-byte RGBX storage and the crop is
-copied out of that into a numpy array; the tensor decode skips both: ~1.2x the decode + crop + resize
-per core (bench/shards.py, docs/BENCHMARKS.md). Decoding less (libjpeg-turbo's region decode at a
+copied out of that into a numpy array; the tensor decode skips both, and a plain header skips PIL's
+Image.open: ~1.25x the decode + crop + resize per core at 500x375 (bench/shards.py, project ÷
+project_pil, docs/BENCHMARKS.md). Decoding less (libjpeg-turbo's region decode at a
 DCT scale) is what the issue proposed; neither PIL nor torchvision exposes it, and PyTurboJPEG does
 only with TurboJPEG 3, which this platform's libturbojpeg (2.1) is not (the 2.x API has only the
 lossless crop transform, which re-encodes the window and measured slower than a whole decode).
 
-Only a header PIL has already read picks this path (boxes.tensor_decodable): PIL still identifies the
-format, enforces the decompression-bomb limit and refuses bad headers with its own error, and a CMYK
-JPEG, a DCT-scaled (draft) decode or anything the extension refuses is decoded by PIL as before.
+Which JPEGs: a plain header (`plain_size`: the subset of headers PIL opens without a question, checked
+here as PIL checks it, bomb limit included) skips Image.open too (~10% of a sample's time); any other
+JPEG PIL opens as RGB or grey (EXIF, ICC, Adobe segments...) is opened by PIL and then decoded here
+(boxes.tensor_decodable). A CMYK JPEG, a DCT-scaled (draft) decode, another format, a bad header and
+anything the extension refuses are decoded by PIL as before, with its errors.
 
 The extension library is loaded by itself, not through `import torchvision`: that import pulls in
 torchvision's models and ops and with them torch._dynamo (~2.5 s of CPU here), in every DataLoader
@@ -86,6 +89,60 @@ def decoder() -> Callable[[torch.Tensor, int, bool], torch.Tensor] | None:
         return op if np.array_equal(ours.numpy(), pil) else None
     except Exception:  # no torchvision, a build without the extension, an op that changed
         return None
+
+
+PLAIN_SOF = {0xC0, 0xC1, 0xC2}
+"""Baseline, extended sequential and progressive Huffman frames: what cameras and encoders write."""
+
+PLAIN_SKIPPED = {0xC4, 0xDD, 0xFE}
+"""DHT, DRI, COM: segments PIL's header parser only skips or stores."""
+
+
+def plain_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a JPEG whose header PIL would read without a question: SOI, then only
+    well-formed JFIF APP0, DQT, DHT, DRI and COM segments and one 8-bit grey or 3-component baseline or
+    progressive frame before the first scan, within the decompression-bomb limit; else None (anything
+    else: EXIF, ICC, Adobe, MPF segments, CMYK, padding, junk, a short or overlong segment, another
+    format), and the caller opens it with PIL as before. For the headers accepted, every check PIL's
+    JpegImagePlugin makes is made here too (segment lengths, quantisation table sizes, the frame's
+    precision and layers, the size limit), so PIL would open them, as RGB or L, at this size: skipping
+    Image.open (~10% of a sample's time at 500x375) changes no result and no error."""
+    if not data.startswith(b"\xff\xd8\xff"):
+        return None
+    pos, end, size = 2, len(data), None
+    while True:
+        if pos + 4 > end or data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if length < 2 or pos + 2 + length > end:
+            return None
+        segment = data[pos + 4 : pos + 2 + length]
+        if marker == 0xDA:  # start of scan: the header is over
+            break
+        if marker in PLAIN_SOF:
+            if size is not None or len(segment) < 6 or segment[0] != 8 or segment[5] not in (1, 3):
+                return None
+            size = ((segment[3] << 8) | segment[4], (segment[1] << 8) | segment[2])
+        elif marker == 0xDB:
+            table = segment
+            while table:
+                span = 1 + (64 if table[0] < 16 else 128)
+                if len(table) < span:
+                    return None
+                table = table[span:]
+        elif marker == 0xE0:
+            if not segment.startswith(b"JFIF\x00") or len(segment) < 14:
+                return None
+        elif marker not in PLAIN_SKIPPED:
+            return None
+        pos += 2 + length
+    if size is None or size[0] <= 0 or size[1] <= 0:
+        return None
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and size[0] * size[1] > limit:
+        return None  # PIL warns or refuses: its path says so
+    return size
 
 
 def decode_rgb(data: bytes) -> torch.Tensor | None:
