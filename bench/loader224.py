@@ -231,7 +231,7 @@ def run(
             goal=1.5,
             higher_is_better=True,
             command=COMMAND,
-            project_label="shards + RandomResizedCrop (plan variates, JPEG draft) + flip",
+            project_label="shards + RandomResizedCrop (plan variates, tensor JPEG decode or draft) + flip",
             baseline_label="ImageFolder + PIL + RandomResizedCrop(224) + flip + ToTensor + Normalize",
             rounds=per_round,
             notes=f"{classes * per_class} generated JPEGs ({', '.join(f'{w}x{h}' for w, h in SHAPES)}), batch {batch}, "

@@ -91,7 +91,7 @@ def boxes_for(images: list[bytes], seed: int) -> list[tuple[int, int, int, int]]
 
 def pil_side(images: list[bytes], boxes, draft: bool):
     def one() -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         for data, (x, y, cw, ch) in zip(images, boxes, strict=True):
             if draft:
                 w, h = Image.open(io.BytesIO(data)).size
@@ -103,25 +103,43 @@ def pil_side(images: list[bytes], boxes, draft: bool):
                 im = decode(data, "bench")
                 box = (x, y, x + cw, y + ch)
             im.resize((CROP, CROP), Image.Resampling.BILINEAR, box=box)
-        return len(images) / (time.perf_counter() - start)
+        return len(images) / (time.process_time() - start)
 
     return one
 
 
 def project_side(images: list[bytes], boxes):
-    """The shard loader's own per-sample work (loaders.load_box on a shard): decode with the draft the box
-    allows, then augment.crop_resize (crop + torch's resize at full scale, PIL's box resize on a draft),
-    to a uint8 tensor. Sizes come from the index in the loader, so they are read outside the timing."""
+    """The shard loader's own per-sample work (boxes.decode_box, what load_box runs on a shard): an RGB or
+    grey JPEG at full scale is decoded to a tensor by libjpeg-turbo (torchvision's image extension; a
+    plain header without PIL's Image.open), anything else by PIL with the draft the box allows; then
+    the crop and torch's resize, to a uint8 tensor. Sizes come from the index in the loader, so they
+    are read outside the timing."""
+    from torchlaunch.worker.data.boxes import decode_box
+
+    sizes = [Image.open(io.BytesIO(b)).size for b in images]
+
+    def one() -> float:
+        start = time.process_time()
+        for data, (w, h), box in zip(images, sizes, boxes, strict=True):
+            decode_box(data, "bench", w, h, box, CROP, False)
+        return len(images) / (time.process_time() - start)
+
+    return one
+
+
+def project_pil_side(images: list[bytes], boxes):
+    """The loader's path before the tensor decode (and still its path without torchvision's image
+    extension): shards.decode with the draft the box allows, then augment.crop_resize."""
     from torchlaunch.worker.data.augment import crop_resize, draft_request
 
     sizes = [Image.open(io.BytesIO(b)).size for b in images]
 
     def one() -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         for data, (w, h), box in zip(images, sizes, boxes, strict=True):
             im = decode(data, "bench", draft_to=draft_request(w, h, box[2], box[3], CROP))
             crop_resize(im, w, h, box, CROP, False)
-        return len(images) / (time.perf_counter() - start)
+        return len(images) / (time.process_time() - start)
 
     return one
 
@@ -130,7 +148,7 @@ def simplejpeg_side(images: list[bytes], boxes, draft: bool):
     import simplejpeg
 
     def one() -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         for data, (x, y, cw, ch) in zip(images, boxes, strict=True):
             w, h = simplejpeg.decode_jpeg_header(data)[:2][::-1]
             s = min(cw / CROP, ch / CROP)
@@ -140,7 +158,7 @@ def simplejpeg_side(images: list[bytes], boxes, draft: bool):
             Image.fromarray(arr).resize(
                 (CROP, CROP), Image.Resampling.BILINEAR, box=(x * fx, y * fy, (x + cw) * fx, (y + ch) * fy)
             )
-        return len(images) / (time.perf_counter() - start)
+        return len(images) / (time.process_time() - start)
 
     return one
 
@@ -154,11 +172,11 @@ def torchvision_side(images: list[bytes], boxes):
     tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in images]
 
     def one() -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         for data, (x, y, cw, ch) in zip(tensors, boxes, strict=True):
             img = decode_jpeg(data, mode=ImageReadMode.RGB)
             resized_crop(img, y, x, ch, cw, [CROP, CROP], antialias=True)
-        return len(images) / (time.perf_counter() - start)
+        return len(images) / (time.process_time() - start)
 
     return one
 
@@ -169,6 +187,7 @@ def measure_decode(images: list[bytes], label: str, rounds: int) -> dict[str, li
         "pil": pil_side(images, boxes, False),
         "pil_draft": pil_side(images, boxes, True),
         "project": project_side(images, boxes),
+        "project_pil": project_pil_side(images, boxes),
     }
     try:
         import simplejpeg  # noqa: F401
@@ -290,21 +309,26 @@ def run(quick: bool = False, work: Path | None = None, heavy: bool = False) -> l
     best = max(med, key=med.get)
     ratio, per_round = median_ratio(dec["project"], dec["pil"])
     draft_ratio, _ = median_ratio(dec["pil_draft"], dec["pil"])
+    tensor_ratio, tensor_rounds = median_ratio(dec["project"], dec["project_pil"])
     cmd = "python -m bench.run --only shards"
     decode_notes = (
         f"per core, one thread, {len(big)} ~500x375 JPEGs (q90, mean {np.mean([len(b) for b in big]) / 1e3:.0f} KB), "
-        f"decode + RandomResizedCrop to 224, {rounds} interleaved rounds; medians in images/s: "
+        f"decode + RandomResizedCrop to 224, {rounds} interleaved rounds, images per CPU-second of the one thread "
+        "(the box is shared with other jobs: CPU time moves far less than wall time); medians: "
         + ", ".join(f"{k} {v:,.0f}" for k, v in med.items())
         + f" (fastest: {best}). CIFAR-10 32x32: "
         + ", ".join(f"{k} {median(v):,.0f}" for k, v in dec_c.items())
-        + f". PIL + draft alone ÷ PIL: {draft_ratio:.2f}. simplejpeg is not a project dependency (bench only); "
-        "the decoder is PIL with draft, the resize torch's on the uint8 crop (see docs/data.md, Shard data)"
+        + f". PIL + draft alone ÷ PIL: {draft_ratio:.2f}. The loader's tensor decode ÷ its PIL path (project ÷ "
+        f"project_pil): {tensor_ratio:.2f} (per round: {', '.join(f'{r:.2f}' for r in tensor_rounds)}). simplejpeg is "
+        "not a project dependency (bench only); the loader decodes RGB and grey JPEGs at full scale with "
+        "libjpeg-turbo straight to a tensor (torchvision's image extension, PIL's pixels exactly), anything else "
+        "with PIL and the draft the box allows, and resizes with torch on the uint8 crop (see docs/data.md, Shard data)"
     )
     mb = opened["rss_added"] / 2**20
     return [
         Result(
             key="shards_decode",
-            title="Shard decode + crop per core: the loader's (draft, torch resize) ÷ PIL (torchvision's reference), RandomResizedCrop 224, ~500x375 JPEGs",
+            title="Shard decode + crop per core: the loader's (tensor JPEG decode or PIL draft, torch resize) ÷ PIL (torchvision's reference), RandomResizedCrop 224, ~500x375 JPEGs",
             project=med["project"],
             baseline=med["pil"],
             unit="images/s",
@@ -312,11 +336,15 @@ def run(quick: bool = False, work: Path | None = None, heavy: bool = False) -> l
             goal=1.0,
             higher_is_better=True,
             command=cmd,
-            project_label="torchlaunch.shards.decode(draft_to=...) + augment.crop_resize -> uint8 tensor",
+            project_label="boxes.decode_box: libjpeg-turbo to a tensor (else PIL with draft) + crop + torch resize -> uint8",
             baseline_label="PIL open + convert RGB + crop/resize (no draft)",
             rounds=per_round,
             notes=decode_notes,
-            extra={"imagenet": med, "cifar": {k: median(v) for k, v in dec_c.items()}},
+            extra={
+                "imagenet": med,
+                "cifar": {k: median(v) for k, v in dec_c.items()},
+                "tensor_decode_ratio": tensor_ratio,
+            },
         ),
         Result(
             key="shards_open",
