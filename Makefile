@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test test-slow faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
+.PHONY: install train-local test test-all test-slow test-extended faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -21,11 +21,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 train-local: install
 	$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS)
 
-# The suite in two tiers, fast first: a unit failure shows in minutes, not after the end-to-end runs.
+# The suite in tiers, fast first: a unit failure shows in minutes, not after the end-to-end runs.
+# `make test` is CI's (.ci/run runs test-fast, test-slow, then faults); test-extended holds the
+# end-to-end variants past CI's 35-minute budget (docs/testing.md says what and why); test-all = both.
 test: test-fast test-slow
 
+test-all: test test-extended
+
 test-slow: install
-	$(PY) -m pytest -q -m "(slow or slurm or docker) and not netns" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "(slow or slurm or docker) and not netns and not extended" $(PYTEST_ARGS)
+
+test-extended: install
+	$(PY) -m pytest -q -m "extended and not netns" $(PYTEST_ARGS)
 
 # The multi-node fault-injection suite (root, network namespaces): its own CI stage.
 faults: install
@@ -33,8 +40,11 @@ faults: install
 	FAULTS_RESULTS_DIR=runs/faults $(PY) -m pytest -q -m netns tests/faults $(PYTEST_ARGS)
 	$(PY) -m faults.report --from runs/faults
 
+# In-process tests on TEST_JOBS pytest workers (one process would use one core); the end-to-end tiers
+# run one test at a time, since each already keeps the cores busy with its ranks.
+TEST_JOBS ?= 2
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not slurm and not docker and not netns" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not slurm and not docker and not netns and not extended" $(PYTEST_ARGS)
 
 LINT_PATHS := torchlaunch launch train tests bench faults examples
 

@@ -79,6 +79,7 @@ def test_datapath_quick(bench_work: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ddp_quick() -> None:
     scaling, adopted = ddp.run(quick=True)
     well_formed(scaling)
@@ -87,6 +88,7 @@ def test_ddp_quick() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ckpt_quick() -> None:
     results, pre = ckpt.run(quick=True)
     for r in results:
@@ -97,6 +99,7 @@ def test_ckpt_quick() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_progress_quick() -> None:
     """Both sides launch for real; each run checks its own heartbeat files (on: both ranks, off: none)."""
     r = progress.run(quick=True)
@@ -129,6 +132,7 @@ def test_progress_micro_costs_leave_the_environment_as_found(tmp_path: Path, mon
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @needs_data
 def test_peers_quick(bench_work: Path) -> None:
     """The project side and both peer scripts end to end at tiny size. The peers run with the
@@ -235,6 +239,7 @@ def test_peer_sides_choose_their_own_threads() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_elastic_quick() -> None:
     """Two loopback launchers, one SIGKILLed: both degraded-restart figures come back well formed."""
     from bench import elastic

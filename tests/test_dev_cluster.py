@@ -14,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.extended,
+]  # CI brings the cluster up and down once per run
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_CLUSTER = REPO / "slurm" / "dev-cluster.sh"

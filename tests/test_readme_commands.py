@@ -194,7 +194,11 @@ def scratch_run_dir(cmd: str, scratch: Path) -> str:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule(r"^make (test|test-fast)\b", "skip", "the test suite itself: CI runs it as its own stage (.ci/run)"),
+    Rule(
+        r"^make (test|test-all|test-fast|test-slow|test-extended)\b",
+        "skip",
+        "the test suite itself: CI runs it as its own stage (.ci/run)",
+    ),
     Rule(
         r"^(FAULTS_SEED=\d+ )?make faults\b",
         "skip",
@@ -444,14 +448,15 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def run_commands(needs: str, tmp_path: Path) -> list[str]:
-    """Run the README's and the docs pages' commands of one kind in order, each once; a report line per command."""
+def run_commands(needs: str, tmp_path: Path, pages: list[Path] | None = None) -> list[str]:
+    """Run the commands of one kind of `pages` (default: the README and every docs page) in order, each
+    once; a report line per command."""
     tree = scratch_copy(tmp_path / "tree")
     scratch = tmp_path / "scratch"
     make_images(scratch / "images")
     session = Session(tree, scratch)
     report, failures = [], []
-    for page, cmd in all_commands():
+    for page, cmd in all_commands(pages):
         rule = rule_for(cmd)
         assert rule is not None, f"{page}: command without a rule: {cmd}"
         if rule.needs != needs:
@@ -550,10 +555,22 @@ def test_rewrites_keep_the_command_and_say_why(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~50 commands, fast93's 3 steps among them: past pytest's 600 s on a loaded 2-core box
+@pytest.mark.timeout(900)
 def test_readme_commands_run(tmp_path: Path) -> None:
+    """The README's own commands (the quick start and the first tasks): in CI's tier."""
+    report = run_commands("", tmp_path, [REPO / "README.md"])
+    assert sum(line.startswith("ran (README.md") for line in report) >= 8, report
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1800)  # ~40 commands, fast93's 3 steps among them: past pytest's 600 s on a loaded 2-core box
+def test_docs_site_commands_run(tmp_path: Path) -> None:
+    """Every page's commands, the README's first (later pages build on the runs they leave): ~9 minutes
+    on a 2-core box, so in the extended tier (make test-extended), not in CI's."""
     report = run_commands("", tmp_path)
-    assert any(line.startswith("ran:") for line in report)
+    ran_pages = {line.split("(", 1)[1].split(",", 1)[0] for line in report if line.startswith("ran (")}
+    assert len(ran_pages) >= 6, sorted(ran_pages)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, run_launcher, run_module
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # learning on real images: a quality check, not a launch promise
 
 ACCURACY_FLOOR = 0.25
 VAL_IMAGES = 2000
