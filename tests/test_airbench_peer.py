@@ -138,6 +138,7 @@ def test_command_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a benchmark peer's smoke
 def test_project_side_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     """The whole call without a GPU (no peers): both recipes plus an --extra run train on the packed split,
     are evaluated on --test-root, and land in the table and the JSON written after every run."""

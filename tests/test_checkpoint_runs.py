@@ -116,7 +116,13 @@ def plant_forgery(root: Path, good: Path) -> list[str]:
     return [forge(root, 999).name]
 
 
-@pytest.mark.parametrize("plant", [plant_copies, plant_forgery], ids=["two-corrupt-newer", "forged-newer"])
+@pytest.mark.parametrize(
+    "plant",
+    [
+        pytest.param(plant_copies, id="two-corrupt-newer", marks=pytest.mark.extended),
+        pytest.param(plant_forgery, id="forged-newer"),
+    ],
+)
 def test_hostile_newer_folders_through_a_real_preemption(tmp_path: Path, plant) -> None:  # noqa: ANN001
     root = tmp_path / "checkpoints"
     first = two_ranks(tmp_path, "at=step,n=3,rank=1")

@@ -424,7 +424,10 @@ def wait_for_checkpoint(dj: DockerJob, min_step: int, timeout_s: float = 300) ->
         time.sleep(0.2)  # polling a file on the shared volume, bounded by the deadline
 
 
-@pytest.mark.parametrize("stopped", [1, 0], ids=["pod1", "pod0-rendezvous-host"])
+@pytest.mark.parametrize(
+    "stopped",
+    [pytest.param(1, marks=pytest.mark.extended, id="pod1"), pytest.param(0, id="pod0-rendezvous-host")],
+)  # the rendezvous host is the harder stop; stopping the other pod is the extended tier's
 def test_stopped_pod_checkpoints_within_grace_and_the_job_resumes_exactly(make_job, uninterrupted, stopped):
     dj = make_job(f"stop{stopped}")
     running = dj.start_all()

@@ -22,7 +22,7 @@ from torchlaunch.backends.local import launch as local
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = Path(os.environ.get("TORCHLAUNCH_PEERS_PYTHON", "/work/main/bench/.venv-peers/bin/python"))
+PEERS = Path(os.environ.get("TORCHLAUNCH_PEERS_PYTHON", REPO / "bench" / ".venv-peers" / "bin" / "python"))
 CONTRACT = (
     "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE "
     "MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS "
@@ -476,7 +476,7 @@ LIGHTNING_RACE = pytest.mark.xfail(
 @needs_peers
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("gpus", [1, pytest.param(2, marks=LIGHTNING_RACE)])
+@pytest.mark.parametrize("gpus", [1, pytest.param(2, marks=[LIGHTNING_RACE, pytest.mark.extended])])
 def test_lightning_sigterm_exits_75_and_the_same_command_resumes(gpus: int, tmp_path: Path) -> None:
     run = tmp_path / "run"
     argv = [

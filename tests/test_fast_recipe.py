@@ -194,7 +194,14 @@ RECIPE = [
             RECIPE, 11, "test-time augmentation flip_translate", lambda a: a["lookahead"] is not None, id="fast"
         ),
         # A kill mid-epoch, after a cutout step and before the next checkpoint.
-        pytest.param(FAST93_RECIPE, 7, "fastnet93", lambda a: a["config"]["data"]["cutout"] == 12, id="fast93"),
+        pytest.param(
+            FAST93_RECIPE,
+            7,
+            "fastnet93",
+            lambda a: a["config"]["data"]["cutout"] == 12,
+            id="fast93",
+            marks=pytest.mark.extended,
+        ),
     ],
 )
 def test_a_fast_recipe_resumes_bit_for_bit(

@@ -139,7 +139,9 @@ SMALL = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks, gloo_path", [(2, "gloo"), (3, "gloo, rank order")])
+@pytest.mark.parametrize(
+    "ranks, gloo_path", [(2, "gloo"), pytest.param(3, "gloo, rank order", marks=pytest.mark.extended)]
+)
 def test_shared_memory_and_gloo_train_identical_models(tmp_path: Path, ranks: int, gloo_path: str) -> None:
     runs = {}
     for shm in ("true", "false"):

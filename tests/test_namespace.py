@@ -189,10 +189,20 @@ def local_argv(how: str) -> list[str]:
     return [str(script)]
 
 
+CI_PAIRS = {("pkg", "module"), ("script", "command"), ("script", "console-script")}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("how", ["command", "module", "console-script"])
-@pytest.mark.parametrize("kind", sorted(PROJECTS))
+@pytest.mark.parametrize(
+    "kind, how",
+    [
+        # CI's tier: each kind of project and each way of starting the launcher at least once
+        pytest.param(kind, how, id=f"{kind}-{how}", marks=[] if (kind, how) in CI_PAIRS else [pytest.mark.extended])
+        for kind in sorted(PROJECTS)
+        for how in ("command", "module", "console-script")
+    ],
+)
 def test_user_project_from_its_own_folder_under_launch_local(kind: str, how: str, tmp_path: Path) -> None:
     project, out = user_project(kind, tmp_path), tmp_path / "out"
     argv = [*local_argv(how), "--gpus", "2", "--device", "cpu", "--", *PROJECTS[kind][0], "--out", str(out)]

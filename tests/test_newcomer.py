@@ -369,6 +369,7 @@ def test_choice_prefers_fp32_unless_bf16_is_clearly_faster() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Path) -> None:
     """Two ranks through the real launcher: rank 0 measures and picks, the run records it; preempted at
     step 2 and rerun after the cache flipped, it keeps its precision and ends bit for bit where an

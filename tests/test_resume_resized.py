@@ -76,7 +76,10 @@ def reference(reference_dir: Path) -> dict[int, list]:
     return traced(reference_dir)
 
 
-@pytest.mark.parametrize("before,after,workers", [(2, 3, (1, 3)), (4, 3, (0, 1))], ids=["2to3", "4to3"])
+@pytest.mark.parametrize(
+    "before,after,workers",
+    [pytest.param(2, 3, (1, 3), id="2to3"), pytest.param(4, 3, (0, 1), id="4to3", marks=pytest.mark.extended)],
+)
 def test_resume_on_another_world_size_draws_the_same_crops(
     tmp_path: Path, jpegs: Path, reference: dict, before: int, after: int, workers: tuple[int, int]
 ) -> None:
@@ -90,6 +93,7 @@ def test_resume_on_another_world_size_draws_the_same_crops(
     assert resumed == reference  # every global step: the same samples, boxes and flips
 
 
+@pytest.mark.extended  # resized crops on shards resume bit for bit in CI's tier: test_outside_stops.py
 def test_resume_on_the_same_world_size_is_bit_exact(tmp_path: Path, jpegs: Path, reference_dir: Path) -> None:
     """3 ranks interrupted mid-epoch with 1 DataLoader worker each, resumed on 3 with 2: the final weights,
     optimizer and scaler equal the uninterrupted 3-rank run's (0 workers) bit for bit. The crops are a

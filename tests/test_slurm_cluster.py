@@ -187,6 +187,7 @@ def test_preemption_checkpoints_requeues_once_and_resumes_exactly(reference: Pat
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.extended  # Slurm's minute-granular time limit: ~2-3 minutes of allocations; preemption requeues in CI's tier
 def test_timeout_requeues_and_finishes(cluster: str, tmp_path: Path) -> None:
     # --time 1 with a 30 s lead. slurmctld checks signal times only every ~30 s, so the signal comes
     # anywhere from ~15 to ~30 s into an allocation, and a job shorter than one allocation may never

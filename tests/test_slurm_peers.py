@@ -17,8 +17,6 @@ from tests.test_slurm_cluster import DEV_CLUSTER, REPO, requeue_records, slurm, 
 pytestmark = pytest.mark.slurm
 
 PEERS = Path(os.environ.get("TORCHLAUNCH_PEERS_PYTHON", REPO / "bench" / ".venv-peers" / "bin" / "python"))
-if not PEERS.exists():
-    PEERS = Path("/work/main/bench/.venv-peers/bin/python")
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +59,14 @@ PROGRAMS = {
     "lightning": ("tests/programs/lightning_ddp.py", "global_step", 6 * 40 * 4 // 2),
     "accelerate": ("tests/programs/accelerate_train.py", "step", None),
 }
+TRAINS = ["accelerate", pytest.param("lightning", marks=pytest.mark.extended)]
+PREEMPTED = [pytest.param("accelerate", marks=pytest.mark.extended), "lightning"]
+"""Both frameworks run in CI's tier, each once: Accelerate trains on two nodes, Lightning is preempted,
+requeued and resumed; the other two pairings are the extended tier's."""
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("name", TRAINS)
 def test_peer_framework_trains_on_two_nodes(cluster: str, tmp_path: Path, name: str) -> None:
     program, key, steps = PROGRAMS[name]
     run_dir = tmp_path / name
@@ -78,7 +80,7 @@ def test_peer_framework_trains_on_two_nodes(cluster: str, tmp_path: Path, name: 
 
 
 @pytest.mark.timeout(500)
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("name", PREEMPTED)
 def test_peer_framework_preempted_is_requeued_and_resumes(cluster: str, tmp_path: Path, name: str) -> None:
     program, key, _ = PROGRAMS[name]
     run_dir = tmp_path / name
@@ -97,6 +99,7 @@ def test_peer_framework_preempted_is_requeued_and_resumes(cluster: str, tmp_path
 
 
 @pytest.mark.timeout(500)
+@pytest.mark.extended  # the runner stopping a handler-less program: test_dropin.py, in CI's tier
 def test_trainer_script_without_a_handler_is_stopped_by_the_runner_and_requeued(cluster: str, tmp_path: Path) -> None:
     """A real `Trainer` script installs no signal handler and forks DataLoader workers. submitit's
     handler used to run in the rank and in the workers (`A temporary saved file already exists`, a

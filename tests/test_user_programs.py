@@ -791,6 +791,7 @@ def run_until_step_then_sigterm(run_dir: Path, step: int) -> tuple[int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # one stop and rerun of the custom loop: test_api.py, in CI's tier
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("seed", [14])
 def test_custom_loop_sigterm_twice_then_bitwise_equal(custom_reference: Path, seed: int, tmp_path: Path) -> None:
@@ -848,6 +849,7 @@ def test_custom_loop_preempted_on_slurm_resumes_bitwise(custom_reference: Path, 
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a benchmark's smoke
 @pytest.mark.timeout(300)
 def test_bench_userscript_quick() -> None:
     """The bench's machinery: both sides train, each timed from its live step lines."""
