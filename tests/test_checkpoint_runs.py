@@ -67,7 +67,9 @@ def test_corrupt_only_checkpoint_with_init_from_is_a_warm_started_fresh_run(tmp_
         corrupt(folder)
     (this / "model.pt").rename(tmp_path / "random-init-model.pt")
 
-    rerun = worker(this, *TINY, f"model.init_from={other}")
+    # Warm-starting the run dir from another run changes its recorded config: an explicit act (a rerun
+    # with other overrides is refused without it, tests/test_rundir_config.py).
+    rerun = worker(this, *TINY, f"model.init_from={other}", "--reconfigure")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "ignored: resuming" not in rerun.stdout
     assert f"init_from {other / 'checkpoints'}" in rerun.stdout and "loaded all" in rerun.stdout
