@@ -42,7 +42,7 @@ PG_TIMEOUT_S = 10  # dist.timeout_s for the long-outage scenario: the least the 
 HANG_TIMEOUT_S = 15  # --hang-timeout for the cut-link scenario: the watchdog, not dist.timeout_s (300 s), ends it
 CUT_BOUND_S = HANG_TIMEOUT_S + 60  # both launchers must have ended this long after the cut
 SEED = os.environ.get("FAULTS_SEED", "1234")
-_RESUMED = re.compile(r"resumed from \S+ at epoch \d+ step \d+ \(global step (\d+)\)")
+_RESUMED = re.compile(r"resumed from \S+ at epoch \d+(?:/\d+)? step \d+(?:/\d+)? \(global step (\d+)\)")
 
 
 def rng_for(name: str, seed: str = SEED) -> random.Random:

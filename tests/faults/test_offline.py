@@ -90,3 +90,18 @@ def test_report_replaces_only_the_marked_block(tmp_path):
     (tmp_path / "bare.md").write_text("no markers")
     with pytest.raises(SystemExit, match="markers"):
         report.write_into(tmp_path / "bare.md", "x")
+
+
+def test_the_resumed_line_the_trainer_prints_is_read_back() -> None:
+    """The scenarios learn where a rerun resumed from the worker's own line; its wording is the
+    Trainer's (epochs and steps "N/total" since the console counts them that way), so a change there
+    must show here, not as a resumed_from of None in every netns scenario."""
+    import inspect
+
+    from faults.scenarios import resumed_steps
+    from torchlaunch.worker.trainer import Trainer
+
+    source = inspect.getsource(Trainer._opening_line)
+    assert "at epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/" in source
+    line = "rank 0: resumed from /r/checkpoints/step-000000012 at epoch 2/3 step 4/8 (global step 12)"
+    assert resumed_steps(line + "\n" + line.replace("12)", "16)")) == [12, 16]
