@@ -29,7 +29,7 @@ test: test-fast test-slow
 test-all: test test-extended
 
 test-slow: install
-	$(PY) -m pytest -q -m "(slow or slurm or docker) and not netns and not extended" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(SLOW_JOBS) --dist loadgroup -m "(slow or slurm or docker or scanners) and not netns and not extended" $(PYTEST_ARGS)
 
 test-extended: install
 	$(PY) -m pytest -q -m "extended and not netns" $(PYTEST_ARGS)
@@ -40,11 +40,13 @@ faults: install
 	FAULTS_RESULTS_DIR=runs/faults $(PY) -m pytest -q -m netns tests/faults $(PYTEST_ARGS)
 	$(PY) -m faults.report --from runs/faults
 
-# In-process tests on TEST_JOBS pytest workers (one process would use one core); the end-to-end tiers
-# run one test at a time, since each already keeps the cores busy with its ranks.
+# In-process tests on TEST_JOBS pytest workers (one process would use one core). The end-to-end tier
+# runs on SLOW_JOBS workers: a launcher test spends much of its time waiting (rendezvous, the Slurm
+# scheduler, container start), so two overlap; tests of one engine stay on one worker (tests/conftest.py).
 TEST_JOBS ?= 2
+SLOW_JOBS ?= 2
 test-fast: install
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not slurm and not docker and not netns and not extended" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not slurm and not docker and not scanners and not netns and not extended" $(PYTEST_ARGS)
 
 LINT_PATHS := torchlaunch launch train tests bench faults examples
 

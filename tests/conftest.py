@@ -8,6 +8,7 @@ Other test files reuse these:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,41 @@ def run_module(
 ) -> tuple[int, str, str]:
     """`python -m MODULE ARGS` from the repository root, e.g. run_module("torchlaunch.worker.evaluate", [...])."""
     return run_cmd([sys.executable, "-m", module, *args], timeout=timeout, env=env)
+
+
+# One engine, one queue: the end-to-end tier runs on two pytest workers (most of a launcher test's
+# wall time is waiting: rendezvous, Slurm's scheduler, container start), but tests that share an engine
+# stay on one worker, one after another, so two jobs never compete for the two Slurm nodes or for the
+# Docker engine's containers and a test's deadline never counts another test's queue time.
+ENGINE_GROUPS = ("slurm", "docker", "netns")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each engine test with its engine's xdist group (read by `-n N --dist loadgroup`); before
+    pytest-xdist reads the groups, hence tryfirst."""
+    for item in items:
+        for engine in ENGINE_GROUPS:
+            if item.get_closest_marker(engine) is not None:
+                item.add_marker(pytest.mark.xdist_group(engine))
+                break
+
+
+SCANNERS_BIN = Path(os.environ.get("TOOLS_BIN", REPO / ".cache" / "tools-venv" / "bin"))
+
+
+def scanner(name: str) -> str:
+    """The path of one of docker/tools.sh's scanners (hadolint, kubernetes-validate, checkov): in its
+    venv beside this checkout, TOOLS_BIN, or on PATH. Missing, the test skips saying how to install it,
+    unless TORCHLAUNCH_REQUIRE_SCANNERS is set (CI sets it after installing them): then it fails, so a
+    broken install can never pass as a row of skips."""
+    found = SCANNERS_BIN / name if (SCANNERS_BIN / name).exists() else shutil.which(name)
+    if found:
+        return str(found)
+    message = f"{name} not installed: run docker/tools.sh (or set TOOLS_BIN to its bin folder)"
+    if os.environ.get("TORCHLAUNCH_REQUIRE_SCANNERS"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def error_lines(stderr: str) -> list[str]:

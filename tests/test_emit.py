@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import scanner
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import emit
@@ -39,7 +40,6 @@ HOSTILE = [
     "",
 ]
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS_BIN = Path(os.environ.get("TOOLS_BIN", "/work/main/.cache/tools-venv/bin"))
 
 
 # ---- comments and shell words -----------------------------------------------------------------
@@ -233,10 +233,9 @@ def test_control_a_hand_formatted_header_adds_an_object():
     assert len(loaded) == len(objects) + 1 and loaded[0]["kind"] == "ConfigMap"
 
 
+@pytest.mark.scanners
 def test_manifest_with_hostile_values_passes_kubernetes_validate_strict(tmp_path):
-    tool = TOOLS_BIN / "kubernetes-validate"
-    if not tool.exists():
-        pytest.skip(f"kubernetes-validate not installed at {tool} (docker/tools.sh installs it)")
+    tool = scanner("kubernetes-validate")
     path = tmp_path / "job.yaml"
     objects = hostile_manifests("x\n---\nkind: ConfigMap #")
     path.write_text(emit.to_yaml(objects, header_for(["x\nkind: Secret"])))

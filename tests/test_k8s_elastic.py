@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import scanner
 from tests.test_k8s import GOLDEN, ROOT, by_kind, render
-from tests.test_k8s_scanners import tool
 from torchlaunch.exit_codes import BAD_INPUT, OK
 
 ELASTIC = ["--nodes", "1:4", "--max-restarts", "3", "--gpus-per-node", "8", "--name", "el", "--image", "r/i:1"]
@@ -90,7 +90,7 @@ def validate(tmp_path: Path, docs: list[dict]) -> str:
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     result = subprocess.run(
-        [tool("kubernetes-validate"), "--strict", "-k", "1.31.0", str(path)],
+        [scanner("kubernetes-validate"), "--strict", "-k", "1.31.0", str(path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -99,12 +99,14 @@ def validate(tmp_path: Path, docs: list[dict]) -> str:
     return result.stdout
 
 
+@pytest.mark.scanners
 def test_elastic_job_passes_the_kubernetes_1_31_schemas(tmp_path: Path) -> None:
     """1.31: the first release where a Job's parallelism and completions may be patched (ElasticIndexedJob)."""
     _, out, _ = render(ELASTIC)
     assert validate(tmp_path, list(yaml.safe_load_all(out))).count("passed") == 5
 
 
+@pytest.mark.scanners
 def test_jobset_embedded_job_passes_the_job_schema(tmp_path: Path) -> None:
     _, out, _ = render([*ELASTIC, "--jobset"])
     template = by_kind(out)["JobSet"]["spec"]["replicatedJobs"][0]["template"]
@@ -113,6 +115,7 @@ def test_jobset_embedded_job_passes_the_job_schema(tmp_path: Path) -> None:
     assert validate(tmp_path, [job]).count("passed") == 1
 
 
+@pytest.mark.scanners
 def test_checkov_finds_nothing_in_the_jobset(tmp_path: Path) -> None:
     from tests.test_k8s_scanners import checkov
 

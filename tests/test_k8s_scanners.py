@@ -8,16 +8,16 @@ Tools come from docker/tools.sh (their own venv); the tests skip, saying so, whe
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import launcher_argv
+from tests.conftest import launcher_argv, scanner
+
+pytestmark = pytest.mark.scanners
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS_BIN = Path(os.environ.get("TOOLS_BIN", ROOT / ".cache" / "tools-venv" / "bin"))
 
 # The default rendering, a multi-node GPU job pinned by digest in a namespace, and a CPU-only job.
 RENDERINGS = {
@@ -39,13 +39,6 @@ RENDERINGS = {
 }
 
 
-def tool(name: str) -> str:
-    found = TOOLS_BIN / name if (TOOLS_BIN / name).exists() else shutil.which(name)
-    if not found:
-        pytest.skip(f"{name} not installed: run docker/tools.sh (or set TOOLS_BIN to its bin folder)")
-    return str(found)
-
-
 @pytest.fixture(scope="module")
 def manifest_files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("manifests")
@@ -64,23 +57,23 @@ def manifest_files(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
-def run_tool(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+def run_scanner(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
 
 
 @pytest.mark.parametrize("rendering", sorted(RENDERINGS))
 def test_kubernetes_validate_strict(manifest_files, rendering):
-    result = run_tool([tool("kubernetes-validate"), "--strict", str(manifest_files[rendering])])
+    result = run_scanner([scanner("kubernetes-validate"), "--strict", str(manifest_files[rendering])])
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("passed") == 5  # Service, NetworkPolicy, ConfigMap, PVC, Job
 
 
 def checkov(*paths: Path) -> subprocess.CompletedProcess[str]:
-    args = [tool("checkov"), "--quiet", "--compact", "--framework", "kubernetes", "dockerfile"]
+    args = [scanner("checkov"), "--quiet", "--compact", "--framework", "kubernetes", "dockerfile"]
     for p in paths:
         args += ["-f", str(p)]
     # BC_SKIP_MAPPING: no network look-ups; the scan itself is offline.
-    return run_tool(args, BC_SKIP_MAPPING="TRUE")
+    return run_scanner(args, BC_SKIP_MAPPING="TRUE")
 
 
 def test_checkov_manifests_and_dockerfile(manifest_files):
@@ -99,5 +92,5 @@ def test_checkov_catches_a_privileged_pod(tmp_path):
 
 
 def test_hadolint_dockerfile():
-    result = run_tool([tool("hadolint"), str(ROOT / "docker" / "Dockerfile")])
+    result = run_scanner([scanner("hadolint"), str(ROOT / "docker" / "Dockerfile")])
     assert result.returncode == 0, result.stdout + result.stderr

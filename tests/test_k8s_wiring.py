@@ -3,21 +3,19 @@ launch.emit: hostile text never adds a YAML object, and every rendering passes `
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.conftest import scanner
 from tests.test_k8s import render
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
 
 ROOT = Path(__file__).resolve().parents[1]
-VALIDATOR = Path(os.environ.get("KUBERNETES_VALIDATE", "/work/main/.cache/tools-venv/bin/kubernetes-validate"))
 EVIL = "x\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: evil\n#"
 
 
@@ -47,9 +45,7 @@ def kinds(text: str) -> list[str]:
 
 
 def strict_validate(text: str, tmp_path: Path) -> None:
-    if not VALIDATOR.exists() and shutil.which("kubernetes-validate") is None:
-        pytest.skip("kubernetes-validate is not installed (KUBERNETES_VALIDATE=path)")
-    tool = str(VALIDATOR) if VALIDATOR.exists() else "kubernetes-validate"
+    tool = scanner("kubernetes-validate")
     path = tmp_path / "rendered.yaml"
     path.write_text(text)
     done = subprocess.run([tool, "--strict", str(path)], capture_output=True, text=True, timeout=300)
@@ -68,6 +64,7 @@ def strict_validate(text: str, tmp_path: Path) -> None:
     ],
     ids=["program-argument", "program-named", "override"],
 )
+@pytest.mark.scanners
 def test_hostile_text_adds_no_object_and_the_rendering_stays_valid(
     hostile: list[str], plain: list[str], tmp_path: Path
 ) -> None:
@@ -82,6 +79,7 @@ def test_hostile_text_adds_no_object_and_the_rendering_stays_valid(
     strict_validate(out, tmp_path)
 
 
+@pytest.mark.scanners
 def test_a_hostile_image_is_refused_and_the_default_rendering_is_strictly_valid(tmp_path: Path) -> None:
     code, out, err = render(["--image", f"reg.example/img:1{EVIL}"])
     assert code == BAD_INPUT and out == "" and "--image" in err
