@@ -6,7 +6,6 @@ Polling a directory would miss a checkpoint write that lasts milliseconds; inoti
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import select
 import struct
@@ -21,7 +20,8 @@ IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _HEADER = struct.Struct("iIII")
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The process's own symbols, libc's among them: find_library('c') would start ldconfig.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ Stdlib + ctypes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -61,7 +60,8 @@ def _prctl_function() -> Callable[..., int] | None:
         return None
     if _libc is None:
         try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            # The process's own symbols, libc's among them: find_library('c') would start ldconfig.
+            _libc = ctypes.CDLL(None, use_errno=True)
         except OSError:
             return None
     prctl = getattr(_libc, "prctl", None)

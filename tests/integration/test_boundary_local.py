@@ -1,0 +1,141 @@
+"""launch.local's boundaries (engineer F's wiring tests, local part): a NUL in a program argument is one
+line, one live launch owns a run dir, and the ranks die with a SIGKILLed launcher. The Slurm and
+Kubernetes parts of the same wiring are engineer H's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import REPO as ROOT
+from tests.conftest import launcher_argv
+from torchlaunch.exit_codes import BAD_INPUT
+
+
+def call(main, argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+HOLDER = "import sys; from torchlaunch import runlock; runlock.acquire(sys.argv[1]); print('held', flush=True); sys.stdin.readline()"
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_second_local_launch_on_a_run_dir_is_refused_before_writing(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        launch = subprocess.run(
+            launcher_argv(
+                "torchlaunch.backends.local.launch",
+                "--device",
+                "cpu",
+                "--config",
+                "configs/smoke.yaml",
+                f"run_dir={run_dir}",
+            ),
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.communicate("\n")
+    assert launch.returncode == BAD_INPUT, launch.stderr
+    assert f"is in use by pid {holder.pid}" in launch.stderr
+    assert not (run_dir / "config.yaml").exists()
+
+
+PROGRAM = textwrap.dedent(
+    """
+    import os, time
+    print("rank-pid", os.getpid(), flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkilled_local_launcher_leaves_no_rank_running(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM)
+    launcher = subprocess.Popen(
+        launcher_argv("torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--", str(script)),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ranks = []
+    while len(ranks) < 2:
+        line = launcher.stdout.readline()
+        assert line, "the launcher ended before its ranks started"
+        if line.startswith("rank-pid "):
+            ranks.append(int(line.split()[1]))
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    for pid in ranks:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            assert select.select([fd], [], [], 60)[0], f"rank {pid} still running after the launcher was killed"
+        finally:
+            os.close(fd)
+
+
+def test_a_programs_run_dir_is_owned_too(tmp_path):
+    run_dir = tmp_path / "run"
+    script = tmp_path / "s.py"
+    script.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        launch = subprocess.run(
+            launcher_argv(
+                "torchlaunch.backends.local.launch",
+                "--device",
+                "cpu",
+                "--run-dir",
+                str(run_dir),
+                "--",
+                str(script),
+            ),
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        holder.communicate("\n")
+    assert launch.returncode == BAD_INPUT, launch.stderr
+    assert len(launch.stderr.strip().splitlines()) == 1 and f"is in use by pid {holder.pid}" in launch.stderr

@@ -1,0 +1,136 @@
+"""How DDP gradients travel on CPU (train/shm_reduce.py, train/affinity.py): shared memory on one
+machine gives the same numbers bit for bit as gloo, falls back to gloo together when /dev/shm cannot
+be used, leaves nothing behind; CPU workers sharing a machine pin to disjoint core slices."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from tests.helpers import REPO, assert_models_equal, launcher
+from torchlaunch.core.affinity import core_slice
+from torchlaunch.core.shm_reduce import build_reducer
+
+# ------------------------------------------------------------------ affinity (pure)
+
+
+def test_pinning_restricts_the_process_to_its_slice() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores to pin two ranks apart")
+    code = (
+        "import os, json; from torchlaunch.core.affinity import pin_local_rank; "
+        "r = pin_local_rank(1, 2); print(json.dumps([r, sorted(os.sched_getaffinity(0))]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 0, out.stderr
+    returned, actual = json.loads(out.stdout)
+    assert returned == actual == core_slice(cores, 1, 2)
+    assert cores[0] not in actual
+
+
+# ------------------------------------------------------------------ shared-memory reducer
+
+
+def _probe_rank(rank: int, world: int, store_file: str, shm_dir: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(rank)
+        model = nn.Linear(8, 4)
+        reducer = build_reducer(model, shm_dir=shm_dir)
+        result: dict[str, object] = {"reducer": reducer is not None}
+        if reducer is not None:
+            grads = torch.randn(36)
+            everyone = [torch.empty_like(grads) for _ in range(world)]
+            dist.all_gather(everyone, grads)
+            expected = everyone[0].clone()
+            for part in everyone[1:]:
+                expected += part
+            expected /= world
+            for _ in range(3):  # both parities, then the first one again
+                averaged = reducer.average(grads.clone())
+                result.setdefault("equal", []).append(bool(torch.equal(averaged, expected)))
+        Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def _probe(tmp_path: Path, world: int, shm_dir: str) -> list[dict]:
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.start_processes(
+        _probe_rank,
+        args=(world, str(tmp_path / "store"), shm_dir, str(out)),
+        nprocs=world,
+        start_method="spawn",
+        join=True,
+    )
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
+
+
+def test_shared_memory_average_is_the_rank_order_mean_and_leaves_no_file(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    results = _probe(tmp_path, 3, str(shm))
+    assert all(r["reducer"] for r in results)
+    assert all(r["equal"] == [True, True, True] for r in results), results
+    assert list(shm.iterdir()) == []  # unlinked as soon as every rank had mapped it
+
+
+def test_every_rank_falls_back_to_gloo_together_when_shm_is_unusable(tmp_path: Path) -> None:
+    results = _probe(tmp_path, 2, str(tmp_path / "no-such-dir"))
+    assert [r["reducer"] for r in results] == [False, False]
+
+
+# ------------------------------------------------------------------ real runs: same bits either way
+
+SMALL = [
+    "data.synthetic_train_size=576",
+    "data.synthetic_val_size=128",
+    "train.batch_size=48",
+    "train.epochs=1",
+    "checkpoint.every_steps=0",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "ranks, gloo_path", [(2, "gloo"), pytest.param(3, "gloo, rank order", marks=pytest.mark.extended)]
+)
+def test_shared_memory_and_gloo_train_identical_models(tmp_path: Path, ranks: int, gloo_path: str) -> None:
+    runs = {}
+    for shm in ("true", "false"):
+        run_dir = tmp_path / f"shm-{shm}"
+        done = launcher(
+            [
+                "--gpus",
+                str(ranks),
+                "--config",
+                "configs/smoke.yaml",
+                f"run_dir={run_dir}",
+                *SMALL,
+                f"dist.shared_memory_reduce={shm}",
+            ]
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[shm] = (run_dir, done.stdout + done.stderr)
+    assert re.findall(r"gradients: ([^\n]+)", runs["true"][1]) == ["shared memory"]
+    assert re.findall(r"gradients: ([^\n]+)", runs["false"][1]) == [gloo_path]
+    assert_models_equal(runs["true"][0] / "model.pt", runs["false"][0] / "model.pt")

@@ -1,0 +1,36 @@
+"""The unit floor: every test here runs in the pytest process alone, so the floor holds by itself.
+
+A test that starts a process (torchrun, a loader worker, a subprocess), forms a process group or opens
+a network socket, in its body or in a fixture it sets up, fails naming what it started: it belongs in
+tests/integration. What counts is in tests/isolation.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+from tests import isolation
+
+
+def _watched(item: pytest.Item, phase: str) -> Generator[None, object, object]:
+    started: set[str] = set()
+    with isolation.watch(started):
+        result = yield
+    if started:
+        raise isolation.Escaped(
+            f"{item.nodeid} ({phase}) {', '.join(sorted(started))}: a unit test runs in-process only; "
+            "move it to tests/integration (tests/isolation.py)"
+        )
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _watched(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _watched(item, "call"))

@@ -1,0 +1,184 @@
+"""launch.local: the pure torchrun argv (golden files), thread budget, exit-code mapping, the CLI's checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from torchlaunch.backends.local import launch as local
+from torchlaunch.backends.local.launch import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.launch.spec import JobSpec
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+SMOKE = str(REPO / "configs" / "smoke.yaml")
+
+
+def check_golden(name: str, argv: list[str]) -> None:
+    """One argument per line; UPDATE_GOLDEN=1 rewrites the file (review the diff before committing)."""
+    path = GOLDEN / name
+    text = "\n".join(argv) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), f"torchrun argv changed; if intended, UPDATE_GOLDEN=1 and review {path}"
+
+
+def test_single_node_argv_golden() -> None:
+    spec = JobSpec(config="runs/golden/config.yaml", gpus_per_node=4, max_restarts=2)
+    check_golden("local_argv_single.txt", torchrun_argv(spec, NodePlacement(), python="python"))
+
+
+def test_multi_node_argv_golden() -> None:
+    spec = JobSpec(config="runs/golden/config.yaml", nodes=2, gpus_per_node=8, master_port=29555)
+    argv = torchrun_argv(
+        spec, NodePlacement(node_rank=1, master_addr="node0"), python="python", rdzv_run_id="tl-golden"
+    )
+    check_golden("local_argv_multi.txt", argv)
+
+
+def test_node_zero_hosts_the_rendezvous() -> None:
+    spec = JobSpec(config="c.yaml", nodes=2)
+    argv = torchrun_argv(spec, NodePlacement(0, "node0"), rdzv_run_id="x")
+    assert argv[argv.index("--rdzv-conf") + 1] == "is_host=true"
+    assert "--standalone" not in argv
+
+
+def test_multi_node_needs_master_addr() -> None:
+    with pytest.raises(BadInput, match="--master-addr is required"):
+        torchrun_argv(JobSpec(config="c.yaml", nodes=2), NodePlacement(1, None))
+
+
+def test_run_id_is_stable_per_run_dir() -> None:
+    assert local.run_id("runs/a") == local.run_id(os.path.abspath("runs/a"))
+    assert local.run_id("runs/a") != local.run_id("runs/b")
+    assert local.run_id("runs/a").startswith("tl-")
+
+
+@pytest.mark.parametrize(
+    ("procs", "cores", "threads"),
+    [
+        (1, 2, 2),
+        (2, 2, 1),
+        (4, 2, 1),
+        (3, 16, 5),
+        (8, 64, 8),
+        (0, 4, 4),
+    ],
+)
+def test_worker_threads_never_oversubscribe(procs: int, cores: int, threads: int) -> None:
+    assert worker_threads(procs, cores) == threads
+    assert threads >= 1 and (procs * threads <= cores or threads == 1)
+
+
+@pytest.mark.parametrize(
+    ("torchrun", "workers", "expected"),
+    [
+        (0, [], OK),
+        (0, [OK, OK], OK),
+        (1, [BAD_INPUT, BAD_INPUT], BAD_INPUT),
+        (1, [BAD_INPUT, FAILURE], BAD_INPUT),  # bad input wins: retrying cannot help
+        (1, [PREEMPTED, PREEMPTED], PREEMPTED),
+        (1, [PREEMPTED, OK], PREEMPTED),
+        (1, [PREEMPTED, FAILURE], FAILURE),  # a crash during preemption is not a clean checkpoint
+        (1, [], FAILURE),  # torchrun failed before any worker reported
+        (1, [OK, OK], FAILURE),
+        (-15, [PREEMPTED], PREEMPTED),
+    ],
+)
+def test_combine_exit_codes(torchrun: int, workers: list[int], expected: int) -> None:
+    assert combine_exit_codes(torchrun, workers) == expected
+
+
+def test_launch_env() -> None:
+    spec = JobSpec(config="c.yaml", gpus_per_node=2)
+    env = local.launch_env(spec, {"PATH": "/bin"}, cores=8, attempt="abc")
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env[local.ATTEMPT_ENV] == "abc" and env["PATH"] == "/bin"
+    assert local.launch_env(spec, {"OMP_NUM_THREADS": "3"}, 8, "a")["OMP_NUM_THREADS"] == "3"  # user's wins
+
+
+def test_attempt_env_matches_the_runner() -> None:
+    from torchlaunch import status
+
+    assert local.ATTEMPT_ENV == status.ATTEMPT_ENV  # what the runner reads to report each rank
+
+
+def test_read_worker_codes_takes_only_this_attempt(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.mkdir()
+    (status / "a1-rank0.json").write_text(json.dumps({"code": 2, "reason": "data error: x", "rank": 0}))
+    (status / "a1-rank1.json").write_text(json.dumps({"code": 0, "reason": "finished", "rank": 1}))
+    (status / "a1-rank2.json").write_text("{not json")
+    (status / "other-rank0.json").write_text(json.dumps({"code": 75}))
+    codes, reasons = local.read_worker_codes(tmp_path, "a1")
+    assert codes == [2, 0] and reasons == ["data error: x", "finished"]
+    assert sorted(p.name for p in status.iterdir()) == ["other-rank0.json"]  # consumed, others untouched
+
+
+@pytest.mark.parametrize(("extra", "direct"), [([], True), (["--max-restarts", "1"], False), (["--doctor"], False)])
+def test_one_worker_without_restarts_skips_the_agent(
+    extra: list[str], direct: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = local.main(
+        ["--gpus", "1", *extra, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}", "seed=3"]
+    )
+    argv = shlex.split(capsys.readouterr().out)
+    assert rc == 0
+    if direct:
+        assert argv == [
+            sys.executable,
+            *("-m", "torchlaunch.runner", "-m", "torchlaunch.worker"),
+            *("--config", SMOKE, f"run_dir={tmp_path}", "seed=3"),
+        ]
+    else:
+        assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and "--nproc-per-node" in argv
+
+
+@pytest.mark.parametrize(("visible", "gpus", "code"), [(1, 2, BAD_INPUT), (4, 8, BAD_INPUT), (2, 2, OK)])
+def test_more_gpus_than_visible(
+    visible: int,
+    gpus: int,
+    code: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # No GPU exists on the CI machines, so the visible-GPU count is faked in-process; everything
+    # else (argument parsing, config loading, the check itself) is the real launcher code.
+    monkeypatch.setattr(local, "visible_gpus", lambda: visible)
+    rc = local.main(["--gpus", str(gpus), "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
+    captured = capsys.readouterr()
+    assert rc == code
+    if code == BAD_INPUT:
+        assert captured.err.splitlines() == [
+            f"launch error: GPUS={gpus} but only {visible} GPU(s) are visible "
+            f"(use GPUS<={visible} or check CUDA_VISIBLE_DEVICES)"
+        ]
+        assert captured.out == ""
+    else:
+        assert "--nproc-per-node 2" in captured.out
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--gpus", "0"], "--gpus must be >= 1"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 outside 0..1"),
+        (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
+        (["--nnodes", "2"], "--master-addr is required"),
+    ],
+)
+def test_bad_launcher_arguments(
+    args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = local.main([*args, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
+    err = capsys.readouterr().err.splitlines()
+    assert rc == BAD_INPUT and len(err) == 1 and words in err[0], err

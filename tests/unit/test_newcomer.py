@@ -1,0 +1,140 @@
+"""test_newcomer: the tests on the unit floor (in-process only: no process started, no network).
+
+The rest of them, and the helpers both halves share, are in tests/integration/test_newcomer.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.test_newcomer import REPO
+from torchlaunch.config import DataConfig
+from torchlaunch.launch import precheck
+from torchlaunch.worker import precision
+from torchlaunch.worker.datacheck import check_data, probe_target, unreachable_reason
+
+
+def test_probe_gives_up_on_a_lookup_that_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from torchlaunch.worker import datacheck
+
+    never = threading.Event()  # a resolver that hangs, as some offline machines' DNS does
+
+    def hang(*args: object, **kwargs: object) -> None:
+        never.wait()
+        raise OSError("released by the test")
+
+    monkeypatch.setattr(datacheck.socket, "create_connection", hang)
+    reason = unreachable_reason("www.example.invalid", 443, timeout_s=0.2)
+    never.set()
+    assert reason is not None and "no answer" in reason
+
+
+def test_probe_targets_the_proxy_when_one_is_set() -> None:
+    assert probe_target(env={}) == ("www.cs.toronto.edu", 443)
+    assert probe_target(env={"https_proxy": "http://proxy.corp:3128"}) == ("proxy.corp", 3128)
+    assert probe_target(env={"TORCHLAUNCH_DOWNLOAD_PROBE": "127.0.0.1:9"}) == ("127.0.0.1", 9)
+
+
+def test_plugin_data_names_pass_through(tmp_path: Path) -> None:
+    check_data(DataConfig(name="my_pkg.data:make", root=str(tmp_path / "nothing")), local=True)
+
+
+def test_gpu_count_without_torch(tmp_path: Path) -> None:
+    gpus = tmp_path / "gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (gpus / bus).mkdir(parents=True)
+    nodes = (tmp_path / "nvidiactl",)
+    assert precheck.visible_gpus_without_torch({}, gpus, nodes) == 2
+    assert precheck.visible_gpus_without_torch({"CUDA_VISIBLE_DEVICES": "1"}, gpus, nodes) == 1
+    assert precheck.visible_gpus_without_torch({"CUDA_VISIBLE_DEVICES": ""}, gpus, nodes) == 0
+    assert precheck.visible_gpus_without_torch({"CUDA_VISIBLE_DEVICES": "GPU-3f2a"}, gpus, nodes) is None
+    assert precheck.visible_gpus_without_torch({}, tmp_path / "no-driver", nodes) == 0
+    nodes[0].touch()  # a driver without the proc folder: only torch knows
+    assert precheck.visible_gpus_without_torch({}, tmp_path / "no-driver", nodes) is None
+
+
+def test_gpu_count_agrees_with_torch_here() -> None:
+    fast = precheck.visible_gpus_without_torch()
+    if fast is not None:
+        assert fast == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_doctor_names_the_fast_cpu_precision() -> None:
+    from torchlaunch.tools.doctor import _cpu_precision_finding
+
+    finding = _cpu_precision_finding(
+        {"model": "fastnet", "batch": 16, "fp32": 259.0, "bf16": 182.0, "auto_picks": "fp32"}
+    )
+    assert finding.level == "ok"
+    assert "bf16 182 vs fp32 259" in finding.message and "fp32 is the fast one" in finding.message
+    broken = _cpu_precision_finding({"model": "fastnet", "error": "RuntimeError: x"})
+    assert broken.level == "warn" and "train.precision=fp32" in broken.fix
+
+
+def test_measurement_leaves_the_rng_alone() -> None:
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    rates = precision.measure_rates("simple_cnn", 10, 4, 32, 8, channels_last=False, budget_s=0.05)
+    assert torch.equal(before, torch.get_rng_state())
+    assert rates.fp32 > 0 and rates.bf16 > 0 and rates.batch == 8
+
+
+def test_choice_is_measured_once_cached_and_recorded_in_the_run(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shape = {
+        "model_name": "simple_cnn",
+        "width": 4,
+        "num_classes": 10,
+        "image_size": 32,
+        "micro_batch": 8,
+        "channels_last": False,
+    }
+    first, note = precision.choose_for_run(tmp_path / "a", cache, **shape)
+    assert first in ("bf16", "fp32") and "measured now" in note and "bf16" in note and "fp32" in note
+    assert json.loads((tmp_path / "a" / "precision.json").read_text())["precision"] == first
+    again, note = precision.choose_for_run(tmp_path / "b", cache, **shape)
+    assert again == first and "cached in" in note
+    # The cache changes (another day, another measurement): run a resumes with what it started with,
+    # a new run follows the cache.
+    entries = json.loads((cache / precision.CACHE_FILE).read_text())
+    other = "fp32" if first == "bf16" else "bf16"
+    for entry in entries.values():
+        entry["precision"] = other
+    (cache / precision.CACHE_FILE).write_text(json.dumps(entries))
+    resumed, note = precision.choose_for_run(tmp_path / "a", cache, **shape)
+    assert resumed == first and "recorded at this run's start" in note
+    assert precision.choose_for_run(tmp_path / "c", cache, **shape)[0] == other
+
+
+def test_a_failed_measurement_picks_fp32_and_is_not_cached(tmp_path: Path) -> None:
+    choice, note = precision.choose_for_run(tmp_path / "run", tmp_path / "cache", "simple_cnn", 4, 10, 16, 8, False)
+    assert choice == "fp32" and "measurement failed" in note  # simple_cnn's head is sized for 32x32
+    assert not (tmp_path / "cache" / precision.CACHE_FILE).exists()
+
+
+def test_choice_prefers_fp32_unless_bf16_is_clearly_faster() -> None:
+    assert precision.Rates(fp32=100.0, bf16=104.0, batch=8).choice == "fp32"
+    assert precision.Rates(fp32=100.0, bf16=200.0, batch=8).choice == "bf16"
+    assert precision.Rates(fp32=259.0, bf16=182.0, batch=8).choice == "fp32"
+
+
+def test_bench_states_the_cpu_beside_every_figure() -> None:
+    from bench import run as bench_run
+
+    doc = json.loads((REPO / "docs" / "bench-results.json").read_text())
+    first = next(iter(doc["results"]))
+    doc["results"][first]["cpu"] = "Test CPU 9000"
+    doc["preemption"] = {**doc.get("preemption", {}), "cpu": "Test CPU 9000"} if doc.get("preemption") else None
+    text = bench_run.render(doc)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith(("| figure", "|---"))]
+    recorded = {r.get("cpu") for r in doc["results"].values()} | {"Test CPU 9000"}
+    assert rows and all(any(c and c in r for c in recorded) or bench_run.NO_CPU in r for r in rows)
+    assert f"| {doc['results'][first]['title']} |" in next(r for r in rows if "Test CPU 9000" in r)
+    details = [ln for ln in text.splitlines() if ln.startswith("- measured ")]
+    assert details and all(" CPU " in ln for ln in details)
