@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test test-all test-slow test-extended faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
+.PHONY: install train-local test test-all test-unit test-integration test-extended faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -21,15 +21,28 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 train-local: install
 	$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS)
 
-# The suite in tiers, fast first: a unit failure shows in minutes, not after the end-to-end runs.
-# `make test` is CI's (.ci/run runs test-fast, test-slow, then faults); test-extended holds the
-# end-to-end variants past CI's 35-minute budget (docs/testing.md says what and why); test-all = both.
-test: test-fast test-slow
+# The suite lives on three floors: tests/unit (in-process only, enforced by tests/unit/conftest.py),
+# tests/integration (processes on this machine: launchers, torchrun, loopback) and tests/engines (the
+# Slurm cluster, dockerd, the scanners, network namespaces). `make test` is CI's: the unit floor first,
+# so a unit failure shows in minutes, then integration and engines. test-extended holds the end-to-end
+# variants past CI's 35-minute budget (docs/testing.md says what and why); test-all = test + extended.
+# Both stages run on JOBS pytest workers: in-process tests would use one core each, and a launcher test
+# spends much of its time waiting (rendezvous, the Slurm scheduler, container start), so two overlap;
+# the tests of one engine stay on one worker, one after another (tests/conftest.py).
+JOBS ?= 2
+test: test-unit test-integration
 
 test-all: test test-extended
 
-test-slow: install
-	$(PY) -m pytest -q -n $(SLOW_JOBS) --dist loadgroup -m "(slow or slurm or docker or scanners) and not netns and not extended" $(PYTEST_ARGS)
+test-unit: install
+	$(PY) -m pytest -q -n $(JOBS) tests/unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup -m "not netns and not extended" tests/integration tests/engines $(PYTEST_ARGS)
+
+# A developer's quick loop across the floors: everything not marked slow and needing no engine.
+test-fast: install
+	$(PY) -m pytest -q -n $(JOBS) -m "not slow and not slurm and not docker and not scanners and not netns and not extended" $(PYTEST_ARGS)
 
 test-extended: install
 	$(PY) -m pytest -q -m "extended and not netns" $(PYTEST_ARGS)
@@ -37,16 +50,8 @@ test-extended: install
 # The multi-node fault-injection suite (root, network namespaces): its own CI stage.
 faults: install
 	rm -rf runs/faults
-	FAULTS_RESULTS_DIR=runs/faults $(PY) -m pytest -q -m netns tests/faults $(PYTEST_ARGS)
+	FAULTS_RESULTS_DIR=runs/faults $(PY) -m pytest -q -m netns tests/engines/faults $(PYTEST_ARGS)
 	$(PY) -m faults.report --from runs/faults
-
-# In-process tests on TEST_JOBS pytest workers (one process would use one core). The end-to-end tier
-# runs on SLOW_JOBS workers: a launcher test spends much of its time waiting (rendezvous, the Slurm
-# scheduler, container start), so two overlap; tests of one engine stay on one worker (tests/conftest.py).
-TEST_JOBS ?= 2
-SLOW_JOBS ?= 2
-test-fast: install
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not slurm and not docker and not scanners and not netns and not extended" $(PYTEST_ARGS)
 
 LINT_PATHS := torchlaunch launch train tests bench faults examples
 

@@ -28,7 +28,7 @@ that the on side left both ranks' heartbeat files and the off side none.
 No host synchronisation: the trainer reports `p.global_step`, `self.total_steps`, `p.epoch` and
 `self.plan.per_rank`, all Python ints it keeps on the host; the step's loss stays a device tensor in
 the LossWindow and is read only at the log points (torchlaunch/worker/trainer.py `_train_epoch`).
-Heartbeat.beat does arithmetic on those ints and the clock only. tests/test_host_sync.py runs fit()
+Heartbeat.beat does arithmetic on those ints and the clock only. tests/unit/test_host_sync.py runs fit()
 with a heartbeat writing on every step and fails on any device read outside the check points; its
 negative control shows that a heartbeat fed a tensor step would be caught. The API's per-step call
 (`preemption_requested`) reports the caller's Python int step the same way.
@@ -214,7 +214,7 @@ def run(quick: bool = False, rounds: int = 7, steps: int = 250) -> Result:
         f"heartbeat() call {per_call * 1e6:.2f} µs, one file write {per_write * 1e6:.0f} µs (every "
         f"{interval:.0f} s): {added / step_s:.4%} of the {step_s * 1e3:.1f} ms step. No host synchronisation: "
         f"the heartbeat gets the trainer's host ints (global step, total, epoch, per-rank batch), never the "
-        f"loss tensor; tests/test_host_sync.py runs fit() with a heartbeat written every step and fails on "
+        f"loss tensor; tests/unit/test_host_sync.py runs fit() with a heartbeat written every step and fails on "
         f"any device read between check points. {spread}",
         extra={
             "heartbeat_call_us": per_call * 1e6,

@@ -226,7 +226,7 @@ def render(doc: dict) -> str:
             f"exit: {pre['last_step_logged_before_exit']}) and exited {pre['rerun_exit']}; metrics.jsonl holds "
             f"steps {pre['steps_logged']} — {'each exactly once, no gap' if pre['continuous'] else 'NOT continuous'}. "
             f"Bitwise equality with an uninterrupted run is asserted by the test suite "
-            f"(tests/test_resume.py), not here.",
+            f"(tests/integration/test_resume.py), not here.",
             "",
         ]
     t = doc.get("tta")

@@ -1,10 +1,10 @@
 """The reliability table: measured outcomes of every fault, as Markdown for docs/RELIABILITY.md.
 
-    python -m faults.report --from runs/faults                       # render what tests/faults saved
+    python -m faults.report --from runs/faults                       # render what tests/engines/faults saved
     python -m faults.report --from runs/faults --write docs/RELIABILITY.md
     python -m faults.report --run --workdir /tmp/faults              # run the scenarios here (root)
 
-The tests (tests/faults/test_faults.py) save one JSON per scenario when FAULTS_RESULTS_DIR is set,
+The tests (tests/engines/faults/test_faults.py) save one JSON per scenario when FAULTS_RESULTS_DIR is set,
 so `make faults` asserts and measures in a single pass.
 """
 
@@ -66,7 +66,7 @@ def render(results: dict[str, dict], seed: str) -> str:
             continue
         equal = {True: "yes", False: "**no**", None: "—"}[r.get("model_equal")]
         resumed = "—" if r.get("resumed_from") is None else f"step {r['resumed_from']}"
-        reproduce = f"`FAULTS_SEED={r.get('seed', seed)} .venv/bin/python -m pytest tests/faults/test_faults.py -k {TESTS[name]}`"
+        reproduce = f"`FAULTS_SEED={r.get('seed', seed)} .venv/bin/python -m pytest tests/engines/faults/test_faults.py -k {TESTS[name]}`"
         lost = "—" if name == "reference" else str(r["steps_lost"])
         rows.append(
             f"| {r['fault']} | {outcome_cell(r)} | {equal} | {_seconds(r.get('failure_s'))} |"
@@ -115,7 +115,7 @@ def write_into(doc: Path, table: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m faults.report", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from", dest="folder", type=Path, help="folder of JSON outcomes saved by tests/faults")
+    source.add_argument("--from", dest="folder", type=Path, help="folder of JSON outcomes saved by tests/engines/faults")
     source.add_argument("--run", action="store_true", help="run every scenario now (needs root and ip netns)")
     parser.add_argument("--workdir", type=Path, default=Path("runs/faults-report"), help="run dirs for --run")
     parser.add_argument("--write", type=Path, help="replace the table between the markers in this Markdown file")

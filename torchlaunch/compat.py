@@ -1,7 +1,7 @@
 """Every private API of torch, submitit and argparse the project relies on, in one place.
 
 A private name can change in any release; here each one is reached through one function, and
-tests/test_compat.py exercises each against the installed version, so an upgrade that breaks one
+tests/unit/test_compat.py exercises each against the installed version, so an upgrade that breaks one
 fails one named test instead of a rank at 3 a.m. Imports are inside the functions: the launchers
 import this module without torch.
 """

@@ -38,7 +38,7 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
         "-m",
         "torchlaunch.worker",
         "--config",
-        SMOKE,  # the recipe and overrides as typed: the command runs as printed (tests/test_newcomer2.py)
+        SMOKE,  # the recipe and overrides as typed: the command runs as printed (tests/unit/test_newcomer2.py)
         f"run_dir={run_dir}",
         "optim.lr=0.01",
     )

@@ -196,7 +196,7 @@ def scratch_run_dir(cmd: str, scratch: Path) -> str:
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        r"^make (test|test-all|test-fast|test-slow|test-extended)\b",
+        r"^make (test|test-all|test-unit|test-integration|test-fast|test-extended)\b",
         "skip",
         "the test suite itself: CI runs it as its own stage (.ci/run)",
     ),

@@ -15,7 +15,7 @@ TorchX finds its schedulers: a third-party backend is a package that declares
     [project.entry-points."torchlaunch.backends"]
     mine = "my_package.backend:BACKEND"
 
-(tests/test_seams.py registers one, "a subprocess on this host", and operates it end to end).
+(tests/unit/test_seams.py registers one, "a subprocess on this host", and operates it end to end).
 A scheduler's states reach the project as a JobState in the project's own words (WORDS); each
 backend translates its scheduler's vocabulary. Launch modules are imported on first use only
 (`load_launcher`): the operator commands import this package without torch. Stdlib only.

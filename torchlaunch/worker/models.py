@@ -60,7 +60,7 @@ class ResNet18(nn.Module):
     """ResNet-18 with the CIFAR stem (3x3 stride-1 first conv, no max-pool), without importing torchvision
     (whose import pulls in torch._dynamo: seconds of start-up). It is the model the project
     built from torchvision before: the same state_dict and, under one seed, the same initial weights
-    (tests/test_models.py compares every tensor), so earlier checkpoints load and resume bit for bit."""
+    (tests/unit/test_models.py compares every tensor), so earlier checkpoints load and resume bit for bit."""
 
     def __init__(self, num_classes: int, width: int = 0) -> None:
         super().__init__()

@@ -3,7 +3,7 @@ uint8 tensor, for the JPEGs PIL would decode to the very same pixels.
 
 Why: at ImageNet size (a 224 px RandomResizedCrop of ~500x375 JPEGs) decoding is most of a sample's
 time. PIL and torchvision run libjpeg-turbo with the same settings (accurate integer IDCT, fancy
-upsampling), so their RGB pixels are identical (tests/test_jpeg_decode.py, and `decoder` checks it
+upsampling), so their RGB pixels are identical (tests/unit/test_jpeg_decode.py, and `decoder` checks it
 once per process), but PIL then unpacks every pixel into its 4-byte RGBX storage and the crop is
 copied out of that into a numpy array; the tensor decode skips both, and a plain header skips PIL's
 Image.open: ~1.25x the decode + crop + resize per core at 500x375 (bench/shards.py, project ÷
