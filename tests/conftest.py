@@ -81,24 +81,6 @@ def run_module(
     return run_cmd([sys.executable, "-m", module, *args], timeout=timeout, env=env)
 
 
-# One engine, one queue: the end-to-end tier runs on two pytest workers (most of a launcher test's
-# wall time is waiting: rendezvous, Slurm's scheduler, container start), but tests that share an engine
-# stay on one worker, one after another, so two jobs never compete for the two Slurm nodes or for the
-# Docker engine's containers and a test's deadline never counts another test's queue time.
-ENGINE_GROUPS = ("slurm", "docker", "netns")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each engine test with its engine's xdist group (read by `-n N --dist loadgroup`); before
-    pytest-xdist reads the groups, hence tryfirst."""
-    for item in items:
-        for engine in ENGINE_GROUPS:
-            if item.get_closest_marker(engine) is not None:
-                item.add_marker(pytest.mark.xdist_group(engine))
-                break
-
-
 SCANNERS_BIN = Path(os.environ.get("TOOLS_BIN", REPO / ".cache" / "tools-venv" / "bin"))
 
 

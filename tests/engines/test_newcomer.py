@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launcher_argv
-from tests.integration.test_newcomer import REPO
+from tests.conftest import REPO, launcher_argv
 
 
 @pytest.mark.slurm

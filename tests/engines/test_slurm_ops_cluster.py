@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launcher_argv
-from tests.engines.test_slurm_cluster import DEV_CLUSTER, REPO, Launch, requeue_records, wait_until
+from tests.conftest import REPO, launcher_argv
+from tests.engines.test_slurm_cluster import DEV_CLUSTER, Launch, requeue_records, wait_until
 from torchlaunch.jobs import ranklog
 
 pytestmark = pytest.mark.slurm

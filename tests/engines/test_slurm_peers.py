@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launcher_argv
-from tests.engines.test_slurm_cluster import DEV_CLUSTER, REPO, requeue_records, slurm, wait_until
+from tests.conftest import REPO, launcher_argv
+from tests.engines.test_slurm_cluster import DEV_CLUSTER, requeue_records, slurm, wait_until
 
 pytestmark = pytest.mark.slurm
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.test_checkpoint import CRASH_WRITER, FINAL_SAVE_FAILS, REPO, state
+from tests.conftest import REPO
+from tests.unit.test_checkpoint import CRASH_WRITER, FINAL_SAVE_FAILS, state
 from torchlaunch.core import checkpoint as ckpt
 
 

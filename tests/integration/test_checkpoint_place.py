@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_checkpoint_place import REPO
+from tests.conftest import REPO
 from torchlaunch.exit_codes import BAD_INPUT
 
 

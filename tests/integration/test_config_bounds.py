@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.unit.test_config_bounds import REPO, _local
+from tests.conftest import REPO
+from tests.unit.test_config_bounds import _local
 from torchlaunch.exit_codes import BAD_INPUT
 
 

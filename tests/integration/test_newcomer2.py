@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.test_newcomer2 import REPO, SMOKE, dry_run, write_images
+from tests.conftest import REPO
+from tests.unit.test_newcomer2 import SMOKE, dry_run, write_images
 from torchlaunch import config as config_mod
 from torchlaunch.exit_codes import OK
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_readme_commands import REPO, run_commands
+from tests.conftest import REPO
+from tests.unit.test_readme_commands import run_commands
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.unit.test_schedule import REPO
+from tests.conftest import REPO
 
 
 def test_schedule_imports_without_torch() -> None:

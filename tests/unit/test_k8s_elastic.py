@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import REPO as ROOT
 from tests.conftest import scanner
-from tests.unit.test_k8s import GOLDEN, ROOT, by_kind, render
+from tests.unit.test_k8s import GOLDEN, by_kind, render
 from torchlaunch.exit_codes import BAD_INPUT, OK
 
 ELASTIC = ["--nodes", "1:4", "--max-restarts", "3", "--gpus-per-node", "8", "--name", "el", "--image", "r/i:1"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.test_newcomer import REPO
+from tests.conftest import REPO
 from torchlaunch.config import DataConfig
 from torchlaunch.launch import precheck
 from torchlaunch.worker import precision

@@ -270,7 +270,9 @@ RULES: tuple[Rule, ...] = (
         lambda cmd, scratch: f"{shard_paths(cmd, scratch)} {SMOKE}",
     ),
     Rule(r"^python -m launch (status|logs|list|cancel) ", "run", ""),
-    Rule(r"^make bench\b", "skip", "~20 minutes of benchmarks; tests/unit/test_bench_smoke.py runs each one smoke-sized"),
+    Rule(
+        r"^make bench\b", "skip", "~20 minutes of benchmarks; tests/unit/test_bench_smoke.py runs each one smoke-sized"
+    ),
     Rule(r"^make (install|lint)$", "run", ""),
     Rule(
         r"^make image\b",
