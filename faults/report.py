@@ -115,7 +115,9 @@ def write_into(doc: Path, table: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m faults.report", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from", dest="folder", type=Path, help="folder of JSON outcomes saved by tests/engines/faults")
+    source.add_argument(
+        "--from", dest="folder", type=Path, help="folder of JSON outcomes saved by tests/engines/faults"
+    )
     source.add_argument("--run", action="store_true", help="run every scenario now (needs root and ip netns)")
     parser.add_argument("--workdir", type=Path, default=Path("runs/faults-report"), help="run dirs for --run")
     parser.add_argument("--write", type=Path, help="replace the table between the markers in this Markdown file")
