@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.engines.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 from tests.integration.test_namespace import PROJECTS, assert_user_world, records, user_project
 
 

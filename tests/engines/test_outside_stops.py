@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engines.test_docker_job import image  # noqa: F401 - the image fixture, for the container case
+from tests.engines.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture, for the Slurm cases
 from tests.helpers import assert_models_equal
 from tests.integration.test_outside_stops import EPOCHS, SLURM_CASES, data_args, folders, reference, shards, weights  # noqa: F401 (fixtures, used by name)
 from torchlaunch.exit_codes import OK, PREEMPTED

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.test_slurm_cluster import Launch, trained_steps
+from tests.engines.test_slurm_cluster import Launch, cluster, trained_steps  # noqa: F401 - cluster is a fixture
 from tests.helpers import final_state
 from tests.integration.test_plugins import SMALL
 

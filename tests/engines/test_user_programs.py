@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.engines.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 from tests.unit.test_user_programs import (
     CUSTOM_EPOCHS,
     CUSTOM_LOOP,

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launcher_argv, run_cmd
-from tests.engines.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 PACKAGE = REPO / "torchlaunch"

@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launcher_argv, run_cmd, run_module
-from tests.engines.test_docker_job import image  # noqa: F401 - the image fixture, for the container case
-from tests.engines.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture, for the Slurm cases
 from tests.helpers import assert_models_equal
 from tests.stops import Launch
 from torchlaunch.exit_codes import CANCELLED, OK, PREEMPTED

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from tests.conftest import REPO, error_lines, run_cmd, run_launcher, run_module
-from tests.engines.test_slurm_cluster import Launch, cluster, trained_steps  # noqa: F401 - cluster is a fixture
 from tests.helpers import assert_models_equal, assert_states_equal, final_state
 from torchlaunch.worker import init_from
 

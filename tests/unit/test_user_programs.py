@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env, launcher_argv, run_cmd
-from tests.engines.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.local import launch as local
 from torchlaunch.backends.local.launch import NodePlacement, torchrun_argv
