@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cmd
 from tests.engines.test_slurm_cluster import cluster  # noqa: F401 - the dev cluster fixture
 from tests.unit.test_user_programs import (
-    CUSTOM_EPOCHS,
     CUSTOM_LOOP,
+    ONE_THREAD,
     PROGRAMS,
     assert_only_torchlaunch_importable,
     count,
-    custom_reference,  # noqa: F401 (fixtures, used by name)
+    custom_loop_launch,
     finish,
     launcher_text,
     records,
@@ -106,17 +106,32 @@ def test_slurm_module_from_the_submission_directory(tmp_path: Path) -> None:
     assert {s["world_size"] for s in seen} == {"2"} and all(s["name"] == "__main__" for s in seen)
 
 
+SLURM_CUSTOM_EPOCHS = "32"
+"""1024 steps (~7 s here): the preemptor's SIGTERM lands 1-5 s (~150 steps here) after its sbatch;
+with 8 epochs (256 steps) CI's box finished the job before it arrived, and nothing was preempted."""
+
+
+@pytest.fixture(scope="module")
+def slurm_custom_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted custom_loop run of SLURM_CUSTOM_EPOCHS on 2 CPU ranks: the weights to match."""
+    run_dir = tmp_path_factory.mktemp("custom") / "reference"
+    rc, out, err = run_cmd(custom_loop_launch(run_dir, SLURM_CUSTOM_EPOCHS), timeout=400, env=ONE_THREAD)
+    assert rc == OK, err[-3000:]
+    assert f"finished: {32 * int(SLURM_CUSTOM_EPOCHS)} steps" in out
+    return run_dir / "model.pt"
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("cluster")
-def test_custom_loop_preempted_on_slurm_resumes_bitwise(custom_reference: Path, tmp_path: Path) -> None:
+def test_custom_loop_preempted_on_slurm_resumes_bitwise(slurm_custom_reference: Path, tmp_path: Path) -> None:
     from tests.engines.test_slurm_cluster import requeue_records, slurm, wait_until
     from tests.helpers import assert_models_equal
 
     run_dir = tmp_path / "custom"
     proc = slurm_launch(
         run_dir,
-        [CUSTOM_LOOP, "--run-dir", str(run_dir), "--epochs", CUSTOM_EPOCHS],
+        [CUSTOM_LOOP, "--run-dir", str(run_dir), "--epochs", SLURM_CUSTOM_EPOCHS],
         "--nodes",
         "2",
         "--tasks-per-node",
@@ -128,15 +143,14 @@ def test_custom_loop_preempted_on_slurm_resumes_bitwise(custom_reference: Path, 
         lambda: launcher_text(run_dir).partition("submitted job ")[2].partition(":")[0], 60, "the job id"
     )
     log = run_dir / "slurm" / job_id / f"{job_id}_0_log.out"
-    # Preempt at the first step: here the preemptor's SIGTERM lands ~2-5 s (60-150 steps) after its
-    # sbatch, and a faster box runs the 256 steps in ~8 s; a later trigger let CI's job finish first.
+    # Preempt at the first step, so the run's whole length is the margin for the preemptor's latency.
     wait_until(lambda: log.exists() and "step 1/" in log.read_text(), 240, "rank 0 to finish its first step")
     slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")
     assert finish(proc, run_dir, 400) == OK, launcher_text(run_dir)[-3000:]
     assert requeue_records(job_id) == ["REQUEUED", "COMPLETED"]
     text = log.read_text()
     assert "preemption: checkpoint committed" in text and "resumed at step " in text
-    assert_models_equal(run_dir / "model.pt", custom_reference)
+    assert_models_equal(run_dir / "model.pt", slurm_custom_reference)
 
 
 @pytest.mark.slurm

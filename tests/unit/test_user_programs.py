@@ -413,7 +413,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 """As in a Slurm task here (SLURM_CPUS_PER_TASK unset): the same float sums on both launchers."""
 
 
-def custom_loop_launch(run_dir: Path) -> list[str]:
+def custom_loop_launch(run_dir: Path, epochs: str = CUSTOM_EPOCHS) -> list[str]:
     return launcher_argv(
         "torchlaunch.backends.local.launch",
         "--gpus",
@@ -424,7 +424,7 @@ def custom_loop_launch(run_dir: Path) -> list[str]:
         "--run-dir",
         str(run_dir),
         "--epochs",
-        CUSTOM_EPOCHS,
+        epochs,
     )
 
 
