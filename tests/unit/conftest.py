@@ -14,6 +14,18 @@ import pytest
 from tests import isolation
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build matplotlib's font cache, when matplotlib is installed, before any test is watched.
+
+    On a machine with no cache yet (a fresh CI box), the first `import matplotlib.font_manager` runs
+    `fc-list` to list the system fonts: an environment's one-time set-up, not the plot test starting a
+    process, and it would fail whichever test imported matplotlib first."""
+    try:
+        import matplotlib.font_manager  # noqa: F401 - importing it builds and saves the cache
+    except ImportError:
+        pass
+
+
 def _watched(item: pytest.Item, phase: str) -> Generator[None, object, object]:
     started: set[str] = set()
     with isolation.watch(started):
