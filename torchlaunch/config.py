@@ -986,12 +986,20 @@ class Settled:
 
 
 def newest_step(run_dir: str | os.PathLike[str]) -> int | None:
-    """The step a resume of `run_dir` starts from (its newest checkpoint that verifies), None without one.
-    Asked only when a launch's config differs from the run's: it imports torch where checkpoints exist."""
-    from torchlaunch.jobs import gather
+    """The step a resume of `run_dir` starts from (its newest checkpoint that verifies: the store's
+    latest_valid, what `status` reports too), None without one. Asked only when a launch's config
+    differs from the run's: the checkpoint store loads torch, so only where a checkpoint folder exists."""
+    root = rundir.checkpoints(Path(run_dir))
+    if not root.is_dir():
+        return None
+    from torchlaunch.core import checkpoint as ckpt
 
-    found, _ = gather.newest_checkpoint(Path(run_dir))
-    return None if found is None else found.step
+    try:
+        path = ckpt.latest_valid(root)
+    except (OSError, ValueError):
+        return None
+    step = None if path is None else ckpt.parse_step(path.name)
+    return None if path is None else (step if step is not None else 0)
 
 
 def settle_resolved(
