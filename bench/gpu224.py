@@ -45,7 +45,7 @@ def decode_rates(shards: Path, device: torch.device, batch: int, rounds: int) ->
     import numpy as np
 
     from torchlaunch.core.sampler import BatchPlan
-    from torchlaunch.shards import ShardSet
+    from torchlaunch.data.shards import ShardSet
     from torchlaunch.worker.data import gpu_decode
     from torchlaunch.worker.data.augment import resized_crop_box
 

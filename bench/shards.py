@@ -1,5 +1,5 @@
 """Shard storage figures, one run: per-core decode of the candidate CPU decoders (which one
-torchlaunch.shards.decode uses), opening a 1,281,167-sample set from its index, and the writer.
+torchlaunch.data.shards.decode uses), opening a 1,281,167-sample set from its index, and the writer.
 
     python -m bench.shards            # ~30 s on 2 cores; --heavy: more images per decoder
     python -m bench.run --only shards
@@ -31,9 +31,9 @@ import numpy as np
 from PIL import Image
 
 from bench.common import REPO, Result, median, median_ratio, paired_rates, shared_tarball
-from torchlaunch.shards import decode
-from torchlaunch.shards.index import ShardInfo, pack
-from torchlaunch.shards.writer import write
+from torchlaunch.data.shards import decode
+from torchlaunch.data.shards.index import ShardInfo, pack
+from torchlaunch.data.shards.writer import write
 
 CROP = 224
 N_SAMPLES = 1_281_167
@@ -207,7 +207,7 @@ def rss():
         if line.startswith('VmRSS:'):
             return int(line.split()[1]) * 1024
 import numpy, xxhash, PIL.Image
-from torchlaunch.shards import ShardSet
+from torchlaunch.data.shards import ShardSet
 before = rss(); t = time.perf_counter()
 ss = ShardSet.open(sys.argv[1])
 dt = time.perf_counter() - t

@@ -36,7 +36,7 @@ import numpy as np
 import xxhash
 
 from bench.common import REPO, Result, median
-from torchlaunch.shards.index import SET_INDEX, WIDS_INDEX, ShardInfo, index_path, pack
+from torchlaunch.data.shards.index import SET_INDEX, WIDS_INDEX, ShardInfo, index_path, pack
 
 N_TRAIN = 1_281_167
 N_VAL = 50_000
@@ -52,10 +52,10 @@ from pathlib import Path
 what, root = sys.argv[1], Path(sys.argv[2])
 t, c = time.perf_counter(), time.process_time()
 if what == "open":
-    from torchlaunch.shards import ShardSet
+    from torchlaunch.data.shards import ShardSet
     n = len(ShardSet.open(root / "train"))
 elif what == "open-noset":
-    from torchlaunch.shards import ShardSet
+    from torchlaunch.data.shards import ShardSet
     n = len(ShardSet.open(root / "noset", remember=True))  # the first writes noset/shards.idx
 else:
     from torchlaunch.config import DataConfig

@@ -31,83 +31,26 @@ from typing import Any
 import yaml
 
 from torchlaunch import rundir, suggest
+from torchlaunch.base.rules import (  # noqa: F401 - the rule vocabulary, named here too for its readers
+    SEED_LIMIT,
+    Bound,
+    Choice,
+    above,
+    at_least,
+    bound,
+    choice,
+    interval,
+    seed_bound,
+)
 from torchlaunch.base.untrusted import DepthGuard, TooComplex, check_yaml, quote
+from torchlaunch.data import section
 from torchlaunch.exit_codes import BadInput, ConfigError
 from torchlaunch.stop_signals import STOP_SIGNAL_NAMES
 
-
-@dataclass(frozen=True)
-class Bound:
-    """A field's allowed values as a predicate, and the words of the error when it fails."""
-
-    ok: typing.Callable[[Any], bool]
-    requirement: str
-    """Completes `config error: KEY: <requirement>, got VALUE`."""
-    fix: str
-    """What to write instead (the error's parenthesis)."""
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A string field's (or each list item's) allowed values."""
-
-    values: tuple[str, ...]
-    open_prefix: str = ""
-    """Also accept any longer value with this prefix (model.name=torchvision.<name>)."""
-    plugin: bool = False
-    """Also accept an import path `pkg.module:factory` (torchlaunch.worker.plugins resolves it)."""
-    source: typing.Callable[[], tuple[str, ...]] | None = None
-    """Ask this for the values at each check instead (data.name: the data-format registry, which a
-    third-party format joins at run time)."""
-
-    def allowed(self) -> tuple[str, ...]:
-        return self.source() if self.source is not None else self.values
-
-
-def bound(ok: typing.Callable[[Any], bool], requirement: str, fix: str) -> dict[str, Bound]:
-    """Field metadata: `field(default=..., metadata=bound(lambda v: ..., "must be ...", "e.g. ..."))`."""
-    return {"bound": Bound(ok, requirement, fix)}
-
-
-def _ceiling(high: float, fix: str) -> dict[str, Bound]:
-    """Every number has an upper bound a real machine can meet, checked after its lower bound."""
-    return {"ceiling": Bound(lambda v: v <= high, f"must be at most {high:g}", fix)}
-
-
-def at_least(low: int, high: float, fix: str) -> dict[str, Bound]:
-    """low <= v <= high."""
-    return {**bound(lambda v: v >= low, f"must be >= {low}", fix), **_ceiling(high, fix)}
-
-
-def above(low: int, high: float, fix: str) -> dict[str, Bound]:
-    """low < v <= high."""
-    return {**bound(lambda v: v > low, f"must be > {low}", fix), **_ceiling(high, fix)}
-
-
-def interval(low: float, high: float, ends: str, fix: str) -> dict[str, Bound]:
-    """`ends` as written in mathematics: "[)" is low <= v < high, "(]" is low < v <= high."""
-    above_low = (lambda v: v >= low) if ends[0] == "[" else (lambda v: v > low)
-    below_high = (lambda v: v <= high) if ends[1] == "]" else (lambda v: v < high)
-    return bound(lambda v: above_low(v) and below_high(v), f"must be in {ends[0]}{low}, {high}{ends[1]}", fix)
-
-
-SEED_LIMIT = 2**63
-"""Seeds stay below 2**63: torch.manual_seed takes 64 bits and a resume on a new world size seeds
-with `seed + global_step`."""
 MAX_TIMEOUT_S = 30 * 86400.0
 """The longest process-group timeout: finite (a timedelta and torch's milliseconds must hold it)."""
 
 
-MAX_WORKERS = 64
-"""DataLoader processes per rank: more is a process bomb, not a faster loader."""
-MAX_IMAGE_SIZE = 4096
-"""Side of an image the model sees (a 4096^2 RGB batch of 256 is already 12 GiB)."""
-MAX_SAMPLES = 10**12
-MAX_SYNTHETIC = 10**7
-"""Synthetic images per split: they are generated into memory."""
-MAX_SYNTHETIC_BYTES = 32 * 2**30
-"""Synthetic images (train + validation) held in memory at once, in bytes."""
-MAX_CLASSES = 10**6
 MAX_WIDTH = 8192
 """Base channel width of the built-in models."""
 MAX_LR = 1e30
@@ -122,27 +65,10 @@ MIN_TIMEOUT_S = 10.0
 NCCL set-up) fails for want of time, not because a peer is lost."""
 
 
-def seed_bound() -> dict[str, Bound]:
-    return bound(
-        lambda v: 0 <= v < SEED_LIMIT, "must be a non-negative integer below 2**63", "use a seed such as 0 or 1234"
-    )
-
-
-def choice(
-    values: tuple[str, ...],
-    open_prefix: str = "",
-    plugin: bool = False,
-    source: typing.Callable[[], tuple[str, ...]] | None = None,
-) -> dict[str, Choice]:
-    """Field metadata: `field(default=..., metadata=choice(("a", "b")))`."""
-    return {"choice": Choice(tuple(values), open_prefix, plugin, source)}
-
-
-def data_format_names() -> tuple[str, ...]:
-    """data.name's values: the registered data formats (torchlaunch.data.registry, torch-free)."""
-    from torchlaunch.data import registry
-
-    return registry.names()
+DataConfig = section.data_config()
+"""The data section: the keys every format shares (torchlaunch.data.section.SharedData) and each
+registered format's own section (DataFormat.options), flat under `data.`; composed by the data floor,
+which owns the formats (a format registered later joins at the next load: `_hints`)."""
 
 
 SIMPLE_CNN_SIZES = range(32, 40)
@@ -152,102 +78,6 @@ TORCHVISION_PREFIX = "torchvision."
 """model.name=torchvision.<name> builds torchvision's model <name>; torchlaunch.worker.models checks the
 name when it builds the model (this module never imports torch)."""
 KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGCONT")
-
-
-SHARD_LABEL = re.compile(r"([a-z0-9_]+(?:\.[a-z0-9_]+)*)(?::([A-Za-z0-9_-]+))?")
-"""data.shard_label / `train.shards index --label`: `EXT` (the member KEY.EXT holds the class index as
-ASCII digits) or `EXT:FIELD` (KEY.EXT is a JSON object and FIELD its integer class index)."""
-
-
-def shard_label_parts(spec: str) -> tuple[tuple[str, ...], str | None] | None:
-    """(extension components, JSON field or None) of a label source, None when it is not one. The
-    extension matches a member's trailing components, as webdataset's decoders match theirs
-    (`cls` takes KEY.cls and KEY.JPEG.cls alike)."""
-    m = SHARD_LABEL.fullmatch(spec) if isinstance(spec, str) and len(spec) <= 64 else None
-    return None if m is None else (tuple(m.group(1).split(".")), m.group(2))
-
-
-@dataclass
-class DataConfig:
-    name: str = field(default="synthetic", metadata=choice((), plugin=True, source=data_format_names))
-    """Dataset: `cifar10` (torchvision's python batches), `imagefolder` (class folders), `shards` (a tar
-    shard set written by `python -m train.shards write`: root holds manifest.json, train/, val/), `synthetic`, or
-    your own as an import path `pkg.module:factory` (imported from the run's working directory or
-    PYTHONPATH; the factory returns (train, val, classes), contract in torchlaunch/worker/plugins.py and
-    examples/my_data.py)."""
-    root: str = "data"
-    """cifar10: folder holding cifar-10-batches-py; imagefolder: folder of class folders; shards: the
-    shard set's folder."""
-    download: bool = False
-    """cifar10 only: download the batches into `root` when missing (needs internet)."""
-    shard_label: str = field(
-        default="cls",
-        metadata=bound(
-            lambda v: shard_label_parts(v) is not None,
-            "must be EXT or EXT:FIELD (lower-case extension, optional JSON field)",
-            "e.g. data.shard_label=json:label",
-        ),
-    )
-    """shards only: where a sample's class index is: `cls` (KEY.cls, ASCII digits), another extension
-    holding digits, or `EXT:FIELD` (an integer field of a JSON member, e.g. `json:label`, the layout of
-    webdataset sets with `.json` labels). The set's indexes must be built from the same source:
-    `python -m train.shards index DIR --label json:label`."""
-    val_fraction: float = field(
-        default=0.1, metadata=bound(lambda v: 0.0 < v < 1.0, "must be between 0 and 1", "e.g. data.val_fraction=0.1")
-    )
-    """imagefolder only: fraction of images held out for validation (fixed by split_seed)."""
-    split_seed: int = field(default=0, metadata=seed_bound())
-    """Seed of the train/validation split; independent of `seed` so runs share one split."""
-    loader: str = field(default="auto", metadata=choice(("auto", "tensor", "pil")))
-    """`tensor` (decoded uint8 cache + batched augmentation), `pil` (per-sample), `auto` (tensor when
-    every image has the same size; a plug-in dataset: when its uint8 images fit in a quarter of the
-    free memory)."""
-    num_workers: int = field(default=2, metadata=at_least(0, MAX_WORKERS, "use 0 to load in the training process"))
-    """DataLoader worker processes per rank for the `pil` loader."""
-    cache_dir: str = "~/.cache/torchlaunch"
-    """Where decoded uint8 datasets are cached, keyed by the source's fingerprint."""
-    image_size: int = field(default=32, metadata=at_least(8, MAX_IMAGE_SIZE, "e.g. data.image_size=32"))
-    """Side length the model sees; the pil loader resizes other sizes to it."""
-    augment: bool = True
-    """Train-time random crop (random translation) + horizontal flip."""
-    crop_padding: int = field(default=4, metadata=at_least(0, MAX_IMAGE_SIZE, "e.g. data.crop_padding=4"))
-    """Random crop: pad each side by this many pixels, then crop back (translations of up to +-N)."""
-    pad_mode: str = field(default="zeros", metadata=choice(("zeros", "reflect")))
-    """Padding of the random crop: `zeros` (torchvision's RandomCrop) or `reflect` (mirror the border)."""
-    flip: str = field(default="random", metadata=choice(("random", "alternate", "none")))
-    """`random` (each image flipped with p=0.5 each epoch), `alternate` (a random half in the first
-    epoch, then every image flips each epoch: each image is seen both ways every two epochs), `none`."""
-    cutout: int = field(default=0, metadata=at_least(0, MAX_IMAGE_SIZE, "use 0 for off, e.g. data.cutout=12"))
-    """Cutout: blank one random N x N square of every training image (after crop and flip) to the
-    channel mean; drawn per global step like the crops (0 = off; airbench96 uses 12 on 32x32 images)."""
-    # -- ImageNet-style crops (issue 27) --
-    train_crop: str = field(default="pad", metadata=choice(("pad", "resized")))
-    """Training crop: `pad` (pad by crop_padding, crop back to the image: CIFAR's translation crop) or
-    `resized` (torchvision's RandomResizedCrop, scale 0.08-1 and ratio 3/4-4/3, on the original-aspect
-    image, resized to image_size; needs a per-sample path: imagefolder with the pil loader, shards, or a
-    plug-in read per sample). Its variates are drawn per global step, so any world size sees the same boxes."""
-    val_resize: int = field(
-        default=0,
-        metadata=at_least(0, MAX_IMAGE_SIZE, "use 0 for the default, e.g. data.val_resize=256 for image_size 224"),
-    )
-    """Evaluation on the per-sample path: resize the shorter side to this, then centre-crop image_size.
-    0 = round(image_size / 0.875) (256 for 224) when train_crop=resized, else squash to image_size."""
-    decode: str = field(default="cpu", metadata=choice(("cpu", "gpu")))
-    """Training JPEG decode with train_crop=resized: `cpu` (PIL in DataLoader workers) or `gpu` (workers
-    read the encoded bytes and the step's boxes and flips; the rank decodes the batch with
-    torchvision.io.decode_jpeg on its CUDA device and crops, resizes and flips there; shards and
-    imagefolder only; other formats and modes of a sample decode on the CPU). Evaluation stays on the CPU."""
-    # -- end of the ImageNet-style crops --
-    max_train_samples: int = field(default=0, metadata=at_least(0, MAX_SAMPLES, "use 0 for all samples"))
-    """Use only the first N training samples (0 = all): quick experiments and benchmarks."""
-    max_val_samples: int = field(default=0, metadata=at_least(0, MAX_SAMPLES, "use 0 for all samples"))
-    """Use only the first N validation samples (0 = all)."""
-    synthetic_train_size: int = field(default=2048, metadata=at_least(1, MAX_SYNTHETIC, "e.g. 2048"))
-    """synthetic only: number of training images."""
-    synthetic_val_size: int = field(default=512, metadata=at_least(1, MAX_SYNTHETIC, "e.g. 512"))
-    """synthetic only: number of validation images."""
-    synthetic_classes: int = field(default=10, metadata=at_least(2, MAX_CLASSES, "e.g. 10"))
-    """synthetic only: number of classes."""
 
 
 @dataclass
@@ -413,7 +243,7 @@ class RunConfig:
     """Checkpoints, metrics, the resolved config and the final model; shared storage on clusters."""
     seed: int = field(default=0, metadata=seed_bound())
     """Seeds model init, data order and augmentation: same seed, same run."""
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=lambda: section.data_config()())
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -432,10 +262,18 @@ def is_plugin(name: str) -> bool:
     return ":" in str(name)
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """A section's field types, with the data section as the formats registered now compose it."""
+    return {
+        name: section.data_config() if section.is_data_section(tp) else tp
+        for name, tp in typing.get_type_hints(cls).items()
+    }
+
+
 def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
     """Every dotted leaf key, for error suggestions and docs."""
     keys: list[str] = []
-    for name, tp in typing.get_type_hints(cls).items():
+    for name, tp in _hints(cls).items():
         if dataclasses.is_dataclass(tp):
             keys.extend(all_keys(tp, prefix + name + "."))
         else:
@@ -445,17 +283,20 @@ def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
 
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring: the string literal under it in the class's source, the one place a
-    key's meaning is written (Python keeps no attribute docstrings at run time, so it is read back here)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError, SyntaxError):  # no source (a frozen install): keys without meanings
-        return {}
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    key's meaning is written (Python keeps no attribute docstrings at run time, so it is read back here).
+    A composed section (the data section) has no source of its own: its fields' docstrings are read
+    from the classes it names in `__sections__`, each format's section from its own module."""
     docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                docs[node.target.id] = " ".join(str(after.value.value).split())
+    for source in getattr(cls, section.SECTIONS, (cls,)):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(source)))
+        except (OSError, TypeError, SyntaxError):  # no source (a frozen install): keys without meanings
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:], strict=False):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                    docs[node.target.id] = " ".join(str(after.value.value).split())
     return docs
 
 
@@ -476,7 +317,7 @@ def key_help(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, st
     """(dotted key, default as written in YAML, first sentence of its docstring) of every leaf, in
     field order: what `python -m train --help-config` prints."""
     found: list[tuple[str, str, str]] = []
-    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    hints, docs = _hints(cls), field_docs(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             found.extend(key_help(hints[f.name], prefix + f.name + "."))
@@ -495,7 +336,7 @@ def help_config() -> str:
 def rules(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, Bound | Choice]]:
     """(dotted key, rule) of every field that carries a bound or a choice in its metadata, in field order."""
     found: list[tuple[str, Bound | Choice]] = []
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             found.extend(rules(hints[f.name], prefix + f.name + "."))
@@ -507,17 +348,16 @@ def rules(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, Bound | Ch
     return found
 
 
-_KNOWN_PATHS = frozenset(
-    ".".join(parts[:n]) for parts in (k.split(".") for k in all_keys()) for n in range(1, len(parts) + 1)
-)
-"""Every key an override may name: the leaves and the sections above them."""
+def known_paths() -> frozenset[str]:
+    """Every key an override may name: the leaves and the sections above them (asked per load: a
+    format registered since brings its keys)."""
+    return frozenset(
+        ".".join(parts[:n]) for parts in (k.split(".") for k in all_keys()) for n in range(1, len(parts) + 1)
+    )
+
 
 CHOICES: dict[str, tuple[str, ...]] = {key: rule.allowed() for key, rule in rules() if isinstance(rule, Choice)}
 """Each choice field's named values (a view of the field metadata, which owns them)."""
-
-
-def _type_hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
 
 
 def fp16_on_cpu_message() -> str:
@@ -611,7 +451,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
             f"expected a mapping, got {quote(data)}",
             "indent the section's keys under it",
         )
-    hints = _type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for k in data:
         if k not in names:
@@ -647,9 +487,10 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    if key not in _KNOWN_PATHS:  # named at its first unknown part; also bounds what a key can build
+    known = known_paths()
+    if key not in known:  # named at its first unknown part; also bounds what a key can build
         parts = key.split(".", 64)
-        first = next(n for n in range(1, len(parts) + 1) if ".".join(parts[:n]) not in _KNOWN_PATHS)
+        first = next(n for n in range(1, len(parts) + 1) if ".".join(parts[:n]) not in known)
         raise _unknown_key(".".join(parts[:first]), key)
     node = tree
     parts = key.split(".")
@@ -755,8 +596,6 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check choices and ranges; raise ConfigError on the first problem."""
-    from torchlaunch.data import registry
-
     flat = to_dict(cfg)
     for key, rule in rules():
         value = _get_dotted(flat, key)
@@ -769,32 +608,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(
             "model.width", f"{cfg.model.name} has a fixed width, got {cfg.model.width}", "use model.width=0"
         )
-    if cfg.data.crop_padding > cfg.data.image_size:
-        raise ConfigError(
-            "data.crop_padding",
-            f"{cfg.data.crop_padding} is larger than data.image_size={cfg.data.image_size}",
-            "pad by a few pixels, e.g. data.crop_padding=4",
-        )
-    data_format = registry.get(cfg.data.name)
-    if data_format.validate is not None:
-        data_format.validate(cfg.data)
-    if cfg.data.cutout > cfg.data.image_size:
-        raise ConfigError(
-            "data.cutout",
-            f"{cfg.data.cutout} is larger than data.image_size={cfg.data.image_size}",
-            f"use a square of at most {cfg.data.image_size}, e.g. data.cutout=12, or 0 for off",
-        )
-    if cfg.data.decode == "gpu" and (not data_format.gpu_decode or cfg.data.train_crop != "resized"):
-        raise ConfigError(
-            "data.decode",
-            f"gpu decodes the JPEGs of data.name={' or '.join(registry.names(gpu_decode=True))} with "
-            f"data.train_crop=resized, got data.name={quote(cfg.data.name)} data.train_crop={quote(cfg.data.train_crop)}",
-            "use data.decode=cpu, or data.train_crop=resized with data.name=shards",
-        )
+    section.check(cfg.data)
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir", "must not be empty", "e.g. run_dir=runs/my-run")
-    if not str(cfg.data.root).strip() and data_format.root == "required":
-        raise ConfigError("data.root", "must not be empty", "point it at your dataset folder")
+    section.check_root(cfg.data)
     if cfg.model.name == "simple_cnn" and cfg.data.image_size not in SIMPLE_CNN_SIZES:
         raise ConfigError(
             "data.image_size",
@@ -849,18 +666,9 @@ def load(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str] = 
 
 def refuse_unread(cfg: RunConfig, given: typing.Collection[str]) -> None:
     """An override the resolved recipe never reads is refused, not dropped without a word: `data.root=DIR`
-    on a recipe whose data.name is synthetic would train on generated images and say nothing. Only what
+    on a recipe whose format generates its images would train on them and say nothing. Only what
     was typed is judged (a resolved config.yaml carries every default, data.root included)."""
-    from torchlaunch.data import registry
-
-    data_format = registry.get(cfg.data.name)
-    if "data.root" in given and data_format.root == "unused":
-        raise ConfigError(
-            "data.root",
-            f"{quote(cfg.data.root)} is not read: the recipe's data.name is {cfg.data.name} ({data_format.summary})",
-            "add data.name=imagefolder for a folder of class folders, data.name=shards for a shard set, "
-            "or data.name=cifar10",
-        )
+    section.refuse_unread(cfg.data, given)
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:
@@ -986,12 +794,20 @@ class Settled:
 
 
 def newest_step(run_dir: str | os.PathLike[str]) -> int | None:
-    """The step a resume of `run_dir` starts from (its newest checkpoint that verifies), None without one.
-    Asked only when a launch's config differs from the run's: it imports torch where checkpoints exist."""
-    from torchlaunch.jobs import gather
+    """The step a resume of `run_dir` starts from (its newest checkpoint that verifies: the store's
+    latest_valid, what `status` reports too), None without one. Asked only when a launch's config
+    differs from the run's: the checkpoint store loads torch, so only where a checkpoint folder exists."""
+    root = rundir.checkpoints(Path(run_dir))
+    if not root.is_dir():
+        return None
+    from torchlaunch.core import checkpoint as ckpt
 
-    found, _ = gather.newest_checkpoint(Path(run_dir))
-    return None if found is None else found.step
+    try:
+        path = ckpt.latest_valid(root)
+    except (OSError, ValueError):
+        return None
+    step = None if path is None else ckpt.parse_step(path.name)
+    return None if path is None else (step if step is not None else 0)
 
 
 def settle_resolved(

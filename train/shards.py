@@ -1,5 +1,5 @@
-"""`python -m train.shards`: the command users type; the code is torchlaunch.shards.cli (nothing imports this)."""
+"""`python -m train.shards`: the command users type; the code is torchlaunch.data.shards.cli (nothing imports this)."""
 
 import runpy
 
-runpy.run_module("torchlaunch.shards.cli", run_name="__main__", alter_sys=True)
+runpy.run_module("torchlaunch.data.shards.cli", run_name="__main__", alter_sys=True)

@@ -15,10 +15,10 @@ import pytest
 
 from tests.conftest import error_lines, run_module
 from tests.unit.test_shards import cifar_subset, files_of, jpeg, mixed, source_samples, written  # noqa: F401 (fixtures, used by name)
-from torchlaunch.shards import ShardSet
-from torchlaunch.shards.cli import main as shards_main
-from torchlaunch.shards.index import INDEX_SUFFIX
-from torchlaunch.shards.writer import write
+from torchlaunch.data.shards import ShardSet
+from torchlaunch.data.shards.cli import main as shards_main
+from torchlaunch.data.shards.index import INDEX_SUFFIX
+from torchlaunch.data.shards.writer import write
 
 pytestmark = pytest.mark.timeout(120)
 

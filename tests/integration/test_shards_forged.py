@@ -16,10 +16,10 @@ from tests.unit.test_shards_forged import (
     refused,
     source,  # noqa: F401 (fixtures, used by name)
 )
-from torchlaunch.shards import ShardSet
-from torchlaunch.shards.cli import main as shards_main
-from torchlaunch.shards.index import INDEX_SUFFIX, SET_INDEX
-from torchlaunch.shards.record import SUMS
+from torchlaunch.data.shards import ShardSet
+from torchlaunch.data.shards.cli import main as shards_main
+from torchlaunch.data.shards.index import INDEX_SUFFIX, SET_INDEX
+from torchlaunch.data.shards.record import SUMS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -4,6 +4,7 @@ importing torch or the built-in worker."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
 from torchlaunch.backends.local import launch as local
-from torchlaunch.data import registry
+from torchlaunch.data import registry, section
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
 from torchlaunch.launch import precheck
 from torchlaunch.worker.data import DataBundle, ImageSet, load_bundle
@@ -128,3 +129,51 @@ def test_the_built_in_formats_are_registered_once_each() -> None:
     assert registry.get("pkg.mod:factory").own_val  # every import path is the plug-in format
     with pytest.raises(ValueError, match="already registered"):
         registry.register(registry.get("shards"))
+
+
+@dataclasses.dataclass
+class FakeOptions:
+    """fakefmt's own keys."""
+
+    fake_depth: int = dataclasses.field(default=3, metadata=config_mod.at_least(1, 10, "e.g. data.fake_depth=3"))
+    """fakefmt only: how deep the fake set nests."""
+
+
+def test_a_format_brings_its_own_config_section_flat_under_data(fake: FakeFormat) -> None:
+    """A format's section (DataFormat.options) joins the data section at the next load: its key parses,
+    is bounded by its own rule, is listed by --help-config, and leaves with the format."""
+    entry = registry.get(FAKE)
+    registry.unregister(FAKE)
+    registry.register(dataclasses.replace(entry, options=FakeOptions))
+    try:
+        cfg = config_mod.load(None, [f"data.name={FAKE}", "data.root=d", "data.fake_depth=7"])
+        assert cfg.data.fake_depth == 7 and cfg.data.download is False  # its key beside the built-ins' keys
+        assert config_mod.from_dict(config_mod.to_dict(cfg)).data.fake_depth == 7  # the resolved file reads back
+        with pytest.raises(ConfigError, match=r"^config error: data.fake_depth: must be at most 10"):
+            config_mod.load(None, ["data.fake_depth=11"])
+        (line,) = [row for row in config_mod.help_config().splitlines() if row.startswith("data.fake_depth=3 ")]
+        assert line.endswith("# fakefmt only: how deep the fake set nests."), line
+    finally:
+        registry.unregister(FAKE)
+        registry.register(entry)
+    with pytest.raises(ConfigError, match="data.fake_depth: unknown key"):
+        config_mod.load(None, ["data.fake_depth=7"])
+
+
+def test_a_key_two_sections_define_is_refused() -> None:
+    """data.download belongs to cifar10's section: a second owner is refused when the section composes."""
+
+    @dataclasses.dataclass
+    class Clash:
+        download: bool = True
+
+    with pytest.raises(ValueError, match="data.download of Clash is already a key of Cifar10Options"):
+        section.compose((*registry.options(), Clash))
+
+
+def test_config_knows_no_format_by_name() -> None:
+    """The formats' names and keys live in their own modules (torchlaunch/data/formats/): the config
+    module spells none of them."""
+    text = (REPO / "torchlaunch" / "config.py").read_text()
+    for word in ("cifar10", "imagefolder", "synthetic", "shard_label", "download", "val_fraction"):
+        assert word not in text, word

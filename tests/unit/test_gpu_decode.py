@@ -16,7 +16,7 @@ from PIL import Image
 from torchlaunch.config import ConfigError, DataConfig
 from torchlaunch.config import load as load_config
 from torchlaunch.core.sampler import BatchPlan
-from torchlaunch.shards.writer import write
+from torchlaunch.data.shards.writer import write
 from torchlaunch.worker.data import Normalizer, TrainLoader, gpu_decode, load_bundle
 from torchlaunch.worker.data.loaders import _BoxDataset
 

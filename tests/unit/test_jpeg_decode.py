@@ -13,9 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
+from torchlaunch.data.shards import ShardError, decode
+from torchlaunch.data.shards.decode import open_lazy
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.shards import ShardError, decode
-from torchlaunch.shards.decode import open_lazy
 from torchlaunch.worker.data import jpeg
 from torchlaunch.worker.data.augment import crop_resize, draft_request, resized_crop_box
 from torchlaunch.worker.data.boxes import decode_box, load_box, tensor_decodable

@@ -175,7 +175,7 @@ def test_an_ending_rank_leaves_its_last_step_in_its_heartbeat(tmp_path: Path, mo
 
 
 def test_evaluate_uses_the_recorded_root_of_a_shard_run(tmp_path: Path) -> None:
-    from torchlaunch.shards import ShardSet, writer
+    from torchlaunch.data.shards import ShardSet, writer
     from torchlaunch.worker import evaluate
 
     write_images(tmp_path / "imgs", {"a": 6, "b": 6})

@@ -18,8 +18,8 @@ from tests.conftest import REPO
 from torchlaunch import config as config_mod
 from torchlaunch import rundir, runlock
 from torchlaunch.backends.local import launch as local
+from torchlaunch.data.shards.cli import main as shards_main
 from torchlaunch.exit_codes import BAD_INPUT, BadInput
-from torchlaunch.shards.cli import main as shards_main
 
 SMOKE = str(REPO / "configs" / "smoke.yaml")
 RUN_DIR_LINKS = (rundir.LOCK_NODES, rundir.JOB, rundir.LOGS, rundir.PROGRESS, rundir.STATUS, rundir.CHECKPOINTS)

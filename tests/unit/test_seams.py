@@ -71,8 +71,8 @@ def test_one_atomic_writer() -> None:
         "core/checkpoint/store.py",  # folder renames of the commit protocol (the marker goes through rundir)
         "core/checkpoint/single_file.py",  # a format's payload is fsynced in the temp folder before the commit
         "worker/folder_cache.py",  # a whole cache folder published by one rename, first writer wins
-        "shards/fsio.py",
-        "shards/writer.py",
+        "data/shards/fsio.py",
+        "data/shards/writer.py",
         "runlock.py",  # the lock record is created exclusively (O_EXCL), never replaced over another's
         "tools/preflight.py",  # measures how long an fsync takes on the run dir's storage
     }
@@ -539,3 +539,121 @@ def test_no_circle_among_the_imports_a_module_runs_when_loaded() -> None:
     for start in sorted(edges):
         if start not in state and (circle := visit(start, [start])):
             pytest.fail("an import circle: " + " -> ".join(circle))
+
+
+def all_imports() -> dict[str, set[str]]:
+    """module -> every project module it imports anywhere: at load time, inside functions and under
+    TYPE_CHECKING alike. A deferred import still makes the importer depend on the imported floor; hiding
+    one inside a function moves the circle to run time, it does not remove it."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("torchlaunch", *path.relative_to(PACKAGE).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def owner(name: str) -> str:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchlaunch"):
+                found |= {owner(f"{node.module}.{a.name}") for a in node.names} | {owner(node.module)}
+            elif isinstance(node, ast.Import):
+                found |= {owner(a.name) for a in node.names if a.name.startswith("torchlaunch")}
+        edges[name] = {t for t in found if t and t != name and not name.startswith(f"{t}.")}
+    return edges
+
+
+def folder_circles(edges: dict[str, set[str]], folders: set[str] | None = None) -> list[list[str]]:
+    """Circles between folders, at every depth of the package: inside each folder the parts are its
+    sub-folders (all their modules together) and its own modules, and a strongly connected set of parts
+    that holds a sub-folder is a circle. Modules of one folder may lean on each other (sideways); a
+    folder is a floor, and floors only import downward."""
+    if folders is None:
+        folders = {name for name in edges if (PACKAGE.parent / name.replace(".", "/") / "__init__.py").is_file()}
+    found = []
+    for folder in sorted(folders):
+
+        def part(module: str, folder: str = folder) -> str | None:
+            """The part of `folder` that `module` lies in (None: outside it; the folder's own __init__ too)."""
+            if not module.startswith(f"{folder}."):
+                return None
+            return f"{folder}.{module[len(folder) + 1 :].split('.')[0]}"
+
+        graph: dict[str, set[str]] = {}
+        for source, targets in edges.items():
+            a = part(source)
+            if a is None:
+                continue
+            graph.setdefault(a, set())
+            graph[a] |= {b for t in targets if (b := part(t)) is not None and b != a}
+        for circle in strongly_connected(graph):
+            if len(circle) > 1 and any(p in folders for p in circle):
+                found.append(sorted(circle))
+    return found
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components, iterative (no recursion limit on a big package)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                found.append(component)
+    return found
+
+
+def test_folders_are_floors_no_circle_among_all_imports() -> None:
+    """Folders are floors (../shared/ARCHITECTURE.md, "Layout (target)"): over every import of the
+    package, at load time or inside a function, no two folders (or a folder and a top-level module)
+    reach each other. What two floors share lives on the lower one."""
+    edges = all_imports()
+    assert "torchlaunch.core.checkpoint" in edges["torchlaunch.jobs.gather"]  # function-level imports are read
+    circles = folder_circles(edges)
+    assert not circles, "folder-level import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_folder_circle_check_finds_a_circle_through_a_function_level_import() -> None:
+    """The check itself: a deferred import upward closes a circle it reports."""
+    edges = {
+        "torchlaunch.low.a": {"torchlaunch.high.b"},  # e.g. an import inside a function of low/a.py
+        "torchlaunch.high.b": {"torchlaunch.low.a"},
+        "torchlaunch.low": set(),
+        "torchlaunch.high": set(),
+    }
+    found = folder_circles(edges, folders={"torchlaunch", "torchlaunch.low", "torchlaunch.high"})
+    assert found == [["torchlaunch.high", "torchlaunch.low"]]

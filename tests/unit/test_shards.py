@@ -1,4 +1,4 @@
-"""Tar shards (torchlaunch.shards): writer, offset index, random-access reader, decoder, verify, and
+"""Tar shards (torchlaunch.data.shards): writer, offset index, random-access reader, decoder, verify, and
 every bad-shard case as one line + exit 2. Small generated sets and a few hundred shared CIFAR-10
 JPEGs; everything on CPU, real files (FIFOs and symlinks included), no mocks."""
 
@@ -15,11 +15,11 @@ import pytest
 from PIL import Image
 
 from tests.conftest import error_lines, shared_tarball
+from torchlaunch.data.shards import ShardError, ShardSet, decode
+from torchlaunch.data.shards.cli import main as shards_main
+from torchlaunch.data.shards.index import INDEX_SUFFIX, SET_INDEX
+from torchlaunch.data.shards.writer import write
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.shards import ShardError, ShardSet, decode
-from torchlaunch.shards.cli import main as shards_main
-from torchlaunch.shards.index import INDEX_SUFFIX, SET_INDEX
-from torchlaunch.shards.writer import write
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,13 +20,13 @@ from PIL import Image
 
 from tests.conftest import error_lines
 from torchlaunch import config as config_mod
+from torchlaunch.data.shards import ShardError, ShardSet
+from torchlaunch.data.shards import index as shard_index
+from torchlaunch.data.shards.bounds import MAX_CLASSES
+from torchlaunch.data.shards.cli import main as shards_main
+from torchlaunch.data.shards.index import ALIGN, INDEX_SUFFIX, MAGIC, PREAMBLE, SET_INDEX, load, pack
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import precheck
-from torchlaunch.shards import ShardError, ShardSet
-from torchlaunch.shards import index as shard_index
-from torchlaunch.shards.bounds import MAX_CLASSES
-from torchlaunch.shards.cli import main as shards_main
-from torchlaunch.shards.index import ALIGN, INDEX_SUFFIX, MAGIC, PREAMBLE, SET_INDEX, load, pack
 from torchlaunch.tools.doctor import plugin_facts
 from torchlaunch.worker.datacheck import check_shards
 
@@ -289,7 +289,7 @@ def test_unwritable_out_is_one_line(
 ) -> None:
     """The first write into --out (its plan) meets the OS error, as on a root-owned or read-only mount
     (tests may run as root, where chmod would not refuse)."""
-    from torchlaunch.shards import writer
+    from torchlaunch.data.shards import writer
 
     def refuse(path, *a, **k):
         raise OSError(code, os.strerror(code), str(path))

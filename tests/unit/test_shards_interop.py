@@ -14,10 +14,10 @@ from PIL import Image
 
 from torchlaunch import config as config_mod
 from torchlaunch.config import DataConfig
+from torchlaunch.data.shards import ShardError, ShardSet
+from torchlaunch.data.shards.cli import main as shards_main
+from torchlaunch.data.shards.index import WIDS_INDEX
 from torchlaunch.exit_codes import ConfigError
-from torchlaunch.shards import ShardError, ShardSet
-from torchlaunch.shards.cli import main as shards_main
-from torchlaunch.shards.index import WIDS_INDEX
 from torchlaunch.worker.datacheck import check_data
 
 wds = pytest.importorskip("webdataset")
@@ -146,7 +146,7 @@ def test_wids_reads_the_emitted_shard_list(tmp_path: Path, capsys) -> None:
 
 
 def test_the_writer_emits_the_wids_shard_list(tmp_path: Path) -> None:
-    from torchlaunch.shards.writer import write
+    from torchlaunch.data.shards.writer import write
 
     for c in range(2):
         (tmp_path / "src" / f"c{c}").mkdir(parents=True)

@@ -25,7 +25,7 @@ from fractions import Fraction
 
 import torch
 
-from torchlaunch.config import ConfigError
+from torchlaunch.exit_codes import ConfigError
 
 CROP_PADDING = 4
 RESIZED_ATTEMPTS = 10

@@ -15,13 +15,14 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import ConfigError
 
-if TYPE_CHECKING:
-    from torchlaunch.config import DataConfig
+DataConfig = Any
+"""The run's data section (torchlaunch.data.section.data_config()): composed from the registered
+formats' own sections, so it has no static type here."""
 
 PLUGIN = "pkg.module:factory"
 """The key of the plug-in format: every `data.name` that is an import path (has a colon) is read by it."""
@@ -59,6 +60,11 @@ class DataFormat:
     """A few words for messages, e.g. "generated images"."""
     validate: Callable[[DataConfig], None] | None = None
     """Config checks of this format's own keys (raise ConfigError), run by torchlaunch.config.validate."""
+    options: type | None = None
+    """This format's own config section: a dataclass whose fields (each with its rule in its metadata,
+    torchlaunch.base.rules, and a docstring under it) are the format's keys, flat under `data.`
+    (data.download, data.shard_label). torchlaunch.data.section joins them with the shared keys; a key
+    another section already has is refused there. None: the format has no keys of its own."""
 
 
 _FORMATS: dict[str, DataFormat] = {}
@@ -100,6 +106,11 @@ def get(name: str) -> DataFormat:
             "data.name", f"unknown value {quote(name)}", f"choose one of: {', '.join([*names(), PLUGIN])}"
         )
     return fmt
+
+
+def options() -> tuple[type, ...]:
+    """The config sections of the registered formats, in registration order (torchlaunch.data.section)."""
+    return tuple(f.options for f in _FORMATS.values() if f.options is not None)
 
 
 def detect(root: Path) -> str:

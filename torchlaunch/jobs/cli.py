@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from torchlaunch import backends
 from torchlaunch.base.files import printable
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, BadInput
 from torchlaunch.exit_codes import LaunchParser as Parser
-from torchlaunch.jobs import gather, ranklog, record, state, watchdog
+from torchlaunch.jobs import gather, ranklog, record, schedulers, state, watchdog
 
 FOLLOW_POLL_S = 0.5
 
@@ -157,7 +156,7 @@ def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
 def _scheduler_output(run: Path) -> str:
     """`; the scheduler's own output: PATHS` when the newest launch's scheduler keeps files of its own."""
     nodes = state.current_launch(record.read_all(run)[0])
-    backend = backends.get(nodes[0].scheduler) if nodes else None
+    backend = schedulers.get(nodes[0].scheduler) if nodes else None
     found = backend.logs(run, nodes[0].job_id) if backend is not None else []
     return f"; the scheduler's own output: {printable(' '.join(map(str, found[:8])))}" if found else ""
 
@@ -181,11 +180,11 @@ def follow(run: Path, rank: int | None, out: IO[str]) -> int:
             time.sleep(FOLLOW_POLL_S)  # waiting for new output, not synchronising with anything
 
 
-def cancel_plan(run: Path, st: state.Status, nodes: Sequence[record.JobRecord]) -> list[backends.Step]:
-    """What a clean stop takes, as the record's scheduler says (torchlaunch.backends): SIGTERM to a
+def cancel_plan(run: Path, st: state.Status, nodes: Sequence[record.JobRecord]) -> list[schedulers.Step]:
+    """What a clean stop takes, as the record's scheduler says (torchlaunch.jobs.schedulers): SIGTERM to a
     launcher on this host, a scheduler command to run, or a command the user must run elsewhere."""
     node0 = min(nodes, key=lambda r: r.node_rank)
-    backend = backends.get(node0.scheduler) or backends.get("local")
+    backend = schedulers.get(node0.scheduler) or schedulers.get("local")
     assert backend is not None
     return backend.cancel(run, nodes)
 

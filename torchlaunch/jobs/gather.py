@@ -11,9 +11,9 @@ import json
 import time
 from pathlib import Path
 
-from torchlaunch import backends, rundir
+from torchlaunch import rundir
 from torchlaunch.base.files import as_int, read_json, read_range
-from torchlaunch.jobs import progress, record
+from torchlaunch.jobs import progress, record, schedulers
 from torchlaunch.jobs.state import WORLD_EVENT, Checkpoint, Facts, WorldChange, current_launch
 
 METRICS_TAIL_BYTES = 64 << 20
@@ -85,9 +85,9 @@ def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def scheduler_state(rec: record.JobRecord) -> backends.JobState | None:
+def scheduler_state(rec: record.JobRecord) -> schedulers.JobState | None:
     """What the record's scheduler says about its job (None: no job id, or it cannot say)."""
-    backend = backends.get(rec.scheduler)
+    backend = schedulers.get(rec.scheduler)
     return backend.state(rec.job_id, rec.extra) if backend is not None and rec.job_id else None
 
 

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from torchlaunch import backends, contract, exit_codes, rundir
+from torchlaunch import contract, exit_codes, rundir
 from torchlaunch.base import storage
 from torchlaunch.exit_codes import BAD_INPUT, OK
-from torchlaunch.jobs import progress, proof, ranklog, record, watchdog
+from torchlaunch.jobs import progress, proof, ranklog, record, schedulers, watchdog
 
 OnHang = Callable[[watchdog.Verdict, Path, list[progress.RankBeat]], None]
 """Called from the watchdog's thread after the dump: end the hung ranks (watchdog.kill_ranks)."""
@@ -80,7 +80,7 @@ class Operation:
     def start(self, on_hang: OnHang | None = None) -> record.JobRecord:
         """Record the launch; with `on_hang` (usually watchdog.kill_ranks), watch the node's ranks."""
         self.record = record.start(self.run_dir, **self._args, token=self.token)  # type: ignore[arg-type]
-        backend = backends.get(self.record.scheduler)
+        backend = schedulers.get(self.record.scheduler)
         if backend is not None and self.record.job_id and self.record.node_rank == 0:
             backend.claim(self.record.job_id, self.run_dir)  # lets `cancel` prove the job is this run's
         if on_hang is not None and self.hang_timeout != 0:

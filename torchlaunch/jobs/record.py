@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import backends, contract, rundir
+from torchlaunch import contract, rundir
 from torchlaunch.base import procs
 from torchlaunch.base.files import as_float, as_int, as_str, read_json
-from torchlaunch.jobs import proof
+from torchlaunch.jobs import proof, schedulers
 
 VERSION = 1
 JOB_DIR = rundir.JOB
@@ -76,7 +76,7 @@ class JobRecord:
         extra = data.get("extra")
         return cls(
             launch_id=launch_id,
-            scheduler=scheduler if backends.get(scheduler) is not None else "local",
+            scheduler=scheduler if schedulers.get(scheduler) is not None else "local",
             job_id=as_str(data.get("job_id"), 256),
             host=as_str(data.get("host"), 256),
             node_rank=as_int(data.get("node_rank"), 0, MAX_NODES) or 0,
@@ -99,7 +99,7 @@ class JobRecord:
     def launcher_alive(self) -> bool | None:
         """True/False when this host can tell (a local launcher on this host), else None: under Slurm
         or Kubernetes the scheduler answers for the job (the submitting process may be long gone)."""
-        backend = backends.get(self.scheduler)
+        backend = schedulers.get(self.scheduler)
         if backend is None or not backend.by_pid or self.launcher_pid is None or self.host != socket.gethostname():
             return None
         return procs.same_process(self.launcher_pid, self.launcher_start)
@@ -111,8 +111,8 @@ K8S_NAMESPACE_ENV = contract.K8S_NAMESPACE
 
 def scheduler_from_env(env: Mapping[str, str]) -> tuple[str, str | None, dict[str, str]]:
     """(scheduler, job id, extra) of the launcher's own environment: the registered backend that
-    recognises it (a Kubernetes pod, a Slurm allocation...), else local (torchlaunch.backends)."""
-    found = backends.detect(env)
+    recognises it (a Kubernetes pod, a Slurm allocation...), else local (torchlaunch.jobs.schedulers)."""
+    found = schedulers.detect(env)
     return found.scheduler, found.job_id, dict(found.extra)
 
 
@@ -143,8 +143,8 @@ def start(
 ) -> JobRecord:
     """Record this launcher (this process) as running the job on this node; returns the record.
     `token` (given to the launcher's children, see jobs.proof) is recorded only as its digest."""
-    if backends.get(scheduler) is None:
-        raise ValueError(f"scheduler {scheduler!r} is not one of {backends.names()}")
+    if schedulers.get(scheduler) is None:
+        raise ValueError(f"scheduler {scheduler!r} is not one of {schedulers.names()}")
     pid = os.getpid()
     rec = JobRecord(
         launch_id=launch_id or new_launch_id(),

@@ -23,11 +23,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from torchlaunch.backends import JobState
 from torchlaunch.exit_codes import BAD_INPUT, PREEMPTED
 from torchlaunch.jobs import watchdog
 from torchlaunch.jobs.progress import RankBeat
 from torchlaunch.jobs.record import JobRecord, elastic_job
+from torchlaunch.jobs.schedulers import JobState
 
 STATES = (
     "pending",

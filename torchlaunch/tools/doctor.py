@@ -279,7 +279,7 @@ def plugin_facts(config: str | None, overrides: list[str]) -> list[dict[str, Any
     if cfg.data.name == "shards":  # the shard set's indexes, classes and first samples, as the pre-check reads them
         import pathlib
 
-        from torchlaunch.data.checks import check_shards
+        from torchlaunch.data.formats.shards import check_shards
 
         root = pathlib.Path(cfg.data.root).expanduser()
         try:

@@ -29,7 +29,7 @@ from typing import Any
 from torchlaunch import contract, rundir
 from torchlaunch.base.untrusted import quote
 from torchlaunch.config import from_dict
-from torchlaunch.data.formats import CIFAR_FOLDER
+from torchlaunch.data.formats.cifar10 import CIFAR_FOLDER
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, ArgumentParser, BadInput
 
 

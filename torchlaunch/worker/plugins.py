@@ -308,9 +308,9 @@ def load_data(path: str, root: str, image_size: int) -> PluginData:
     result.classes = list(classes)
     for split in ("train", "val"):
         ds = getattr(result, split)
-        from torchlaunch.worker.data.shards import is_shard_set
+        from torchlaunch.data.shards.reader import is_shard_set
 
-        if is_shard_set(ds):  # a torchlaunch.shards.ShardSet as the storage: its index was checked on open
+        if is_shard_set(ds):  # a torchlaunch.data.shards.ShardSet as the storage: its index was checked on open
             if len(ds) == 0:
                 raise ConfigError(
                     "data.name", f"factory {path!r}: the {split} shard set is empty", "return non-empty shard sets"
@@ -320,7 +320,7 @@ def load_data(path: str, root: str, image_size: int) -> PluginData:
             raise ConfigError(
                 "data.name",
                 f"factory {path!r}: the {split} split is a {type(ds).__name__}, not a map-style dataset",
-                "return objects with __len__ and __getitem__ (e.g. a torch.utils.data.Dataset) or a torchlaunch.shards.ShardSet",
+                "return objects with __len__ and __getitem__ (e.g. a torch.utils.data.Dataset) or a torchlaunch.data.shards.ShardSet",
             )
         if len(ds) == 0:
             raise ConfigError(

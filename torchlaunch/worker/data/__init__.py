@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torchlaunch.config import DataConfig
 from torchlaunch.core.sampler import CROP_PADDING, BatchPlan, mix_seed
-from torchlaunch.data.checks import cifar10_missing_message
 from torchlaunch.data.folders import DECODE_ERRORS, IMAGE_EXTENSIONS, decode_error, scan_imagefolder
+from torchlaunch.data.formats.cifar10 import cifar10_missing_message
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.data.augment import Normalizer, augment, cutout
 from torchlaunch.worker.data.base import (

@@ -87,7 +87,7 @@ def decode_box(
     opened by PIL and decoded to a tensor (tensor_decodable); everything else, and whatever the tensor
     decoder refuses, is decoded by PIL with the box's draft, as shards.decode does, with its ShardError
     naming `where` for bad data."""
-    from torchlaunch.shards.decode import decode, finish, open_lazy
+    from torchlaunch.data.shards.decode import decode, finish, open_lazy
 
     request = draft_request(width, height, box[2], box[3], size)
     if whole_pixels(box) and not drafted(width, height, request) and jpeg.plain_size(data) == (width, height):

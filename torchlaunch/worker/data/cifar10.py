@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from torchlaunch.config import DataConfig
-from torchlaunch.data.checks import cifar10_missing_message  # shared with the launchers' pre-spawn check
+from torchlaunch.data.formats.cifar10 import cifar10_missing_message  # shared with the launchers' pre-spawn check
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.data.base import DataBundle, ImageSet
 

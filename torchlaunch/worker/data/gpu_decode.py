@@ -58,8 +58,8 @@ def _is_shards(source: list[str] | SampleReader) -> bool:
 def _bad(where: str, e: BaseException, shard: bool) -> Exception:
     """An undecodable sample named as the CPU path names it (shard member or image file), exit 2."""
     if shard:
-        from torchlaunch.shards.decode import FIX
-        from torchlaunch.shards.errors import ShardError
+        from torchlaunch.data.shards.decode import FIX
+        from torchlaunch.data.shards.errors import ShardError
 
         return ShardError(f"{where} cannot be decoded ({type(e).__name__}: {e})", FIX)
     return decode_error(where, e)

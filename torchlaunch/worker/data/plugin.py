@@ -10,8 +10,9 @@ import torch
 from PIL import Image
 
 from torchlaunch.config import ConfigError, DataConfig
+from torchlaunch.data.shards.reader import is_shard_set
 from torchlaunch.worker.data.base import DataBundle, ImageSet, SampleReader, channel_stats
-from torchlaunch.worker.data.shards import is_shard_set, probe_stats, shard_split
+from torchlaunch.worker.data.shards import probe_stats, shard_split
 
 
 class PluginSamples(SampleReader):

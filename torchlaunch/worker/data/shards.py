@@ -1,4 +1,4 @@
-"""The `shards` reader: a tar shard set (torchlaunch.shards) read by random access, sample by sample,
+"""The `shards` reader: a tar shard set (torchlaunch.data.shards) read by random access, sample by sample,
 in DataLoader workers. `data.root` holds manifest.json, train/ and val/ (python -m train.shards write).
 
 A shard set is never decoded into memory: the point of shards is data that does not fit there. Each
@@ -24,7 +24,7 @@ few dozen give the channel means to ~1e-2, and start-up must not read thousands.
 
 
 class ShardSamples(SampleReader):
-    """Positions of a ShardSet (the reader interface over torchlaunch.shards.ShardSet): position i is
+    """Positions of a ShardSet (the reader interface over torchlaunch.data.shards.ShardSet): position i is
     sample index[i] of the set. Pickles cheaply into DataLoader workers (the set reopens its file
     descriptors per process)."""
 
@@ -40,7 +40,7 @@ class ShardSamples(SampleReader):
         return ShardSamples(self.shards, self.index[np.asarray(positions, dtype=np.int64)])
 
     def open(self, i: int, draft_to: tuple[int, int] | None = None) -> Image.Image:
-        from torchlaunch.shards import decode
+        from torchlaunch.data.shards import decode
 
         j = int(self.index[i])
         return decode(self.shards.read(j), self.shards.where(j), draft_to)
@@ -60,11 +60,6 @@ class ShardSamples(SampleReader):
         return torch.from_numpy(np.asarray(self.shards.labels, dtype=np.int64)[self.index])
 
 
-def is_shard_set(obj: Any) -> bool:
-    """A ShardSet-like split (what a plug-in factory may return as storage): labels, sizes, read, where."""
-    return all(hasattr(obj, a) for a in ("labels", "sizes", "read", "where", "fingerprint"))
-
-
 def shard_split(shards: Any, n: int = 0) -> ImageSet:
     """The first n samples (0 = all) of a ShardSet as the per-sample ImageSet."""
     samples = ShardSamples(shards)
@@ -81,7 +76,7 @@ def probe_stats(train: ImageSet, size: int) -> tuple[tuple[float, ...], tuple[fl
 def open_splits(root: Path, label: str | None = "cls") -> tuple[Any, Any]:
     """The train and val ShardSets under root (labels from `label`, data.shard_label; None: as indexed);
     ShardError (one line, exit 2) names what is wrong."""
-    from torchlaunch.shards import ShardSet
+    from torchlaunch.data.shards import ShardSet
 
     train = ShardSet.open(root / "train", label=label, remember=True)
     val = ShardSet.open(root / "val", label=label, remember=True)

@@ -89,7 +89,7 @@ def run(argv: list[str] | None) -> int:
 def command(args) -> int:
     if args.command == "write":
         check(args)
-        from torchlaunch.shards.writer import write
+        from torchlaunch.data.shards.writer import write
 
         write(
             args.src.expanduser(),
@@ -103,7 +103,7 @@ def command(args) -> int:
             workers=args.workers or len(os.sched_getaffinity(0)),
         )
         return OK
-    from torchlaunch.shards.verify import index_folder, verify_folder
+    from torchlaunch.data.shards.verify import index_folder, verify_folder
 
     if args.command == "index":
         n = index_folder(

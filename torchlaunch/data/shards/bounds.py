@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlaunch.shards.errors import ShardError
+from torchlaunch.data.shards.errors import ShardError
 
 MAX_CLASSES = 1 << 20
 """Most classes a set may have (labels 0..MAX_CLASSES-1): far above any image-classification set

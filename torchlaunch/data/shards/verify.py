@@ -9,10 +9,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchlaunch.shards.decode import decode
-from torchlaunch.shards.errors import ShardError
-from torchlaunch.shards.fsio import open_regular, regular_size
-from torchlaunch.shards.index import (
+from torchlaunch.data.shards.decode import decode
+from torchlaunch.data.shards.errors import ShardError
+from torchlaunch.data.shards.fsio import open_regular, regular_size
+from torchlaunch.data.shards.index import (
     DEFAULT_LABEL,
     REINDEX,
     Index,
@@ -23,8 +23,8 @@ from torchlaunch.shards.index import (
     write_set_index,
     write_shard_index,
 )
-from torchlaunch.shards.reader import ShardSet, list_shards, read_manifest
-from torchlaunch.shards.record import SUMS, read_sums, repair_fix
+from torchlaunch.data.shards.reader import ShardSet, list_shards, read_manifest
+from torchlaunch.data.shards.record import SUMS, read_sums, repair_fix
 
 
 def split_folders(root: Path) -> list[Path]:

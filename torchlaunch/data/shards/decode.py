@@ -22,7 +22,7 @@ from io import BytesIO
 import numpy as np
 from PIL import Image
 
-from torchlaunch.shards.errors import ShardError
+from torchlaunch.data.shards.errors import ShardError
 
 FIX = "replace that image: rewrite the shard with python -m train.shards write, or remove the sample"
 

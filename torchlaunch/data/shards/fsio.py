@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from torchlaunch.shards.errors import ShardError
+from torchlaunch.data.shards.errors import ShardError
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 

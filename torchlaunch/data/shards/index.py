@@ -40,10 +40,10 @@ import xxhash
 from PIL import Image
 
 from torchlaunch.base.untrusted import load_json, quote
-from torchlaunch.config import shard_label_parts
-from torchlaunch.shards.bounds import MAX_CLASSES, check_index, column_layout
-from torchlaunch.shards.errors import ShardError, shown
-from torchlaunch.shards.fsio import open_regular, write_durable
+from torchlaunch.data.shard_label import shard_label_parts
+from torchlaunch.data.shards.bounds import MAX_CLASSES, check_index, column_layout
+from torchlaunch.data.shards.errors import ShardError, shown
+from torchlaunch.data.shards.fsio import open_regular, write_durable
 
 MAGIC = b"TLSHIDX1"
 VERSION = 1
@@ -280,7 +280,7 @@ def _utf8(key: str) -> bool:
 
 
 def label_source(label: str) -> tuple[tuple[str, ...], str | None]:
-    """The parsed `--label` / data.shard_label (torchlaunch.config.shard_label_parts); ShardError if bad."""
+    """The parsed `--label` / data.shard_label (torchlaunch.data.shard_label); ShardError if bad."""
     parts = shard_label_parts(label)
     if parts is None:
         raise ShardError(f"label source {label!r} is not EXT or EXT:FIELD", "e.g. --label cls or --label json:label")

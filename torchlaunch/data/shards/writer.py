@@ -35,14 +35,14 @@ from torchlaunch.base.files import read_json
 from torchlaunch.base.storage import refusal
 from torchlaunch.base.untrusted import quote
 from torchlaunch.data.folders import decode_error, scan_imagefolder
+from torchlaunch.data.shards.decode import to_rgb
+from torchlaunch.data.shards.errors import ShardError
+from torchlaunch.data.shards.fsio import fsync_dir
+from torchlaunch.data.shards.index import SET_INDEX, index_path, load, matches, write_set_index, write_shard_index
+from torchlaunch.data.shards.reader import MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION
+from torchlaunch.data.shards.record import WRITE_PLAN, read_sums, write_sums
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.rundir import check_real_folder, write_json
-from torchlaunch.shards.decode import to_rgb
-from torchlaunch.shards.errors import ShardError
-from torchlaunch.shards.fsio import fsync_dir
-from torchlaunch.shards.index import SET_INDEX, index_path, load, matches, write_set_index, write_shard_index
-from torchlaunch.shards.reader import MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION
-from torchlaunch.shards.record import WRITE_PLAN, read_sums, write_sums
 
 PLAN = WRITE_PLAN
 TAR_OVERHEAD = 2048

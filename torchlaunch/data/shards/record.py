@@ -17,8 +17,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from torchlaunch.shards.errors import ShardError
-from torchlaunch.shards.fsio import read_all, regular_size, write_durable
+from torchlaunch.data.shards.errors import ShardError
+from torchlaunch.data.shards.fsio import read_all, regular_size, write_durable
 
 SUMS = "written.xxh3"
 WRITE_PLAN = ".write-plan.json"

@@ -25,11 +25,9 @@ import numpy as np
 import xxhash
 
 from torchlaunch.base.files import read_json
-from torchlaunch.exit_codes import BadInput
-from torchlaunch.rundir import check_real_folder
-from torchlaunch.shards.errors import ShardError, shown
-from torchlaunch.shards.fsio import open_regular, regular_size
-from torchlaunch.shards.index import (
+from torchlaunch.data.shards.errors import ShardError, shown
+from torchlaunch.data.shards.fsio import open_regular, regular_size
+from torchlaunch.data.shards.index import (
     DEFAULT_LABEL,
     EXTS,
     INDEX_SUFFIX,
@@ -44,7 +42,9 @@ from torchlaunch.shards.index import (
     split_name,
     write_set_index,
 )
-from torchlaunch.shards.record import WRITE_PLAN
+from torchlaunch.data.shards.record import WRITE_PLAN
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.rundir import check_real_folder
 
 MAX_FDS = 64
 MANIFEST = "manifest.json"
@@ -398,3 +398,10 @@ class ShardSet:
             for fd in self._fds.values():
                 os.close(fd)
         self._fds = OrderedDict()
+
+
+def is_shard_set(obj: Any) -> bool:
+    """A ShardSet-like split (what a plug-in factory may return as storage): labels, sizes, read, where.
+    Asked by the plug-in resolver (torchlaunch.worker.plugins) and the plug-in reader alike, so it sits
+    with ShardSet, below both."""
+    return all(hasattr(obj, a) for a in ("labels", "sizes", "read", "where", "fingerprint"))
