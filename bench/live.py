@@ -1,0 +1,182 @@
+"""Live recovery (recovery.live): a rank's process SIGKILLed from outside -> first step done on the survivor.
+
+    python -m bench.live                 # 3 rounds each of losing rank 1 and rank 0, 2 -> 1 ranks
+    python -m bench.live --rounds 1 --heartbeat-timeout 0.5
+
+launch.local runs the built-in worker on 2 CPU ranks (gloo, loopback, synthetic 16 px images, a GroupNorm
+CNN) in live mode. This process polls the victim's batch trace (debug.trace_batches) until it holds
+global step KILL_AT, reads the victim's PID from its heartbeat file (RUN_DIR/progress/rank-N.json) and
+SIGKILLs it. The survivor writes RUN_DIR/live/events-rank<r>.jsonl: `regrouped` (the new group formed)
+and `stepped` (its first step on the new group done). The figure is stepped.time - the kill's time.
+
+Where the time goes: gloo reports the lost peer at once (a transport error); the membership service
+(torchft's Lighthouse) forms the new group once the lost rank's heartbeats lapse (recovery.
+heartbeat_timeout_s, 1 s by default); the process group is re-formed in ~1 ms; the step re-runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KILL_AT = 12
+"""The global step whose trace line (written as the step starts) triggers the kill."""
+STEPS = 64
+
+
+def config_text(run_dir: Path, live: bool = True, heartbeat_timeout_s: float = 1.0) -> str:
+    """A small recipe: 64 steps of 16 samples (8 per rank), checkpoints only at the end."""
+    return f"""run_dir: {json.dumps(str(run_dir))}
+seed: 0
+data:
+  name: synthetic
+  synthetic_train_size: {STEPS * 16}
+  synthetic_val_size: 64
+  image_size: 16
+model:
+  name: examples.my_models:tiny_gn_cnn
+  width: 8
+optim:
+  name: sgd
+  lr: 0.05
+train:
+  epochs: 1
+  batch_size: 16
+  precision: fp32
+  channels_last: false
+  log_every_steps: 8
+checkpoint:
+  every_steps: 0
+debug:
+  trace_batches: true
+recovery:
+  live: {str(live).lower()}
+  heartbeat_timeout_s: {heartbeat_timeout_s}
+"""
+
+
+@dataclass
+class LiveRun:
+    run_dir: Path
+    code: int
+    stderr: str
+    killed_at: float | None
+    """time.time() of the SIGKILL, None when nothing was killed."""
+
+    def events(self) -> list[dict]:
+        found = []
+        for path in sorted((self.run_dir / "live").glob("events-rank*.jsonl")):
+            found += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return found
+
+    def recovery_s(self) -> float | None:
+        """SIGKILL -> the survivor's first step on the new group done."""
+        stepped = [e["time"] for e in self.events() if e["event"] == "stepped"]
+        if self.killed_at is None or not stepped:
+            return None
+        return min(stepped) - self.killed_at
+
+    def regroup_s(self) -> float | None:
+        """SIGKILL -> the new group formed."""
+        done = [e["time"] for e in self.events() if e["event"] == "regrouped"]
+        return min(done) - self.killed_at if self.killed_at is not None and done else None
+
+
+def traced_step(trace: Path) -> int:
+    """The newest global step in a rank's batch trace (0 before the first)."""
+    try:
+        lines = trace.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            continue  # a line being written
+    return 0
+
+
+def pid_of(run_dir: Path, rank: int) -> int:
+    return int(json.loads((run_dir / "progress" / f"rank-{rank}.json").read_text())["pid"])
+
+
+def run(
+    run_dir: Path,
+    victim: int | None,
+    kill_at: int = KILL_AT,
+    timeout_s: float = 240.0,
+    heartbeat_timeout_s: float = 1.0,
+    live: bool = True,
+) -> LiveRun:
+    """One launch.local run of 2 ranks; SIGKILL rank `victim` once its trace reaches `kill_at`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe = run_dir.parent / f"{run_dir.name}.yaml"
+    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s))
+    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed_at = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while victim is not None and killed_at is None and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {victim} never reached step {kill_at}")
+            if traced_step(run_dir / "trace" / f"rank{victim}.jsonl") >= kill_at:
+                os.kill(pid_of(run_dir, victim), signal.SIGKILL)
+                killed_at = time.time()
+            time.sleep(0.005)
+        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return LiveRun(run_dir, proc.returncode, out, killed_at)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.live", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--heartbeat-timeout", type=float, default=1.0, help="recovery.heartbeat_timeout_s")
+    parser.add_argument("--out", default="/tmp/torchlaunch-bench-live")
+    args = parser.parse_args(argv)
+    root = Path(args.out)
+    figures: dict[int, list[float]] = {0: [], 1: []}
+    for round_ in range(args.rounds):
+        for victim in (1, 0):
+            run_dir = root / f"r{round_}-kill{victim}"
+            if run_dir.exists():
+                import shutil
+
+                shutil.rmtree(run_dir)
+            result = run(run_dir, victim, heartbeat_timeout_s=args.heartbeat_timeout)
+            seconds = result.recovery_s()
+            if result.code != 0 or seconds is None:
+                print(result.stderr[-3000:], file=sys.stderr)
+                print(f"round {round_} kill rank {victim}: exit {result.code}, no recovery measured", file=sys.stderr)
+                return 1
+            figures[victim].append(seconds)
+            print(
+                f"round {round_}: SIGKILL rank {victim} -> group re-formed {result.regroup_s():.2f} s, "
+                f"first step done on the survivor {seconds:.2f} s (exit {result.code})",
+                flush=True,
+            )
+    for victim, values in figures.items():
+        print(
+            f"kill rank {victim} -> first step on the survivor: median {statistics.median(values):.2f} s "
+            f"[{min(values):.2f}-{max(values):.2f}] over {len(values)} round(s), heartbeat timeout "
+            f"{args.heartbeat_timeout:g} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
