@@ -71,6 +71,8 @@ class LiveRun:
     stderr: str
     killed_at: float | None
     """time.time() of the SIGKILL, None when nothing was killed."""
+    survivor_pid: int | None = None
+    """The other rank's PID when the victim was killed: the same process must finish the run."""
 
     def events(self) -> list[dict]:
         found = []
@@ -124,13 +126,14 @@ def run(
     argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed_at = None
+    killed_at, survivor_pid = None, None
     deadline = time.monotonic() + timeout_s
     try:
         while victim is not None and killed_at is None and proc.poll() is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {victim} never reached step {kill_at}")
             if traced_step(run_dir / "trace" / f"rank{victim}.jsonl") >= kill_at:
+                survivor_pid = pid_of(run_dir, 1 - victim)
                 os.kill(pid_of(run_dir, victim), signal.SIGKILL)
                 killed_at = time.time()
             time.sleep(0.005)
@@ -139,7 +142,7 @@ def run(
         proc.kill()
         proc.communicate()
         raise
-    return LiveRun(run_dir, proc.returncode, out, killed_at)
+    return LiveRun(run_dir, proc.returncode, out, killed_at, survivor_pid)
 
 
 def main(argv: list[str] | None = None) -> int:
