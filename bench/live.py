@@ -33,13 +33,13 @@ KILL_AT = 12
 STEPS = 64
 
 
-def config_text(run_dir: Path, live: bool = True, heartbeat_timeout_s: float = 1.0) -> str:
-    """A small recipe: 64 steps of 16 samples (8 per rank), checkpoints only at the end."""
+def config_text(run_dir: Path, live: bool = True, heartbeat_timeout_s: float = 1.0, steps: int = STEPS) -> str:
+    """A small recipe: `steps` steps of 16 samples (8 per rank), checkpoints only at the end."""
     return f"""run_dir: {json.dumps(str(run_dir))}
 seed: 0
 data:
   name: synthetic
-  synthetic_train_size: {STEPS * 16}
+  synthetic_train_size: {steps * 16}
   synthetic_val_size: 64
   image_size: 16
 model:
@@ -73,6 +73,8 @@ class LiveRun:
     """time.time() of the SIGKILL, None when nothing was killed."""
     survivor_pid: int | None = None
     """The other rank's PID when the victim was killed: the same process must finish the run."""
+    service_restarted: bool = False
+    """The membership service was killed (service_kill_at) and its agent started a new one."""
 
     def events(self) -> list[dict]:
         found = []
@@ -111,6 +113,34 @@ def pid_of(run_dir: Path, rank: int) -> int:
     return int(json.loads((run_dir / "progress" / f"rank-{rank}.json").read_text())["pid"])
 
 
+SERVICE_MODULE = "torchlaunch.core.recovery.lighthouse"
+
+
+def service_pids(launcher_pid: int) -> list[int]:
+    """The membership service's process(es) under a launcher (its live agent's child)."""
+    from torchlaunch import pdeath
+
+    found = []
+    for pid in pdeath.descendants(launcher_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if SERVICE_MODULE.encode() in argv:
+            found.append(pid)
+    return found
+
+
+def restart_service(launcher_pid: int, deadline: float) -> None:
+    """SIGKILL the membership service and wait for its agent to start another (soft state)."""
+    (old,) = service_pids(launcher_pid)
+    os.kill(old, signal.SIGKILL)
+    while not [pid for pid in service_pids(launcher_pid) if pid != old]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the live agent did not restart the membership service")
+        time.sleep(0.01)
+
+
 def run(
     run_dir: Path,
     victim: int | None,
@@ -118,21 +148,29 @@ def run(
     timeout_s: float = 240.0,
     heartbeat_timeout_s: float = 1.0,
     live: bool = True,
+    steps: int = STEPS,
+    service_kill_at: int | None = None,
 ) -> LiveRun:
-    """One launch.local run of 2 ranks; SIGKILL rank `victim` once its trace reaches `kill_at`."""
+    """One launch.local run of 2 ranks; SIGKILL rank `victim` once its trace reaches `kill_at`, and
+    before that (`service_kill_at`: the victim's traced step) the membership service."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
-    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s))
+    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps))
     argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed_at, survivor_pid = None, None
+    killed_at, survivor_pid, restarted = None, None, False
     deadline = time.monotonic() + timeout_s
     try:
         while victim is not None and killed_at is None and proc.poll() is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {victim} never reached step {kill_at}")
-            if traced_step(run_dir / "trace" / f"rank{victim}.jsonl") >= kill_at:
+            step = traced_step(run_dir / "trace" / f"rank{victim}.jsonl")
+            if service_kill_at is not None and not restarted and step >= service_kill_at:
+                restart_service(proc.pid, deadline)
+                restarted = True
+                kill_at = max(kill_at, traced_step(run_dir / "trace" / f"rank{victim}.jsonl") + 10)
+            elif step >= kill_at:
                 survivor_pid = pid_of(run_dir, 1 - victim)
                 os.kill(pid_of(run_dir, victim), signal.SIGKILL)
                 killed_at = time.time()
@@ -142,7 +180,7 @@ def run(
         proc.kill()
         proc.communicate()
         raise
-    return LiveRun(run_dir, proc.returncode, out, killed_at, survivor_pid)
+    return LiveRun(run_dir, proc.returncode, out, killed_at, survivor_pid, restarted)
 
 
 def main(argv: list[str] | None = None) -> int:

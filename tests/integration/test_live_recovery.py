@@ -58,13 +58,18 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> live.LiveRun:
     return result
 
 
-def test_the_uninterrupted_run_trains_the_plan(reference: live.LiveRun) -> None:
-    plan = BatchPlan(live.STEPS * 16, 16, 0)
+def assert_trains_the_plan(run_dir: Path, steps: int) -> None:
+    """Every global step trained exactly the plan's samples, once each."""
+    plan = BatchPlan(steps * 16, 16, 0)
     perm = plan.permutation(0)
-    steps = step_samples(reference.run_dir)
-    assert sorted(steps) == list(range(1, live.STEPS + 1))
-    for step, samples in steps.items():
+    traced = step_samples(run_dir)
+    assert sorted(traced) == list(range(1, steps + 1))
+    for step, samples in traced.items():
         assert sorted(samples) == sorted(plan.step_indices(perm, step - 1).tolist())
+
+
+def test_the_uninterrupted_run_trains_the_plan(reference: live.LiveRun) -> None:
+    assert_trains_the_plan(reference.run_dir, live.STEPS)
     assert not reference.events(), "nothing was lost, nothing regrouped"
 
 
@@ -87,3 +92,17 @@ def test_a_killed_rank_costs_a_regroup_not_the_job(reference: live.LiveRun, vict
     for key in a:
         torch.testing.assert_close(a[key], b[key], **TOLERANCE, msg=lambda m, k=key: f"{k}: {m}")
     assert (result.run_dir / "checkpoints" / f"step-{live.STEPS:09d}").is_dir()
+
+
+def test_the_membership_service_restarts_and_rank_0_is_still_recovered(tmp_path: Path) -> None:
+    """The service is soft state beside the ranks: SIGKILLed, its agent starts it again on the same
+    address, the ranks' heartbeats fill it, and a later loss of rank 0 is recovered as before."""
+    steps = 384
+    result = live.run(tmp_path / "run", victim=0, kill_at=40, steps=steps, service_kill_at=10)
+    out = result.stderr
+    assert result.code == 0, out[-3000:]
+    assert result.service_restarted and "live: the membership service exited (-9); restarted" in out
+    assert "live: lost rank 0 (SIGKILL); the others finished" in out
+    regrouped = [e for e in result.events() if e["event"] == "regrouped"]
+    assert len(regrouped) == 1 and regrouped[0]["world"] == 1, regrouped
+    assert_trains_the_plan(result.run_dir, steps)

@@ -16,6 +16,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
 
 from torchlaunch.core.recovery.membership import Member, Quorum, sorted_members
@@ -23,6 +24,8 @@ from torchlaunch.core.recovery.membership import Member, Quorum, sorted_members
 HEARTBEATS_PER_TIMEOUT = 10
 """Heartbeats sent per heartbeat timeout: a live rank is never taken for lost by one late beat."""
 CONNECT_TIMEOUT_S = 10.0
+RETRY_S = 0.05
+"""Pause between quorum requests to a service that did not answer (being restarted)."""
 
 
 def _torchft():  # noqa: ANN202 - the module itself
@@ -62,15 +65,24 @@ class LighthouseMembership:
                 continue
 
     def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum:
-        try:
-            found = self._client.quorum(
-                replica_id=self.replica_id,
-                timeout=timedelta(seconds=timeout_s),
-                store_address=store_address,
-                step=step,
-            )
-        except Exception as e:  # a timeout or an unreachable service: the caller's failure
-            raise TimeoutError(f"no live group within {timeout_s:g} s from {self.address}: {e}") from None
+        """Ask until the service answers or `timeout_s` has passed: a service being restarted refuses
+        connections for a moment, and the client's first call after a restart fails once while it
+        reconnects (measured, torchft 0.2.0)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                found = self._client.quorum(
+                    replica_id=self.replica_id,
+                    timeout=timedelta(seconds=max(left, 0.1)),
+                    store_address=store_address,
+                    step=step,
+                )
+                break
+            except Exception as e:  # unreachable (retried) or timed out
+                if time.monotonic() + RETRY_S >= deadline:
+                    raise TimeoutError(f"no live group within {timeout_s:g} s from {self.address}: {e}") from None
+                time.sleep(RETRY_S)
         members = [Member(p.replica_id, p.store_address, int(p.step)) for p in found.participants]
         created = found.created
         token = f"{found.quorum_id}-{created.seconds}.{created.nanos:09d}"
