@@ -150,9 +150,11 @@ def run(
     live: bool = True,
     steps: int = STEPS,
     service_kill_at: int | None = None,
+    stop_at: int | None = None,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` once its trace reaches `kill_at`, and
-    before that (`service_kill_at`: the victim's traced step) the membership service."""
+    before that (`service_kill_at`: the victim's traced step) the membership service. `stop_at`: SIGTERM
+    the launcher at that traced step of rank 0 instead (a whole-job preemption)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
     recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps))
@@ -162,6 +164,13 @@ def run(
     killed_at, survivor_pid, restarted = None, None, False
     deadline = time.monotonic() + timeout_s
     try:
+        while stop_at is not None and killed_at is None and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 never reached step {stop_at}")
+            if traced_step(run_dir / "trace" / "rank0.jsonl") >= stop_at:
+                proc.send_signal(signal.SIGTERM)
+                killed_at = time.time()
+            time.sleep(0.005)
         while victim is not None and killed_at is None and proc.poll() is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {victim} never reached step {kill_at}")

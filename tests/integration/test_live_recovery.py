@@ -106,3 +106,20 @@ def test_the_membership_service_restarts_and_rank_0_is_still_recovered(tmp_path:
     regrouped = [e for e in result.events() if e["event"] == "regrouped"]
     assert len(regrouped) == 1 and regrouped[0]["world"] == 1, regrouped
     assert_trains_the_plan(result.run_dir, steps)
+
+
+def test_a_whole_job_stop_still_commits_and_resumes_exactly(reference: live.LiveRun, tmp_path: Path) -> None:
+    """Live mode keeps the preemption protocol: SIGTERM to the launcher, the ranks agree on a step,
+    commit one checkpoint and exit 75; the same command resumes and ends with the uninterrupted run's
+    weights, bit for bit (the world size did not change)."""
+    stopped = live.run(tmp_path / "run", victim=None, stop_at=20)
+    assert stopped.code == 75, stopped.stderr[-3000:]
+    assert "preempted with a committed checkpoint (exit 75)" in stopped.stderr
+    resumed = live.run(tmp_path / "run", victim=None)
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    assert (resumed.run_dir / "live" / "generation").read_text().strip() == "2"  # one group per attempt
+    assert step_samples(resumed.run_dir) == step_samples(reference.run_dir)
+    a = torch.load(resumed.run_dir / "model.pt", weights_only=True)
+    b = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -544,6 +544,7 @@ class Trainer:
         window.reset(p.global_step)
         if self.ctx.is_main and not old.is_main:
             log.promote(p.global_step)
+        log.world_changed(p.global_step, p.epoch, self.world, WorldSize.of(old), self.plan)  # `status` reads it
         regroup = Regroup(
             p.global_step + 1,
             old.rank,
