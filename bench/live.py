@@ -192,13 +192,52 @@ def run(
     return LiveRun(run_dir, proc.returncode, out, killed_at, survivor_pid, restarted)
 
 
+def images_per_s(run_dir: Path, skip: int = 2) -> float:
+    """Median training throughput of a run's log records, the first `skip` (warm-up) left out."""
+    rates = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "images_per_s" in record:
+            rates.append(record["images_per_s"])
+    return statistics.median(rates[skip:])
+
+
+def steady(root: Path, rounds: int, steps: int = 512) -> int:
+    """Steady-state throughput, live mode on ÷ off (DDP over shared memory, the default for 2 local CPU
+    ranks), nothing killed; interleaved rounds."""
+    import shutil
+
+    ratios = []
+    for round_ in range(rounds):
+        rates = {}
+        for on in (False, True):
+            run_dir = root / f"steady{round_}-{'on' if on else 'off'}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            result = run(run_dir, None, live=on, steps=steps)
+            if result.code != 0:
+                print(result.stderr[-3000:], file=sys.stderr)
+                return 1
+            rates[on] = images_per_s(run_dir)
+        ratios.append(rates[True] / rates[False])
+        print(
+            f"round {round_}: live on {rates[True]:,.0f} img/s, off {rates[False]:,.0f} img/s, ratio {ratios[-1]:.3f}"
+        )
+    print(
+        f"steady-state throughput live on ÷ off: median {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.live", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--heartbeat-timeout", type=float, default=1.0, help="recovery.heartbeat_timeout_s")
     parser.add_argument("--out", default="/tmp/torchlaunch-bench-live")
+    parser.add_argument("--steady", action="store_true", help="measure live on ÷ off throughput instead (no kill)")
     args = parser.parse_args(argv)
     root = Path(args.out)
+    if args.steady:
+        return steady(root, args.rounds)
     figures: dict[int, list[float]] = {0: [], 1: []}
     for round_ in range(args.rounds):
         for victim in (1, 0):

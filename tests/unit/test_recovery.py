@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import config as config_mod
+from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.backends.local import live as live_agent
 from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
 from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, Regroup, is_peer_lost, replan, seat
@@ -152,3 +153,9 @@ def test_live_mode_is_off_by_default_and_one_node_only() -> None:
         "-m",
         "torchlaunch.runner",
     ]
+
+
+def test_live_mode_without_torchft_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_launch.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(BadInput, match=r"needs torchft .*torchlaunch\[live\]"):
+        local_launch.require_live_extra()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import shlex
@@ -198,6 +199,15 @@ def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement
             "or set recovery.live=false"
         )
     return spec.gpus_per_node > 1
+
+
+def require_live_extra() -> None:
+    """Live mode's membership service is torchft's: one line before anything starts when it is missing."""
+    if importlib.util.find_spec("torchft") is None:
+        raise cli.error(
+            "recovery.live=true needs torchft (the membership service): pip install 'torchlaunch[live]' "
+            "(make install-live), or set recovery.live=false"
+        )
 
 
 def live_argv(spec: JobSpec, heartbeat_timeout_s: float, rdzv_run_id: str, *, python: str = "python") -> list[str]:
@@ -520,6 +530,8 @@ def launch(argv: Sequence[str]) -> int:
     module = PREFLIGHT if args.doctor else BUILTIN_WORKER
     rdzv = rendezvous_id(spec, planned.placement)
     live = live_mode(cfg, spec, planned.placement, args.doctor)
+    if live:
+        require_live_extra()
     if args.dry_run:
         if not args.doctor:  # the refusal a launch would make, nothing written
             config_mod.settle_resolved(cfg, reconfigure=args.reconfigure, write=False)
