@@ -7,7 +7,7 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train-local test test-all test-unit test-integration test-extended faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
+.PHONY: install install-live train-local test test-all test-unit test-integration test-extended faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
 
 # Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
 install: $(VENV)/.installed
@@ -17,6 +17,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot]'
 	touch $@
+
+# Live recovery (recovery.live) needs torchft's Lighthouse: an optional extra, fetched from PyPI, kept out
+# of `install` so the default setup stays offline; tests/integration/test_live_recovery.py skips without it.
+install-live: install
+	$(PY) -m pip install -q -c constraints.txt -e '.[live]'
 
 train-local: install
 	$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS)

@@ -227,6 +227,20 @@ class PreemptionConfig:
 
 
 @dataclass
+class RecoveryConfig:
+    live: bool = False
+    """Live recovery (launch.local, one node): when a rank's process is lost, the others keep their
+    processes and state, re-form the group in place and re-run the interrupted step on the ranks left
+    (same samples, same augmentation). Off: a lost rank fails the job, which resumes from a checkpoint.
+    Needs the `live` extra (torchft); docs/live.md."""
+    heartbeat_timeout_s: float = field(default=1.0, metadata=at_least(0.2, 600, "e.g. 1"))
+    """How long the membership service waits for a silent rank's heartbeat before it forms a group
+    without it: the bound on noticing a lost rank (heartbeats go every tenth of it)."""
+    quorum_timeout_s: float = field(default=60.0, metadata=at_least(1, 3600, "e.g. 60"))
+    """How long a survivor waits for the new group to form before it gives up (exit 1)."""
+
+
+@dataclass
 class DebugConfig:
     detect_anomaly: bool = False
     """torch.autograd anomaly detection: finds the op that made a NaN, but is slow."""
@@ -251,6 +265,7 @@ class RunConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
 
 PLUGIN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"

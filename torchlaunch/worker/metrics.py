@@ -191,6 +191,7 @@ class RunLog:
         trace: bool,
     ) -> None:
         main = rank == 0
+        self.run_dir, self.rank, self.total_steps = run_dir, rank, total_steps
         self.epochs, self.steps_per_epoch, self.global_batch = epochs, steps_per_epoch, global_batch
         self.metrics = MetricsLog(
             rundir.metrics(run_dir), main, resume_step, rundir.tensorboard(run_dir) if tensorboard else None
@@ -209,11 +210,36 @@ class RunLog:
         self.report.line(text)
 
     def trace(
-        self, step: int, epoch: int, world_size: int, indices: list[int], augmentation: dict[str, list] | None = None
+        self,
+        step: int,
+        epoch: int,
+        world_size: int,
+        indices: list[int],
+        augmentation: dict[str, list] | None = None,
+        generation: int | None = None,
     ) -> None:
-        """One step's samples on this rank, with the augmentation each got (TrainLoader.step_trace)."""
+        """One step's samples on this rank, with the augmentation each got (TrainLoader.step_trace). In
+        live mode `generation` is the group's (core/recovery/fence.py): a step interrupted by a lost rank
+        is traced again by the next group, whose records are the ones that trained."""
         record = {"step": step, "epoch": epoch, "world_size": world_size, "indices": indices}
+        if generation is not None:
+            record["generation"] = generation
         self.batches.write({**record, **(augmentation or {})})
+
+    def event(self, record: dict[str, object]) -> None:
+        """A live-recovery event of this rank (regrouped, first step after it), one JSON line in
+        RUN_DIR/live/events-rank<r>.jsonl (r: the rank this process started as): what bench/live.py reads."""
+        path = self.run_dir / "live" / f"events-rank{self.rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def promote(self, step: int) -> None:
+        """This rank became rank 0 (the first one was lost): it writes the metrics and progress lines
+        from here, after the lines the lost rank 0 wrote up to `step`."""
+        self.metrics.close()
+        self.metrics = MetricsLog(rundir.metrics(self.run_dir), True, step)
+        self.report = Reporter(True, self.total_steps, step)
 
     def startup(self, step: int, epoch: int, startup_s: float, first_step_s: float) -> None:
         """This process's start-up figures, also shown in its first progress line."""

@@ -103,7 +103,10 @@ def _run(
     watcher = PreemptionWatcher(cfg.preemption.signals)  # first: a signal during start-up is not lost
     ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus)
     clean = False
+    live = None
     try:
+        if cfg.recovery.live and ctx.distributed:
+            live = agreed(ctx, lambda: join_live(cfg, ctx))
         agreed(ctx, lambda: check_early(cfg))  # plug-ins import, init_from exists: before any data work
         agreed(ctx, lambda: settle_config(cfg, reconfigure, write=True) if ctx.is_main else None)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
@@ -117,10 +120,11 @@ def _run(
         else:
             agreed(ctx, lambda: None)
         model_what = f"the model (model.name={cfg.model.name}, model.width={cfg.model.width})"
-        trainer = agreed(ctx, lambda: allocating(model_what, lambda: Trainer(cfg, ctx, bundle, watcher)))
+        trainer = agreed(ctx, lambda: allocating(model_what, lambda: Trainer(cfg, ctx, bundle, watcher, live)))
         try:
             with anomaly_detection(cfg.debug.detect_anomaly):
                 code = trainer.fit()
+            ctx = trainer.ctx  # live mode: the group may have been re-formed with fewer ranks
         except Exception as e:
             if not is_oom(e):
                 raise
@@ -142,6 +146,30 @@ def _run(
     finally:  # bad input too leaves without the barrier: it may be this rank's alone (dist.teardown)
         watcher.restore()
         dist.teardown(ctx, clean=clean)
+        if live is not None:
+            live.close()
+
+
+def join_live(cfg: config_mod.RunConfig, ctx):  # noqa: ANN001, ANN201 - DistContext -> LiveGroup (torch-free import)
+    """This rank's seat in the live group (recovery.live): the launcher's membership service, heartbeats,
+    the first quorum (every rank of the launch) and the run dir's group generation."""
+    from torchlaunch import contract
+    from torchlaunch.core.recovery.fence import Fence
+    from torchlaunch.core.recovery.group import LiveGroup
+    from torchlaunch.core.recovery.lighthouse import LighthouseMembership
+    from torchlaunch.core.recovery.membership import replica_id_of
+
+    address = contract.get(contract.LIGHTHOUSE)
+    if not address:
+        raise ConfigError(
+            "recovery.live",
+            "no membership service: this launcher does not run one",
+            "launch with `python -m launch.local --gpus N` on one node, or set recovery.live=false",
+        )
+    membership = LighthouseMembership(address, replica_id_of(ctx.rank), cfg.recovery.heartbeat_timeout_s)
+    group = LiveGroup(membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s)
+    group.join(ctx, step=0)
+    return group
 
 
 if __name__ == "__main__":

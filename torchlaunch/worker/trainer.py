@@ -37,6 +37,9 @@ from torchlaunch.core.dist import (
     ordered_allreduce_hook,
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
+from torchlaunch.core.recovery.failure import is_peer_lost
+from torchlaunch.core.recovery.group import LiveGroup, average_gradients, broadcast_parameters
+from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
@@ -121,8 +124,17 @@ class LossWindow:
 class Trainer:
     """Builds model, optimizer, schedule and loaders for one rank, and runs fit()."""
 
-    def __init__(self, cfg: RunConfig, ctx: DistContext, data: DataBundle, watcher: PreemptionWatcher) -> None:
-        self.cfg, self.ctx, self.data, self.watcher = cfg, ctx, data, watcher
+    def __init__(
+        self,
+        cfg: RunConfig,
+        ctx: DistContext,
+        data: DataBundle,
+        watcher: PreemptionWatcher,
+        live: LiveGroup | None = None,
+    ) -> None:
+        """`live` (recovery.live with a process group): a lost rank makes the others regroup in place
+        (self._recover) instead of failing; gradients are then averaged by core.recovery.group, not DDP."""
+        self.cfg, self.ctx, self.data, self.watcher, self.live = cfg, ctx, data, watcher, live
         self.device = ctx.device
         if cfg.train.tensorboard:
             require_tensorboard()  # fail on every rank together, before any collective
@@ -179,7 +191,10 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.net: nn.Module = model
         self.gradient_path = "local"
-        if ctx.distributed:
+        if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
+            broadcast_parameters(model)
+            self.gradient_path = "live: one flat gloo all-reduce, group re-formed on a lost rank"
+        elif ctx.distributed:
             self.net = DistributedDataParallel(
                 model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -215,6 +230,10 @@ class Trainer:
         self.snapshots = ckpt.SnapshotBuffers()  # reused between async saves (no fresh pages per save)
         self.last_saved: tuple[int, int, bool] | None = None
         self.save_seconds: float | None = None
+        self.agreement: StepAgreement | None = None
+        self.regroups: list[Regroup] = []
+        self._since_regroup: Regroup | None = None
+        """Set by a regroup until the first step on the new group is done (its time is recorded)."""
 
     # ------------------------------------------------------------------ start-up checks
 
@@ -365,6 +384,8 @@ class Trainer:
             return
         replace = self.last_saved is not None and self.last_saved[0] == p.global_step
         self.last_saved = position
+        if self.live is not None:  # a rank outside the live group never commits (core/recovery/fence.py)
+            self.live.check_fence()
         meta = {
             "epoch": p.epoch,
             "step_in_epoch": p.step_in_epoch,
@@ -406,6 +427,8 @@ class Trainer:
         that it reads only at check points. Summed over the ranks it is W x the global batch's mean."""
         self.net.train()
         total = backward_share(self.net, micro_batches, self.criterion, self.plan, self.scaler, self.autocast)
+        if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
+            average_gradients(self.model.parameters(), self.ctx.world_size)
         if self.cfg.train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
@@ -475,11 +498,11 @@ class Trainer:
                 ckpt.clean_stale(self.ckpt_root)
             self._warn_lead_time(log)
             log.begin()
-            window, agreement = LossWindow(self.device, p.global_step), StepAgreement(self.ctx)
+            window, self.agreement = LossWindow(self.device, p.global_step), StepAgreement(self.ctx)
             first_step = True
             while self.schedule.training(p.epoch, p.global_step, p.val_pending):
                 if not p.val_pending:
-                    if not self._train_epoch(log, window, agreement, first_step):
+                    if not self._train_epoch(log, window, first_step):
                         return self._preempted(log)
                     first_step = False
                     p.val_pending = True
@@ -493,17 +516,65 @@ class Trainer:
             finally:
                 log.close()
 
-    def _train_epoch(self, log: RunLog, window: LossWindow, agreement: StepAgreement, first_step: bool) -> bool:
-        """The epoch's remaining training steps; False when the ranks agreed to stop (preemption)."""
+    def _train_epoch(self, log: RunLog, window: LossWindow, first_step: bool) -> bool:
+        """The epoch's remaining training steps; False when the ranks agreed to stop (preemption). In
+        live mode a lost peer's transport error makes the ranks left regroup and go on from the step
+        that was interrupted (its optimizer step was never taken: _recover)."""
+        while True:
+            try:
+                return self._train_steps(log, window, first_step)
+            except Exception as e:
+                if self.live is None or not is_peer_lost(e):
+                    raise
+                self._recover(log, window, e)
+                first_step = False
+
+    def _recover(self, log: RunLog, window: LossWindow, error: BaseException) -> None:
+        """Regroup in place: new quorum, new process group, the plan's new shares; the loader, model and
+        optimizer are kept. The loss window restarts (its sum held the lost ranks' shares)."""
+        assert self.live is not None
+        lost_at = time.time()
+        p, old = self.progress, self.ctx
+        self.optimizer.zero_grad(set_to_none=True)  # the interrupted step's partial gradients
+        self.ctx = self.live.regroup(old, p.global_step)
+        self.plan = replan(self.plan, self.ctx.rank, self.ctx.world_size)
+        self.loader.plan = self.plan
+        self.world = WorldSize.of(self.ctx)
+        self.agreement = StepAgreement(self.ctx)
+        window.reset(p.global_step)
+        if self.ctx.is_main and not old.is_main:
+            log.promote(p.global_step)
+        log.world_changed(p.global_step, p.epoch, self.world, WorldSize.of(old), self.plan)  # `status` reads it
+        regroup = Regroup(
+            p.global_step + 1,
+            old.rank,
+            old.world_size,
+            self.ctx.rank,
+            self.ctx.world_size,
+            self.live.generation,
+            time.time() - lost_at,
+        )
+        self.regroups.append(regroup)
+        self._since_regroup = regroup
+        log.line(f"{regroup.line()} ({str(error).splitlines()[0][:160]})")
+        log.event({"event": "regrouped", "time": time.time(), "error_at": lost_at, **regroup.__dict__})
+
+    def _train_steps(self, log: RunLog, window: LossWindow, first_step: bool) -> bool:
         p = self.progress
+        agreement = self.agreement
+        assert agreement is not None
         perm = self.plan.permutation(p.epoch) if log.tracing else None
         for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
             if perm is not None:  # debug.trace_batches: host-side indices, no device read
                 indices = self.plan.rank_step(perm, p.epoch, step)[0].tolist()
-                log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices, self.loader.step_trace)
+                generation = self.live.generation if self.live is not None else None
+                log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices, self.loader.step_trace, generation)
             started = time.perf_counter() if first_step else 0.0
             window.add(self.train_step(micro))
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
+            if self._since_regroup is not None:  # the first step on the new group: the recovery figure
+                log.event({"event": "stepped", "time": time.time(), "step": p.global_step})
+                self._since_regroup = None
             heartbeat(p.global_step, total=self.total_steps, epoch=p.epoch, samples_per_step=self.plan.per_rank)
             if self.lookahead is not None:
                 self.lookahead.after_step(p.global_step)

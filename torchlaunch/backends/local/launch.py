@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import shlex
@@ -185,6 +186,46 @@ def launch_argv(spec: JobSpec, placement: NodePlacement, module: str, doctor: bo
     if runs_without_agent(spec, placement) and not doctor:
         return worker_argv(spec, python=sys.executable, module=module)
     return torchrun_argv(spec, placement, python=sys.executable, module=module, rdzv_run_id=rdzv_run_id)
+
+
+def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
+    """Whether this launch runs its ranks under the live agent (recovery.live, several ranks on one node);
+    live mode across nodes is refused in one line (not built yet)."""
+    if not cfg.recovery.live or doctor:
+        return False
+    if spec.nodes != 1 or spec.min_nodes is not None or placement.master_addr is not None:
+        raise cli.error(
+            "recovery.live=true runs on one node under launch.local for now: drop --nnodes/--master-addr, "
+            "or set recovery.live=false"
+        )
+    return spec.gpus_per_node > 1
+
+
+def require_live_extra() -> None:
+    """Live mode's membership service is torchft's: one line before anything starts when it is missing."""
+    if importlib.util.find_spec("torchft") is None:
+        raise cli.error(
+            "recovery.live=true needs torchft (the membership service): pip install 'torchlaunch[live]' "
+            "(make install-live), or set recovery.live=false"
+        )
+
+
+def live_argv(spec: JobSpec, heartbeat_timeout_s: float, rdzv_run_id: str, *, python: str = "python") -> list[str]:
+    """The live agent's command (torchlaunch.backends.local.live), pure: the membership service and the
+    node's ranks, which regroup in place when one is lost."""
+    return [
+        python,
+        "-m",
+        "torchlaunch.backends.local.live",
+        "--nproc",
+        str(spec.gpus_per_node),
+        "--heartbeat-timeout-ms",
+        str(round(heartbeat_timeout_s * 1000)),
+        "--run-id",
+        rdzv_run_id,
+        "--",
+        *program_tail(spec, BUILTIN_WORKER),
+    ]
 
 
 def rendezvous_id(spec: JobSpec, placement: NodePlacement) -> str:
@@ -488,12 +529,24 @@ def launch(argv: Sequence[str]) -> int:
     assert cfg is not None
     module = PREFLIGHT if args.doctor else BUILTIN_WORKER
     rdzv = rendezvous_id(spec, planned.placement)
+    live = live_mode(cfg, spec, planned.placement, args.doctor)
+    if live:
+        require_live_extra()
     if args.dry_run:
         if not args.doctor:  # the refusal a launch would make, nothing written
             config_mod.settle_resolved(cfg, reconfigure=args.reconfigure, write=False)
-        print(shlex.join(render(as_typed(spec, args), planned.placement, module, args.doctor)))
+        typed = as_typed(spec, args)
+        shown = (
+            live_argv(typed, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable)
+            if live
+            else render(typed, planned.placement, module, args.doctor)
+        )
+        print(shlex.join(shown))
         return OK
-    argv_out = render(spec, planned.placement, module, args.doctor)
+    if live:
+        argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable)
+    else:
+        argv_out = render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:
         if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
             settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))

@@ -1,0 +1,271 @@
+"""Live recovery (recovery.live): a rank's process SIGKILLed from outside -> first step done on the survivor.
+
+    python -m bench.live                 # 3 rounds each of losing rank 1 and rank 0, 2 -> 1 ranks
+    python -m bench.live --rounds 1 --heartbeat-timeout 0.5
+
+launch.local runs the built-in worker on 2 CPU ranks (gloo, loopback, synthetic 16 px images, a GroupNorm
+CNN) in live mode. This process polls the victim's batch trace (debug.trace_batches) until it holds
+global step KILL_AT, reads the victim's PID from its heartbeat file (RUN_DIR/progress/rank-N.json) and
+SIGKILLs it. The survivor writes RUN_DIR/live/events-rank<r>.jsonl: `regrouped` (the new group formed)
+and `stepped` (its first step on the new group done). The figure is stepped.time - the kill's time.
+
+Where the time goes: gloo reports the lost peer at once (a transport error); the membership service
+(torchft's Lighthouse) forms the new group once the lost rank's heartbeats lapse (recovery.
+heartbeat_timeout_s, 1 s by default); the process group is re-formed in ~1 ms; the step re-runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KILL_AT = 12
+"""The global step whose trace line (written as the step starts) triggers the kill."""
+STEPS = 64
+
+
+def config_text(run_dir: Path, live: bool = True, heartbeat_timeout_s: float = 1.0, steps: int = STEPS) -> str:
+    """A small recipe: `steps` steps of 16 samples (8 per rank), checkpoints only at the end."""
+    return f"""run_dir: {json.dumps(str(run_dir))}
+seed: 0
+data:
+  name: synthetic
+  synthetic_train_size: {steps * 16}
+  synthetic_val_size: 64
+  image_size: 16
+model:
+  name: examples.my_models:tiny_gn_cnn
+  width: 8
+optim:
+  name: sgd
+  lr: 0.05
+train:
+  epochs: 1
+  batch_size: 16
+  precision: fp32
+  channels_last: false
+  log_every_steps: 8
+checkpoint:
+  every_steps: 0
+debug:
+  trace_batches: true
+recovery:
+  live: {str(live).lower()}
+  heartbeat_timeout_s: {heartbeat_timeout_s}
+"""
+
+
+@dataclass
+class LiveRun:
+    run_dir: Path
+    code: int
+    stderr: str
+    killed_at: float | None
+    """time.time() of the SIGKILL, None when nothing was killed."""
+    survivor_pid: int | None = None
+    """The other rank's PID when the victim was killed: the same process must finish the run."""
+    service_restarted: bool = False
+    """The membership service was killed (service_kill_at) and its agent started a new one."""
+
+    def events(self) -> list[dict]:
+        found = []
+        for path in sorted((self.run_dir / "live").glob("events-rank*.jsonl")):
+            found += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return found
+
+    def recovery_s(self) -> float | None:
+        """SIGKILL -> the survivor's first step on the new group done."""
+        stepped = [e["time"] for e in self.events() if e["event"] == "stepped"]
+        if self.killed_at is None or not stepped:
+            return None
+        return min(stepped) - self.killed_at
+
+    def regroup_s(self) -> float | None:
+        """SIGKILL -> the new group formed."""
+        done = [e["time"] for e in self.events() if e["event"] == "regrouped"]
+        return min(done) - self.killed_at if self.killed_at is not None and done else None
+
+
+def traced_step(trace: Path) -> int:
+    """The newest global step in a rank's batch trace (0 before the first)."""
+    try:
+        lines = trace.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            continue  # a line being written
+    return 0
+
+
+def pid_of(run_dir: Path, rank: int) -> int:
+    return int(json.loads((run_dir / "progress" / f"rank-{rank}.json").read_text())["pid"])
+
+
+SERVICE_MODULE = "torchlaunch.core.recovery.lighthouse"
+
+
+def service_pids(launcher_pid: int) -> list[int]:
+    """The membership service's process(es) under a launcher (its live agent's child)."""
+    from torchlaunch import pdeath
+
+    found = []
+    for pid in pdeath.descendants(launcher_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if SERVICE_MODULE.encode() in argv:
+            found.append(pid)
+    return found
+
+
+def restart_service(launcher_pid: int, deadline: float) -> None:
+    """SIGKILL the membership service and wait for its agent to start another (soft state)."""
+    (old,) = service_pids(launcher_pid)
+    os.kill(old, signal.SIGKILL)
+    while not [pid for pid in service_pids(launcher_pid) if pid != old]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the live agent did not restart the membership service")
+        time.sleep(0.01)
+
+
+def run(
+    run_dir: Path,
+    victim: int | None,
+    kill_at: int = KILL_AT,
+    timeout_s: float = 240.0,
+    heartbeat_timeout_s: float = 1.0,
+    live: bool = True,
+    steps: int = STEPS,
+    service_kill_at: int | None = None,
+    stop_at: int | None = None,
+) -> LiveRun:
+    """One launch.local run of 2 ranks; SIGKILL rank `victim` once its trace reaches `kill_at`, and
+    before that (`service_kill_at`: the victim's traced step) the membership service. `stop_at`: SIGTERM
+    the launcher at that traced step of rank 0 instead (a whole-job preemption)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe = run_dir.parent / f"{run_dir.name}.yaml"
+    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps))
+    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed_at, survivor_pid, restarted = None, None, False
+    deadline = time.monotonic() + timeout_s
+    try:
+        while stop_at is not None and killed_at is None and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 never reached step {stop_at}")
+            if traced_step(run_dir / "trace" / "rank0.jsonl") >= stop_at:
+                proc.send_signal(signal.SIGTERM)
+                killed_at = time.time()
+            time.sleep(0.005)
+        while victim is not None and killed_at is None and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {victim} never reached step {kill_at}")
+            step = traced_step(run_dir / "trace" / f"rank{victim}.jsonl")
+            if service_kill_at is not None and not restarted and step >= service_kill_at:
+                restart_service(proc.pid, deadline)
+                restarted = True
+                kill_at = max(kill_at, traced_step(run_dir / "trace" / f"rank{victim}.jsonl") + 10)
+            elif step >= kill_at:
+                survivor_pid = pid_of(run_dir, 1 - victim)
+                os.kill(pid_of(run_dir, victim), signal.SIGKILL)
+                killed_at = time.time()
+            time.sleep(0.005)
+        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return LiveRun(run_dir, proc.returncode, out, killed_at, survivor_pid, restarted)
+
+
+def images_per_s(run_dir: Path, skip: int = 2) -> float:
+    """Median training throughput of a run's log records, the first `skip` (warm-up) left out."""
+    rates = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "images_per_s" in record:
+            rates.append(record["images_per_s"])
+    return statistics.median(rates[skip:])
+
+
+def steady(root: Path, rounds: int, steps: int = 512) -> int:
+    """Steady-state throughput, live mode on ÷ off (DDP over shared memory, the default for 2 local CPU
+    ranks), nothing killed; interleaved rounds."""
+    import shutil
+
+    ratios = []
+    for round_ in range(rounds):
+        rates = {}
+        for on in (False, True):
+            run_dir = root / f"steady{round_}-{'on' if on else 'off'}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            result = run(run_dir, None, live=on, steps=steps)
+            if result.code != 0:
+                print(result.stderr[-3000:], file=sys.stderr)
+                return 1
+            rates[on] = images_per_s(run_dir)
+        ratios.append(rates[True] / rates[False])
+        print(
+            f"round {round_}: live on {rates[True]:,.0f} img/s, off {rates[False]:,.0f} img/s, ratio {ratios[-1]:.3f}"
+        )
+    print(
+        f"steady-state throughput live on ÷ off: median {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.live", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--heartbeat-timeout", type=float, default=1.0, help="recovery.heartbeat_timeout_s")
+    parser.add_argument("--out", default="/tmp/torchlaunch-bench-live")
+    parser.add_argument("--steady", action="store_true", help="measure live on ÷ off throughput instead (no kill)")
+    args = parser.parse_args(argv)
+    root = Path(args.out)
+    if args.steady:
+        return steady(root, args.rounds)
+    figures: dict[int, list[float]] = {0: [], 1: []}
+    for round_ in range(args.rounds):
+        for victim in (1, 0):
+            run_dir = root / f"r{round_}-kill{victim}"
+            if run_dir.exists():
+                import shutil
+
+                shutil.rmtree(run_dir)
+            result = run(run_dir, victim, heartbeat_timeout_s=args.heartbeat_timeout)
+            seconds = result.recovery_s()
+            if result.code != 0 or seconds is None:
+                print(result.stderr[-3000:], file=sys.stderr)
+                print(f"round {round_} kill rank {victim}: exit {result.code}, no recovery measured", file=sys.stderr)
+                return 1
+            figures[victim].append(seconds)
+            print(
+                f"round {round_}: SIGKILL rank {victim} -> group re-formed {result.regroup_s():.2f} s, "
+                f"first step done on the survivor {seconds:.2f} s (exit {result.code})",
+                flush=True,
+            )
+    for victim, values in figures.items():
+        print(
+            f"kill rank {victim} -> first step on the survivor: median {statistics.median(values):.2f} s "
+            f"[{min(values):.2f}-{max(values):.2f}] over {len(values)} round(s), heartbeat timeout "
+            f"{args.heartbeat_timeout:g} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Live recovery's pure parts (torchlaunch/core/recovery, the live agent's exit rule): which errors
+mean a lost peer, the seat and the plan on the ranks left, the regroup record, the run dir's fence.
+The processes, sockets and the membership service are tests/integration/test_live_recovery.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchlaunch import config as config_mod
+from torchlaunch.backends.local import launch as local_launch
+from torchlaunch.backends.local import live as live_agent
+from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
+from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, Regroup, is_peer_lost, replan, seat
+from torchlaunch.core.recovery.membership import replica_id_of, sorted_members, steps_agree
+from torchlaunch.core.sampler import BatchPlan
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.launch.spec import JobSpec
+
+GLOO_RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:4022: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application"
+)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(GLOO_RESET),
+        RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:29500"),
+        RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:136] Write error: Broken pipe"),
+        ConnectionResetError("Connection reset by peer"),
+    ],
+)
+def test_a_lost_peers_transport_error_is_a_lost_peer(error: BaseException) -> None:
+    assert is_peer_lost(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 300000ms for recv operation"),
+        RuntimeError("Connection reset by peer after the socket timeout"),  # a timeout wins: maybe alive
+        RuntimeError("CUDA out of memory"),
+        ValueError("connection reset by peer"),  # not a transport exception type
+        KeyboardInterrupt(),
+    ],
+)
+def test_timeouts_and_other_errors_are_not(error: BaseException) -> None:
+    assert not is_peer_lost(error)
+
+
+def quorum(*ranks: int, steps: tuple[int, ...] | None = None) -> Quorum:
+    members = [
+        Member(replica_id_of(r), f"127.0.0.1:{4000 + r}", (steps or (7,) * len(ranks))[i]) for i, r in enumerate(ranks)
+    ]
+    return Quorum(3, "3-1.000000000", sorted_members(members))
+
+
+def test_survivors_keep_their_order_and_the_first_one_is_rank_0() -> None:
+    assert seat(quorum(1), replica_id_of(1)) == (0, 1)  # rank 0 lost: rank 1 hosts the group now
+    assert seat(quorum(0, 2), replica_id_of(2)) == (1, 2)
+    assert seat(quorum(12, 3, 7), replica_id_of(12)) == (2, 3)  # ids sort as numbers (zero-padded)
+    with pytest.raises(ValueError, match="not in quorum"):
+        seat(quorum(0, 2), replica_id_of(1))  # left out: fenced, never trains beside the group
+
+
+def test_members_at_different_steps_are_told_apart() -> None:
+    assert steps_agree(quorum(0, 1))
+    assert not steps_agree(quorum(0, 1, steps=(7, 8)))
+
+
+@pytest.mark.parametrize(("batch", "before", "after"), [(16, 2, 1), (64, 4, 3), (10, 4, 3), (7, 3, 2)])
+def test_the_ranks_left_train_the_same_samples_with_the_same_draws(batch: int, before: int, after: int) -> None:
+    """A global step's samples and augmentation on `after` ranks are exactly those on `before` ranks;
+    the loss weights still make the ranks' sum the global mean (count * W / B summed over ranks = W)."""
+    base = BatchPlan(batch * 5, batch, seed=3, micro_batch=3)
+    perm = base.permutation(1)
+
+    def step(world: int) -> tuple[list[int], list[list[int]]]:
+        indices: list[int] = []
+        draws: list[list[int]] = [[], [], []]
+        for rank in range(world):
+            plan = replan(base, rank, world)
+            idx, aug = plan.rank_step(perm, 1, 2)
+            indices += idx.tolist()
+            for part, values in zip(draws, aug, strict=True):
+                part += values.tolist()
+            assert sum(plan.loss_weight(n) for n in plan.micro_sizes()) == plan.loss_weight(plan.per_rank)
+        return indices, draws
+
+    assert step(before) == step(after)
+    survivor = replan(replan(base, 1, before), 0, after)
+    assert sum(survivor.shares) == batch and survivor.seed == base.seed and survivor.global_batch == batch
+    assert sum(replan(base, r, after).loss_weight(replan(base, r, after).per_rank) for r in range(after)) == after
+
+
+def test_a_regroup_says_which_step_runs_again() -> None:
+    line = Regroup(step=12, old_rank=1, old_world=2, rank=0, world=1, generation=2, lost_s=0.9).line()
+    assert "lost 1 rank(s) at global step 12" in line and "step 12 runs again" in line and "1 -> 0" in line
+
+
+def test_each_group_takes_a_newer_generation_and_an_older_one_may_not_commit(tmp_path: Path) -> None:
+    first = Fence(tmp_path)
+    assert first.current() == 0
+    old = first.advance()
+    first.check(old)
+    new = Fence(tmp_path).advance()  # the regrouped group, another process: the file is the truth
+    assert new == old + 1
+    Fence(tmp_path).check(new)
+    with pytest.raises(Fenced, match=f"generation {old}\\) may not commit") as raised:
+        first.check(old)
+    assert isinstance(raised.value, BadInput)  # exit 2: never retried beside the live group
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        ([0, 0], OK),
+        ([-9, 0], OK),  # rank 0 lost, the survivor finished: what live mode is for
+        ([0, -9], OK),
+        ([-9, -9], FAILURE),  # nobody finished
+        ([2, -9], BAD_INPUT),
+        ([75, -9], PREEMPTED),
+        ([0, 1], FAILURE),
+    ],
+)
+def test_the_live_agents_exit_code_is_the_survivors(codes: list[int], expected: int) -> None:
+    assert live_agent.job_code(codes) == expected
+
+
+def test_the_live_agent_gives_each_rank_torchruns_contract_and_the_service() -> None:
+    env = live_agent.rank_env({"PATH": "/bin"}, 1, 2, 29500, "http://127.0.0.1:9", "tl-x")
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "1", "2", "2")
+    assert env["TORCHLAUNCH_LIGHTHOUSE"] == "http://127.0.0.1:9" and env["TORCHELASTIC_RUN_ID"] == "tl-x"
+    assert env["PATH"] == "/bin"
+
+
+def test_live_mode_is_off_by_default_and_one_node_only() -> None:
+    cfg = config_mod.load(None, [])
+    spec = JobSpec(config="c.yaml", gpus_per_node=2)
+    assert not cfg.recovery.live and not live_mode(cfg, spec, NodePlacement(), doctor=False)
+    on = config_mod.load(None, ["recovery.live=true"])
+    assert live_mode(on, spec, NodePlacement(), doctor=False)
+    assert not live_mode(on, JobSpec(config="c.yaml", gpus_per_node=1), NodePlacement(), doctor=False)
+    assert not live_mode(on, spec, NodePlacement(), doctor=True)  # the pre-flight runs as today
+    with pytest.raises(BadInput, match="one node"):
+        live_mode(on, JobSpec(config="c.yaml", nodes=2, gpus_per_node=2), NodePlacement(master_addr="h"), False)
+    argv = live_argv(spec, 0.5, "tl-1")
+    assert argv[:3] == ["python", "-m", "torchlaunch.backends.local.live"]
+    assert argv[argv.index("--heartbeat-timeout-ms") + 1] == "500" and argv[argv.index("--") + 1 :][:2] == [
+        "-m",
+        "torchlaunch.runner",
+    ]
+
+
+def test_live_mode_without_torchft_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_launch.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(BadInput, match=r"needs torchft .*torchlaunch\[live\]"):
+        local_launch.require_live_extra()

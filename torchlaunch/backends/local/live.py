@@ -1,0 +1,174 @@
+"""The local launcher's agent in live mode (recovery.live): the membership service and one node's ranks.
+
+    python -m torchlaunch.backends.local.live --nproc 2 --heartbeat-timeout-ms 1000 -- -m torchlaunch.runner ...
+
+Why not torchrun's agent: it ends every rank of the group when one fails and starts them all again,
+which is exactly the restart live mode avoids. This agent starts the ranks with torchrun's env contract
+(each in a session of its own, dying with this agent: pdeath.die_with_agent), starts the membership
+service (core/recovery/lighthouse.py) in a process of its own, restarts it on the same address if it
+dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks.
+
+Its exit code: a rank that was lost (ended by a signal, e.g. SIGKILL) while the others finished is
+what live mode is for, so the job's outcome is the survivors': 0 when they all finished 0. A rank that
+exited non-zero by itself (bad input, a failure, a preemption) gives the job its code, as torchrun's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from torchlaunch import contract
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
+from torchlaunch.launch import elastic
+
+POLL_S = 0.05
+SERVICE_START_S = 30.0
+"""How long the membership service may take to listen (its process imports torchft's bindings)."""
+STOP_GRACE_S = 30.0
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    if "--" not in argv:
+        raise SystemExit("usage: python -m torchlaunch.backends.local.live --nproc N [...] -- PROGRAM...")
+    cut = argv.index("--")
+    parser = argparse.ArgumentParser(prog="python -m torchlaunch.backends.local.live")
+    parser.add_argument("--nproc", type=int, required=True)
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
+    parser.add_argument("--run-id", default="torchlaunch-live")
+    return parser.parse_args(argv[:cut]), argv[cut + 1 :]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(
+    base: dict[str, str], rank: int, nproc: int, master_port: int, lighthouse: str, run_id: str
+) -> dict[str, str]:
+    """torchrun's contract for local rank `rank` of one node (pure), plus the service's address."""
+    return {
+        **base,
+        contract.RANK: str(rank),
+        contract.LOCAL_RANK: str(rank),
+        contract.WORLD_SIZE: str(nproc),
+        contract.LOCAL_WORLD_SIZE: str(nproc),
+        contract.GROUP_RANK: "0",
+        contract.GROUP_WORLD_SIZE: "1",
+        contract.ROLE_RANK: str(rank),
+        contract.ROLE_NAME: "default",
+        contract.ROLE_WORLD_SIZE: str(nproc),
+        contract.MASTER_ADDR: "127.0.0.1",
+        contract.MASTER_PORT: str(master_port),
+        contract.ELASTIC_RUN_ID: run_id,
+        contract.RESTART_COUNT: "0",
+        contract.MAX_RESTARTS: "0",
+        contract.USE_AGENT_STORE: "False",
+        contract.LIGHTHOUSE: lighthouse,
+    }
+
+
+def job_code(codes: Sequence[int]) -> int:
+    """The job's code from its ranks' return codes (negative: ended by that signal) (pure)."""
+    exited = [c for c in codes if c >= 0]
+    if not exited:
+        return FAILURE  # every rank was lost: nothing finished
+    for code in (BAD_INPUT, FAILURE, PREEMPTED):
+        if code in exited:
+            return code
+    return OK if all(c == OK for c in exited) else FAILURE
+
+
+class Service:
+    """The membership service's process, restartable on the same address."""
+
+    def __init__(self, port: int, heartbeat_timeout_ms: int) -> None:
+        self.port, self.heartbeat_timeout_ms = port, heartbeat_timeout_ms
+        self.address = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "torchlaunch.core.recovery.lighthouse",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--heartbeat-timeout-ms",
+            str(self.heartbeat_timeout_ms),
+        ]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + SERVICE_START_S
+        while not elastic.listening("127.0.0.1", self.port, timeout_s=0.5):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"live: the membership service did not start on port {self.port}")
+            time.sleep(POLL_S)
+
+    def keep_up(self) -> None:
+        """Restart the service if it died (its state is soft)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.restarts += 1
+            print(f"live: the membership service exited ({self.proc.returncode}); restarted", file=sys.stderr)
+            self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, program = parse_args(sys.argv[1:] if argv is None else argv)
+    service = Service(free_port(), args.heartbeat_timeout_ms)
+    ranks: list[subprocess.Popen] = []
+
+    def stop(signum: int, frame: object) -> None:  # a stop is the ranks' to handle (checkpoint, exit 75)
+        for proc in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    service.start()
+    try:
+        master_port = free_port()
+        for rank in range(args.nproc):
+            env = rank_env(dict(os.environ), rank, args.nproc, master_port, service.address, args.run_id)
+            ranks.append(subprocess.Popen([sys.executable, *program], env=env, start_new_session=True))
+        while any(proc.poll() is None for proc in ranks):
+            service.keep_up()
+            time.sleep(POLL_S)
+    finally:
+        for proc in ranks:  # leaving early (an error here): no rank trains on without its agent
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        service.stop()
+    codes = [proc.returncode for proc in ranks]
+    lost = [rank for rank, code in enumerate(codes) if code < 0]
+    code = job_code(codes)
+    if lost:
+        names = ", ".join(f"rank {r} ({signal.Signals(-codes[r]).name})" for r in lost)
+        outcome = "the others finished" if code == OK else f"exit {code}"
+        print(f"live: lost {names}; {outcome}", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Live recovery: a lost rank costs its peers a regroup, not a restart (recovery.live, issue #37).
+
+The seam is one interface, membership.Membership: heartbeats, and a quorum (who is in the group now)
+on request. Its only implementation today is lighthouse.LighthouseMembership, backed by torchft's
+Lighthouse, which runs in a process of its own beside the ranks (started and restarted by the local
+launcher), so losing any rank, rank 0 included, leaves the service up. Nothing outside this package
+imports torchft, and this package imports it only when live mode is on.
+
+The pieces, one job each:
+- membership: who is in the group (Member, Quorum, the Membership protocol, seat()), pure
+- failure: which exceptions mean "a peer is gone" (a transport error), as opposed to a timeout, pure
+- replan: the batch plan on the ranks left, and the record of each regroup, pure
+- fence: the run dir's group generation; only the live group's ranks may commit a checkpoint
+- group: this rank's store, the process group re-formed in place, gradient averaging without DDP
+- lighthouse: the torchft-backed Membership, and the membership service's own process
+"""
+
+from __future__ import annotations
+
+from torchlaunch.core.recovery.failure import is_peer_lost
+from torchlaunch.core.recovery.fence import Fence, Fenced
+from torchlaunch.core.recovery.membership import Member, Membership, Quorum, seat
+from torchlaunch.core.recovery.replan import Regroup, replan
+
+__all__ = ["Fence", "Fenced", "Member", "Membership", "Quorum", "Regroup", "is_peer_lost", "replan", "seat"]

@@ -1,0 +1,74 @@
+"""Who is in the live group: the one interface between the trainer and a membership service.
+
+A Membership heartbeats for this rank and, asked for a quorum, answers with the members that asked
+at about the same time and are still heartbeating. A rank's place in the group (its rank and the
+world size) follows from the quorum alone, identically on every member: members sorted by id.
+Torch-free and torchft-free: the trainer and the unit tests use this module without either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Member:
+    """One rank as the membership service knows it."""
+
+    replica_id: str
+    """Stable for the life of the rank's process; sorts the members (replica_id_of)."""
+    store_address: str
+    """HOST:PORT of the TCP store this rank hosts: the group's store when this member is rank 0."""
+    step: int
+    """The global steps this rank had committed when it asked: equal on every member of a sound group."""
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A group agreed by the membership service."""
+
+    quorum_id: int
+    """The service's counter: new whenever the members change (restarts at 1 with the service)."""
+    token: str
+    """Unique per quorum across service restarts (id + creation time): names the group's store keys."""
+    members: tuple[Member, ...]
+    """Sorted by replica_id: member i is rank i."""
+
+
+class Membership(Protocol):
+    """The membership seam. start() begins heartbeats; quorum() blocks until the service forms a group
+    that includes this rank (or raises TimeoutError after timeout_s); close() stops heartbeating."""
+
+    replica_id: str
+
+    def start(self) -> None: ...
+
+    def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum: ...
+
+    def close(self) -> None: ...
+
+
+def replica_id_of(rank: int) -> str:
+    """The id of the rank that started as `rank`: zero-padded so that sorting ids keeps the ranks'
+    order, so survivors keep their relative order (and rank 0, when it survives, stays rank 0)."""
+    return f"rank{rank:06d}"
+
+
+def seat(quorum: Quorum, replica_id: str) -> tuple[int, int]:
+    """(rank, world size) of `replica_id` in `quorum`; ValueError if it is not a member (fenced out)."""
+    ids = [m.replica_id for m in quorum.members]
+    if replica_id not in ids:
+        raise ValueError(f"{replica_id} is not in quorum {quorum.quorum_id} ({', '.join(ids)})")
+    return ids.index(replica_id), len(ids)
+
+
+def sorted_members(members: list[Member]) -> tuple[Member, ...]:
+    return tuple(sorted(members, key=lambda m: m.replica_id))
+
+
+def steps_agree(quorum: Quorum) -> bool:
+    """Whether every member had committed the same number of steps. A member behind the others would
+    need the state of one ahead (a heal from a live peer); with the optimizer step taken only after a
+    successful gradient all-reduce, members of a 2 -> 1 loss always agree."""
+    return len({m.step for m in quorum.members}) <= 1
