@@ -18,8 +18,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot]'
 	touch $@
 
-# Live recovery (recovery.live) needs torchft's Lighthouse: an optional extra, fetched from PyPI, kept out
-# of `install` so the default setup stays offline; tests/integration/test_live_recovery.py skips without it.
+# Live recovery (recovery.live) needs torchft's Lighthouse: a user's optional extra (`pip install
+# torchlaunch[live]`); `install` has it too, through the test extra, so the suite proves live recovery.
 install-live: install
 	$(PY) -m pip install -q -c constraints.txt -e '.[live]'
 

@@ -21,7 +21,6 @@ import torch
 from bench import live
 from torchlaunch.core.sampler import BatchPlan
 
-pytest.importorskip("torchft", reason="live mode needs the `live` extra (torchft)")
 pytestmark = pytest.mark.slow
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
