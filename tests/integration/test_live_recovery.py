@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bench import live
+from tests.conftest import launcher_argv, run_cmd
 from torchlaunch.core.sampler import BatchPlan
 
 pytestmark = pytest.mark.slow
@@ -91,6 +92,12 @@ def test_a_killed_rank_costs_a_regroup_not_the_job(reference: live.LiveRun, vict
     for key in a:
         torch.testing.assert_close(a[key], b[key], **TOLERANCE, msg=lambda m, k=key: f"{k}: {m}")
     assert (result.run_dir / "checkpoints" / f"step-{live.STEPS:09d}").is_dir()
+    # `status`, as a user runs it: the survivor's step and world, the lost rank marked, not held back by
+    rc, shown, err = run_cmd(launcher_argv("launch", "status", str(result.run_dir), "--json"), timeout=60)
+    assert rc == 0, err
+    st = json.loads(shown)
+    assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 1), st
+    assert {r["rank"]: r["gone"] for r in st["ranks"]} == {victim: True, 1 - victim: False}, st["ranks"]
 
 
 def test_the_membership_service_restarts_and_rank_0_is_still_recovered(tmp_path: Path) -> None:

@@ -345,3 +345,38 @@ def test_a_cancel_of_an_elastic_job_covers_every_launcher(tmp_path: Path) -> Non
     assert st.state == "cancelled" and st.cancel_requested
     stopping = decide(records=[a, b], alive={0: True, 1: True}, cancel_launch="LB", cancel_job="tl-job@h:29500")
     assert stopping.cancel_requested
+
+
+def test_a_rank_lost_in_a_live_regroup_no_longer_speaks_for_the_run() -> None:
+    """recovery.live: rank 0 was SIGKILLed at step 12 and rank 1 trains on alone; rank 0's last beat
+    (step 12, world 2) must hold neither `step` nor `world` back, and it is shown as gone."""
+    change = state.WorldChange(step=12, world_size=1, previous_world_size=2)
+    beats = [beat(0, age=30, step=12, world_size=2), beat(1, age=1, step=40, world_size=2)]
+    st = decide(records=[rec()], alive={0: True}, beats=beats, world_change=change, gone_ranks=frozenset({0}))
+    assert st.state == "running" and st.step == 40 and st.world_size == 1
+    assert [(r.rank, r.gone) for r in st.ranks] == [(0, True), (1, False)]
+    assert st.to_json()["ranks"][0]["gone"] is True
+    shown = [line for line in cli.render_status(Path("run"), st, NOW).splitlines() if line.startswith("rank ")]
+    assert "process gone" in shown[0] and "process gone" not in shown[1]
+    # the run ended: both processes are gone, and the rank that stepped past the change speaks
+    ended = decide(
+        records=[rec(outcome="finished", code=0, ended=NOW)],
+        alive={0: False},
+        beats=[beat(0, age=30, step=12), beat(1, age=1, step=64)],
+        world_change=change,
+        gone_ranks=frozenset({0, 1}),
+    )
+    assert ended.state == "finished" and ended.step == 64
+    assert [(r.rank, r.gone) for r in ended.ranks] == [(0, True), (1, False)]
+    # no rank lost: every beat speaks, none is marked
+    same = decide(records=[rec()], alive={0: True}, beats=[beat(0, step=10), beat(1, step=11)])
+    assert same.step == 10 and not any(r.gone for r in same.ranks)
+
+
+def test_gone_ranks_are_this_hosts_ended_processes() -> None:
+    from torchlaunch.base import procs
+
+    me = beat(0, pid=os.getpid(), pid_start=procs.start_ticks(os.getpid()))
+    ended = beat(1, pid=os.getpid(), pid_start=(procs.start_ticks(os.getpid()) or 0) + 1)  # the pid, reused later
+    elsewhere = beat(2, host="another-host", pid=os.getpid(), pid_start=1)  # cannot be told from here
+    assert gather.gone_ranks([me, ended, elsewhere]) == frozenset({1})

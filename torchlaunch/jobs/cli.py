@@ -82,7 +82,7 @@ def render_status(run: Path, st: state.Status, now: float) -> str:
     for r in st.ranks:
         lines.append(
             f"rank {r.rank:<5} host {_clean(r.host)}  pid {_clean(r.pid)}  step {_clean(r.step)}  "
-            f"last progress {_duration(r.age_s)} ago"
+            f"last progress {_duration(r.age_s)} ago" + ("  (process gone; the others train on)" if r.gone else "")
         )
     if st.cancel_requested and st.state != "cancelled":
         lines.append("cancel:     requested")

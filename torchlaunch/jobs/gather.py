@@ -8,10 +8,12 @@ JobState in the project's words; a missing tool or a failing query leaves the de
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
 from torchlaunch import rundir
+from torchlaunch.base import procs
 from torchlaunch.base.files import as_int, read_json, read_range
 from torchlaunch.jobs import progress, record, schedulers
 from torchlaunch.jobs.state import WORLD_EVENT, Checkpoint, Facts, WorldChange, current_launch
@@ -91,6 +93,15 @@ def scheduler_state(rec: record.JobRecord) -> schedulers.JobState | None:
     return backend.state(rec.job_id, rec.extra) if backend is not None and rec.job_id else None
 
 
+def gone_ranks(beats: list[progress.RankBeat]) -> frozenset[int]:
+    """Ranks whose beat names a process of this host that is no longer running (pid and start time):
+    only this host's processes can be told apart from a rank that is merely slow to beat."""
+    here = socket.gethostname()
+    return frozenset(
+        b.rank for b in beats if b.host == here and b.pid is not None and not procs.same_process(b.pid, b.pid_start)
+    )
+
+
 def facts(
     run_dir: Path, *, hang_timeout: float | None = None, ask_scheduler: bool = True, checkpoints: bool = True
 ) -> Facts:
@@ -114,4 +125,5 @@ def facts(
         now=time.time(),
         problems=[*problems, *beat_problems, *skipped],
         world_change=last_world_change(run_dir),
+        gone_ranks=gone_ranks(beats),
     )

@@ -85,6 +85,9 @@ class Facts:
     now: float = 0.0
     problems: Sequence[str] = ()
     world_change: WorldChange | None = None
+    gone_ranks: frozenset[int] = frozenset()
+    """Ranks whose heartbeat names a process on this host that has ended (gather.gone_ranks): after a
+    live regroup (recovery.live) the run trains on without them, and their last beat is history."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ class RankView:
     step: int | None
     age_s: float | None
     pid: int | None
+    gone: bool = False
+    """Lost while other ranks trained on (live regroup): its beat no longer speaks for the run."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ class Status:
             if ckpt is None
             else {"step": ckpt.step, "path": ckpt.path, "age_s": self.checkpoint_age_s},
             "ranks": [
-                {"rank": r.rank, "host": r.host, "step": r.step, "age_s": r.age_s, "pid": r.pid} for r in self.ranks
+                {"rank": r.rank, "host": r.host, "step": r.step, "age_s": r.age_s, "pid": r.pid, "gone": r.gone}
+                for r in self.ranks
             ],
             "cancel_requested": self.cancel_requested,
             "problems": list(self.problems),
@@ -232,6 +238,29 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
     return "running", "making progress"
 
 
+def _speaking(every: list[RankBeat], gone: frozenset[int], change: WorldChange | None) -> list[RankBeat]:
+    """The beats that speak for the run: a rank lost while the others train on (live regroup) left a
+    last beat that would hold `step` back and name the world it left. While some rank runs, the ranks
+    still running speak; once none does (the run ended), the ranks that stepped past the last world
+    change; when neither rule leaves any beat, every beat."""
+    running = [b for b in every if b.rank not in gone]
+    if running:
+        return running
+    if change is not None:
+        after = [b for b in every if b.step is not None and b.step > change.step]
+        if after:
+            return after
+    return every
+
+
+def _world_size(head: RankBeat | None, change: WorldChange | None, lost: bool) -> int | None:
+    """The ranks training now: a beat carries the WORLD_SIZE its process started with, so after a rank
+    was lost and the others regrouped in place, the last world change says how many are left."""
+    if lost and change is not None:
+        return change.world_size
+    return head.world_size if head else None
+
+
 def decide(facts: Facts) -> Status:
     """The run's state and the numbers `status` shows."""
     ckpt = facts.checkpoint
@@ -248,7 +277,9 @@ def decide(facts: Facts) -> Status:
         )
     launch = nodes[0].launch_id
     launches = {r.launch_id for r in nodes}
-    beats = [b for b in facts.beats if b.launch is None or b.launch in launches]
+    every = [b for b in facts.beats if b.launch is None or b.launch in launches]
+    beats = _speaking(every, facts.gone_ranks, facts.world_change)
+    lost = len(beats) < len(every)
     state, reason = _state(facts, nodes, beats)
     head = next((b for b in beats if b.rank == 0), beats[0] if beats else None)
     stepped = [b.step for b in beats if b.step is not None]
@@ -278,10 +309,18 @@ def decide(facts: Facts) -> Status:
         checkpoint=ckpt,
         checkpoint_age_s=ckpt_age,
         ranks=tuple(
-            RankView(b.rank, b.host, b.step, facts.now - b.time if b.time is not None else None, b.pid) for b in beats
+            RankView(
+                b.rank,
+                b.host,
+                b.step,
+                facts.now - b.time if b.time is not None else None,
+                b.pid,
+                gone=lost and all(b is not k for k in beats),
+            )
+            for b in every
         ),
         cancel_requested=cancel_asked(facts, nodes),
         problems=tuple(facts.problems),
-        world_size=head.world_size if head else None,
+        world_size=_world_size(head, facts.world_change, lost),
         world_change=facts.world_change,
     )
