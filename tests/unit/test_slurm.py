@@ -164,3 +164,18 @@ def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:
     assert [a for a in worker_argv(own, "/r") if a.startswith("preemption.lead_time_s")] == [
         "preemption.lead_time_s=300"
     ]
+
+
+def test_the_master_port_is_shared_by_the_tasks_below_the_ephemeral_range_and_moves_on_requeue() -> None:
+    """Every task computes rank 0's port alone, so it is a function of what they all see (job id and
+    requeue count); it stays below Linux's ephemeral ports (an outgoing connection's local end took
+    submitit's port once: EADDRINUSE on rank 0, the others waiting 300 s), and a requeue moves it."""
+    from torchlaunch.backends.slurm.task import MASTER_PORTS, master_port
+
+    low, high = MASTER_PORTS
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert high < ephemeral_low or ephemeral_low > 32767  # this box's range starts at 32768 or higher
+    ports = {master_port(f"{job}-0") for job in range(1, 2001)}
+    assert all(low <= p <= high for p in ports) and len(ports) > 1800  # spread like random draws (~1851 expected)
+    assert master_port("4242-0") == master_port("4242-0")  # the same on every task of the allocation
+    assert sum(master_port(f"{job}-0") != master_port(f"{job}-1") for job in range(1, 201)) >= 199

@@ -10,6 +10,7 @@ side: it imports nothing from torchlaunch.launch (the submitting side renders an
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
 import signal
@@ -77,6 +78,21 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
+MASTER_PORTS = (20000, 32767)
+"""Where rank 0's store listens: below Linux's default ephemeral range (32768-60999), which submitit's
+own choice (20000-60000) mostly falls in; a port there can be taken by any outgoing connection's
+local end on the node (seen: rank 0 failed with EADDRINUSE and the other ranks waited 300 s for it)."""
+
+
+def master_port(launch_id: str) -> int:
+    """rank 0's store port for this allocation: the same on every task (a function of the job id and
+    the requeue count, which all of them see), and a different one after a requeue, so a port that
+    stays taken on the node costs one attempt, not every attempt."""
+    low, high = MASTER_PORTS
+    digest = hashlib.blake2b(launch_id.encode(), digest_size=4).digest()
+    return low + int.from_bytes(digest, "big") % (high - low + 1)
+
+
 @dataclass
 class SlurmTask:
     """The picklable callable submitit runs in every task; its fields survive requeues."""
@@ -107,6 +123,8 @@ class SlurmTask:
         started = time.time()
         # One thread per allotted CPU: torch would otherwise start a thread per core in every task.
         os.environ.setdefault("OMP_NUM_THREADS", contract.get(contract.SLURM_CPUS_PER_TASK, "1") or "1")
+        if contract.MASTER_PORT not in os.environ:  # a port the user exported is theirs to choose
+            os.environ[contract.MASTER_PORT] = str(master_port(self.launch_id()))
         dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         rank = dist_env.rank
         print(
