@@ -80,7 +80,9 @@ HANGS = "hangs"
 """RUN_DIR/hangs/STAMP-HOST-PID/: the hang watchdog's stack dumps (torchlaunch.jobs.watchdog)."""
 TRACE = "trace"
 """RUN_DIR/trace/rankN.jsonl: each rank's batch trace when debug.trace_batches is on."""
-FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS, TRACE)
+LIVE = "live"
+"""RUN_DIR/live/: live recovery's group generation (its lock) and each rank's regroup events."""
+FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS, TRACE, LIVE)
 """Every folder the launchers and ranks write, append or delete in: each must be a real folder."""
 
 
@@ -130,6 +132,10 @@ def model(run_dir: PathLike) -> Path:
 
 def trace(run_dir: PathLike) -> Path:
     return _under(run_dir, TRACE)
+
+
+def live(run_dir: PathLike) -> Path:
+    return _under(run_dir, LIVE)
 
 
 def config(run_dir: PathLike) -> Path:

@@ -159,3 +159,31 @@ def test_live_mode_without_torchft_is_one_line(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(local_launch.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(BadInput, match=r"needs torchft .*torchlaunch\[live\]"):
         local_launch.require_live_extra()
+
+
+def test_the_generation_is_never_read_or_written_through_a_link(tmp_path: Path) -> None:
+    """RUN_DIR/live is a run-dir folder: a link planted there (or at its generation file) is not
+    followed, so a forged generation elsewhere neither vouches for a group nor gets written."""
+    from torchlaunch import rundir
+
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    run_dir.mkdir()
+    outside.mkdir()
+    (outside / "generation").write_text("7\n")
+    (run_dir / "live").symlink_to(outside)
+    with pytest.raises(rundir.LinkedFolder):
+        Fence(run_dir).advance()
+    with pytest.raises(rundir.LinkedFolder):
+        Fence(run_dir).current()
+    assert sorted(p.name for p in outside.iterdir()) == ["generation"]
+    assert (outside / "generation").read_text() == "7\n"
+
+    (run_dir / "live").unlink()
+    (run_dir / "live").mkdir()
+    (run_dir / "live" / "generation").symlink_to(outside / "generation")
+    assert Fence(run_dir).current() == 0  # the planted link is not read: it vouches for no group
+    with pytest.raises(Fenced):
+        Fence(run_dir).check(7)
+    assert Fence(run_dir).advance() == 1  # the link itself is replaced by the real file
+    assert not (run_dir / "live" / "generation").is_symlink() and (outside / "generation").read_text() == "7\n"
+    assert "live" in rundir.FOLDERS  # refused at start by rundir.check_folders, like every run-dir folder

@@ -229,9 +229,10 @@ class RunLog:
     def event(self, record: dict[str, object]) -> None:
         """A live-recovery event of this rank (regrouped, first step after it), one JSON line in
         RUN_DIR/live/events-rank<r>.jsonl (r: the rank this process started as): what bench/live.py reads."""
-        path = self.run_dir / "live" / f"events-rank{self.rank}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as fh:
+        path = rundir.live(self.run_dir) / f"events-rank{self.rank}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        # Through ranklog.open_log: a link or FIFO under the name is replaced, never written through.
+        with os.fdopen(ranklog.open_log(str(path)), "a") as fh:
             fh.write(json.dumps(record) + "\n")
 
     def promote(self, step: int) -> None:

@@ -9,7 +9,9 @@ old group that has not noticed it was replaced) finds a newer generation there a
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import os
 from pathlib import Path
 
 from torchlaunch import rundir
@@ -24,26 +26,48 @@ class Fence:
     """RUN_DIR/live/generation, read and advanced under RUN_DIR/live/generation.lock."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.folder = Path(run_dir) / "live"
+        self.folder = rundir.live(run_dir)
         self.path = self.folder / "generation"
         self.lock_path = self.folder / "generation.lock"
 
     def current(self) -> int:
-        """The newest generation (0 before any group formed)."""
+        """The newest generation (0 before any group formed). Read through the real folder, never a
+        link: a generation file planted elsewhere cannot vouch for a group."""
         try:
-            text = self.path.read_text().strip()
+            folder = rundir.open_folder(self.folder)
         except FileNotFoundError:
             return 0
+        try:
+            fd = os.open("generation", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ELOOP):  # none yet, or a planted link: vouches for no group
+                return 0
+            raise
+        finally:
+            os.close(folder)
+        with os.fdopen(fd, "rb") as fh:
+            text = fh.read(32).decode("ascii", "replace").strip()
         return int(text) if text.isdigit() else 0
 
     def advance(self) -> int:
-        """Take the next generation for a group that just formed; returns it."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            generation = self.current() + 1
-            rundir.write_text(self.path, f"{generation}\n")
-            return generation
+        """Take the next generation for a group that just formed; returns it. The folder, its lock and
+        the file are opened without following links (rundir.open_folder, O_NOFOLLOW): a link planted
+        at RUN_DIR/live is LinkedFolder (an OSError), and nothing is written through it."""
+        self.folder.mkdir(exist_ok=True)
+        folder = rundir.open_folder(self.folder)
+        try:
+            lock = os.open(
+                "generation.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder
+            )
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                generation = self.current() + 1
+                rundir.write_text("generation", f"{generation}\n", real_folder=True, dir_fd=folder)
+                return generation
+            finally:
+                os.close(lock)
+        finally:
+            os.close(folder)
 
     def check(self, generation: int, what: str = "commit a checkpoint") -> None:
         """Raise Fenced unless `generation` is still the newest."""
