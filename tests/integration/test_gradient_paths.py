@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from tests.helpers import REPO, assert_models_equal, launcher
+from tests.helpers import REPO, assert_models_equal, launcher, leave_spawned_rank
 from torchlaunch.core.affinity import core_slice
 from torchlaunch.core.shm_reduce import build_reducer
 
@@ -68,8 +68,10 @@ def _probe_rank(rank: int, world: int, store_file: str, shm_dir: str, out_dir: s
                 averaged = reducer.average(grads.clone())
                 result.setdefault("equal", []).append(bool(torch.equal(averaged, expected)))
         Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave_spawned_rank()
 
 
 def _probe(tmp_path: Path, world: int, shm_dir: str) -> list[dict]:

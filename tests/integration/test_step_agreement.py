@@ -10,6 +10,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.helpers import leave_spawned_rank
 from torchlaunch.core.dist import DistContext
 from torchlaunch.core.preemption import StepAgreement
 from torchlaunch.worker.schedule import LoopSchedule
@@ -40,6 +41,7 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(stops))
     dist.barrier()
     dist.destroy_process_group()
+    leave_spawned_rank()
 
 
 @pytest.mark.slow  # two spawned processes, each importing torch

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tests.helpers import leave_spawned_rank
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.worker.accumulate import backward_share
 
@@ -88,12 +87,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # Leave as the project's own ranks do (runner.exit_process): without interpreter teardown, where
-    # gloo's C++ threads still winding down sometimes abort a finished rank (CI: "terminate called
-    # without an active exception", SIGABRT on rank 2 after a clean finish).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_spawned_rank()
 
 
 @pytest.mark.slow  # three spawned processes: their start-up is most of its time
