@@ -5,9 +5,12 @@ The rest of them, and the helpers both halves share, are in tests/integration/te
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +52,21 @@ def test_slurm_stop_from_outside_requeues_and_resumes_exactly(
     assert_models_equal(run_dir / "model.pt", expected)
 
 
+def rank_stacks(docker: Callable[..., Any], name: str, progress: Path) -> str:
+    """Every rank's Python stacks from inside the container, for a failure message: each rank named its
+    dump signal in its heartbeat (jobs/progress.py) and writes its stacks to rank-N.stack on it."""
+    for beat_file in sorted(progress.glob("rank-*.json")):
+        beat = json.loads(beat_file.read_text(errors="replace") or "{}")
+        if isinstance(beat.get("pid"), int) and isinstance(beat.get("dump_signal"), int):
+            kill = f"import os; os.kill({beat['pid']}, {beat['dump_signal']})"
+            docker("exec", name, "python", "-c", kill, check=False)
+    stacks = sorted(progress.glob("rank-*.stack"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(p.stat().st_size for p in stacks):
+        time.sleep(0.2)  # the dumps land asynchronously; bounded
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in stacks)
+
+
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("image")
@@ -79,7 +97,9 @@ def test_docker_stop_of_a_container_with_loader_workers_resumes_exactly(
         beat = shared / "run" / "progress" / "rank-0.json"
         deadline = time.monotonic() + 300
         while not (beat.exists() and '"step": ' in beat.read_text(errors="replace")):
-            assert time.monotonic() < deadline, docker("logs", name, check=False).stderr[-3000:]
+            if time.monotonic() >= deadline:
+                stderr = docker("logs", name, check=False).stderr[-3000:]
+                pytest.fail(f"no step within 300 s\n{stderr}\n{rank_stacks(docker, name, beat.parent)}")
             time.sleep(0.1)  # polling the shared volume, bounded by the deadline
         grace = 30
         start = time.monotonic()
