@@ -496,9 +496,12 @@ def test_the_ground_floor_imports_only_itself_and_the_exit_codes() -> None:
     assert not found, "base/ importing from above:\n" + "\n".join(found)
 
 
-def load_time_imports() -> dict[str, set[str]]:
-    """module -> the project modules its body imports when it is loaded (not inside functions, not
-    under TYPE_CHECKING): the edges a circle of half-initialised modules could run through."""
+def import_graph(everywhere: bool) -> dict[str, set[str]]:
+    """module -> the project modules it imports: `everywhere=False`, only what its body runs when it
+    is loaded (not inside functions, not under TYPE_CHECKING: the edges a circle of half-initialised
+    modules could run through); `everywhere=True`, every import at load time, inside functions and under
+    TYPE_CHECKING alike (a deferred import still makes the importer depend on the imported floor; hiding
+    one inside a function moves the circle to run time, it does not remove it)."""
     names = {}
     for path in PACKAGE.rglob("*.py"):
         parts = ("torchlaunch", *path.relative_to(PACKAGE).with_suffix("").parts)
@@ -511,14 +514,19 @@ def load_time_imports() -> dict[str, set[str]]:
 
     edges: dict[str, set[str]] = {}
     for name, path in names.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
         found = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in ast.walk(tree) if everywhere else tree.body:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchlaunch"):
                 found |= {owner(f"{node.module}.{a.name}") for a in node.names} | {owner(node.module)}
             elif isinstance(node, ast.Import):
                 found |= {owner(a.name) for a in node.names if a.name.startswith("torchlaunch")}
         edges[name] = {t for t in found if t and t != name and not name.startswith(f"{t}.")}
     return edges
+
+
+def load_time_imports() -> dict[str, set[str]]:
+    return import_graph(everywhere=False)
 
 
 def test_no_circle_among_the_imports_a_module_runs_when_loaded() -> None:
@@ -542,29 +550,7 @@ def test_no_circle_among_the_imports_a_module_runs_when_loaded() -> None:
 
 
 def all_imports() -> dict[str, set[str]]:
-    """module -> every project module it imports anywhere: at load time, inside functions and under
-    TYPE_CHECKING alike. A deferred import still makes the importer depend on the imported floor; hiding
-    one inside a function moves the circle to run time, it does not remove it."""
-    names = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = ("torchlaunch", *path.relative_to(PACKAGE).with_suffix("").parts)
-        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-
-    def owner(name: str) -> str:
-        while name and name not in names:
-            name = name.rpartition(".")[0]
-        return name
-
-    edges: dict[str, set[str]] = {}
-    for name, path in names.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchlaunch"):
-                found |= {owner(f"{node.module}.{a.name}") for a in node.names} | {owner(node.module)}
-            elif isinstance(node, ast.Import):
-                found |= {owner(a.name) for a in node.names if a.name.startswith("torchlaunch")}
-        edges[name] = {t for t in found if t and t != name and not name.startswith(f"{t}.")}
-    return edges
+    return import_graph(everywhere=True)
 
 
 def folder_circles(edges: dict[str, set[str]], folders: set[str] | None = None) -> list[list[str]]:
