@@ -48,9 +48,9 @@ git log -1 --format='HEAD %h %s' 2>/dev/null || true
 rm -rf /tmp/c10 && mkdir -p /tmp/c10
 stage 30 tar xzf "$DATA/cifar10-train.tar.gz" -C /tmp/c10 || exit 1
 
-# (b) the gpu-marked unit tests (only their files: nothing else collected)
+# (b) the gpu-marked tests (only their files: nothing else collected)
 stage 100 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/unit/test_gpu_decode.py tests/unit/test_host_sync.py \
-    tests/unit/test_debug.py tests/unit/test_bad_inputs.py 2>&1 | tee "$OUT/pytest.log"
+    tests/unit/test_debug.py tests/integration/test_bad_inputs.py 2>&1 | tee "$OUT/pytest.log"
 
 # (c) a real run through the launcher on the GPU (NCCL, bf16, torchrun): SIGTERM from outside, exit 75, resume
 if [ -n "$CPU" ]; then

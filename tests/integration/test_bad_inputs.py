@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO, error_lines, run_launcher
 from tests.unit.test_data import write_folder
@@ -33,6 +34,19 @@ def assert_bad_input(args: list[str], *words: str, timeout: float = 120) -> str:
         assert w in lines[0], f"{w!r} not in {lines[0]!r}"
     assert "Traceback" not in err
     return lines[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a visible CUDA GPU (the check compares against it)")
+def test_more_gpus_than_available(tmp_path: Path) -> None:
+    """The CPU-only twin of this test is test_local_launcher.py::test_more_gpus_than_visible. It runs the
+    launcher, so it lives on this floor: on the unit floor (until 2026-12-04) the isolation watch failed it
+    on an H200 for starting a process, after its own assertions had passed."""
+    visible = torch.cuda.device_count()
+    assert_bad_input(
+        ["--gpus", str(visible + 1), "--config", SMOKE, f"run_dir={tmp_path}"],
+        f"GPUS={visible + 1} but only {visible} GPU(s) are visible",
+    )
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
