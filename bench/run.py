@@ -299,17 +299,44 @@ def render(doc: dict) -> str:
     lines += [
         "## GPU",
         "",
-        "`bench/gpu.py` measures, in one short call on one GPU (written for an H200): training images/s per GPU "
-        "(fastnet and resnet18, bf16 + channels_last, with and without torch.compile), data-path images/s "
-        "with the uint8 set resident on the GPU, and the time for configs/fast.yaml to reach 94% validation "
-        "accuracy. **Not run yet**: no GPU was lent to this task; run "
-        "`python -m bench.gpu --data-root PATH` on a GPU machine and paste its JSON here.",
+        "`bench/gpu.py` measures, in one short call on one GPU: training images/s per GPU (fastnet, fastnet93 "
+        "and resnet18, bf16 + channels_last, with and without torch.compile), data-path images/s with the uint8 "
+        "set resident on the GPU, and (with `--data-root`) the time for configs/fast.yaml to reach a goal "
+        "accuracy. **Measured once, 2026-12-04**, on one NVIDIA H200 (driver 580.159.04), torch 2.11.0+cu130 "
+        "(the machine's own; the project pins 2.14.1), the tree of commit f6ec2c9, by `bash bench/gpu_check.sh` "
+        "(`python -m bench.gpu --no-compile --steps 30`): eager training step fastnet **215,330** images/s, "
+        "fastnet93 **93,056**, resnet18 (batch 512) **44,958**; the data path alone **2,319,147** images/s. "
+        "Not measured: the torch.compile variants and the time-to-accuracy run (the shared JPEG copy tops out "
+        "near 91%, below its 94% goal; fast.yaml's 91.18% in 5.4 s of training is in the table below). "
+        "docs/bench-gpu-airbench.json and docs/GPU.md hold the raw figures.",
+        "",
+        "### airbench peers",
+        "",
+        "Same call (`python -m bench.gpu --peer-airbench`, PyPI airbench 0.1.8): every run trains on the same "
+        "45,000 images of the shared CIFAR-10 JPEG copy (the project's seeded 90% split) and is scored on the "
+        "held-out 5,000 (its validation split; no separate test images were carried). One run each, cold.",
+        "",
+        "| run | test top-1 | training s | images/s | command s |",
+        "|---|---|---|---|---|",
+        "| fast.yaml | 91.18% | 5.4 | 158,243 | 11.4 |",
+        "| airbench94 | 90.08% | 2.3 | 188,580 | 20.8 |",
+        "| fast93.yaml | 92.46% | 22.7 | 88,336 | 30.2 |",
+        "| airbench96 | 92.58% | 17.7 | 99,342 | 32.3 |",
+        "",
+        "Issue 15's goal for fast93.yaml, >= 93.0% in <= 20 s of training on one H200: **not met** on either "
+        "count (92.46%, 0.54 points short; 22.7 s, 2.7 s over; the project's seconds include every epoch's "
+        "validation and checkpoint save, airbench's do not). airbench96 on the same images: 92.58% in 17.7 s, "
+        "also below 93% on this JPEG copy (issue 15 quotes 93.27% for it). fast.yaml beats airbench94's "
+        "accuracy (91.18% vs 90.08%) in 2.3x its training time. Not run: `fast93.yaml train.epochs=32`.",
         "",
         "`bench/gpu224.py` (`python -m bench.run --only gpu224`) measures issue 27's two GPU rows: batched "
         "`decode_jpeg(device=cuda)` images/s ÷ torchvision's A100 figure (7,800), and ResNet-50 AMP at 224 px "
         "on a shard set with `data.decode=gpu` ÷ the same Trainer on synthetic in-GPU data (goal >= 0.9 and "
-        ">= 2,500 images/s). Without CUDA it says so and records nothing; it has been dry-run on the CPU only "
-        "(`python -m bench.gpu224 --dry-run`), see docs/GPU.md.",
+        ">= 2,500 images/s). Both rows in the table above were measured in the same call (2026-12-04, one "
+        "H200, torch 2.11.0+cu130, through `python -m bench.gpu_check gpu224`): the decode goal is met, the "
+        "end-to-end goal is not. data.decode=cpu (8 workers) ran at the same rate as data.decode=gpu, and the "
+        "decode plus crop alone ran at 5,634 images/s, so the JPEG decode is not what holds the shard path back; "
+        "what does was not found in this one call.",
         "",
         "## Honest notes",
         "",

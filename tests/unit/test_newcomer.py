@@ -132,7 +132,10 @@ def test_bench_states_the_cpu_beside_every_figure() -> None:
     doc["results"][first]["cpu"] = "Test CPU 9000"
     doc["preemption"] = {**doc.get("preemption", {}), "cpu": "Test CPU 9000"} if doc.get("preemption") else None
     text = bench_run.render(doc)
-    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith(("| figure", "|---"))]
+    lines = text.splitlines()
+    top = lines.index(next(ln for ln in lines if ln.startswith("| figure")))
+    table = lines[top : lines.index("", top)]  # the figures table; the GPU section's peer table names its GPU above it
+    rows = [ln for ln in table if ln.startswith("| ") and not ln.startswith(("| figure", "|---"))]
     recorded = {r.get("cpu") for r in doc["results"].values()} | {"Test CPU 9000"}
     assert rows and all(any(c and c in r for c in recorded) or bench_run.NO_CPU in r for r in rows)
     assert f"| {doc['results'][first]['title']} |" in next(r for r in rows if "Test CPU 9000" in r)
