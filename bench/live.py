@@ -2,6 +2,7 @@
 
     python -m bench.live                 # 3 rounds each of losing rank 1 and rank 0, 2 -> 1 ranks
     python -m bench.live --rounds 1 --heartbeat-timeout 0.5
+    python -m bench.live --freeze        # SIGSTOP instead: a silent rank, fenced by its agent past the bound
 
 launch.local runs the built-in worker on 2 CPU ranks (gloo, loopback, synthetic 16 px images, a GroupNorm
 CNN) in live mode. This process polls the victim's batch trace (debug.trace_batches) until it holds
@@ -151,8 +152,10 @@ def run(
     steps: int = STEPS,
     service_kill_at: int | None = None,
     stop_at: int | None = None,
+    victim_signal: signal.Signals = signal.SIGKILL,
 ) -> LiveRun:
-    """One launch.local run of 2 ranks; SIGKILL rank `victim` once its trace reaches `kill_at`, and
+    """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
+    freezes it) once its trace reaches `kill_at`, and
     before that (`service_kill_at`: the victim's traced step) the membership service. `stop_at`: SIGTERM
     the launcher at that traced step of rank 0 instead (a whole-job preemption)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +184,7 @@ def run(
                 kill_at = max(kill_at, traced_step(run_dir / "trace" / f"rank{victim}.jsonl") + 10)
             elif step >= kill_at:
                 survivor_pid = pid_of(run_dir, 1 - victim)
-                os.kill(pid_of(run_dir, victim), signal.SIGKILL)
+                os.kill(pid_of(run_dir, victim), victim_signal)
                 killed_at = time.time()
             time.sleep(0.005)
         out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -234,10 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-timeout", type=float, default=1.0, help="recovery.heartbeat_timeout_s")
     parser.add_argument("--out", default="/tmp/torchlaunch-bench-live")
     parser.add_argument("--steady", action="store_true", help="measure live on ÷ off throughput instead (no kill)")
+    parser.add_argument(
+        "--freeze", action="store_true", help="SIGSTOP the victim instead of SIGKILL (a silent rank: its agent fences it)"
+    )
     args = parser.parse_args(argv)
     root = Path(args.out)
     if args.steady:
         return steady(root, args.rounds)
+    how = signal.SIGSTOP if args.freeze else signal.SIGKILL
     figures: dict[int, list[float]] = {0: [], 1: []}
     for round_ in range(args.rounds):
         for victim in (1, 0):
@@ -246,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 import shutil
 
                 shutil.rmtree(run_dir)
-            result = run(run_dir, victim, heartbeat_timeout_s=args.heartbeat_timeout)
+            result = run(run_dir, victim, heartbeat_timeout_s=args.heartbeat_timeout, victim_signal=how)
             seconds = result.recovery_s()
             if result.code != 0 or seconds is None:
                 print(result.stderr[-3000:], file=sys.stderr)
@@ -254,13 +261,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             figures[victim].append(seconds)
             print(
-                f"round {round_}: SIGKILL rank {victim} -> group re-formed {result.regroup_s():.2f} s, "
+                f"round {round_}: {how.name} rank {victim} -> group re-formed {result.regroup_s():.2f} s, "
                 f"first step done on the survivor {seconds:.2f} s (exit {result.code})",
                 flush=True,
             )
     for victim, values in figures.items():
         print(
-            f"kill rank {victim} -> first step on the survivor: median {statistics.median(values):.2f} s "
+            f"{how.name} rank {victim} -> first step on the survivor: median {statistics.median(values):.2f} s "
             f"[{min(values):.2f}-{max(values):.2f}] over {len(values)} round(s), heartbeat timeout "
             f"{args.heartbeat_timeout:g} s"
         )

@@ -13,6 +13,7 @@ CNN: BatchNorm normalises per rank, so no world size change could give the same 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,30 @@ def test_a_killed_rank_costs_a_regroup_not_the_job(reference: live.LiveRun, vict
     st = json.loads(shown)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 1), st
     assert {r["rank"]: r["gone"] for r in st["ranks"]} == {victim: True, 1 - victim: False}, st["ranks"]
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["freeze-rank1", "freeze-rank0"])
+def test_a_frozen_rank_is_fenced_after_the_heartbeat_bound_and_the_others_go_on(
+    reference: live.LiveRun, victim: int, tmp_path: Path
+) -> None:
+    """SIGSTOP from outside: the frozen rank keeps its sockets open, so no transport error comes; its
+    agent sees its pulse stop, SIGKILLs it past the bound (1 s), and the survivor regroups as after a
+    crash. The steps and weights are the uninterrupted run's, as after a SIGKILL."""
+    result = live.run(tmp_path / "run", victim, victim_signal=signal.SIGSTOP)
+    out = result.stderr
+    assert result.code == 0, out[-3000:]
+    assert f"live: rank {victim} silent for " in out and "(stopped (SIGSTOP or a debugger)), past the 1 s bound" in out
+    assert f"live: lost rank {victim} (SIGKILL, silent " in out and "the others finished" in out
+    assert live.pid_of(result.run_dir, 1 - victim) == result.survivor_pid, "the survivor's process changed"
+    regrouped = [e for e in result.events() if e["event"] == "regrouped"]
+    assert len(regrouped) == 1 and regrouped[0]["world"] == 1 and regrouped[0]["rank"] == 0, regrouped
+    assert step_samples(result.run_dir) == step_samples(reference.run_dir)
+    a = torch.load(result.run_dir / "model.pt", weights_only=True)
+    b = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], **TOLERANCE, msg=lambda m, k=key: f"{k}: {m}")
+    recovery_s = result.recovery_s()
+    assert recovery_s is not None and recovery_s >= 1.0, f"fenced before the bound: {recovery_s}"
 
 
 def test_the_membership_service_restarts_and_rank_0_is_still_recovered(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ The processes, sockets and the membership service are tests/integration/test_liv
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from torchlaunch.backends.local import live as live_agent
 from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
 from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, Regroup, is_peer_lost, replan, seat
 from torchlaunch.core.recovery.membership import replica_id_of, sorted_members, steps_agree
+from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch.spec import JobSpec
@@ -131,9 +134,10 @@ def test_the_live_agents_exit_code_is_the_survivors(codes: list[int], expected: 
 
 
 def test_the_live_agent_gives_each_rank_torchruns_contract_and_the_service() -> None:
-    env = live_agent.rank_env({"PATH": "/bin"}, 1, 2, 29500, "http://127.0.0.1:9", "tl-x")
+    env = live_agent.rank_env({"PATH": "/bin"}, 1, 2, 29500, "http://127.0.0.1:9", "tl-x", 7)
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "1", "2", "2")
     assert env["TORCHLAUNCH_LIGHTHOUSE"] == "http://127.0.0.1:9" and env["TORCHELASTIC_RUN_ID"] == "tl-x"
+    assert env["TORCHLAUNCH_LIVE_PULSE_FD"] == "7"
     assert env["PATH"] == "/bin"
 
 
@@ -187,3 +191,50 @@ def test_the_generation_is_never_read_or_written_through_a_link(tmp_path: Path) 
     assert Fence(run_dir).advance() == 1  # the link itself is replaced by the real file
     assert not (run_dir / "live" / "generation").is_symlink() and (outside / "generation").read_text() == "7\n"
     assert "live" in rundir.FOLDERS  # refused at start by rundir.check_folders, like every run-dir folder
+
+
+def pulse_pipe(watch: Watch, rank: int, bound_s: float = 1.0) -> Pulse:
+    read_fd, write_fd = os.pipe()
+    watch.add(rank, read_fd)
+    return Pulse.for_bound(write_fd, bound_s)
+
+
+def test_a_rank_that_stops_beating_is_silent_after_the_bound_and_only_then() -> None:
+    """The agent's clock is passed in: no sleeps. A rank is judged from its first beat on."""
+    watch = Watch(bound_s=1.0)
+    beating, frozen, starting = pulse_pipe(watch, 0), pulse_pipe(watch, 1), pulse_pipe(watch, 2)
+    beating._write(BEAT)
+    frozen._write(BEAT)
+    assert watch.silent(now=100.0) == {}
+    beating._write(BEAT)  # rank 0 beats on; rank 1 is frozen; rank 2 never beat (still starting)
+    assert watch.silent(now=100.9) == {}, "within the bound"
+    beating._write(BEAT)
+    assert watch.silent(now=101.5) == {1: pytest.approx(1.5)}
+    assert set(watch.ranks) == {0, 1, 2}
+    watch.close()
+    for pulse in (beating, frozen, starting):
+        pulse.stop()  # the agent's ends are closed: the rank's goodbye is dropped without an error
+
+
+def test_a_rank_that_says_goodbye_or_dies_is_no_longer_watched() -> None:
+    watch = Watch(bound_s=1.0)
+    leaving, dying = pulse_pipe(watch, 0), pulse_pipe(watch, 1)
+    leaving.start()  # the first beat at once, then a thread
+    dying._write(BEAT)
+    assert watch.silent(now=time.monotonic()) == {}
+    leaving.stop()  # BYE, then its end closed
+    os.close(dying.fd)  # a rank that died: its end of the pipe closed by its kernel
+    assert watch.silent(now=time.monotonic() + 60) == {}, "gone on purpose or dead: not silent"
+    assert watch.ranks == {}
+
+
+def test_a_rank_never_waits_on_its_agent() -> None:
+    """An agent that stopped reading (itself stopped) fills the pipe: the rank's beats are dropped,
+    its writes never block; an agent that is gone ends the beats."""
+    read_fd, write_fd = os.pipe()
+    pulse = Pulse(write_fd, 0.1)
+    for _ in range(200_000):  # far more than a pipe holds (64 KiB on Linux)
+        assert pulse._write(BEAT)
+    os.close(read_fd)
+    assert not pulse._write(BEAT), "the agent's end is closed: nothing left to tell"
+    pulse.stop()

@@ -158,6 +158,7 @@ def join_live(cfg: config_mod.RunConfig, ctx):  # noqa: ANN001, ANN201 - DistCon
     from torchlaunch.core.recovery.group import LiveGroup
     from torchlaunch.core.recovery.lighthouse import LighthouseMembership
     from torchlaunch.core.recovery.membership import replica_id_of
+    from torchlaunch.core.recovery.pulse import Pulse
 
     address = contract.get(contract.LIGHTHOUSE)
     if not address:
@@ -167,7 +168,11 @@ def join_live(cfg: config_mod.RunConfig, ctx):  # noqa: ANN001, ANN201 - DistCon
             "launch with `python -m launch.local --gpus N` on one node, or set recovery.live=false",
         )
     membership = LighthouseMembership(address, replica_id_of(ctx.rank), cfg.recovery.heartbeat_timeout_s)
-    group = LiveGroup(membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s)
+    pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
+    pulse = Pulse.for_bound(int(pulse_fd), cfg.recovery.heartbeat_timeout_s) if pulse_fd.isdigit() else None
+    group = LiveGroup(
+        membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s, pulse=pulse
+    )
     group.join(ctx, step=0)
     return group
 

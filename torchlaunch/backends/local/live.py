@@ -6,7 +6,10 @@ Why not torchrun's agent: it ends every rank of the group when one fails and sta
 which is exactly the restart live mode avoids. This agent starts the ranks with torchrun's env contract
 (each in a session of its own, dying with this agent: pdeath.die_with_agent), starts the membership
 service (core/recovery/lighthouse.py) in a process of its own, restarts it on the same address if it
-dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks.
+dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks. It also
+watches each rank's pulse (core/recovery/pulse.py): a rank silent past the heartbeat bound (frozen by
+SIGSTOP, say) is SIGKILLed with its process group, so that its peers' collective fails with a transport
+error and they regroup without it, instead of waiting for `dist.timeout_s`.
 
 Its exit code: a rank that was lost (ended by a signal, e.g. SIGKILL) while the others finished is
 what live mode is for, so the job's outcome is the survivors': 0 when they all finished 0. A rank that
@@ -25,6 +28,8 @@ import time
 from collections.abc import Sequence
 
 from torchlaunch import contract
+from torchlaunch.base import procs
+from torchlaunch.core.recovery.pulse import Watch
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.launch import elastic
 
@@ -55,9 +60,10 @@ def free_port() -> int:
 
 
 def rank_env(
-    base: dict[str, str], rank: int, nproc: int, master_port: int, lighthouse: str, run_id: str
+    base: dict[str, str], rank: int, nproc: int, master_port: int, lighthouse: str, run_id: str, pulse_fd: int
 ) -> dict[str, str]:
-    """torchrun's contract for local rank `rank` of one node (pure), plus the service's address."""
+    """torchrun's contract for local rank `rank` of one node (pure), plus the service's address and the
+    rank's pulse pipe."""
     return {
         **base,
         contract.RANK: str(rank),
@@ -76,6 +82,7 @@ def rank_env(
         contract.MAX_RESTARTS: "0",
         contract.USE_AGENT_STORE: "False",
         contract.LIGHTHOUSE: lighthouse,
+        contract.LIVE_PULSE_FD: str(pulse_fd),
     }
 
 
@@ -133,10 +140,41 @@ class Service:
                 self.proc.wait()
 
 
+def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subprocess.Popen:
+    """A rank in a session of its own (its loader workers share its process group), holding the write
+    end of its pulse pipe."""
+    try:
+        return subprocess.Popen([sys.executable, *program], env=env, start_new_session=True, pass_fds=(pulse_fd,))
+    finally:
+        os.close(pulse_fd)  # the rank's own now: its end of file tells this agent it is gone
+
+
+def fence_silent(ranks: list[subprocess.Popen], watch: Watch, fenced: dict[int, str]) -> None:
+    """SIGKILL each rank silent past the bound, with its process group (its loader workers): its
+    sockets close, so its peers' collective fails at once and they regroup (core/recovery/pulse.py)."""
+    for rank, seconds in watch.silent().items():
+        watch.forget(rank)
+        proc = ranks[rank]
+        if proc.poll() is not None:
+            continue
+        why = procs.unresponsive(proc.pid) or "not beating"
+        fenced[rank] = f"silent {seconds:.1f} s, {why}"
+        print(
+            f"live: rank {rank} silent for {seconds:.1f} s ({why}), past the {watch.bound_s:g} s bound: "
+            "killed so that the others go on without it",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, program = parse_args(sys.argv[1:] if argv is None else argv)
     service = Service(free_port(), args.heartbeat_timeout_ms)
     ranks: list[subprocess.Popen] = []
+    watch = Watch(args.heartbeat_timeout_ms / 1000)
+    fenced: dict[int, str] = {}
 
     def stop(signum: int, frame: object) -> None:  # a stop is the ranks' to handle (checkpoint, exit 75)
         for proc in ranks:
@@ -149,12 +187,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         master_port = free_port()
         for rank in range(args.nproc):
-            env = rank_env(dict(os.environ), rank, args.nproc, master_port, service.address, args.run_id)
-            ranks.append(subprocess.Popen([sys.executable, *program], env=env, start_new_session=True))
+            read_fd, write_fd = os.pipe()
+            watch.add(rank, read_fd)
+            env = rank_env(dict(os.environ), rank, args.nproc, master_port, service.address, args.run_id, write_fd)
+            ranks.append(start_rank(program, env, write_fd))
         while any(proc.poll() is None for proc in ranks):
             service.keep_up()
+            fence_silent(ranks, watch, fenced)
             time.sleep(POLL_S)
     finally:
+        watch.close()
         for proc in ranks:  # leaving early (an error here): no rank trains on without its agent
             if proc.poll() is None:
                 proc.kill()
@@ -164,7 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lost = [rank for rank, code in enumerate(codes) if code < 0]
     code = job_code(codes)
     if lost:
-        names = ", ".join(f"rank {r} ({signal.Signals(-codes[r]).name})" for r in lost)
+        names = ", ".join(
+            f"rank {r} ({signal.Signals(-codes[r]).name}{', ' + fenced[r] if r in fenced else ''})" for r in lost
+        )
         outcome = "the others finished" if code == OK else f"exit {code}"
         print(f"live: lost {names}; {outcome}", file=sys.stderr, flush=True)
     return code

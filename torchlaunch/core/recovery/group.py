@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torchlaunch.core.dist import DistContext, broadcast_object
 from torchlaunch.core.recovery.fence import Fence
 from torchlaunch.core.recovery.membership import Membership, Quorum, seat, steps_agree
+from torchlaunch.core.recovery.pulse import Pulse
 from torchlaunch.exit_codes import BadInput
 
 STORE_HOST = "127.0.0.1"
@@ -34,12 +35,19 @@ STORE_HOST = "127.0.0.1"
 
 
 class LiveGroup:
-    """The membership, this rank's store and the group's generation (fence)."""
+    """The membership, this rank's store, the group's generation (fence) and this rank's pulse to its
+    agent (None where the launcher watches none)."""
 
     def __init__(
-        self, membership: Membership, fence: Fence, timeout_s: float, quorum_timeout_s: float, host: str = STORE_HOST
+        self,
+        membership: Membership,
+        fence: Fence,
+        timeout_s: float,
+        quorum_timeout_s: float,
+        host: str = STORE_HOST,
+        pulse: Pulse | None = None,
     ) -> None:
-        self.membership, self.fence = membership, fence
+        self.membership, self.fence, self.pulse = membership, fence, pulse
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.quorum_timeout_s = quorum_timeout_s
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
@@ -49,7 +57,10 @@ class LiveGroup:
 
     def join(self, ctx: DistContext, step: int) -> None:
         """Enter the service with the group the launcher formed (every rank of the launch). Each rank
-        heartbeats before the barrier, so the service waits for all of them in the first quorum."""
+        heartbeats before the barrier, so the service waits for all of them in the first quorum; from here
+        on its agent takes a silence past the bound for a frozen rank."""
+        if self.pulse is not None:
+            self.pulse.start()
         self.membership.start()
         dist.barrier()
         quorum = self.membership.quorum(step, self.store_address, self.quorum_timeout_s)
@@ -104,6 +115,8 @@ class LiveGroup:
 
     def close(self) -> None:
         self.membership.close()
+        if self.pulse is not None:
+            self.pulse.stop()
 
 
 def average_gradients(params: Iterable[torch.nn.Parameter], world_size: int) -> None:
