@@ -238,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="/tmp/torchlaunch-bench-live")
     parser.add_argument("--steady", action="store_true", help="measure live on ÷ off throughput instead (no kill)")
     parser.add_argument(
-        "--freeze", action="store_true", help="SIGSTOP the victim instead of SIGKILL (a silent rank: its agent fences it)"
+        "--freeze",
+        action="store_true",
+        help="SIGSTOP the victim instead of SIGKILL (a silent rank: its agent fences it)",
     )
     args = parser.parse_args(argv)
     root = Path(args.out)

@@ -19,6 +19,7 @@ from torch import nn
 
 from tests.helpers import REPO, assert_models_equal, launcher, leave_spawned_rank
 from torchlaunch.core.affinity import core_slice
+from torchlaunch.core.dist import rank_order_mean
 from torchlaunch.core.shm_reduce import build_reducer
 
 # ------------------------------------------------------------------ affinity (pure)
@@ -67,6 +68,11 @@ def _probe_rank(rank: int, world: int, store_file: str, shm_dir: str, out_dir: s
             for _ in range(3):  # both parities, then the first one again
                 averaged = reducer.average(grads.clone())
                 result.setdefault("equal", []).append(bool(torch.equal(averaged, expected)))
+            flat = torch.randn(100)  # live mode's flat buffer: larger than a slot (36 floats), in pieces
+            everyone = [torch.empty_like(flat) for _ in range(world)]
+            dist.all_gather(everyone, flat)
+            reducer.average_flat(flat)
+            result["flat_equal"] = bool(torch.equal(flat, rank_order_mean(everyone, out=torch.empty(100))))
         Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
         dist.barrier()
     finally:
@@ -92,7 +98,7 @@ def test_shared_memory_average_is_the_rank_order_mean_and_leaves_no_file(tmp_pat
     shm.mkdir()
     results = _probe(tmp_path, 3, str(shm))
     assert all(r["reducer"] for r in results)
-    assert all(r["equal"] == [True, True, True] for r in results), results
+    assert all(r["equal"] == [True, True, True] and r["flat_equal"] for r in results), results
     assert list(shm.iterdir()) == []  # unlinked as soon as every rank had mapped it
 
 

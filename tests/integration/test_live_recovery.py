@@ -71,6 +71,7 @@ def assert_trains_the_plan(run_dir: Path, steps: int) -> None:
 
 def test_the_uninterrupted_run_trains_the_plan(reference: live.LiveRun) -> None:
     assert_trains_the_plan(reference.run_dir, live.STEPS)
+    assert "gradients: live: shared memory, group re-formed on a lost rank" in reference.stderr
     assert not reference.events(), "nothing was lost, nothing regrouped"
 
 

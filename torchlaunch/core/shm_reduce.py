@@ -79,6 +79,12 @@ class SharedMemoryReducer:
             rank_order_mean(views, out=flat)
         return grads
 
+    def average_flat(self, flat: torch.Tensor) -> None:
+        """`average` over a flat buffer of any size, slot-sized piece by piece (one barrier each)."""
+        per_slot = max(1, self.slots.shape[2] // flat.element_size())
+        for piece in flat.split(per_slot):
+            self.average(piece)
+
 
 def _ordered_gloo_average(grads: torch.Tensor, world_size: int, group: object) -> torch.Tensor:
     gathered = [torch.empty_like(grads) for _ in range(world_size)]
@@ -107,11 +113,13 @@ def _map_slots(path: str, world_size: int, nbytes: int) -> torch.Tensor:
     )
 
 
-def build_reducer(model: nn.Module, shm_dir: str = SHM_DIR) -> SharedMemoryReducer | None:
+def build_reducer(
+    model: nn.Module, shm_dir: str = SHM_DIR, bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES
+) -> SharedMemoryReducer | None:
     """Collective over the default group: every rank returns a reducer, or every rank returns None
     (then the caller keeps gloo). Call only when every rank runs on this machine."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    nbytes = slot_bytes(model)
+    nbytes = slot_bytes(model, bucket_cap_bytes)
     path, error = None, ""
     if rank == 0:
         path = os.path.join(shm_dir, f"ddp-grads-{os.getpid()}-{secrets.token_hex(6)}")

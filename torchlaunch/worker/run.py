@@ -170,9 +170,7 @@ def join_live(cfg: config_mod.RunConfig, ctx):  # noqa: ANN001, ANN201 - DistCon
     membership = LighthouseMembership(address, replica_id_of(ctx.rank), cfg.recovery.heartbeat_timeout_s)
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
     pulse = Pulse.for_bound(int(pulse_fd), cfg.recovery.heartbeat_timeout_s) if pulse_fd.isdigit() else None
-    group = LiveGroup(
-        membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s, pulse=pulse
-    )
+    group = LiveGroup(membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s, pulse=pulse)
     group.join(ctx, step=0)
     return group
 

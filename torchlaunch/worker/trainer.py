@@ -41,7 +41,7 @@ from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.recovery.group import LiveGroup, average_gradients, broadcast_parameters
 from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
-from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
+from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
 from torchlaunch.jobs.progress import heartbeat
 from torchlaunch.startup import process_age_s
@@ -191,9 +191,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.net: nn.Module = model
         self.gradient_path = "local"
+        self.live_reducer: SharedMemoryReducer | None = None
+        self._one_machine = ctx.world_size == ctx.local_world_size
         if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
             broadcast_parameters(model)
-            self.gradient_path = "live: one flat gloo all-reduce, group re-formed on a lost rank"
+            self.gradient_path = self._live_gradient_path()
         elif ctx.distributed:
             self.net = DistributedDataParallel(
                 model,
@@ -253,6 +255,17 @@ class Trainer:
             net.register_comm_hook(None, ordered_allreduce_hook)
             return "gloo, rank order"
         return "gloo"
+
+    def _live_gradient_path(self) -> str:
+        """Live mode's gradient averaging on the current group: through shared memory when every rank
+        is on this machine (built again after each regroup: a collective of the new group), else one
+        flat gloo all-reduce (core/recovery/group.average_gradients)."""
+        ctx = self.ctx
+        self.live_reducer = None
+        if ctx.world_size > 1 and self.cfg.dist.shared_memory_reduce and ctx.backend == "gloo" and self._one_machine:
+            self.live_reducer = build_reducer(self.model)
+        how = "shared memory" if self.live_reducer is not None else "one flat gloo all-reduce"
+        return f"live: {how}, group re-formed on a lost rank"
 
     def _check_model(self, model: nn.Module) -> None:
         """One fake batch through the model: shape and device mistakes become one clear line."""
@@ -428,7 +441,7 @@ class Trainer:
         self.net.train()
         total = backward_share(self.net, micro_batches, self.criterion, self.plan, self.scaler, self.autocast)
         if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
-            average_gradients(self.model.parameters(), self.ctx.world_size)
+            average_gradients(self.model.parameters(), self.ctx.world_size, self.live_reducer)
         if self.cfg.train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
@@ -537,6 +550,7 @@ class Trainer:
         p, old = self.progress, self.ctx
         self.optimizer.zero_grad(set_to_none=True)  # the interrupted step's partial gradients
         self.ctx = self.live.regroup(old, p.global_step)
+        self.gradient_path = self._live_gradient_path()
         self.plan = replan(self.plan, self.ctx.rank, self.ctx.world_size)
         self.loader.plan = self.plan
         self.world = WorldSize.of(self.ctx)

@@ -13,6 +13,7 @@ The pieces, one job each:
 - fence: the run dir's group generation; only the live group's ranks may commit a checkpoint
 - group: this rank's store, the process group re-formed in place, gradient averaging without DDP
 - lighthouse: the torchft-backed Membership, and the membership service's own process
+- pulse: a rank's beats to its agent, and the agent's watch that fences a silent rank
 """
 
 from __future__ import annotations

@@ -137,4 +137,3 @@ def _drain(fd: int) -> tuple[bytes, bool]:
         if not chunk:
             return b"".join(chunks), True
         chunks.append(chunk)
-
