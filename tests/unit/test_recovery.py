@@ -4,11 +4,13 @@ The processes, sockets and the membership service are tests/integration/test_liv
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchlaunch import config as config_mod
 from torchlaunch.backends.local import launch as local_launch
@@ -115,6 +117,36 @@ def test_each_group_takes_a_newer_generation_and_an_older_one_may_not_commit(tmp
     with pytest.raises(Fenced, match=f"generation {old}\\) may not commit") as raised:
         first.check(old)
     assert isinstance(raised.value, BadInput)  # exit 2: never retried beside the live group
+
+
+def test_a_superseded_group_never_commits_however_the_check_and_the_commit_interleave(tmp_path: Path) -> None:
+    """The generation is checked again under the fence's lock around the commit's renames, and a new
+    group's advance takes the same lock: no newer generation can appear between check and commit."""
+    from torchlaunch.core.checkpoint import store
+
+    fence = Fence(tmp_path)
+    old = fence.advance()
+    root = tmp_path / "checkpoints"
+    store.write_checkpoint(root, 1, {"w": torch.ones(2)}, {}, commit_guard=lambda: fence.holding(old))
+    assert store.verify(root / store.step_dir_name(1)) is None, "the live group commits"
+
+    def advance_meanwhile(tmp: Path) -> None:  # a new group forms after the early check, before the renames
+        Fence(tmp_path).advance()
+
+    with pytest.raises(Fenced, match=f"generation {old}\\) may not commit"):
+        store.write_checkpoint(
+            root, 2, {"w": torch.ones(2)}, {}, before_commit=advance_meanwhile, commit_guard=lambda: fence.holding(old)
+        )
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [store.step_dir_name(1)]
+    assert not [p for p in root.iterdir() if p.name.startswith(store.TMP_PREFIX)], "its temp folder is removed"
+
+    with fence.holding(old + 1):  # while the new group commits, no other group can take a generation
+        lock = os.open(tmp_path / "live" / "generation.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(lock)
 
 
 @pytest.mark.parametrize(

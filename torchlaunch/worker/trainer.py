@@ -422,6 +422,7 @@ class Trainer:
             synchronous=not (background or (final and self.cfg.checkpoint.async_save)),
             final=final,
             replace=replace,
+            commit_guard=self.live.commit_guard() if self.live is not None else None,
         )
         if info is not None:
             self.save_seconds = info.seconds

@@ -255,13 +255,15 @@ class Checkpointer:
         synchronous: bool = False,
         final: bool = False,
         replace: bool = False,
+        commit_guard: store.CommitGuard | None = None,
     ) -> CommitInfo | None:
         """Checkpoint `payload` as step `step`; every rank calls it at the same step, rank 0 writes.
 
         synchronous: returns once the commit is durable, or raises CheckpointError on every rank.
         Otherwise a snapshot (reused buffers) is committed in the background; `final` commits the live
         tensors in the background without a snapshot (nothing changes them any more; the caller waits
-        on self.writer). A background failure is raised on every rank at the next save."""
+        on self.writer). A background failure is raised on every rank at the next save. `commit_guard`:
+        store.write_checkpoint's (live mode's fence)."""
         ctx = self.ctx
         clash = sorted(set(payload) & set(ENVELOPE) - {"versions", "format_version"})
         if clash:
@@ -298,7 +300,9 @@ class Checkpointer:
             marker = dict(meta or {}, world_size=ctx.world_size, kind=self.kind)
 
             def commit(snapshot: dict[str, Any]) -> CommitInfo:
-                done = store.write_checkpoint(self.root, int(step), snapshot, marker, replace=replace)
+                done = store.write_checkpoint(
+                    self.root, int(step), snapshot, marker, replace=replace, commit_guard=commit_guard
+                )
                 store.retain(self.root, self.keep, done.path, self.metric)
                 return done
 

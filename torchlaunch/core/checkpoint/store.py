@@ -151,6 +151,10 @@ class CommitInfo:
     seconds: float
 
 
+CommitGuard = Callable[[], "contextlib.AbstractContextManager[None]"]
+"""Entered around a commit's renames and marker; may refuse with BadInput (write_checkpoint)."""
+
+
 def write_checkpoint(
     root: Path,
     step: int,
@@ -159,6 +163,7 @@ def write_checkpoint(
     before_commit: Callable[[Path], None] | None = None,
     replace: bool = False,
     format_name: str | None = None,
+    commit_guard: CommitGuard | None = None,
 ) -> CommitInfo:
     """Commit `state` as step `step` under `root`; raise CheckpointError and keep the previous on failure.
 
@@ -166,6 +171,9 @@ def write_checkpoint(
     step, e.g. after validation): then the new one is committed in full before the old one moves aside.
     `before_commit` is a test hook called with the temp folder after the state is written. The folder's
     files are the checkpoint format's (formats.py; `format_name`, default the single state.pt).
+    `commit_guard()` is entered around the renames and the marker (live mode: the group's fence, held
+    so that a superseded group never commits); a BadInput it raises leaves nothing but the previous
+    checkpoints.
     """
     fmt = get_format(format_name)
     start = time.perf_counter()
@@ -182,7 +190,10 @@ def write_checkpoint(
     except OSError as e:
         raise _save_failed(e, root, final, step) from None
     try:
-        marker = _commit(root, held, tmp, final, step, state, meta, run_id, before_commit, fmt)
+        marker = _commit(root, held, tmp, final, step, state, meta, run_id, before_commit, fmt, commit_guard)
+    except BadInput:  # the commit guard refused (a superseded live group): nothing was committed
+        _remove(tmp.name, held)
+        raise
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         os_error = _root_os_error(e)
         if os_error is None:
@@ -208,6 +219,7 @@ def _commit(
     run_id: str | None,
     before_commit: Callable[[Path], None] | None,
     fmt: CheckpointFormat,
+    commit_guard: CommitGuard | None = None,
 ) -> dict[str, Any]:
     """write_checkpoint's steps, each relative to `held` (RUN_DIR/checkpoints opened O_NOFOLLOW at the
     save's start) and each folder opened O_NOFOLLOW, with `root` re-checked right before every rename and
@@ -228,24 +240,25 @@ def _commit(
         marker["format"] = fmt.name
     if run_id is not None:
         marker["run_id"] = run_id
-    _still_root(root, held)
-    if _exists(f"{final.name}/{MARKER_FILE}", held):
-        # Commit inside the temp folder first, then swap: a crash between the two renames leaves
-        # the old folder aside, and clean_stale() puts it back at the next start (no step is lost).
-        _write_json_atomic(Path(tmp.name) / MARKER_FILE, marker, dir_fd=held)
-        aside = f"{REPLACED_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+    with commit_guard() if commit_guard is not None else contextlib.nullcontext():
         _still_root(root, held)
-        os.rename(final.name, aside, src_dir_fd=held, dst_dir_fd=held)
-        os.rename(tmp.name, final.name, src_dir_fd=held, dst_dir_fd=held)
-        os.fsync(held)
-        _remove(aside, held)
-    else:
-        if _exists(final.name, held):  # an uncommitted leftover of a crashed save of this same step
-            _remove(final.name, held)
-        os.rename(tmp.name, final.name, src_dir_fd=held, dst_dir_fd=held)
-        os.fsync(held)
-        _still_root(root, held)
-        _write_json_atomic(Path(final.name) / MARKER_FILE, marker, dir_fd=held)
+        if _exists(f"{final.name}/{MARKER_FILE}", held):
+            # Commit inside the temp folder first, then swap: a crash between the two renames leaves
+            # the old folder aside, and clean_stale() puts it back at the next start (no step is lost).
+            _write_json_atomic(Path(tmp.name) / MARKER_FILE, marker, dir_fd=held)
+            aside = f"{REPLACED_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+            _still_root(root, held)
+            os.rename(final.name, aside, src_dir_fd=held, dst_dir_fd=held)
+            os.rename(tmp.name, final.name, src_dir_fd=held, dst_dir_fd=held)
+            os.fsync(held)
+            _remove(aside, held)
+        else:
+            if _exists(final.name, held):  # an uncommitted leftover of a crashed save of this same step
+                _remove(final.name, held)
+            os.rename(tmp.name, final.name, src_dir_fd=held, dst_dir_fd=held)
+            os.fsync(held)
+            _still_root(root, held)
+            _write_json_atomic(Path(final.name) / MARKER_FILE, marker, dir_fd=held)
     return marker
 
 

@@ -3,15 +3,18 @@
 Every group that forms on a run dir (the first, and each regroup) takes the next generation from
 RUN_DIR/live/generation under an exclusive lock, so generations only grow, also across membership
 service restarts (whose quorum ids start again at 1) and job restarts. A rank checks its group's
-generation against the file before every checkpoint commit: a rank left out of the live group (or an
-old group that has not noticed it was replaced) finds a newer generation there and may not commit.
+generation against the file before every checkpoint commit, and again under the lock around the
+commit's renames (holding): a rank left out of the live group (or an old group that has not noticed it
+was replaced) finds a newer generation there and may not commit, however the two interleave.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from torchlaunch import rundir
@@ -49,10 +52,11 @@ class Fence:
             text = fh.read(32).decode("ascii", "replace").strip()
         return int(text) if text.isdigit() else 0
 
-    def advance(self) -> int:
-        """Take the next generation for a group that just formed; returns it. The folder, its lock and
-        the file are opened without following links (rundir.open_folder, O_NOFOLLOW): a link planted
-        at RUN_DIR/live is LinkedFolder (an OSError), and nothing is written through it."""
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        """RUN_DIR/live/generation.lock held exclusively; yields the folder's descriptor. The folder, its
+        lock and the file are opened without following links (rundir.open_folder, O_NOFOLLOW): a link
+        planted at RUN_DIR/live is LinkedFolder (an OSError), and nothing is written through it."""
         self.folder.mkdir(exist_ok=True)
         folder = rundir.open_folder(self.folder)
         try:
@@ -61,13 +65,27 @@ class Fence:
             )
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                generation = self.current() + 1
-                rundir.write_text("generation", f"{generation}\n", real_folder=True, dir_fd=folder)
-                return generation
+                yield folder
             finally:
                 os.close(lock)
         finally:
             os.close(folder)
+
+    def advance(self) -> int:
+        """Take the next generation for a group that just formed; returns it."""
+        with self._locked() as folder:
+            generation = self.current() + 1
+            rundir.write_text("generation", f"{generation}\n", real_folder=True, dir_fd=folder)
+            return generation
+
+    @contextlib.contextmanager
+    def holding(self, generation: int, what: str = "commit a checkpoint") -> Iterator[None]:
+        """Check `generation` and keep the lock while the caller commits: a newer group cannot take its
+        generation between this check and the commit (advance waits for the lock; a commit's renames
+        take milliseconds), and once it has, this group's check fails. Fenced when superseded."""
+        with self._locked():
+            self.check(generation, what)
+            yield
 
     def check(self, generation: int, what: str = "commit a checkpoint") -> None:
         """Raise Fenced unless `generation` is still the newest."""

@@ -18,8 +18,9 @@ rank's own call, before the optimizer step, so the step can run again unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -113,6 +114,13 @@ class LiveGroup:
 
     def check_fence(self) -> None:
         self.fence.check(self.generation)
+
+    def commit_guard(self) -> Callable[[], contextlib.AbstractContextManager[None]]:
+        """What a checkpoint's commit is held under (store.write_checkpoint's commit_guard): this
+        group's generation, taken now (a background commit may run after a regroup), checked under the
+        fence's lock, which no newer group can take meanwhile."""
+        generation = self.generation
+        return lambda: self.fence.holding(generation)
 
     def close(self) -> None:
         self.membership.close()
