@@ -270,3 +270,36 @@ def test_a_rank_never_waits_on_its_agent() -> None:
     os.close(read_fd)
     assert not pulse._write(BEAT), "the agent's end is closed: nothing left to tell"
     pulse.stop()
+
+
+def test_the_gradients_live_in_one_flat_buffer_that_backward_fills_in_place() -> None:
+    """Live mode averages one flat buffer: each .grad is a view of it with its parameter's strides
+    (channels_last included), backward accumulates into it, and an unused parameter adds zeros."""
+    from torch import nn
+
+    from torchlaunch.core.recovery.group import FlatGradients
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.randn(1, 3, 6, 6))
+    unused = nn.Linear(2, 2)
+    model.add_module("unused", unused)
+    model = model.to(memory_format=torch.channels_last)
+    assert not model[0].weight.is_contiguous(), "the conv weight is channels_last"
+    assert FlatGradients.fits(model.parameters())
+    grads = FlatGradients(model.parameters())
+    x = torch.randn(2, 3, 6, 6)
+    reference = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2))
+    reference.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("unused")})
+    for _ in range(2):  # two backward passes accumulate, as micro-batches do
+        model[2](model[1](model[0](x))).sum().backward()
+        reference(x).sum().backward()
+    for (name, p), q in zip(model[:3].named_parameters(), reference.parameters(), strict=True):
+        assert p.grad.stride() == p.stride(), name
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    start, end = grads.flat.data_ptr(), grads.flat.data_ptr() + grads.flat.numel() * 4
+    assert all(start <= p.grad.data_ptr() < end for p in model.parameters()), "every .grad is a view"
+    assert not unused.weight.grad.any(), "an unused parameter adds zeros"
+    grads.zero()
+    assert not any(p.grad.any() for p in model.parameters())
+    assert not FlatGradients.fits([nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, dtype=torch.float64))])

@@ -38,7 +38,7 @@ from torchlaunch.core.dist import (
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.recovery.failure import is_peer_lost
-from torchlaunch.core.recovery.group import LiveGroup, average_gradients, broadcast_parameters
+from torchlaunch.core.recovery.group import FlatGradients, LiveGroup, average_gradients, broadcast_parameters
 from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
@@ -193,8 +193,15 @@ class Trainer:
         self.gradient_path = "local"
         self.live_reducer: SharedMemoryReducer | None = None
         self._one_machine = ctx.world_size == ctx.local_world_size
+        self.flat_grads: FlatGradients | None = None
         if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
             broadcast_parameters(model)
+            if not FlatGradients.fits(model.parameters()):
+                raise BadInput(
+                    "live error: recovery.live needs every trainable parameter on one device in one dtype "
+                    "(one flat gradient buffer); set recovery.live=false for this model"
+                )
+            self.flat_grads = FlatGradients(model.parameters())
             self.gradient_path = self._live_gradient_path()
         elif ctx.distributed:
             self.net = DistributedDataParallel(
@@ -442,15 +449,23 @@ class Trainer:
         self.net.train()
         total = backward_share(self.net, micro_batches, self.criterion, self.plan, self.scaler, self.autocast)
         if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
-            average_gradients(self.model.parameters(), self.ctx.world_size, self.live_reducer)
+            assert self.flat_grads is not None
+            average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
         if self.cfg.train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_gradients()
         self.scheduler.step()
         return total
+
+    def zero_gradients(self) -> None:
+        """After a step: live mode zeroes its flat buffer (the .grad views stay); else .grad = None."""
+        if self.flat_grads is not None:
+            self.flat_grads.zero()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def evaluate(self, tta: str = "none") -> dict[str, float] | None:
         """Loss and top-1 over the validation set, each sample counted once; None if preempted."""
@@ -549,7 +564,7 @@ class Trainer:
         assert self.live is not None
         lost_at = time.time()
         p, old = self.progress, self.ctx
-        self.optimizer.zero_grad(set_to_none=True)  # the interrupted step's partial gradients
+        self.zero_gradients()  # the interrupted step's partial gradients
         self.ctx = self.live.regroup(old, p.global_step)
         self.gradient_path = self._live_gradient_path()
         self.plan = replan(self.plan, self.ctx.rank, self.ctx.world_size)

@@ -128,28 +128,64 @@ class LiveGroup:
             self.pulse.stop()
 
 
-def average_gradients(
-    params: Iterable[torch.nn.Parameter], world_size: int, reducer: SharedMemoryReducer | None = None
-) -> None:
-    """The mean of every rank's gradients, in place, from one flat buffer of all of them: through
-    shared memory when the ranks share a machine (`reducer`; its barrier is a gloo collective, so a
-    lost peer fails it the same way), else one gloo all-reduce (sum) then / world_size. Either way
-    the result is bit-identical on every rank (a/2 + b/2 == (a + b)/2 for two ranks; rank order above).
-    Why shared memory: a gloo all-reduce of even a few KB costs ~1.5-2 ms on loopback here, its
-    1-float barrier ~0.25 ms."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads or world_size == 1:
+class FlatGradients:
+    """Every trainable parameter's .grad is a view into one flat buffer (what DDP's
+    gradient_as_bucket_view does for its buckets): backward accumulates into it in place, the ranks
+    average the buffer itself with no gather or scatter copy, and zeroing it is one fill. Each view has
+    its parameter's strides (channels_last too), so autograd accumulates without a layout change.
+    Every rank averages the whole buffer every step, whatever its share: a rank with no samples in a
+    step, or a parameter unused in it, adds zeros rather than leaving its peers' all-reduce short."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        first = self.params[0]
+        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=first.dtype, device=first.device)
+        self.attach()
+
+    @staticmethod
+    def fits(params: Iterable[torch.nn.Parameter]) -> bool:
+        """One dtype and device, each parameter dense (its elements tile a block of memory exactly)."""
+        trainable = [p for p in params if p.requires_grad]
+        if not trainable:
+            return False
+        kinds = {(p.dtype, p.device) for p in trainable}
+        return len(kinds) == 1 and all(p.is_contiguous() or _dense(p) for p in trainable)
+
+    def attach(self) -> None:
+        """(Re)make each .grad the parameter's view of the buffer (after anything set it to None)."""
+        offset = 0
+        for p in self.params:
+            p.grad = self.flat.as_strided(p.shape, p.stride(), offset)
+            offset += p.numel()
+
+    def zero(self) -> None:
+        self.flat.zero_()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s strides are a permutation of a contiguous layout's (channels_last is)."""
+    order = sorted(range(t.dim()), key=lambda d: t.stride(d))
+    expected = 1
+    for d in order:
+        if t.size(d) != 1 and t.stride(d) != expected:
+            return False
+        expected *= t.size(d)
+    return True
+
+
+def average_gradients(grads: FlatGradients, world_size: int, reducer: SharedMemoryReducer | None = None) -> None:
+    """The mean of every rank's gradients, in place, on the flat buffer: through shared memory when the
+    ranks share a machine (`reducer`; its barrier is a gloo collective, so a lost peer fails it the
+    same way), else one gloo all-reduce (sum) then / world_size. Either way the result is bit-identical
+    on every rank (a/2 + b/2 == (a + b)/2 for two ranks; rank order above). Why shared memory: a gloo
+    all-reduce of even a few KB costs ~1.5-2 ms on loopback here, its 1-float barrier ~0.25 ms."""
+    if world_size == 1:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
     if reducer is not None:
-        reducer.average_flat(flat)
+        reducer.average_flat(grads.flat)
     else:
-        dist.all_reduce(flat)
-        flat.div_(world_size)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+        dist.all_reduce(grads.flat)
+        grads.flat.div_(world_size)
 
 
 def broadcast_parameters(module: torch.nn.Module) -> None:
