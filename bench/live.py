@@ -34,14 +34,22 @@ KILL_AT = 12
 STEPS = 64
 
 
-def config_text(run_dir: Path, live: bool = True, heartbeat_timeout_s: float = 1.0, steps: int = STEPS) -> str:
-    """A small recipe: `steps` steps of 16 samples (8 per rank), checkpoints only at the end."""
+def config_text(
+    run_dir: Path,
+    live: bool = True,
+    heartbeat_timeout_s: float = 1.0,
+    steps: int = STEPS,
+    epochs: int = 1,
+    val_size: int = 64,
+) -> str:
+    """A small recipe: `epochs` epochs of `steps` steps of 16 samples (8 per rank), validated on
+    `val_size` images after each, checkpoints only at the end."""
     return f"""run_dir: {json.dumps(str(run_dir))}
 seed: 0
 data:
   name: synthetic
   synthetic_train_size: {steps * 16}
-  synthetic_val_size: 64
+  synthetic_val_size: {val_size}
   image_size: 16
 model:
   name: examples.my_models:tiny_gn_cnn
@@ -50,7 +58,7 @@ optim:
   name: sgd
   lr: 0.05
 train:
-  epochs: 1
+  epochs: {epochs}
   batch_size: 16
   precision: fp32
   channels_last: false
@@ -153,16 +161,24 @@ def run(
     service_kill_at: int | None = None,
     stop_at: int | None = None,
     victim_signal: signal.Signals = signal.SIGKILL,
+    epochs: int = 1,
+    val_size: int = 64,
+    fault: str | None = None,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
     freezes it) once its trace reaches `kill_at`, and
     before that (`service_kill_at`: the victim's traced step) the membership service. `stop_at`: SIGTERM
-    the launcher at that traced step of rank 0 instead (a whole-job preemption)."""
+    the launcher at that traced step of rank 0 instead (a whole-job preemption). `fault`: the worker's
+    TORCHLAUNCH_FAULT_SIGNAL (e.g. a rank that freezes itself at a point no outside poll can hit)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
-    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps))
+    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size))
     argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if fault is not None:
+        from torchlaunch import contract
+
+        env[contract.FAULT_SIGNAL] = fault
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_at, survivor_pid, restarted = None, None, False
     deadline = time.monotonic() + timeout_s

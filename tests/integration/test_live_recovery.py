@@ -129,6 +129,38 @@ def test_a_frozen_rank_is_fenced_after_the_heartbeat_bound_and_the_others_go_on(
     )
 
 
+def test_a_rank_lost_during_validation_costs_the_validation_again_not_the_job(tmp_path: Path) -> None:
+    """Rank 0 (the writer) freezes itself at the start of the first epoch's validation (the fault hook's
+    SIGSTOP: a point no outside poll can hit); its agent fences it past the bound (SIGKILL from outside).
+    The survivor's validation collective fails, it regroups, becomes rank 0, validates again, saves the
+    epoch's checkpoint and trains the second epoch: every validation and the weights are the
+    uninterrupted run's."""
+    kwargs = {"steps": 24, "epochs": 2, "val_size": 4096}
+    reference = live.run(tmp_path / "ref", victim=None, **kwargs)
+    assert reference.code == 0, reference.stderr[-3000:]
+    result = live.run(tmp_path / "run", victim=None, fault="at=val,n=0,rank=0,sig=SIGSTOP", **kwargs)
+    out = result.stderr
+    assert result.code == 0, out[-3000:]
+    assert "live: rank 0 silent for " in out and "live: lost rank 0 (SIGKILL, silent " in out
+    regrouped = [e for e in result.events() if e["event"] == "regrouped"]
+    assert [(e["during"], e["step"], e["world"]) for e in regrouped] == [("validation", 25, 1)], regrouped
+    assert "the validation runs again on the ranks left" in out
+
+    def validations(run: live.LiveRun) -> list[tuple[int, float, float]]:
+        lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        return [(r["step"], r["val_acc"], r["val_loss"]) for r in records if "val_acc" in r]
+
+    got, want = validations(result), validations(reference)
+    assert [(s, a) for s, a, _ in got] == [(s, a) for s, a, _ in want], (got, want)
+    assert got[-1][2] == pytest.approx(want[-1][2], rel=1e-5)
+    a = torch.load(result.run_dir / "model.pt", weights_only=True)
+    b = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], **TOLERANCE, msg=lambda m, k=key: f"{k}: {m}")
+    assert (result.run_dir / "checkpoints" / f"step-{48:09d}").is_dir()
+
+
 def test_the_membership_service_restarts_and_rank_0_is_still_recovered(tmp_path: Path) -> None:
     """The service is soft state beside the ranks: SIGKILLed, its agent starts it again on the same
     address, the ranks' heartbeats fill it, and a later loss of rank 0 is recovered as before."""

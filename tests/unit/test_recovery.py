@@ -104,6 +104,8 @@ def test_the_ranks_left_train_the_same_samples_with_the_same_draws(batch: int, b
 def test_a_regroup_says_which_step_runs_again() -> None:
     line = Regroup(step=12, old_rank=1, old_world=2, rank=0, world=1, generation=2, lost_s=0.9).line()
     assert "lost 1 rank(s) at global step 12" in line and "step 12 runs again" in line and "1 -> 0" in line
+    during = Regroup(12, 1, 2, 0, 1, 2, 0.9, during="validation").line()
+    assert "lost 1 rank(s) in the validation after step 11" in during and "the validation runs again" in during
 
 
 def test_each_group_takes_a_newer_generation_and_an_older_one_may_not_commit(tmp_path: Path) -> None:

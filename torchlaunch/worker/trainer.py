@@ -17,12 +17,14 @@ import contextlib
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+import torch.distributed
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -68,6 +70,9 @@ VERSION = "0.1.0"
 AGREEMENT_LAG = 2
 """Steps between posting a preemption flag and reading the agreed value between check points: the
 host never waits for the step it just queued, and a stop comes at most this many steps late."""
+
+
+T = TypeVar("T")
 
 
 class NonFiniteLoss(BadInput):
@@ -537,7 +542,10 @@ class Trainer:
                     p.val_pending = True
                 if not self._validate(log):
                     return self._preempted(log)
-            self._publish_final_model(log)
+            if self.live is None:
+                self._publish_final_model(log)
+            else:
+                self._surviving(log, "checkpoint", lambda: self._publish_with_peers(log))
             return OK
         finally:
             try:
@@ -555,15 +563,31 @@ class Trainer:
             except Exception as e:
                 if self.live is None or not is_peer_lost(e):
                     raise
-                self._recover(log, window, e)
+                self._recover(log, e, window)
                 first_step = False
 
-    def _recover(self, log: RunLog, window: LossWindow, error: BaseException) -> None:
+    def _surviving(self, log: RunLog, during: str, attempt: Callable[[], T]) -> T:
+        """`attempt()`, run again on the ranks left after each loss of a peer (live mode). Validation
+        only reads the model, so it runs again whole; a checkpoint is saved again (write_checkpoint
+        keeps a step already committed); an interrupted optimizer step is _train_epoch's."""
+        while True:
+            try:
+                return attempt()
+            except Exception as e:
+                if self.live is None or not is_peer_lost(e):
+                    raise
+                self._recover(log, e, during=during)
+
+    def _recover(
+        self, log: RunLog, error: BaseException, window: LossWindow | None = None, during: str = "step"
+    ) -> None:
         """Regroup in place: new quorum, new process group, the plan's new shares; the loader, model and
-        optimizer are kept. The loss window restarts (its sum held the lost ranks' shares)."""
+        optimizer are kept. The loss window restarts (its sum held the lost ranks' shares). A save
+        interrupted on any rank is not known to be committed: the next save of that step writes it."""
         assert self.live is not None
         lost_at = time.time()
         p, old = self.progress, self.ctx
+        self.last_saved = None
         self.zero_gradients()  # the interrupted step's partial gradients
         self.ctx = self.live.regroup(old, p.global_step)
         self.gradient_path = self._live_gradient_path()
@@ -571,7 +595,8 @@ class Trainer:
         self.loader.plan = self.plan
         self.world = WorldSize.of(self.ctx)
         self.agreement = StepAgreement(self.ctx)
-        window.reset(p.global_step)
+        if window is not None:
+            window.reset(p.global_step)
         if self.ctx.is_main and not old.is_main:
             log.promote(p.global_step)
         log.world_changed(p.global_step, p.epoch, self.world, WorldSize.of(old), self.plan)  # `status` reads it
@@ -583,6 +608,7 @@ class Trainer:
             self.ctx.world_size,
             self.live.generation,
             time.time() - lost_at,
+            during,
         )
         self.regroups.append(regroup)
         self._since_regroup = regroup
@@ -639,7 +665,7 @@ class Trainer:
         False when the ranks agreed to stop during it."""
         p = self.progress
         tta = self.cfg.train.tta if self.schedule.final_validation(p.epoch, p.global_step, p.step_in_epoch) else "none"
-        val = self.evaluate(tta)
+        val = self._surviving(log, "validation", lambda: self.evaluate(tta))
         if val is None:
             return False
         if tta != "none":
@@ -653,11 +679,20 @@ class Trainer:
         if end.finished_epoch:
             p.epoch, p.step_in_epoch = p.epoch + 1, 0
         if end.done:
-            self.save(synchronous=True, validated=True, final=True)
+            self._surviving(log, "checkpoint", lambda: self.save(synchronous=True, validated=True, final=True))
         elif end.save:
-            self.save(synchronous=False, validated=True)
+            self._surviving(log, "checkpoint", lambda: self.save(synchronous=False, validated=True))
             self.fault("save", p.global_step)
         return True
+
+    def _publish_with_peers(self, log: RunLog) -> None:
+        """Live mode's end: model.pt out, then a barrier, so that a rank 0 lost before its final commit
+        or model.pt is noticed by the others (they regroup; the new rank 0 saves the final checkpoint,
+        kept as is if it was committed, and publishes model.pt) rather than ending without either."""
+        if self.last_saved is None:  # a regroup since the final save: it may not have been committed
+            self.save(synchronous=True, validated=True, final=True)
+        self._publish_final_model(log)
+        torch.distributed.barrier()
 
     def _publish_final_model(self, log: RunLog) -> None:
         """model.pt appears only once the final checkpoint is committed; written while it commits."""

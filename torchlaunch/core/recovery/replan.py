@@ -33,10 +33,22 @@ class Regroup:
     """The run dir's group generation after the regroup (fence.Fence)."""
     lost_s: float
     """Transport error -> new group formed (the membership service's wait dominates)."""
+    during: str = "step"
+    """What the loss interrupted, and so what runs again: `step`, `validation` or `checkpoint`."""
 
     def line(self) -> str:
+        again = {
+            "step": f"step {self.step} runs again",
+            "validation": "the validation runs again",
+            "checkpoint": "the checkpoint is saved again",
+        }[self.during]
+        when = (
+            f"at global step {self.step}"
+            if self.during == "step"
+            else f"in the {self.during} after step {self.step - 1}"
+        )
         return (
-            f"live: lost {self.old_world - self.world} rank(s) at global step {self.step}: "
+            f"live: lost {self.old_world - self.world} rank(s) {when}: "
             f"group re-formed in {self.lost_s:.2f} s on {self.world} rank(s) (this rank {self.old_rank} -> "
-            f"{self.rank}, generation {self.generation}); step {self.step} runs again on the ranks left"
+            f"{self.rank}, generation {self.generation}); {again} on the ranks left"
         )
