@@ -3,6 +3,7 @@
     python -m bench.live                 # 3 rounds each of losing rank 1 and rank 0, 2 -> 1 ranks
     python -m bench.live --rounds 1 --heartbeat-timeout 0.5
     python -m bench.live --freeze        # SIGSTOP instead: a silent rank, fenced by its agent past the bound
+    python -m bench.live --against-torchft   # torchft's own loop beside it (bench/peer_torchft.py)
 
 launch.local runs the built-in worker on 2 CPU ranks (gloo, loopback, synthetic 16 px images, a GroupNorm
 CNN) in live mode. This process polls the victim's batch trace (debug.trace_batches) until it holds
@@ -247,12 +248,175 @@ def steady(root: Path, rounds: int, steps: int = 512) -> int:
     return 0
 
 
+def against_torchft(root: Path, rounds: int, heartbeat_timeout_s: float) -> int:
+    """Live mode and torchft's own loop (bench/peer_torchft.py) in interleaved rounds on this box: the
+    same model, batch (8 per rank) and heartbeat timeout; SIGKILL of the second rank/replica at step
+    KILL_AT, then 512 steps with nothing killed."""
+    import shutil
+
+    from bench import peer_torchft
+
+    ours: dict[str, list[float]] = {"recovery": [], "steady": []}
+    theirs: dict[str, list[float]] = {"recovery": [], "steady": [], "discarded": []}
+    for round_ in range(rounds):
+        here = root / f"vs{round_}"
+        shutil.rmtree(here, ignore_errors=True)
+        mine = run(here / "kill", 1, heartbeat_timeout_s=heartbeat_timeout_s)
+        peer = peer_torchft.run(here / "tft-kill", 1, STEPS, heartbeat_timeout_s)
+        mine_steady = run(here / "steady", None, steps=512)
+        peer_steady = peer_torchft.run(here / "tft-steady", None, 512, heartbeat_timeout_s)
+        if mine.code or mine_steady.code or mine.recovery_s() is None or peer.recovery_s() is None:
+            print(mine.stderr[-2000:], peer.stderr[-2000:], file=sys.stderr)
+            return 1
+        ours["recovery"].append(mine.recovery_s())  # type: ignore[arg-type]
+        ours["steady"].append(images_per_s(here / "steady"))
+        theirs["recovery"].append(peer.recovery_s())  # type: ignore[arg-type]
+        theirs["steady"].append(peer_steady.images_per_s())
+        theirs["discarded"].append(peer.discarded())
+        print(
+            f"round {round_}: SIGKILL -> first step on the survivor: live mode {ours['recovery'][-1]:.2f} s, "
+            f"torchft {theirs['recovery'][-1]:.2f} s ({theirs['discarded'][-1]} discarded); steady: live mode "
+            f"{ours['steady'][-1]:,.0f} img/s, torchft {theirs['steady'][-1]:,.0f} img/s",
+            flush=True,
+        )
+
+    def med(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+    ratio = [a / b for a, b in zip(ours["steady"], theirs["steady"], strict=True)]
+    print(
+        f"SIGKILL -> first step on the survivor (s): live mode {med(ours['recovery'])}, torchft {med(theirs['recovery'])}"
+    )
+    print(f"steady throughput live mode ÷ torchft: {med(ratio)}")
+    return 0
+
+
+COMMAND = "python -m bench.run --only live"
+
+
+def results(quick: bool = False, rounds: int = 3) -> list:
+    """bench.run's figures, in interleaved rounds on this box: SIGKILL of rank 1 -> first step on the
+    survivor ÷ torchft's own loop's (same model, batch, heartbeat timeout; bench/peer_torchft.py); SIGSTOP
+    of rank 1 -> first step ÷ the bound + 1 s (issue #37's goal); steady throughput live on ÷ off and
+    live on ÷ torchft's loop."""
+    import shutil
+    import tempfile
+
+    from bench import peer_torchft
+    from bench.common import Result
+
+    rounds = 1 if quick else rounds
+    steady_steps = 128 if quick else 512
+    work = Path(tempfile.mkdtemp(prefix="bench-live-"))
+    f: dict[str, list[float]] = {k: [] for k in ("kill", "tft_kill", "freeze", "on", "off", "tft")}
+    try:
+        for round_ in range(rounds):
+            here = work / f"r{round_}"
+            killed = run(here / "kill", 1)
+            peer = peer_torchft.run(here / "tft-kill", 1, STEPS, 1.0)
+            frozen = run(here / "freeze", 1, victim_signal=signal.SIGSTOP)
+            on = run(here / "on", None, steps=steady_steps)
+            off = run(here / "off", None, steps=steady_steps, live=False)
+            peer_steady = peer_torchft.run(here / "tft-steady", None, steady_steps, 1.0)
+            for name, r in (("kill", killed), ("freeze", frozen), ("on", on), ("off", off)):
+                if r.code != 0:
+                    raise RuntimeError(f"bench.live {name}: exit {r.code}\n{r.stderr[-2000:]}")
+            if peer.recovery_s() is None or killed.recovery_s() is None or frozen.recovery_s() is None:
+                raise RuntimeError(
+                    f"bench.live: no recovery measured (live {killed.recovery_s()}, frozen {frozen.recovery_s()}, "
+                    f"torchft {peer.recovery_s()}: exit codes {peer.code}, survivor's last records "
+                    f"{peer.survivor[-3:]})\n{peer.stderr[-2000:]}"
+                )
+            f["kill"].append(killed.recovery_s())  # type: ignore[arg-type]
+            f["freeze"].append(frozen.recovery_s())  # type: ignore[arg-type]
+            f["tft_kill"].append(peer.recovery_s())  # type: ignore[arg-type]
+            f["on"].append(images_per_s(on.run_dir))
+            f["off"].append(images_per_s(off.run_dir))
+            f["tft"].append(peer_steady.images_per_s())
+            shutil.rmtree(here, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    med = statistics.median
+    setup = (
+        "launch.local --gpus 2 --device cpu, live mode, gloo on loopback, tiny_gn_cnn width 8 on 16 px "
+        f"synthetic images, 8 per rank per step, recovery.heartbeat_timeout_s=1; {rounds} interleaved round(s), median"
+    )
+    on_off = [a / b for a, b in zip(f["on"], f["off"], strict=True)]
+    on_tft = [a / b for a, b in zip(f["on"], f["tft"], strict=True)]
+    kill_tft = [a / b for a, b in zip(f["kill"], f["tft_kill"], strict=True)]
+    return [
+        Result(
+            key="live-recovery",
+            title="Live recovery: SIGKILL of a rank → first step done on the survivor ÷ torchft's loop's (2 → 1)",
+            project=med(f["kill"]),
+            baseline=med(f["tft_kill"]),
+            unit="s",
+            ratio=med(kill_tft),
+            goal=1.0,
+            higher_is_better=False,
+            command=COMMAND,
+            project_label="live mode (regroup in place, the interrupted step re-run)",
+            baseline_label="torchft 0.2.0's Manager + ProcessGroupGloo loop, same Lighthouse timeout",
+            rounds=kill_tft,
+            notes=setup + "; both wait for the lost rank's heartbeats to lapse (1 s): issue #37's goal is <= 1 s",
+        ),
+        Result(
+            key="live-frozen",
+            title="Live recovery: SIGSTOP of a rank → first step done on the survivor ÷ (heartbeat bound + 1 s)",
+            project=med(f["freeze"]),
+            baseline=2.0,
+            unit="s",
+            ratio=med(f["freeze"]) / 2.0,
+            goal=1.0,
+            higher_is_better=False,
+            command=COMMAND,
+            project_label="live mode (the agent fences the silent rank past the bound)",
+            baseline_label="issue #37's budget: the heartbeat bound (1 s) + 1 s",
+            rounds=[x / 2.0 for x in f["freeze"]],
+            notes=setup,
+        ),
+        Result(
+            key="live-steady",
+            title="Live mode steady throughput: on ÷ off (2 ranks, nothing lost)",
+            project=med(f["on"]),
+            baseline=med(f["off"]),
+            unit="img/s",
+            ratio=med(on_off),
+            goal=0.97,
+            higher_is_better=True,
+            command=COMMAND,
+            project_label="live mode on (flat gradient buffer averaged through shared memory)",
+            baseline_label="live mode off (DDP with the shared-memory comm hook)",
+            rounds=on_off,
+            notes=setup,
+        ),
+        Result(
+            key="live-vs-torchft",
+            title="Live mode steady throughput ÷ torchft's own loop (2 ranks/replicas, nothing lost)",
+            project=med(f["on"]),
+            baseline=med(f["tft"]),
+            unit="img/s",
+            ratio=med(on_tft),
+            goal=1.0,
+            higher_is_better=True,
+            command=COMMAND,
+            project_label="live mode on",
+            baseline_label="torchft 0.2.0: a Lighthouse quorum, a flat manager.allreduce and should_commit per step",
+            rounds=on_tft,
+            notes=setup,
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.live", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--heartbeat-timeout", type=float, default=1.0, help="recovery.heartbeat_timeout_s")
     parser.add_argument("--out", default="/tmp/torchlaunch-bench-live")
     parser.add_argument("--steady", action="store_true", help="measure live on ÷ off throughput instead (no kill)")
+    parser.add_argument(
+        "--against-torchft", action="store_true", help="live mode and torchft's own loop, interleaved rounds"
+    )
     parser.add_argument(
         "--freeze",
         action="store_true",
@@ -262,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.out)
     if args.steady:
         return steady(root, args.rounds)
+    if args.against_torchft:
+        return against_torchft(root, args.rounds, args.heartbeat_timeout)
     how = signal.SIGSTOP if args.freeze else signal.SIGKILL
     figures: dict[int, list[float]] = {0: [], 1: []}
     for round_ in range(args.rounds):

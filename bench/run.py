@@ -34,6 +34,7 @@ from bench import (
     ddp,
     elastic,
     gpu224,
+    live,
     loader224,
     loop,
     peers,
@@ -59,6 +60,7 @@ ALL = (
     "ddp",
     "ckpt",
     "elastic",
+    "live",
     "startup",
     "userscript",
     "progress",
@@ -129,6 +131,8 @@ def run_selected(
         keep(rs)
     if "elastic" in names:
         keep(record("elastic", lambda: elastic.run(quick=quick)))
+    if "live" in names:
+        keep(record("live", lambda: live.results(quick=quick)))
     if "startup" in names:
         keep(record("startup", lambda: startup.run(quick=quick, work=work)))
         if startup_against and not quick:
@@ -469,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
         "ckpt_resume",
         "elastic-recovery",
         "elastic-throughput",
+        "live-recovery",
+        "live-frozen",
+        "live-steady",
+        "live-vs-torchft",
         "startup",
         "startup_against",
         "loop_against",
