@@ -69,6 +69,11 @@ def replica_main(replica: int, lighthouse: str, out: Path, steps: int, store_por
         lighthouse_addr=lighthouse,
         timeout=timedelta(seconds=10),
     )
+    # Both replicas heartbeat before either asks for a quorum: else the Lighthouse may form the first
+    # one from whichever came first (min_replica_size=1), which then trains alone until the other heals
+    (out / f"ready-{replica}").touch()
+    while not all((out / f"ready-{r}").exists() for r in range(2)):
+        time.sleep(0.01)
     data = torch.Generator().manual_seed(replica)
     log = (out / f"replica-{replica}.jsonl").open("a", buffering=1)
     while manager.current_step() < steps:
@@ -185,7 +190,7 @@ def run(out: Path, victim: int | None, steps: int, heartbeat_timeout_s: float, t
             if time.monotonic() > deadline:
                 raise TimeoutError(f"replica {victim} never reached step {KILL_AT}")
             done = records(out / f"replica-{victim}.jsonl")
-            if done and done[-1]["step"] >= KILL_AT:
+            if done and done[-1]["step"] >= KILL_AT and done[-1]["participants"] == 2:
                 os.kill(replicas[victim].pid, signal.SIGKILL)
                 killed_at = time.time()
             time.sleep(0.005)
