@@ -101,6 +101,7 @@ def test_a_killed_rank_costs_a_regroup_not_the_job(reference: live.LiveRun, vict
     st = json.loads(shown)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 1), st
     assert {r["rank"]: r["gone"] for r in st["ranks"]} == {victim: True, 1 - victim: False}, st["ranks"]
+    assert [(r["step"], r["during"], r["world_size"]) for r in st["regroups"]] == [(regrouped[0]["step"], "step", 1)]
 
 
 @pytest.mark.parametrize("victim", [1, 0], ids=["freeze-rank1", "freeze-rank0"])

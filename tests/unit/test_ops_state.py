@@ -380,3 +380,43 @@ def test_gone_ranks_are_this_hosts_ended_processes() -> None:
     ended = beat(1, pid=os.getpid(), pid_start=(procs.start_ticks(os.getpid()) or 0) + 1)  # the pid, reused later
     elsewhere = beat(2, host="another-host", pid=os.getpid(), pid_start=1)  # cannot be told from here
     assert gather.gone_ranks([me, ended, elsewhere]) == frozenset({1})
+
+
+def test_a_live_runs_regroups_are_read_once_each_and_shown(tmp_path: Path) -> None:
+    """Every survivor records the same regroup (one per group generation): `status` shows each once,
+    with what ran again; forged, malformed and linked-in lines are skipped, never a traceback."""
+    live = tmp_path / "live"
+    live.mkdir()
+    first = {"event": "regrouped", "generation": 2, "step": 25, "old_world": 3, "world": 2, "during": "validation"}
+    second = {"event": "regrouped", "generation": 3, "step": 40, "old_world": 2, "world": 1}  # older: no `during`
+    (live / "events-rank1.jsonl").write_text(
+        "\n".join([json.dumps(first), json.dumps({"event": "stepped", "step": 25}), json.dumps(second)]) + "\n"
+    )
+    forged = [
+        json.dumps({**first, "generation": 4, "during": "a\nb"}),
+        json.dumps({**first, "generation": True}),
+        json.dumps({**first, "generation": 5, "step": -1}),
+        "[" * 100_000,
+        "\udcff not json",
+    ]
+    (live / "events-rank2.jsonl").write_text("\n".join([json.dumps(first), *forged]) + "\n", errors="surrogateescape")
+    os.mkfifo(live / "events-rank3.jsonl")  # a FIFO where a file goes: skipped, never waited on
+    regroups = gather.live_regroups(tmp_path)
+    assert [(r.generation, r.step, r.during, r.previous_world_size, r.world_size) for r in regroups] == [
+        (2, 25, "validation", 3, 2),
+        (3, 40, "step", 2, 1),
+    ]
+    st = decide(records=[rec()], alive={0: True}, beats=[beat(1, step=41)], regroups=regroups)
+    shown = cli.render_status(Path("run"), st, NOW)
+    assert (
+        "live:       2 regroup(s): validation after step 24 re-run (3 -> 2 ranks); step 40 re-run (2 -> 1 ranks)"
+        in shown
+    )
+    assert st.to_json()["regroups"][1] == {
+        "generation": 3,
+        "step": 40,
+        "during": "step",
+        "previous_world_size": 2,
+        "world_size": 1,
+    }
+    assert gather.live_regroups(tmp_path / "not-a-run") == ()

@@ -72,6 +72,10 @@ def render_status(run: Path, st: state.Status, now: float) -> str:
         world = f"{st.world_size} ranks" if st.world_size is not None else "-"
         change = f"; last change at {st.world_change.text()}" if st.world_change is not None else ""
         lines.append(f"world:      {world}{change}")
+    if st.regroups:
+        shown = "; ".join(r.text() for r in st.regroups[-3:])
+        more = f" (the last 3 of {len(st.regroups)})" if len(st.regroups) > 3 else ""
+        lines.append(f"live:       {len(st.regroups)} regroup(s){more}: {shown}")
     if st.checkpoint is not None:
         lines.append(
             f"checkpoint: {_clean(Path(st.checkpoint.path).name)} (step {st.checkpoint.step}, "

@@ -16,7 +16,7 @@ from torchlaunch import rundir
 from torchlaunch.base import procs
 from torchlaunch.base.files import as_int, read_json, read_range
 from torchlaunch.jobs import progress, record, schedulers
-from torchlaunch.jobs.state import WORLD_EVENT, Checkpoint, Facts, WorldChange, current_launch
+from torchlaunch.jobs.state import WORLD_EVENT, Checkpoint, Facts, LiveRegroup, WorldChange, current_launch
 
 METRICS_TAIL_BYTES = 64 << 20
 """How much of metrics.jsonl's end is searched for the last world-size change (~500k records)."""
@@ -74,6 +74,41 @@ def last_world_change(run_dir: Path) -> WorldChange | None:
     return None
 
 
+LIVE_EVENTS_TAIL_BYTES = 1 << 20
+"""How much of each rank's live events file is read (each regroup is one ~200-byte line)."""
+REGROUP_DURING = ("step", "validation", "checkpoint")
+
+
+def live_regroups(run_dir: Path) -> tuple[LiveRegroup, ...]:
+    """A live run's regroups from RUN_DIR/live/events-rank*.jsonl, one per group generation (every
+    survivor records the same regroup), oldest first. The files are untrusted: bounded reads, regular
+    files only, malformed or forged lines skipped."""
+    found: dict[int, LiveRegroup] = {}
+    try:
+        paths = sorted(rundir.live(run_dir).glob("events-rank*.jsonl"))[:4096]
+    except OSError:
+        return ()
+    for path in paths:
+        try:
+            raw, _ = read_range(path, -LIVE_EVENTS_TAIL_BYTES, LIVE_EVENTS_TAIL_BYTES)
+        except OSError:
+            continue
+        for line in raw.splitlines():
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(rec, dict) or rec.get("event") != "regrouped":
+                continue
+            fields = [as_int(rec.get(k), 0) for k in ("generation", "step", "old_world", "world")]
+            during = rec.get("during", "step")
+            if any(f is None for f in fields) or during not in REGROUP_DURING:
+                continue
+            generation, step, was, now = fields
+            found.setdefault(generation, LiveRegroup(generation, step, during, was, now))  # type: ignore[arg-type]
+    return tuple(found[g] for g in sorted(found))
+
+
 def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:
     """Records torchlaunch.status left for this launch (read only: the launcher consumes them)."""
     out = []
@@ -126,4 +161,5 @@ def facts(
         problems=[*problems, *beat_problems, *skipped],
         world_change=last_world_change(run_dir),
         gone_ranks=gone_ranks(beats),
+        regroups=live_regroups(run_dir),
     )

@@ -65,6 +65,24 @@ class WorldChange:
 
 
 @dataclass(frozen=True)
+class LiveRegroup:
+    """One regroup of a live run (recovery.live; RUN_DIR/live/events-rank<r>.jsonl): at `step` (the
+    step it ran again, or the one after the validation or checkpoint it interrupted), to `world_size`."""
+
+    generation: int
+    step: int
+    during: str
+    previous_world_size: int
+    world_size: int
+
+    def text(self) -> str:
+        what = (
+            f"step {self.step} re-run" if self.during == "step" else f"{self.during} after step {self.step - 1} re-run"
+        )
+        return f"{what} ({self.previous_world_size} -> {self.world_size} ranks)"
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     step: int
     path: str
@@ -88,6 +106,8 @@ class Facts:
     gone_ranks: frozenset[int] = frozenset()
     """Ranks whose heartbeat names a process on this host that has ended (gather.gone_ranks): after a
     live regroup (recovery.live) the run trains on without them, and their last beat is history."""
+    regroups: tuple[LiveRegroup, ...] = ()
+    """A live run's regroups, oldest first (gather.live_regroups)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +145,8 @@ class Status:
     world_size: int | None = None
     """The ranks of the running attempt (its heartbeats' WORLD_SIZE)."""
     world_change: WorldChange | None = None
+    regroups: tuple[LiveRegroup, ...] = ()
+    """Live mode's regroups: which ranks were lost when, and what ran again."""
 
     def to_json(self) -> dict[str, object]:
         ckpt = self.checkpoint
@@ -153,6 +175,7 @@ class Status:
             "problems": list(self.problems),
             "world_size": self.world_size,
             "world_change": None if self.world_change is None else dataclasses.asdict(self.world_change),
+            "regroups": [dataclasses.asdict(r) for r in self.regroups],
         }
 
 
@@ -323,4 +346,5 @@ def decide(facts: Facts) -> Status:
         problems=tuple(facts.problems),
         world_size=_world_size(head, facts.world_change, lost),
         world_change=facts.world_change,
+        regroups=facts.regroups,
     )
