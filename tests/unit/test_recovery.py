@@ -305,3 +305,15 @@ def test_the_gradients_live_in_one_flat_buffer_that_backward_fills_in_place() ->
     grads.zero()
     assert not any(p.grad.any() for p in model.parameters())
     assert not FlatGradients.fits([nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, dtype=torch.float64))])
+
+
+def test_live_mode_under_a_remote_launcher_is_one_line_before_anything_is_submitted() -> None:
+    """launch.slurm and launch.k8s run no membership service: refused by the launchers' one pre-spawn
+    policy (exit 2), not by every rank after the job was queued."""
+    from torchlaunch.launch import precheck
+
+    on = config_mod.load(None, ["recovery.live=true"])
+    with pytest.raises(BadInput, match=r"recovery.live=true runs under launch.local on one node"):
+        precheck.check(on, on_cpu=True, local=False, doctor=True)
+    precheck.check(on, on_cpu=True, local=True, doctor=True)  # launch.local: its own rules (live_mode)
+    precheck.check(config_mod.load(None, []), on_cpu=True, local=False, doctor=True)

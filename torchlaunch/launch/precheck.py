@@ -4,7 +4,7 @@ Why: a worker reports a missing dataset or fp16 on CPU only after torchrun has s
 process and each has imported torch (~29 s for 4 offline workers on CIFAR-10). Here the same one
 line comes in well under a second: config (already loaded by the caller), data, precision, GPUs.
 
-    every launcher, every mode:  fp16 on CPU workers (check)
+    every launcher, every mode:  fp16 on CPU workers; recovery.live off launch.local (check)
     training (run, --dry-run):   data present or downloadable, image folder non-empty
     local (launch.local):        GPUs visible; remote (launch.slurm, launch.k8s): only what this
                                  host can see (see datacheck)
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from torchlaunch.config import RunConfig, refuse_fp16_on_cpu
 from torchlaunch.data.checks import check_data
+from torchlaunch.exit_codes import BadInput
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))
@@ -60,5 +61,11 @@ def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False) ->
     only where this host can see it and no download is probed (compute nodes may reach the internet
     when we cannot)."""
     refuse_fp16_on_cpu(cfg.train.precision, on_cpu)
+    if cfg.recovery.live and not local:
+        raise BadInput(
+            "config error: recovery.live=true runs under launch.local on one node for now (the membership "
+            "service and the agent that fences a silent rank run there): use `python -m launch.local --gpus N`, "
+            "or set recovery.live=false for this launcher"
+        )
     if not doctor:
         check_data(cfg.data, local=local)
