@@ -42,6 +42,7 @@ def config_text(
     steps: int = STEPS,
     epochs: int = 1,
     val_size: int = 64,
+    rejoin: int = 0,
 ) -> str:
     """A small recipe: `epochs` epochs of `steps` steps of 16 samples (8 per rank), validated on
     `val_size` images after each, checkpoints only at the end."""
@@ -71,6 +72,7 @@ debug:
 recovery:
   live: {str(live).lower()}
   heartbeat_timeout_s: {heartbeat_timeout_s}
+  rejoin: {rejoin}
 """
 
 
@@ -165,6 +167,7 @@ def run(
     epochs: int = 1,
     val_size: int = 64,
     fault: str | None = None,
+    rejoin: int = 0,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
     freezes it) once its trace reaches `kill_at`, and
@@ -173,7 +176,7 @@ def run(
     TORCHLAUNCH_FAULT_SIGNAL (e.g. a rank that freezes itself at a point no outside poll can hit)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
-    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size))
+    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin))
     argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if fault is not None:

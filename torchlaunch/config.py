@@ -238,6 +238,10 @@ class RecoveryConfig:
     without it: the bound on noticing a lost rank (heartbeats go every tenth of it)."""
     quorum_timeout_s: float = field(default=60.0, metadata=at_least(1, 3600, "e.g. 60"))
     """How long a survivor waits for the new group to form before it gives up (exit 1)."""
+    rejoin: int = field(default=0, metadata=at_least(0, 100, "e.g. 3"))
+    """How many times the live agent starts a lost rank again to rejoin the group (0: never). The new
+    process builds its model and loaders, waits for the others' next check point (train.log_every_steps)
+    and takes its state from a live peer, checked; the others pause about one regroup."""
 
 
 @dataclass

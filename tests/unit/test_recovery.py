@@ -317,3 +317,24 @@ def test_live_mode_under_a_remote_launcher_is_one_line_before_anything_is_submit
         precheck.check(on, on_cpu=True, local=False, doctor=True)
     precheck.check(on, on_cpu=True, local=True, doctor=True)  # launch.local: its own rules (live_mode)
     precheck.check(config_mod.load(None, []), on_cpu=True, local=False, doctor=True)
+
+
+def test_a_rank_started_again_sorts_last_and_takes_the_newest_members_state() -> None:
+    """Joining never moves the ranks that train (rank 0 and its logs stay); the state comes from the
+    first member at the newest step; a joiner's step (none yet) does not count against agreement."""
+    from torchlaunch.core.recovery.membership import JOINING_STEP, source
+
+    ids = [replica_id_of(0), replica_id_of(2), replica_id_of(1, attempt=1), replica_id_of(0, attempt=2)]
+    assert sorted(ids) == [replica_id_of(0), replica_id_of(2), replica_id_of(1, attempt=1), replica_id_of(0, attempt=2)]
+    members = sorted_members(
+        [
+            Member(replica_id_of(0), "h:1", 40),
+            Member(replica_id_of(1, 1), "h:2", JOINING_STEP),
+            Member(replica_id_of(2), "h:3", 40),
+        ]
+    )
+    q = Quorum(3, "3-0", members)
+    assert steps_agree(q) and source(q) == 0 and seat(q, replica_id_of(1, 1)) == (2, 3)
+    assert source(Quorum(1, "1-0", sorted_members([Member(replica_id_of(1, 1), "h:2", JOINING_STEP)]))) is None
+    line = Regroup(41, 0, 2, 0, 3, 4, 0.05, during="rejoin").line()
+    assert "1 rank(s) started again joined before global step 41" in line and "checked" in line

@@ -60,11 +60,22 @@ short dist.timeout_s it ended the job before its first step. dist.timeout_s boun
 after the group is formed."""
 
 
-def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = False) -> DistContext:
+def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = False, alone: bool = False) -> DistContext:
     """Join the process group described by the environment (or run alone). `pin_cpus`: CPU workers
     sharing a machine each take their own slice of cores first (torchlaunch.core.affinity), so that the
-    threads gloo and OpenMP start later inherit it."""
+    threads gloo and OpenMP start later inherit it. `alone`: a rank started again in live mode takes its
+    device and cores but forms no group here (it joins the live group later)."""
     env = read_env()
+    if env is not None and alone:
+        local_rank = int(env["LOCAL_RANK"])
+        device = pick_device(local_rank)
+        if pin_cpus and device.type == "cpu":
+            pin_local_rank(local_rank, int(env["LOCAL_WORLD_SIZE"]))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return DistContext(
+            rank=0, world_size=1, local_rank=local_rank, local_world_size=int(env["LOCAL_WORLD_SIZE"]), device=device
+        )
     if env is None or int(env["WORLD_SIZE"]) == 1:  # a one-rank contract (launch.local --gpus 1): no group needed
         device = pick_device(0)
         if device.type == "cuda":

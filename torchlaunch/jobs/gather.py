@@ -76,7 +76,7 @@ def last_world_change(run_dir: Path) -> WorldChange | None:
 
 LIVE_EVENTS_TAIL_BYTES = 1 << 20
 """How much of each rank's live events file is read (each regroup is one ~200-byte line)."""
-REGROUP_DURING = ("step", "validation", "checkpoint")
+REGROUP_DURING = ("step", "validation", "checkpoint", "rejoin")
 
 
 def live_regroups(run_dir: Path) -> tuple[LiveRegroup, ...]:

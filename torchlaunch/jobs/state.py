@@ -76,6 +76,8 @@ class LiveRegroup:
     world_size: int
 
     def text(self) -> str:
+        if self.during == "rejoin":
+            return f"rank(s) rejoined before step {self.step} ({self.previous_world_size} -> {self.world_size} ranks)"
         what = (
             f"step {self.step} re-run" if self.during == "step" else f"{self.during} after step {self.step - 1} re-run"
         )

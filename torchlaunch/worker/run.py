@@ -101,14 +101,16 @@ def _run(
     from torchlaunch.worker.trainer import Trainer
 
     watcher = PreemptionWatcher(cfg.preemption.signals)  # first: a signal during start-up is not lost
-    ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus)
+    attempt = rejoin_attempt(cfg)
+    ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus, alone=attempt > 0)
     clean = False
     live = None
     try:
-        if cfg.recovery.live and ctx.distributed:
-            live = agreed(ctx, lambda: join_live(cfg, ctx))
+        if cfg.recovery.live and (ctx.distributed or attempt):
+            live = agreed(ctx, lambda: join_live(cfg, ctx, attempt))
         agreed(ctx, lambda: check_early(cfg))  # plug-ins import, init_from exists: before any data work
-        agreed(ctx, lambda: settle_config(cfg, reconfigure, write=True) if ctx.is_main else None)
+        if not attempt:  # a rank started again finds the run's config already written
+            agreed(ctx, lambda: settle_config(cfg, reconfigure, write=True) if ctx.is_main else None)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
         finish_prefetch(prefetch)
         data_what = f"the data (data.image_size={cfg.data.image_size})"
@@ -150,9 +152,19 @@ def _run(
             live.close()
 
 
-def join_live(cfg: config_mod.RunConfig, ctx):  # noqa: ANN001, ANN201 - DistContext -> LiveGroup (torch-free import)
+def rejoin_attempt(cfg: config_mod.RunConfig) -> int:
+    """>= 1 when the live agent started this rank again (recovery.rejoin): it forms no group at start."""
+    from torchlaunch import contract
+
+    value = contract.get(contract.LIVE_JOIN, "") or ""
+    return int(value) if cfg.recovery.live and value.isdigit() else 0
+
+
+def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001, ANN201 - DistContext -> LiveGroup
     """This rank's seat in the live group (recovery.live): the launcher's membership service, heartbeats,
-    the first quorum (every rank of the launch) and the run dir's group generation."""
+    the first quorum (every rank of the launch) and the run dir's group generation. A rank started
+    again (`attempt`) only gets its seat ready: it enters the group in Trainer.fit, once its model and
+    loaders are built, so the others never wait for its start-up."""
     from torchlaunch import contract
     from torchlaunch.core.recovery.fence import Fence
     from torchlaunch.core.recovery.group import LiveGroup
@@ -167,11 +179,15 @@ def join_live(cfg: config_mod.RunConfig, ctx):  # noqa: ANN001, ANN201 - DistCon
             "no membership service: this launcher does not run one",
             "launch with `python -m launch.local --gpus N` on one node, or set recovery.live=false",
         )
-    membership = LighthouseMembership(address, replica_id_of(ctx.rank), cfg.recovery.heartbeat_timeout_s)
+    rank = int(contract.get(contract.RANK, "0") or 0) if attempt else ctx.rank
+    membership = LighthouseMembership(address, replica_id_of(rank, attempt), cfg.recovery.heartbeat_timeout_s)
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
     pulse = Pulse.for_bound(int(pulse_fd), cfg.recovery.heartbeat_timeout_s) if pulse_fd.isdigit() else None
     group = LiveGroup(membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s, pulse=pulse)
-    group.join(ctx, step=0)
+    if attempt:
+        group.joining = True
+    else:
+        group.join(ctx, step=0)
     return group
 
 

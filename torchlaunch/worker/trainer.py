@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,11 +37,19 @@ from torchlaunch.core.dist import (
     DistContext,
     all_reduce_sum_,
     broadcast_buffers,
+    gather_objects,
     ordered_allreduce_hook,
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.recovery.failure import is_peer_lost
-from torchlaunch.core.recovery.group import FlatGradients, LiveGroup, average_gradients, broadcast_parameters
+from torchlaunch.core.recovery.group import (
+    FlatGradients,
+    LiveGroup,
+    average_gradients,
+    broadcast_parameters,
+    share_state,
+    state_digest,
+)
 from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
@@ -73,6 +82,14 @@ host never waits for the step it just queued, and a stop comes at most this many
 
 
 T = TypeVar("T")
+SHARED_STATE_WORLD = -1
+"""The world size a state sent to a joining rank carries: no rank's RNG streams are restored from it
+(the joining rank seeds fresh ones, as after any world size change)."""
+
+
+class Admitted(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """The group grew at a check point (a rank started again joined): the epoch's steps go on from
+    the same position with the new shares (_train_epoch catches it)."""
 
 
 class NonFiniteLoss(BadInput):
@@ -197,10 +214,13 @@ class Trainer:
         self.net: nn.Module = model
         self.gradient_path = "local"
         self.live_reducer: SharedMemoryReducer | None = None
-        self._one_machine = ctx.world_size == ctx.local_world_size
+        # live mode runs on one node (its stores listen on loopback); every member decides alike, a rank
+        # started again too (its context before it joins is one rank of its own)
+        self._one_machine = live is not None or ctx.world_size == ctx.local_world_size
         self.flat_grads: FlatGradients | None = None
         if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
-            broadcast_parameters(model)
+            if not live.joining:  # a rank started again takes a peer's whole state instead (fit)
+                broadcast_parameters(model)
             if not FlatGradients.fits(model.parameters()):
                 raise BadInput(
                     "live error: recovery.live needs every trainable parameter on one device in one dtype "
@@ -239,7 +259,10 @@ class Trainer:
         self.progress = Progress()
         self.world = WorldSize.of(ctx)
         self.saved_world: WorldSize | None = None  # what the loaded checkpoint was written on
-        self.fault = FaultSignal.from_env(ctx.rank)
+        # a rank started again (recovery.rejoin) never fires the fault hook its first process fired
+        self.fault = FaultSignal.from_env(ctx.rank) if live is None or not live.joining else FaultSignal(None, 0)
+        self._joined: dict[str, Any] | None = None
+        """A rank started again: its joining record, written once its log exists (fit)."""
         self.writer = ckpt.AsyncWriter()
         self.snapshots = ckpt.SnapshotBuffers()  # reused between async saves (no fresh pages per save)
         self.last_saved: tuple[int, int, bool] | None = None
@@ -508,7 +531,7 @@ class Trainer:
     def fit(self) -> int:
         """Train to the end (OK, model.pt written) or to an agreed preemption (PREEMPTED, checkpoint
         committed). Every rank runs the same decisions (self.schedule), so collectives line up."""
-        resumed = self.resume()
+        resumed = self.resume() if self.live is None or not self.live.joining else self._enter_live()
         p = self.progress
         log = RunLog(
             self.run_dir,
@@ -518,11 +541,19 @@ class Trainer:
             total_steps=self.total_steps,
             global_batch=self.plan.global_batch,
             start_step=p.global_step,
-            resume_step=p.global_step if resumed else None,
+            resume_step=p.global_step if resumed or self._joined else None,  # a joiner appends
             tensorboard=self.cfg.train.tensorboard,
             trace=self.cfg.debug.trace_batches,
         )
         try:
+            if self._joined is not None:  # a rank started again: its own record of taking a peer's state
+                log.event(self._joined)
+                print(
+                    f"live: joined the group at global step {p.global_step} as rank {self.ctx.rank} of "
+                    f"{self.ctx.world_size} (state from rank {self._joined['source']}, digest checked)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             log.line(self._opening_line(resumed))
             if self.loader.worker_note and self.ctx.is_main:
                 log.line(self.loader.worker_note)
@@ -560,6 +591,8 @@ class Trainer:
         while True:
             try:
                 return self._train_steps(log, window, first_step)
+            except Admitted:  # the group grew at a check point: the steps go on with the new shares
+                first_step = False
             except Exception as e:
                 if self.live is None or not is_peer_lost(e):
                     raise
@@ -586,10 +619,62 @@ class Trainer:
         interrupted on any rank is not known to be committed: the next save of that step writes it."""
         assert self.live is not None
         lost_at = time.time()
-        p, old = self.progress, self.ctx
+        old = self.ctx
         self.last_saved = None
         self.zero_gradients()  # the interrupted step's partial gradients
-        self.ctx = self.live.regroup(old, p.global_step)
+        self.ctx = self.live.regroup(old, self.progress.global_step)
+        self._regrouped(log, old, window, during, lost_at, str(error).splitlines()[0][:160])
+
+    def _admit(self, log: RunLog, window: LossWindow) -> None:
+        """A rank started again joins at this check point: a new group with it, this run's state sent
+        to it from the first rank at the newest step (checked on every member), the plan's new shares."""
+        assert self.live is not None
+        asked_at, old = time.time(), self.ctx
+        self.ctx = self.live.regroup(old, self.progress.global_step)
+        self._share_state()
+        self._regrouped(log, old, window, "rejoin", asked_at, "a rank started again joined")
+
+    def _enter_live(self) -> None:
+        """A rank started again (recovery.rejoin): join the live group at the others' next check point
+        and take a peer's whole state (model, optimizer, scheduler, scaler, position), checked; the
+        loader follows the plan from there. Nothing is read from a checkpoint."""
+        assert self.live is not None
+        started = time.time()
+        self.ctx = self.live.enter(self.ctx)
+        source = self.live.source()
+        self._share_state()
+        self._regrouped(None, self.ctx, None, "rejoin", started, "")
+        self._joined = {
+            "event": "joined",
+            "time": time.time(),
+            "started": started,
+            "step": self.progress.global_step,
+            "rank": self.ctx.rank,
+            "world": self.ctx.world_size,
+            "source": source,
+            "generation": self.live.generation,
+        }
+
+    def _share_state(self) -> None:
+        """Every member of the new group: the source sends its state, each joining rank loads it, and
+        all compare a digest of their model, so a rank never trains on a state that differs."""
+        assert self.live is not None
+        src = self.live.source()
+        mine = {**self.state_dict(), "world_size": SHARED_STATE_WORLD} if self.ctx.rank == src else None
+        state = share_state(self.ctx, src, mine)
+        if self.live.joining:
+            self.load_state_dict(state)
+            self.live.joining = False
+        digests = gather_objects(self.ctx, state_digest(self.model))
+        if len(set(digests)) != 1:
+            raise BadInput(f"live error: the members' models differ after a rank took rank {src}'s state")
+
+    def _regrouped(
+        self, log: RunLog | None, old: DistContext, window: LossWindow | None, during: str, since: float, why: str
+    ) -> None:
+        """After a new group formed: averaging path, plan, loader and agreement for it, and the record."""
+        assert self.live is not None
+        p = self.progress
         self.gradient_path = self._live_gradient_path()
         self.plan = replan(self.plan, self.ctx.rank, self.ctx.world_size)
         self.loader.plan = self.plan
@@ -597,6 +682,8 @@ class Trainer:
         self.agreement = StepAgreement(self.ctx)
         if window is not None:
             window.reset(p.global_step)
+        if log is None:  # a rank started again: the others' logs say it
+            return
         if self.ctx.is_main and not old.is_main:
             log.promote(p.global_step)
         log.world_changed(p.global_step, p.epoch, self.world, WorldSize.of(old), self.plan)  # `status` reads it
@@ -607,13 +694,13 @@ class Trainer:
             self.ctx.rank,
             self.ctx.world_size,
             self.live.generation,
-            time.time() - lost_at,
+            time.time() - since,
             during,
         )
         self.regroups.append(regroup)
         self._since_regroup = regroup
-        log.line(f"{regroup.line()} ({str(error).splitlines()[0][:160]})")
-        log.event({"event": "regrouped", "time": time.time(), "error_at": lost_at, **regroup.__dict__})
+        log.line(f"{regroup.line()} ({why})")
+        log.event({"event": "regrouped", "time": time.time(), "error_at": since, **regroup.__dict__})
 
     def _train_steps(self, log: RunLog, window: LossWindow, first_step: bool) -> bool:
         p = self.progress
@@ -644,7 +731,7 @@ class Trainer:
             stop = agreement.read(self.schedule.agreement_through(p.global_step, plan.check))
             if plan.check or stop:  # before any log line, checkpoint or validation (NAN_CHECK_BOUND)
                 stop = agreement.read(p.global_step) or stop
-                loss_sum = self._agreed_loss_sum(window.total, window.start_step)
+                loss_sum, join = self._agreed_loss_sum(window.total, window.start_step)
             if plan.log:
                 lr = self.scheduler.get_last_lr()[0]
                 mean = loss_sum / (window.steps * self.ctx.world_size)
@@ -658,6 +745,12 @@ class Trainer:
                 self.fault("save", p.global_step)
             if plan.last:
                 break
+            if plan.check and join:  # a rank started again waits to join (recovery.rejoin)
+                if agreement.drain():  # a stop posted meanwhile wins: the joiner is stopped with the job
+                    p.val_pending = plan.epoch_end
+                    return False
+                self._admit(log, window)
+                raise Admitted
         return True
 
     def _validate(self, log: RunLog) -> bool:
@@ -735,10 +828,14 @@ class Trainer:
     )
     """The finite check reads the running loss sum, which waits for the device: only at check points."""
 
-    def _agreed_loss_sum(self, window_loss: torch.Tensor, window_from: int) -> float:
+    def _agreed_loss_sum(self, window_loss: torch.Tensor, window_from: int) -> tuple[float, bool]:
         """Every rank's loss sum over the window, added up on the device and read once; a NaN/inf on
-        any rank makes the sum non-finite, so every rank raises together (NAN_CHECK_BOUND says when)."""
-        total = float(all_reduce_sum_(self.ctx, window_loss.clone()))
+        any rank makes the sum non-finite, so every rank raises together (NAN_CHECK_BOUND says when).
+        The same all-reduce carries live mode's vote: whether any rank saw a rank started again ask to
+        join (recovery.rejoin), so every rank admits it at the same step."""
+        asks = 1.0 if self.live is not None and self.live.join_requested() else 0.0
+        both = torch.stack([window_loss.detach().float().reshape(()), torch.full((), asks, device=window_loss.device)])
+        total, join = (float(v) for v in all_reduce_sum_(self.ctx, both).tolist())
         if not math.isfinite(total):
             p = self.progress
             raise NonFiniteLoss(
@@ -747,7 +844,7 @@ class Trainer:
                 f"fp16 overflow, or bad input values; rerun with debug.detect_anomaly=true to find the op; the "
                 f"last good checkpoint is kept in {self.ckpt_root}"
             )
-        return total
+        return total, join > 0
 
     def _startup_seconds(self) -> float:
         """Process start -> this process's first training step done (one device sync, once)."""

@@ -210,7 +210,9 @@ def require_live_extra() -> None:
         )
 
 
-def live_argv(spec: JobSpec, heartbeat_timeout_s: float, rdzv_run_id: str, *, python: str = "python") -> list[str]:
+def live_argv(
+    spec: JobSpec, heartbeat_timeout_s: float, rdzv_run_id: str, *, python: str = "python", rejoin: int = 0
+) -> list[str]:
     """The live agent's command (torchlaunch.backends.local.live), pure: the membership service and the
     node's ranks, which regroup in place when one is lost."""
     return [
@@ -223,6 +225,8 @@ def live_argv(spec: JobSpec, heartbeat_timeout_s: float, rdzv_run_id: str, *, py
         str(round(heartbeat_timeout_s * 1000)),
         "--run-id",
         rdzv_run_id,
+        "--rejoin",
+        str(rejoin),
         "--",
         *program_tail(spec, BUILTIN_WORKER),
     ]
@@ -537,14 +541,16 @@ def launch(argv: Sequence[str]) -> int:
             config_mod.settle_resolved(cfg, reconfigure=args.reconfigure, write=False)
         typed = as_typed(spec, args)
         shown = (
-            live_argv(typed, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable)
+            live_argv(typed, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable, rejoin=cfg.recovery.rejoin)
             if live
             else render(typed, planned.placement, module, args.doctor)
         )
         print(shlex.join(shown))
         return OK
     if live:
-        argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable)
+        argv_out = live_argv(
+            spec, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable, rejoin=cfg.recovery.rejoin
+        )
     else:
         argv_out = render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torchlaunch import contract
 from torchlaunch.base import procs
@@ -48,6 +48,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--nproc", type=int, required=True)
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
     parser.add_argument("--run-id", default="torchlaunch-live")
+    parser.add_argument("--rejoin", type=int, default=0, help="times a lost rank is started again (recovery.rejoin)")
     return parser.parse_args(argv[:cut]), argv[cut + 1 :]
 
 
@@ -175,25 +176,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     ranks: list[subprocess.Popen] = []
     watch = Watch(args.heartbeat_timeout_ms / 1000)
     fenced: dict[int, str] = {}
+    restarts = [0] * args.nproc
+    replaced: list[str] = []  # "rank R (SIGNAL...)" of each process lost and started again
+    stopping = False
+    failed_at: float | None = None
 
     def stop(signum: int, frame: object) -> None:  # a stop is the ranks' to handle (checkpoint, exit 75)
+        nonlocal stopping
+        stopping = True
         for proc in ranks:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
+
+    def start(rank: int, master_port: int) -> subprocess.Popen:
+        read_fd, write_fd = os.pipe()
+        watch.add(rank, read_fd)
+        env = rank_env(dict(os.environ), rank, args.nproc, master_port, service.address, args.run_id, write_fd)
+        if restarts[rank]:
+            env[contract.LIVE_JOIN] = str(restarts[rank])
+        return start_rank(program, env, write_fd)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     service.start()
     try:
         master_port = free_port()
-        for rank in range(args.nproc):
-            read_fd, write_fd = os.pipe()
-            watch.add(rank, read_fd)
-            env = rank_env(dict(os.environ), rank, args.nproc, master_port, service.address, args.run_id, write_fd)
-            ranks.append(start_rank(program, env, write_fd))
+        ranks.extend(start(rank, master_port) for rank in range(args.nproc))
         while any(proc.poll() is None for proc in ranks):
             service.keep_up()
             fence_silent(ranks, watch, fenced)
+            if not stopping:
+                rejoin(ranks, restarts, args.rejoin, fenced, replaced, lambda r: start(r, master_port))
+            end_orphan_joiners(ranks, restarts, watch.joined)
+            failed_at = stop_after_a_failure(ranks, failed_at)
             time.sleep(POLL_S)
     finally:
         watch.close()
@@ -205,13 +220,84 @@ def main(argv: Sequence[str] | None = None) -> int:
     codes = [proc.returncode for proc in ranks]
     lost = [rank for rank, code in enumerate(codes) if code < 0]
     code = job_code(codes)
-    if lost:
+    if lost or replaced:
         names = ", ".join(
-            f"rank {r} ({signal.Signals(-codes[r]).name}{', ' + fenced[r] if r in fenced else ''})" for r in lost
+            replaced
+            + [f"rank {r} ({signal.Signals(-codes[r]).name}{', ' + fenced[r] if r in fenced else ''})" for r in lost]
         )
         outcome = "the others finished" if code == OK else f"exit {code}"
         print(f"live: lost {names}; {outcome}", file=sys.stderr, flush=True)
     return code
+
+
+def rejoin(
+    ranks: list[subprocess.Popen],
+    restarts: list[int],
+    limit: int,
+    fenced: dict[int, str],
+    replaced: list[str],
+    start: Callable[[int], subprocess.Popen],
+) -> None:
+    """Start each rank lost to a signal again (recovery.rejoin times at most), while another rank trains:
+    the new process joins the live group at the others' next check point, with a peer's state."""
+    for rank, proc in enumerate(ranks):
+        code = proc.poll()
+        if code is None or code >= 0 or restarts[rank] >= limit:
+            continue
+        if not any(p.poll() is None for r, p in enumerate(ranks) if r != rank):
+            continue  # nobody left to join: the job's outcome is the others'
+        why = signal.Signals(-code).name + (", " + fenced.pop(rank) if rank in fenced else "")
+        replaced.append(f"rank {rank} ({why}; started again)")
+        restarts[rank] += 1
+        print(
+            f"live: rank {rank} lost ({why}); started again to rejoin the others (attempt {restarts[rank]} of {limit})",
+            file=sys.stderr,
+            flush=True,
+        )
+        ranks[rank] = start(rank)
+
+
+FAILURE_GRACE_S = 10.0
+"""How long the other ranks get to leave by themselves after one failed (they usually fail alike)."""
+
+
+def stop_after_a_failure(ranks: list[subprocess.Popen], failed_at: float | None) -> float | None:
+    """A rank that exited by itself with a failure or bad input (not a loss, not a preemption) makes
+    the job's outcome: as under torchrun, the others are stopped (SIGKILL after FAILURE_GRACE_S) rather
+    than left waiting in their next collective for dist.timeout_s. Returns when the first failure was seen."""
+    failed = [r for r, p in enumerate(ranks) if p.poll() not in (None, OK, PREEMPTED) and (p.returncode or 0) > 0]
+    if not failed:
+        return failed_at
+    now = time.monotonic()
+    if failed_at is None:
+        return now
+    if now - failed_at >= FAILURE_GRACE_S:
+        for rank, proc in enumerate(ranks):
+            if proc.poll() is None:
+                print(
+                    f"live: rank {failed[0]} exited {ranks[failed[0]].returncode}; stopping rank {rank}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return failed_at
+
+
+def end_orphan_joiners(ranks: list[subprocess.Popen], restarts: list[int], joined: set[int]) -> None:
+    """A rank started again that has not joined yet, once every other rank has ended, has nobody to join:
+    it is stopped (its peers' outcome is the job's), rather than waiting out recovery.quorum_timeout_s."""
+    waiting = [r for r, p in enumerate(ranks) if restarts[r] and r not in joined and p.poll() is None]
+    if not waiting:
+        return
+    if any(p.poll() is None for r, p in enumerate(ranks) if r not in waiting):
+        return
+    for rank in waiting:
+        print(f"live: rank {rank} was started again, but the others finished first", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(ranks[rank].pid, signal.SIGKILL)
+        ranks[rank].wait()
 
 
 if __name__ == "__main__":

@@ -20,20 +20,29 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import io
+import os
+import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from torchlaunch import rundir
 from torchlaunch.core.dist import DistContext, broadcast_object
 from torchlaunch.core.recovery.fence import Fence
-from torchlaunch.core.recovery.membership import Membership, Quorum, seat, steps_agree
+from torchlaunch.core.recovery.membership import JOINING_STEP, Membership, Quorum, seat, source, steps_agree
 from torchlaunch.core.recovery.pulse import Pulse
 from torchlaunch.core.shm_reduce import SharedMemoryReducer
 from torchlaunch.exit_codes import BadInput
 
 STORE_HOST = "127.0.0.1"
 """Where this rank's store listens: loopback, since live mode runs on one node for now."""
+JOIN_PREFIX = "join-"
+JOIN_NAME = re.compile(r"join-rejoin\d{3}-rank\d{6}")
+"""RUN_DIR/live/join-<replica id>: a rank started again waits to be admitted (what the others look for)."""
 
 
 class LiveGroup:
@@ -56,6 +65,8 @@ class LiveGroup:
         self.store_address = f"{host}:{self.store.port}"
         self.generation = 0
         self.quorum: Quorum | None = None
+        self.joining = False
+        """A rank started again that has not taken a peer's state yet (recovery.rejoin)."""
 
     def join(self, ctx: DistContext, step: int) -> None:
         """Enter the service with the group the launcher formed (every rank of the launch). Each rank
@@ -75,19 +86,57 @@ class LiveGroup:
         self.generation = self._take_generation(ctx)
 
     def regroup(self, ctx: DistContext, step: int) -> DistContext:
-        """Leave the broken group, wait for the service's new quorum, and form the new group on its
-        rank 0's store; returns this rank's new context. TimeoutError when no group forms in time."""
+        """Leave the current group (broken by a loss, or about to admit a rank started again), wait for
+        the service's new quorum, and form the new group on its rank 0's store; returns this rank's new
+        context. TimeoutError when no group forms in time."""
         try:
             dist.destroy_process_group()
         except Exception:  # a broken group may fail to close: it is dropped either way
             pass
+        return self._form(ctx, step)
+
+    def enter(self, ctx: DistContext) -> DistContext:
+        """A rank started again (recovery.rejoin): heartbeat, ask to join (RUN_DIR/live/join-<id>, which
+        the others look for at their check points), and wait in the service's quorum until they ask too;
+        then this rank is a member of the live group (its state still to be taken from a peer)."""
+        if self.pulse is not None:
+            self.pulse.start()
+        self.membership.start()
+        request = self.fence.folder / f"{JOIN_PREFIX}{self.membership.replica_id}"
+        rundir.write_text(request, "", durable=False)
+        try:
+            new = self._form(ctx, JOINING_STEP)
+        finally:
+            request.unlink(missing_ok=True)
+        if self.pulse is not None:
+            self.pulse.joined()
+        return new
+
+    def join_requested(self) -> bool:
+        """Whether a rank started again asks to join (a file RUN_DIR/live/join-<id>): a stat per check."""
+        try:
+            with os.scandir(self.fence.folder) as entries:
+                return any(e.name.startswith(JOIN_PREFIX) and JOIN_NAME.fullmatch(e.name) for e in entries)
+        except OSError:
+            return False
+
+    def source(self) -> int:
+        """The rank whose state a joining rank takes: the first member at the newest step."""
+        assert self.quorum is not None
+        found = source(self.quorum)
+        assert found is not None  # _form refuses a group with no state
+        return found
+
+    def _form(self, ctx: DistContext, step: int) -> DistContext:
         quorum = self.membership.quorum(step, self.store_address, self.quorum_timeout_s)
         rank, world = seat(quorum, self.membership.replica_id)
+        if source(quorum) is None:
+            raise BadInput("live error: no rank of the live group is left to take the state from")
         if not steps_agree(quorum):
             raise BadInput(
                 "live error: the ranks left are at different steps "
                 f"({', '.join(f'{m.replica_id}: {m.step}' for m in quorum.members)}); healing a rank from a "
-                "live peer is not built yet"
+                "live peer is built for a rank started again only"
             )
         leader = quorum.members[0]
         if rank == 0:
@@ -186,6 +235,41 @@ def average_gradients(grads: FlatGradients, world_size: int, reducer: SharedMemo
     else:
         dist.all_reduce(grads.flat)
         grads.flat.div_(world_size)
+
+
+def share_state(ctx: DistContext, src: int, state: dict[str, Any] | None) -> dict[str, Any]:
+    """`src`'s training state on every member (a joining rank takes it; the others return their own):
+    torch.save's bytes broadcast over the group with their digest, checked on arrival and loaded with
+    weights_only=True, as a checkpoint is. BadInput if the bytes do not match their digest."""
+    if ctx.rank == src:
+        assert state is not None
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        head = [len(data), hashlib.blake2b(data, digest_size=16).hexdigest()]
+    else:
+        head = [0, ""]
+    size, digest = broadcast_object(ctx, head, src=src)  # type: ignore[misc]
+    payload = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if ctx.rank == src
+        else torch.empty(size, dtype=torch.uint8)
+    )
+    dist.broadcast(payload, src=src)
+    if ctx.rank == src:
+        return state  # type: ignore[return-value]
+    got = payload.numpy().tobytes()
+    if hashlib.blake2b(got, digest_size=16).hexdigest() != digest:
+        raise BadInput(f"live error: the state taken from rank {src} does not match its digest ({len(got)} bytes)")
+    return torch.load(io.BytesIO(got), map_location="cpu", weights_only=True)
+
+
+def state_digest(module: torch.nn.Module) -> str:
+    """A digest of a module's parameters and buffers: equal on every member after a rank took its state."""
+    h = hashlib.blake2b(digest_size=16)
+    for tensor in [*module.parameters(), *module.buffers()]:
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def broadcast_parameters(module: torch.nn.Module) -> None:

@@ -49,10 +49,12 @@ class Membership(Protocol):
     def close(self) -> None: ...
 
 
-def replica_id_of(rank: int) -> str:
+def replica_id_of(rank: int, attempt: int = 0) -> str:
     """The id of the rank that started as `rank`: zero-padded so that sorting ids keeps the ranks'
-    order, so survivors keep their relative order (and rank 0, when it survives, stays rank 0)."""
-    return f"rank{rank:06d}"
+    order, so survivors keep their relative order (and rank 0, when it survives, stays rank 0). A rank
+    started again (`attempt` >= 1, recovery.rejoin) sorts after every first one ("rejoin" > "rank"):
+    joining never moves the ranks that train, rank 0 and its logs included."""
+    return f"rank{rank:06d}" if attempt == 0 else f"rejoin{attempt:03d}-rank{rank:06d}"
 
 
 def seat(quorum: Quorum, replica_id: str) -> tuple[int, int]:
@@ -67,8 +69,22 @@ def sorted_members(members: list[Member]) -> tuple[Member, ...]:
     return tuple(sorted(members, key=lambda m: m.replica_id))
 
 
+JOINING_STEP = -1
+"""The step a rank started again (recovery.rejoin) asks with: it holds no state yet."""
+
+
 def steps_agree(quorum: Quorum) -> bool:
-    """Whether every member had committed the same number of steps. A member behind the others would
-    need the state of one ahead (a heal from a live peer); with the optimizer step taken only after a
-    successful gradient all-reduce, members of a 2 -> 1 loss always agree."""
-    return len({m.step for m in quorum.members}) <= 1
+    """Whether every member that holds state had committed the same number of steps (a joining rank
+    holds none: it takes the source's). A member behind the others would need the state of one ahead
+    (a heal from a live peer); with the optimizer step taken only after a successful gradient
+    all-reduce, members of a 2 -> 1 loss always agree."""
+    return len({m.step for m in quorum.members if m.step != JOINING_STEP}) <= 1
+
+
+def source(quorum: Quorum) -> int | None:
+    """The rank whose state joining ranks take: the first member at the newest step (None: all join)."""
+    trained = [(i, m.step) for i, m in enumerate(quorum.members) if m.step != JOINING_STEP]
+    if not trained:
+        return None
+    newest = max(step for _, step in trained)
+    return next(i for i, step in trained if step == newest)

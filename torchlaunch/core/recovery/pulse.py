@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 BEAT = b"."
 BYE = b"x"
 """The rank leaves on purpose: stop watching it."""
+JOINED = b"j"
+"""A rank started again (recovery.rejoin) is in the live group now."""
 BEATS_PER_BOUND = 10
 """Beats per bound: one late beat never makes a rank silent."""
 
@@ -66,6 +68,10 @@ class Pulse:
             raise
         return True
 
+    def joined(self) -> None:
+        """Tell the agent this rank, started again, has joined the live group."""
+        self._write(JOINED)
+
     def stop(self) -> None:
         """BYE, then close: the agent stops watching this rank (it is leaving on purpose)."""
         self._stop.set()
@@ -91,9 +97,13 @@ class Watch:
 
     bound_s: float
     ranks: dict[int, Watched] = field(default_factory=dict)
+    joined: set[int] = field(default_factory=set)
+    """Ranks started again that said JOINED (reset when a rank's pipe is added again)."""
 
     def add(self, rank: int, fd: int) -> None:
         os.set_blocking(fd, False)
+        self.forget(rank)
+        self.joined.discard(rank)
         self.ranks[rank] = Watched(fd)
 
     def silent(self, now: float | None = None) -> dict[int, float]:
@@ -103,6 +113,8 @@ class Watch:
         read_at = time.monotonic() if now is None else now
         for rank, watched in list(self.ranks.items()):
             data, closed = _drain(watched.fd)
+            if JOINED in data:
+                self.joined.add(rank)
             if data.replace(BYE, b""):
                 watched.last_beat = read_at
             if BYE in data or closed:

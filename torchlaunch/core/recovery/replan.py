@@ -34,9 +34,16 @@ class Regroup:
     lost_s: float
     """Transport error -> new group formed (the membership service's wait dominates)."""
     during: str = "step"
-    """What the loss interrupted, and so what runs again: `step`, `validation` or `checkpoint`."""
+    """What the loss interrupted, and so what runs again: `step`, `validation` or `checkpoint`; or
+    `rejoin`: a rank started again joined (nothing runs again)."""
 
     def line(self) -> str:
+        if self.during == "rejoin":
+            return (
+                f"live: {self.world - self.old_world} rank(s) started again joined before global step {self.step}: "
+                f"group re-formed in {self.lost_s:.2f} s on {self.world} rank(s) (this rank {self.old_rank} -> "
+                f"{self.rank}, generation {self.generation}); the state was sent from a live peer and checked"
+            )
         again = {
             "step": f"step {self.step} runs again",
             "validation": "the validation runs again",
