@@ -338,3 +338,12 @@ def test_a_rank_started_again_sorts_last_and_takes_the_newest_members_state() ->
     assert source(Quorum(1, "1-0", sorted_members([Member(replica_id_of(1, 1), "h:2", JOINING_STEP)]))) is None
     line = Regroup(41, 0, 2, 0, 3, 4, 0.05, during="rejoin").line()
     assert "1 rank(s) started again joined before global step 41" in line and "checked" in line
+
+
+def test_only_well_formed_join_requests_count(tmp_path: Path) -> None:
+    from torchlaunch.core.recovery.group import join_requests
+
+    assert join_requests(tmp_path / "absent") == []
+    for name in ("join-rejoin001-rank000001", "join-rank000001", "join-rejoin001-rank000001.tmp", "generation"):
+        (tmp_path / name).write_text("")
+    assert join_requests(tmp_path) == ["join-rejoin001-rank000001"]

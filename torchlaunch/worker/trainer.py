@@ -623,6 +623,8 @@ class Trainer:
         self.last_saved = None
         self.zero_gradients()  # the interrupted step's partial gradients
         self.ctx = self.live.regroup(old, self.progress.global_step)
+        if self.live.has_joiners():  # a rank started again was waiting: it joins this group too
+            self._share_state()
         self._regrouped(log, old, window, during, lost_at, str(error).splitlines()[0][:160])
 
     def _admit(self, log: RunLog, window: LossWindow) -> None:
@@ -631,6 +633,11 @@ class Trainer:
         assert self.live is not None
         asked_at, old = time.time(), self.ctx
         self.ctx = self.live.regroup(old, self.progress.global_step)
+        if self.ctx.is_main:
+            self.live.clear_join_requests()
+        if not self.live.has_joiners():  # a stale or forged request: the same ranks, nothing to send
+            self._regrouped(None, old, window, "rejoin", asked_at, "")
+            return
         self._share_state()
         self._regrouped(log, old, window, "rejoin", asked_at, "a rank started again joined")
 
@@ -682,7 +689,7 @@ class Trainer:
         self.agreement = StepAgreement(self.ctx)
         if window is not None:
             window.reset(p.global_step)
-        if log is None:  # a rank started again: the others' logs say it
+        if log is None:  # a rank started again (the others' logs say it), or a regroup that changed nothing
             return
         if self.ctx.is_main and not old.is_main:
             log.promote(p.global_step)

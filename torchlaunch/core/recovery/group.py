@@ -24,7 +24,9 @@ import hashlib
 import io
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +43,8 @@ from torchlaunch.exit_codes import BadInput
 STORE_HOST = "127.0.0.1"
 """Where this rank's store listens: loopback, since live mode runs on one node for now."""
 JOIN_PREFIX = "join-"
+JOIN_RETRY_S = 5.0
+"""How often a waiting joiner writes its request again (and asks the service again)."""
 JOIN_NAME = re.compile(r"join-rejoin\d{3}-rank\d{6}")
 """RUN_DIR/live/join-<replica id>: a rank started again waits to be admitted (what the others look for)."""
 
@@ -98,27 +102,44 @@ class LiveGroup:
     def enter(self, ctx: DistContext) -> DistContext:
         """A rank started again (recovery.rejoin): heartbeat, ask to join (RUN_DIR/live/join-<id>, which
         the others look for at their check points), and wait in the service's quorum until they ask too;
-        then this rank is a member of the live group (its state still to be taken from a peer)."""
+        then this rank is a member of the live group (its state still to be taken from a peer). The
+        request is written again every JOIN_RETRY_S: the others clear requests after each admission."""
         if self.pulse is not None:
             self.pulse.start()
         self.membership.start()
         request = self.fence.folder / f"{JOIN_PREFIX}{self.membership.replica_id}"
-        rundir.write_text(request, "", durable=False)
+        deadline = time.monotonic() + self.quorum_timeout_s
         try:
-            new = self._form(ctx, JOINING_STEP)
+            while True:
+                rundir.write_text(request, "", durable=False)
+                left = deadline - time.monotonic()
+                try:
+                    new = self._form(ctx, JOINING_STEP, min(JOIN_RETRY_S, max(left, 0.1)))
+                    break
+                except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
         finally:
             request.unlink(missing_ok=True)
         if self.pulse is not None:
             self.pulse.joined()
         return new
 
+    def has_joiners(self) -> bool:
+        """Whether the group just formed holds a rank started again (it must be sent the state)."""
+        return self.quorum is not None and any(m.step == JOINING_STEP for m in self.quorum.members)
+
+    def clear_join_requests(self) -> None:
+        """Rank 0, after an admission: every request is served or stale (a joiner not yet in the quorum
+        writes its own again), so none makes the group form again at the next check point."""
+        for name in join_requests(self.fence.folder):
+            with contextlib.suppress(OSError):
+                os.unlink(self.fence.folder / name)
+
     def join_requested(self) -> bool:
-        """Whether a rank started again asks to join (a file RUN_DIR/live/join-<id>): a stat per check."""
-        try:
-            with os.scandir(self.fence.folder) as entries:
-                return any(e.name.startswith(JOIN_PREFIX) and JOIN_NAME.fullmatch(e.name) for e in entries)
-        except OSError:
-            return False
+        """Whether a rank started again asks to join (RUN_DIR/live/join-<id>): one directory read per
+        check point."""
+        return bool(join_requests(self.fence.folder))
 
     def source(self) -> int:
         """The rank whose state a joining rank takes: the first member at the newest step."""
@@ -127,8 +148,8 @@ class LiveGroup:
         assert found is not None  # _form refuses a group with no state
         return found
 
-    def _form(self, ctx: DistContext, step: int) -> DistContext:
-        quorum = self.membership.quorum(step, self.store_address, self.quorum_timeout_s)
+    def _form(self, ctx: DistContext, step: int, timeout_s: float | None = None) -> DistContext:
+        quorum = self.membership.quorum(step, self.store_address, timeout_s or self.quorum_timeout_s)
         rank, world = seat(quorum, self.membership.replica_id)
         if source(quorum) is None:
             raise BadInput("live error: no rank of the live group is left to take the state from")
@@ -235,6 +256,15 @@ def average_gradients(grads: FlatGradients, world_size: int, reducer: SharedMemo
     else:
         dist.all_reduce(grads.flat)
         grads.flat.div_(world_size)
+
+
+def join_requests(folder: Path) -> list[str]:
+    """The join requests in RUN_DIR/live: files named join-rejoinNNN-rankNNNNNN (nothing else counts)."""
+    try:
+        with os.scandir(folder) as entries:
+            return [e.name for e in entries if JOIN_NAME.fullmatch(e.name)]
+    except OSError:
+        return []
 
 
 def share_state(ctx: DistContext, src: int, state: dict[str, Any] | None) -> dict[str, Any]:
