@@ -475,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         "elastic-throughput",
         "live-recovery",
         "live-frozen",
+        "live-rejoin",
         "live-steady",
         "live-vs-torchft",
         "startup",

@@ -347,3 +347,35 @@ def test_only_well_formed_join_requests_count(tmp_path: Path) -> None:
     for name in ("join-rejoin001-rank000001", "join-rank000001", "join-rejoin001-rank000001.tmp", "generation"):
         (tmp_path / name).write_text("")
     assert join_requests(tmp_path) == ["join-rejoin001-rank000001"]
+
+
+class _Proc:
+    """A stand-in for a rank's Popen: its return code (None while it runs)."""
+
+    def __init__(self, code: int | None) -> None:
+        self.returncode, self.pid = code, -1
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def test_the_agent_starts_a_lost_rank_again_only_while_another_trains_and_within_the_limit() -> None:
+    started: list[int] = []
+
+    def start(rank: int) -> _Proc:
+        started.append(rank)
+        return _Proc(None)
+
+    ranks = [_Proc(None), _Proc(-9), _Proc(2)]  # rank 1 lost to SIGKILL; rank 2 exited by itself (not lost)
+    restarts, replaced = [0, 0, 0], []
+    live_agent.rejoin(ranks, restarts, 1, {1: "silent 1.0 s"}, replaced, start)  # type: ignore[arg-type]
+    assert started == [1] and restarts == [0, 1, 0] and replaced == ["rank 1 (SIGKILL, silent 1.0 s; started again)"]
+    ranks[1] = _Proc(-9)  # lost again: the limit (1) is reached
+    live_agent.rejoin(ranks, restarts, 1, {}, replaced, start)  # type: ignore[arg-type]
+    assert started == [1]
+    alone = [_Proc(0), _Proc(-9)]  # nobody left to join
+    live_agent.rejoin(alone, [0, 0], 3, {}, [], start)  # type: ignore[arg-type]
+    assert started == [1]
+    assert live_agent.stop_after_a_failure([_Proc(None), _Proc(75)], None) is None  # a preemption is not a failure
+    first = live_agent.stop_after_a_failure([_Proc(None), _Proc(1)], None)
+    assert first is not None and live_agent.stop_after_a_failure([_Proc(None), _Proc(1)], first) == first
