@@ -313,7 +313,7 @@ def test_live_mode_under_a_remote_launcher_is_one_line_before_anything_is_submit
     from torchlaunch.launch import precheck
 
     on = config_mod.load(None, ["recovery.live=true"])
-    with pytest.raises(BadInput, match=r"recovery.live=true runs under launch.local on one node"):
+    with pytest.raises(BadInput, match=r"config error: recovery.live: runs under launch.local on one node"):
         precheck.check(on, on_cpu=True, local=False, doctor=True)
     precheck.check(on, on_cpu=True, local=True, doctor=True)  # launch.local: its own rules (live_mode)
     precheck.check(config_mod.load(None, []), on_cpu=True, local=False, doctor=True)

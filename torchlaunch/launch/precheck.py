@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torchlaunch.config import RunConfig, refuse_fp16_on_cpu
 from torchlaunch.data.checks import check_data
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import ConfigError
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))
@@ -62,10 +62,11 @@ def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False) ->
     when we cannot)."""
     refuse_fp16_on_cpu(cfg.train.precision, on_cpu)
     if cfg.recovery.live and not local:
-        raise BadInput(
-            "config error: recovery.live=true runs under launch.local on one node for now (the membership "
-            "service and the agent that fences a silent rank run there): use `python -m launch.local --gpus N`, "
-            "or set recovery.live=false for this launcher"
+        raise ConfigError(
+            "recovery.live",
+            "runs under launch.local on one node for now (the membership service and the agent that fences "
+            "a silent rank run there)",
+            "use `python -m launch.local --gpus N`, or set recovery.live=false for this launcher",
         )
     if not doctor:
         check_data(cfg.data, local=local)
