@@ -161,7 +161,10 @@ def test_bad_input_is_one_line_and_not_rerun_by_restarts(tmp_path: Path) -> None
         "launch: workers stopped on bad input (exit 2, not retried): data error: --data "
         "/nonexistent.csv: no such file (pass an existing CSV)"
     ], err
-    assert sorted(runs.read_text().splitlines()) == ["rank 0 restart 0", "rank 1 restart 0"]
+    # never started again; rank 1 may be stopped by the agent before it writes its line (rank 0's bad
+    # input ends the attempt at once), so it is allowed to be missing, never to appear with a restart
+    ran = sorted(runs.read_text().splitlines())
+    assert ran in (["rank 0 restart 0"], ["rank 1 restart 0"], ["rank 0 restart 0", "rank 1 restart 0"]), ran
 
 
 @pytest.mark.timeout(200)
