@@ -55,9 +55,10 @@ def _final(run_dir: Path) -> dict:
     return out
 
 
-def preempt(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    argv = [
+def one_gpu_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The project's launcher on one GPU for a recipe (args: device, config, data_root, overrides):
+    the command both GPU scripts run (this one and bench/gpu_probe.py)."""
+    return [
         sys.executable,
         "-m",
         "launch.local",
@@ -71,6 +72,11 @@ def preempt(args: argparse.Namespace) -> int:
         *([f"data.root={args.data_root}"] if args.data_root else []),
         *args.overrides,
     ]
+
+
+def preempt(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    argv = one_gpu_argv(args, run_dir)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     report: dict = {"command": " ".join(argv[1:]), "stop_at_step": args.stop_at_step}
 

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.gpu_check import _last_step, one_gpu_argv
+
 REPO = Path(__file__).resolve().parent.parent
 
 SITE = """import os
@@ -82,19 +84,6 @@ def compare(a: Path, b: Path) -> dict:
     }
 
 
-def _last_step(run_dir: Path) -> int:
-    path, last = run_dir / "metrics.jsonl", -1
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                step = json.loads(line).get("step")
-            except ValueError:
-                continue
-            if isinstance(step, int):
-                last = max(last, step)
-    return last
-
-
 def _launch(argv: list[str], env: dict, timeout: float) -> tuple[object, float]:
     start = time.perf_counter()
     try:
@@ -117,20 +106,7 @@ def resume(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
     def argv(run_dir: Path) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "launch.local",
-            "--gpus",
-            "1",
-            "--device",
-            args.device,
-            "--config",
-            str(REPO / args.config),
-            f"run_dir={run_dir}",
-            f"data.root={args.data_root}",
-            *args.overrides,
-        ]
+        return one_gpu_argv(args, run_dir)
 
     def env(det: bool) -> dict:
         e = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
