@@ -1,10 +1,12 @@
-"""Two "nodes" on one machine: network namespaces joined by veth pairs.
+""" "Nodes" on one machine: network namespaces joined by a switch (a bridge in a namespace of its own).
 
 Each node gets its own network namespace, an address on a private /24 (no default route, so no
 traffic leaves), its own hostname and /etc/hosts (bind-mounted inside a private mount namespace),
 and runs its commands as managed process groups. Faults are injected through `Cluster` methods.
 
-Namespaces are named PREFIX-<harness pid>-<cluster number>-nodeK so that a later run can tell leftovers of a crashed
+Each node's eth0 is one end of a veth pair whose other end is a port of the switch's bridge, so any
+number of nodes reach each other, and taking one node's eth0 down cuts that node alone off.
+Namespaces are named PREFIX-<harness pid>-<cluster number>-nodeK (the switch: -switch) so that a later run can tell leftovers of a crashed
 harness (pid gone) from a live concurrent one and remove only the former.
 """
 
@@ -27,7 +29,8 @@ from faults import procs
 
 PREFIX = "flt"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
-_NAME = re.compile(rf"^{PREFIX}-(\d+)-\d+-node\d+$")
+_NAME = re.compile(rf"^{PREFIX}-(\d+)-\d+-(node\d+|switch)$")
+MAX_NODES = 200
 
 # Runs inside `ip netns exec NS unshare --uts`: $1 hosts file, $2 hostname, rest the command. The
 # check makes a bind mount that did not take effect one clear line instead of a rendezvous timeout.
@@ -81,9 +84,9 @@ def remove_leftovers() -> list[str]:
         if match and not _pid_alive(int(match.group(1))):
             _remove_netns(name)
             removed.append(name)
-    # A veth created but not yet moved lives in the root namespace: named f"{PREFIX}{pid}v{k}".
+    # A veth created but not yet moved lives in the root namespace: named f"{PREFIX}{pid}[vs]{k}".
     for line in _ip("-o", "link", "show").stdout.splitlines():
-        m = re.match(rf"^\d+: ({PREFIX}(\d+)v\d+)[@:]", line)
+        m = re.match(rf"^\d+: ({PREFIX}(\d+)[vs]\d+)[@:]", line)
         if m and not _pid_alive(int(m.group(2))):
             _ip("link", "del", m.group(1), check=False)
             removed.append(m.group(1))
@@ -114,10 +117,11 @@ class Cluster:
     _created = itertools.count()
 
     def __init__(self, nodes: int = 2, workdir: str | os.PathLike[str] | None = None) -> None:
-        if nodes != 2:
-            raise ValueError(f"only 2 nodes (one veth pair) are supported, got {nodes}")
+        if not 2 <= nodes <= MAX_NODES:
+            raise ValueError(f"a cluster has 2..{MAX_NODES} nodes, got {nodes}")
         self._owner = os.getpid()
         number = next(Cluster._created)
+        self.switch = f"{PREFIX}-{self._owner}-{number}-switch"
         self._tmp = tempfile.TemporaryDirectory(prefix="faults-cluster-", dir=workdir)
         self.hosts_file = Path(self._tmp.name) / "hosts"
         hosts = [ipaddress.ip_address(int(SUBNET.network_address) + k + 1) for k in range(nodes)]
@@ -144,13 +148,18 @@ class Cluster:
 
     def _create(self) -> None:
         self.hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes))
+        _ip("netns", "add", self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
         for node in self.nodes:
             _ip("netns", "add", node.netns)
             _ip("-n", node.netns, "link", "set", "lo", "up")
-        # One veth pair: each end moved into its node, then renamed eth0 there.
-        ends = (f"{PREFIX}{self._owner}v0", f"{PREFIX}{self._owner}v1")
-        _ip("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
-        for node, end in zip(self.nodes, ends, strict=True):
+            # One veth pair per node: one end its eth0, the other a port of the switch's bridge.
+            end, port = f"{PREFIX}{self._owner}v{node.index}", f"{PREFIX}{self._owner}s{node.index}"
+            _ip("link", "add", end, "type", "veth", "peer", "name", port)
+            _ip("link", "set", port, "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
             _ip("link", "set", end, "netns", node.netns)
             _ip("-n", node.netns, "link", "set", end, "name", "eth0")
             _ip("-n", node.netns, "addr", "add", f"{node.address}/{SUBNET.prefixlen}", "dev", "eth0")
@@ -163,6 +172,8 @@ class Cluster:
         self._active = False
         for node in self.nodes:
             _remove_netns(node.netns)
+        _remove_netns(self.switch)
+        for node in self.nodes:
             for popen in node.started:
                 if popen.poll() is None:
                     popen.kill()
@@ -239,5 +250,6 @@ class Cluster:
         return procs.kill_netns_processes(node.netns_inode)
 
     def set_link(self, node: Node, up: bool) -> None:
-        """Take the node's eth0 down or up (down on one end cuts the veth pair's carrier)."""
+        """Take the node's eth0 down or up: down cuts its veth pair's carrier, so the node is off the
+        switch (the others still reach each other)."""
         _ip("-n", node.netns, "link", "set", "eth0", "up" if up else "down")

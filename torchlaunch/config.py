@@ -41,6 +41,7 @@ from torchlaunch.base.rules import (  # noqa: F401 - the rule vocabulary, named 
     choice,
     interval,
     seed_bound,
+    service_address,
 )
 from torchlaunch.base.untrusted import DepthGuard, TooComplex, check_yaml, quote
 from torchlaunch.data import section
@@ -229,9 +230,9 @@ class PreemptionConfig:
 @dataclass
 class RecoveryConfig:
     live: bool = False
-    """Live recovery (launch.local, one node): when a rank's process is lost, the others keep their
-    processes and state, re-form the group in place and re-run the interrupted step on the ranks left
-    (same samples, same augmentation). Off: a lost rank fails the job, which resumes from a checkpoint.
+    """Live recovery (launch.local: one node, or several with recovery.lighthouse): when a rank's process
+    or a whole node is lost, the others keep their processes and state, re-form the group in place and
+    re-run the interrupted step on the ranks left (same samples, same augmentation). Off: a lost rank fails the job, which resumes from a checkpoint.
     Needs the `live` extra (torchft); docs/live.md."""
     heartbeat_timeout_s: float = field(default=1.0, metadata=at_least(0.2, 600, "e.g. 1"))
     """How long the membership service waits for a silent rank's heartbeat before it forms a group
@@ -242,6 +243,17 @@ class RecoveryConfig:
     """How many times the live agent starts a lost rank again to rejoin the group (0: never). The new
     process builds its model and loaders, waits for the others' next check point (train.log_every_steps)
     and takes its state from a live peer, checked; the others pause about one regroup."""
+    lighthouse: str = field(
+        default="",
+        metadata=bound(
+            lambda v: v == "" or service_address(v) is not None,
+            "must be empty or the membership service's http://HOST:PORT",
+            "e.g. recovery.lighthouse=http://10.0.0.9:29510, where `python -m launch.lighthouse` serves on a host of its own",
+        ),
+    )
+    """The membership service's address when it runs apart from the training nodes (what a job across
+    nodes needs: no node's loss may take it along). Empty: the live agent runs one beside the ranks of
+    its one node."""
 
 
 @dataclass

@@ -122,6 +122,9 @@ LIGHTHOUSE = "TORCHLAUNCH_LIGHTHOUSE"
 LIVE_JOIN = "TORCHLAUNCH_LIVE_JOIN"
 """Set by the live agent on a rank it started again (recovery.rejoin): the attempt, from 1. The rank
 forms no group at start; it joins the live group and takes its state from a peer."""
+LIVE_STORE_HOST = "TORCHLAUNCH_LIVE_STORE_HOST"
+"""Set by the live agent: the address the other nodes reach this node on; a rank's store is given out
+there (loopback on one node)."""
 LIVE_PULSE_FD = "TORCHLAUNCH_LIVE_PULSE_FD"
 """Set by the live agent: the file descriptor of the pipe the rank beats down (core/recovery/pulse.py)."""
 K8S_JOB = "TORCHLAUNCH_K8S_JOB"

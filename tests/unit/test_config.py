@@ -241,7 +241,7 @@ RULED_KEYS = {
     "optim.betas", "optim.lookahead_decay", "optim.lookahead_every", "optim.lr", "optim.min_lr_ratio",
     "optim.momentum", "optim.name", "optim.norm_lr_scale", "optim.schedule", "optim.step_epochs", "optim.step_gamma",
     "optim.warmup_epochs", "optim.warmup_start_ratio", "optim.weight_decay", "preemption.lead_time_s",
-    "preemption.signals", "recovery.heartbeat_timeout_s", "recovery.quorum_timeout_s", "recovery.rejoin", "seed", "train.batch_size", "train.clip_grad_norm", "train.epochs", "train.label_smoothing",
+    "preemption.signals", "recovery.heartbeat_timeout_s", "recovery.lighthouse", "recovery.quorum_timeout_s", "recovery.rejoin", "seed", "train.batch_size", "train.clip_grad_norm", "train.epochs", "train.label_smoothing",
     "train.log_every_steps", "train.max_steps", "train.micro_batch_size", "train.precision", "train.tta",
 }  # fmt: skip
 """Every key that is range- or choice-checked: a rule lost from a field fails here."""

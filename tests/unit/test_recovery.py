@@ -168,11 +168,40 @@ def test_the_live_agents_exit_code_is_the_survivors(codes: list[int], expected: 
 
 
 def test_the_live_agent_gives_each_rank_torchruns_contract_and_the_service() -> None:
-    env = live_agent.rank_env({"PATH": "/bin"}, 1, 2, 29500, "http://127.0.0.1:9", "tl-x", 7)
+    seat = live_agent.NodeSeat(2, master_port=29500)
+    env = live_agent.rank_env({"PATH": "/bin"}, 1, seat, "http://127.0.0.1:9", "tl-x", 7)
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "1", "2", "2")
     assert env["TORCHLAUNCH_LIGHTHOUSE"] == "http://127.0.0.1:9" and env["TORCHELASTIC_RUN_ID"] == "tl-x"
-    assert env["TORCHLAUNCH_LIVE_PULSE_FD"] == "7"
+    assert env["TORCHLAUNCH_LIVE_PULSE_FD"] == "7" and env["TORCHLAUNCH_LIVE_STORE_HOST"] == "127.0.0.1"
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["GROUP_RANK"]) == ("127.0.0.1", "29500", "0")
     assert env["PATH"] == "/bin"
+
+
+def test_the_live_agent_numbers_ranks_across_nodes() -> None:
+    """Node 2 of 3 with 4 ranks each: global ranks 8..11 of 12, node 0 the first group's store."""
+    seat = live_agent.NodeSeat(4, nnodes=3, node_rank=2, master_addr="node0", master_port=29500)
+    envs = [live_agent.rank_env({}, local, seat, "http://lh:29510", "tl-x", 7, "10.0.0.3") for local in range(4)]
+    assert [e["RANK"] for e in envs] == ["8", "9", "10", "11"]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) for e in envs} == {
+        ("12", "4", "2", "3")
+    }
+    assert {(e["MASTER_ADDR"], e["TORCHLAUNCH_LIVE_STORE_HOST"]) for e in envs} == {("node0", "10.0.0.3")}
+
+
+def test_the_live_agent_gives_out_loopback_on_one_node() -> None:
+    """Across nodes it is the source address toward the service (a socket: the netns tests prove it)."""
+    assert live_agent.store_host(live_agent.NodeSeat(2), "http://10.9.9.9:29510") == "127.0.0.1"
+
+
+def test_the_live_agent_refuses_nodes_without_a_service_apart() -> None:
+    with pytest.raises(SystemExit):
+        live_agent.parse_args(["--nproc", "1", "--nnodes", "2", "--master-port", "29500", "--", "x"])
+    with pytest.raises(SystemExit):
+        live_agent.parse_args(["--nproc", "1", "--nnodes", "1:2", "--lighthouse", "http://h:1", "--", "x"])
+    args, program = live_agent.parse_args(
+        ["--nproc", "1", "--nnodes", "2", "--master-port", "29500", "--lighthouse", "http://h:1", "--", "x"]
+    )
+    assert (args.nnodes, args.lighthouse, program) == (2, "http://h:1", ["x"])
 
 
 def test_live_mode_is_off_by_default_and_one_node_only() -> None:
@@ -183,8 +212,22 @@ def test_live_mode_is_off_by_default_and_one_node_only() -> None:
     assert live_mode(on, spec, NodePlacement(), doctor=False)
     assert not live_mode(on, JobSpec(config="c.yaml", gpus_per_node=1), NodePlacement(), doctor=False)
     assert not live_mode(on, spec, NodePlacement(), doctor=True)  # the pre-flight runs as today
-    with pytest.raises(BadInput, match="one node"):
-        live_mode(on, JobSpec(config="c.yaml", nodes=2, gpus_per_node=2), NodePlacement(master_addr="h"), False)
+    two_nodes = JobSpec(config="c.yaml", nodes=2, gpus_per_node=1)
+    with pytest.raises(BadInput, match=r"across nodes needs the membership service apart .*launch.lighthouse"):
+        live_mode(on, two_nodes, NodePlacement(master_addr="h"), False)
+    apart = config_mod.load(None, ["recovery.live=true", "recovery.lighthouse=http://10.0.0.9:29510"])
+    assert live_mode(apart, two_nodes, NodePlacement(1, master_addr="h"), False)
+    with pytest.raises(BadInput, match=r"fixed --nnodes .* not 1:2"):
+        live_mode(apart, JobSpec(config="c.yaml", nodes=2, min_nodes=1, gpus_per_node=1), NodePlacement(), False)
+    across = live_argv(two_nodes, 1.0, "tl-1", placement=NodePlacement(1, "node0"), lighthouse="http://h:29510")
+    tail = across[: across.index("--")]
+    assert tail[tail.index("--lighthouse") + 1] == "http://h:29510"
+    assert [tail[tail.index(f) + 1] for f in ("--nnodes", "--node-rank", "--master-addr", "--master-port")] == [
+        "2",
+        "1",
+        "node0",
+        "29500",
+    ]
     argv = live_argv(spec, 0.5, "tl-1")
     assert argv[:3] == ["python", "-m", "torchlaunch.backends.local.live"]
     assert argv[argv.index("--heartbeat-timeout-ms") + 1] == "500" and argv[argv.index("--") + 1 :][:2] == [

@@ -8,6 +8,7 @@ nothing of the project: `torchlaunch.config.rules()` reads the metadata, `valida
 
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -87,3 +88,18 @@ def choice(
 ) -> dict[str, Choice]:
     """Field metadata: `field(default=..., metadata=choice(("a", "b")))`."""
     return {"choice": Choice(tuple(values), open_prefix, plugin, source)}
+
+
+HOST = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[?[0-9A-Fa-f:.]+\]?")
+"""A host name or an IPv4/IPv6 address, matched whole (HOST.fullmatch): `$` would also match before a
+trailing newline, so `127.0.0.1\\n` passed the check and cut the error line that quoted it."""
+SERVICE_ADDRESS = re.compile(r"http://(?P<host>[^/:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
+def service_address(value: object) -> tuple[str, int] | None:
+    """(host, port) of an `http://HOST:PORT` address (a service's, e.g. recovery.lighthouse), or None
+    when `value` is not one: a host by HOST, a port in 1..65535, nothing before or after."""
+    match = SERVICE_ADDRESS.fullmatch(value) if isinstance(value, str) else None
+    if match is None or not HOST.fullmatch(match["host"]) or not 0 < int(match["port"]) < 65536:
+        return None
+    return match["host"].strip("[]"), int(match["port"])

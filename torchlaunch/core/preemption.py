@@ -111,3 +111,9 @@ class StepAgreement:
     def drain(self) -> bool:
         """Read every posting (before leaving the loop: no collective is left in flight)."""
         return self.read(self._pending[-1][0]) if self._pending else False
+
+    def forget(self) -> None:
+        """Let go of every posting of a broken group (live mode, before it regroups): each holds its
+        collective, which holds the group's connections open (trainer.loss_line). A stop asked for
+        meanwhile is not lost: the watcher's flag stays set and is posted again on the new group."""
+        self._pending.clear()

@@ -22,6 +22,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote
 from torchlaunch.launch import cli
 
@@ -37,9 +38,7 @@ MIN_CPU_WORKERS = 8
 RESOLVE_TIMEOUT_S = 10.0
 """Longest wait for the rendezvous host's name to resolve (a wrong one otherwise costs ~80 s and a
 traceback in every rank)."""
-HOST = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[?[0-9A-Fa-f:.]+\]?")
-"""A host name or an IPv4/IPv6 address, matched whole (HOST.fullmatch): `$` would also match before a
-trailing newline, so `127.0.0.1\\n` passed the check and cut the error line that quoted it."""
+HOST = rules.HOST
 
 
 def within(flag: str, value: int | None, low: int, high: int, example: str) -> None:

@@ -167,7 +167,7 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     loaders are built, so the others never wait for its start-up."""
     from torchlaunch import contract
     from torchlaunch.core.recovery.fence import Fence
-    from torchlaunch.core.recovery.group import LiveGroup
+    from torchlaunch.core.recovery.group import STORE_HOST, LiveGroup
     from torchlaunch.core.recovery.lighthouse import LighthouseMembership
     from torchlaunch.core.recovery.membership import replica_id_of
     from torchlaunch.core.recovery.pulse import Pulse
@@ -183,7 +183,10 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     membership = LighthouseMembership(address, replica_id_of(rank, attempt), cfg.recovery.heartbeat_timeout_s)
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
     pulse = Pulse.for_bound(int(pulse_fd), cfg.recovery.heartbeat_timeout_s) if pulse_fd.isdigit() else None
-    group = LiveGroup(membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s, pulse=pulse)
+    host = contract.get(contract.LIVE_STORE_HOST) or STORE_HOST
+    group = LiveGroup(
+        membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s, host=host, pulse=pulse
+    )
     if attempt:
         group.joining = True
     else:

@@ -143,6 +143,15 @@ class LossWindow:
         self.steps += 1
 
 
+def loss_line(error: BaseException) -> str:
+    """The first line of a peer's loss, kept while the error itself is let go. Why the regroup runs
+    after the handler, not in it: the error's traceback holds the failed collective's frames, and they
+    hold the broken process group, whose gloo connections stay open while anything refers to it. A
+    member still waiting in that collective on a live peer (3+ ranks: it lost no direct peer) learns
+    of the loss only when those connections close: measured, it otherwise waits out dist.timeout_s."""
+    return str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+
+
 class Trainer:
     """Builds model, optimizer, schedule and loaders for one rank, and runs fit()."""
 
@@ -214,9 +223,6 @@ class Trainer:
         self.net: nn.Module = model
         self.gradient_path = "local"
         self.live_reducer: SharedMemoryReducer | None = None
-        # live mode runs on one node (its stores listen on loopback); every member decides alike, a rank
-        # started again too (its context before it joins is one rank of its own)
-        self._one_machine = live is not None or ctx.world_size == ctx.local_world_size
         self.flat_grads: FlatGradients | None = None
         if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
             if not live.joining:  # a rank started again takes a peer's whole state instead (fit)
@@ -294,10 +300,12 @@ class Trainer:
     def _live_gradient_path(self) -> str:
         """Live mode's gradient averaging on the current group: through shared memory when every rank
         is on this machine (built again after each regroup: a collective of the new group), else one
-        flat gloo all-reduce (core/recovery/group.average_gradients)."""
+        flat gloo all-reduce (core/recovery/group.average_gradients). Every member decides alike, from
+        the group's store hosts (a rank started again, before it joins, is a group of one)."""
         ctx = self.ctx
         self.live_reducer = None
-        if ctx.world_size > 1 and self.cfg.dist.shared_memory_reduce and ctx.backend == "gloo" and self._one_machine:
+        shared = self.cfg.dist.shared_memory_reduce and ctx.backend == "gloo"
+        if ctx.world_size > 1 and shared and self.live is not None and self.live.one_host():
             self.live_reducer = build_reducer(self.model)
         how = "shared memory" if self.live_reducer is not None else "one flat gloo all-reduce"
         return f"live: {how}, group re-formed on a lost rank"
@@ -593,11 +601,13 @@ class Trainer:
                 return self._train_steps(log, window, first_step)
             except Admitted:  # the group grew at a check point: the steps go on with the new shares
                 first_step = False
+                continue
             except Exception as e:
                 if self.live is None or not is_peer_lost(e):
                     raise
-                self._recover(log, e, window)
-                first_step = False
+                why = loss_line(e)
+            self._recover(log, why, window)  # outside the handler: see loss_line
+            first_step = False
 
     def _surviving(self, log: RunLog, during: str, attempt: Callable[[], T]) -> T:
         """`attempt()`, run again on the ranks left after each loss of a peer (live mode). Validation
@@ -609,11 +619,10 @@ class Trainer:
             except Exception as e:
                 if self.live is None or not is_peer_lost(e):
                     raise
-                self._recover(log, e, during=during)
+                why = loss_line(e)
+            self._recover(log, why, during=during)  # outside the handler: see loss_line
 
-    def _recover(
-        self, log: RunLog, error: BaseException, window: LossWindow | None = None, during: str = "step"
-    ) -> None:
+    def _recover(self, log: RunLog, why: str, window: LossWindow | None = None, during: str = "step") -> None:
         """Regroup in place: new quorum, new process group, the plan's new shares; the loader, model and
         optimizer are kept. The loss window restarts (its sum held the lost ranks' shares). A save
         interrupted on any rank is not known to be committed: the next save of that step writes it."""
@@ -622,10 +631,12 @@ class Trainer:
         old = self.ctx
         self.last_saved = None
         self.zero_gradients()  # the interrupted step's partial gradients
+        self.agreement.forget()
+        self.live_reducer = None  # built again on the new group (_regrouped)
         self.ctx = self.live.regroup(old, self.progress.global_step)
         if self.live.has_joiners():  # a rank started again was waiting: it joins this group too
             self._share_state()
-        self._regrouped(log, old, window, during, lost_at, str(error).splitlines()[0][:160])
+        self._regrouped(log, old, window, during, lost_at, why)
 
     def _admit(self, log: RunLog, window: LossWindow) -> None:
         """A rank started again joins at this check point: a new group with it, this run's state sent

@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from torchlaunch import config as config_mod
 from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
@@ -189,16 +189,23 @@ def launch_argv(spec: JobSpec, placement: NodePlacement, module: str, doctor: bo
 
 
 def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
-    """Whether this launch runs its ranks under the live agent (recovery.live, several ranks on one node);
-    live mode across nodes is refused in one line (not built yet)."""
+    """Whether this launch runs its ranks under the live agent (recovery.live, several ranks in all).
+    Across nodes the membership service must run apart (recovery.lighthouse: a service inside one node
+    would die with it) and the node count is fixed (the live group shrinks and grows by itself; MIN:MAX
+    is torchrun's restart); anything else is refused in one line."""
     if not cfg.recovery.live or doctor:
         return False
-    if spec.nodes != 1 or spec.min_nodes is not None or placement.master_addr is not None:
+    if spec.min_nodes is not None:
         raise cli.error(
-            "recovery.live=true runs on one node under launch.local for now: drop --nnodes/--master-addr, "
-            "or set recovery.live=false"
+            f"recovery.live=true takes a fixed --nnodes (the live group shrinks and grows in place), not "
+            f"{spec.min_nodes}:{spec.nodes}; use --nnodes {spec.nodes}, or set recovery.live=false"
         )
-    return spec.gpus_per_node > 1
+    if (spec.nodes != 1 or placement.master_addr is not None) and not cfg.recovery.lighthouse:
+        raise cli.error(
+            "recovery.live=true across nodes needs the membership service apart from them: start "
+            "`python -m launch.lighthouse` on a host of its own and set recovery.lighthouse=http://HOST:29510"
+        )
+    return spec.nodes * spec.gpus_per_node > 1
 
 
 def require_live_extra() -> None:
@@ -211,10 +218,31 @@ def require_live_extra() -> None:
 
 
 def live_argv(
-    spec: JobSpec, heartbeat_timeout_s: float, rdzv_run_id: str, *, python: str = "python", rejoin: int = 0
+    spec: JobSpec,
+    heartbeat_timeout_s: float,
+    rdzv_run_id: str,
+    *,
+    python: str = "python",
+    rejoin: int = 0,
+    placement: NodePlacement | None = None,
+    lighthouse: str = "",
 ) -> list[str]:
-    """The live agent's command (torchlaunch.backends.local.live), pure: the membership service and the
-    node's ranks, which regroup in place when one is lost."""
+    """The live agent's command (torchlaunch.backends.local.live), pure: this node's ranks, which regroup
+    in place when one is lost, and on one node the membership service beside them; across nodes, where
+    node 0 is (the first group's store) and the service apart (`lighthouse`)."""
+    placement = placement or NodePlacement()
+    across = ["--lighthouse", lighthouse] if lighthouse else []
+    if spec.nodes > 1 or placement.master_addr is not None:
+        across += [
+            "--nnodes",
+            str(spec.nodes),
+            "--node-rank",
+            str(placement.node_rank),
+            "--master-addr",
+            placement.master_addr or "127.0.0.1",
+            "--master-port",
+            str(spec.master_port),
+        ]
     return [
         python,
         "-m",
@@ -227,9 +255,19 @@ def live_argv(
         rdzv_run_id,
         "--rejoin",
         str(rejoin),
+        *across,
         "--",
         *program_tail(spec, BUILTIN_WORKER),
     ]
+
+
+def live_options(cfg: config_mod.RunConfig, placement: NodePlacement) -> dict[str, Any]:
+    return {
+        "python": sys.executable,
+        "rejoin": cfg.recovery.rejoin,
+        "placement": placement,
+        "lighthouse": cfg.recovery.lighthouse,
+    }
 
 
 def rendezvous_id(spec: JobSpec, placement: NodePlacement) -> str:
@@ -541,16 +579,14 @@ def launch(argv: Sequence[str]) -> int:
             config_mod.settle_resolved(cfg, reconfigure=args.reconfigure, write=False)
         typed = as_typed(spec, args)
         shown = (
-            live_argv(typed, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable, rejoin=cfg.recovery.rejoin)
+            live_argv(typed, cfg.recovery.heartbeat_timeout_s, rdzv, **live_options(cfg, planned.placement))
             if live
             else render(typed, planned.placement, module, args.doctor)
         )
         print(shlex.join(shown))
         return OK
     if live:
-        argv_out = live_argv(
-            spec, cfg.recovery.heartbeat_timeout_s, rdzv, python=sys.executable, rejoin=cfg.recovery.rejoin
-        )
+        argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, **live_options(cfg, planned.placement))
     else:
         argv_out = render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:

@@ -1,12 +1,17 @@
 """The local launcher's agent in live mode (recovery.live): the membership service and one node's ranks.
 
     python -m torchlaunch.backends.local.live --nproc 2 --heartbeat-timeout-ms 1000 -- -m torchlaunch.runner ...
+    python -m torchlaunch.backends.local.live --nproc 2 --nnodes 3 --node-rank 1 --master-addr node0 \
+        --master-port 29500 --lighthouse http://lighthouse:29510 -- -m torchlaunch.runner ...
 
 Why not torchrun's agent: it ends every rank of the group when one fails and starts them all again,
 which is exactly the restart live mode avoids. This agent starts the ranks with torchrun's env contract
 (each in a session of its own, dying with this agent: pdeath.die_with_agent), starts the membership
 service (core/recovery/lighthouse.py) in a process of its own, restarts it on the same address if it
-dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks. It also
+dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks. A job across
+nodes runs one agent per node and the service apart from all of them (`--lighthouse`, started with
+`python -m launch.lighthouse` on a host of its own): a service inside one node's agent would die with
+that node and take the group's membership along. It also
 watches each rank's pulse (core/recovery/pulse.py): a rank silent past the heartbeat bound (frozen by
 SIGSTOP, say) is SIGKILLed with its process group, so that its peers' collective fails with a transport
 error and they regroup without it, instead of waiting for `dist.timeout_s`.
@@ -22,17 +27,20 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from torchlaunch import contract
-from torchlaunch.base import procs
+from torchlaunch.base import procs, rules
 from torchlaunch.core.recovery.pulse import Watch
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
-from torchlaunch.launch import elastic
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.launch import elastic, shape
 
+LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
 SERVICE_START_S = 30.0
 """How long the membership service may take to listen (its process imports torchft's bindings)."""
@@ -49,35 +57,84 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
     parser.add_argument("--run-id", default="torchlaunch-live")
     parser.add_argument("--rejoin", type=int, default=0, help="times a lost rank is started again (recovery.rejoin)")
-    return parser.parse_args(argv[:cut]), argv[cut + 1 :]
+    shape.add(parser, "nnodes", default="1")
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default=LOOPBACK, help="node 0's address: the first group's store")
+    shape.add(parser, "master_port", help="node 0's port for the first group's store (default: a free one)")
+    parser.add_argument("--lighthouse", default="", help="the membership service apart (http://HOST:PORT)")
+    args = parser.parse_args(argv[:cut])
+    try:
+        shape.check(args)
+    except BadInput as e:
+        parser.error(str(e))
+    if args.node_range.elastic:
+        parser.error("--nnodes takes a fixed count: the live group shrinks and grows in place")
+    args.nnodes = args.node_range.max
+    if args.nnodes > 1 and not (args.lighthouse and args.master_port):
+        parser.error("--nnodes above 1 needs --lighthouse and --master-port (the service runs apart)")
+    return args, argv[cut + 1 :]
+
+
+@dataclass(frozen=True)
+class NodeSeat:
+    """Where this agent's node sits in the job: torchrun's contract is computed from it."""
+
+    nproc: int
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = LOOPBACK
+    master_port: int = 0
+
+
+def store_host(seat: NodeSeat, lighthouse: str) -> str:
+    """The address this node's ranks give their stores (the one the other nodes reach it on): loopback
+    on one node, else this host's source address toward the service (or node 0), as the kernel routes
+    it. A UDP connect sends nothing; it only picks the route."""
+    if seat.nnodes == 1:
+        return LOOPBACK
+    found = rules.service_address(lighthouse)
+    toward = found[0] if found is not None else seat.master_addr
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in toward else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((toward, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def rank_env(
-    base: dict[str, str], rank: int, nproc: int, master_port: int, lighthouse: str, run_id: str, pulse_fd: int
+    base: dict[str, str],
+    local_rank: int,
+    seat: NodeSeat,
+    lighthouse: str,
+    run_id: str,
+    pulse_fd: int,
+    host: str = LOOPBACK,
 ) -> dict[str, str]:
-    """torchrun's contract for local rank `rank` of one node (pure), plus the service's address and the
+    """torchrun's contract for local rank `local_rank` of this node (pure; global rank = node rank x
+    nproc + local rank), plus the service's address, the address its store is reached on and the
     rank's pulse pipe."""
+    rank, world = seat.node_rank * seat.nproc + local_rank, seat.nnodes * seat.nproc
     return {
         **base,
         contract.RANK: str(rank),
-        contract.LOCAL_RANK: str(rank),
-        contract.WORLD_SIZE: str(nproc),
-        contract.LOCAL_WORLD_SIZE: str(nproc),
-        contract.GROUP_RANK: "0",
-        contract.GROUP_WORLD_SIZE: "1",
+        contract.LOCAL_RANK: str(local_rank),
+        contract.WORLD_SIZE: str(world),
+        contract.LOCAL_WORLD_SIZE: str(seat.nproc),
+        contract.GROUP_RANK: str(seat.node_rank),
+        contract.GROUP_WORLD_SIZE: str(seat.nnodes),
         contract.ROLE_RANK: str(rank),
         contract.ROLE_NAME: "default",
-        contract.ROLE_WORLD_SIZE: str(nproc),
-        contract.MASTER_ADDR: "127.0.0.1",
-        contract.MASTER_PORT: str(master_port),
+        contract.ROLE_WORLD_SIZE: str(world),
+        contract.MASTER_ADDR: seat.master_addr,
+        contract.MASTER_PORT: str(seat.master_port),
+        contract.LIVE_STORE_HOST: host,
         contract.ELASTIC_RUN_ID: run_id,
         contract.RESTART_COUNT: "0",
         contract.MAX_RESTARTS: "0",
@@ -172,7 +229,10 @@ def fence_silent(ranks: list[subprocess.Popen], watch: Watch, fenced: dict[int, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, program = parse_args(sys.argv[1:] if argv is None else argv)
-    service = Service(free_port(), args.heartbeat_timeout_ms)
+    service = None if args.lighthouse else Service(free_port(), args.heartbeat_timeout_ms)
+    lighthouse = args.lighthouse or (service.address if service is not None else "")
+    seat = NodeSeat(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port or free_port())
+    host = store_host(seat, lighthouse)
     ranks: list[subprocess.Popen] = []
     watch = Watch(args.heartbeat_timeout_ms / 1000)
     fenced: dict[int, str] = {}
@@ -188,25 +248,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
 
-    def start(rank: int, master_port: int) -> subprocess.Popen:
+    def start(rank: int) -> subprocess.Popen:
         read_fd, write_fd = os.pipe()
         watch.add(rank, read_fd)
-        env = rank_env(dict(os.environ), rank, args.nproc, master_port, service.address, args.run_id, write_fd)
+        env = rank_env(dict(os.environ), rank, seat, lighthouse, args.run_id, write_fd, host)
         if restarts[rank]:
             env[contract.LIVE_JOIN] = str(restarts[rank])
         return start_rank(program, env, write_fd)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    service.start()
+    if service is not None:
+        service.start()
     try:
-        master_port = free_port()
-        ranks.extend(start(rank, master_port) for rank in range(args.nproc))
+        ranks.extend(start(rank) for rank in range(args.nproc))
         while any(proc.poll() is None for proc in ranks):
-            service.keep_up()
+            if service is not None:
+                service.keep_up()
             fence_silent(ranks, watch, fenced)
             if not stopping:
-                rejoin(ranks, restarts, args.rejoin, fenced, replaced, lambda r: start(r, master_port))
+                rejoin(ranks, restarts, args.rejoin, fenced, replaced, start)
             end_orphan_joiners(ranks, restarts, watch.joined)
             failed_at = stop_after_a_failure(ranks, failed_at)
             time.sleep(POLL_S)
@@ -216,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        service.stop()
+        if service is not None:
+            service.stop()
     codes = [proc.returncode for proc in ranks]
     lost = [rank for rank, code in enumerate(codes) if code < 0]
     code = job_code(codes)

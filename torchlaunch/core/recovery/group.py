@@ -6,6 +6,11 @@ hosted by one rank dies with it. After a loss the new rank 0 (the first survivor
 store, already running, so no rank's loss takes the group's meeting place with it. Keys are prefixed
 with the quorum's token, so a regroup never reads a previous group's keys.
 
+Why the old group must be freed, not only destroyed: a member that lost no direct peer (3+ ranks)
+may still wait in the broken collective on a live one; it learns of the loss when the live one's gloo
+connections close, which happens only when nothing refers to the old group any more (the trainer lets
+the error and its traceback go before regrouping; `regroup` collects cycles).
+
 Why the default process group is re-formed (destroy + init) rather than a wrapper group: every
 collective of the worker (preemption agreement, loss sums, checkpoint, evaluation) goes through the
 default group, so re-forming it re-forms all of them, and nothing else needs to know. gloo lets a
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import hashlib
 import io
 import os
@@ -41,7 +47,9 @@ from torchlaunch.core.shm_reduce import SharedMemoryReducer
 from torchlaunch.exit_codes import BadInput
 
 STORE_HOST = "127.0.0.1"
-"""Where this rank's store listens: loopback, since live mode runs on one node for now."""
+"""The address this rank's store is given out on when its agent names none (one node: loopback). The
+store listens on every interface; across nodes the agent names the one the others reach
+(contract.LIVE_STORE_HOST)."""
 JOIN_PREFIX = "join-"
 JOIN_RETRY_S = 5.0
 """How often a waiting joiner writes its request again (and asks the service again)."""
@@ -97,6 +105,7 @@ class LiveGroup:
             dist.destroy_process_group()
         except Exception:  # a broken group may fail to close: it is dropped either way
             pass
+        gc.collect()  # the group's last references may sit in cycles: its connections close only when freed
         return self._form(ctx, step)
 
     def enter(self, ctx: DistContext) -> DistContext:
@@ -140,6 +149,12 @@ class LiveGroup:
         """Whether a rank started again asks to join (RUN_DIR/live/join-<id>): one directory read per
         check point."""
         return bool(join_requests(self.fence.folder))
+
+    def one_host(self) -> bool:
+        """Whether every member of the current group gives out its store on the same host (one machine:
+        gradients may be averaged through shared memory); the same answer on every member."""
+        assert self.quorum is not None
+        return len({m.store_address.rsplit(":", 1)[0] for m in self.quorum.members}) == 1
 
     def source(self) -> int:
         """The rank whose state a joining rank takes: the first member at the newest step."""

@@ -3,8 +3,9 @@
 Why the Lighthouse: it is a small service that forms a quorum from the replicas that ask and are
 still heartbeating, refuses a group of half or fewer of the heartbeating replicas (no split brain),
 and keeps only soft state, so it can run anywhere and be restarted. It runs in a process of its own
-(`python -m torchlaunch.core.recovery.lighthouse`, started by the local launcher in live mode), never
-inside a training rank, so the loss of any rank, rank 0 included, leaves it up.
+(`python -m torchlaunch.core.recovery.lighthouse`, started by the local launcher in live mode on one
+node; `python -m launch.lighthouse` on a host of its own for a job across nodes), never inside a
+training rank, so the loss of any rank or node, the first included, leaves it up.
 
 What is used of torchft: LighthouseServer and LighthouseClient (heartbeat, quorum) only. Its Manager,
 DDP wrapper and sampler are not: the trainer keeps its own exact plan and gradient averaging.
@@ -17,9 +18,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
+from torchlaunch.base import rules
+from torchlaunch.base.untrusted import quote
 from torchlaunch.core.recovery.membership import Member, Quorum, sorted_members
+from torchlaunch.exit_codes import BAD_INPUT, BadInput, LaunchParser
 
 HEARTBEATS_PER_TIMEOUT = 10
 """Heartbeats sent per heartbeat timeout: a live rank is never taken for lost by one late beat."""
@@ -94,33 +99,79 @@ class LighthouseMembership:
             self._thread.join(timeout=1.0)
 
 
+DEFAULT_BIND = "0.0.0.0:29510"
+
+
+def bind_address(text: str) -> str:
+    """`--bind HOST:PORT`, checked whole (a host by rules.HOST, a port in 1..65535)."""
+    host, _, port = text.rpartition(":")
+    if not (rules.HOST.fullmatch(host) and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(f"--bind must be HOST:PORT with a port in 1..65535, not {quote(text)}")
+    return text
+
+
+def bounded_ms(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not (text.isdigit() and low <= int(text) <= high):
+            raise argparse.ArgumentTypeError(f"must be a whole number of ms in {low}..{high}, not {quote(text)}")
+        return int(text)
+
+    return parse
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m torchlaunch.core.recovery.lighthouse", description="The live group's membership service."
+    parser = LaunchParser(
+        prog="python -m launch.lighthouse",
+        description="The live group's membership service (recovery.live): run it on a host of its own for "
+        "a job across nodes and give its address to every node (recovery.lighthouse=http://HOST:PORT).",
     )
-    parser.add_argument("--bind", required=True, help="HOST:PORT to listen on")
-    parser.add_argument("--min-ranks", type=int, default=1, help="smallest group that may train")
-    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
-    parser.add_argument("--join-timeout-ms", type=int, default=60_000, help="how long a group waits for stragglers")
-    parser.add_argument("--tick-ms", type=int, default=20, help="how often the service checks for a quorum")
+    parser.add_argument("--bind", type=bind_address, default=DEFAULT_BIND, help=f"HOST:PORT (default {DEFAULT_BIND})")
+    parser.add_argument("--min-ranks", type=bounded_ms(1, 1_000_000), default=1, help="smallest group that may train")
+    parser.add_argument(
+        "--heartbeat-timeout-ms",
+        type=bounded_ms(10, 3_600_000),
+        default=1000,
+        help="a rank silent this long is lost (recovery.heartbeat_timeout_s x 1000)",
+    )
+    parser.add_argument(
+        "--join-timeout-ms",
+        type=bounded_ms(0, 3_600_000),
+        default=60_000,
+        help="how long a group waits for stragglers",
+    )
+    parser.add_argument(
+        "--tick-ms", type=bounded_ms(1, 60_000), default=20, help="how often the service checks for a quorum"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; the state is soft, so a restart on the same address is a new service
-    that the ranks' next heartbeats and quorum requests fill again."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    server = _torchft().LighthouseServer(
-        bind=args.bind,
-        min_replicas=args.min_ranks,
-        join_timeout_ms=args.join_timeout_ms,
-        quorum_tick_ms=args.tick_ms,
-        heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-    )
+    that the ranks' next heartbeats and quorum requests fill again. Bad arguments or an address it
+    cannot listen on: one line, exit 2."""
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        try:
+            server = _torchft().LighthouseServer(
+                bind=args.bind,
+                min_replicas=args.min_ranks,
+                join_timeout_ms=args.join_timeout_ms,
+                quorum_tick_ms=args.tick_ms,
+                heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+            )
+        except (RuntimeError, OSError) as e:
+            raise BadInput(f"lighthouse error: cannot listen on {quote(args.bind)}: {quote(str(e))}") from None
+    except BadInput as problem:
+        print(str(problem).replace("\n", " ")[:2000], file=sys.stderr, flush=True)
+        return BAD_INPUT
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    print(f"lighthouse: serving {args.bind}", file=sys.stderr, flush=True)
+    print(
+        f"lighthouse: serving {args.bind} (heartbeat timeout {args.heartbeat_timeout_ms} ms)",
+        file=sys.stderr,
+        flush=True,
+    )
     done.wait()
     server.shutdown()
     return 0
