@@ -351,6 +351,17 @@ RULES: tuple[Rule, ...] = (
         "an elastic job's nodes are other machines (node0): the command is checked and printed (--dry-run)",
         lambda cmd, scratch: f"{cmd} --dry-run",
     ),
+    Rule(
+        r"^python -m launch\.lighthouse ",
+        "skip",
+        "a service that serves until stopped, on a host of its own: tests/engines/faults/test_live_netns.py "
+        "runs it on a netns node",
+    ),
+    Rule(
+        r"^python -m launch\.local --nnodes \d+ .*recovery\.lighthouse=",
+        "skip",
+        "one node of several, with the service apart: tests/engines/faults/test_live_netns.py runs it on netns nodes",
+    ),
     Rule(r"^python -m launch\.local .*-- ", "run", ""),
     Rule(r"^python -m launch\.local ", "run", ""),
     Rule(r"^python -m train --config configs/smoke\.yaml ", "run", ""),

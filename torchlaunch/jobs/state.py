@@ -195,15 +195,20 @@ def current_launch(records: Sequence[JobRecord]) -> list[JobRecord]:
     return [r for r in records if elastic_job(r) == job and (r.outcome is None or (r.ended or 0.0) >= since)]
 
 
-def degraded(facts: Facts, nodes: Sequence[JobRecord]) -> str | None:
-    """For an elastic job training on fewer nodes than it had: `degraded: K of N nodes (lost: ...)`."""
+def degraded(facts: Facts, nodes: Sequence[JobRecord], left: Sequence[JobRecord] = ()) -> str | None:
+    """For an elastic or live job training on fewer nodes than it had: `degraded: K of N nodes (lost:
+    ...)`; `left`: launchers whose ranks all left the live group (a node lost whole)."""
     if len(nodes) < 2 or elastic_job(nodes[0]) is None:
         return None
-    live = [r for r in nodes if r.outcome is None and facts.alive.get(r.node_rank) is not False]
+    live = [r for r in nodes if r.outcome is None and facts.alive.get(r.node_rank) is not False and r not in left]
     lost = [r for r in nodes if r not in live]
     if not live or not lost:
         return None
-    names = ", ".join(f"node slot {r.node_rank} on {r.host or '?'} ({r.outcome or 'launcher gone'})" for r in lost)
+
+    def why(r: JobRecord) -> str:
+        return "left the live group" if r in left else r.outcome or "launcher gone"
+
+    names = ", ".join(f"node slot {r.node_rank} on {r.host or '?'} ({why(r)})" for r in lost)
     return f"degraded: {len(live)} of {len(nodes)} nodes train on (lost: {names})"
 
 
@@ -217,7 +222,25 @@ def cancel_asked(facts: Facts, nodes: Sequence[JobRecord]) -> bool:
     return any(facts.cancel_launch == r.launch_id for r in nodes) or (job is not None and facts.cancel_job == job)
 
 
-def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple[str, str]:
+def left_behind(every: list[RankBeat], change: WorldChange | None) -> frozenset[int]:
+    """Ranks that stayed behind the last world change while others stepped past it: lost to a live
+    regroup wherever they ran (a rank of another host cannot be looked up by its pid). A member whose
+    next beat is still due is counted until it beats (a beat comes every few steps)."""
+    if change is None or not any(b.step is not None and b.step > change.step for b in every):
+        return frozenset()
+    return frozenset(b.rank for b in every if b.step is None or b.step <= change.step)
+
+
+def _silent_launcher(node: JobRecord, every: list[RankBeat], beats: list[RankBeat]) -> bool:
+    """Whether every rank this launcher started has left the run's speaking ranks (a node lost whole
+    while the others train on: its launcher wrote no outcome, and on another host it cannot be checked)."""
+    own = [b for b in every if b.launch == node.launch_id]
+    return bool(own) and not any(b in beats for b in own) and len(beats) > 0
+
+
+def _state(
+    facts: Facts, nodes: list[JobRecord], beats: list[RankBeat], left: Sequence[JobRecord] = ()
+) -> tuple[str, str]:
     cancel = cancel_asked(facts, nodes)
     word = facts.scheduler_state.word if facts.scheduler_state is not None else None
     said = facts.scheduler_state.said if facts.scheduler_state is not None else None
@@ -237,7 +260,7 @@ def _state(facts: Facts, nodes: list[JobRecord], beats: list[RankBeat]) -> tuple
         facts.alive.get(r.node_rank) for r in nodes
     ):
         return word, f"scheduler says {said}"
-    fewer = degraded(facts, nodes)
+    fewer = degraded(facts, [*nodes, *left], left)
     if fewer is not None:
         return "running", fewer + ("; cancel requested" if cancel else "")
     if gone:
@@ -303,9 +326,11 @@ def decide(facts: Facts) -> Status:
     launch = nodes[0].launch_id
     launches = {r.launch_id for r in nodes}
     every = [b for b in facts.beats if b.launch is None or b.launch in launches]
-    beats = _speaking(every, facts.gone_ranks, facts.world_change)
+    beats = _speaking(every, facts.gone_ranks | left_behind(every, facts.world_change), facts.world_change)
     lost = len(beats) < len(every)
-    state, reason = _state(facts, nodes, beats)
+    quiet = {r.launch_id for r in nodes if r.outcome is None and _silent_launcher(r, every, beats)}
+    active = [r for r in nodes if r.launch_id not in quiet] or nodes
+    state, reason = _state(facts, active, beats, left=[r for r in nodes if r.launch_id in quiet])
     head = next((b for b in beats if b.rank == 0), beats[0] if beats else None)
     stepped = [b.step for b in beats if b.step is not None]
     step = min(stepped) if stepped else None

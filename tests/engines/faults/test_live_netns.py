@@ -1,7 +1,7 @@
 """Live recovery across nodes (recovery.live with recovery.lighthouse, issue #37): network-namespace
 nodes with their own hostnames, addresses and a real switch; the membership service (`python -m
 launch.lighthouse`) on a node of its own; `launch.local --nnodes N --node-rank K --master-addr node0`
-on each training node. A whole node is SIGKILLed from outside (every process in its namespace: its
+on each training node (the harness: bench/live_nodes.py). A whole node is SIGKILLed from outside (every process in its namespace: its
 launcher, live agent, rank and loader workers) once its batch trace shows step KILL_AT: a non-first
 node, the first one (node0: rank 0, the writer, and the first group's store), and two of four at once.
 
@@ -14,23 +14,17 @@ gloo all-reduce (not shared memory: the members' hosts differ).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from bench import live
-from faults import netns, progress
-from faults.job import REPO, node_env
-from faults.netns import Cluster, Node
-from tests.conftest import launcher_argv
+from bench import live, live_nodes
+from faults import netns
+from tests.conftest import launcher_argv, run_cmd
 from tests.integration.test_live_recovery import TOLERANCE, step_samples
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(600)]
-
-DEADLINE_S = 240.0
-PORT = 29510
 
 
 @pytest.fixture(scope="module")
@@ -41,84 +35,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> live.LiveRun:
     return result
 
 
-def make_cluster(nodes: int):  # noqa: ANN201 - the Cluster context manager
+@pytest.fixture(autouse=True)
+def needs_namespaces() -> None:
     reason = netns.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    return Cluster(nodes=nodes)
-
-
-def start_lighthouse(cluster: Cluster, node: Node, log: Path) -> str:
-    """`python -m launch.lighthouse` on `node`; returns its address once it serves."""
-    popen = cluster.start(
-        node,
-        launcher_argv("launch.lighthouse", "--bind", f"0.0.0.0:{PORT}", "--heartbeat-timeout-ms", "1000"),
-        log,
-        env=node_env(),
-        cwd=REPO,
-    )
-    progress.wait_until(
-        lambda: "lighthouse: serving" in log.read_text(errors="replace"),
-        60,
-        "the membership service",
-        lambda: f"it exited {popen.returncode}: {log.read_text()[-2000:]}" if popen.poll() is not None else None,
-    )
-    return f"http://{node.address}:{PORT}"
-
-
-def traced(run_dir: Path, rank: int) -> int:
-    return live.traced_step(run_dir / "trace" / f"rank{rank}.jsonl")
-
-
-def run_and_kill(
-    tmp_path: Path, training_nodes: int, victims: list[int], nproc: int = 1
-) -> tuple[Path, dict[int, int | None], str]:
-    """Start the service and `training_nodes` nodes of `nproc` ranks; SIGKILL every process of each
-    victim node (all at once) once the first victim's first rank traced step KILL_AT; wait for the
-    others. Returns the run dir, each node's launcher code (None: killed) and every log's text."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    recipe = tmp_path / "run.yaml"
-    with make_cluster(training_nodes + 1) as cluster:
-        *nodes, service_node = cluster.nodes
-        lighthouse = start_lighthouse(cluster, service_node, tmp_path / "lighthouse.log")
-        recipe.write_text(live.config_text(run_dir) + f"  lighthouse: {lighthouse}\n")
-        logs = [tmp_path / f"node{n.index}.log" for n in nodes]
-        popens = [
-            cluster.start(
-                node,
-                launcher_argv(
-                    "launch.local", "--nnodes", str(training_nodes), "--node-rank", str(node.index),
-                    "--master-addr", "node0", "--gpus", str(nproc), "--device", "cpu", "--config", str(recipe),
-                ),
-                log,
-                env=node_env(),
-                cwd=REPO,
-            )
-            for node, log in zip(nodes, logs, strict=True)
-        ]  # fmt: skip
-
-        def text() -> str:
-            return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
-
-        def gone() -> str | None:
-            return (
-                f"a node ended early {[p.poll() for p in popens]}: {text()}"
-                if any(p.poll() is not None for p in popens)
-                else None
-            )
-
-        progress.wait_until(
-            lambda: traced(run_dir, victims[0] * nproc) >= live.KILL_AT, DEADLINE_S, "the kill step", gone
-        )
-        killed_at = time.time()
-        for victim in victims:
-            cluster.kill_node(nodes[victim])
-        left = [p for k, p in enumerate(popens) if k not in victims]
-        progress.wait_until(lambda: all(p.poll() is not None for p in left), DEADLINE_S, "the nodes left to finish")
-        codes = {k: (None if k in victims else p.returncode) for k, p in enumerate(popens)}
-        (tmp_path / "killed_at").write_text(str(killed_at))
-        return run_dir, codes, text()
 
 
 def check_exact(run_dir: Path, reference: live.LiveRun, out: str) -> None:
@@ -132,6 +53,16 @@ def check_exact(run_dir: Path, reference: live.LiveRun, out: str) -> None:
     assert "resumed from" not in out, "a node was restarted"
 
 
+def check_status(run_dir: Path, world: int, lost: set[int]) -> None:
+    """`status`, as a user runs it from a host of none of the nodes: the job finished on the ranks left,
+    the lost nodes' ranks marked (their launchers wrote no outcome, and their pids are on other hosts)."""
+    rc, shown, err = run_cmd(launcher_argv("launch", "status", str(run_dir), "--json"), timeout=60)
+    assert rc == 0, err
+    st = json.loads(shown)
+    assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, world), st
+    assert {r["rank"] for r in st["ranks"] if r["gone"]} == lost, st["ranks"]
+
+
 def regroups(run_dir: Path) -> list[dict]:
     found = []
     for path in sorted((run_dir / "live").glob("events-rank*.jsonl")):
@@ -143,17 +74,21 @@ def regroups(run_dir: Path) -> list[dict]:
 def test_a_whole_node_killed_costs_a_regroup_whichever_node(
     reference: live.LiveRun, victim: int, tmp_path: Path
 ) -> None:
-    run_dir, codes, out = run_and_kill(tmp_path, 2, [victim])
+    done = live_nodes.run(tmp_path, 2, [victim])
+    run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
     assert codes[1 - victim] == 0, out
     done = regroups(run_dir)
     assert [(e["world"], e["rank"]) for e in done] == [(1, 0)], done
     assert done[0]["step"] >= live.KILL_AT
     check_exact(run_dir, reference, out)
+    check_status(run_dir, 1, {victim})
 
 
 def test_two_nodes_of_four_killed_at_once(reference: live.LiveRun, tmp_path: Path) -> None:
-    run_dir, codes, out = run_and_kill(tmp_path, 4, [1, 2])
+    done = live_nodes.run(tmp_path, 4, [1, 2])
+    run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
     assert codes[0] == 0 and codes[3] == 0, out
     done = regroups(run_dir)
     assert {(e["world"], e["rank"]) for e in done} == {(2, 0), (2, 1)} and len(done) == 2, done
     check_exact(run_dir, reference, out)
+    check_status(run_dir, 2, {1, 2})

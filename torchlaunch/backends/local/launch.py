@@ -589,7 +589,7 @@ def launch(argv: Sequence[str]) -> int:
         argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, **live_options(cfg, planned.placement))
     else:
         argv_out = render(spec, planned.placement, module, args.doctor)
-    with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv)) as lock:
+    with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv, live)) as lock:
         if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
             settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
         else:
@@ -637,9 +637,12 @@ def as_typed(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
     return spec.replace(config=args.config, overrides=tuple(args.overrides))
 
 
-def elastic_job(spec: JobSpec, placement: NodePlacement, rdzv: str) -> str | None:
-    """The run-dir lock's job key of an elastic launch (every node's launcher shares it); None otherwise."""
-    if spec.min_nodes is None or placement.master_addr is None:
+def elastic_job(spec: JobSpec, placement: NodePlacement, rdzv: str, live: bool = False) -> str | None:
+    """The run-dir lock's job key of a launch whose nodes come and go (every node's launcher shares it):
+    an elastic one, or a live one across nodes (node 0 may be lost while the others train on, so it
+    cannot own the run dir alone, and `status` must see every node's launcher); None otherwise."""
+    shared = spec.min_nodes is not None or (live and spec.nodes > 1)
+    if not shared or placement.master_addr is None:
         return None
     return elastic.job_key(rdzv, placement.master_addr, spec.master_port)
 

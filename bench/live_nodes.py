@@ -1,0 +1,156 @@
+"""Live recovery across nodes: whole nodes SIGKILLed from outside -> first step done on the nodes left.
+
+    python -m bench.live_nodes                        # 8 nodes lose 2 at once, 3 rounds (needs root: netns)
+    python -m bench.live_nodes --nodes 4 --lose 1 --rounds 1
+
+Each "node" is a network namespace with its own hostname and address on one switch (faults/netns.py);
+one more runs the membership service (`python -m launch.lighthouse`). Every training node runs
+`launch.local --nnodes N --node-rank K --master-addr node0` with one CPU rank (the recipe of
+bench/live.py: synthetic 16 px images, a GroupNorm CNN, 16 samples per global step). Once the first
+victim's batch trace shows global step KILL_AT, every process of each victim node (launcher, live
+agent, rank, loader workers) is SIGKILLed at once, the first node among them when `--lose-first`. The
+figure is the survivors' first `stepped` event (RUN_DIR/live/events-rank<r>.jsonl) - the kill's time.
+
+What grows with the node count here is the regroup (a quorum of N - lost members, a new gloo group over
+the switch) and the Lighthouse's wait for the lost heartbeats, which is the bound
+(recovery.heartbeat_timeout_s, 1 s) whatever N is. The tests (tests/engines/faults/test_live_netns.py)
+use the same harness and check that every step's samples, crops and flips are the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import live
+from faults import netns, progress
+from faults.job import REPO, node_env
+from faults.netns import Cluster, Node
+
+PORT = 29510
+DEADLINE_S = 300.0
+COMMAND = "python -m bench.live_nodes"
+
+
+@dataclass
+class NodesRun:
+    """One run across nodes: the run dir, each training node's launcher code (None: killed) and logs."""
+
+    run: live.LiveRun
+    codes: dict[int, int | None]
+
+    @property
+    def survivors_ok(self) -> bool:
+        return all(code == 0 for code in self.codes.values() if code is not None)
+
+
+def start_lighthouse(cluster: Cluster, node: Node, log: Path, heartbeat_timeout_s: float) -> str:
+    """`python -m launch.lighthouse` on `node`; returns its address once it serves."""
+    ms = str(round(heartbeat_timeout_s * 1000))
+    argv = [sys.executable, "-m", "launch.lighthouse", "--bind", f"0.0.0.0:{PORT}", "--heartbeat-timeout-ms", ms]
+    popen = cluster.start(node, argv, log, env=node_env(), cwd=REPO)
+
+    def exited() -> str | None:
+        return f"it exited {popen.returncode}: {log.read_text()[-2000:]}" if popen.poll() is not None else None
+
+    progress.wait_until(lambda: "lighthouse: serving" in log.read_text(errors="replace"), 60, "the service", exited)
+    return f"http://{node.address}:{PORT}"
+
+
+def run(
+    work: Path,
+    training_nodes: int,
+    victims: list[int],
+    nproc: int = 1,
+    kill_at: int = live.KILL_AT,
+    heartbeat_timeout_s: float = 1.0,
+) -> NodesRun:
+    """Start the service and `training_nodes` nodes of `nproc` CPU ranks each on a fresh cluster;
+    SIGKILL every process of every victim node once the first victim's first rank traced `kill_at`;
+    wait for the nodes left to end."""
+    run_dir = work / "run"
+    run_dir.mkdir(parents=True)
+    recipe = work / "run.yaml"
+    reason = netns.unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    with Cluster(nodes=training_nodes + 1) as cluster:
+        *nodes, service_node = cluster.nodes
+        lighthouse = start_lighthouse(cluster, service_node, work / "lighthouse.log", heartbeat_timeout_s)
+        recipe.write_text(
+            live.config_text(run_dir, heartbeat_timeout_s=heartbeat_timeout_s) + f"  lighthouse: {lighthouse}\n"
+        )
+        logs = [work / f"node{node.index}.log" for node in nodes]
+        popens = [
+            cluster.start(
+                node,
+                [
+                    sys.executable, "-m", "launch.local", "--nnodes", str(training_nodes), "--node-rank",
+                    str(node.index), "--master-addr", "node0", "--gpus", str(nproc), "--device", "cpu",
+                    "--config", str(recipe),
+                ],
+                log,
+                env=node_env(),
+                cwd=REPO,
+            )
+            for node, log in zip(nodes, logs, strict=True)
+        ]  # fmt: skip
+
+        def text() -> str:
+            return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
+
+        def early() -> str | None:
+            codes = [p.poll() for p in popens]
+            return f"a node ended early {codes}: {text()}" if any(c is not None for c in codes) else None
+
+        first = run_dir / "trace" / f"rank{victims[0] * nproc}.jsonl"
+        progress.wait_until(lambda: live.traced_step(first) >= kill_at, DEADLINE_S, "the kill step", early)
+        killed_at = time.time()
+        for victim in victims:
+            cluster.kill_node(nodes[victim])
+        left = [p for k, p in enumerate(popens) if k not in victims]
+        progress.wait_until(lambda: all(p.poll() is not None for p in left), DEADLINE_S, "the nodes left to finish")
+        codes = {k: (None if k in victims else p.returncode) for k, p in enumerate(popens)}
+        worst = max((c for c in codes.values() if c is not None), default=1)
+        return NodesRun(live.LiveRun(run_dir, worst, text(), killed_at), codes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=8, help="training nodes (one CPU rank each)")
+    p.add_argument("--lose", type=int, default=2, help="nodes SIGKILLed at once")
+    p.add_argument("--lose-first", action="store_true", help="node0 (rank 0, the writer) among them")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--heartbeat-timeout", type=float, default=1.0)
+    args = p.parse_args(argv)
+    if not 1 <= args.lose < args.nodes / 2 + 0.5 or args.nodes > 64:
+        p.error("--lose must leave more than half of --nodes (the service refuses a minority group); --nodes <= 64")
+    victims = list(range(args.lose)) if args.lose_first else list(range(args.nodes - args.lose, args.nodes))
+    figures = []
+    for round_ in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="bench-live-nodes-") as tmp:
+            done = run(Path(tmp), args.nodes, victims, heartbeat_timeout_s=args.heartbeat_timeout)
+            seconds = done.run.recovery_s()
+            if not done.survivors_ok or seconds is None:
+                print(f"round {round_}: failed {done.codes}\n{done.run.stderr[-4000:]}", file=sys.stderr)
+                return 1
+            figures.append(seconds)
+            print(
+                f"round {round_}: {args.nodes} -> {args.nodes - args.lose} nodes, first step done {seconds:.2f} s after the kill",
+                flush=True,
+            )
+    print(
+        f"SIGKILL of {args.lose} of {args.nodes} nodes (victims {victims}) -> first step on the rest: median "
+        f"{statistics.median(figures):.2f} s [{min(figures):.2f}-{max(figures):.2f}], {args.rounds} rounds, "
+        f"heartbeat bound {args.heartbeat_timeout:g} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
