@@ -120,6 +120,54 @@ def run(
         return NodesRun(live.LiveRun(run_dir, worst, text(), killed_at), codes)
 
 
+BENCH_COMMAND = "python -m bench.run --only live_nodes"
+
+
+def results(quick: bool = False, rounds: int = 3, nodes: int = 8, lose: int = 2) -> list:
+    """bench.run's figures: `lose` of `nodes` netns nodes SIGKILLed at once (the first node among them in
+    alternate rounds) -> first step done on the rest, ÷ issue #37's budget (heartbeat bound + 1 s).
+    None where network namespaces cannot be made (not root): the last recorded figures stay."""
+    from bench.common import Result
+
+    reason = netns.unavailable_reason()
+    if reason:
+        print(f"bench.live_nodes: skipped ({reason})", file=sys.stderr)
+        return []
+    rounds = 1 if quick else rounds
+    figures: list[float] = []
+    for round_ in range(rounds):
+        victims = list(range(lose)) if round_ % 2 else list(range(nodes - lose, nodes))
+        with tempfile.TemporaryDirectory(prefix="bench-live-nodes-") as tmp:
+            done = run(Path(tmp), nodes, victims)
+            seconds = done.run.recovery_s()
+            if not done.survivors_ok or seconds is None:
+                raise RuntimeError(f"bench.live_nodes: {done.codes}\n{done.run.stderr[-3000:]}")
+            figures.append(seconds)
+    budget = 2.0
+    return [
+        Result(
+            key="live-nodes",
+            title=f"Live recovery across nodes: SIGKILL of {lose} of {nodes} netns nodes → first step on the "
+            f"{nodes - lose} left ÷ (heartbeat bound + 1 s)",
+            project=statistics.median(figures),
+            baseline=budget,
+            unit="s",
+            ratio=statistics.median(figures) / budget,
+            goal=1.0,
+            higher_is_better=False,
+            command=BENCH_COMMAND,
+            project_label="live mode across nodes (the Lighthouse on a node of its own)",
+            baseline_label="issue #37's budget: the heartbeat bound (1 s) + 1 s",
+            rounds=[x / budget for x in figures],
+            notes=f"{nodes} network-namespace nodes on one switch + 1 for `python -m launch.lighthouse`, "
+            "`launch.local --nnodes N` with 1 CPU rank each (bench/live.py's recipe: tiny_gn_cnn on 16 px "
+            "synthetic images, 16 per global step), every process of each victim node SIGKILLed at once; "
+            f"victims the last {lose} nodes, or the first {lose} (node0: rank 0, the writer) in alternate "
+            f"rounds; {rounds} round(s), median; 2 cores share all {nodes + 1} nodes",
+        )
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=8, help="training nodes (one CPU rank each)")

@@ -35,6 +35,7 @@ from bench import (
     elastic,
     gpu224,
     live,
+    live_nodes,
     loader224,
     loop,
     peers,
@@ -61,6 +62,7 @@ ALL = (
     "ckpt",
     "elastic",
     "live",
+    "live_nodes",
     "startup",
     "userscript",
     "progress",
@@ -133,6 +135,8 @@ def run_selected(
         keep(record("elastic", lambda: elastic.run(quick=quick)))
     if "live" in names:
         keep(record("live", lambda: live.results(quick=quick)))
+    if "live_nodes" in names:
+        keep(record("live_nodes", lambda: live_nodes.results(quick=quick)))
     if "startup" in names:
         keep(record("startup", lambda: startup.run(quick=quick, work=work)))
         if startup_against and not quick:
@@ -478,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         "live-rejoin",
         "live-steady",
         "live-vs-torchft",
+        "live-nodes",
         "startup",
         "startup_against",
         "loop_against",

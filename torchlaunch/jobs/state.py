@@ -206,7 +206,9 @@ def degraded(facts: Facts, nodes: Sequence[JobRecord], left: Sequence[JobRecord]
         return None
 
     def why(r: JobRecord) -> str:
-        return "left the live group" if r in left else r.outcome or "launcher gone"
+        if r.outcome or facts.alive.get(r.node_rank) is False or r not in left:
+            return r.outcome or "launcher gone"
+        return "its ranks left the group"  # on another host: its launcher cannot be looked up
 
     names = ", ".join(f"node slot {r.node_rank} on {r.host or '?'} ({why(r)})" for r in lost)
     return f"degraded: {len(live)} of {len(nodes)} nodes train on (lost: {names})"
