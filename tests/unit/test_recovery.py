@@ -17,7 +17,7 @@ from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.backends.local import live as live_agent
 from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
 from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, Regroup, is_peer_lost, replan, seat
-from torchlaunch.core.recovery.membership import replica_id_of, sorted_members, steps_agree
+from torchlaunch.core.recovery.membership import behind, replica_id_of, sorted_members, source
 from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
@@ -71,9 +71,10 @@ def test_survivors_keep_their_order_and_the_first_one_is_rank_0() -> None:
         seat(quorum(0, 2), replica_id_of(1))  # left out: fenced, never trains beside the group
 
 
-def test_members_at_different_steps_are_told_apart() -> None:
-    assert steps_agree(quorum(0, 1))
-    assert not steps_agree(quorum(0, 1, steps=(7, 8)))
+def test_members_a_step_behind_take_the_newest_members_state() -> None:
+    assert behind(quorum(0, 1)) == ()
+    ahead = quorum(0, 1, 2, steps=(7, 8, 7))  # rank 1's all-reduce completed before the loss
+    assert behind(ahead) == (replica_id_of(0), replica_id_of(2)) and source(ahead) == 1
 
 
 @pytest.mark.parametrize(("batch", "before", "after"), [(16, 2, 1), (64, 4, 3), (10, 4, 3), (7, 3, 2)])
@@ -365,7 +366,7 @@ def test_live_mode_under_a_remote_launcher_is_one_line_before_anything_is_submit
 def test_a_rank_started_again_sorts_last_and_takes_the_newest_members_state() -> None:
     """Joining never moves the ranks that train (rank 0 and its logs stay); the state comes from the
     first member at the newest step; a joiner's step (none yet) does not count against agreement."""
-    from torchlaunch.core.recovery.membership import JOINING_STEP, source
+    from torchlaunch.core.recovery.membership import JOINING_STEP
 
     ids = [replica_id_of(0), replica_id_of(2), replica_id_of(1, attempt=1), replica_id_of(0, attempt=2)]
     assert sorted(ids) == [replica_id_of(0), replica_id_of(2), replica_id_of(1, attempt=1), replica_id_of(0, attempt=2)]
@@ -377,7 +378,7 @@ def test_a_rank_started_again_sorts_last_and_takes_the_newest_members_state() ->
         ]
     )
     q = Quorum(3, "3-0", members)
-    assert steps_agree(q) and source(q) == 0 and seat(q, replica_id_of(1, 1)) == (2, 3)
+    assert behind(q) == (replica_id_of(1, 1),) and source(q) == 0 and seat(q, replica_id_of(1, 1)) == (2, 3)
     assert source(Quorum(1, "1-0", sorted_members([Member(replica_id_of(1, 1), "h:2", JOINING_STEP)]))) is None
     line = Regroup(41, 0, 2, 0, 3, 4, 0.05, during="rejoin").line()
     assert "1 rank(s) started again joined before global step 41" in line and "checked" in line

@@ -634,8 +634,11 @@ class Trainer:
         self.agreement.forget()
         self.live_reducer = None  # built again on the new group (_regrouped)
         self.ctx = self.live.regroup(old, self.progress.global_step)
-        if self.live.has_joiners():  # a rank started again was waiting: it joins this group too
+        if self.live.needs_state():  # a rank started again, or a survivor a step behind another
+            healed = self.live.is_behind()
             self._share_state()
+            if healed:
+                why += f"; this rank was a step behind: took rank {self.live.source()}'s state, checked"
         self._regrouped(log, old, window, during, lost_at, why)
 
     def _admit(self, log: RunLog, window: LossWindow) -> None:
@@ -646,7 +649,7 @@ class Trainer:
         self.ctx = self.live.regroup(old, self.progress.global_step)
         if self.ctx.is_main:
             self.live.clear_join_requests()
-        if not self.live.has_joiners():  # a stale or forged request: the same ranks, nothing to send
+        if not self.live.needs_state():  # a stale or forged request: the same ranks, nothing to send
             self._regrouped(None, old, window, "rejoin", asked_at, "")
             return
         self._share_state()
@@ -680,7 +683,7 @@ class Trainer:
         src = self.live.source()
         mine = {**self.state_dict(), "world_size": SHARED_STATE_WORLD} if self.ctx.rank == src else None
         state = share_state(self.ctx, src, mine)
-        if self.live.joining:
+        if self.live.joining or self.live.is_behind():
             self.load_state_dict(state)
             self.live.joining = False
         digests = gather_objects(self.ctx, state_digest(self.model))

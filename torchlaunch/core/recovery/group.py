@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torchlaunch import rundir
 from torchlaunch.core.dist import DistContext, broadcast_object
 from torchlaunch.core.recovery.fence import Fence
-from torchlaunch.core.recovery.membership import JOINING_STEP, Membership, Quorum, seat, source, steps_agree
+from torchlaunch.core.recovery.membership import JOINING_STEP, Membership, Quorum, behind, seat, source
 from torchlaunch.core.recovery.pulse import Pulse
 from torchlaunch.core.shm_reduce import SharedMemoryReducer
 from torchlaunch.exit_codes import BadInput
@@ -134,9 +134,14 @@ class LiveGroup:
             self.pulse.joined()
         return new
 
-    def has_joiners(self) -> bool:
-        """Whether the group just formed holds a rank started again (it must be sent the state)."""
-        return self.quorum is not None and any(m.step == JOINING_STEP for m in self.quorum.members)
+    def needs_state(self) -> bool:
+        """Whether a member of the group just formed must be sent the newest member's state: a rank
+        started again, or a survivor a step behind another (membership.behind)."""
+        return self.quorum is not None and bool(behind(self.quorum))
+
+    def is_behind(self) -> bool:
+        """Whether this rank is one of those (it loads the state it is sent)."""
+        return self.quorum is not None and self.membership.replica_id in behind(self.quorum)
 
     def clear_join_requests(self) -> None:
         """Rank 0, after an admission: every request is served or stale (a joiner not yet in the quorum
@@ -168,12 +173,6 @@ class LiveGroup:
         rank, world = seat(quorum, self.membership.replica_id)
         if source(quorum) is None:
             raise BadInput("live error: no rank of the live group is left to take the state from")
-        if not steps_agree(quorum):
-            raise BadInput(
-                "live error: the ranks left are at different steps "
-                f"({', '.join(f'{m.replica_id}: {m.step}' for m in quorum.members)}); healing a rank from a "
-                "live peer is built for a rank started again only"
-            )
         leader = quorum.members[0]
         if rank == 0:
             store: dist.Store = self.store

@@ -73,12 +73,15 @@ JOINING_STEP = -1
 """The step a rank started again (recovery.rejoin) asks with: it holds no state yet."""
 
 
-def steps_agree(quorum: Quorum) -> bool:
-    """Whether every member that holds state had committed the same number of steps (a joining rank
-    holds none: it takes the source's). A member behind the others would need the state of one ahead
-    (a heal from a live peer); with the optimizer step taken only after a successful gradient
-    all-reduce, members of a 2 -> 1 loss always agree."""
-    return len({m.step for m in quorum.members if m.step != JOINING_STEP}) <= 1
+def behind(quorum: Quorum) -> tuple[str, ...]:
+    """The members that must take the state of the newest one (source): a rank started again (it holds
+    none), and a survivor one step behind another. With 3+ ranks a loss can land after one member's
+    all-reduce completed (it had every contribution, so its optimizer step is the uninterrupted run's)
+    and before the others': that member is a step ahead, and the others heal from it rather than it
+    being thrown back (no member keeps the state before its step)."""
+    trained = [m.step for m in quorum.members if m.step != JOINING_STEP]
+    newest = max(trained, default=JOINING_STEP)
+    return tuple(m.replica_id for m in quorum.members if m.step < newest or m.step == JOINING_STEP)
 
 
 def source(quorum: Quorum) -> int | None:
