@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -423,3 +424,25 @@ def test_the_agent_starts_a_lost_rank_again_only_while_another_trains_and_within
     assert live_agent.stop_after_a_failure([_Proc(None), _Proc(75)], None) is None  # a preemption is not a failure
     first = live_agent.stop_after_a_failure([_Proc(None), _Proc(1)], None)
     assert first is not None and live_agent.stop_after_a_failure([_Proc(None), _Proc(1)], first) == first
+
+
+def test_a_broken_groups_connections_are_cut_and_nothing_else() -> None:
+    """sockets.cut shuts down the recorded connections only (by inode): the peer of a cut one reads the
+    end at once (what wakes a member waiting in a broken collective); another connection is untouched."""
+    from torchlaunch.core.recovery import sockets
+
+    before = set(sockets.open_sockets().values())
+    ours, peer = socket.socketpair()
+    recorded = frozenset(set(sockets.open_sockets().values()) - before)
+    other, other_peer = socket.socketpair()
+    try:
+        assert len(recorded) == 2
+        assert sockets.cut(recorded) == 2
+        peer.settimeout(5)
+        assert peer.recv(1) == b""  # the end, not a wait
+        other.sendall(b"x")
+        assert other_peer.recv(1) == b"x"
+        assert ours.fileno() >= 0  # the descriptor stays its owner's to close
+    finally:
+        for s in (ours, peer, other, other_peer):
+            s.close()

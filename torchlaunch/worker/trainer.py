@@ -646,7 +646,7 @@ class Trainer:
         to it from the first rank at the newest step (checked on every member), the plan's new shares."""
         assert self.live is not None
         asked_at, old = time.time(), self.ctx
-        self.ctx = self.live.regroup(old, self.progress.global_step)
+        self.ctx = self.live.regroup(old, self.progress.global_step, broken=False)
         if self.ctx.is_main:
             self.live.clear_join_requests()
         if not self.live.needs_state():  # a stale or forged request: the same ranks, nothing to send

@@ -6,10 +6,11 @@ hosted by one rank dies with it. After a loss the new rank 0 (the first survivor
 store, already running, so no rank's loss takes the group's meeting place with it. Keys are prefixed
 with the quorum's token, so a regroup never reads a previous group's keys.
 
-Why the old group must be freed, not only destroyed: a member that lost no direct peer (3+ ranks)
-may still wait in the broken collective on a live one; it learns of the loss when the live one's gloo
-connections close, which happens only when nothing refers to the old group any more (the trainer lets
-the error and its traceback go before regrouping; `regroup` collects cycles).
+Why a broken group's connections are shut down: a member that lost no direct peer (3+ ranks) may
+still wait in the broken collective on a live one; it learns of the loss only when the live one's gloo
+connections close, and destroying a group does not close them while anything refers to it (the
+error's traceback, a posted collective). So each group's sockets are recorded when it forms and shut
+down when it breaks (core/recovery/sockets.py), and the trainer lets the error go before regrouping.
 
 Why the default process group is re-formed (destroy + init) rather than a wrapper group: every
 collective of the worker (preemption agreement, loss sums, checkpoint, evaluation) goes through the
@@ -40,6 +41,7 @@ import torch.distributed as dist
 
 from torchlaunch import rundir
 from torchlaunch.core.dist import DistContext, broadcast_object
+from torchlaunch.core.recovery import sockets
 from torchlaunch.core.recovery.fence import Fence
 from torchlaunch.core.recovery.membership import JOINING_STEP, Membership, Quorum, behind, seat, source
 from torchlaunch.core.recovery.pulse import Pulse
@@ -79,6 +81,8 @@ class LiveGroup:
         self.quorum: Quorum | None = None
         self.joining = False
         """A rank started again that has not taken a peer's state yet (recovery.rejoin)."""
+        self._sockets: frozenset[str] = frozenset()
+        """The current group's connections (sockets.py): shut down when it breaks."""
 
     def join(self, ctx: DistContext, step: int) -> None:
         """Enter the service with the group the launcher formed (every rank of the launch). Each rank
@@ -94,19 +98,32 @@ class LiveGroup:
                 f"live error: the membership service formed a group of {len(quorum.members)} of the "
                 f"{ctx.world_size} ranks at start (another job on its address?)"
             )
+        if ctx.backend == "gloo":  # formed again on the quorum, so that its connections are known (sockets.py)
+            self._leave(broken=False)
+            if self._enter(ctx, quorum).rank != ctx.rank:
+                raise BadInput("live error: the first quorum seats the ranks in another order than the launcher")
+            return
         self.quorum = quorum
         self.generation = self._take_generation(ctx)
 
-    def regroup(self, ctx: DistContext, step: int) -> DistContext:
+    def regroup(self, ctx: DistContext, step: int, broken: bool = True) -> DistContext:
         """Leave the current group (broken by a loss, or about to admit a rank started again), wait for
         the service's new quorum, and form the new group on its rank 0's store; returns this rank's new
         context. TimeoutError when no group forms in time."""
+        self._leave(broken)
+        return self._form(ctx, step)
+
+    def _leave(self, broken: bool) -> None:
+        """Destroy the current group. A broken one's connections are shut down first (core/recovery/
+        sockets.py): a member still waiting in its collective on this rank fails at once. The group's
+        last references may sit in cycles: collected, so nothing keeps it alive."""
+        if broken:
+            sockets.cut(self._sockets)
         try:
             dist.destroy_process_group()
         except Exception:  # a broken group may fail to close: it is dropped either way
             pass
-        gc.collect()  # the group's last references may sit in cycles: its connections close only when freed
-        return self._form(ctx, step)
+        gc.collect()
 
     def enter(self, ctx: DistContext) -> DistContext:
         """A rank started again (recovery.rejoin): heartbeat, ask to join (RUN_DIR/live/join-<id>, which
@@ -173,6 +190,12 @@ class LiveGroup:
         rank, world = seat(quorum, self.membership.replica_id)
         if source(quorum) is None:
             raise BadInput("live error: no rank of the live group is left to take the state from")
+        return self._enter(ctx, quorum)
+
+    def _enter(self, ctx: DistContext, quorum: Quorum) -> DistContext:
+        """Form the quorum's process group on its rank 0's store, recording the sockets it opened."""
+        rank, world = seat(quorum, self.membership.replica_id)
+        before = set(sockets.open_sockets().values())
         leader = quorum.members[0]
         if rank == 0:
             store: dist.Store = self.store
@@ -186,6 +209,7 @@ class LiveGroup:
             world_size=world,
             timeout=self.timeout,
         )
+        self._sockets = frozenset(set(sockets.open_sockets().values()) - before)
         self.quorum = quorum
         new = DistContext(rank, world, ctx.local_rank, ctx.local_world_size, ctx.device, "gloo")
         self.generation = self._take_generation(new)
