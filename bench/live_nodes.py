@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,14 @@ from faults.netns import Cluster, Node
 PORT = 29510
 DEADLINE_S = 300.0
 COMMAND = "python -m bench.live_nodes"
+
+
+FAULTS: dict[str, Callable[[Cluster, Node], object]] = {
+    "kill": Cluster.kill_node,
+    "freeze": Cluster.freeze_node,
+    "cut": lambda cluster, node: cluster.set_link(node, up=False),
+}
+"""How a victim node is lost: every process SIGKILLed, every process SIGSTOPped, or its link down."""
 
 
 @dataclass
@@ -69,10 +78,11 @@ def run(
     nproc: int = 1,
     kill_at: int = live.KILL_AT,
     heartbeat_timeout_s: float = 1.0,
+    fault: str = "kill",
 ) -> NodesRun:
     """Start the service and `training_nodes` nodes of `nproc` CPU ranks each on a fresh cluster;
-    SIGKILL every process of every victim node once the first victim's first rank traced `kill_at`;
-    wait for the nodes left to end."""
+    SIGKILL every process of every victim node (`fault`: or SIGSTOP them, or take its link down) once the first victim's first rank
+    traced `kill_at`; wait for the nodes left to end."""
     run_dir = work / "run"
     run_dir.mkdir(parents=True)
     recipe = work / "run.yaml"
@@ -111,8 +121,8 @@ def run(
         first = run_dir / "trace" / f"rank{victims[0] * nproc}.jsonl"
         progress.wait_until(lambda: live.traced_step(first) >= kill_at, DEADLINE_S, "the kill step", early)
         killed_at = time.time()
-        for victim in victims:
-            cluster.kill_node(nodes[victim])
+        for victim in victims:  # freeze/cut: the whole machine hung or off the network, its agent too
+            FAULTS[fault](cluster, nodes[victim])
         left = [p for k, p in enumerate(popens) if k not in victims]
         progress.wait_until(lambda: all(p.poll() is not None for p in left), DEADLINE_S, "the nodes left to finish")
         codes = {k: (None if k in victims else p.returncode) for k, p in enumerate(popens)}

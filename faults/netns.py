@@ -249,6 +249,13 @@ class Cluster:
         """kill -9 everything on the node: agent, workers (also orphans), shells."""
         return procs.kill_netns_processes(node.netns_inode)
 
+    def freeze_node(self, node: Node) -> list[int]:
+        """SIGSTOP everything on the node (a whole machine hung: its agent frozen with its ranks);
+        returns the pids stopped. Cluster.close (or kill_node) ends them."""
+        pids = [p.pid for p in node.processes()]
+        procs.signal_all(pids, signal.SIGSTOP)
+        return pids
+
     def set_link(self, node: Node, up: bool) -> None:
         """Take the node's eth0 down or up: down cuts its veth pair's carrier, so the node is off the
         switch (the others still reach each other)."""

@@ -446,3 +446,37 @@ def test_a_broken_groups_connections_are_cut_and_nothing_else() -> None:
     finally:
         for s in (ours, peer, other, other_peer):
             s.close()
+
+
+def test_the_peer_watch_probes_only_a_stalled_group_and_cuts_once_for_a_silent_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole node frozen or cut off: while training is stalled past half the bound, each peer is
+    probed; the first that does not answer makes this rank cut its group's connections, once."""
+    from torchlaunch.core.recovery import peers
+
+    now = [100.0]
+    monkeypatch.setattr(peers.time, "monotonic", lambda: now[0])
+    asked: list[str] = []
+    silent = {"10.0.0.2:5"}
+
+    def probe(address: str, timeout_s: float) -> bool:
+        asked.append(address)
+        return address not in silent
+
+    cuts: list[int] = []
+    watch = peers.PeerWatch(1.0, probe)
+    watch.watch(("10.0.0.1:4", "10.0.0.2:5"), lambda: cuts.append(1))
+    now[0] += 0.4
+    assert watch.check() is None and asked == []  # stepping along: nobody is asked
+    watch.stepped()
+    now[0] += 0.6
+    assert watch.check() == "10.0.0.2:5" and cuts == [1] and watch.judged == "10.0.0.2:5"
+    assert watch.check() is None and cuts == [1]  # once per group: the next group is watched anew
+    silent.clear()
+    watch.watch(("10.0.0.1:4",), lambda: cuts.append(2))
+    now[0] += 5.0  # a long save on a peer: stalled, but it answers
+    assert watch.check() is None and cuts == [1]
+    watch.unwatch()  # leaving the group: a regroup waits as long as it takes
+    silent.add("10.0.0.1:4")
+    assert watch.check() is None and cuts == [1]

@@ -185,7 +185,13 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     pulse = Pulse.for_bound(int(pulse_fd), cfg.recovery.heartbeat_timeout_s) if pulse_fd.isdigit() else None
     host = contract.get(contract.LIVE_STORE_HOST) or STORE_HOST
     group = LiveGroup(
-        membership, Fence(cfg.run_dir), cfg.dist.timeout_s, cfg.recovery.quorum_timeout_s, host=host, pulse=pulse
+        membership,
+        Fence(cfg.run_dir),
+        cfg.dist.timeout_s,
+        cfg.recovery.quorum_timeout_s,
+        host=host,
+        pulse=pulse,
+        heartbeat_timeout_s=cfg.recovery.heartbeat_timeout_s,
     )
     if attempt:
         group.joining = True

@@ -736,6 +736,8 @@ class Trainer:
             started = time.perf_counter() if first_step else 0.0
             window.add(self.train_step(micro))
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
+            if self.live is not None:
+                self.live.stepped()
             if self._since_regroup is not None:  # the first step on the new group: the recovery figure
                 log.event({"event": "stepped", "time": time.time(), "step": p.global_step})
                 self._since_regroup = None

@@ -92,3 +92,25 @@ def test_two_nodes_of_four_killed_at_once(reference: live.LiveRun, tmp_path: Pat
     assert {(e["world"], e["rank"]) for e in done} == {(2, 0), (2, 1)} and len(done) == 2, done
     check_exact(run_dir, reference, out)
     check_status(run_dir, 2, {1, 2})
+
+
+@pytest.mark.parametrize(
+    ("fault", "victim"), [("freeze", 1), ("freeze", 0), ("cut", 1)], ids=["freeze-node1", "freeze-node0", "cut-node1"]
+)
+def test_a_whole_node_silent_is_judged_by_the_others(
+    reference: live.LiveRun, fault: str, victim: int, tmp_path: Path
+) -> None:
+    """SIGSTOP of every process of a node (its agent too: nobody on it fences its rank), or its link
+    taken down. No transport error comes (its sockets stay open, or nothing reaches it); the survivor's
+    peer watch finds it silent (no echo within the bound while training stalls), leaves the group, and
+    regroups once the service has dropped it. A node cut off never trains on alone beside the group:
+    the service is out of its reach too, so it forms no group of its own."""
+    done = live_nodes.run(tmp_path, 2, [victim], fault=fault)
+    run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
+    assert codes[1 - victim] == 0, out
+    assert "gave no answer within 1 s while this rank waited" in out and "taken for silent" in out, out
+    done_events = regroups(run_dir)
+    assert [(e["world"], e["rank"]) for e in done_events] == [(1, 0)], done_events
+    check_exact(run_dir, reference, out)
+    seconds = done.run.recovery_s()
+    assert seconds is not None and seconds >= 1.0 - 0.1, f"judged before the bound: {seconds}"

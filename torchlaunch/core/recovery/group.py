@@ -44,6 +44,7 @@ from torchlaunch.core.dist import DistContext, broadcast_object
 from torchlaunch.core.recovery import sockets
 from torchlaunch.core.recovery.fence import Fence
 from torchlaunch.core.recovery.membership import JOINING_STEP, Membership, Quorum, behind, seat, source
+from torchlaunch.core.recovery.peers import Echo, PeerWatch
 from torchlaunch.core.recovery.pulse import Pulse
 from torchlaunch.core.shm_reduce import SharedMemoryReducer
 from torchlaunch.exit_codes import BadInput
@@ -71,12 +72,15 @@ class LiveGroup:
         quorum_timeout_s: float,
         host: str = STORE_HOST,
         pulse: Pulse | None = None,
+        heartbeat_timeout_s: float | None = None,
     ) -> None:
         self.membership, self.fence, self.pulse = membership, fence, pulse
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.quorum_timeout_s = quorum_timeout_s
-        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        self.echo, self.store = store_with_echo(host)
         self.store_address = f"{host}:{self.store.port}"
+        self.peers = PeerWatch(heartbeat_timeout_s) if heartbeat_timeout_s else None
+        """Judges a peer silent to this rank (a whole node frozen or cut off: core/recovery/peers.py)."""
         self.generation = 0
         self.quorum: Quorum | None = None
         self.joining = False
@@ -90,6 +94,8 @@ class LiveGroup:
         on its agent takes a silence past the bound for a frozen rank."""
         if self.pulse is not None:
             self.pulse.start()
+        if self.peers is not None:
+            self.peers.start()
         self.membership.start()
         dist.barrier()
         quorum = self.membership.quorum(step, self.store_address, self.quorum_timeout_s)
@@ -117,6 +123,8 @@ class LiveGroup:
         """Destroy the current group. A broken one's connections are shut down first (core/recovery/
         sockets.py): a member still waiting in its collective on this rank fails at once. The group's
         last references may sit in cycles: collected, so nothing keeps it alive."""
+        if self.peers is not None:
+            self.peers.unwatch()
         if broken:
             sockets.cut(self._sockets)
         try:
@@ -132,6 +140,8 @@ class LiveGroup:
         request is written again every JOIN_RETRY_S: the others clear requests after each admission."""
         if self.pulse is not None:
             self.pulse.start()
+        if self.peers is not None:
+            self.peers.start()
         self.membership.start()
         request = self.fence.folder / f"{JOIN_PREFIX}{self.membership.replica_id}"
         deadline = time.monotonic() + self.quorum_timeout_s
@@ -210,6 +220,10 @@ class LiveGroup:
             timeout=self.timeout,
         )
         self._sockets = frozenset(set(sockets.open_sockets().values()) - before)
+        if self.peers is not None:
+            group = self._sockets
+            others = tuple(m.store_address for m in quorum.members if m.replica_id != self.membership.replica_id)
+            self.peers.watch(others, lambda: sockets.cut(group))
         self.quorum = quorum
         new = DistContext(rank, world, ctx.local_rank, ctx.local_world_size, ctx.device, "gloo")
         self.generation = self._take_generation(new)
@@ -230,10 +244,34 @@ class LiveGroup:
         generation = self.generation
         return lambda: self.fence.holding(generation)
 
+    def stepped(self) -> None:
+        """A training step done: the group is not stalled (peers.PeerWatch)."""
+        if self.peers is not None:
+            self.peers.stepped()
+
     def close(self) -> None:
         self.membership.close()
+        if self.peers is not None:
+            self.peers.stop()
+        self.echo.close()
         if self.pulse is not None:
             self.pulse.stop()
+
+
+STORE_PORT_TRIES = 20
+
+
+def store_with_echo(host: str) -> tuple[Echo, dist.TCPStore]:
+    """This rank's store (TCP) and echo (UDP) on one port number, so a member's store address also
+    says where to probe it: a free UDP port first, then the store on that number (tried again on
+    another when the TCP port is taken)."""
+    for _ in range(STORE_PORT_TRIES):
+        echo = Echo()
+        try:
+            return echo, dist.TCPStore(host, echo.port, is_master=True, wait_for_workers=False)
+        except Exception:  # the TCP port of that number is taken
+            echo.close()
+    raise BadInput(f"live error: no port free for both this rank's store and its echo in {STORE_PORT_TRIES} tries")
 
 
 class FlatGradients:

@@ -1,0 +1,150 @@
+"""A member silent to its peers (frozen, partitioned), judged by the peers themselves.
+
+Why the peers: a whole node that freezes (SIGSTOP of every process, a hung kernel) or drops off the
+network takes its live agent along, so nothing on it fences its ranks; its sockets stay open (or
+silently dead), so the others' collective waits on it until dist.timeout_s without a transport error.
+
+How: every rank answers a one-datagram echo (UDP, on its store's port number) from a thread of its own;
+a frozen process, or one out of reach, does not. While this rank's training has not stepped for
+half the bound (recovery.heartbeat_timeout_s), a watcher thread asks each peer of the current group;
+a peer that gives no answer within the bound is judged silent, and this rank shuts its group's
+connections down (core/recovery/sockets.py): its collective fails at once, every live member's does
+too, and they regroup without the silent one, whose heartbeats to the membership service have lapsed
+meanwhile. A long save or validation on a peer is no silence: its echo thread answers throughout.
+A silent member that wakes finds its group gone and its generation superseded (fence.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+RESEND_S = 0.1
+"""A lost datagram costs this much, not the whole bound."""
+
+
+class Echo:
+    """This rank's answer to its peers' probes: a UDP socket on every interface and a daemon thread
+    that sends each datagram back to where it came from."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("", port))
+        self.port = int(self.sock.getsockname()[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="torchlaunch-echo", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ready, _, _ = select.select([self.sock], [], [], 0.5)
+                if ready:
+                    data, source = self.sock.recvfrom(64)
+                    self.sock.sendto(data, source)
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        self.sock.close()
+
+
+def answers(address: str, timeout_s: float) -> bool:
+    """Whether the rank whose store is at HOST:PORT echoes a datagram within `timeout_s` (sent again
+    every RESEND_S: a lost datagram is not silence)."""
+    host, _, port = address.rpartition(":")
+    nonce = os.urandom(8)
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host.strip("[]"), int(port)))
+            while (left := deadline - time.monotonic()) > 0:
+                with contextlib.suppress(OSError):  # ICMP unreachable from an earlier send: try again
+                    s.send(nonce)
+                ready, _, _ = select.select([s], [], [], min(RESEND_S, left))
+                if ready:
+                    with contextlib.suppress(OSError):
+                        if s.recv(64) == nonce:
+                            return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+class PeerWatch:
+    """The watcher thread: while the group's training is stalled past half the bound, probe the peers;
+    on the first silent one, call `cut` once for that group."""
+
+    def __init__(self, bound_s: float, probe: Callable[[str, float], bool] = answers) -> None:
+        self.bound_s, self._probe = bound_s, probe
+        self._lock = threading.Lock()
+        self._peers: tuple[str, ...] = ()
+        self._cut: Callable[[], object] | None = None
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.judged: str | None = None
+        """The last peer judged silent (for the regroup's line)."""
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torchlaunch-peer-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, peers: tuple[str, ...], cut: Callable[[], object]) -> None:
+        """A group formed: its other members' store addresses, and how to cut its connections."""
+        with self._lock:
+            self._peers, self._cut, self._last = peers, cut, time.monotonic()
+
+    def unwatch(self) -> None:
+        """The group is being left (a regroup waits in the quorum for as long as it takes)."""
+        with self._lock:
+            self._peers, self._cut = (), None
+
+    def stepped(self) -> None:
+        self._last = time.monotonic()
+
+    def check(self) -> str | None:
+        """One round: the silent peer cut for, or None. What the thread runs every tenth of the bound."""
+        with self._lock:
+            peers, cut, last = self._peers, self._cut, self._last
+        if not peers or cut is None or time.monotonic() - last < self.bound_s / 2:
+            return None
+        silent = next((p for p in peers if not self._probe(p, self.bound_s)), None)
+        if silent is None:
+            return None
+        with self._lock:
+            if self._cut is not cut:  # the group changed meanwhile
+                return None
+            self._peers, self._cut = (), None
+        self.judged = silent
+        print(
+            f"live: the member at {silent} gave no answer within {self.bound_s:g} s while this rank waited "
+            f"{time.monotonic() - last:.1f} s: taken for silent (frozen or cut off); the group is left so "
+            "that the others regroup without it",
+            file=sys.stderr,
+            flush=True,
+        )
+        cut()
+        return silent
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.bound_s / 10):
+            try:
+                self.check()
+            except Exception:  # a watcher must never take the rank down
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.bound_s + 1.0)
