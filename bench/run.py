@@ -483,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "live-steady",
         "live-vs-torchft",
         "live-nodes",
+        "live-nodes-frozen",
         "startup",
         "startup_against",
         "loop_against",
