@@ -451,7 +451,7 @@ def test_a_broken_groups_connections_are_cut_and_nothing_else() -> None:
 def test_the_peer_watch_probes_only_a_stalled_group_and_cuts_once_for_a_silent_peer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A whole node frozen or cut off: while training is stalled past half the bound, each peer is
+    """A whole node frozen or cut off: while training is stalled past a quarter of the bound, each peer is
     probed; the first that does not answer makes this rank cut its group's connections, once."""
     from torchlaunch.core.recovery import peers
 
@@ -467,10 +467,10 @@ def test_the_peer_watch_probes_only_a_stalled_group_and_cuts_once_for_a_silent_p
     cuts: list[int] = []
     watch = peers.PeerWatch(1.0, probe)
     watch.watch(("10.0.0.1:4", "10.0.0.2:5"), lambda: cuts.append(1))
-    now[0] += 0.4
+    now[0] += 0.2
     assert watch.check() is None and asked == []  # stepping along: nobody is asked
     watch.stepped()
-    now[0] += 0.6
+    now[0] += 0.3
     assert watch.check() == "10.0.0.2:5" and cuts == [1] and watch.judged == "10.0.0.2:5"
     assert watch.check() is None and cuts == [1]  # once per group: the next group is watched anew
     silent.clear()

@@ -6,7 +6,7 @@ silently dead), so the others' collective waits on it until dist.timeout_s witho
 
 How: every rank answers a one-datagram echo (UDP, on its store's port number) from a thread of its own;
 a frozen process, or one out of reach, does not. While this rank's training has not stepped for
-half the bound (recovery.heartbeat_timeout_s), a watcher thread asks each peer of the current group;
+a quarter of the bound (recovery.heartbeat_timeout_s), a watcher thread asks each peer of the group;
 a peer that gives no answer within the bound is judged silent, and this rank shuts its group's
 connections down (core/recovery/sockets.py): its collective fails at once, every live member's does
 too, and they regroup without the silent one, whose heartbeats to the membership service have lapsed
@@ -82,7 +82,7 @@ def answers(address: str, timeout_s: float) -> bool:
 
 
 class PeerWatch:
-    """The watcher thread: while the group's training is stalled past half the bound, probe the peers;
+    """The watcher thread: while the group's training is stalled past a quarter of the bound, probe the peers;
     on the first silent one, call `cut` once for that group."""
 
     def __init__(self, bound_s: float, probe: Callable[[str, float], bool] = answers) -> None:
@@ -117,7 +117,7 @@ class PeerWatch:
         """One round: the silent peer cut for, or None. What the thread runs every tenth of the bound."""
         with self._lock:
             peers, cut, last = self._peers, self._cut, self._last
-        if not peers or cut is None or time.monotonic() - last < self.bound_s / 2:
+        if not peers or cut is None or time.monotonic() - last < self.bound_s / 4:
             return None
         silent = next((p for p in peers if not self._probe(p, self.bound_s)), None)
         if silent is None:
