@@ -124,10 +124,19 @@ def run(
         for victim in victims:  # freeze/cut: the whole machine hung or off the network, its agent too
             FAULTS[fault](cluster, nodes[victim])
         left = [p for k, p in enumerate(popens) if k not in victims]
-        progress.wait_until(lambda: all(p.poll() is not None for p in left), DEADLINE_S, "the nodes left to finish")
+        try:
+            progress.wait_until(lambda: all(p.poll() is not None for p in left), DEADLINE_S, "the nodes left to finish")
+        except TimeoutError as hung:  # what each node was doing is the whole diagnosis
+            raise TimeoutError(f"{hung}; codes {[p.poll() for p in popens]}\n{text()}\n{events(run_dir)}") from None
         codes = {k: (None if k in victims else p.returncode) for k, p in enumerate(popens)}
         worst = max((c for c in codes.values() if c is not None), default=1)
         return NodesRun(live.LiveRun(run_dir, worst, text(), killed_at), codes)
+
+
+def events(run_dir: Path) -> str:
+    """The tail of every rank's live event log (regroups, breaks, peers judged silent)."""
+    paths = sorted((run_dir / "live").glob("events-rank*.jsonl"))
+    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]) for p in paths)
 
 
 BENCH_COMMAND = "python -m bench.run --only live_nodes"

@@ -223,3 +223,52 @@ def test_a_whole_job_stop_still_commits_and_resumes_exactly(reference: live.Live
     a = torch.load(resumed.run_dir / "model.pt", weights_only=True)
     b = torch.load(reference.run_dir / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+PEER = """
+import datetime, sys, torch, torch.distributed as dist
+timeout = datetime.timedelta(seconds=120)
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False, timeout=timeout)
+dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timeout)
+dist.all_reduce(torch.ones(4))
+sys.stdin.read()  # alive, and never joins another collective, until the test closes stdin
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_broken_group_is_destroyed_at_once_though_a_posted_collective_never_ends() -> None:
+    """A collective posted before a loss (the preemption agreement's all-reduce) that no transport error
+    reaches holds gloo's worker thread, and destroying the group joins that thread: without the abort a
+    regroup waits out the group's timeout (seen: 4 netns nodes losing 2, a survivor held 300 s). Here
+    this process is rank 1 and posts an all-reduce its live peer never joins; leaving the group as a
+    regroup does must not wait for the collective's timeout (120 s; a wait in C++ that pytest's timeout
+    cannot interrupt, so the test bounds the group's timeout instead and reads the clock)."""
+    import datetime
+    import subprocess
+    import sys
+    import time
+
+    import torch.distributed as dist
+
+    from torchlaunch.core.recovery.group import LiveGroup
+
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timeout)
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(store.port)], stdin=subprocess.PIPE)
+    try:
+        dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timeout)
+        dist.all_reduce(torch.ones(4))
+        posted = dist.all_reduce(torch.ones(4), async_op=True)
+        del posted  # nothing holds the work now but the group's own thread
+        group = LiveGroup.__new__(LiveGroup)  # only _leave's own state: no membership service here
+        group.peers, group._sockets = None, frozenset()
+        started = time.monotonic()
+        group._leave(broken=True)
+        waited = time.monotonic() - started
+        assert not dist.is_initialized()
+        assert waited < timeout.total_seconds() / 2, f"leaving waited {waited:.0f} s for the posted collective"
+        assert peer.poll() is None, "the peer must still be alive: no transport error ended the collective"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        peer.communicate(timeout=60)

@@ -12,6 +12,13 @@ connections close, and destroying a group does not close them while anything ref
 error's traceback, a posted collective). So each group's sockets are recorded when it forms and shut
 down when it breaks (core/recovery/sockets.py), and the trainer lets the error go before regrouping.
 
+Why a broken group is let go on a thread of its own: its destructor joins gloo's worker threads, and
+one may still run a collective posted before the loss (the preemption agreement's all-reduce) that no
+transport error reaches, until dist.timeout_s (seen: 4 netns nodes losing 2, a survivor held 300 s
+in destroy_process_group). Aborting the backend first does not end that wait in torch 2.14 (tried).
+So the last reference is dropped on a daemon thread, which waits for gloo while the rank regroups;
+the built-in worker leaves with os._exit (runner.exit_process), so no exit ever waits for it either.
+
 Why the default process group is re-formed (destroy + init) rather than a wrapper group: every
 collective of the worker (preemption agreement, loss sums, checkpoint, evaluation) goes through the
 default group, so re-forming it re-forms all of them, and nothing else needs to know. gloo lets a
@@ -31,6 +38,7 @@ import hashlib
 import io
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -127,11 +135,13 @@ class LiveGroup:
             self.peers.unwatch()
         if broken:
             sockets.cut(self._sockets)
+        held = [dist.group.WORLD] if broken and dist.is_initialized() else []  # never a local of its own
         try:
             dist.destroy_process_group()
         except Exception:  # a broken group may fail to close: it is dropped either way
             pass
         gc.collect()
+        let_go(held)
 
     def enter(self, ctx: DistContext) -> DistContext:
         """A rank started again (recovery.rejoin): heartbeat, ask to join (RUN_DIR/live/join-<id>, which
@@ -256,6 +266,14 @@ class LiveGroup:
         self.echo.close()
         if self.pulse is not None:
             self.pulse.stop()
+
+
+def let_go(held: list[object]) -> None:
+    """Empty `held` (the last references to a broken process group) on a daemon thread, so that its
+    destructor, which joins gloo's worker threads still waiting in a collective, never holds the
+    caller. The caller keeps the objects in the list only, never in a name of its own."""
+    if held:
+        threading.Thread(target=held.clear, name="torchlaunch-let-go", daemon=True).start()
 
 
 STORE_PORT_TRIES = 20
