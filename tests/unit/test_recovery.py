@@ -480,3 +480,29 @@ def test_the_peer_watch_probes_only_a_stalled_group_and_cuts_once_for_a_silent_p
     watch.unwatch()  # leaving the group: a regroup waits as long as it takes
     silent.add("10.0.0.1:4")
     assert watch.check() is None and cuts == [1]
+
+
+def test_a_state_taken_mid_fit_moves_every_holder_of_the_progress(tmp_path: Path) -> None:
+    """A live rank a step behind loads a peer's state in the middle of fit, whose loops hold the
+    progress in locals: loading must move that same object (a new one left fit on the old position:
+    the rank validated twice and its peer waited out dist.timeout_s)."""
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.preemption import PreemptionWatcher
+    from torchlaunch.worker.data import load_bundle
+    from torchlaunch.worker.trainer import SHARED_STATE_WORLD, Trainer
+
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "data.synthetic_train_size=64",
+        "data.synthetic_val_size=16",
+        "train.batch_size=16",
+        "model.width=4",
+    ]
+    cfg = config_mod.load("configs/smoke.yaml", overrides)
+    trainer = Trainer(cfg, DistContext(), load_bundle(cfg.data), PreemptionWatcher([]))
+    held = trainer.progress  # what fit's `p` is
+    state = {**trainer.state_dict(), "world_size": SHARED_STATE_WORLD}  # what _share_state sends
+    state["progress"] = {**state["progress"], "global_step": 13, "step_in_epoch": 1, "val_pending": True}
+    trainer.load_state_dict(state)
+    assert trainer.progress is held
+    assert (held.global_step, held.step_in_epoch, held.val_pending) == (13, 1, True)

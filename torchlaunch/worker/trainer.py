@@ -108,6 +108,13 @@ class Progress:
     best_val_acc: float | None = None
     last_val: dict[str, float] = field(default_factory=dict)
 
+    def take(self, other: Progress) -> None:
+        """Become `other` in place. Why not a new object: fit, _validate and the step loop hold this
+        one in a local while a live rank a step behind loads a peer's state mid-fit; a replaced object
+        left them on the old position (seen: that rank validated twice and its peer waited 300 s)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(other, name))
+
 
 def seed_everything(seed: int, rank: int) -> None:
     """Same model init on every rank (DDP also broadcasts it); per-rank streams for anything else."""
@@ -390,13 +397,15 @@ class Trainer:
                 f"now {self.plan.global_batch}",
                 "keep the global batch; change train.micro_batch_size to fit memory instead",
             )
-        self.progress = Progress(
-            pr["epoch"],
-            pr["step_in_epoch"],
-            pr["global_step"],
-            pr["val_pending"],
-            pr["best_val_acc"],
-            dict(pr["last_val"]),
+        self.progress.take(
+            Progress(
+                pr["epoch"],
+                pr["step_in_epoch"],
+                pr["global_step"],
+                pr["val_pending"],
+                pr["best_val_acc"],
+                dict(pr["last_val"]),
+            )
         )
         if not ckpt.restore_rank_rng(state, self.ctx):
             # a new world size has new ranks: derive fresh per-rank streams deterministically
