@@ -151,6 +151,31 @@ def service_pids(launcher_pid: int) -> list[int]:
     return found
 
 
+def rank_pids(launcher_pid: int) -> list[int]:
+    """The rank processes under a launcher: the live agent's children running the worker (not their
+    loader workers, which are the ranks' own children)."""
+    from torchlaunch import pdeath
+
+    below = pdeath.descendants(launcher_pid)
+    agents = [pid for pid in below if b"torchlaunch.backends.local.live" in _argv(pid)]
+    found = []
+    for pid in below:
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent in agents and b"torchlaunch.runner" in _argv(pid):
+            found.append(pid)
+    return found
+
+
+def _argv(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def restart_service(launcher_pid: int, deadline: float) -> None:
     """SIGKILL the membership service and wait for its agent to start another (soft state)."""
     (old,) = service_pids(launcher_pid)
@@ -176,12 +201,15 @@ def run(
     val_size: int = 64,
     fault: str | None = None,
     rejoin: int = 0,
+    kill_joiner: bool = False,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
     freezes it) once its trace reaches `kill_at`, and
     before that (`service_kill_at`: the victim's traced step) the membership service. `stop_at`: SIGTERM
     the launcher at that traced step of rank 0 instead (a whole-job preemption). `fault`: the worker's
-    TORCHLAUNCH_FAULT_SIGNAL (e.g. a rank that freezes itself at a point no outside poll can hit)."""
+    TORCHLAUNCH_FAULT_SIGNAL (e.g. a rank that freezes itself at a point no outside poll can hit).
+    `kill_joiner` (with `rejoin`): SIGKILL the victim's replacement too, once it has asked to join
+    (RUN_DIR/live/join-*): a rejoin that fails half way."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
     recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin))
@@ -214,6 +242,18 @@ def run(
                 survivor_pid = pid_of(run_dir, 1 - victim)
                 os.kill(pid_of(run_dir, victim), victim_signal)
                 killed_at = time.time()
+            time.sleep(0.005)
+        from torchlaunch.core.recovery.group import join_requests
+
+        lost = {survivor_pid}
+        while kill_joiner and killed_at is not None and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the rank started again never asked to join")
+            if join_requests(run_dir / "live"):
+                joiner = [pid for pid in rank_pids(proc.pid) if pid not in lost]
+                if joiner:
+                    os.kill(joiner[0], signal.SIGKILL)
+                    break
             time.sleep(0.005)
         out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     except BaseException:

@@ -272,3 +272,26 @@ def test_a_broken_group_is_destroyed_at_once_though_a_posted_collective_never_en
         if dist.is_initialized():
             dist.destroy_process_group()
         peer.communicate(timeout=60)
+
+
+def test_a_rejoin_that_fails_half_way_costs_the_survivor_nothing(tmp_path: Path) -> None:
+    """recovery.rejoin=2: rank 1 SIGKILLed, started again, and its replacement SIGKILLed too once it has
+    asked to join (waiting in the quorum, forming the group or taking the state: wherever it is). The
+    survivor trains on alone through both losses in the same process, the agent starts rank 1 a second
+    time, and that one joins with the survivor's state. Every global step's samples, crops and flips
+    are the uninterrupted run's."""
+    kwargs = {"steps": 64, "epochs": 48}
+    reference = live.run(tmp_path / "ref", victim=None, **kwargs)
+    assert reference.code == 0, reference.stderr[-3000:]
+    result = live.run(tmp_path / "run", victim=1, rejoin=2, kill_joiner=True, **kwargs)
+    out = result.stderr
+    assert result.code == 0, out[-3000:]
+    assert "started again to rejoin the others (attempt 1 of 2)" in out, out[-3000:]
+    assert "started again to rejoin the others (attempt 2 of 2)" in out, out[-3000:]
+    assert "live: joined the group at global step" in out and "(state from rank 0, digest checked)" in out
+    assert live.pid_of(result.run_dir, 0) == result.survivor_pid, "the survivor's process changed"
+    events = result.events()
+    regrouped = [(e["during"], e["world"]) for e in events if e["event"] == "regrouped" and e["rank"] == 0]
+    assert regrouped[0] == ("step", 1) and regrouped[-1] == ("rejoin", 2), regrouped
+    assert len([e for e in events if e["event"] == "joined"]) == 1
+    assert step_samples(result.run_dir) == step_samples(reference.run_dir)

@@ -38,6 +38,7 @@ import hashlib
 import io
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -61,6 +62,8 @@ STORE_HOST = "127.0.0.1"
 """The address this rank's store is given out on when its agent names none (one node: loopback). The
 store listens on every interface; across nodes the agent names the one the others reach
 (contract.LIVE_STORE_HOST)."""
+FORM_MIN_S = 2.0
+"""The least a member of a new quorum waits for the others to form its group (see LiveGroup.forming)."""
 JOIN_PREFIX = "join-"
 JOIN_RETRY_S = 5.0
 """How often a waiting joiner writes its request again (and asks the service again)."""
@@ -87,6 +90,11 @@ class LiveGroup:
         self.quorum_timeout_s = quorum_timeout_s
         self.echo, self.store = store_with_echo(host)
         self.store_address = f"{host}:{self.store.port}"
+        self.forming = datetime.timedelta(seconds=min(timeout_s, max(FORM_MIN_S, 2 * (heartbeat_timeout_s or 5.0))))
+        """How long a new quorum's members wait for each other to form its group: they all left the
+        service's quorum at once, so one missing for twice the heartbeat bound is gone (a rank started
+        again and lost while it waited to be admitted: the service still counted it). A slow member
+        costs a retry, never a wrong group; the survivors' pause for a lost joiner is this long."""
         self.peers = PeerWatch(heartbeat_timeout_s) if heartbeat_timeout_s else None
         """Judges a peer silent to this rank (a whole node frozen or cut off: core/recovery/peers.py)."""
         self.generation = 0
@@ -142,6 +150,7 @@ class LiveGroup:
             pass
         gc.collect()
         let_go(held)
+        restart_group_names()
 
     def enter(self, ctx: DistContext) -> DistContext:
         """A rank started again (recovery.rejoin): heartbeat, ask to join (RUN_DIR/live/join-<id>, which
@@ -206,29 +215,52 @@ class LiveGroup:
         return found
 
     def _form(self, ctx: DistContext, step: int, timeout_s: float | None = None) -> DistContext:
-        quorum = self.membership.quorum(step, self.store_address, timeout_s or self.quorum_timeout_s)
-        rank, world = seat(quorum, self.membership.replica_id)
-        if source(quorum) is None:
-            raise BadInput("live error: no rank of the live group is left to take the state from")
-        return self._enter(ctx, quorum)
+        """The service's next quorum as this rank's process group. A member lost between the quorum
+        and the group (a rank started again, SIGKILLed while it waited to be admitted) never arrives:
+        after self.forming the group is left and a new quorum asked for, until `timeout_s`."""
+        deadline = time.monotonic() + (timeout_s or self.quorum_timeout_s)
+        while True:
+            left = max(deadline - time.monotonic(), 0.1)
+            quorum = self.membership.quorum(step, self.store_address, left)
+            if source(quorum) is None:
+                raise BadInput("live error: no rank of the live group is left to take the state from")
+            try:
+                return self._enter(ctx, quorum)
+            except (BadInput, KeyboardInterrupt):
+                raise
+            except Exception as e:  # a member missing or lost while the group formed
+                missing = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            self._leave(broken=True)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no live group formed within {timeout_s or self.quorum_timeout_s:g} s: {missing}")
+            print(
+                f"live: the group of {len(quorum.members)} did not form ({missing}): a member is gone; "
+                "asking the service for a new one",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _enter(self, ctx: DistContext, quorum: Quorum) -> DistContext:
-        """Form the quorum's process group on its rank 0's store, recording the sockets it opened."""
+        """Form the quorum's process group on its rank 0's store, recording the sockets it opened. Every
+        member waits at most self.forming for the others (they left the quorum together); the
+        group's collectives then get dist.timeout_s."""
         rank, world = seat(quorum, self.membership.replica_id)
         before = set(sockets.open_sockets().values())
         leader = quorum.members[0]
+        forming = self.forming
         if rank == 0:
             store: dist.Store = self.store
         else:
             host, port = leader.store_address.rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)
+            store = dist.TCPStore(host, int(port), is_master=False, timeout=forming)
         dist.init_process_group(
             "gloo",
             store=dist.PrefixStore(f"torchlaunch/live/{quorum.token}", store),
             rank=rank,
             world_size=world,
-            timeout=self.timeout,
+            timeout=forming,
         )
+        dist.set_timeout(self.timeout)
         self._sockets = frozenset(set(sockets.open_sockets().values()) - before)
         if self.peers is not None:
             group = self._sockets
@@ -266,6 +298,16 @@ class LiveGroup:
         self.echo.close()
         if self.pulse is not None:
             self.pulse.stop()
+
+
+def restart_group_names() -> None:
+    """torch names the default group by a per-process counter, and its rendezvous keys carry that name;
+    destroying a group sets the counter back to 0, but a group that failed to form (a member missing)
+    was never made, so nothing did, and this rank's keys no longer met the others' (each retry waited
+    for a name its peer never used). With no group left, the counter starts again, as the others' do."""
+    if not dist.is_initialized():
+        with contextlib.suppress(AttributeError):  # torch's private registry: nothing to do if it moved
+            dist.distributed_c10d._world.group_count = 0
 
 
 def let_go(held: list[object]) -> None:
