@@ -122,7 +122,7 @@ class LiveGroup:
             )
         if ctx.backend == "gloo":  # formed again on the quorum, so that its connections are known (sockets.py)
             self._leave(broken=False)
-            if self._enter(ctx, quorum).rank != ctx.rank:
+            if self._enter(ctx, quorum, forming=self.timeout).rank != ctx.rank:  # every rank just met
                 raise BadInput("live error: the first quorum seats the ranks in another order than the launcher")
             return
         self.quorum = quorum
@@ -240,14 +240,15 @@ class LiveGroup:
                 flush=True,
             )
 
-    def _enter(self, ctx: DistContext, quorum: Quorum) -> DistContext:
+    def _enter(self, ctx: DistContext, quorum: Quorum, forming: datetime.timedelta | None = None) -> DistContext:
         """Form the quorum's process group on its rank 0's store, recording the sockets it opened. Every
-        member waits at most self.forming for the others (they left the quorum together); the
-        group's collectives then get dist.timeout_s."""
+        member waits at most `forming` (self.forming unless given: the first group, formed by ranks that
+        just met at a barrier, keeps dist.timeout_s) for the others; the group's collectives then get
+        dist.timeout_s."""
         rank, world = seat(quorum, self.membership.replica_id)
         before = set(sockets.open_sockets().values())
         leader = quorum.members[0]
-        forming = self.forming
+        forming = forming or self.forming
         if rank == 0:
             store: dist.Store = self.store
         else:
