@@ -506,3 +506,20 @@ def test_a_state_taken_mid_fit_moves_every_holder_of_the_progress(tmp_path: Path
     trainer.load_state_dict(state)
     assert trainer.progress is held
     assert (held.global_step, held.step_in_epoch, held.val_pending) == (13, 1, True)
+
+
+def test_a_rank_started_again_that_fails_before_joining_leaves_the_others_training() -> None:
+    """A joiner that exits non-zero before it joined (no group in the quorum timeout) is given up on:
+    the others are not stopped and the job's code stays theirs; once joined, a failure is the job's."""
+    ranks = [_Proc(None), _Proc(1)]
+    abandoned: set[int] = set()
+    live_agent.abandon_failed_joiners(ranks, [0, 1], set(), abandoned)
+    assert abandoned == {1}
+    assert live_agent.stop_after_a_failure(ranks, None, abandoned) is None  # rank 0 is not stopped
+    ranks[0].returncode = 0
+    assert live_agent.job_code([c for r, c in enumerate([0, 1]) if r not in abandoned]) == OK
+    given_up: set[int] = set()
+    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], [0, 1], {1}, given_up)
+    assert given_up == set(), "a rank that joined and then failed fails the job"
+    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], [0, 0], set(), given_up)
+    assert given_up == set(), "a first-start rank's failure is the job's"

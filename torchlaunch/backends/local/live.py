@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     replaced: list[str] = []  # "rank R (SIGNAL...)" of each process lost and started again
     stopping = False
     failed_at: float | None = None
+    abandoned: set[int] = set()  # ranks started again that failed before they joined
 
     def stop(signum: int, frame: object) -> None:  # a stop is the ranks' to handle (checkpoint, exit 75)
         nonlocal stopping
@@ -269,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not stopping:
                 rejoin(ranks, restarts, args.rejoin, fenced, replaced, start)
             end_orphan_joiners(ranks, restarts, watch.joined)
-            failed_at = stop_after_a_failure(ranks, failed_at)
+            abandon_failed_joiners(ranks, restarts, watch.joined, abandoned)
+            failed_at = stop_after_a_failure(ranks, failed_at, abandoned)
             time.sleep(POLL_S)
     finally:
         watch.close()
@@ -281,11 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             service.stop()
     codes = [proc.returncode for proc in ranks]
     lost = [rank for rank, code in enumerate(codes) if code < 0]
-    code = job_code(codes)
-    if lost or replaced:
+    code = job_code([c for r, c in enumerate(codes) if r not in abandoned])
+    if lost or replaced or abandoned:
         names = ", ".join(
             replaced
             + [f"rank {r} ({signal.Signals(-codes[r]).name}{', ' + fenced[r] if r in fenced else ''})" for r in lost]
+            + [f"rank {r} (started again, exit {codes[r]} before it joined)" for r in sorted(abandoned)]
         )
         outcome = "the others finished" if code == OK else f"exit {code}"
         print(f"live: lost {names}; {outcome}", file=sys.stderr, flush=True)
@@ -323,11 +326,18 @@ FAILURE_GRACE_S = 10.0
 """How long the other ranks get to leave by themselves after one failed (they usually fail alike)."""
 
 
-def stop_after_a_failure(ranks: list[subprocess.Popen], failed_at: float | None) -> float | None:
+def stop_after_a_failure(
+    ranks: list[subprocess.Popen], failed_at: float | None, abandoned: set[int] | frozenset[int] = frozenset()
+) -> float | None:
     """A rank that exited by itself with a failure or bad input (not a loss, not a preemption) makes
     the job's outcome: as under torchrun, the others are stopped (SIGKILL after FAILURE_GRACE_S) rather
-    than left waiting in their next collective for dist.timeout_s. Returns when the first failure was seen."""
-    failed = [r for r, p in enumerate(ranks) if p.poll() not in (None, OK, PREEMPTED) and (p.returncode or 0) > 0]
+    than left waiting in their next collective for dist.timeout_s. Returns when the first failure was
+    seen. `abandoned` ranks (started again, failed before joining) are no failure of the job's."""
+    failed = [
+        r
+        for r, p in enumerate(ranks)
+        if r not in abandoned and p.poll() not in (None, OK, PREEMPTED) and (p.returncode or 0) > 0
+    ]
     if not failed:
         return failed_at
     now = time.monotonic()
@@ -345,6 +355,24 @@ def stop_after_a_failure(ranks: list[subprocess.Popen], failed_at: float | None)
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return failed_at
+
+
+def abandon_failed_joiners(
+    ranks: list[subprocess.Popen], restarts: list[int], joined: set[int], abandoned: set[int]
+) -> None:
+    """A rank started again that exits non-zero before it joined (no group formed for it in
+    recovery.quorum_timeout_s, no state to take) never trained in the live group: the others train on
+    and the job's outcome stays theirs, where a failure would stop them all (stop_after_a_failure)."""
+    for rank, proc in enumerate(ranks):
+        code = proc.poll()
+        if rank in abandoned or not restarts[rank] or rank in joined or code is None or code <= 0:
+            continue
+        abandoned.add(rank)
+        print(
+            f"live: rank {rank} was started again but failed before it joined (exit {code}); the others train on",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def end_orphan_joiners(ranks: list[subprocess.Popen], restarts: list[int], joined: set[int]) -> None:
