@@ -3,6 +3,7 @@
 Other test files reuse these:
     rc, out, err = run_launcher(["--gpus", "2", "--config", "configs/smoke.yaml", f"run_dir={tmp_path}"])
     def test_x(cifar_shared): ...   # Path of the unpacked train/ folder (class folders)
+    def test_y(run_library): ...    # finished run dirs built once per session (tests/library.py)
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+
+from tests.library import RunLibrary
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TARBALL_NAME = "cifar10-train.tar.gz"
@@ -131,3 +134,9 @@ def cifar_shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train = target / "train"
     assert train.is_dir(), f"{tarball} has no train/ folder"
     return train
+
+
+@pytest.fixture(scope="session")
+def run_library(tmp_path_factory: pytest.TempPathFactory) -> RunLibrary:
+    """The session's finished run dirs (tests/library.py): each launch starts on its first ask, once."""
+    return RunLibrary(tmp_path_factory)

@@ -17,8 +17,8 @@ import pytest
 
 from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wait_until
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
-from tests.helpers import launcher
 from tests.integration.test_elastic_local import RECIPE, check_same_samples, records, samples
+from tests.library import RunLibrary
 
 cluster = dev_cluster
 
@@ -59,10 +59,12 @@ def settled_allocations(job_id: str, timeout: float = 60) -> list[tuple[str, str
 
 
 @pytest.mark.timeout(600)
-def test_node_down_requeues_onto_the_node_left_with_the_same_samples(cluster: str, tmp_path: Path) -> None:
-    reference_dir = tmp_path / "reference"
-    done = launcher(["--device", "cpu", *RECIPE, f"run_dir={reference_dir}"], timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_node_down_requeues_onto_the_node_left_with_the_same_samples(
+    cluster: str, tmp_path: Path, run_library: RunLibrary
+) -> None:
+    # The uninterrupted local run of RECIPE: the session's library entry "elastic", built on this first
+    # ask once the cluster is up (its exit code asserted there, tests/library.py), read only.
+    reference_dir = run_library.path("elastic")
     reference: dict[int, list] = {}
     for rec in records(reference_dir):
         reference.setdefault(rec["step"], []).extend(samples(rec))

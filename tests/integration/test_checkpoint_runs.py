@@ -21,6 +21,7 @@ import torch
 
 from tests.conftest import child_env, run_cmd
 from tests.helpers import REPO, assert_models_equal, launcher
+from tests.library import RunLibrary
 from tests.unit.test_checkpoint_paths import corrupt, forge
 from torchlaunch.core import checkpoint as ckpt
 
@@ -125,10 +126,15 @@ def plant_forgery(root: Path, good: Path) -> list[str]:
         pytest.param(plant_forgery, id="forged-newer"),
     ],
 )
-def test_hostile_newer_folders_through_a_real_preemption(tmp_path: Path, plant) -> None:  # noqa: ANN001
+def test_hostile_newer_folders_through_a_real_preemption(
+    tmp_path: Path,
+    plant,  # noqa: ANN001
+    run_library: RunLibrary,
+) -> None:
+    """The first launch (2 ranks preempted at step 3: exit 75, asserted where it is built) is the same
+    for every `plant`: the session's library entry "checkpoint-preempted", copied here to be changed."""
     root = tmp_path / "checkpoints"
-    first = two_ranks(tmp_path, "at=step,n=3,rank=1")
-    assert first.returncode == 75, first.stderr[-2000:]
+    first = run_library.copy("checkpoint-preempted", tmp_path).result
     good = root / ckpt.step_dir_name(committed_step(first))  # the agreed stop: a step or two after the signal
     assert ckpt.verify(good) is None
     planted = plant(root, good)

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launcher_argv
-from tests.helpers import REPO, launcher
+from tests.helpers import REPO
+from tests.library import RunLibrary
 from torchlaunch.exit_codes import CANCELLED
 
 BATCH = 48
@@ -192,11 +193,11 @@ def check_same_samples(reference: dict[int, list], found: list[dict]) -> set[int
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[int, list]:
-    """The uninterrupted run's samples per global step (one rank: the order is the world size's to keep)."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    done = launcher(["--device", "cpu", *RECIPE, f"run_dir={run_dir}"], timeout=DEADLINE_S)
-    assert done.returncode == 0, done.stderr[-3000:]
+def reference(run_library: RunLibrary) -> dict[int, list]:
+    """The uninterrupted run's samples per global step (one rank: the order is the world size's to keep).
+    The run is the session's library entry "elastic" (its exit code asserted where it is built,
+    tests/library.py), read only, shared with tests/engines/test_elastic_slurm.py."""
+    run_dir = run_library.path("elastic")
     out: dict[int, list] = {}
     for rec in records(run_dir):
         out.setdefault(rec["step"], []).extend(samples(rec))

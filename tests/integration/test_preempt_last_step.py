@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers import assert_models_equal, assert_states_equal, final_state
 from tests.integration.test_resume import TOTAL_STEPS, run
+from tests.library import RunLibrary
 
 pytestmark = pytest.mark.slow
 
@@ -23,10 +24,10 @@ def _validations(run_dir: Path) -> list[dict]:
     return [r for r in records if "val_acc" in r]
 
 
-def test_signal_before_the_last_step_then_rerun_validates_and_matches(tmp_path: Path) -> None:
-    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    done = run(reference)
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_signal_before_the_last_step_then_rerun_validates_and_matches(tmp_path: Path, run_library: RunLibrary) -> None:
+    """The reference is test_resume.py's uninterrupted run (the same recipe), from the session's library:
+    read only here; its exit code is asserted where it is built (tests/library.py)."""
+    reference, resumed = run_library.path("resume"), tmp_path / "resumed"
     first = run(resumed, env={"TORCHLAUNCH_FAULT_SIGNAL": f"at=step,n={TOTAL_STEPS - 1},rank=1"})
     assert first.returncode == 75, first.stderr[-2000:]
     stopped = final_state(resumed)

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import launcher_argv
 from tests.helpers import REPO, assert_models_equal, assert_states_equal, final_state, launcher
+from tests.library import RunLibrary
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +55,10 @@ def run(
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference")
-    done = run(run_dir)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return run_dir
+def reference(run_library: RunLibrary) -> Path:
+    """The uninterrupted 2-rank run of SMALL: the session's library entry "resume" (read only; its exit
+    code is asserted where it is built, tests/library.py), shared with test_preempt_last_step.py."""
+    return run_library.path("resume")
 
 
 def global_batches(run_dir: Path) -> dict[int, list[int]]:
