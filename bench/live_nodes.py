@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,10 +80,14 @@ def run(
     kill_at: int = live.KILL_AT,
     heartbeat_timeout_s: float = 1.0,
     fault: str = "kill",
+    replace: bool = False,
+    epochs: int = 1,
 ) -> NodesRun:
     """Start the service and `training_nodes` nodes of `nproc` CPU ranks each on a fresh cluster;
-    SIGKILL every process of every victim node (`fault`: or SIGSTOP them, or take its link down) once the first victim's first rank
-    traced `kill_at`; wait for the nodes left to end."""
+    SIGKILL every process of every victim node (`fault`: or SIGSTOP them, or take its link down) once
+    the first victim's first rank traced `kill_at`; with `replace`, run each killed node's command
+    again on it (a node replaced by its scheduler: its ranks join the group that trains on); wait for
+    the nodes left (and the replacements) to end."""
     run_dir = work / "run"
     run_dir.mkdir(parents=True)
     recipe = work / "run.yaml"
@@ -93,23 +98,20 @@ def run(
         *nodes, service_node = cluster.nodes
         lighthouse = start_lighthouse(cluster, service_node, work / "lighthouse.log", heartbeat_timeout_s)
         recipe.write_text(
-            live.config_text(run_dir, heartbeat_timeout_s=heartbeat_timeout_s) + f"  lighthouse: {lighthouse}\n"
+            live.config_text(run_dir, heartbeat_timeout_s=heartbeat_timeout_s, epochs=epochs)
+            + f"  lighthouse: {lighthouse}\n"
         )
         logs = [work / f"node{node.index}.log" for node in nodes]
-        popens = [
-            cluster.start(
-                node,
-                [
-                    sys.executable, "-m", "launch.local", "--nnodes", str(training_nodes), "--node-rank",
-                    str(node.index), "--master-addr", "node0", "--gpus", str(nproc), "--device", "cpu",
-                    "--config", str(recipe),
-                ],
-                log,
-                env=node_env(),
-                cwd=REPO,
-            )
-            for node, log in zip(nodes, logs, strict=True)
-        ]  # fmt: skip
+
+        def launch(node: Node, log: Path) -> subprocess.Popen[bytes]:
+            argv = [
+                sys.executable, "-m", "launch.local", "--nnodes", str(training_nodes), "--node-rank",
+                str(node.index), "--master-addr", "node0", "--gpus", str(nproc), "--device", "cpu",
+                "--config", str(recipe),
+            ]  # fmt: skip
+            return cluster.start(node, argv, log, env=node_env(), cwd=REPO)
+
+        popens = [launch(node, log) for node, log in zip(nodes, logs, strict=True)]
 
         def text() -> str:
             return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
@@ -123,12 +125,18 @@ def run(
         killed_at = time.time()
         for victim in victims:  # freeze/cut: the whole machine hung or off the network, its agent too
             FAULTS[fault](cluster, nodes[victim])
-        left = [p for k, p in enumerate(popens) if k not in victims]
+        replacements = {}
+        if replace:  # the same command on the same node, as a scheduler replaces a lost one
+            for victim in victims:
+                logs.append(work / f"node{victim}-replacement.log")
+                replacements[victim] = launch(nodes[victim], logs[-1])
+        left = [p for k, p in enumerate(popens) if k not in victims] + list(replacements.values())
         try:
             progress.wait_until(lambda: all(p.poll() is not None for p in left), DEADLINE_S, "the nodes left to finish")
         except TimeoutError as hung:  # what each node was doing is the whole diagnosis
             raise TimeoutError(f"{hung}; codes {[p.poll() for p in popens]}\n{text()}\n{events(run_dir)}") from None
         codes = {k: (None if k in victims else p.returncode) for k, p in enumerate(popens)}
+        codes.update({k: p.returncode for k, p in replacements.items()})
         worst = max((c for c in codes.values() if c is not None), default=1)
         return NodesRun(live.LiveRun(run_dir, worst, text(), killed_at), codes)
 

@@ -211,6 +211,9 @@ class RunLock:
         self.slot: int | None = None
         """An elastic member's node slot (RUN_DIR/.lock.nodes/node-K.json); None for other launches."""
         self._slot_fd: int | None = None
+        self.founded = False
+        """An elastic member that found no live member of its job when it joined: it starts the job
+        (again); a later member joins a job already running (a live job's replacement node)."""
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -274,6 +277,7 @@ class RunLock:
             elif self.judge(current, members=False) == "stale" and guarded:
                 self.path.unlink(missing_ok=True)  # the job's own record, its writer gone: name a live member
                 self._create()
+            self.founded = not self.live_members(self.holder.job or "")
             self.slot = self._claim_slot()
         return self._owned()
 

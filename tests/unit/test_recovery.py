@@ -513,13 +513,88 @@ def test_a_rank_started_again_that_fails_before_joining_leaves_the_others_traini
     the others are not stopped and the job's code stays theirs; once joined, a failure is the job's."""
     ranks = [_Proc(None), _Proc(1)]
     abandoned: set[int] = set()
-    live_agent.abandon_failed_joiners(ranks, [0, 1], set(), abandoned)
+    live_agent.abandon_failed_joiners(ranks, live_agent.Joiners(0, [0, 1]), set(), abandoned)
     assert abandoned == {1}
     assert live_agent.stop_after_a_failure(ranks, None, abandoned) is None  # rank 0 is not stopped
     ranks[0].returncode = 0
     assert live_agent.job_code([c for r, c in enumerate([0, 1]) if r not in abandoned]) == OK
     given_up: set[int] = set()
-    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], [0, 1], {1}, given_up)
+    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], live_agent.Joiners(0, [0, 1]), {1}, given_up)
     assert given_up == set(), "a rank that joined and then failed fails the job"
-    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], [0, 0], set(), given_up)
+    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], live_agent.Joiners(0, [0, 0]), set(), given_up)
     assert given_up == set(), "a first-start rank's failure is the job's"
+
+
+def test_a_launcher_that_joins_a_job_whose_group_formed_replaces_a_lost_node(tmp_path: Path) -> None:
+    """The launcher that founds the job's run records the generation; one that joins later replaces a
+    lost node only once a group formed since (a late node of the first launch never does), and its
+    ranks' attempt is past every generation. A founded record planted as a link vouches for nothing."""
+    from torchlaunch import runlock
+
+    job = "job-key"
+    first = runlock.RunLock(tmp_path, job=job).acquire()
+    second = runlock.RunLock(tmp_path, job=job).acquire()
+    try:
+        assert first.founded and not second.founded
+        assert local_launch.replaces_a_lost_node(first, str(tmp_path)) == 0
+        assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0, "no group yet: a first launch"
+        fence = Fence(tmp_path)
+        fence.advance()  # the first group formed
+        fence.advance()  # and a regroup after a loss
+        assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 3
+        assert local_launch.replaces_a_lost_node(None, str(tmp_path)) == 0, "one node: nothing shared"
+    finally:
+        second.release()
+        first.release()
+    again = runlock.RunLock(tmp_path, job=job).acquire()  # every launcher gone: the next one starts the job
+    try:
+        assert again.founded and local_launch.replaces_a_lost_node(again, str(tmp_path)) == 0
+        assert not Fence(tmp_path).formed_since_founded(), "the new run starts from the generation it found"
+    finally:
+        again.release()
+    founded = tmp_path / "live" / "founded"
+    founded.unlink()
+    founded.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_text("0\n")
+    assert not Fence(tmp_path).formed_since_founded()
+
+
+def test_a_replacement_nodes_ranks_all_join_and_wait_for_peers_on_other_nodes() -> None:
+    """--join-attempt N: every rank of the node joins with attempts from N (a rank it starts again
+    later goes on from there); with every rank of a node waiting to join, the ones it waits for train
+    on other nodes, so the agent does not end them as orphans. The command carries the attempt."""
+    restarts = [0, 0]
+    joiners = live_agent.Joiners(4, restarts)
+    assert joiners(0) and joiners(1) and joiners.attempt(1) == 4
+    restarts[1] = 1
+    assert joiners.attempt(1) == 5
+    first_start = live_agent.Joiners(0, [0, 1])
+    assert not first_start(0) and first_start(1) and first_start.attempt(1) == 1
+    waiting = [_Proc(None), _Proc(None)]
+    live_agent.end_orphan_joiners(waiting, joiners, set())  # type: ignore[arg-type]
+    assert all(p.returncode is None for p in waiting)
+    spec = JobSpec(nodes=2, gpus_per_node=1, master_port=29500, config="c.yaml")
+    argv = live_argv(spec, 1.0, "rid", placement=NodePlacement(node_rank=1, master_addr="node0"),
+                     lighthouse="http://lh:29510", join_attempt=4)  # fmt: skip
+    assert argv[argv.index("--join-attempt") + 1] == "4"
+    args, _ = live_agent.parse_args(argv[3:])
+    assert args.join_attempt == 4
+    assert "--join-attempt" not in live_argv(spec, 1.0, "rid", placement=NodePlacement(master_addr="node0"))
+
+
+def test_a_joiner_seated_at_another_place_writes_its_own_files(tmp_path: Path) -> None:
+    """A replacement for node 0 is seated after the survivor (rank 1 of 2) but started as rank 0: its
+    trace and events go to the rank-0 files, never into the survivor's, which holds place 1's names."""
+    from torchlaunch.worker.metrics import RunLog
+
+    kwargs = {"epochs": 1, "steps_per_epoch": 4, "total_steps": 4, "global_batch": 2, "start_step": 2}
+    survivor = RunLog(tmp_path, 0, resume_step=None, tensorboard=False, trace=True, started_as=1, **kwargs)
+    survivor.trace(1, 0, 1, [7])
+    joiner = RunLog(tmp_path, 1, resume_step=2, tensorboard=False, trace=True, started_as=0, **kwargs)
+    joiner.trace(3, 0, 2, [5])
+    survivor.trace(3, 0, 2, [6])
+    joiner.event({"event": "joined"})
+    trace = tmp_path / "trace"
+    assert [line.count('"step"') for line in (trace / "rank1.jsonl").read_text().splitlines()] == [1, 1]
+    assert '"indices": [5]' in (trace / "rank0.jsonl").read_text()
+    assert (tmp_path / "live" / "events-rank0.jsonl").is_file()

@@ -189,8 +189,13 @@ class RunLog:
         resume_step: int | None,
         tensorboard: bool,
         trace: bool,
+        started_as: int | None = None,
     ) -> None:
+        """`rank`: this rank's place in the group now (rank 0 writes the run's metrics); `started_as`:
+        the rank its launcher started it as (default `rank`), which names its own files: a live joiner
+        seated at another place must not write into the files of the member that holds that place."""
         main = rank == 0
+        rank = rank if started_as is None else started_as
         self.run_dir, self.rank, self.total_steps = run_dir, rank, total_steps
         self.epochs, self.steps_per_epoch, self.global_batch = epochs, steps_per_epoch, global_batch
         self.metrics = MetricsLog(

@@ -193,6 +193,7 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
         pulse=pulse,
         heartbeat_timeout_s=cfg.recovery.heartbeat_timeout_s,
     )
+    group.started_as = rank
     if attempt:
         group.joining = True
     else:

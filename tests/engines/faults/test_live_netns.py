@@ -114,3 +114,40 @@ def test_a_whole_node_silent_is_judged_by_the_others(
     check_exact(run_dir, reference, out)
     seconds = done.run.recovery_s()
     assert seconds is not None and seconds >= 1.0 - 0.1, f"judged before the bound: {seconds}"
+
+
+REPLACED_EPOCHS = 48
+"""Long enough (3,072 steps) that a node's command started again is admitted well before the end."""
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory: pytest.TempPathFactory) -> live.LiveRun:
+    """The uninterrupted run of the replacement test's length."""
+    result = live.run(tmp_path_factory.mktemp("live-netns-long") / "run", victim=None, epochs=REPLACED_EPOCHS)
+    assert result.code == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["replace-node1", "replace-node0"])
+def test_a_lost_node_replaced_by_the_same_command_joins_the_live_group(
+    long_reference: live.LiveRun, victim: int, tmp_path: Path
+) -> None:
+    """Every process of a node SIGKILLed, then the node's own command run again on it, as a scheduler
+    replaces a lost node (a pod recreated by its Job, a node restarted by hand). The new launcher finds
+    the job training on its other node (the run-dir lock, the group generation): its rank joins the
+    live group with the survivor's state at a check point instead of starting a first group that
+    nobody else would join, and both nodes finish. Every step's samples, crops and flips are the
+    uninterrupted run's; nothing was resumed from a checkpoint; `status` shows 2 ranks at the end."""
+    done = live_nodes.run(tmp_path, 2, [victim], replace=True, epochs=REPLACED_EPOCHS)
+    run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
+    assert codes == {0: 0, 1: 0}, out
+    assert "launch: this job trains already on its other nodes" in out, out
+    assert "live: joined the group at global step" in out and "digest checked" in out, out
+    assert "resumed from" not in out, "a node was restarted from a checkpoint"
+    events = regroups(run_dir)
+    assert [(e["during"], e["world"]) for e in events if e["rank"] == 0] == [("step", 1), ("rejoin", 2)], events
+    assert step_samples(run_dir) == step_samples(long_reference.run_dir)
+    rc, shown, err = run_cmd(launcher_argv("launch", "status", str(run_dir), "--json"), timeout=60)
+    assert rc == 0, err
+    st = json.loads(shown)
+    assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS * REPLACED_EPOCHS, 2), st

@@ -226,12 +226,16 @@ def live_argv(
     rejoin: int = 0,
     placement: NodePlacement | None = None,
     lighthouse: str = "",
+    join_attempt: int = 0,
 ) -> list[str]:
     """The live agent's command (torchlaunch.backends.local.live), pure: this node's ranks, which regroup
     in place when one is lost, and on one node the membership service beside them; across nodes, where
-    node 0 is (the first group's store) and the service apart (`lighthouse`)."""
+    node 0 is (the first group's store) and the service apart (`lighthouse`), and for a node that
+    replaces a lost one, the attempt its ranks join the training group with (replaces_a_lost_node)."""
     placement = placement or NodePlacement()
     across = ["--lighthouse", lighthouse] if lighthouse else []
+    if join_attempt:
+        across += ["--join-attempt", str(join_attempt)]
     if spec.nodes > 1 or placement.master_addr is not None:
         across += [
             "--nnodes",
@@ -268,6 +272,24 @@ def live_options(cfg: config_mod.RunConfig, placement: NodePlacement) -> dict[st
         "placement": placement,
         "lighthouse": cfg.recovery.lighthouse,
     }
+
+
+def replaces_a_lost_node(lock: runlock.RunLock | None, run_dir: str) -> int:
+    """0 when this node's launcher starts the live job's ranks with the others; else the attempt number
+    its ranks join a group that trains already with (a new launch of a lost node's command: a pod the
+    Job replaced, a node started again by hand). The launcher that founds the job's run (no launcher of
+    the job alive: runlock) records the run dir's group generation; one that joins later replaces a
+    lost node once a group formed since (core/recovery/fence.py). The attempt is past every generation,
+    so its ranks' ids differ from the lost node's. Only a launch across nodes shares the lock by job."""
+    if lock is None or lock.slot is None:
+        return 0
+    from torchlaunch.core.recovery.fence import Fence  # live mode across nodes only: no import otherwise
+
+    fence = Fence(run_dir)
+    if lock.founded:
+        fence.found()
+        return 0
+    return fence.current() + 1 if fence.formed_since_founded() else 0
 
 
 def rendezvous_id(spec: JobSpec, placement: NodePlacement) -> str:
@@ -585,11 +607,19 @@ def launch(argv: Sequence[str]) -> int:
         )
         print(shlex.join(shown))
         return OK
-    if live:
-        argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, **live_options(cfg, planned.placement))
-    else:
-        argv_out = render(spec, planned.placement, module, args.doctor)
+    argv_out = [] if live else render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv, live)) as lock:
+        if live:
+            joins = replaces_a_lost_node(lock, cfg.run_dir)
+            if joins:
+                print(
+                    "launch: this job trains already on its other nodes: this node's ranks join its live group "
+                    "with a peer's state",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            options = live_options(cfg, planned.placement)
+            argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, **options, join_attempt=joins)
         if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
             settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
         else:

@@ -62,6 +62,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--master-addr", default=LOOPBACK, help="node 0's address: the first group's store")
     shape.add(parser, "master_port", help="node 0's port for the first group's store (default: a free one)")
     parser.add_argument("--lighthouse", default="", help="the membership service apart (http://HOST:PORT)")
+    parser.add_argument(
+        "--join-attempt",
+        type=int,
+        default=0,
+        help="this node replaces a lost one of a job that trains: its ranks join with this attempt number",
+    )
     args = parser.parse_args(argv[:cut])
     try:
         shape.check(args)
@@ -237,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch = Watch(args.heartbeat_timeout_ms / 1000)
     fenced: dict[int, str] = {}
     restarts = [0] * args.nproc
+    joiner = Joiners(args.join_attempt, restarts)
     replaced: list[str] = []  # "rank R (SIGNAL...)" of each process lost and started again
     stopping = False
     failed_at: float | None = None
@@ -253,8 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_fd, write_fd = os.pipe()
         watch.add(rank, read_fd)
         env = rank_env(dict(os.environ), rank, seat, lighthouse, args.run_id, write_fd, host)
-        if restarts[rank]:
-            env[contract.LIVE_JOIN] = str(restarts[rank])
+        if joiner(rank):
+            env[contract.LIVE_JOIN] = str(joiner.attempt(rank))
         return start_rank(program, env, write_fd)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -269,8 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fence_silent(ranks, watch, fenced)
             if not stopping:
                 rejoin(ranks, restarts, args.rejoin, fenced, replaced, start)
-            end_orphan_joiners(ranks, restarts, watch.joined)
-            abandon_failed_joiners(ranks, restarts, watch.joined, abandoned)
+            end_orphan_joiners(ranks, joiner, watch.joined)
+            abandon_failed_joiners(ranks, joiner, watch.joined, abandoned)
             failed_at = stop_after_a_failure(ranks, failed_at, abandoned)
             time.sleep(POLL_S)
     finally:
@@ -293,6 +300,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = "the others finished" if code == OK else f"exit {code}"
         print(f"live: lost {names}; {outcome}", file=sys.stderr, flush=True)
     return code
+
+
+class Joiners:
+    """Which of this node's ranks join a group that trains (rather than form the first one), and with
+    which attempt number (its replica id: membership.replica_id_of): a rank started again by this agent
+    (recovery.rejoin), and every rank of a node that replaces a lost one (`base`, from the launcher).
+    Attempts grow from `base`, so a replacement's ids differ from those its lost node used."""
+
+    def __init__(self, base: int, restarts: list[int]) -> None:
+        self.base, self.restarts = base, restarts
+
+    def __call__(self, rank: int) -> bool:
+        return bool(self.base or self.restarts[rank])
+
+    def attempt(self, rank: int) -> int:
+        return self.base + self.restarts[rank]
 
 
 def rejoin(
@@ -358,14 +381,14 @@ def stop_after_a_failure(
 
 
 def abandon_failed_joiners(
-    ranks: list[subprocess.Popen], restarts: list[int], joined: set[int], abandoned: set[int]
+    ranks: list[subprocess.Popen], joiner: Callable[[int], bool], joined: set[int], abandoned: set[int]
 ) -> None:
     """A rank started again that exits non-zero before it joined (no group formed for it in
     recovery.quorum_timeout_s, no state to take) never trained in the live group: the others train on
     and the job's outcome stays theirs, where a failure would stop them all (stop_after_a_failure)."""
     for rank, proc in enumerate(ranks):
         code = proc.poll()
-        if rank in abandoned or not restarts[rank] or rank in joined or code is None or code <= 0:
+        if rank in abandoned or not joiner(rank) or rank in joined or code is None or code <= 0:
             continue
         abandoned.add(rank)
         print(
@@ -375,13 +398,17 @@ def abandon_failed_joiners(
         )
 
 
-def end_orphan_joiners(ranks: list[subprocess.Popen], restarts: list[int], joined: set[int]) -> None:
-    """A rank started again that has not joined yet, once every other rank has ended, has nobody to join:
-    it is stopped (its peers' outcome is the job's), rather than waiting out recovery.quorum_timeout_s."""
-    waiting = [r for r, p in enumerate(ranks) if restarts[r] and r not in joined and p.poll() is None]
+def end_orphan_joiners(ranks: list[subprocess.Popen], joiner: Callable[[int], bool], joined: set[int]) -> None:
+    """A rank started again that has not joined yet, once every other rank of this node has ended, has
+    nobody to join: it is stopped (its peers' outcome is the job's), rather than waiting out
+    recovery.quorum_timeout_s. Where every rank of this node is such a joiner (a node of one rank, a
+    replacement node), the ranks it would join train on other nodes: nothing here says they ended, and
+    the joiner's own quorum timeout bounds its wait."""
+    waiting = [r for r, p in enumerate(ranks) if joiner(r) and r not in joined and p.poll() is None]
     if not waiting:
         return
-    if any(p.poll() is None for r, p in enumerate(ranks) if r not in waiting):
+    others = [p for r, p in enumerate(ranks) if r not in waiting]
+    if not others or any(p.poll() is None for p in others):
         return
     for rank in waiting:
         print(f"live: rank {rank} was started again, but the others finished first", file=sys.stderr, flush=True)

@@ -6,6 +6,12 @@ service restarts (whose quorum ids start again at 1) and job restarts. A rank ch
 generation against the file before every checkpoint commit, and again under the lock around the
 commit's renames (holding): a rank left out of the live group (or an old group that has not noticed it
 was replaced) finds a newer generation there and may not commit, however the two interleave.
+
+The same file tells a node's launcher whether it starts the job or replaces a lost node of a job that
+trains: the launcher that founds a job's run (no other launcher of the job alive, runlock) records the
+generation it found (RUN_DIR/live/founded); a launcher that comes later finds the generation grown past
+it once the job's first group formed, and starts its ranks as joiners, which take a live peer's state
+(a first group needs every node, so no node of the first launch can find it grown).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from pathlib import Path
 
 from torchlaunch import rundir
 from torchlaunch.exit_codes import BadInput
+
+FOUNDED = "founded"
 
 
 class Fenced(BadInput):
@@ -41,16 +49,9 @@ class Fence:
         except FileNotFoundError:
             return 0
         try:
-            fd = os.open("generation", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ELOOP):  # none yet, or a planted link: vouches for no group
-                return 0
-            raise
+            return self._read("generation", folder)
         finally:
             os.close(folder)
-        with os.fdopen(fd, "rb") as fh:
-            text = fh.read(32).decode("ascii", "replace").strip()
-        return int(text) if text.isdigit() else 0
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[int]:
@@ -70,6 +71,37 @@ class Fence:
                 os.close(lock)
         finally:
             os.close(folder)
+
+    def found(self) -> None:
+        """The launcher that starts the job: the generation now is the job's start line."""
+        with self._locked() as folder:
+            rundir.write_text(FOUNDED, f"{self._read('generation', folder)}\n", real_folder=True, dir_fd=folder)
+
+    def formed_since_founded(self) -> bool:
+        """Whether a group of the job that was founded last has formed: a launcher that joins it now
+        replaces a lost node. False when no launcher founded one (a run dir from before live mode)."""
+        try:
+            folder = rundir.open_folder(self.folder)
+        except FileNotFoundError:
+            return False
+        try:
+            founded = self._read(FOUNDED, folder, missing=-1)
+            return founded >= 0 and self._read("generation", folder) > founded
+        finally:
+            os.close(folder)
+
+    def _read(self, name: str, folder: int, missing: int = 0) -> int:
+        """A number file of the folder (opened without following links: a planted link reads as
+        missing), or `missing`."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ELOOP):
+                return missing
+            raise
+        with os.fdopen(fd, "rb") as fh:
+            text = fh.read(32).decode("ascii", "replace").strip()
+        return int(text) if text.isdigit() else missing
 
     def advance(self) -> int:
         """Take the next generation for a group that just formed; returns it."""

@@ -67,7 +67,7 @@ FORM_MIN_S = 2.0
 JOIN_PREFIX = "join-"
 JOIN_RETRY_S = 5.0
 """How often a waiting joiner writes its request again (and asks the service again)."""
-JOIN_NAME = re.compile(r"join-rejoin\d{3}-rank\d{6}")
+JOIN_NAME = re.compile(r"join-rejoin\d{3,9}-rank\d{6}")
 """RUN_DIR/live/join-<replica id>: a rank started again waits to be admitted (what the others look for)."""
 
 
@@ -101,6 +101,9 @@ class LiveGroup:
         self.quorum: Quorum | None = None
         self.joining = False
         """A rank started again that has not taken a peer's state yet (recovery.rejoin)."""
+        self.started_as = 0
+        """The rank its launcher started this process as: it names the rank's files (logs, trace,
+        events), whatever place a later group seats it at."""
         self._sockets: frozenset[str] = frozenset()
         """The current group's connections (sockets.py): shut down when it breaks."""
 
