@@ -43,6 +43,7 @@ def config_text(
     epochs: int = 1,
     val_size: int = 64,
     rejoin: int = 0,
+    every_steps: int = 0,
 ) -> str:
     """A small recipe: `epochs` epochs of `steps` steps of 16 samples (8 per rank), validated on
     `val_size` images after each, checkpoints only at the end."""
@@ -66,7 +67,7 @@ train:
   channels_last: false
   log_every_steps: 8
 checkpoint:
-  every_steps: 0
+  every_steps: {every_steps}
 debug:
   trace_batches: true
 recovery:
@@ -202,6 +203,8 @@ def run(
     fault: str | None = None,
     rejoin: int = 0,
     kill_joiner: bool = False,
+    every_steps: int = 0,
+    save_stall_s: float = 0.0,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
     freezes it) once its trace reaches `kill_at`, and
@@ -209,16 +212,23 @@ def run(
     the launcher at that traced step of rank 0 instead (a whole-job preemption). `fault`: the worker's
     TORCHLAUNCH_FAULT_SIGNAL (e.g. a rank that freezes itself at a point no outside poll can hit).
     `kill_joiner` (with `rejoin`): SIGKILL the victim's replacement too, once it has asked to join
-    (RUN_DIR/live/join-*): a rejoin that fails half way."""
+    (RUN_DIR/live/join-*): a rejoin that fails half way. `every_steps`: periodic checkpoints;
+    `save_stall_s`: each commit from step 16 on holds that long (TORCHLAUNCH_FAULT_SAVE_STALL_S), so a
+    loss can land while one is in flight."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
-    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin))
+    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin, every_steps))
     argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if fault is not None:
         from torchlaunch import contract
 
         env[contract.FAULT_SIGNAL] = fault
+    if save_stall_s:
+        from torchlaunch import contract
+
+        env[contract.FAULT_SAVE_STALL_S] = str(save_stall_s)
+        env[contract.FAULT_SAVE_STALL_FROM_STEP] = "16"
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_at, survivor_pid, restarted = None, None, False
     deadline = time.monotonic() + timeout_s

@@ -194,6 +194,24 @@ def test_a_lost_rank_started_again_rejoins_with_a_live_peers_state(tmp_path: Pat
     assert (st["state"], st["world_size"]) == ("finished", 2), st
 
 
+def test_a_checkpoint_refused_by_a_regroup_is_saved_again_on_the_ranks_left(
+    reference: live.LiveRun, tmp_path: Path
+) -> None:
+    """checkpoint.every_steps=16 with each commit held 3 s (the fault hook's stall: a big model's
+    write); rank 1 SIGKILLed from outside at step 18, while rank 0 still commits step 16 in the
+    background. The group re-forms before that commit reaches the fence, which refuses it (the
+    generation moved on). Rank 0 trains on: it drops that refusal, finds step 16 missing among the
+    committed checkpoints, and saves the step it is at; later saves and the final one go through.
+    Before, the refusal surfaced at the next save and the survivor died with exit 1."""
+    result = live.run(tmp_path / "run", victim=1, kill_at=18, every_steps=16, save_stall_s=3.0)
+    out = result.stderr
+    assert result.code == 0, out[-3000:]
+    assert "live: the checkpoint of step 16 was not committed before the group re-formed; saving step" in out, out
+    assert "may not commit" not in out, out
+    assert (result.run_dir / "checkpoints" / "step-000000064").is_dir()
+    assert step_samples(result.run_dir) == step_samples(reference.run_dir)
+
+
 def test_the_membership_service_restarts_and_rank_0_is_still_recovered(tmp_path: Path) -> None:
     """The service is soft state beside the ranks: SIGKILLed, its agent starts it again on the same
     address, the ranks' heartbeats fill it, and a later loss of rank 0 is recovered as before."""

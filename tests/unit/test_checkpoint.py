@@ -216,3 +216,24 @@ def failing(root, step, state, meta, **kwargs):
 store.write_checkpoint = failing  # the module the Checkpointer commits through
 sys.exit(worker.main(sys.argv[1:]))
 """
+
+
+def test_settling_the_writer_forgets_only_the_refusal_it_is_told_to() -> None:
+    """A live regroup settles rank 0's background commit: a fence refusal (the group re-formed while
+    it committed) is forgotten, the caller saves again; any other failure stays for the next save."""
+
+    class Refused(Exception):
+        pass
+
+    writer = ckpt.AsyncWriter()
+
+    def refuse() -> ckpt.CommitInfo:
+        raise Refused("superseded")
+
+    writer.submit(refuse)
+    assert writer.settle(drop=Refused) is True
+    assert writer.wait() is None
+    writer.submit(lambda: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    assert writer.settle(drop=Refused) is False
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()

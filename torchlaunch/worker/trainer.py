@@ -37,11 +37,13 @@ from torchlaunch.core.dist import (
     DistContext,
     all_reduce_sum_,
     broadcast_buffers,
+    broadcast_object,
     gather_objects,
     ordered_allreduce_hook,
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.recovery.failure import is_peer_lost
+from torchlaunch.core.recovery.fence import Fenced
 from torchlaunch.core.recovery.group import (
     FlatGradients,
     LiveGroup,
@@ -279,6 +281,8 @@ class Trainer:
         self.writer = ckpt.AsyncWriter()
         self.snapshots = ckpt.SnapshotBuffers()  # reused between async saves (no fresh pages per save)
         self.last_saved: tuple[int, int, bool] | None = None
+        self.save_point: int | None = None
+        """The step of the last save asked for: after a regroup, rank 0 checks it was committed."""
         self.save_seconds: float | None = None
         self.agreement: StepAgreement | None = None
         self.regroups: list[Regroup] = []
@@ -449,6 +453,7 @@ class Trainer:
             return
         replace = self.last_saved is not None and self.last_saved[0] == p.global_step
         self.last_saved = position
+        self.save_point = p.global_step
         if self.live is not None:  # a rank outside the live group never commits (core/recovery/fence.py)
             self.live.check_fence()
         meta = {
@@ -617,6 +622,7 @@ class Trainer:
                     raise
                 why = loss_line(e)
             self._recover(log, why, window)  # outside the handler: see loss_line
+            self._save_again_if_lost(log)
             first_step = False
 
     def _surviving(self, log: RunLog, during: str, attempt: Callable[[], T]) -> T:
@@ -644,6 +650,8 @@ class Trainer:
         self.agreement.forget()
         self.live_reducer = None  # built again on the new group (_regrouped)
         self.ctx = self.live.regroup(old, self.progress.global_step)
+        if self.ctx.is_main:  # a commit in flight was refused if it reached the fence after the regroup
+            self.writer.settle(drop=Fenced)
         if self.live.needs_state():  # a rank started again, or a survivor a step behind another
             healed = self.live.is_behind()
             self._share_state()
@@ -651,11 +659,33 @@ class Trainer:
                 why += f"; this rank was a step behind: took rank {self.live.source()}'s state, checked"
         self._regrouped(log, old, window, during, lost_at, why)
 
+    def _save_again_if_lost(self, log: RunLog) -> None:
+        """After a loss mid-epoch: the last save point's checkpoint may never have been committed (rank
+        0 lost while writing it, or its background commit refused by the fence: the group re-formed
+        before it reached it). The new rank 0 looks for it among the committed ones and, where it is
+        missing, every member saves the step it is at now (agreed by a broadcast), so a whole-job stop
+        later resumes from here rather than from the save point before."""
+        point = self.save_point
+        newest = -1
+        if self.ctx.is_main and point is not None:
+            committed = ckpt.newest_committed(self.ckpt_root)
+            newest = ckpt.parse_step(committed.name) or 0 if committed is not None else 0
+        missing = broadcast_object(self.ctx, point is not None and 0 <= newest < point)
+        if not missing:
+            return
+        log.line(
+            f"live: the checkpoint of step {point} was not committed before the group re-formed; "
+            f"saving step {self.progress.global_step} now"
+        )
+        self._surviving(log, "checkpoint", lambda: self.save(synchronous=False))
+
     def _admit(self, log: RunLog, window: LossWindow) -> None:
         """A rank started again joins at this check point: a new group with it, this run's state sent
         to it from the first rank at the newest step (checked on every member), the plan's new shares."""
         assert self.live is not None
         asked_at, old = time.time(), self.ctx
+        if self.ctx.is_main:  # a commit in flight ends under this group's generation, not refused by the next
+            self.writer.settle()
         self.ctx = self.live.regroup(old, self.progress.global_step, broken=False)
         if self.ctx.is_main:
             self.live.clear_join_requests()

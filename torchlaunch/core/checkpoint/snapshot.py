@@ -157,6 +157,17 @@ class AsyncWriter:
         self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
+    def settle(self, drop: type[BaseException] | None = None) -> bool:
+        """Wait for the save in flight without raising: a failure of type `drop` is forgotten (True:
+        that commit was refused, the caller saves again); any other stays for the next wait()."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if drop is not None and isinstance(self._error, drop):
+            self._error = None
+            return True
+        return False
+
     def wait(self) -> CommitInfo | None:
         if self._thread is not None:
             self._thread.join()
