@@ -17,9 +17,10 @@ from torchlaunch import config as config_mod
 from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.backends.local import live as live_agent
 from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
-from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, Regroup, is_peer_lost, replan, seat
+from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, is_peer_lost, seat
 from torchlaunch.core.recovery.membership import behind, replica_id_of, sorted_members, source
 from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch
+from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch.spec import JobSpec

@@ -643,3 +643,37 @@ def test_the_folder_circle_check_finds_a_circle_through_a_function_level_import(
     }
     found = folder_circles(edges, folders={"torchlaunch", "torchlaunch.low", "torchlaunch.high"})
     assert found == [["torchlaunch.high", "torchlaunch.low"]]
+
+
+def loads_torch(module: str) -> bool:
+    """Whether the module's own body imports torch when it is loaded (not inside a function)."""
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts)
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
+
+
+def test_the_live_agent_starts_without_importing_torch() -> None:
+    """The live agent (one per node) starts before its ranks, and a replacement node's whole start-up
+    is on the clock (issue #37: restart -> takes part <= 5 s): importing torch there cost ~2 s. Every
+    module it loads, and each of their packages, is torch-free at load time."""
+    edges = load_time_imports()
+    seen: set[str] = set()
+    todo = ["torchlaunch.backends.local.live"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
+        todo += [*edges.get(name, ()), *parents]
+    assert "torchlaunch.core.recovery.pulse" in seen
+    assert not [m for m in sorted(seen) if loads_torch(m)], "the live agent loads torch through these"

@@ -9,7 +9,8 @@ imports torchft, and this package imports it only when live mode is on.
 The pieces, one job each:
 - membership: who is in the group (Member, Quorum, the Membership protocol, seat()), pure
 - failure: which exceptions mean "a peer is gone" (a transport error), as opposed to a timeout, pure
-- replan: the batch plan on the ranks left, and the record of each regroup, pure
+- replan: the batch plan on the ranks left, and the record of each regroup (torch: imported by its users,
+  not here, so the live agent, which imports this package for its pulse watch, starts without torch)
 - fence: the run dir's group generation; only the live group's ranks may commit a checkpoint
 - group: this rank's store, the process group re-formed in place, gradient averaging without DDP
 - lighthouse: the torchft-backed Membership, and the membership service's own process
@@ -21,6 +22,5 @@ from __future__ import annotations
 from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.recovery.fence import Fence, Fenced
 from torchlaunch.core.recovery.membership import Member, Membership, Quorum, seat
-from torchlaunch.core.recovery.replan import Regroup, replan
 
-__all__ = ["Fence", "Fenced", "Member", "Membership", "Quorum", "Regroup", "is_peer_lost", "replan", "seat"]
+__all__ = ["Fence", "Fenced", "Member", "Membership", "Quorum", "is_peer_lost", "seat"]
