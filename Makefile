@@ -52,11 +52,12 @@ test-fast: install
 
 test-extended: install
 	$(PY) -m pytest -q -m "extended and not netns" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "extended and netns" tests/engines/faults $(PYTEST_ARGS)
 
 # The multi-node fault-injection suite (root, network namespaces): its own CI stage.
 faults: install
 	rm -rf runs/faults
-	FAULTS_RESULTS_DIR=runs/faults $(PY) -m pytest -q -m netns tests/engines/faults $(PYTEST_ARGS)
+	FAULTS_RESULTS_DIR=runs/faults $(PY) -m pytest -q -m "netns and not extended" tests/engines/faults $(PYTEST_ARGS)
 	$(PY) -m faults.report --from runs/faults
 
 LINT_PATHS := torchlaunch launch train tests bench faults examples
