@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import live
@@ -43,6 +43,7 @@ FAULTS: dict[str, Callable[[Cluster, Node], object]] = {
     "kill": Cluster.kill_node,
     "freeze": Cluster.freeze_node,
     "cut": lambda cluster, node: cluster.set_link(node, up=False),
+    "none": lambda cluster, node: None,
 }
 """How a victim node is lost: every process SIGKILLed, every process SIGSTOPped, or its link down."""
 
@@ -53,6 +54,8 @@ class NodesRun:
 
     run: live.LiveRun
     codes: dict[int, int | None]
+    second: dict[int, int] = field(default_factory=dict)
+    """With fault "none" and `replace`: the code of each second launch of a node that kept running."""
 
     @property
     def survivors_ok(self) -> bool:
@@ -130,15 +133,17 @@ def run(
             for victim in victims:
                 logs.append(work / f"node{victim}-replacement.log")
                 replacements[victim] = launch(nodes[victim], logs[-1])
-        left = [p for k, p in enumerate(popens) if k not in victims] + list(replacements.values())
+        gone = [] if fault == "none" else victims  # "none" + replace: a second launch beside a live node
+        left = [p for k, p in enumerate(popens) if k not in gone] + list(replacements.values())
         try:
             progress.wait_until(lambda: all(p.poll() is not None for p in left), DEADLINE_S, "the nodes left to finish")
         except TimeoutError as hung:  # what each node was doing is the whole diagnosis
             raise TimeoutError(f"{hung}; codes {[p.poll() for p in popens]}\n{text()}\n{events(run_dir)}") from None
-        codes = {k: (None if k in victims else p.returncode) for k, p in enumerate(popens)}
-        codes.update({k: p.returncode for k, p in replacements.items()})
+        codes = {k: (None if k in gone else p.returncode) for k, p in enumerate(popens)}
+        second = {k: p.returncode for k, p in replacements.items()} if not gone else {}
+        codes.update({k: p.returncode for k, p in replacements.items() if gone})
         worst = max((c for c in codes.values() if c is not None), default=1)
-        return NodesRun(live.LiveRun(run_dir, worst, text(), killed_at), codes)
+        return NodesRun(live.LiveRun(run_dir, worst, text(), killed_at), codes, second)
 
 
 def replaced(work: Path) -> tuple[float, float]:

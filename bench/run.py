@@ -484,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         "live-vs-torchft",
         "live-nodes",
         "live-nodes-frozen",
+        "live-node-replaced",
         "startup",
         "startup_against",
         "loop_against",
@@ -499,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         "adopted_xxh3",
         "adopted_cpu_ddp",
     ]
+    order += sorted(k for k in doc["results"] if k not in order)  # a new figure is listed, never dropped
     doc["results"] = {k: doc["results"][k] for k in order if k in doc["results"]}
     if preempt:
         doc["preemption"] = {**preempt, "cpu": cpu_model()}

@@ -599,3 +599,21 @@ def test_a_joiner_seated_at_another_place_writes_its_own_files(tmp_path: Path) -
     assert [line.count('"step"') for line in (trace / "rank1.jsonl").read_text().splitlines()] == [1, 1]
     assert '"indices": [5]' in (trace / "rank0.jsonl").read_text()
     assert (tmp_path / "live" / "events-rank0.jsonl").is_file()
+
+
+def test_a_joiner_with_the_launch_rank_of_a_training_member_is_a_second_launch() -> None:
+    from torchlaunch.core.recovery.membership import JOINING_STEP, started_as, twin
+
+    assert started_as("rank000007") == 7 and started_as("rejoin012-rank000007") == 7 and started_as("x") is None
+    members = (
+        Member("rank000000", "a:1", 40),
+        Member("rank000001", "b:1", 40),
+        Member("rejoin003-rank000001", "c:1", JOINING_STEP),
+        Member("rejoin003-rank000002", "d:1", JOINING_STEP),
+    )
+    quorum = Quorum(5, "t", members)
+    assert twin(quorum, "rejoin003-rank000001") == "rank000001"
+    assert twin(quorum, "rejoin003-rank000002") is None, "a replacement of a lost rank"
+    lost_joiner = Quorum(6, "t", (members[0], members[2], Member("rejoin004-rank000001", "e:1", JOINING_STEP)))
+    assert twin(lost_joiner, "rejoin004-rank000001") is None, "a joiner is no twin: it trains nothing yet"
+    assert live_agent.job_code([2, 2]) == BAD_INPUT

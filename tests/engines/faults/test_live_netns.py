@@ -154,3 +154,17 @@ def test_a_lost_node_replaced_by_the_same_command_joins_the_live_group(
     assert rc == 0, err
     st = json.loads(shown)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS * REPLACED_EPOCHS, 2), st
+
+
+@pytest.mark.extended
+def test_a_second_launch_of_a_node_that_still_trains_is_refused(long_reference: live.LiveRun, tmp_path: Path) -> None:
+    """Node 1's command run a second time while node 1 trains (a user's slip, a scheduler's duplicate):
+    the new launcher finds the job training and its rank asks to join, but the quorum holds a member
+    that trains as the same rank, so it leaves with exit 2 and one line instead of joining as a third
+    member that would write into rank 1's files. The job trains on, exact, on its two nodes."""
+    done = live_nodes.run(tmp_path, 2, [1], fault="none", replace=True, epochs=REPLACED_EPOCHS)
+    out = done.run.stderr
+    assert done.codes == {0: 0, 1: 0}, out
+    assert done.second == {1: 2}, out
+    assert "live error: rank 1 trains already in the live group (as rank000001)" in out, out
+    assert step_samples(done.run.run_dir) == step_samples(long_reference.run_dir)

@@ -290,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             service.stop()
     codes = [proc.returncode for proc in ranks]
     lost = [rank for rank, code in enumerate(codes) if code < 0]
-    code = job_code([c for r, c in enumerate(codes) if r not in abandoned])
+    kept = [c for r, c in enumerate(codes) if r not in abandoned]
+    code = job_code(kept or codes)  # every rank given up on (a refused second launch): theirs is the outcome
     if lost or replaced or abandoned:
         names = ", ".join(
             replaced

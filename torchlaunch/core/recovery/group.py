@@ -52,7 +52,16 @@ from torchlaunch import rundir
 from torchlaunch.core.dist import DistContext, broadcast_object
 from torchlaunch.core.recovery import sockets
 from torchlaunch.core.recovery.fence import Fence
-from torchlaunch.core.recovery.membership import JOINING_STEP, Membership, Quorum, behind, seat, source
+from torchlaunch.core.recovery.membership import (
+    JOINING_STEP,
+    Membership,
+    Quorum,
+    behind,
+    seat,
+    source,
+    started_as,
+    twin,
+)
 from torchlaunch.core.recovery.peers import Echo, PeerWatch
 from torchlaunch.core.recovery.pulse import Pulse
 from torchlaunch.core.shm_reduce import SharedMemoryReducer
@@ -227,6 +236,12 @@ class LiveGroup:
             quorum = self.membership.quorum(step, self.store_address, left)
             if source(quorum) is None:
                 raise BadInput("live error: no rank of the live group is left to take the state from")
+            found = twin(quorum, self.membership.replica_id) if step == JOINING_STEP else None
+            if found is not None:
+                raise BadInput(
+                    f"live error: rank {started_as(found)} trains already in the live group (as {found}): this "
+                    "launch is a second one of its node, not a replacement; it leaves without joining"
+                )
             try:
                 return self._enter(ctx, quorum)
             except (BadInput, KeyboardInterrupt):

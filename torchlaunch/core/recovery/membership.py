@@ -57,6 +57,22 @@ def replica_id_of(rank: int, attempt: int = 0) -> str:
     return f"rank{rank:06d}" if attempt == 0 else f"rejoin{attempt:03d}-rank{rank:06d}"
 
 
+def started_as(replica_id: str) -> int | None:
+    """The launch rank a replica id names (replica_id_of's inverse: its trailing number), or None."""
+    digits = replica_id.rsplit("rank", 1)[-1]
+    return int(digits) if digits.isdigit() else None
+
+
+def twin(quorum: Quorum, replica_id: str) -> str | None:
+    """A member that trains (not joining) under the same launch rank as joining `replica_id`: the rank
+    runs already, so `replica_id` is a second launch of its node, not a replacement (None: none)."""
+    mine = started_as(replica_id)
+    for m in quorum.members:
+        if m.replica_id != replica_id and m.step != JOINING_STEP and started_as(m.replica_id) == mine:
+            return m.replica_id
+    return None
+
+
 def seat(quorum: Quorum, replica_id: str) -> tuple[int, int]:
     """(rank, world size) of `replica_id` in `quorum`; ValueError if it is not a member (fenced out)."""
     ids = [m.replica_id for m in quorum.members]
