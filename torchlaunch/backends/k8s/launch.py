@@ -10,6 +10,11 @@ wait, bounded, until pod 0's rendezvous port accepts TCP connections (a DNS reco
 torchrun listens yet). Preemption (exit 75) and node disruptions do not count as failures, bad input
 (exit 2) fails the Job at once; the replacement pods resume from the newest checkpoint.
 
+Live recovery (`recovery.live=true` in the recipe or an override): three more objects, the membership
+service's NetworkPolicy, ClusterIP Service and Deployment, and a Job that replaces a lost pod for its
+index while the others train on; every pod waits for the service instead of pod 0
+(torchlaunch.backends.k8s.live says why each).
+
 A user's program instead of the built-in worker: `python -m launch.k8s ... -- SCRIPT.py args` (or
 `-- -m pkg.mod args`) puts it after `--` in every pod's launch.local command (no recipe ConfigMap
 then). Its code comes from the image (a Dockerfile FROM the project image that COPYs it) or a volume;
@@ -21,6 +26,7 @@ The same module holds the pods' `--wait-for HOST:PORT` helper, so the image need
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shlex
 import socket
@@ -33,6 +39,8 @@ from typing import Any
 
 from torchlaunch import contract
 from torchlaunch.backends.k8s import elastic as k8s_elastic
+from torchlaunch.backends.k8s import hardening
+from torchlaunch.backends.k8s import live as k8s_live
 from torchlaunch.backends.k8s import validate as k8s_validate
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record
@@ -42,8 +50,7 @@ from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 Manifest = dict[str, Any]
 
 CONTAINER = "trainer"
-RUN_AS = 10001
-"""The image's non-root user and group (docker/Dockerfile)."""
+RUN_AS = hardening.RUN_AS
 DEFAULT_IMAGE = "registry.example.com/torchlaunch:0.1.0"
 DEFAULT_CONFIG = "configs/cifar10.yaml"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -94,6 +101,10 @@ class K8sOptions:
     reconfigure: bool = False
     """Each pod's launcher takes --reconfigure: the rendered config replaces the run dir's (the first pod
     to start rewrites it; every later start finds the same values, no change)."""
+    live: k8s_live.Live | None = None
+    """Live recovery (recovery.live=true in the recipe or an override): the membership service's
+    Deployment and Service, and a Job that replaces a lost pod while the others train on
+    (torchlaunch.backends.k8s.live); None: off."""
 
     @property
     def grace_period_s(self) -> int:
@@ -181,19 +192,30 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
             if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides)
             else [f"preemption.lead_time_s={opts.grace_period_s}"]
         )  # the worker warns if a save won't fit
-        launcher += [emit.shell_word(o, "override") for o in (*lead, f"run_dir={run_dir(spec, opts)}", *spec.overrides)]
-    return (
-        "\n".join(
-            [
-                "set -eu",
-                'if [ "$JOB_COMPLETION_INDEX" != 0 ]; then',
-                f'  python -m torchlaunch.backends.k8s.launch --wait-for "$MASTER_ADDR:$MASTER_PORT" --wait-timeout-s {opts.wait_timeout_s}',
-                "fi",
-                "exec " + " ".join(launcher),
-            ]
-        )
-        + "\n"
-    )
+        service = k8s_live.overrides(opts.name, opts.live) if opts.live is not None else []
+        launcher += [
+            emit.shell_word(o, "override") for o in (*lead, f"run_dir={run_dir(spec, opts)}", *service, *spec.overrides)
+        ]
+    return "\n".join(["set -eu", *wait_lines(opts), "exec " + " ".join(launcher)]) + "\n"
+
+
+def wait_command(endpoint: str, opts: K8sOptions) -> str:
+    """A bounded wait until `endpoint` (one shell word, HOST:PORT) accepts TCP connections."""
+    return f"python -m torchlaunch.backends.k8s.launch --wait-for {endpoint} --wait-timeout-s {opts.wait_timeout_s}"
+
+
+def wait_lines(opts: K8sOptions) -> list[str]:
+    """What a pod waits for before its launcher starts. Pods i > 0 wait for pod 0's rendezvous port (a
+    DNS record alone does not mean torchrun listens yet). In live mode every pod waits for the membership
+    service instead, none for pod 0: a pod the Job replaced joins through the service, and pod 0 may be
+    the one lost (torchlaunch.backends.k8s.live)."""
+    if opts.live is not None:
+        return [wait_command(emit.shell_word(k8s_live.endpoint(opts.name, opts.live), "recovery.lighthouse"), opts)]
+    return [
+        'if [ "$JOB_COMPLETION_INDEX" != 0 ]; then',
+        "  " + wait_command('"$MASTER_ADDR:$MASTER_PORT"', opts),
+        "fi",
+    ]
 
 
 def service(spec: JobSpec, opts: K8sOptions) -> Manifest:
@@ -251,7 +273,7 @@ def resources(spec: JobSpec, opts: K8sOptions) -> Manifest:
 def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
     return {
         "name": CONTAINER,
-        "image": spec.image or DEFAULT_IMAGE,
+        "image": image(spec),
         "imagePullPolicy": "Always",
         # tini (PID 1) -> sh -> exec launch.local: signals reach the launcher, zombies are reaped.
         "command": ["/usr/bin/tini", "--", "/bin/sh", "-c"],
@@ -273,16 +295,7 @@ def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
         ],
         "ports": [{"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"}],
         "resources": resources(spec, opts),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": hardening.container_security(),
         "volumeMounts": [
             *([] if spec.program else [{"name": "recipe", "mountPath": opts.config_dir, "readOnly": True}]),
             {"name": "shared", "mountPath": opts.shared_dir},
@@ -297,15 +310,8 @@ def pod_spec(spec: JobSpec, opts: K8sOptions) -> Manifest:
         "subdomain": opts.name,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": opts.grace_period_s,
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        **hardening.pod_isolation(),
+        "securityContext": hardening.pod_security(),
         "containers": [container(spec, opts)],
         "volumes": [
             *([] if spec.program else [{"name": "recipe", "configMap": {"name": f"{opts.name}-recipe"}}]),
@@ -323,10 +329,15 @@ def pod_spec(spec: JobSpec, opts: K8sOptions) -> Manifest:
 
 
 def network_policy(opts: K8sOptions) -> Manifest:
-    """Only the run's own pods may connect to its pods (rendezvous, gloo/NCCL on dynamic ports).
+    """Only the run's own pods may connect to its pods (rendezvous, gloo/NCCL on dynamic ports); in live
+    mode on TCP and UDP only, every port of each (k8s_live.worker_ports).
 
-    Egress stays open: datasets and object stores live outside the namespace.
+    Egress stays open: datasets and object stores live outside the namespace, and so may a user's own
+    membership service.
     """
+    rule: Manifest = {"from": [{"podSelector": {"matchLabels": labels(opts)}}]}
+    if opts.live is not None:
+        rule["ports"] = k8s_live.worker_ports()
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -334,23 +345,41 @@ def network_policy(opts: K8sOptions) -> Manifest:
         "spec": {
             "podSelector": {"matchLabels": labels(opts)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": labels(opts)}}]}],
+            "ingress": [rule],
         },
     }
 
 
+def membership_service(spec: JobSpec, opts: K8sOptions) -> list[Manifest]:
+    """Live mode's membership service: its NetworkPolicy, Service and Deployment, in apply order (none
+    when live mode is off or the user names a service of their own)."""
+    if opts.live is None or not k8s_live.renders_service(opts.live):
+        return []
+    name = k8s_live.service_name(opts.name)
+    return [
+        k8s_live.network_policy(metadata(opts, name), opts.name, labels(opts)),
+        k8s_live.service(metadata(opts, name), opts.name),
+        k8s_live.deployment(metadata(opts, name, skips=image_skips(spec)), opts.name, image(spec), opts.live),
+    ]
+
+
+def image(spec: JobSpec) -> str:
+    return spec.image or DEFAULT_IMAGE
+
+
+def image_skips(spec: JobSpec) -> dict[str, str]:
+    """The checkov waiver of an image given by tag (every object that runs the image carries it)."""
+    if "@sha256:" in image(spec):
+        return {}
+    return {"CKV_K8S_43": "`make image` tags images; pass --image REG/IMG@sha256:DIGEST to pin a digest"}
+
+
 def job(spec: JobSpec, opts: K8sOptions) -> Manifest:
     on_container_exit = {"containerName": CONTAINER, "operator": "In"}
-    image = spec.image or DEFAULT_IMAGE
-    skips = (
-        {}
-        if "@sha256:" in image
-        else {"CKV_K8S_43": "`make image` tags images; pass --image REG/IMG@sha256:DIGEST to pin a digest"}
-    )
     rendered = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(opts, opts.name, skips=skips),
+        "metadata": metadata(opts, opts.name, skips=image_skips(spec)),
         "spec": {
             "completionMode": "Indexed",
             "completions": spec.nodes,
@@ -372,6 +401,8 @@ def job(spec: JobSpec, opts: K8sOptions) -> Manifest:
             },
         },
     }
+    if opts.live is not None:
+        return k8s_live.job(rendered, opts.backoff_limit)
     return k8s_elastic.job_spec(spec, rendered)
 
 
@@ -386,13 +417,23 @@ def manifests(spec: JobSpec, opts: K8sOptions, recipe_text: str) -> list[Manifes
             shared_claim(opts),
             k8s_elastic.jobset(job(spec, opts), opts.name, opts.jobset_restarts),
         ]
-    return [service(spec, opts), network_policy(opts), *recipe, shared_claim(opts), job(spec, opts)]
+    return [
+        service(spec, opts),
+        network_policy(opts),
+        *membership_service(spec, opts),  # before the Job: its pods wait for the service
+        *recipe,
+        shared_claim(opts),
+        job(spec, opts),
+    ]
 
 
 def validate(spec: JobSpec, opts: K8sOptions) -> None:
     """Refuse (BadInput, one line) every value the API server would reject, before anything is printed."""
     # Pod hostnames are `<name>-<index>` and must stay DNS labels (<= 63 characters).
-    k8s_validate.object_name(opts.name, "--name", nodes=spec.nodes)
+    derived = [k8s_live.service_name(opts.name)] if opts.live is not None else []
+    k8s_validate.object_name(opts.name, "--name", nodes=spec.nodes, derived=derived)
+    if opts.live is not None:
+        k8s_live.check(spec, opts.jobset)
     k8s_elastic.check(spec, opts.name, opts.jobset, opts.jobset_restarts)
     if opts.namespace is not None:
         k8s_validate.dns1123_label(opts.namespace, "--namespace")
@@ -560,8 +601,9 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
             f"cannot read --config {args.config}: {e.strerror} (pass a recipe such as configs/cifar10.yaml)"
         ) from None
     cfg = config_mod.load(args.config, args.overrides)  # the pods would fail the same way: fail here
-    precheck.check(cfg, on_cpu=args.cpu_only, local=False, doctor=args.doctor)
+    precheck.check(cfg, on_cpu=args.cpu_only, local=False, doctor=args.doctor, runs_live=True)
     spec = JobSpec(config=args.config, overrides=tuple(args.overrides), **common)
+    opts = dataclasses.replace(opts, live=k8s_live.from_config(cfg.recovery, args.doctor))
     validate(spec, opts)
     return spec, opts, recipe_text
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Sequence
 
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import shape
@@ -90,11 +91,12 @@ def dns1123_subdomain(value: str, flag: str) -> str:
     return value
 
 
-def object_name(name: str, flag: str, *, nodes: int = 1) -> str:
+def object_name(name: str, flag: str, *, nodes: int = 1, derived: Sequence[str] = ()) -> str:
     """The run's name: it names the Job, the headless Service (a DNS-1035 label) and the pod hostnames
-    `<name>-<index>`, so `<name>-<nodes-1>` and the longest derived object name must stay labels."""
+    `<name>-<index>`, so `<name>-<nodes-1>` and the longest derived object name (`derived`: the
+    rendering's other names, e.g. live mode's `<name>-lighthouse` Service) must stay labels."""
     dns1035_label(name, flag)
-    longest = max(f"{name}-{nodes - 1}", f"{name}-shared", f"{name}-recipe", key=len)
+    longest = max(f"{name}-{nodes - 1}", f"{name}-shared", f"{name}-recipe", *derived, key=len)
     if len(longest) > LABEL_MAX:
         raise _refuse(
             flag,

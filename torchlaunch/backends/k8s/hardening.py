@@ -1,0 +1,45 @@
+"""The least-privilege settings every pod of a run shares: the training workers' and, in live mode, the
+membership service's (torchlaunch.backends.k8s.live). One owner, so that the two kinds of pods cannot
+drift apart: a setting tightened here is tightened for both, and the scanners (checkov) see the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Manifest = dict[str, Any]
+
+RUN_AS = 10001
+"""The image's non-root user and group (docker/Dockerfile)."""
+
+
+def container_security() -> Manifest:
+    """A container's securityContext: non-root, read-only root filesystem, no privilege escalation, every
+    capability dropped, the runtime's default seccomp profile (writable paths are emptyDirs and volumes)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_security() -> Manifest:
+    """A pod's securityContext: the image's user, and its group owning the mounted volumes (fsGroup)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_isolation() -> Manifest:
+    """No API credentials and no service-discovery environment: the pods talk to no API server, and a
+    Service's variables would only leak the namespace's other services into every process."""
+    return {"automountServiceAccountToken": False, "enableServiceLinks": False}

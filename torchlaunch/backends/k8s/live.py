@@ -1,0 +1,240 @@
+"""Kubernetes rendering of live recovery (recovery.live=true, docs/live.md): pure dicts, launch.py assembles.
+
+    python -m launch.k8s --nodes 2 --gpus-per-node 8 --config configs/cifar10.yaml recovery.live=true
+
+What live mode changes in the rendering, and why:
+
+- **The membership service is its own Deployment + ClusterIP Service `<name>-lighthouse`.** torchft's
+  Lighthouse must survive the loss of any training pod, so it runs in none of them (the same reason it
+  runs on a host of its own under launch.local). Its state is soft (the ranks' heartbeats refill it), so
+  a Deployment that starts it again anywhere, behind the same Service name, is all it needs. One
+  replica, `Recreate`: a rolling update would run an old and a new service behind the name at once, and
+  ranks asking different services could be handed different groups.
+- **The workers run launch.local in live mode.** Each pod's command gets
+  `recovery.lighthouse=http://<name>-lighthouse:29510` (unless the recipe or an override names a
+  service of the user's own: then no service is rendered). The name is relative: the pods resolve it
+  in their own namespace, whichever `kubectl apply -n` chose.
+- **A lost pod is replaced for its index while the others train on.** The Job's budget of failures is
+  per index (backoffLimitPerIndex), so pods killed on one node never spend the others' budget and never
+  fail the Job; an index that spent its budget is failed alone (its node keeps dying) and the others
+  go on without it. Exit 2 fails its index, not the Job (FailIndex): bad input is still never retried,
+  and since every pod reads the same recipe and volume, it fails every index and so the Job; but a pod
+  whose group was superseded also exits 2 (core/recovery/fence.py's Fenced), and must not take the
+  group that superseded it down. The Job is done when one index succeeds (successPolicy
+  succeededCount 1): a live agent ends 0 only when the training finished, and a replacement still
+  waiting for a node must not keep the Job open.
+- **Pod 0 is not special.** Every pod waits (bounded) for the membership service, none for pod 0: the
+  first group still meets at pod 0's port (torch's store client retries until it resolves and
+  listens), but a replacement pod joins through the service and a live peer's store, so a replacement
+  of pod 1 after pod 0 was lost, or of pod 0 itself, starts at once.
+- **The network.** Between the job's pods every TCP port (each rank hosts its own store on a free port)
+  and UDP (each rank answers a one-datagram echo on its store's port: core/recovery/peers.py); the
+  service accepts only the job's pods, on its one port, and opens no connection itself.
+
+Not rendered with live mode, one line and exit 2 each: `--nodes MIN:MAX` (the live group shrinks and grows
+in place; the range is torchrun's restart, and launch.local refuses it in live mode too) and `--jobset`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torchlaunch.backends.k8s import hardening
+from torchlaunch.base import rules
+from torchlaunch.core.recovery.lighthouse import DEFAULT_BIND
+from torchlaunch.exit_codes import BAD_INPUT
+from torchlaunch.launch import cli, shape
+from torchlaunch.launch.spec import JobSpec
+
+if TYPE_CHECKING:
+    from torchlaunch.config import RecoveryConfig
+
+Manifest = dict[str, Any]
+
+PORT = int(DEFAULT_BIND.rpartition(":")[2])
+"""The service's port: `python -m launch.lighthouse`'s default, so a user's own service matches it."""
+COMPONENT = "lighthouse"
+CONTAINER = "lighthouse"
+SERVICE_MODULE = "torchlaunch.core.recovery.lighthouse"
+"""What `python -m launch.lighthouse` runs; the image has the package, not the repository's launch/."""
+PER_INDEX_BACKOFF = 3
+"""Failures tolerated per index when --backoff-limit is not given: the fixed-size Job's 3 per node."""
+RESOURCES = {"cpu": "500m", "memory": "1Gi"}
+"""Measured: the service holds 606 MB resident (torchft's bindings import torch) and idles between
+quorums; requests = limits, so it is the last pod a node under memory pressure evicts."""
+
+
+@dataclass(frozen=True)
+class Live:
+    """What the rendering needs of a run's recovery section in live mode."""
+
+    heartbeat_timeout_ms: int = 1000
+    """recovery.heartbeat_timeout_s: the service forms a group without a rank silent this long."""
+    address: str = ""
+    """recovery.lighthouse as the user gave it (a service of their own); empty: the rendered one."""
+
+
+def from_config(recovery: RecoveryConfig, doctor: bool) -> Live | None:
+    """Live mode's settings, or None when it is off. --doctor runs the distributed pre-flight, which
+    launch.local runs under torchrun in every mode: no service to render for it."""
+    if not recovery.live or doctor:
+        return None
+    return Live(round(recovery.heartbeat_timeout_s * 1000), recovery.lighthouse)
+
+
+def check(spec: JobSpec, jobset: bool) -> None:
+    """The shapes live mode does not render, one line each, before anything is printed."""
+    if spec.min_nodes is not None:
+        nodes = shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
+        raise cli.error(
+            f"recovery.live=true takes a fixed --nodes (the live group shrinks and grows in place and the "
+            f"Job replaces a lost pod), not {nodes}; use --nodes {spec.nodes}, or set recovery.live=false"
+        )
+    if jobset:
+        raise cli.error(
+            "recovery.live=true is not rendered as a --jobset yet (the JobSet's restart of every pod is what "
+            "live mode avoids); leave out --jobset: the Indexed Job replaces a lost pod by itself"
+        )
+
+
+def service_name(name: str) -> str:
+    """The Deployment's, the Service's and its NetworkPolicy's name."""
+    return f"{name}-{COMPONENT}"
+
+
+def address(name: str, live: Live) -> str:
+    """recovery.lighthouse of every pod: the user's service, or the rendered one by its Service name."""
+    return live.address or f"http://{service_name(name)}:{PORT}"
+
+
+def endpoint(name: str, live: Live) -> str:
+    """HOST:PORT the pods wait for before they start (`launch.k8s --wait-for`)."""
+    found = rules.service_address(address(name, live))
+    if found is None:  # the recipe's check refused it already; a caller passing one by hand is told
+        raise cli.error(f"recovery.lighthouse must be http://HOST:PORT, got {address(name, live)!r}")
+    host, port = found
+    return f"{host}:{port}"
+
+
+def overrides(name: str, live: Live) -> list[str]:
+    """What the pods' command adds to the user's overrides: the rendered service's address."""
+    return [] if live.address else [f"recovery.lighthouse={address(name, live)}"]
+
+
+def renders_service(live: Live) -> bool:
+    return not live.address
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    """The service pod's labels. Its app name differs from the workers' (`torchlaunch`), so neither the
+    workers' headless Service nor their NetworkPolicy selects it; `app.kubernetes.io/instance=<name>`
+    still selects every pod of the run."""
+    return {
+        "app.kubernetes.io/name": f"torchlaunch-{COMPONENT}",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": COMPONENT,
+    }
+
+
+def container(image: str, live: Live) -> Manifest:
+    """The service's process under tini (PID 1: SIGTERM reaches it, it shuts down at once)."""
+    return {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "Always",
+        "command": ["/usr/bin/tini", "--", "python", "-m", SERVICE_MODULE],
+        "args": ["--bind", f"0.0.0.0:{PORT}", "--heartbeat-timeout-ms", str(live.heartbeat_timeout_ms)],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": COMPONENT, "containerPort": PORT, "protocol": "TCP"}],
+        # Ready once it listens: the Service sends no rank to it before, and the pods wait for that.
+        "readinessProbe": {"tcpSocket": {"port": COMPONENT}, "periodSeconds": 2},
+        # A service that stopped accepting is started again (its state is soft); 30 s covers its start.
+        "livenessProbe": {"tcpSocket": {"port": COMPONENT}, "periodSeconds": 10, "failureThreshold": 3},
+        "resources": {"requests": dict(RESOURCES), "limits": dict(RESOURCES)},
+        "securityContext": hardening.container_security(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def deployment(meta: Manifest, name: str, image: str, live: Live) -> Manifest:
+    """One restartable replica of the service, never two at once (see the module docstring)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": pod_labels(name)},
+            "template": {
+                "metadata": {"labels": pod_labels(name)},
+                "spec": {
+                    **hardening.pod_isolation(),
+                    "securityContext": hardening.pod_security(),
+                    "containers": [container(image, live)],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                },
+            },
+        },
+    }
+
+
+def service(meta: Manifest, name: str) -> Manifest:
+    """A stable name and virtual IP in front of whichever pod the Deployment runs now."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": pod_labels(name),
+            "ports": [{"name": COMPONENT, "port": PORT, "targetPort": COMPONENT, "protocol": "TCP"}],
+        },
+    }
+
+
+def network_policy(meta: Manifest, name: str, workers: dict[str, str]) -> Manifest:
+    """The service takes connections from the job's worker pods on its port only, and opens none."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            "podSelector": {"matchLabels": pod_labels(name)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": dict(workers)}}],
+                    "ports": [{"protocol": "TCP", "port": PORT}],
+                }
+            ],
+            "egress": [],
+        },
+    }
+
+
+def worker_ports() -> list[Manifest]:
+    """What the workers' NetworkPolicy admits from the job's other workers: every TCP port (rendezvous,
+    each rank's own store on a free port, gloo/NCCL) and every UDP port (the peer echo on each store's
+    port); no other protocol."""
+    return [{"protocol": "TCP"}, {"protocol": "UDP"}]
+
+
+def job(rendered: Manifest, backoff_limit: int | None) -> Manifest:
+    """The Indexed Job of live mode from the fixed-size one: failures counted per index, exit 2 fails
+    its index, done when one index succeeds (see the module docstring)."""
+    out = copy.deepcopy(rendered)
+    spec: Manifest = {}
+    for key, value in out["spec"].items():
+        if key == "backoffLimit":  # unset: Kubernetes then bounds nothing Job-wide (MaxInt32)
+            spec["backoffLimitPerIndex"] = PER_INDEX_BACKOFF if backoff_limit is None else backoff_limit
+        else:
+            spec[key] = value
+    for rule in spec["podFailurePolicy"]["rules"]:
+        if rule["action"] == "FailJob" and rule.get("onExitCodes", {}).get("values") == [BAD_INPUT]:
+            rule["action"] = "FailIndex"
+    spec["successPolicy"] = {"rules": [{"succeededCount": 1}]}
+    out["spec"] = spec
+    return out
