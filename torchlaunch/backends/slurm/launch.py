@@ -22,6 +22,8 @@ through submitit, following a job) is torchlaunch.backends.slurm.operate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -36,6 +38,7 @@ from typing import Any
 from torchlaunch import backends, compat, rankpath, rundir, runlock
 from torchlaunch import config as config_mod
 from torchlaunch import runner as program_mod
+from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm.operate import (
     NO_SLURM_CONF,
     Partition,
@@ -83,6 +86,9 @@ class SlurmOptions:
     """Which ranks' output reaches each task's output file, and whether each line names its rank."""
     command: tuple[str, ...] = ()
     """The submitting command line, kept in the job record."""
+    lighthouse: str = ""
+    """Live recovery (recovery.live): the membership service apart from the job's nodes; '' when the job
+    is not live (backends.slurm.live.lighthouse_of decides)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,18 +154,23 @@ def task_python(spec: JobSpec, options: SlurmOptions) -> str:
     return options.python or ("python3" if spec.image else sys.executable)
 
 
-BATCH_SHELL_STOP = (
-    "# Stop signals to this batch shell (scancel --full, #SBATCH --signal=B:...) reach the tasks through srun;",
-    "# the shell waits for them (their checkpoint and requeue) instead of dying and taking the job with it.",
-    "srun() { local step= early=; "
-    'trap \'early=USR2; [ -n "$step" ] && kill -USR2 "$step" 2>/dev/null\' TERM INT HUP; '
-    'trap \'early=USR1; [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1; '
-    'trap \'early=USR2; [ -n "$step" ] && kill -USR2 "$step" 2>/dev/null\' USR2; '
-    'command srun "$@" & step=$!; '
-    '[ -n "$early" ] && kill -"$early" "$step" 2>/dev/null; '
-    'while kill -0 "$step" 2>/dev/null; do wait "$step"; done; '
-    'trap - TERM INT HUP USR1 USR2; wait "$step"; }',
-)
+def batch_shell_stop(name: str = "srun") -> tuple[str, ...]:
+    """BATCH_SHELL_STOP's lines with the wrapper function called `name` (live mode wraps it once more)."""
+    return (
+        "# Stop signals to this batch shell (scancel --full, #SBATCH --signal=B:...) reach the tasks through srun;",
+        "# the shell waits for them (their checkpoint and requeue) instead of dying and taking the job with it.",
+        f"{name}() {{ local step= early=; "
+        'trap \'early=USR2; [ -n "$step" ] && kill -USR2 "$step" 2>/dev/null\' TERM INT HUP; '
+        'trap \'early=USR1; [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null\' USR1; '
+        'trap \'early=USR2; [ -n "$step" ] && kill -USR2 "$step" 2>/dev/null\' USR2; '
+        'command srun "$@" & step=$!; '
+        '[ -n "$early" ] && kill -"$early" "$step" 2>/dev/null; '
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; done; '
+        'trap - TERM INT HUP USR1 USR2; wait "$step"; }',
+    )
+
+
+BATCH_SHELL_STOP = batch_shell_stop()
 """The batch script's lines before submitit's `srun ...`: a shell function of that name runs the real srun
 in the background and waits for it, passing each stop signal the shell gets on to srun, which forwards
 SIGUSR1 and SIGUSR2 to every task. SIGTERM, SIGINT and SIGHUP go on as SIGUSR2, a stop to every rank:
@@ -173,7 +184,7 @@ ends the step (Slurm's design); `--full` with SIGUSR1/SIGUSR2, as Slurm's own --
 def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> dict[str, Any]:
     """submitit.SlurmExecutor.update_parameters(**this): one task per GPU / CPU worker."""
     setup = [
-        *BATCH_SHELL_STOP,
+        *(batch_shell_stop(slurm_live.STEP_FUNCTION) if options.lighthouse else BATCH_SHELL_STOP),
         # torchlaunch only (rankpath): the project's tests/, bench/ ... never shadow the user's packages.
         f"export PYTHONPATH={emit.shell_word(str(Path(options.repo_root, rankpath.FOLDER.name)), 'the repository root')}"
         "${PYTHONPATH:+:$PYTHONPATH}",
@@ -234,7 +245,21 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
             "--container-workdir",
             options.repo_root,
         ]
-    return elastic_parameters(spec, params)
+    return elastic_parameters(spec, live_parameters(spec, options, run_dir, params))
+
+
+def live_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str, params: dict[str, Any]) -> dict[str, Any]:
+    """submitit's executor parameters of a live job (unchanged otherwise): sbatch and srun --no-kill and
+    srun --kill-on-bad-exit=0, so a lost node's task ends neither the job nor the others' tasks, and the
+    batch script's srun judged by the survivors' records (backends.slurm.live, measured there)."""
+    if not options.lighthouse:
+        return params
+    out = dict(params)
+    out["additional_parameters"] = {**out["additional_parameters"], "no_kill": True}
+    out["srun_args"] = [*slurm_live.SRUN_ARGS, *out.get("srun_args", [])]
+    tasks = spec.nodes * spec.gpus_per_node
+    out["setup"] = [*out["setup"], *slurm_live.batch_lines(task_python(spec, options), run_dir, tasks)]
+    return out
 
 
 def submitit_command(python: str, folder: str) -> str:
@@ -340,6 +365,7 @@ def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
         command=list(options.command),
         hang_timeout=options.hang_timeout,
         console_env=options.console.env(),
+        lighthouse=options.lighthouse,
     )
     return submit_task(submitit_folder(run_dir), task_python(spec, options), options.max_timeouts, parameters, task)
 
@@ -481,7 +507,8 @@ def launch(argv: list[str]) -> int:
     cfg: config_mod.RunConfig | None = None
     if not spec.program:
         cfg = config_mod.load(spec.config, spec.overrides)
-        precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor)
+        precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor, runs_live=True)
+        options = with_live(options, cfg, spec)
         if not options.doctor:
             settle_config(cfg, args.reconfigure, write=False)  # refused before anything is written or printed
     if args.dry_run:
@@ -511,6 +538,30 @@ def launch(argv: list[str]) -> int:
     if not args.wait:
         return OK
     return follow(job)
+
+
+def with_live(options: SlurmOptions, cfg: config_mod.RunConfig, spec: JobSpec) -> SlurmOptions:
+    """The options with the live job's membership service (recovery.live), or as they were; bad input
+    in one line before anything is written (backends.slurm.live.lighthouse_of). The pre-flight is never
+    live. torchft is checked here, where the tasks' interpreter is this one, so a missing extra is one
+    line at submission rather than a failure in every task."""
+    if options.doctor:
+        return options
+    lighthouse = slurm_live.lighthouse_of(
+        cfg.recovery.live,
+        cfg.recovery.lighthouse,
+        cfg.recovery.rejoin,
+        nodes=spec.nodes,
+        ranks_per_node=spec.gpus_per_node,
+        elastic=spec.min_nodes is not None,
+        image=spec.image is not None,
+    )
+    if lighthouse and options.python is None and importlib.util.find_spec("torchft") is None:
+        raise BadInput(
+            "recovery.live=true needs torchft in the tasks' interpreter: pip install 'torchlaunch[live]' "
+            "(make install-live), or set recovery.live=false"
+        )
+    return dataclasses.replace(options, lighthouse=lighthouse)
 
 
 def elastic_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:

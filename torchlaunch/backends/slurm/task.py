@@ -24,6 +24,7 @@ from typing import Any
 
 from torchlaunch import compat, contract, rundir, runlock
 from torchlaunch import runner as program_mod
+from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm.operate import controller_state, job_state, result_path
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
@@ -48,13 +49,17 @@ class WorkerExit(RuntimeError):
 
 
 def write_result(code: int, why: str) -> None:
-    """In a task of a submitit job: record its final code and reason for `--wait` (exit_status). Outside
-    one (a unit test calling a task's method), or when the folder cannot be written, nothing."""
+    """In a task of a submitit job: record its final code and reason for `--wait` (exit_status), and the
+    allocation it ended in (`launch`: a live job's batch script counts only this allocation's records,
+    backends.slurm.live.verdict). Outside one (a unit test calling a task's method), or when the folder
+    cannot be written, nothing."""
     try:
         import submitit
 
         env = submitit.JobEnvironment()
-        rundir.write_json(result_path(env.paths.folder, str(env.job_id), env.global_rank), {"code": code, "why": why})
+        launch = f"{contract.get(contract.SLURM_JOB_ID, '0')}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
+        record_ = {"code": code, "why": why, "launch": launch}
+        rundir.write_json(result_path(env.paths.folder, str(env.job_id), env.global_rank), record_)
     except Exception:  # noqa: BLE001 - the result record is a courtesy to --wait: the job's end comes first
         pass
 
@@ -111,6 +116,8 @@ class SlurmTask:
     """Seconds without progress before the node's watchdog dumps the ranks and requeues (None: automatic, 0: off)."""
     console_env: dict[str, str] = field(default_factory=dict)
     """ranklog.Console's environment for the ranks (their console is the task's output file)."""
+    lighthouse: str = ""
+    """Live recovery (recovery.live): the membership service's address; '' when the job is not live."""
     max_hang_requeues: int = 1
     timeouts: int = 0
     preemptions: int = 0
@@ -133,6 +140,10 @@ class SlurmTask:
             f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions}) on {socket.gethostname()}",
             flush=True,
         )
+        if self.lighthouse:
+            nnodes = int(contract.get(contract.SLURM_NNODES, "1") or "1")
+            host = slurm_live.node_store_host(self.lighthouse, nnodes, dist_env.master_addr)
+            os.environ.update(slurm_live.task_env(self.lighthouse, host))
         op = self._operation(dist_env.local_rank, dist_env.local_world_size)
         if self.cwd:
             os.chdir(self.cwd)
@@ -143,6 +154,8 @@ class SlurmTask:
             signal.signal(sig, signal.SIG_IGN)
         if op is not None:
             code = op.finish(code)
+        if self.lighthouse:  # every task's code, for the batch script's verdict (a lost task leaves none)
+            write_result(code, program_mod.last_reason or "")
         if code == OK:
             if rank == 0 and self.run_dir:
                 runlock.release_for_job(self.run_dir, "slurm", contract.get(contract.SLURM_JOB_ID, "") or "")

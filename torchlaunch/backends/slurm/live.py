@@ -1,0 +1,163 @@
+"""Live recovery on Slurm (recovery.live=true with recovery.lighthouse): one owner for what it takes.
+
+    python -m launch.slurm --nodes 2 --gpus-per-node 8 --config configs/cifar10.yaml \\
+        recovery.live=true recovery.lighthouse=http://lighthouse-host:29510
+
+What Slurm must be told, the env each task adds, and the job's outcome. Measured on the dev cluster
+(Slurm 22.05, docs/SLURM.md "Live recovery"):
+
+- A task killed by a signal ends nothing else by itself (KillOnBadExit defaults to 0), but a cluster
+  may set KillOnBadExit=1: `srun --kill-on-bad-exit=0` keeps the other tasks whatever slurm.conf says.
+- When slurmctld takes the node for failed (DOWN), it ends the whole job (NODE_FAIL) unless both
+  `sbatch --no-kill` and `srun --no-kill` are given: with sbatch's alone the step is still killed, with
+  srun's alone the job is. With both, the node is removed from the job and the other tasks train on.
+- The batch script runs on the first node: losing that node ends the job (the batch step is killed,
+  FAILED, not requeued, even with --requeue), whatever the ranks could do. Training survives the loss
+  of any other node.
+- srun exits 137 once any task was SIGKILLed, and the batch script's code is the job's: Slurm would say
+  FAILED although the survivors finished. So the script passes srun's code through `verdict` below,
+  which reads what every task recorded (task.write_result) and decides as the live agent does
+  (local.live.job_code): tasks that left no record were lost; the others' codes are the job's.
+
+What is not here: the local agent's pulse fencing of a frozen rank (no agent in a Slurm task). The
+ranks judge a silent peer themselves (core/recovery/peers.py: an echo on each store's port while
+training stalls), which covers a frozen process and a frozen or cut-off node alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchlaunch import contract, rundir
+from torchlaunch.base import files
+from torchlaunch.exit_codes import BadInput
+
+SRUN_ARGS = ("--no-kill", "--kill-on-bad-exit=0")
+"""srun's side: a lost task or node ends neither the step nor the other tasks (see the module doc)."""
+STEP_FUNCTION = "srun_forwarding_stops"
+"""The batch script's stop-forwarding wrapper of srun (launch.batch_shell_stop), under this name in live
+mode: the script's `srun` is then the verdict wrapper around it."""
+LOST = -9
+"""A task that left no outcome record: lost (SIGKILLed with its node), as the live agent sees a signal."""
+
+
+def lighthouse_of(
+    live: bool, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, elastic: bool, image: bool
+) -> str:
+    """The membership service's address when this Slurm job runs live, '' when it does not (pure).
+
+    Bad input, one line: the service inside the job (no agent runs one here, and a service on a node of
+    the job would die with that node: the single point of failure live mode removes), a node range (see
+    docs/SLURM.md: the live group shrinks in place; Slurm adds no node to a running allocation),
+    recovery.rejoin (no agent on the node to start a lost task again), a container image (the batch
+    script's verdict runs on the host, outside the image). One rank in all has nobody to regroup with."""
+    if not live:
+        return ""
+    if not lighthouse:
+        raise BadInput(
+            "recovery.live=true on Slurm needs the membership service apart from the job's nodes: start "
+            "`python -m launch.lighthouse` on a host of its own and set recovery.lighthouse=http://HOST:29510"
+        )
+    if elastic:
+        raise BadInput(
+            "recovery.live=true on Slurm takes a fixed --nodes N (the live group shrinks in place and Slurm "
+            "adds no node to a running allocation); use --nodes N, or recovery.live=false for --nodes MIN-MAX"
+        )
+    if rejoin:
+        raise BadInput(
+            f"recovery.rejoin={rejoin} needs the local live agent (it starts a lost rank again); a Slurm task "
+            "is not started again: set recovery.rejoin=0"
+        )
+    if image:
+        raise BadInput("recovery.live=true with --image is not built yet: run without --image, or recovery.live=false")
+    return lighthouse if nodes * ranks_per_node > 1 else ""
+
+
+def batch_lines(python: str, run_dir: str, tasks: int) -> list[str]:
+    """The batch script's `srun` in live mode: the stop-forwarding wrapper, then `verdict` on a non-zero
+    code, whose exit code (the survivors' outcome) becomes the job's."""
+    from torchlaunch.launch import emit
+
+    verdict = " ".join(
+        [
+            emit.shell_word(python, "--python"),
+            "-m",
+            __name__,
+            "--run-dir",
+            emit.shell_word(run_dir, "the run dir"),
+            "--tasks",
+            str(tasks),
+            '--srun-code "$code"',
+        ]
+    )
+    return [
+        "# Live recovery: a lost node's task must not end the job; the job's code is the survivors' outcome.",
+        f'srun() {{ {STEP_FUNCTION} "$@"; local code=$?; [ "$code" -eq 0 ] && return 0; {verdict}; }}',
+    ]
+
+
+def task_env(lighthouse: str, store_host: str) -> dict[str, str]:
+    """What a live rank needs beyond torchrun's contract (submitit exported that): the service's
+    address and the address the other nodes reach this node's stores on."""
+    return {contract.LIGHTHOUSE: lighthouse, contract.LIVE_STORE_HOST: store_host}
+
+
+def node_store_host(lighthouse: str, nnodes: int, master_addr: str) -> str:
+    """This node's address toward the service, as the live agent finds it (local.live.store_host)."""
+    from torchlaunch.backends.local.live import NodeSeat, store_host
+
+    return store_host(NodeSeat(nproc=1, nnodes=nnodes, master_addr=master_addr), lighthouse)
+
+
+def job_code(srun_code: int, codes: Sequence[int | None]) -> int:
+    """The job's exit code from srun's and each task's recorded code (None: the task left no record of
+    this allocation, so it was lost) (pure). No record at all: srun's code stands (nothing ran to the
+    end, e.g. a start-up failure). Else the live agent's rule: every survivor 0 -> 0; a survivor's own
+    bad input, failure or preemption -> that code."""
+    from torchlaunch.backends.local.live import job_code as agent_code
+
+    if all(code is None for code in codes):
+        return srun_code
+    return agent_code([LOST if code is None else code for code in codes])
+
+
+def recorded_codes(folder: Path, job_id: str, launch_id: str, tasks: int) -> list[int | None]:
+    """Each task's code in this allocation (task.write_result's record); None where it left none. A
+    record of an earlier allocation of the job (before a requeue) does not count."""
+    from torchlaunch.backends.slurm.operate import result_path
+
+    codes: list[int | None] = []
+    for task in range(tasks):
+        data, _ = files.read_json(result_path(folder, job_id, task))
+        same = data is not None and data.get("launch") == launch_id
+        codes.append(files.as_int(data.get("code"), 0, 255) if same and data is not None else None)
+    return codes
+
+
+def verdict(argv: Sequence[str] | None = None) -> int:
+    """`python -m torchlaunch.backends.slurm.live --run-dir R --tasks N --srun-code C` in the batch
+    script after srun: the job's code, with one line saying which tasks were lost."""
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--tasks", type=int, required=True)
+    parser.add_argument("--srun-code", type=int, required=True)
+    args = parser.parse_args(argv)
+    job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
+    launch_id = f"{job_id}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
+    codes = recorded_codes(rundir.slurm(args.run_dir) / job_id, job_id, launch_id, args.tasks)
+    code = job_code(args.srun_code, codes)
+    lost = [str(task) for task, c in enumerate(codes) if c is None]
+    if lost and len(lost) < len(codes):
+        outcome = "the others finished" if code == 0 else f"exit {code}"
+        print(
+            f"live: srun exited {args.srun_code}; task(s) {', '.join(lost)} lost (no outcome recorded); {outcome}",
+            flush=True,
+        )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(verdict(sys.argv[1:]))
