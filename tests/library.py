@@ -78,10 +78,24 @@ def _checkpoint_preempted(run_dir: Path) -> subprocess.CompletedProcess:
     return first
 
 
+def _live_long(run_dir: Path) -> subprocess.CompletedProcess:
+    """The uninterrupted live run of bench/live.py's recipe over 48 epochs of 64 steps (batch traces):
+    the reference of the rejoin tests of tests/integration/test_live_recovery.py, long enough that a
+    rank started again joins well before the end."""
+    from bench import live
+
+    done = live.run(run_dir, victim=None, steps=64, epochs=LIVE_LONG_EPOCHS)
+    assert done.code == 0, done.stderr[-3000:]
+    return subprocess.CompletedProcess(["launch.local", str(run_dir)], done.code, done.stderr, "")
+
+
+LIVE_LONG_EPOCHS = 48
+
 RECIPES: dict[str, Callable[[Path], subprocess.CompletedProcess]] = {
     "resume": _resume,
     "elastic": _elastic,
     "checkpoint-preempted": _checkpoint_preempted,
+    "live-long": _live_long,
 }
 """name -> builder(run_dir): starts the launch into run_dir (an empty folder), asserts its exit code."""
 
