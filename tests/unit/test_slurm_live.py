@@ -1,0 +1,120 @@
+"""launch.slurm with recovery.live=true, without a cluster: the sbatch it renders (golden), each decision
+of backends.slurm.live (who runs live, the task's env, the job's code from the tasks' records), and the
+batch script's `srun` wrapper (tests/integration/test_slurm_live_batch.py runs it in bash). The real
+cluster: tests/engines/test_live_slurm.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.unit.test_user_programs import check_golden
+from torchlaunch import contract, rundir
+from torchlaunch.backends.slurm import launch as slurm_launch
+from torchlaunch.backends.slurm import live as slurm_live
+from torchlaunch.backends.slurm.launch import SlurmOptions, executor_parameters, sbatch_script
+from torchlaunch.backends.slurm.operate import result_path
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.launch.spec import JobSpec
+
+SERVICE = "http://10.0.0.9:29510"
+LIVE = SlurmOptions(python="/opt/venv/bin/python", repo_root="/opt/repo", lighthouse=SERVICE)
+
+
+def spec(**changes: object) -> JobSpec:
+    base = JobSpec(config="configs/cifar10.yaml", nodes=2, gpus_per_node=8, run_dir="/shared/runs/live", time_min=240)
+    return dataclasses.replace(base, **changes)
+
+
+def test_live_sbatch_matches_golden() -> None:
+    check_golden("slurm_live.sbatch", sbatch_script(spec(), LIVE))
+
+
+def test_live_parameters_keep_the_job_and_step_alive_and_judge_srun() -> None:
+    params = executor_parameters(spec(), LIVE, "/shared/runs/live")
+    assert params["additional_parameters"]["no_kill"] is True
+    assert params["srun_args"][:2] == ["--no-kill", "--kill-on-bad-exit=0"]
+    assert any(line.startswith("srun() { srun_forwarding_stops") for line in params["setup"])
+    plain = executor_parameters(spec(), dataclasses.replace(LIVE, lighthouse=""), "/shared/runs/live")
+    assert "no_kill" not in plain["additional_parameters"] and "srun_args" not in plain
+
+
+def decide(**changes: object) -> str:
+    args: dict = (
+        dict(live=True, lighthouse=SERVICE, rejoin=0, nodes=2, ranks_per_node=1, elastic=False, image=False) | changes
+    )
+    return slurm_live.lighthouse_of(args.pop("live"), args.pop("lighthouse"), args.pop("rejoin"), **args)
+
+
+def test_who_runs_live() -> None:
+    assert decide() == SERVICE
+    assert decide(live=False) == ""
+    assert decide(nodes=1, ranks_per_node=1) == ""  # one rank: nobody to regroup with
+    assert decide(nodes=1, ranks_per_node=2) == SERVICE
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"lighthouse": ""}, "needs the membership service apart"),
+        ({"elastic": True}, "takes a fixed --nodes N"),
+        ({"rejoin": 2}, "recovery.rejoin=2 needs the local live agent"),
+        ({"image": True}, "with --image is not built yet"),
+    ],
+)
+def test_what_live_mode_refuses_in_one_line(changes: dict, words: str) -> None:
+    with pytest.raises(BadInput, match=words) as caught:
+        decide(**changes)
+    assert "\n" not in str(caught.value)
+
+
+def test_task_env_names_the_service_and_the_store_host() -> None:
+    assert slurm_live.task_env(SERVICE, "10.0.0.3") == {
+        contract.LIGHTHOUSE: SERVICE,
+        contract.LIVE_STORE_HOST: "10.0.0.3",
+    }
+    assert slurm_live.node_store_host(SERVICE, 1, "n1") == "127.0.0.1"  # one node: loopback
+
+
+@pytest.mark.parametrize(
+    ("srun", "codes", "expected"),
+    [
+        (137, [OK, None], OK),  # node 2 lost, the survivor finished: the job finished
+        (137, [None, OK], OK),
+        (137, [FAILURE, None], FAILURE),
+        (137, [PREEMPTED, None], PREEMPTED),
+        (2, [BAD_INPUT, BAD_INPUT], BAD_INPUT),
+        (137, [None, None], 137),  # nothing recorded: srun's word stands
+        (1, [OK, FAILURE], FAILURE),
+    ],
+)
+def test_the_jobs_code_is_the_survivors(srun: int, codes: list, expected: int) -> None:
+    assert slurm_live.job_code(srun, codes) == expected
+
+
+def write_record(run_dir: Path, job: str, task: int, code: int, launch: str) -> None:
+    folder = rundir.slurm(run_dir) / job
+    folder.mkdir(parents=True, exist_ok=True)
+    rundir.write_json(result_path(folder, job, task), {"code": code, "why": "", "launch": launch})
+
+
+def test_a_record_of_an_earlier_allocation_does_not_count(tmp_path: Path) -> None:
+    write_record(tmp_path, "7", 0, OK, "7-1")
+    write_record(tmp_path, "7", 1, PREEMPTED, "7-0")  # before the requeue
+    assert slurm_live.recorded_codes(rundir.slurm(tmp_path) / "7", "7", "7-1", 2) == [OK, None]
+
+
+def test_launch_slurm_refuses_live_without_a_service_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    run_dir = tmp_path / "run"
+    argv = ["--nodes", "2", "--gpus-per-node", "1", "--dry-run", "--config", "configs/smoke.yaml"]
+    assert slurm_launch.main([*argv, f"run_dir={run_dir}", "recovery.live=true"]) == BAD_INPUT
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert "needs the membership service apart" in err
+    assert not run_dir.exists()
