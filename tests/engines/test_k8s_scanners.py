@@ -36,7 +36,11 @@ RENDERINGS = {
     ],
     "cpu": ["--nodes", "2", "--gpus-per-node", "1", "--cpu-only", "--config", "configs/smoke.yaml"],
     "elastic": ["--nodes", "1:4", "--max-restarts", "3"],
+    "live": ["--nodes", "2", "--gpus-per-node", "8", "recovery.live=true"],
 }
+OBJECTS = {"live": 8}
+"""Objects per rendering, 5 unless named: Service, NetworkPolicy, ConfigMap, PVC, Job; live mode adds the
+membership service's NetworkPolicy, Service and Deployment."""
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +69,7 @@ def run_scanner(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]
 def test_kubernetes_validate_strict(manifest_files, rendering):
     result = run_scanner([scanner("kubernetes-validate"), "--strict", str(manifest_files[rendering])])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed") == 5  # Service, NetworkPolicy, ConfigMap, PVC, Job
+    assert result.stdout.count("passed") == OBJECTS.get(rendering, 5)
 
 
 def checkov(*paths: Path) -> subprocess.CompletedProcess[str]:
