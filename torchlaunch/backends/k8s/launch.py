@@ -645,7 +645,8 @@ def render(argv: list[str]) -> int:
         if wait_for(args.wait_for, args.wait_timeout_s):
             return OK
         print(
-            f"k8s: {args.wait_for} did not accept connections within {args.wait_timeout_s}s (is pod 0 running?)",
+            f"k8s: {args.wait_for} did not accept connections within {args.wait_timeout_s}s (is pod 0, or in live "
+            "mode the membership service, running? kubectl get pods)",
             file=sys.stderr,
         )
         return FAILURE
