@@ -35,12 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torchlaunch import contract
-from torchlaunch.base import procs, rules
+from torchlaunch.backends import live_shared
+from torchlaunch.backends.live_shared import LOOPBACK, job_code
+from torchlaunch.base import procs
 from torchlaunch.core.recovery.pulse import Watch
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.launch import elastic, shape
 
-LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
 SERVICE_START_S = 30.0
 """How long the membership service may take to listen (its process imports torchft's bindings)."""
@@ -93,19 +94,8 @@ class NodeSeat:
 
 
 def store_host(seat: NodeSeat, lighthouse: str) -> str:
-    """The address this node's ranks give their stores (the one the other nodes reach it on): loopback
-    on one node, else this host's source address toward the service (or node 0), as the kernel routes
-    it. A UDP connect sends nothing; it only picks the route."""
-    if seat.nnodes == 1:
-        return LOOPBACK
-    found = rules.service_address(lighthouse)
-    toward = found[0] if found is not None else seat.master_addr
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in toward else socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((toward, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return socket.gethostname()
+    """The address this node's ranks give their stores (backends/live_shared.py)."""
+    return live_shared.store_host(seat.nnodes, seat.master_addr, lighthouse)
 
 
 def free_port() -> int:
@@ -148,17 +138,6 @@ def rank_env(
         contract.LIGHTHOUSE: lighthouse,
         contract.LIVE_PULSE_FD: str(pulse_fd),
     }
-
-
-def job_code(codes: Sequence[int]) -> int:
-    """The job's code from its ranks' return codes (negative: ended by that signal) (pure)."""
-    exited = [c for c in codes if c >= 0]
-    if not exited:
-        return FAILURE  # every rank was lost: nothing finished
-    for code in (BAD_INPUT, FAILURE, PREEMPTED):
-        if code in exited:
-            return code
-    return OK if all(c == OK for c in exited) else FAILURE
 
 
 class Service:

@@ -17,7 +17,7 @@ What Slurm must be told, the env each task adds, and the job's outcome. Measured
 - srun exits 137 once any task was SIGKILLed, and the batch script's code is the job's: Slurm would say
   FAILED although the survivors finished. So the script passes srun's code through `verdict` below,
   which reads what every task recorded (task.write_result) and decides as the live agent does
-  (local.live.job_code): tasks that left no record were lost; the others' codes are the job's.
+  (backends/live_shared.job_code, as the local live agent): tasks that left no record were lost; the others' codes are the job's.
 
 What is not here: the local agent's pulse fencing of a frozen rank (no agent in a Slurm task). The
 ranks judge a silent peer themselves (core/recovery/peers.py: an echo on each store's port while
@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchlaunch import contract, rundir
+from torchlaunch.backends import live_shared
 from torchlaunch.base import files
 from torchlaunch.exit_codes import BadInput
 
@@ -106,10 +107,8 @@ def task_env(lighthouse: str, store_host: str) -> dict[str, str]:
 
 
 def node_store_host(lighthouse: str, nnodes: int, master_addr: str) -> str:
-    """This node's address toward the service, as the live agent finds it (local.live.store_host)."""
-    from torchlaunch.backends.local.live import NodeSeat, store_host
-
-    return store_host(NodeSeat(nproc=1, nnodes=nnodes, master_addr=master_addr), lighthouse)
+    """This node's address toward the service, as the live agent finds it (live_shared.store_host)."""
+    return live_shared.store_host(nnodes, master_addr, lighthouse)
 
 
 def job_code(srun_code: int, codes: Sequence[int | None]) -> int:
@@ -117,11 +116,9 @@ def job_code(srun_code: int, codes: Sequence[int | None]) -> int:
     this allocation, so it was lost) (pure). No record at all: srun's code stands (nothing ran to the
     end, e.g. a start-up failure). Else the live agent's rule: every survivor 0 -> 0; a survivor's own
     bad input, failure or preemption -> that code."""
-    from torchlaunch.backends.local.live import job_code as agent_code
-
     if all(code is None for code in codes):
         return srun_code
-    return agent_code([LOST if code is None else code for code in codes])
+    return live_shared.job_code([LOST if code is None else code for code in codes])
 
 
 def recorded_codes(folder: Path, job_id: str, launch_id: str, tasks: int) -> list[int | None]:
