@@ -179,3 +179,15 @@ def test_the_master_port_is_shared_by_the_tasks_below_the_ephemeral_range_and_mo
     assert all(low <= p <= high for p in ports) and len(ports) > 1800  # spread like random draws (~1851 expected)
     assert master_port("4242-0") == master_port("4242-0")  # the same on every task of the allocation
     assert sum(master_port(f"{job}-0") != master_port(f"{job}-1") for job in range(1, 201)) >= 199
+
+
+def test_the_tasks_pythonpath_and_the_container_mount_are_the_checkouts() -> None:
+    """The batch script's PYTHONPATH folder holds the torchlaunch link (rankpath), and the pyxis mount
+    and workdir are the checkout, not the package folder inside it (tasks had imported torchlaunch only
+    through the editable install)."""
+    from torchlaunch import rankpath
+    from torchlaunch.backends.slurm.launch import SlurmOptions
+
+    root = Path(SlurmOptions().repo_root)
+    assert (root / rankpath.FOLDER.name / "torchlaunch").is_dir()
+    assert (root / "torchlaunch" / "__init__.py").is_file()

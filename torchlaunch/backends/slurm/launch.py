@@ -57,7 +57,8 @@ from torchlaunch.launch import cli, emit, precheck, shape
 from torchlaunch.launch.shape import NodeRange
 from torchlaunch.launch.spec import JobSpec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = rankpath.REPO_ROOT
+"""The checkout the tasks import torchlaunch from (its rankpath/ folder) and pyxis mounts."""
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER
 PREFLIGHT = program_mod.PREFLIGHT
 
@@ -507,7 +508,7 @@ def launch(argv: list[str]) -> int:
     cfg: config_mod.RunConfig | None = None
     if not spec.program:
         cfg = config_mod.load(spec.config, spec.overrides)
-        precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor, runs_live=True)
+        precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor)
         options = with_live(options, cfg, spec)
         if not options.doctor:
             settle_config(cfg, args.reconfigure, write=False)  # refused before anything is written or printed
