@@ -20,7 +20,6 @@ from torchlaunch import config as config_mod
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput
-from torchlaunch.launch import precheck
 from torchlaunch.launch.spec import JobSpec
 
 LIVE = [
@@ -276,10 +275,3 @@ def test_the_job_transform_keeps_everything_else() -> None:
     assert plain["spec"]["backoffLimit"] == 9 and plain["spec"]["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
     assert live["metadata"] == plain["metadata"]
     assert k8s_live.job(plain, 0)["spec"]["backoffLimitPerIndex"] == 0  # --backoff-limit 0: never replaced
-
-
-def test_precheck_lets_a_launcher_that_runs_live_mode_through() -> None:
-    on = config_mod.load(None, ["recovery.live=true"])
-    precheck.check(on, on_cpu=True, local=False, doctor=True, runs_live=True)
-    with pytest.raises(BadInput, match="recovery.live"):
-        precheck.check(on, on_cpu=True, local=False, doctor=True)

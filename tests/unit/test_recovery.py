@@ -353,18 +353,6 @@ def test_the_gradients_live_in_one_flat_buffer_that_backward_fills_in_place() ->
     assert not FlatGradients.fits([nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, dtype=torch.float64))])
 
 
-def test_live_mode_under_a_remote_launcher_is_one_line_before_anything_is_submitted() -> None:
-    """launch.slurm and launch.k8s run no membership service: refused by the launchers' one pre-spawn
-    policy (exit 2), not by every rank after the job was queued."""
-    from torchlaunch.launch import precheck
-
-    on = config_mod.load(None, ["recovery.live=true"])
-    with pytest.raises(BadInput, match=r"config error: recovery.live: runs under launch.local on one node"):
-        precheck.check(on, on_cpu=True, local=False, doctor=True)
-    precheck.check(on, on_cpu=True, local=True, doctor=True)  # launch.local: its own rules (live_mode)
-    precheck.check(config_mod.load(None, []), on_cpu=True, local=False, doctor=True)
-
-
 def test_a_rank_started_again_sorts_last_and_takes_the_newest_members_state() -> None:
     """Joining never moves the ranks that train (rank 0 and its logs stay); the state comes from the
     first member at the newest step; a joiner's step (none yet) does not count against agreement."""

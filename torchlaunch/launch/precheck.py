@@ -4,7 +4,7 @@ Why: a worker reports a missing dataset or fp16 on CPU only after torchrun has s
 process and each has imported torch (~29 s for 4 offline workers on CIFAR-10). Here the same one
 line comes in well under a second: config (already loaded by the caller), data, precision, GPUs.
 
-    every launcher, every mode:  fp16 on CPU workers; recovery.live off launch.local/k8s (check)
+    every launcher, every mode:  fp16 on CPU workers (check; live mode's rules are each launcher's own)
     training (run, --dry-run):   data present or downloadable, image folder non-empty
     local (launch.local):        GPUs visible; remote (launch.slurm, launch.k8s): only what this
                                  host can see (see datacheck)
@@ -17,7 +17,6 @@ from pathlib import Path
 
 from torchlaunch.config import RunConfig, refuse_fp16_on_cpu
 from torchlaunch.data.checks import check_data
-from torchlaunch.exit_codes import ConfigError
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))
@@ -50,7 +49,7 @@ def visible_gpus_without_torch(
     return None
 
 
-def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False, runs_live: bool = False) -> None:
+def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False) -> None:
     """The one pre-spawn policy of every launcher, the same in a run, --dry-run and --doctor:
     BadInput (one line, exit 2) for what every worker would fail on.
 
@@ -59,16 +58,7 @@ def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False, ru
     --dry-run); --doctor runs the pre-flight, which reads no data, so a dataset still to be fetched
     must not stop it. local=False (Slurm, Kubernetes): the job runs elsewhere, so the data is judged
     only where this host can see it and no download is probed (compute nodes may reach the internet
-    when we cannot). runs_live: the launcher renders live mode's membership service and runs the pods'
-    ranks under launch.local's live agent (launch.k8s); the others refuse recovery.live here."""
+    when we cannot)."""
     refuse_fp16_on_cpu(cfg.train.precision, on_cpu)
-    if cfg.recovery.live and not (local or runs_live):
-        raise ConfigError(
-            "recovery.live",
-            "runs under launch.local on one node or several, and under launch.k8s, for now (the membership "
-            "service and the agent that fences a silent rank run there)",
-            "use `python -m launch.local --gpus N` or `python -m launch.k8s`, or set recovery.live=false "
-            "for this launcher",
-        )
     if not doctor:
         check_data(cfg.data, local=local)

@@ -601,7 +601,7 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
             f"cannot read --config {args.config}: {e.strerror} (pass a recipe such as configs/cifar10.yaml)"
         ) from None
     cfg = config_mod.load(args.config, args.overrides)  # the pods would fail the same way: fail here
-    precheck.check(cfg, on_cpu=args.cpu_only, local=False, doctor=args.doctor, runs_live=True)
+    precheck.check(cfg, on_cpu=args.cpu_only, local=False, doctor=args.doctor)
     spec = JobSpec(config=args.config, overrides=tuple(args.overrides), **common)
     opts = dataclasses.replace(opts, live=k8s_live.from_config(cfg.recovery, args.doctor))
     validate(spec, opts)
