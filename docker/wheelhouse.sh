@@ -9,7 +9,7 @@ DEST=${1:-.cache/wheelhouse}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$DEST"
 reqs=$(mktemp); trap 'rm -f "$reqs"' EXIT
-"$PYTHON" docker/project_deps.py pyproject.toml >"$reqs"
+"$PYTHON" docker/project_deps.py pyproject.toml live >"$reqs"  # the image's extras: the Dockerfile's
 echo "setuptools" >>"$reqs"   # build backend for `pip install .` inside the image (no index there)
 # Skip pip (which re-resolves over the network, ~20 s) when the inputs have not changed.
 stamp="$DEST/.inputs.sha256"
