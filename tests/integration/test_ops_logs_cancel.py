@@ -184,6 +184,8 @@ def test_cancel_a_kubernetes_job_prints_the_command(tmp_path: Path) -> None:
     out = io.StringIO()
     assert cli.main(["cancel", str(tmp_path)], out=out) == 0
     assert "run this to stop it: kubectl delete job cifar-run --wait=false --namespace ml" in out.getvalue()
+    lighthouse = "kubectl delete deployment,service,networkpolicy cifar-run-lighthouse --ignore-not-found"
+    assert f"{lighthouse} --wait=false --namespace ml" in out.getvalue()  # live mode's service, if any
     assert record.cancel_requested(tmp_path, "K1")
 
 

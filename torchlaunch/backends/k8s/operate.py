@@ -68,11 +68,16 @@ class Kubernetes:
             from torchlaunch.backends.launchers import signal_launchers
 
             return signal_launchers(nodes)
-        argv = ["kubectl", "delete", "job", node0.job_id, "--wait=false"]
+        where: list[str] = []
         namespace = node0.extra.get("namespace")
         if namespace and K8S_NAME.match(namespace):
-            argv += ["--namespace", namespace]
-        return [Step("print", tuple(argv))]
+            where = ["--namespace", namespace]
+        job = ["kubectl", "delete", "job", node0.job_id, "--wait=false", *where]
+        # Live mode's membership service (a Deployment, its Service and policy, all NAME-lighthouse)
+        # outlives the Job by design; nothing of it exists for other jobs, hence --ignore-not-found.
+        service = ["kubectl", "delete", "deployment,service,networkpolicy", f"{node0.job_id}-lighthouse"]
+        service += ["--ignore-not-found", "--wait=false", *where]
+        return [Step("print", tuple(job)), Step("print", tuple(service))]
 
     def logs(self, run_dir: Path, job_id: str | None) -> list[Path]:
         return []  # the pods' logs are the cluster's (kubectl logs); RUN_DIR/logs has every rank's
