@@ -12,7 +12,6 @@ scheduler and kubelet are the part that is not real.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import pytest
 
 from bench import live
 from tests.conftest import REPO as ROOT
+from tests.conftest import launcher_argv
 from tests.engines.test_docker_job import DockerJob, docker, image, shared_folder  # noqa: F401
 from tests.integration.test_live_recovery import step_samples
 from torchlaunch import config as config_mod
@@ -161,7 +161,7 @@ def reference_run(work: Path) -> Path:
     crops and flips, does not depend on where the ranks run or how many there are."""
     run_dir = work / "ref"
     overrides = [o for o in OVERRIDES if not o.startswith("recovery.")]
-    argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml"]
+    argv = launcher_argv("launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml")
     done = subprocess.run(
         [*argv, *overrides, f"run_dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
