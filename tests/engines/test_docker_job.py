@@ -283,6 +283,18 @@ class DockerJob:
                 return rule["action"]
         return "Count"
 
+    def ended(self, running: set[int]) -> list[tuple[int, int]]:
+        """The pods of `running` that have exited since the last look, with their codes: taken out of
+        `running` and recorded in the history."""
+        found = []
+        for index in sorted(running):
+            status, code = self.state(index)
+            if status == "exited":
+                self.history.append((index, code))
+                running.discard(index)
+                found.append((index, code))
+        return found
+
     def run_until_complete(self, running: set[int], timeout_s: float = JOB_TIMEOUT_S) -> None:
         """Replace ended pods by the policy until every index has succeeded once (or the Job fails)."""
         nodes = self.job["spec"]["completions"]
@@ -290,12 +302,7 @@ class DockerJob:
         deadline = time.monotonic() + timeout_s
         while len(done) < nodes:
             assert time.monotonic() < deadline, f"job did not complete in {timeout_s}s: {self.history}"
-            for index in sorted(running):
-                status, code = self.state(index)
-                if status != "exited":
-                    continue
-                self.history.append((index, code))
-                running.discard(index)
+            for index, code in self.ended(running):
                 if code == OK:
                     done.add(index)
                     continue

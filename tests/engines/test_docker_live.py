@@ -79,13 +79,6 @@ class LiveJob(DockerJob):
         done = docker("logs", self.lighthouse, check=False)
         return done.stdout + done.stderr
 
-    def live_action(self, code: int) -> str:
-        for rule in self.job["spec"]["podFailurePolicy"]["rules"]:
-            on = rule.get("onExitCodes")
-            if on and on["operator"] == "In" and code in on["values"]:
-                return rule["action"]
-        return "Count"
-
     def run_live(self, running: set[int], kill: int) -> None:
         """The controller: replace an ended pod by the policy (per-index budget), until the success
         policy holds and every pod has ended; SIGKILL pod `kill` once its rank traced KILL_AT."""
@@ -101,16 +94,11 @@ class LiveJob(DockerJob):
             if not killed and live.traced_step(trace) >= KILL_AT:
                 docker("kill", self.container(kill))  # SIGKILL to the pod's init: every process of it
                 killed = True
-            for index in sorted(running):
-                status, code = self.state(index)
-                if status != "exited":
-                    continue
-                self.history.append((index, code))
-                running.discard(index)
+            for index, code in self.ended(running):
                 if code == OK:
                     succeeded.add(index)
                     continue
-                action = self.live_action(code)
+                action = self.action(code)
                 if action == "FailIndex":
                     continue
                 if action == "Count":
