@@ -609,7 +609,11 @@ def launch(argv: Sequence[str]) -> int:
         return OK
     argv_out = [] if live else render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv, live)) as lock:
-        if live:
+        if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
+            settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
+        else:
+            settled = settle_config(cfg, args.reconfigure, lock)
+        if live:  # after the config is settled: a refused launch records nothing in RUN_DIR/live
             joins = replaces_a_lost_node(lock, cfg.run_dir)
             if joins:
                 print(
@@ -620,10 +624,6 @@ def launch(argv: Sequence[str]) -> int:
                 )
             options = live_options(cfg, planned.placement)
             argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, **options, join_attempt=joins)
-        if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
-            settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
-        else:
-            settled = settle_config(cfg, args.reconfigure, lock)
         attempt = uuid.uuid4().hex[:12]
         agent = uses_agent(spec, planned.placement, args.doctor)
         env = contract_env(launch_env(spec, dict(os.environ), available_cores(), attempt), agent, rdzv)
