@@ -569,6 +569,8 @@ def test_a_replacement_nodes_ranks_all_join_and_wait_for_peers_on_other_nodes() 
     args, _ = live_agent.parse_args(argv[3:])
     assert args.join_attempt == 4
     assert "--join-attempt" not in live_argv(spec, 1.0, "rid", placement=NodePlacement(master_addr="node0"))
+    with pytest.raises(SystemExit):  # argparse's exit 2 and one line
+        live_agent.parse_args(["--nproc", "1", "--join-attempt", "-3", "--", "-c", "pass"])
 
 
 def test_a_joiner_seated_at_another_place_writes_its_own_files(tmp_path: Path) -> None:

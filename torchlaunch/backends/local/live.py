@@ -74,6 +74,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         shape.check(args)
     except BadInput as e:
         parser.error(str(e))
+    if not 0 <= args.join_attempt < 10**9:
+        parser.error("--join-attempt takes 0 (a first launch) or a positive attempt number")
     if args.node_range.elastic:
         parser.error("--nnodes takes a fixed count: the live group shrinks and grows in place")
     args.nnodes = args.node_range.max
