@@ -13,6 +13,7 @@ CNN: BatchNorm normalises per rank, so no world size change could give the same 
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 from bench import live
 from tests.conftest import launcher_argv, run_cmd
 from tests.library import LIVE_LONG_EPOCHS, RunLibrary
+from torchlaunch import contract
 from torchlaunch.core.recovery.pulse import BEATS_PER_BOUND
 from torchlaunch.core.sampler import BatchPlan
 
@@ -236,6 +238,38 @@ def test_a_whole_job_stop_still_commits_and_resumes_exactly(reference: live.Live
     assert resumed.code == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
     assert (resumed.run_dir / "live" / "generation").read_text().strip() == "2"  # one group per attempt
+    assert step_samples(resumed.run_dir) == step_samples(reference.run_dir)
+    a = torch.load(resumed.run_dir / "model.pt", weights_only=True)
+    b = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_loss_below_the_launchers_minimum_checkpoints_and_the_same_command_resumes_exactly(
+    reference: live.LiveRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The minimum a launcher with a node range passes its ranks (core/recovery/minimum.py; launch.slurm
+    --nodes MIN-MAX does, tests/engines/test_live_slurm.py), here one node of 2 ranks: rank 1 SIGKILLed,
+    the rank left regroups, finds itself below it, trains no further step, commits a checkpoint of the last
+    whole step and exits 75; the same command resumes on 2 ranks and ends with the uninterrupted run's
+    samples and weights, bit for bit (no step trained on another world size)."""
+    monkeypatch.setenv(contract.LIVE_MIN_NODES, "1")
+    monkeypatch.setenv(contract.LIVE_NODE_RANGE, "--nnodes 1:2")
+    stopped = live.run(tmp_path / "run", victim=1)
+    assert stopped.code == 75, stopped.stderr[-3000:]
+    found = re.search(
+        r"live: 1 rank\(s\) left \(2 per node\), below --nnodes 1:2's minimum of 1 node: checkpoint committed at "
+        r"global step (\d+); exit 75",
+        stopped.stderr,
+    )
+    assert found, stopped.stderr[-3000:]
+    step = int(found.group(1))
+    assert live.KILL_AT - 1 <= step < live.STEPS, stopped.stderr[-3000:]
+    # no step trained past the interrupted one: rank 0's trace ends there
+    assert live.traced_step(tmp_path / "run" / "trace" / "rank0.jsonl") <= step + 1
+    monkeypatch.delenv(contract.LIVE_MIN_NODES)
+    resumed = live.run(tmp_path / "run", victim=None)
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert f"(global step {step})" in resumed.stderr and "resumed from" in resumed.stderr
     assert step_samples(resumed.run_dir) == step_samples(reference.run_dir)
     a = torch.load(resumed.run_dir / "model.pt", weights_only=True)
     b = torch.load(reference.run_dir / "model.pt", weights_only=True)

@@ -17,7 +17,7 @@ from torchlaunch import config as config_mod
 from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.backends.local import live as live_agent
 from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
-from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, is_peer_lost, seat
+from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, is_peer_lost, minimum, seat
 from torchlaunch.core.recovery.membership import behind, replica_id_of, sorted_members, source
 from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch
 from torchlaunch.core.recovery.replan import Regroup, replan
@@ -109,6 +109,36 @@ def test_a_regroup_says_which_step_runs_again() -> None:
     assert "lost 1 rank(s) at global step 12" in line and "step 12 runs again" in line and "1 -> 0" in line
     during = Regroup(12, 1, 2, 0, 1, 2, 0.9, during="validation").line()
     assert "lost 1 rank(s) in the validation after step 11" in during and "the validation runs again" in during
+
+
+def test_a_group_below_the_launchers_minimum_may_not_train_on() -> None:
+    least = minimum.Minimum(nodes=2, ranks_per_node=1, said="--nodes 2-3")
+    assert least.short(2) is None and least.short(3) is None
+    minimum.below_minimum(least, 2)
+    minimum.below_minimum(None, 1)  # no range: the group trains on down to one rank
+    with pytest.raises(minimum.BelowMinimum) as caught:
+        minimum.below_minimum(least, 1)
+    assert caught.value.committed(12) == (
+        "live: 1 node left, below --nodes 2-3's minimum of 2 nodes: checkpoint committed at global step 12; "
+        "exit 75 so that the job is requeued"
+    )
+    per_node = minimum.Minimum(nodes=2, ranks_per_node=2, said="--nodes 2-4")
+    assert per_node.ranks == 4 and per_node.short(4) is None
+    assert per_node.short(3) == "3 rank(s) left (2 per node), below --nodes 2-4's minimum of 2 nodes"
+    assert per_node.short(2) == "1 node left, below --nodes 2-4's minimum of 2 nodes"
+
+
+def test_the_minimum_comes_from_the_launchers_env() -> None:
+    from torchlaunch import contract
+
+    assert minimum.from_env(4, {}) is None
+    env = {contract.LIVE_MIN_NODES: "2", contract.LIVE_NODE_RANGE: "--nodes 2-3\n"}
+    assert minimum.from_env(4, env) == minimum.Minimum(2, 4, "--nodes 2-3")
+    assert minimum.from_env(1, {contract.LIVE_MIN_NODES: "1"}) == minimum.Minimum(1, 1, "the launch")
+    for bad in ("0", "-1", "two", "1" * 40):
+        with pytest.raises(BadInput, match=r"is not a node count >= 1") as caught:
+            minimum.from_env(1, {contract.LIVE_MIN_NODES: bad})
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < 120
 
 
 def test_each_group_takes_a_newer_generation_and_an_older_one_may_not_commit(tmp_path: Path) -> None:

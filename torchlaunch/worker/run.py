@@ -170,6 +170,7 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     from torchlaunch.core.recovery.group import STORE_HOST, LiveGroup
     from torchlaunch.core.recovery.lighthouse import LighthouseMembership
     from torchlaunch.core.recovery.membership import replica_id_of
+    from torchlaunch.core.recovery.minimum import from_env as minimum_from_env
     from torchlaunch.core.recovery.pulse import Pulse
 
     address = contract.get(contract.LIGHTHOUSE)
@@ -192,6 +193,7 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
         host=host,
         pulse=pulse,
         heartbeat_timeout_s=cfg.recovery.heartbeat_timeout_s,
+        minimum=minimum_from_env(ctx.local_world_size),
     )
     group.started_as = rank
     if attempt:

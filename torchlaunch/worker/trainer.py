@@ -42,6 +42,7 @@ from torchlaunch.core.dist import (
     ordered_allreduce_hook,
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
+from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.recovery.fence import Fenced
 from torchlaunch.core.recovery.group import (
@@ -601,6 +602,8 @@ class Trainer:
             else:
                 self._surviving(log, "checkpoint", lambda: self._publish_with_peers(log))
             return OK
+        except minimum.BelowMinimum as below:
+            return self._below_minimum(log, below)
         finally:
             try:
                 self.writer.wait()
@@ -658,6 +661,34 @@ class Trainer:
             if healed:
                 why += f"; this rank was a step behind: took rank {self.live.source()}'s state, checked"
         self._regrouped(log, old, window, during, lost_at, why)
+        self.live.check_minimum()  # below the launcher's minimum: BelowMinimum, handled by fit
+
+    def _below_minimum(self, log: RunLog, below: minimum.BelowMinimum) -> int:
+        """A loss left the live group below the launcher's minimum (core/recovery/minimum.py): the ranks
+        left train no further step; they commit a checkpoint of the last whole step (a save that a further
+        loss interrupts is taken again on the ranks left, who are still below it) and stop with 75, which
+        the launcher requeues. A failed save leaves the previous checkpoint the newest."""
+        while True:
+            try:
+                self._surviving(log, "checkpoint", lambda: self.save(synchronous=True))
+                break
+            except minimum.BelowMinimum as again:
+                below = again
+        p = self.progress
+        line = below.committed(p.global_step)
+        log.line(line)
+        assert self.live is not None
+        log.event(
+            {
+                "event": "below_minimum",
+                "time": time.time(),
+                "step": p.global_step,
+                "world": self.ctx.world_size,
+                "generation": self.live.generation,
+            }
+        )
+        minimum.last_stop, minimum.first_at_stop = line, self.ctx.is_main
+        return PREEMPTED
 
     def _save_again_if_lost(self, log: RunLog) -> None:
         """After a loss mid-epoch: the last save point's checkpoint may never have been committed (rank

@@ -12,6 +12,7 @@ The pieces, one job each:
 - replan: the batch plan on the ranks left, and the record of each regroup (torch: imported by its users,
   not here, so the live agent, which imports this package for its pulse watch, starts without torch)
 - fence: the run dir's group generation; only the live group's ranks may commit a checkpoint
+- minimum: the fewest ranks a group trains on (a launcher's node range); below it, checkpoint and exit 75
 - group: this rank's store, the process group re-formed in place, gradient averaging without DDP
 - lighthouse: the torchft-backed Membership, and the membership service's own process
 - pulse: a rank's beats to its agent, and the agent's watch that fences a silent rank

@@ -62,6 +62,7 @@ from torchlaunch.core.recovery.membership import (
     started_as,
     twin,
 )
+from torchlaunch.core.recovery.minimum import Minimum, below_minimum
 from torchlaunch.core.recovery.peers import Echo, PeerWatch
 from torchlaunch.core.recovery.pulse import Pulse
 from torchlaunch.core.shm_reduce import SharedMemoryReducer
@@ -93,8 +94,12 @@ class LiveGroup:
         host: str = STORE_HOST,
         pulse: Pulse | None = None,
         heartbeat_timeout_s: float | None = None,
+        minimum: Minimum | None = None,
     ) -> None:
         self.membership, self.fence, self.pulse = membership, fence, pulse
+        self.minimum = minimum
+        """The fewest ranks this group trains on (a launcher's node range, core/recovery/minimum.py); None:
+        it trains on down to one rank."""
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.quorum_timeout_s = quorum_timeout_s
         self.echo, self.store = store_with_echo(host)
@@ -126,12 +131,7 @@ class LiveGroup:
             self.peers.start()
         self.membership.start()
         dist.barrier()
-        quorum = self.membership.quorum(step, self.store_address, self.quorum_timeout_s)
-        if len(quorum.members) != ctx.world_size:
-            raise BadInput(
-                f"live error: the membership service formed a group of {len(quorum.members)} of the "
-                f"{ctx.world_size} ranks at start (another job on its address?)"
-            )
+        quorum = self._first_quorum(ctx, step)
         if ctx.backend == "gloo":  # formed again on the quorum, so that its connections are known (sockets.py)
             self._leave(broken=False)
             if self._enter(ctx, quorum, forming=self.timeout).rank != ctx.rank:  # every rank just met
@@ -140,12 +140,37 @@ class LiveGroup:
         self.quorum = quorum
         self.generation = self._take_generation(ctx)
 
+    def _first_quorum(self, ctx: DistContext, step: int) -> Quorum:
+        """The service's quorum of every rank of the launch. A service that outlived an earlier
+        allocation of this job (a requeue, or the same command run again, against a Lighthouse of its own
+        host) remembers that allocation's last group, and torchft forms a "fast quorum" as soon as all of
+        those members ask again: after a loss left one rank, the new rank 0 was handed a group of itself
+        alone before rank 1 had asked (seen on the dev cluster). A smaller group is asked for again, which
+        the others' requests, waiting meanwhile, now complete; a larger one is another job's."""
+        deadline = time.monotonic() + self.quorum_timeout_s
+        while True:
+            quorum = self.membership.quorum(step, self.store_address, max(deadline - time.monotonic(), 0.1))
+            if len(quorum.members) == ctx.world_size:
+                return quorum
+            if len(quorum.members) > ctx.world_size or time.monotonic() >= deadline:
+                raise BadInput(
+                    f"live error: the membership service formed a group of {len(quorum.members)} of the "
+                    f"{ctx.world_size} ranks at start (another job on its address?)"
+                )
+            time.sleep(0.05)  # the service's quorum tick is 20 ms: the others' requests are in by then
+
     def regroup(self, ctx: DistContext, step: int, broken: bool = True) -> DistContext:
         """Leave the current group (broken by a loss, or about to admit a rank started again), wait for
         the service's new quorum, and form the new group on its rank 0's store; returns this rank's new
         context. TimeoutError when no group forms in time."""
         self._leave(broken)
         return self._form(ctx, step)
+
+    def check_minimum(self) -> None:
+        """After a regroup: BelowMinimum when the group just formed holds fewer ranks than the launcher's
+        minimum. The group is formed, so its members can still agree on the checkpoint they stop with."""
+        if self.quorum is not None:
+            below_minimum(self.minimum, len(self.quorum.members))
 
     def _leave(self, broken: bool) -> None:
         """Destroy the current group. A broken one's connections are shut down first (core/recovery/
