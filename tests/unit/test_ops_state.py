@@ -418,5 +418,24 @@ def test_a_live_runs_regroups_are_read_once_each_and_shown(tmp_path: Path) -> No
         "during": "step",
         "previous_world_size": 2,
         "world_size": 1,
+        "stopped": False,
     }
     assert gather.live_regroups(tmp_path / "not-a-run") == ()
+
+
+def test_a_group_stopped_below_the_launchs_minimum_is_shown_as_such(tmp_path: Path) -> None:
+    """A regroup whose group was below --nodes MIN-MAX's minimum ran nothing again: it committed the step
+    before and exited 75 for a requeue, and `status` says so rather than 're-run'."""
+    live = tmp_path / "live"
+    live.mkdir()
+    regrouped = {"event": "regrouped", "generation": 2, "step": 16, "old_world": 2, "world": 1, "during": "step"}
+    below = {"event": "below_minimum", "generation": 2, "step": 15, "world": 1}
+    forged = {"event": "below_minimum", "generation": "x"}
+    (live / "events-rank0.jsonl").write_text("\n".join(json.dumps(r) for r in (regrouped, forged, below)) + "\n")
+    regroups = gather.live_regroups(tmp_path)
+    assert [(r.generation, r.stopped) for r in regroups] == [(2, True)]
+    shown = cli.render_status(Path("run"), decide(records=[rec()], alive={0: True}, regroups=regroups), NOW)
+    assert (
+        "live:       1 regroup(s): 2 -> 1 ranks before step 16, below the launch's minimum: checkpoint of step 15, "
+        "exit 75 for a requeue" in shown
+    )

@@ -7,6 +7,7 @@ JobState in the project's words; a missing tool or a failing query leaves the de
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -84,6 +85,7 @@ def live_regroups(run_dir: Path) -> tuple[LiveRegroup, ...]:
     survivor records the same regroup), oldest first. The files are untrusted: bounded reads, regular
     files only, malformed or forged lines skipped."""
     found: dict[int, LiveRegroup] = {}
+    stopped: set[int] = set()  # generations whose group was below the launch's minimum
     try:
         paths = sorted(rundir.live(run_dir).glob("events-rank*.jsonl"))[:4096]
     except OSError:
@@ -98,6 +100,11 @@ def live_regroups(run_dir: Path) -> tuple[LiveRegroup, ...]:
                 rec = json.loads(line)
             except (ValueError, RecursionError):
                 continue
+            if isinstance(rec, dict) and rec.get("event") == "below_minimum":
+                generation = as_int(rec.get("generation"), 0)
+                if generation is not None:
+                    stopped.add(generation)
+                continue
             if not isinstance(rec, dict) or rec.get("event") != "regrouped":
                 continue
             fields = [as_int(rec.get(k), 0) for k in ("generation", "step", "old_world", "world")]
@@ -106,7 +113,7 @@ def live_regroups(run_dir: Path) -> tuple[LiveRegroup, ...]:
                 continue
             generation, step, was, now = fields
             found.setdefault(generation, LiveRegroup(generation, step, during, was, now))  # type: ignore[arg-type]
-    return tuple(found[g] for g in sorted(found))
+    return tuple(dataclasses.replace(found[g], stopped=g in stopped) for g in sorted(found))
 
 
 def rank_codes(run_dir: Path, launch_id: str) -> list[tuple[int, int, str]]:

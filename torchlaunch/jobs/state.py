@@ -74,8 +74,16 @@ class LiveRegroup:
     during: str
     previous_world_size: int
     world_size: int
+    stopped: bool = False
+    """The group it formed was below the launch's minimum (core/recovery/minimum.py): it ran nothing
+    again, committed the step before `step` and exited 75 for a requeue."""
 
     def text(self) -> str:
+        if self.stopped:
+            return (
+                f"{self.previous_world_size} -> {self.world_size} ranks before step {self.step}, below the "
+                f"launch's minimum: checkpoint of step {self.step - 1}, exit 75 for a requeue"
+            )
         if self.during == "rejoin":
             return f"rank(s) rejoined before step {self.step} ({self.previous_world_size} -> {self.world_size} ranks)"
         what = (
