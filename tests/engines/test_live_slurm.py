@@ -10,12 +10,22 @@ lost task is not the job's); every global step's samples, crops and flips are th
 uninterrupted run (bench/live.py's recipe under launch.local, 2 ranks); one regroup, to 1 rank; no
 `resumed from`; `status` shows the run finished on 1 rank with rank 1 gone. n2 is set RESUME again
 whatever happens. Both nodes share this host, so every store address is loopback.
+
+The same with `--nodes 1-2`: Slurm allocates both nodes, the group shrinks to n1's rank and finishes
+(one node is the range's minimum). With `--nodes 2-3` (both of the cluster's nodes are allocated) the
+same loss leaves 1 node, below the minimum 2: the rank left commits a checkpoint at the last whole step
+and exits 75, rank 0 requeues the job once, and once n2 is back the requeued allocation resumes from
+that checkpoint on 2 ranks; every global step's samples, crops and flips are the uninterrupted run's
+and so are the final weights, bit for bit (no step trained on 1 rank). The requeue is read from
+slurmctld (Restarts=1): slurmdbd 22.05 folds the requeued allocation into the record the node's removal
+opened (RESIZING, then COMPLETED), so `sacct -D` keeps no REQUEUED line for it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +37,7 @@ import pytest
 
 from bench import live
 from tests.conftest import REPO, launcher_argv, run_cmd
+from tests.engines.test_elastic_slurm import running_nodes
 from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wait_until
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
 from tests.integration.test_live_recovery import step_samples
@@ -115,30 +126,58 @@ def kill_node(job_id: str, node: str) -> list[int]:
     return killed
 
 
-@pytest.mark.timeout(600)
-def test_a_lost_node_costs_a_regroup_and_the_job_completes(
-    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
-) -> None:
+def launch_live(tmp_path: Path, lighthouse: str, nodes: str) -> tuple[Path, Launch]:
+    """The live recipe (bench/live.py's, the service here) submitted on `--nodes nodes` x 1 task."""
     run_dir = tmp_path / "run"
     recipe = tmp_path / "live.yaml"
     recipe.write_text(live.config_text(run_dir) + f"  lighthouse: {lighthouse}\n")
-    launch = Launch(run_dir, "--nodes", "2", "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
+    return run_dir, Launch(run_dir, "--nodes", nodes, "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
+
+
+def lose_n2(run_dir: Path, launch: Launch) -> int:
+    """Once rank 1 (on n2) traced step KILL_AT: every process of the job on n2 SIGKILLed, n2 set DOWN.
+    Rank 0's PID before the loss."""
+    wait_until(
+        lambda: live.traced_step(run_dir / "trace" / "rank1.jsonl") >= live.KILL_AT or launch.proc.poll() is not None,
+        240,
+        f"rank 1 to trace step {live.KILL_AT}",
+        poll_s=0.02,
+    )
+    assert launch.proc.poll() is None, launch.text()[-3000:]
+    assert running_nodes(launch.job_id) == 2  # a range too: Slurm allocated both nodes
+    survivor = live.pid_of(run_dir, 0)
+    assert kill_node(launch.job_id, LOST)
+    slurm("scontrol", "update", f"nodename={LOST}", "state=down", "reason=torchlaunch live test")
+    return survivor
+
+
+def resume_n2() -> None:
+    subprocess.run(["scontrol", "update", f"nodename={LOST}", "state=resume"], capture_output=True, timeout=30)
+
+
+def controller(job_id: str) -> dict[str, str]:
+    """slurmctld's fields of the job (`scontrol show job -o`): it keeps a job for MinJobAge after its end."""
+    fields = slurm("scontrol", "show", "job", "-o", job_id).split()
+    return dict(field.split("=", 1) for field in fields if "=" in field)
+
+
+def status_of(run_dir: Path) -> dict:
+    rc, shown, err = run_cmd(launcher_argv("launch", "status", str(run_dir), "--json"), timeout=60)
+    assert rc == 0, err
+    return json.loads(shown)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nodes", ["2", "1-2"])
+def test_a_lost_node_costs_a_regroup_and_the_job_completes(
+    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path, nodes: str
+) -> None:
+    run_dir, launch = launch_live(tmp_path, lighthouse, nodes)
     try:
-        wait_until(
-            lambda: (
-                live.traced_step(run_dir / "trace" / "rank1.jsonl") >= live.KILL_AT or launch.proc.poll() is not None
-            ),
-            240,
-            f"rank 1 to trace step {live.KILL_AT}",
-            poll_s=0.02,
-        )
-        assert launch.proc.poll() is None, launch.text()[-3000:]
-        survivor = live.pid_of(run_dir, 0)
-        assert kill_node(launch.job_id, LOST)
-        slurm("scontrol", "update", f"nodename={LOST}", "state=down", "reason=torchlaunch live test")
+        survivor = lose_n2(run_dir, launch)
         code = launch.finish(300)
     finally:
-        subprocess.run(["scontrol", "update", f"nodename={LOST}", "state=resume"], capture_output=True, timeout=30)
+        resume_n2()
     out = launch.text()
     assert code == 0, out[-3000:]
     # slurmdbd records the allocation that lost n2 as RESIZING (the node was removed from the job), then
@@ -154,8 +193,69 @@ def test_a_lost_node_costs_a_regroup_and_the_job_completes(
     regrouped = [(e["world"], e["rank"]) for e in events if e["event"] == "regrouped"]
     assert regrouped == [(1, 0)], events
     assert step_samples(run_dir) == step_samples(reference.run_dir)
-    rc, shown, err = run_cmd(launcher_argv("launch", "status", str(run_dir), "--json"), timeout=60)
-    assert rc == 0, err
-    st = json.loads(shown)
+    st = status_of(run_dir)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 1), st
     assert {r["rank"] for r in st["ranks"] if r["gone"]} == {1}, st["ranks"]
+
+
+@pytest.mark.timeout(600)
+def test_a_loss_below_the_node_ranges_minimum_checkpoints_requeues_and_resumes_exactly(
+    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
+) -> None:
+    run_dir, launch = launch_live(tmp_path, lighthouse, "2-3")
+    try:
+        survivor = lose_n2(run_dir, launch)
+        stopped = wait_until(
+            lambda: (
+                re.search(
+                    r"live: 1 node left, below --nodes 2-3's minimum of 2 nodes: checkpoint committed at "
+                    r"global step (\d+); exit 75",
+                    launch.rank0_log(),
+                )
+                or launch.proc.poll() is not None
+            ),
+            120,
+            "the rank left to stop below the minimum",
+        )
+        assert launch.proc.poll() is None, launch.text()[-3000:]
+        wait_until(lambda: controller(launch.job_id).get("Restarts") == "1", 60, "the requeue")
+    finally:
+        resume_n2()  # the requeued allocation needs 2 nodes again
+    code = launch.finish(300)
+    out, log = launch.text(), launch.rank0_log()
+    assert code == 0, out[-3000:]
+    step = int(stopped.group(1))
+    assert live.KILL_AT - 1 <= step < live.STEPS, log[-3000:]  # the kill lands a few steps after KILL_AT
+    assert f"slurm task: below the live minimum: checkpoint committed, job {launch.job_id} requeued" in log, log[-3000:]
+    assert f"(global step {step})" in log.split("live: 1 node left")[1], "not resumed from the checkpoint it stopped at"
+    # Requeued once, the new allocation on both nodes. slurmctld's word: slurmdbd (22.05) merges the
+    # requeued allocation into the record the resize opened (RESIZING, then COMPLETED on "1 node").
+    job = controller(launch.job_id)
+    assert (job["JobState"], job["Restarts"], job["NumNodes"]) == ("COMPLETED", "1", "2"), job
+    assert requeue_records(launch.job_id)[-1] == "COMPLETED"
+    assert log.count("slurm task: rank 0/2 ") == 2, "one requeue: two allocations of 2 tasks"
+    assert live.pid_of(run_dir, 0) != survivor, "the requeued allocation runs new processes"
+    events = [
+        json.loads(line) for line in (run_dir / "live" / "events-rank0.jsonl").read_text().splitlines() if line.strip()
+    ]
+    assert [(e["event"], e["world"]) for e in events if e["event"] in ("regrouped", "below_minimum")] == [
+        ("regrouped", 1),
+        ("below_minimum", 1),
+    ], events
+    assert step_samples(run_dir) == step_samples(reference.run_dir)
+    assert_same_weights(run_dir / "model.pt", reference.run_dir / "model.pt")
+    st = status_of(run_dir)
+    assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 2), st
+    assert not any(r["gone"] for r in st["ranks"]), st["ranks"]
+    assert [(r["world_size"], r["stopped"]) for r in st["regroups"]] == [(1, True)], st["regroups"]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """Bit for bit: every step trained on 2 ranks, as in the uninterrupted run, and the resume is exact."""
+    import torch
+
+    left = torch.load(a, weights_only=True, map_location="cpu")
+    right = torch.load(b, weights_only=True, map_location="cpu")
+    assert left.keys() == right.keys()
+    for key in left:
+        assert torch.equal(left[key], right[key]), f"{key} differs"

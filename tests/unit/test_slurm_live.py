@@ -33,6 +33,30 @@ def test_live_sbatch_matches_golden() -> None:
     check_golden("slurm_live.sbatch", sbatch_script(spec(), LIVE))
 
 
+def test_live_node_range_sbatch_matches_golden() -> None:
+    """--nodes 2-3 live: the elastic allocation (a node range, --mincpus, srun lays the tasks out) with
+    live mode's --no-kill and verdict, which counts the tasks at run time."""
+    check_golden("slurm_live_range.sbatch", sbatch_script(spec(nodes=3, min_nodes=2), LIVE))
+
+
+def test_the_verdict_counts_the_allocations_tasks() -> None:
+    assert slurm_live.task_count(8, "2") == 16
+    assert slurm_live.task_count(1, "3") == 3
+    assert slurm_live.task_count(1, "") == 0 and slurm_live.task_count(1, "x") == 0  # srun's code stands
+
+
+def test_a_node_range_passes_its_minimum_to_every_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch.slurm --nodes 2-3 recovery.live=true hands MIN to the submitted task (rendered, not run)."""
+    monkeypatch.chdir(REPO)
+    submitted: list = []
+    monkeypatch.setattr(slurm_launch, "submit_task", lambda *args: submitted.append(args[-1]))
+    ranged = spec(config="configs/smoke.yaml", nodes=3, min_nodes=2, gpus_per_node=1, run_dir=str(tmp_path))
+    slurm_launch._submit(ranged, LIVE, str(tmp_path))
+    assert submitted[0].live_minimum == {contract.LIVE_MIN_NODES: "2", contract.LIVE_NODE_RANGE: "--nodes 2-3"}
+    slurm_launch._submit(spec(config="configs/smoke.yaml", run_dir=str(tmp_path)), LIVE, str(tmp_path))
+    assert submitted[1].live_minimum == {}
+
+
 def test_live_parameters_keep_the_job_and_step_alive_and_judge_srun() -> None:
     params = executor_parameters(spec(), LIVE, "/shared/runs/live")
     assert params["additional_parameters"]["no_kill"] is True
@@ -43,9 +67,7 @@ def test_live_parameters_keep_the_job_and_step_alive_and_judge_srun() -> None:
 
 
 def decide(**changes: object) -> str:
-    args: dict = (
-        dict(live=True, lighthouse=SERVICE, rejoin=0, nodes=2, ranks_per_node=1, elastic=False, image=False) | changes
-    )
+    args: dict = dict(live=True, lighthouse=SERVICE, rejoin=0, nodes=2, ranks_per_node=1, image=False) | changes
     return slurm_live.lighthouse_of(args.pop("live"), args.pop("lighthouse"), args.pop("rejoin"), **args)
 
 
@@ -60,7 +82,6 @@ def test_who_runs_live() -> None:
     ("changes", "words"),
     [
         ({"lighthouse": ""}, "needs the membership service apart"),
-        ({"elastic": True}, "takes a fixed --nodes N"),
         ({"rejoin": 2}, "recovery.rejoin=2 needs the local live agent"),
         ({"image": True}, "with --image is not built yet"),
     ],
@@ -76,6 +97,14 @@ def test_task_env_names_the_service_and_the_store_host() -> None:
         contract.LIGHTHOUSE: SERVICE,
         contract.LIVE_STORE_HOST: "10.0.0.3",
     }
+    least = slurm_live.minimum_env(2, 3)
+    assert slurm_live.task_env(SERVICE, "10.0.0.3", least) == {
+        contract.LIGHTHOUSE: SERVICE,
+        contract.LIVE_STORE_HOST: "10.0.0.3",
+        contract.LIVE_MIN_NODES: "2",
+        contract.LIVE_NODE_RANGE: "--nodes 2-3",
+    }
+    assert slurm_live.minimum_env(None, 2) == {}  # a fixed --nodes N trains on down to one rank
     assert slurm_live.node_store_host(SERVICE, 1, "n1") == "127.0.0.1"  # one node: loopback
 
 
@@ -118,3 +147,13 @@ def test_launch_slurm_refuses_live_without_a_service_before_writing(
     assert out == "" and len(err.strip().splitlines()) == 1, err
     assert "needs the membership service apart" in err
     assert not run_dir.exists()
+
+
+def test_one_task_requeues_a_group_stopped_below_the_minimum() -> None:
+    """The launch's rank 0 requeues a preemption; after a stop below --nodes MIN-MAX's minimum the live
+    group's rank 0 does, which is another task when the launch's rank 0 was the process lost."""
+    from torchlaunch.backends.slurm.task import requeues
+
+    assert requeues(0, False) and requeues(0, True)
+    assert not requeues(1, False)
+    assert requeues(1, True)

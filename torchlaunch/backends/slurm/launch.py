@@ -258,8 +258,7 @@ def live_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str, params: 
     out = dict(params)
     out["additional_parameters"] = {**out["additional_parameters"], "no_kill": True}
     out["srun_args"] = [*slurm_live.SRUN_ARGS, *out.get("srun_args", [])]
-    tasks = spec.nodes * spec.gpus_per_node
-    out["setup"] = [*out["setup"], *slurm_live.batch_lines(task_python(spec, options), run_dir, tasks)]
+    out["setup"] = [*out["setup"], *slurm_live.batch_lines(task_python(spec, options), run_dir, spec.gpus_per_node)]
     return out
 
 
@@ -367,6 +366,7 @@ def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
         hang_timeout=options.hang_timeout,
         console_env=options.console.env(),
         lighthouse=options.lighthouse,
+        live_minimum=slurm_live.minimum_env(spec.min_nodes, spec.nodes) if options.lighthouse else {},
     )
     return submit_task(submitit_folder(run_dir), task_python(spec, options), options.max_timeouts, parameters, task)
 
@@ -554,7 +554,6 @@ def with_live(options: SlurmOptions, cfg: config_mod.RunConfig, spec: JobSpec) -
         cfg.recovery.rejoin,
         nodes=spec.nodes,
         ranks_per_node=spec.gpus_per_node,
-        elastic=spec.min_nodes is not None,
         image=spec.image is not None,
     )
     if lighthouse and options.python is None and importlib.util.find_spec("torchft") is None:

@@ -18,6 +18,11 @@ What Slurm must be told, the env each task adds, and the job's outcome. Measured
   FAILED although the survivors finished. So the script passes srun's code through `verdict` below,
   which reads what every task recorded (task.write_result) and decides as the live agent does
   (backends/live_shared.job_code, as the local live agent): tasks that left no record were lost; the others' codes are the job's.
+- `--nodes MIN-MAX`: the allocation is as many nodes as are up in the range (launch.elastic_parameters),
+  so the verdict counts the tasks at run time (SLURM_NNODES x tasks per node), and each task passes MIN
+  to its rank (minimum_env). A loss that leaves fewer than MIN nodes' worth of ranks makes them commit a
+  checkpoint and exit 75 (core/recovery/minimum.py owns that rule), which rank 0 requeues as it does a
+  preemption (task.SlurmTask._requeue); the next allocation of MIN..MAX nodes resumes from it.
 
 What is not here: the local agent's pulse fencing of a frozen rank (no agent in a Slurm task). The
 ranks judge a silent peer themselves (core/recovery/peers.py: an echo on each store's port while
@@ -45,27 +50,20 @@ LOST = -9
 """A task that left no outcome record: lost (SIGKILLed with its node), as the live agent sees a signal."""
 
 
-def lighthouse_of(
-    live: bool, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, elastic: bool, image: bool
-) -> str:
+def lighthouse_of(live: bool, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, image: bool) -> str:
     """The membership service's address when this Slurm job runs live, '' when it does not (pure).
 
     Bad input, one line: the service inside the job (no agent runs one here, and a service on a node of
-    the job would die with that node: the single point of failure live mode removes), a node range (see
-    docs/SLURM.md: the live group shrinks in place; Slurm adds no node to a running allocation),
-    recovery.rejoin (no agent on the node to start a lost task again), a container image (the batch
-    script's verdict runs on the host, outside the image). One rank in all has nobody to regroup with."""
+    the job would die with that node: the single point of failure live mode removes), recovery.rejoin
+    (no agent on the node to start a lost task again), a container image (the batch script's verdict
+    runs on the host, outside the image). One rank in all has nobody to regroup with. A node range is
+    live too: its MIN reaches the ranks (minimum_env), below which they stop for a requeue."""
     if not live:
         return ""
     if not lighthouse:
         raise BadInput(
             "recovery.live=true on Slurm needs the membership service apart from the job's nodes: start "
             "`python -m launch.lighthouse` on a host of its own and set recovery.lighthouse=http://HOST:29510"
-        )
-    if elastic:
-        raise BadInput(
-            "recovery.live=true on Slurm takes a fixed --nodes N (the live group shrinks in place and Slurm "
-            "adds no node to a running allocation); use --nodes N, or recovery.live=false for --nodes MIN-MAX"
         )
     if rejoin:
         raise BadInput(
@@ -77,9 +75,20 @@ def lighthouse_of(
     return lighthouse if nodes * ranks_per_node > 1 else ""
 
 
-def batch_lines(python: str, run_dir: str, tasks: int) -> list[str]:
+def minimum_env(min_nodes: int | None, max_nodes: int) -> dict[str, str]:
+    """What a live job on `--nodes MIN-MAX` tells its ranks (pure): MIN, and the range in the user's
+    words. A group that a loss leaves with fewer than MIN nodes' worth of ranks checkpoints and exits 75,
+    which the task requeues like a preemption (core/recovery/minimum.py owns the rule). Nothing for a
+    fixed --nodes N: its group trains on down to one rank."""
+    if min_nodes is None:
+        return {}
+    return {contract.LIVE_MIN_NODES: str(min_nodes), contract.LIVE_NODE_RANGE: f"--nodes {min_nodes}-{max_nodes}"}
+
+
+def batch_lines(python: str, run_dir: str, tasks_per_node: int) -> list[str]:
     """The batch script's `srun` in live mode: the stop-forwarding wrapper, then `verdict` on a non-zero
-    code, whose exit code (the survivors' outcome) becomes the job's."""
+    code, whose exit code (the survivors' outcome) becomes the job's. The tasks are counted at run time
+    (tasks per node x the allocation's nodes): with --nodes MIN-MAX only Slurm knows how many there are."""
     from torchlaunch.launch import emit
 
     verdict = " ".join(
@@ -89,8 +98,8 @@ def batch_lines(python: str, run_dir: str, tasks: int) -> list[str]:
             __name__,
             "--run-dir",
             emit.shell_word(run_dir, "the run dir"),
-            "--tasks",
-            str(tasks),
+            "--ranks-per-node",
+            str(tasks_per_node),
             '--srun-code "$code"',
         ]
     )
@@ -100,10 +109,11 @@ def batch_lines(python: str, run_dir: str, tasks: int) -> list[str]:
     ]
 
 
-def task_env(lighthouse: str, store_host: str) -> dict[str, str]:
+def task_env(lighthouse: str, store_host: str, minimum: dict[str, str] | None = None) -> dict[str, str]:
     """What a live rank needs beyond torchrun's contract (submitit exported that): the service's
-    address and the address the other nodes reach this node's stores on."""
-    return {contract.LIGHTHOUSE: lighthouse, contract.LIVE_STORE_HOST: store_host}
+    address, the address the other nodes reach this node's stores on, and a node range's minimum
+    (minimum_env)."""
+    return {contract.LIGHTHOUSE: lighthouse, contract.LIVE_STORE_HOST: store_host, **(minimum or {})}
 
 
 def node_store_host(lighthouse: str, nnodes: int, master_addr: str) -> str:
@@ -134,17 +144,25 @@ def recorded_codes(folder: Path, job_id: str, launch_id: str, tasks: int) -> lis
     return codes
 
 
+def task_count(tasks_per_node: int, nnodes: str) -> int:
+    """The allocation's tasks: its nodes (SLURM_NNODES in the batch script, fixed when it started) x the
+    tasks per node (pure). 0 when the count is unreadable: srun's own code then stands (job_code)."""
+    nodes = nnodes.strip()
+    return tasks_per_node * int(nodes) if nodes.isdigit() and len(nodes) < 7 else 0
+
+
 def verdict(argv: Sequence[str] | None = None) -> int:
-    """`python -m torchlaunch.backends.slurm.live --run-dir R --tasks N --srun-code C` in the batch
-    script after srun: the job's code, with one line saying which tasks were lost."""
+    """`python -m torchlaunch.backends.slurm.live --run-dir R --ranks-per-node K --srun-code C` in the
+    batch script after srun: the job's code, with one line saying which tasks were lost."""
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--tasks", type=int, required=True)
+    parser.add_argument("--ranks-per-node", type=int, required=True)
     parser.add_argument("--srun-code", type=int, required=True)
     args = parser.parse_args(argv)
     job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
     launch_id = f"{job_id}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
-    codes = recorded_codes(rundir.slurm(args.run_dir) / job_id, job_id, launch_id, args.tasks)
+    tasks = task_count(args.ranks_per_node, contract.get(contract.SLURM_NNODES, "") or "")
+    codes = recorded_codes(rundir.slurm(args.run_dir) / job_id, job_id, launch_id, tasks)
     code = job_code(args.srun_code, codes)
     lost = [str(task) for task, c in enumerate(codes) if c is None]
     if lost and len(lost) < len(codes):

@@ -26,6 +26,7 @@ from torchlaunch import compat, contract, rundir, runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm.operate import controller_state, job_state, result_path
+from torchlaunch.core.recovery import minimum as live_minimum
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
 from torchlaunch.jobs.launcher import Operation, prepare_rank
@@ -83,6 +84,14 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
+def requeues(rank: int, first_below_minimum: bool) -> bool:
+    """Whether this task requeues the job after a committed checkpoint (pure): rank 0 of the launch, or
+    the live group's rank 0 when the group stopped below --nodes MIN-MAX's minimum (the launch's rank 0
+    may be the process that was lost). Exactly one task: a live group's rank 0 is the launch's rank 0
+    whenever that one is alive (members sort by launch rank)."""
+    return rank == 0 or first_below_minimum
+
+
 MASTER_PORTS = (20000, 32767)
 """Where rank 0's store listens: below Linux's default ephemeral range (32768-60999), which submitit's
 own choice (20000-60000) mostly falls in; a port there can be taken by any outgoing connection's
@@ -118,6 +127,9 @@ class SlurmTask:
     """ranklog.Console's environment for the ranks (their console is the task's output file)."""
     lighthouse: str = ""
     """Live recovery (recovery.live): the membership service's address; '' when the job is not live."""
+    live_minimum: dict[str, str] = field(default_factory=dict)
+    """A live job on --nodes MIN-MAX: MIN for its ranks (backends.slurm.live.minimum_env); below it they
+    checkpoint and exit 75, which rank 0 requeues as a preemption."""
     max_hang_requeues: int = 1
     timeouts: int = 0
     preemptions: int = 0
@@ -143,7 +155,7 @@ class SlurmTask:
         if self.lighthouse:
             nnodes = int(contract.get(contract.SLURM_NNODES, "1") or "1")
             host = slurm_live.node_store_host(self.lighthouse, nnodes, dist_env.master_addr)
-            os.environ.update(slurm_live.task_env(self.lighthouse, host))
+            os.environ.update(slurm_live.task_env(self.lighthouse, host, getattr(self, "live_minimum", {})))
         op = self._operation(dist_env.local_rank, dist_env.local_world_size)
         if self.cwd:
             os.chdir(self.cwd)
@@ -231,9 +243,12 @@ class SlurmTask:
         watchdog.kill_ranks(beats)
 
     def _requeue(self, rank: int, elapsed_s: float) -> None:
-        """Rank 0 requeues once; every rank leaves without a result so submitit waits for the rerun."""
-        timed_out = is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
-        if rank != 0:
+        """Rank 0 requeues once; every rank leaves without a result so submitit waits for the rerun. A live
+        group that fell below --nodes MIN-MAX's minimum stopped by itself: neither a timeout nor a
+        preemption, and said as such."""
+        below = bool(live_minimum.last_stop)
+        timed_out = not below and is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
+        if not requeues(rank, live_minimum.first_at_stop):
             print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
             leave(PREEMPTED)
         job_id = contract.require(contract.SLURM_JOB_ID)
@@ -258,8 +273,8 @@ class SlurmTask:
                 "a checkpoint is committed: submit the same command again to resume",
             )
         self.timeouts += timed_out
-        self.preemptions += not timed_out
-        kind = "timeout" if timed_out else "preemption"
+        self.preemptions += not timed_out and not below
+        kind = "below the live minimum" if below else "timeout" if timed_out else "preemption"
         self.history.append(f"{kind} after {elapsed_s:.0f}s")
         self._save_for_requeue()
         # Needed for preemption too: Slurm requeues a preempted job only if it is still running when
