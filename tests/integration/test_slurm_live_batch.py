@@ -58,3 +58,16 @@ def test_a_node_range_counts_the_tasks_of_the_allocation(tmp_path: Path) -> None
     done = batch_srun(tmp_path, run_dir, 1, "2", nodes=3, min_nodes=2)
     assert done.returncode == OK, done.stderr
     assert "lost" not in done.stdout
+
+
+def test_the_verdict_still_reads_a_fixed_task_count(tmp_path: Path) -> None:
+    """A job submitted before the count was taken at run time calls the verdict with --tasks N (Slurm
+    keeps the batch script across a requeue); it is judged the same."""
+    run_dir = tmp_path / "run"
+    write_record(run_dir, "7", 0, OK, "7-0")
+    env = {**os.environ, contract.SLURM_JOB_ID: "7"}
+    env.pop(contract.SLURM_RESTART_COUNT, None)
+    argv = ["-m", "torchlaunch.backends.slurm.live", "--run-dir", str(run_dir), "--tasks", "2", "--srun-code", "137"]
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == OK, done.stderr
+    assert "task(s) 1 lost (no outcome recorded); the others finished" in done.stdout

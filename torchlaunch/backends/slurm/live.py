@@ -156,12 +156,15 @@ def verdict(argv: Sequence[str] | None = None) -> int:
     batch script after srun: the job's code, with one line saying which tasks were lost."""
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--ranks-per-node", type=int, required=True)
+    count = parser.add_mutually_exclusive_group(required=True)
+    count.add_argument("--ranks-per-node", type=int)
+    count.add_argument("--tasks", type=int, help="a fixed task count: the batch scripts of jobs submitted before")
     parser.add_argument("--srun-code", type=int, required=True)
     args = parser.parse_args(argv)
     job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
     launch_id = f"{job_id}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
-    tasks = task_count(args.ranks_per_node, contract.get(contract.SLURM_NNODES, "") or "")
+    nnodes = contract.get(contract.SLURM_NNODES, "") or ""
+    tasks = args.tasks if args.tasks is not None else task_count(args.ranks_per_node, nnodes)
     codes = recorded_codes(rundir.slurm(args.run_dir) / job_id, job_id, launch_id, tasks)
     code = job_code(args.srun_code, codes)
     lost = [str(task) for task, c in enumerate(codes) if c is None]
