@@ -131,20 +131,23 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted 2 nodes x 2 tasks run: the weights interrupted runs must end with."""
-    run_dir = tmp_path_factory.mktemp("slurm") / "reference"
-    launch = Launch(run_dir, *WORKERS, "--time", "10", *SMOKE)
+def uninterrupted(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    """One uninterrupted 2 nodes x 2 tasks run, launched once for the module: the end-to-end test
+    reads what it left, the interrupted runs must end with its weights."""
+    launch = Launch(tmp_path_factory.mktemp("slurm") / "reference", *WORKERS, "--time", "10", *SMOKE)
     assert launch.finish(240) == 0, launch.text()[-3000:]
-    assert requeue_records(launch.job_id) == ["COMPLETED"]
-    return run_dir
+    return launch
+
+
+@pytest.fixture(scope="module")
+def reference(uninterrupted: Launch) -> Path:
+    """The uninterrupted run's dir (read only)."""
+    return uninterrupted.run_dir
 
 
 @pytest.mark.timeout(300)
-def test_two_nodes_two_tasks_end_to_end(cluster: str, tmp_path: Path) -> None:
-    run_dir = tmp_path / "smoke"
-    launch = Launch(run_dir, *WORKERS, "--time", "10", *SMOKE)
-    assert launch.finish(240) == 0, launch.text()[-3000:]
+def test_two_nodes_two_tasks_end_to_end(uninterrupted: Launch) -> None:
+    launch, run_dir = uninterrupted, uninterrupted.run_dir
     assert (run_dir / "model.pt").is_file()
     assert trained_steps(run_dir) == 128  # 8 epochs x 16 steps of a global batch of 128
     log = launch.rank0_log()
