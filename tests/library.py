@@ -89,12 +89,24 @@ def _live_long(run_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["launch.local", str(run_dir)], done.code, done.stderr, "")
 
 
+def _live(run_dir: Path) -> subprocess.CompletedProcess:
+    """The uninterrupted live run of bench/live.py's recipe (2 ranks, nothing killed, batch traces):
+    the plan every live test compares with (tests/integration/test_live_recovery.py,
+    tests/engines/test_live_slurm.py; the plan does not depend on the launcher or the world)."""
+    from bench import live
+
+    done = live.run(run_dir, victim=None)
+    assert done.code == 0, done.stderr[-3000:]
+    return subprocess.CompletedProcess(["launch.local", str(run_dir)], done.code, "", done.stderr)
+
+
 LIVE_LONG_EPOCHS = 48
 
 RECIPES: dict[str, Callable[[Path], subprocess.CompletedProcess]] = {
     "resume": _resume,
     "elastic": _elastic,
     "checkpoint-preempted": _checkpoint_preempted,
+    "live": _live,
     "live-long": _live_long,
 }
 """name -> builder(run_dir): starts the launch into run_dir (an empty folder), asserts its exit code."""

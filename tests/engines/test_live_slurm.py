@@ -41,6 +41,7 @@ from tests.engines.test_elastic_slurm import running_nodes
 from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wait_until
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
 from tests.integration.test_live_recovery import step_samples
+from tests.library import RunLibrary
 
 cluster = dev_cluster
 
@@ -84,12 +85,11 @@ def lighthouse(tmp_path: Path) -> Iterator[str]:
         proc.wait()
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> live.LiveRun:
+@pytest.fixture
+def reference(run_library: RunLibrary) -> live.LiveRun:
     """The uninterrupted run (launch.local, 2 ranks, nothing killed): the plan does not depend on the world."""
-    result = live.run(tmp_path_factory.mktemp("live-slurm-ref") / "run", victim=None)
-    assert result.code == 0, result.stderr[-3000:]
-    return result
+    built = run_library.get("live")  # read only
+    return live.LiveRun(built.path, built.result.returncode, built.result.stderr, killed_at=None)
 
 
 def job_pids(job_id: str, node: str) -> list[int]:

@@ -55,12 +55,11 @@ def step_samples(run_dir: Path) -> dict[int, dict[int, tuple[int, int, bool]]]:
     return steps
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> live.LiveRun:
+@pytest.fixture
+def reference(run_library: RunLibrary) -> live.LiveRun:
     """The uninterrupted run: live mode on, nothing killed."""
-    result = live.run(tmp_path_factory.mktemp("live-ref") / "run", victim=None)
-    assert result.code == 0, result.stderr[-3000:]
-    return result
+    built = run_library.get("live")  # read only
+    return live.LiveRun(built.path, built.result.returncode, built.result.stderr, killed_at=None)
 
 
 def assert_trains_the_plan(run_dir: Path, steps: int) -> None:
