@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launcher_argv
-from tests.helpers import REPO, assert_models_equal, launcher
+from tests.helpers import REPO, assert_models_equal
+from tests.integration.test_resume import SMALL
+from tests.library import RunLibrary
 from torchlaunch.exit_codes import CANCELLED, FAILURE, OK
 
 pytestmark = pytest.mark.slow
@@ -49,11 +51,13 @@ def committed(run_dir: Path) -> bool:
 
 
 @pytest.mark.timeout(900)
-def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(tmp_path: Path) -> None:
-    reference, run_dir = tmp_path / "ref", tmp_path / "run"
-    done = launcher([*RECIPE, f"run_dir={reference}"], timeout=400)
-    assert done.returncode == OK, done.stderr[-3000:]
-    argv = launcher_argv("torchlaunch.backends.local.launch", *RECIPE, f"run_dir={run_dir}")
+def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(
+    run_library: RunLibrary, tmp_path: Path
+) -> None:
+    # The recipe of the session's "resume" library run (test_resume.run): its weights are the reference.
+    reference, run_dir = run_library.path("resume"), tmp_path / "run"
+    recipe = ["--gpus", "2", "--max-restarts", "0", "--config", "configs/smoke.yaml", f"run_dir={run_dir}", *SMALL]
+    argv = launcher_argv("torchlaunch.backends.local.launch", *recipe)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
