@@ -136,13 +136,21 @@ def test_elastic_sbatch_golden() -> None:
 
 @pytest.mark.parametrize(
     ("nodes", "needle"),
-    [("2-1", "MIN 2 is more than MAX 1"), ("0-2", "--nodes must be >= 1, got 0"), ("1..2", "a range MIN:MAX")],
+    [
+        ("2-1", "MIN 2 is more than MAX 1 (e.g. --nodes 1-2)"),  # the example in the user's own spelling
+        ("2:1", "MIN 2 is more than MAX 1 (e.g. --nodes 1:2)"),
+        ("2-1\n", "--nodes '2-1': MIN 2"),  # a trailing newline neither splits the line nor is echoed
+        ("0-2", "--nodes must be >= 1, got 0"),
+        ("1..2", "a range MIN:MAX"),
+    ],
 )
-def test_slurm_bad_node_ranges_are_one_line(nodes: str, needle: str) -> None:
+def test_slurm_bad_node_ranges_are_one_line(nodes: str, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     from torchlaunch.backends.slurm import launch as slurm
 
     code = slurm.main(["--dry-run", "--nodes", nodes, "--tasks-per-node", "1", "--config", "configs/smoke.yaml"])
-    assert code == 2
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err, err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_wait_follows_a_job_requeued_after_a_node_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

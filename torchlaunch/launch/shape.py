@@ -88,7 +88,10 @@ def parse_nodes(flag: str, text: str | int, example: str = "2") -> NodeRange:
     within(flag, low, 1, MAX_NODES, example)
     within(flag, high, 1, MAX_NODES, example)
     if low > high:
-        raise cli.error(f"{flag} {text}: MIN {low} is more than MAX {high} (e.g. {flag} {high}:{low})")
+        sep = found.group(2)  # the user's spelling: torchrun's MIN:MAX or Slurm's MIN-MAX
+        raise cli.error(
+            f"{flag} {str(text).strip()[:40]!r}: MIN {low} is more than MAX {high} (e.g. {flag} {high}{sep}{low})"
+        )
     return NodeRange(low, high)
 
 
