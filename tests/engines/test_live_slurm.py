@@ -250,6 +250,37 @@ def test_a_loss_below_the_node_ranges_minimum_checkpoints_requeues_and_resumes_e
     assert [(r["world_size"], r["stopped"]) for r in st["regroups"]] == [(1, True)], st["regroups"]
 
 
+@pytest.mark.timeout(600)
+def test_a_whole_job_preempted_from_outside_checkpoints_requeues_and_resumes_exactly(
+    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
+) -> None:
+    """A preemption of the whole job is not a node loss: `scancel --signal=USR2 --full` reaches every
+    process of the job (both tasks, the batch shell); the ranks agree on a step, commit it, exit 75, the
+    job is requeued once and resumes on both nodes from that step: nothing regroups, every step exact."""
+    run_dir, launch = launch_live(tmp_path, lighthouse, "1-2")
+    wait_until(
+        lambda: live.traced_step(run_dir / "trace" / "rank1.jsonl") >= live.KILL_AT or launch.proc.poll() is not None,
+        240,
+        f"rank 1 to trace step {live.KILL_AT}",
+        poll_s=0.02,
+    )
+    assert launch.proc.poll() is None, launch.text()[-3000:]
+    slurm("scancel", "--signal=USR2", "--full", launch.job_id)
+    wait_until(lambda: controller(launch.job_id).get("Restarts") == "1", 120, "the requeue")
+    code = launch.finish(300)
+    out, log = launch.text(), launch.rank0_log()
+    assert code == 0, out[-3000:]
+    assert "resumed from" in log, log[-3000:]
+    job = controller(launch.job_id)
+    assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "1"), job
+    assert log.count("slurm task: rank 0/2 ") == 2, "one requeue: two allocations of 2 tasks"
+    assert not (run_dir / "live" / "events-rank0.jsonl").exists(), "a live event: the stop was taken for a loss"
+    assert step_samples(run_dir) == step_samples(reference.run_dir)
+    assert_same_weights(run_dir / "model.pt", reference.run_dir / "model.pt")
+    st = status_of(run_dir)
+    assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 2), st
+
+
 def assert_same_weights(a: Path, b: Path) -> None:
     """Bit for bit: every step trained on 2 ranks, as in the uninterrupted run, and the resume is exact."""
     import torch
