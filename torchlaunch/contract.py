@@ -132,6 +132,11 @@ LIVE_MIN_NODES = "TORCHLAUNCH_LIVE_MIN_NODES"
 MIN nodes' worth of ranks checkpoints and exits 75 for a requeue (core/recovery/minimum.py)."""
 LIVE_NODE_RANGE = "TORCHLAUNCH_LIVE_NODE_RANGE"
 """Set with LIVE_MIN_NODES: the range as the user gave it (`--nodes 2-3`), quoted in the rank's line."""
+LIVE_FIRST_GROUP = "TORCHLAUNCH_LIVE_FIRST_GROUP"
+"""Set by the live agent of a `launch.local --nnodes MIN:MAX` launch: `R/W`, this rank's place in the
+first group (the nodes that came in time), which its process group is formed as; RANK and WORLD_SIZE
+stay the launch's (node rank x ranks per node + local rank, of MAX nodes), which name its files and its
+replica id. Always set there, so that a first group of one rank is formed too (later nodes join it)."""
 K8S_JOB = "TORCHLAUNCH_K8S_JOB"
 K8S_NAMESPACE = "TORCHLAUNCH_K8S_NAMESPACE"
 """Set in the pod by the Job manifest (downward API: the job-name label and metadata.namespace)."""
@@ -194,6 +199,18 @@ def read_env(env: Mapping[str, str] | None = None) -> dict[str, int | str] | Non
             "(fix the launcher's environment)"
         )
     return parsed
+
+
+def live_first_group(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(rank, world size) of this rank's first live group (LIVE_FIRST_GROUP), or None when unset; a
+    value that is not `R/W` with 0 <= R < W is bad input, one line."""
+    raw = get(LIVE_FIRST_GROUP, "", env) or ""
+    if not raw:
+        return None
+    rank, slash, world = raw.partition("/")
+    if not (slash and rank.isdigit() and world.isdigit() and len(raw) < 16 and int(rank) < int(world)):
+        raise BadInput(f"env error: {LIVE_FIRST_GROUP}={raw[:20]!r} is not RANK/WORLD with RANK < WORLD")
+    return int(rank), int(world)
 
 
 def _lenient(key: str, env: Mapping[str, str] | None) -> int:

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from torchlaunch import compat
-from torchlaunch.contract import CONTRACT, read_env  # noqa: F401 - CONTRACT re-exported
+from torchlaunch.contract import CONTRACT, live_first_group, read_env  # noqa: F401 - CONTRACT re-exported
 from torchlaunch.core.affinity import pin_local_rank
 from torchlaunch.exit_codes import BadInput, ConfigError
 
@@ -66,6 +66,7 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
     threads gloo and OpenMP start later inherit it. `alone`: a rank started again in live mode takes its
     device and cores but forms no group here (it joins the live group later)."""
     env = read_env()
+    first = live_first_group() if env is not None else None
     if env is not None and alone:
         local_rank = int(env["LOCAL_RANK"])
         device = pick_device(local_rank)
@@ -76,7 +77,7 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
         return DistContext(
             rank=0, world_size=1, local_rank=local_rank, local_world_size=int(env["LOCAL_WORLD_SIZE"]), device=device
         )
-    if env is None or int(env["WORLD_SIZE"]) == 1:  # a one-rank contract (launch.local --gpus 1): no group needed
+    if env is None or (first is None and int(env["WORLD_SIZE"]) == 1):  # one rank (launch.local --gpus 1): no group
         device = pick_device(0)
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -90,19 +91,22 @@ def setup(timeout_s: float = 300.0, backend: str = "auto", pin_cpus: bool = Fals
         raise ConfigError("dist.backend", "nccl needs CUDA GPUs", "use dist.backend=gloo or auto on CPU")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    # launch.local --nnodes MIN:MAX in live mode: the first group is the nodes that came in time, its
+    # ranks numbered apart from the launch's RANK (contract.LIVE_FIRST_GROUP)
+    rank, world = first or (int(env["RANK"]), int(env["WORLD_SIZE"]))
     dist.init_process_group(
         backend=chosen,
         init_method="env://",  # reuses torchrun's store when it shares one, else rank 0 hosts it
-        rank=int(env["RANK"]),
-        world_size=int(env["WORLD_SIZE"]),
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=max(timeout_s, START_WAIT_S)),
         device_id=device if device.type == "cuda" else None,
     )
     if timeout_s < START_WAIT_S:
         compat.set_group_timeout(timeout_s)  # every collective from here on: dist.timeout_s
     return DistContext(
-        rank=int(env["RANK"]),
-        world_size=int(env["WORLD_SIZE"]),
+        rank=rank,
+        world_size=world,
         local_rank=local_rank,
         local_world_size=int(env["LOCAL_WORLD_SIZE"]),
         device=device,

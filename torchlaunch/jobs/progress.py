@@ -32,6 +32,7 @@ from typing import IO, Any
 from torchlaunch import contract, rundir
 from torchlaunch.base import procs
 from torchlaunch.base.files import as_float, as_int, as_str, read_json
+from torchlaunch.exit_codes import BadInput
 from torchlaunch.jobs import ranklog
 
 PROGRESS_DIR_ENV = contract.PROGRESS_DIR
@@ -151,10 +152,21 @@ def _current() -> Heartbeat | None:
             Path(where),
             contract.rank(),
             local_rank=contract.local_rank(),
-            world_size=contract.world_size() or None,
+            world_size=started_world(),
             launch_id=contract.get(LAUNCH_ENV),
         )
     return _writer
+
+
+def started_world() -> int | None:
+    """The world this rank starts in: its first live group's where a `--nnodes MIN:MAX` launch formed it
+    of the nodes that came in time (contract.LIVE_FIRST_GROUP), else WORLD_SIZE; None without a launcher.
+    A malformed value is the worker's to refuse, not the heartbeat's."""
+    try:
+        first = contract.live_first_group()
+    except BadInput:
+        first = None
+    return first[1] if first is not None else contract.world_size() or None
 
 
 def heartbeat(

@@ -311,10 +311,11 @@ def _speaking(every: list[RankBeat], gone: frozenset[int], change: WorldChange |
     return every
 
 
-def _world_size(head: RankBeat | None, change: WorldChange | None, lost: bool) -> int | None:
+def _world_size(head: RankBeat | None, change: WorldChange | None, lost: bool, live: bool = False) -> int | None:
     """The ranks training now: a beat carries the WORLD_SIZE its process started with, so after a rank
-    was lost and the others regrouped in place, the last world change says how many are left."""
-    if lost and change is not None:
+    was lost and the others regrouped in place, or a live group grew in place (a node of `--nnodes
+    MIN:MAX` that came late, a rank started again), the last world change says how many there are."""
+    if (lost or live) and change is not None:
         return change.world_size
     return head.world_size if head else None
 
@@ -381,7 +382,7 @@ def decide(facts: Facts) -> Status:
         ),
         cancel_requested=cancel_asked(facts, nodes),
         problems=tuple(facts.problems),
-        world_size=_world_size(head, facts.world_change, lost),
+        world_size=_world_size(head, facts.world_change, lost, live=bool(facts.regroups)),
         world_change=facts.world_change,
         regroups=facts.regroups,
     )

@@ -180,7 +180,9 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
             "no membership service: this launcher does not run one",
             "launch with `python -m launch.local --gpus N` on one node, or set recovery.live=false",
         )
-    rank = int(contract.get(contract.RANK, "0") or 0) if attempt else ctx.rank
+    # the rank the launcher started it as: a joiner's and a --nnodes MIN:MAX rank's differ from its seat
+    launched = attempt or contract.get(contract.LIVE_FIRST_GROUP)
+    rank = int(contract.get(contract.RANK, "0") or 0) if launched else ctx.rank
     membership = LighthouseMembership(address, replica_id_of(rank, attempt), cfg.recovery.heartbeat_timeout_s)
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
     pulse = Pulse.for_bound(int(pulse_fd), cfg.recovery.heartbeat_timeout_s) if pulse_fd.isdigit() else None

@@ -567,7 +567,7 @@ class Trainer:
             resume_step=p.global_step if resumed or self._joined else None,  # a joiner appends
             tensorboard=self.cfg.train.tensorboard,
             trace=self.cfg.debug.trace_batches,
-            started_as=self.live.started_as if self._joined is not None and self.live is not None else None,
+            started_as=self.live.started_as if self.live is not None else None,  # names this rank's files
         )
         try:
             if self._joined is not None:  # a rank started again: its own record of taking a peer's state
