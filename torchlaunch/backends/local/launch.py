@@ -4,6 +4,8 @@ One worker without restarts runs directly, without torchrun's agent (see runs_wi
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
     python -m launch.local --nnodes 1:2 --master-addr node0 --max-restarts 3 --config ...  # elastic (launch.elastic)
+    python -m launch.local --nnodes 1:2 --node-rank 1 --master-addr node0 --config ... recovery.live=true \
+        recovery.lighthouse=http://lh:29510   # live: the first group of the nodes in time (first_group.py)
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
     python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
 
@@ -49,6 +51,7 @@ from typing import IO, Any
 from torchlaunch import config as config_mod
 from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
 from torchlaunch import runner as program_mod
+from torchlaunch.backends.local import first_group
 from torchlaunch.base import procs as ops_procs
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import record, watchdog
@@ -190,16 +193,10 @@ def launch_argv(spec: JobSpec, placement: NodePlacement, module: str, doctor: bo
 
 def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
     """Whether this launch runs its ranks under the live agent (recovery.live, several ranks in all).
-    Across nodes the membership service must run apart (recovery.lighthouse: a service inside one node
-    would die with it) and the node count is fixed (the live group shrinks and grows by itself; MIN:MAX
-    is torchrun's restart); anything else is refused in one line."""
+    Across nodes (--nnodes N, or MIN:MAX: first_group.py) the membership service must run apart
+    (recovery.lighthouse: a service inside one node would die with it); else one line."""
     if not cfg.recovery.live or doctor:
         return False
-    if spec.min_nodes is not None:
-        raise cli.error(
-            f"recovery.live=true takes a fixed --nnodes (the live group shrinks and grows in place), not "
-            f"{spec.min_nodes}:{spec.nodes}; use --nnodes {spec.nodes}, or set recovery.live=false"
-        )
     if (spec.nodes != 1 or placement.master_addr is not None) and not cfg.recovery.lighthouse:
         raise cli.error(
             "recovery.live=true across nodes needs the membership service apart from them: start "
@@ -227,26 +224,33 @@ def live_argv(
     placement: NodePlacement | None = None,
     lighthouse: str = "",
     join_attempt: int = 0,
+    first: first_group.FirstSeat | None = None,
 ) -> list[str]:
     """The live agent's command (torchlaunch.backends.local.live), pure: this node's ranks, which regroup
     in place when one is lost, and on one node the membership service beside them; across nodes, where
     node 0 is (the first group's store) and the service apart (`lighthouse`), and for a node that
-    replaces a lost one, the attempt its ranks join the training group with (replaces_a_lost_node)."""
+    replaces a lost one, the attempt its ranks join the training group with (replaces_a_lost_node).
+    With --nnodes MIN:MAX, the range (MIN goes to the ranks) and, once the nodes met (`first`), this
+    node's seat in the first group, whose store is on its first node; without it (--dry-run: nobody
+    met) the agent starts a first group of every node."""
     placement = placement or NodePlacement()
     across = ["--lighthouse", lighthouse] if lighthouse else []
     if join_attempt:
         across += ["--join-attempt", str(join_attempt)]
     if spec.nodes > 1 or placement.master_addr is not None:
+        nodes = shape.NodeRange(spec.min_nodes or spec.nodes, spec.nodes)
         across += [
             "--nnodes",
-            str(spec.nodes),
+            nodes.torchrun(),
             "--node-rank",
             str(placement.node_rank),
             "--master-addr",
-            placement.master_addr or "127.0.0.1",
+            first.master_host if first is not None else placement.master_addr or "127.0.0.1",
             "--master-port",
             str(spec.master_port),
         ]
+        if first is not None and not join_attempt:
+            across += ["--first-seat", str(first.seat), "--first-nodes", str(first.nodes)]
     return [
         python,
         "-m",
@@ -290,6 +294,80 @@ def replaces_a_lost_node(lock: runlock.RunLock | None, run_dir: str) -> int:
         fence.found()
         return 0
     return fence.current() + 1 if fence.formed_since_founded() else 0
+
+
+class LaunchEnded(Exception):
+    """The launch ends before its ranks start, with `code` and one line (a stop, no first group)."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(line)
+        self.code, self.line = code, line
+
+
+def live_start(
+    lock: runlock.RunLock | None, cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement
+) -> tuple[int, first_group.FirstSeat | None]:
+    """How this node's ranks start in live mode: (the attempt they join a training group with, 0 for a
+    first launch; their seat in the first group of a --nnodes MIN:MAX launch, None otherwise)."""
+    if spec.min_nodes is None:
+        joins = replaces_a_lost_node(lock, cfg.run_dir)
+        if joins:
+            say(
+                "launch: this job trains already on its other nodes: this node's ranks join its live group "
+                "with a peer's state"
+            )
+        return joins, None
+    return meet_first_group(lock, cfg, spec, placement)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def meet_first_group(
+    lock: runlock.RunLock | None, cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement
+) -> tuple[int, first_group.FirstSeat | None]:
+    """--nnodes MIN:MAX in live mode: wait in the run dir for the first group (first_group.py) and say
+    where this node stands in it. The window after MIN nodes is the elastic rendezvous's last call
+    (--rdzv-conf last_call_timeout, 10 s by default); the wait for MIN nodes its join_timeout (600 s)."""
+    from torchlaunch.backends import live_shared
+    from torchlaunch.core.recovery.fence import Fence
+
+    assert lock is not None and lock.holder.job and placement.master_addr is not None  # check_nodes, elastic_job
+    nodes = shape.NodeRange(spec.min_nodes or spec.nodes, spec.nodes)
+    conf = dict(placement.rdzv_conf)
+    host = live_shared.store_host(spec.nodes, placement.master_addr, cfg.recovery.lighthouse)
+    me = first_group.Arrival(placement.node_rank, host, lock.holder.token, time.time())
+    fence = Fence(cfg.run_dir)
+    job = lock.holder.job
+
+    def live_tokens() -> set[str]:
+        return {m.token for m in lock.live_members(job)}
+
+    meeting = first_group.Meeting(rundir.live(cfg.run_dir), me, live_tokens, fence.current)
+    stopped = lambda: bool(_EARLY_SIGNALS)  # noqa: E731 - a stop while waiting: nothing trained here
+    spelled = f"--nnodes {nodes.torchrun()}"
+    try:
+        met = meeting.meet(
+            nodes, conf.get("last_call_timeout", 10), conf.get("join_timeout", first_group.JOIN_TIMEOUT_S), stopped
+        )
+    except TimeoutError as e:
+        raise LaunchEnded(FAILURE, f"no first live group of {spelled}: {e}; nothing trained (exit 1)") from None
+    if met is None:
+        name = signal.Signals(_EARLY_SIGNALS[0]).name
+        raise LaunchEnded(
+            PREEMPTED, f"{name} while waiting for the first group of {spelled}: nothing to save (exit 75)"
+        )
+    listed = ", ".join(str(n) for n in met.node_ranks)
+    if isinstance(met, first_group.FirstSeat):
+        say(f"launch: the first live group of {spelled} is node(s) {listed}; this node's ranks start in it")
+        return 0, met
+    meeting.wait_formed(met, cfg.recovery.quorum_timeout_s, stopped)
+    say(
+        f"launch: the first live group of {spelled} formed without this node (node(s) {listed}): this node's "
+        "ranks join it with a peer's state"
+    )
+    return fence.current() + 1, None
 
 
 def rendezvous_id(spec: JobSpec, placement: NodePlacement) -> str:
@@ -403,32 +481,63 @@ def check_placement(args: argparse.Namespace) -> None:
     shape.check(args)
     check_nodes(args)
     args.nnodes = args.node_range.max
+    args.node_rank_given = args.node_rank is not None
     args.node_rank = 0 if args.node_rank is None else args.node_rank
     if not 0 <= args.node_rank < args.nnodes:
         raise cli.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
 
 
 def check_nodes(args: argparse.Namespace) -> None:
-    """--nnodes N or MIN:MAX (parsed by shape.check), and what only one of them takes."""
+    """--nnodes N or MIN:MAX (parsed by shape.check), and what only one of them takes; what depends on
+    live mode (known once the recipe is read) is check_range's."""
     nodes = args.node_range
     args.rdzv = elastic.parse_rdzv_conf(args.rdzv_conf, elastic.DEFAULT_RDZV) if nodes.elastic else ()
     if nodes.elastic:
-        if args.node_rank is not None:
-            raise cli.error(
-                f"--node-rank with --nnodes {nodes.torchrun()}: node ranks come from the rendezvous; drop --node-rank"
-            )
         if args.master_addr is None:
             raise cli.error(
                 f"--nnodes {nodes.torchrun()} needs --master-addr HOST (the host of the rendezvous store; "
                 "127.0.0.1 for several launchers on this machine)"
             )
-        if args.max_restarts == 0:
-            raise cli.error(
-                f"--nnodes {nodes.torchrun()} with --max-restarts 0: a lost node costs one torchrun restart, so "
-                "the job would end with it; pass --max-restarts K (e.g. 3)"
-            )
     elif args.rdzv_conf:
         raise cli.error(f"--rdzv-conf is for elastic jobs (--nnodes MIN:MAX), not --nnodes {nodes.max}")
+
+
+LIVE_RDZV_KEYS = ("join_timeout", "last_call_timeout")
+"""The --rdzv-conf keys live mode's first group uses (first_group.py); the others time torchrun's
+rendezvous, which live mode has none of after the first group (a lost node is the live group's)."""
+
+
+def check_range(args: argparse.Namespace, live: bool) -> None:
+    """--nnodes MIN:MAX, once the launch's mode is known (pure over args). Under torchrun (elastic) the
+    rendezvous numbers the nodes and a lost node costs a restart; in live mode (recovery.live) each node
+    gives its own --node-rank (its ranks' files and ids follow it), a lost node costs no restart, and
+    only the first group's timeouts apply."""
+    nodes = args.node_range
+    if not nodes.elastic:
+        return
+    spelled = nodes.torchrun()
+    if not live:
+        if args.node_rank_given:
+            raise cli.error(
+                f"--node-rank with --nnodes {spelled}: node ranks come from the rendezvous; drop --node-rank"
+            )
+        if args.max_restarts == 0:
+            raise cli.error(
+                f"--nnodes {spelled} with --max-restarts 0: a lost node costs one torchrun restart, so "
+                "the job would end with it; pass --max-restarts K (e.g. 3)"
+            )
+        return
+    if not args.node_rank_given:
+        raise cli.error(
+            f"--nnodes {spelled} with recovery.live=true numbers its nodes: give each node its own "
+            f"--node-rank 0..{nodes.max - 1}"
+        )
+    for key, _ in elastic.parse_rdzv_conf(args.rdzv_conf):
+        if key not in LIVE_RDZV_KEYS:
+            raise cli.error(
+                f"--rdzv-conf {key}: recovery.live=true has no torchrun rendezvous after its first group (a lost "
+                f"node is judged by recovery.heartbeat_timeout_s); its keys are {' and '.join(LIVE_RDZV_KEYS)}"
+            )
 
 
 def check_rendezvous(args: argparse.Namespace) -> None:
@@ -486,6 +595,7 @@ def plan(args: argparse.Namespace) -> Plan:
         "max_restarts": args.max_restarts,
     }
     if program is not None:
+        check_range(args, live=False)  # live mode is the built-in worker's
         if args.reconfigure:
             raise cli.error(
                 "--reconfigure changes the built-in worker's RUN_DIR/config.yaml; a program after -- has none"
@@ -494,6 +604,7 @@ def plan(args: argparse.Namespace) -> Plan:
         spec = JobSpec(program=tuple(program.argv()), run_dir=args.run_dir, **common)
         return Plan(spec, placement, None, program)
     cfg = config_mod.load(args.config, args.overrides)
+    check_range(args, live=cfg.recovery.live)
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
     recipe = rundir.doctor_config(cfg.run_dir) if args.doctor else rundir.config(cfg.run_dir)
@@ -614,16 +725,15 @@ def launch(argv: Sequence[str]) -> int:
         else:
             settled = settle_config(cfg, args.reconfigure, lock)
         if live:  # after the config is settled: a refused launch records nothing in RUN_DIR/live
-            joins = replaces_a_lost_node(lock, cfg.run_dir)
-            if joins:
-                print(
-                    "launch: this job trains already on its other nodes: this node's ranks join its live group "
-                    "with a peer's state",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            try:
+                joins, first = live_start(lock, cfg, spec, planned.placement)
+            except LaunchEnded as ended:
+                print(f"launch: {ended.line}", file=sys.stderr, flush=True)
+                return ended.code
             options = live_options(cfg, planned.placement)
-            argv_out = live_argv(spec, cfg.recovery.heartbeat_timeout_s, rdzv, **options, join_attempt=joins)
+            argv_out = live_argv(
+                spec, cfg.recovery.heartbeat_timeout_s, rdzv, **options, join_attempt=joins, first=first
+            )
         attempt = uuid.uuid4().hex[:12]
         agent = uses_agent(spec, planned.placement, args.doctor)
         env = contract_env(launch_env(spec, dict(os.environ), available_cores(), attempt), agent, rdzv)

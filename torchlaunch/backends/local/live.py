@@ -3,6 +3,8 @@
     python -m torchlaunch.backends.local.live --nproc 2 --heartbeat-timeout-ms 1000 -- -m torchlaunch.runner ...
     python -m torchlaunch.backends.local.live --nproc 2 --nnodes 3 --node-rank 1 --master-addr node0 \
         --master-port 29500 --lighthouse http://lighthouse:29510 -- -m torchlaunch.runner ...
+    python -m torchlaunch.backends.local.live --nproc 2 --nnodes 1:3 --node-rank 2 --first-seat 1 \
+        --first-nodes 2 --master-addr node0 ...   # MIN:MAX: the launcher's first group (first_group.py)
 
 Why not torchrun's agent: it ends every rank of the group when one fails and starts them all again,
 which is exactly the restart live mode avoids. This agent starts the ranks with torchrun's env contract
@@ -38,6 +40,7 @@ from torchlaunch import contract
 from torchlaunch.backends import live_shared
 from torchlaunch.backends.live_shared import LOOPBACK, job_code
 from torchlaunch.base import procs
+from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.pulse import Watch
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.launch import elastic, shape
@@ -69,6 +72,18 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         default=0,
         help="this node replaces a lost one of a job that trains: its ranks join with this attempt number",
     )
+    parser.add_argument(
+        "--first-seat",
+        type=int,
+        default=None,
+        help="--nnodes MIN:MAX: this node's place among the first group's nodes (default: its node rank)",
+    )
+    parser.add_argument(
+        "--first-nodes",
+        type=int,
+        default=None,
+        help="--nnodes MIN:MAX: how many nodes form the first group (default: MAX)",
+    )
     args = parser.parse_args(argv[:cut])
     try:
         shape.check(args)
@@ -76,12 +91,32 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(str(e))
     if not 0 <= args.join_attempt < 10**9:
         parser.error("--join-attempt takes 0 (a first launch) or a positive attempt number")
-    if args.node_range.elastic:
-        parser.error("--nnodes takes a fixed count: the live group shrinks and grows in place")
     args.nnodes = args.node_range.max
+    args.min_nodes = args.node_range.min if args.node_range.elastic else None
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
+    why = first_group_problem(args)
+    if why:
+        parser.error(why)
     if args.nnodes > 1 and not (args.lighthouse and args.master_port):
         parser.error("--nnodes above 1 needs --lighthouse and --master-port (the service runs apart)")
     return args, argv[cut + 1 :]
+
+
+def first_group_problem(args: argparse.Namespace) -> str:
+    """Why --first-seat/--first-nodes do not fit (pure; '' when they do), after filling their defaults:
+    the first group of a range holds MIN..MAX nodes, this one among them; a fixed count has no choice."""
+    if args.min_nodes is None:
+        if args.first_seat is not None or args.first_nodes is not None:
+            return "--first-seat and --first-nodes come with --nnodes MIN:MAX (a fixed count starts every node)"
+        return ""
+    args.first_nodes = args.nnodes if args.first_nodes is None else args.first_nodes
+    args.first_seat = args.node_rank if args.first_seat is None else args.first_seat
+    if not args.min_nodes <= args.first_nodes <= args.nnodes:
+        return f"--first-nodes {args.first_nodes} outside --nnodes {args.min_nodes}:{args.nnodes}"
+    if not 0 <= args.first_seat < args.first_nodes:
+        return f"--first-seat {args.first_seat} outside 0..{args.first_nodes - 1}"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -93,6 +128,12 @@ class NodeSeat:
     node_rank: int = 0
     master_addr: str = LOOPBACK
     master_port: int = 0
+    min_nodes: int | None = None
+    """--nnodes MIN:MAX: MIN, passed to the ranks (core/recovery/minimum.py owns what it means)."""
+    first_seat: int | None = None
+    """--nnodes MIN:MAX: this node's place among the first group's nodes (first_group.py)."""
+    first_nodes: int | None = None
+    """--nnodes MIN:MAX: how many nodes form the first group."""
 
 
 def store_host(seat: NodeSeat, lighthouse: str) -> str:
@@ -117,9 +158,10 @@ def rank_env(
 ) -> dict[str, str]:
     """torchrun's contract for local rank `local_rank` of this node (pure; global rank = node rank x
     nproc + local rank), plus the service's address, the address its store is reached on and the
-    rank's pulse pipe."""
+    rank's pulse pipe; with a node range, MIN and the rank's place in the first group (range_env)."""
     rank, world = seat.node_rank * seat.nproc + local_rank, seat.nnodes * seat.nproc
     return {
+        **range_env(local_rank, seat),
         **base,
         contract.RANK: str(rank),
         contract.LOCAL_RANK: str(local_rank),
@@ -140,6 +182,22 @@ def rank_env(
         contract.LIGHTHOUSE: lighthouse,
         contract.LIVE_PULSE_FD: str(pulse_fd),
     }
+
+
+def range_env(local_rank: int, seat: NodeSeat) -> dict[str, str]:
+    """What a rank of a --nnodes MIN:MAX launch adds to torchrun's contract (pure). RANK stays the rank
+    this node's --node-rank gives it (its replica id and its files follow it, and a late node's ranks
+    never take a first-group rank's), and WORLD_SIZE MAX nodes' worth; the first group, formed by the
+    nodes that came in time, is `seat x nproc + local rank` of `nodes x nproc`
+    (contract.LIVE_FIRST_GROUP), always formed, even of one rank, so that later nodes can join it. MIN
+    goes to the ranks as Slurm's task passes it (minimum.passed)."""
+    if seat.min_nodes is None:
+        return {}
+    first_seat = seat.node_rank if seat.first_seat is None else seat.first_seat
+    first_nodes = seat.nnodes if seat.first_nodes is None else seat.first_nodes
+    first = f"{first_seat * seat.nproc + local_rank}/{first_nodes * seat.nproc}"
+    said = f"--nnodes {seat.min_nodes}:{seat.nnodes}"
+    return {contract.LIVE_FIRST_GROUP: first, **minimum.passed(seat.min_nodes, said)}
 
 
 class Service:
@@ -218,7 +276,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, program = parse_args(sys.argv[1:] if argv is None else argv)
     service = None if args.lighthouse else Service(free_port(), args.heartbeat_timeout_ms)
     lighthouse = args.lighthouse or (service.address if service is not None else "")
-    seat = NodeSeat(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port or free_port())
+    seat = NodeSeat(
+        args.nproc,
+        args.nnodes,
+        args.node_rank,
+        args.master_addr,
+        args.master_port or free_port(),
+        args.min_nodes,
+        args.first_seat,
+        args.first_nodes,
+    )
     host = store_host(seat, lighthouse)
     ranks: list[subprocess.Popen] = []
     watch = Watch(args.heartbeat_timeout_ms / 1000)
@@ -241,8 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_fd, write_fd = os.pipe()
         watch.add(rank, read_fd)
         env = rank_env(dict(os.environ), rank, seat, lighthouse, args.run_id, write_fd, host)
-        if joiner(rank):
+        if joiner(rank):  # it forms no first group: it joins the live one
             env[contract.LIVE_JOIN] = str(joiner.attempt(rank))
+            env.pop(contract.LIVE_FIRST_GROUP, None)
         return start_rank(program, env, write_fd)
 
     for sig in (signal.SIGTERM, signal.SIGINT):

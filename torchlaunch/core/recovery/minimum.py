@@ -1,6 +1,6 @@
 """The fewest ranks a live group trains on: below it, the ranks left checkpoint and stop for a requeue.
 
-A launcher that was given a node range (Slurm's `--nodes MIN-MAX`) asked for at least MIN nodes: a
+A launcher that was given a node range (Slurm's `--nodes MIN-MAX`, launch.local's `--nnodes MIN:MAX`) asked for at least MIN nodes: a
 live group that a loss leaves with fewer than MIN nodes' worth of ranks must not train on. The ranks
 left have formed their group already (so they can agree); they commit a checkpoint at the last whole
 step through the usual path (a failed save keeps the previous checkpoint) and end with the preemption
@@ -75,6 +75,12 @@ def below_minimum(minimum: Minimum | None, world: int) -> None:
     why = minimum.short(world) if minimum is not None else None
     if why is not None:
         raise BelowMinimum(why)
+
+
+def passed(min_nodes: int, said: str) -> dict[str, str]:
+    """What a launcher given a node range sets in its ranks' environment (pure): MIN, and the range in
+    the words the user gave it (`--nnodes 1:2`), which the rank's line quotes."""
+    return {contract.LIVE_MIN_NODES: str(min_nodes), contract.LIVE_NODE_RANGE: said}
 
 
 def from_env(ranks_per_node: int, env: Mapping[str, str] | None = None) -> Minimum | None:
