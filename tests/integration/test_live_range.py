@@ -32,15 +32,16 @@ import torch
 from bench import live
 from tests.conftest import REPO, child_env, launcher_argv, run_cmd
 from tests.integration.test_live_recovery import TOLERANCE, step_samples
-from tests.library import RunLibrary
+from tests.library import LIVE_LONG_EPOCHS, RunLibrary
 from torchlaunch import pdeath
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 DEADLINE_S = 240.0
-LATE_EPOCHS = 16
-"""The late node's run: 1,024 steps, long enough that a node started after the first group formed
-(~5 s of start-up here) joins well before the end."""
+LATE_EPOCHS = LIVE_LONG_EPOCHS
+"""The late node's run: the library's long live run (3,072 steps), so a node started after the first
+group formed (~4 s of start-up here; it joined at step ~800 of a 1,024-step run) joins well before the
+end on a busier machine too."""
 
 
 def free_port() -> int:
@@ -197,8 +198,8 @@ def test_a_node_started_after_the_first_group_formed_joins_it(
 ) -> None:
     """Node 0 alone: MIN (1) is in, the last call (1 s) passes, and it forms the first group of one rank.
     Node 1, started once that group formed, finds it sealed without itself: its rank joins at node 0's
-    next check point with node 0's state (digest checked); node 0 pauses only for the admission. Every
-    step is the uninterrupted run's (the first LATE_EPOCHS epochs of the library's long live run)."""
+    next check point with node 0's state (digest checked), in the first half of the run. Every step is
+    the uninterrupted run's (the library's long live run)."""
     job = Job(tmp_path, "1:2", lighthouse, epochs=LATE_EPOCHS)
     first = job.start(0)
     wait_for("node 0's first group", lambda: job.generation() >= 1 and job.trace(0) >= 1, [first])
@@ -210,9 +211,9 @@ def test_a_node_started_after_the_first_group_formed_joins_it(
     assert re.search(r"live: joined the group at global step \d+ as rank 1 of 2 \(state from rank 0", out1), out1
     events = live.LiveRun(job.run_dir, 0, "", None).events()
     assert [(e["during"], e["world"]) for e in events if e["event"] == "regrouped"] == [("rejoin", 2)], events
-    steps = LATE_EPOCHS * live.STEPS
-    want = {s: v for s, v in step_samples(run_library.path("live-long")).items() if s <= steps}
-    assert step_samples(job.run_dir) == want and len(want) == steps
+    joined = int(re.search(r"joined the group at global step (\d+)", out1).group(1))  # type: ignore[union-attr]
+    assert joined < LATE_EPOCHS * live.STEPS // 2, f"joined late in the run: step {joined}"
+    assert step_samples(job.run_dir) == step_samples(run_library.path("live-long"))
     st = status(job.run_dir)
     assert (st["state"], st["world_size"]) == ("finished", 2), st
     assert [(r["during"], r["world_size"]) for r in st["regroups"]] == [("rejoin", 2)], st["regroups"]
