@@ -544,6 +544,45 @@ def test_a_rank_started_again_that_fails_before_joining_leaves_the_others_traini
     assert given_up == set(), "a first-start rank's failure is the job's"
 
 
+def test_a_launcher_that_joins_before_the_founder_recorded_its_run_is_not_a_replacement(tmp_path: Path) -> None:
+    """A run dir trained before (its founded record an earlier launch's, generations grown past it): the
+    founder of the new launch records its run only once its config is settled, and a launcher that joins
+    meanwhile waits for that record instead of reading the old one and taking itself for a lost node's
+    replacement. When the founder leaves without recording, the joiner founds the run itself."""
+    import threading
+
+    from torchlaunch import runlock
+
+    old = Fence(tmp_path)
+    old.found("an-earlier-launch")
+    old.advance()
+    old.advance()  # the earlier launch's groups
+    job = "job-key"
+    first = runlock.RunLock(tmp_path, job=job).acquire()
+    second = runlock.RunLock(tmp_path, job=job).acquire()
+    try:
+        assert first.founded and not second.founded
+        founder = threading.Timer(0.3, local_launch.replaces_a_lost_node, (first, str(tmp_path)))
+        founder.start()  # the founder settles its config, then records
+        try:
+            assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0, "read the earlier launch's record"
+        finally:
+            founder.join()
+        assert Fence(tmp_path).founder() == first.holder.token
+    finally:
+        second.release()
+        first.release()
+    first = runlock.RunLock(tmp_path, job=job).acquire()
+    second = runlock.RunLock(tmp_path, job=job).acquire()
+    first.release()  # the founder was refused (say, its config) and left without recording
+    try:
+        Fence(tmp_path).advance()
+        assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0
+        assert Fence(tmp_path).founder() == second.holder.token and not Fence(tmp_path).formed_since_founded()
+    finally:
+        second.release()
+
+
 def test_a_launcher_that_joins_a_job_whose_group_formed_replaces_a_lost_node(tmp_path: Path) -> None:
     """The launcher that founds the job's run records the generation; one that joins later replaces a
     lost node only once a group formed since (a late node of the first launch never does), and its

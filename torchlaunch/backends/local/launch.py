@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from torchlaunch import config as config_mod
 from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
@@ -60,6 +60,9 @@ from torchlaunch.jobs.progress import RankBeat
 from torchlaunch.launch import cli, elastic, emit, precheck, shape
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
+
+if TYPE_CHECKING:
+    from torchlaunch.core.recovery.fence import Fence  # live mode only: imported where used
 
 ATTEMPT_ENV = status.ATTEMPT_ENV
 PREFLIGHT = program_mod.PREFLIGHT
@@ -291,9 +294,33 @@ def replaces_a_lost_node(lock: runlock.RunLock | None, run_dir: str) -> int:
 
     fence = Fence(run_dir)
     if lock.founded:
-        fence.found()
+        fence.found(lock.holder.token)
+        return 0
+    if not founder_recorded(lock, fence):
+        fence.found(lock.holder.token)  # the founder left before recording: this launcher starts the job
         return 0
     return fence.current() + 1 if fence.formed_since_founded() else 0
+
+
+FOUNDER_WAIT_S = 30.0
+"""How long a joining launcher waits for the founder's record (written once the founder's config is
+settled: milliseconds to seconds after it took the run dir)."""
+
+
+def founder_recorded(lock: runlock.RunLock, fence: Fence, wait_s: float = FOUNDER_WAIT_S) -> bool:
+    """Wait until the founded record is a live member's of this job (True), or no member is left (False).
+    The founder writes its record after settling its config (a refused launch writes nothing), so a
+    launcher that joins at once may otherwise read an earlier launch's record, whose generation the
+    earlier groups grew past, and take itself for a lost node's replacement. Past `wait_s` (a founder
+    alive but silent) the record read is used as it is."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        members = {member.token for member in lock.live_members(lock.holder.job or "")}
+        if not members:
+            return False
+        if fence.founder() in members or time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)  # the founder's record lands within its config's settling
 
 
 class LaunchEnded(Exception):

@@ -11,7 +11,9 @@ The same file tells a node's launcher whether it starts the job or replaces a lo
 trains: the launcher that founds a job's run (no other launcher of the job alive, runlock) records the
 generation it found (RUN_DIR/live/founded); a launcher that comes later finds the generation grown past
 it once the job's first group formed, and starts its ranks as joiners, which take a live peer's state
-(a first group needs every node, so no node of the first launch can find it grown).
+(a first group needs every node, so no node of the first launch can find it grown). The record names
+its founder's lock token: a launcher that joins before the founder has written it (the founder records
+once its config is settled) waits for it rather than read an earlier launch's record as this one's.
 """
 
 from __future__ import annotations
@@ -72,10 +74,26 @@ class Fence:
         finally:
             os.close(folder)
 
-    def found(self) -> None:
-        """The launcher that starts the job: the generation now is the job's start line."""
+    def found(self, founder: str = "") -> None:
+        """The launcher that starts the job: the generation now is the job's start line, recorded with
+        the founder's lock token (runlock.Holder.token), so a later launcher can tell this job's record
+        from an earlier launch's that the founder has not replaced yet (`founder`)."""
         with self._locked() as folder:
-            rundir.write_text(FOUNDED, f"{self._read('generation', folder)}\n", real_folder=True, dir_fd=folder)
+            line = f"{self._read('generation', folder)} {founder}".strip()
+            rundir.write_text(FOUNDED, f"{line}\n", real_folder=True, dir_fd=folder)
+
+    def founder(self) -> str:
+        """The lock token of the launcher that wrote the founded record ('' when none, or a record of
+        a version that kept no token, or one planted as a link)."""
+        try:
+            folder = rundir.open_folder(self.folder)
+        except FileNotFoundError:
+            return ""
+        try:
+            fields = self._text(FOUNDED, folder).split()
+            return fields[1] if len(fields) == 2 and fields[0].isdigit() else ""
+        finally:
+            os.close(folder)
 
     def formed_since_founded(self) -> bool:
         """Whether a group of the job that was founded last has formed: a launcher that joins it now
@@ -91,17 +109,21 @@ class Fence:
             os.close(folder)
 
     def _read(self, name: str, folder: int, missing: int = 0) -> int:
-        """A number file of the folder (opened without following links: a planted link reads as
-        missing), or `missing`."""
+        """A number file of the folder (its first field: the founded record also names its founder),
+        opened without following links (a planted link reads as missing), or `missing`."""
+        fields = self._text(name, folder).split()
+        return int(fields[0]) if fields and fields[0].isdigit() and len(fields[0]) < 19 else missing
+
+    def _text(self, name: str, folder: int) -> str:
+        """A small file of the folder, '' when missing or a link (never followed)."""
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ELOOP):
-                return missing
+                return ""
             raise
         with os.fdopen(fd, "rb") as fh:
-            text = fh.read(32).decode("ascii", "replace").strip()
-        return int(text) if text.isdigit() else missing
+            return fh.read(128).decode("ascii", "replace").strip()
 
     def advance(self) -> int:
         """Take the next generation for a group that just formed; returns it."""
