@@ -35,6 +35,7 @@ Stdlib only.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import errno
 import json
 import os
@@ -109,6 +110,10 @@ class Holder:
     format: int = FORMAT
     job: str | None = None
     """An elastic job's key (launch.elastic.job_key): launchers with the same one share the run dir."""
+    incarnation: str = ""
+    """An elastic member's run of the job: the token of the member that found no other one alive (it
+    founded this run), copied by every member that joined while one was alive. A rerun of the same
+    command after every member left is another incarnation (core/recovery/fence.py's founded record)."""
 
     @classmethod
     def me(
@@ -277,8 +282,11 @@ class RunLock:
             elif self.judge(current, members=False) == "stale" and guarded:
                 self.path.unlink(missing_ok=True)  # the job's own record, its writer gone: name a live member
                 self._create()
-            self.founded = not self.live_members(self.holder.job or "")
-            self.slot = self._claim_slot()
+            members = self.live_members(self.holder.job or "")
+            self.founded = not members
+            founder = self.holder.token if self.founded else (members[0].incarnation or members[0].token)
+            self.holder = dataclasses.replace(self.holder, incarnation=founder)
+            self.slot = self._claim_slot()  # the slot's record carries the incarnation to later members
         return self._owned()
 
     def _claim_slot(self) -> int:

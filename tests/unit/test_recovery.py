@@ -568,7 +568,7 @@ def test_a_launcher_that_joins_before_the_founder_recorded_its_run_is_not_a_repl
             assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0, "read the earlier launch's record"
         finally:
             founder.join()
-        assert Fence(tmp_path).founder() == first.holder.token
+        assert Fence(tmp_path).founder() == first.holder.token == second.holder.incarnation
     finally:
         second.release()
         first.release()
@@ -578,7 +578,24 @@ def test_a_launcher_that_joins_before_the_founder_recorded_its_run_is_not_a_repl
     try:
         Fence(tmp_path).advance()
         assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0
-        assert Fence(tmp_path).founder() == second.holder.token and not Fence(tmp_path).formed_since_founded()
+        assert Fence(tmp_path).founder() == second.holder.incarnation and not Fence(tmp_path).formed_since_founded()
+    finally:
+        second.release()
+    # The founder lost after its run's groups formed (node 0 SIGKILLed whole): its replacement joins the
+    # run the founder recorded, through a member that is still alive.
+    first = runlock.RunLock(tmp_path, job=job).acquire()
+    second = runlock.RunLock(tmp_path, job=job).acquire()
+    try:
+        assert local_launch.replaces_a_lost_node(first, str(tmp_path)) == 0
+        Fence(tmp_path).advance()  # the first group
+        first.release()  # node 0 lost
+        replacement = runlock.RunLock(tmp_path, job=job).acquire()
+        try:
+            assert not replacement.founded and replacement.holder.incarnation == first.holder.token
+            generation = Fence(tmp_path).current()
+            assert local_launch.replaces_a_lost_node(replacement, str(tmp_path)) == generation + 1
+        finally:
+            replacement.release()
     finally:
         second.release()
 

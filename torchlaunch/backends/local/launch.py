@@ -293,34 +293,31 @@ def replaces_a_lost_node(lock: runlock.RunLock | None, run_dir: str) -> int:
     from torchlaunch.core.recovery.fence import Fence  # live mode across nodes only: no import otherwise
 
     fence = Fence(run_dir)
-    if lock.founded:
-        fence.found(lock.holder.token)
-        return 0
-    if not founder_recorded(lock, fence):
-        fence.found(lock.holder.token)  # the founder left before recording: this launcher starts the job
+    if lock.founded or not founder_recorded(lock, fence):
+        fence.found(lock.holder.incarnation)
         return 0
     return fence.current() + 1 if fence.formed_since_founded() else 0
 
 
 FOUNDER_WAIT_S = 30.0
-"""How long a joining launcher waits for the founder's record (written once the founder's config is
+"""How long a joining launcher waits for its founder's record (written once the founder's config is
 settled: milliseconds to seconds after it took the run dir)."""
 
 
 def founder_recorded(lock: runlock.RunLock, fence: Fence, wait_s: float = FOUNDER_WAIT_S) -> bool:
-    """Wait until the founded record is a live member's of this job (True), or no member is left (False).
-    The founder writes its record after settling its config (a refused launch writes nothing), so a
-    launcher that joins at once may otherwise read an earlier launch's record, whose generation the
-    earlier groups grew past, and take itself for a lost node's replacement. Past `wait_s` (a founder
-    alive but silent) the record read is used as it is."""
+    """Whether the founded record is this run's (its incarnation: runlock.Holder.incarnation), waiting
+    for it while the founder is alive. The founder records after settling its config (a refused launch
+    writes nothing), so a launcher that joins at once could otherwise read an earlier run's record,
+    whose generation that run's groups grew past, and take itself for a lost node's replacement. False
+    when the founder left without recording (its ranks never started, so no group of this run formed)
+    or stays silent past `wait_s`: this launcher's ranks start with the others."""
     deadline = time.monotonic() + wait_s
-    while True:
-        members = {member.token for member in lock.live_members(lock.holder.job or "")}
-        if not members:
+    while fence.founder() != lock.holder.incarnation:
+        alive = {member.token for member in lock.live_members(lock.holder.job or "")}
+        if lock.holder.incarnation not in alive or time.monotonic() >= deadline:
             return False
-        if fence.founder() in members or time.monotonic() >= deadline:
-            return True
         time.sleep(0.05)  # the founder's record lands within its config's settling
+    return True
 
 
 class LaunchEnded(Exception):
