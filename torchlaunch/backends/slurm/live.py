@@ -88,24 +88,26 @@ def minimum_env(min_nodes: int | None, max_nodes: int) -> dict[str, str]:
 def batch_lines(python: str, run_dir: str, tasks_per_node: int) -> list[str]:
     """The batch script's `srun` in live mode: the stop-forwarding wrapper, then `verdict` on a non-zero
     code, whose exit code (the survivors' outcome) becomes the job's. The tasks are counted at run time
-    (tasks per node x the allocation's nodes): with --nodes MIN-MAX only Slurm knows how many there are."""
+    (tasks per node x the allocation's nodes): with --nodes MIN-MAX only Slurm knows how many there are.
+    Around it, the first node's recovery (backends.slurm.successor): before srun, `start` (a successor job
+    waits behind this one; a successor whose predecessor was not lost ends here with 0), after it, `end`
+    (the code recorded, the successor cancelled unless the job was requeued)."""
+    from torchlaunch.backends.slurm import successor
     from torchlaunch.launch import emit
 
+    py = emit.shell_word(python, "--python")
+    where = emit.shell_word(run_dir, "the run dir")
     verdict = " ".join(
-        [
-            emit.shell_word(python, "--python"),
-            "-m",
-            __name__,
-            "--run-dir",
-            emit.shell_word(run_dir, "the run dir"),
-            "--ranks-per-node",
-            str(tasks_per_node),
-            '--srun-code "$code"',
-        ]
+        [py, "-m", __name__, "--run-dir", where, "--ranks-per-node", str(tasks_per_node), '--srun-code "$code"']
     )
+    chain = f"{py} -m {successor.__name__} --run-dir {where}"
     return [
         "# Live recovery: a lost node's task must not end the job; the job's code is the survivors' outcome.",
-        f'srun() {{ {STEP_FUNCTION} "$@"; local code=$?; [ "$code" -eq 0 ] && return 0; {verdict}; }}',
+        f'srun() {{ {STEP_FUNCTION} "$@"; local code=$?; [ "$code" -eq 0 ] || {{ {verdict}; code=$?; }}; '
+        f'{chain} end --code "$code"; return "$code"; }}',
+        "# The first node's loss: a successor job waits behind this one (afternotok) and resumes the run if this",
+        "# batch host is lost; a successor whose predecessor was not lost ends here, with 0.",
+        f'{chain} start --script "$0"; [ "$?" -ne {successor.NOTHING_TO_RESUME} ] || exit 0',
     ]
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from torchlaunch import backends, contract, exit_codes, rundir
 from torchlaunch.backends import Detected, JobState, LaunchRecord, Step
 from torchlaunch.backends.slurm import proof as slurm_proof
+from torchlaunch.backends.slurm import successor as slurm_successor
 from torchlaunch.base import files
 from torchlaunch.base.procs import tool_output
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
@@ -154,7 +155,20 @@ class Slurm:
         return None
 
     def state(self, job_id: str, extra: Mapping[str, str]) -> JobState | None:
-        return job_word(state(job_id))
+        """The job's state; for a live job that ended failed while its successor waits or runs
+        (backends.slurm.successor: its batch host was lost), the successor's, which carries the run on."""
+        said = state(job_id)
+        word = job_word(said)
+        after = extra.get(slurm_successor.SUCCESSOR_KEY, "")
+        if (word is None or word.word == "failed") and SLURM_ID.match(after):
+            then = state(after)
+            going = job_word(then)
+            if then is not None and going is not None and then.split()[0] in slurm_successor.WAITING_STATES:
+                why = f"it resumes the run from the newest checkpoint if job {job_id}'s batch host was lost"
+                return JobState(
+                    going.word, f"{said or 'gone'} for job {job_id}; its successor job {after} is {then} ({why})"
+                )
+        return word
 
     def alive(self, job_id: str) -> bool:
         """Pending, running or requeued still owns the run dir; without squeue nobody can tell: alive."""
@@ -163,16 +177,21 @@ class Slurm:
         return controller_state(job_id) not in ("UNKNOWN", *TERMINAL_STATES)
 
     def cancel(self, run_dir: Path, nodes: Sequence[LaunchRecord]) -> list[Step]:
-        """scancel, once Slurm says the job is this run's (its output under the run dir, or its comment)."""
+        """scancel, once Slurm says the job is this run's (its output under the run dir, or its comment).
+        A live job's successor (backends.slurm.successor) is cancelled first, so that the job's CANCELLED
+        never starts it; a job already ended whose successor carries the run on: the successor alone."""
         node0 = min(nodes, key=lambda r: r.node_rank)
         if not node0.job_id or not SLURM_ID.match(node0.job_id):
             from torchlaunch.backends.launchers import signal_launchers
 
             return signal_launchers(nodes)
+        steps = [Step("run", ("scancel", after)) for after in successors(run_dir, node0)]
+        if steps and controller_state(node0.job_id) in ("UNKNOWN", *TERMINAL_STATES):
+            return steps
         why = slurm_proof.slurm_job(node0.job_id, run_dir)
         if why is not None:
             raise BadInput(f"launch error: cancel refused: Slurm job {node0.job_id} is not proven this run's: {why}")
-        return [Step("run", ("scancel", node0.job_id))]
+        return [*steps, Step("run", ("scancel", node0.job_id))]
 
     def logs(self, run_dir: Path, job_id: str | None) -> list[Path]:
         """submitit's per-task output files (RUN_DIR/slurm/JOB_ID/JOB_ID_TASK_log.out and .err)."""
@@ -198,6 +217,25 @@ class Slurm:
 
 
 BACKEND = Slurm()
+
+
+def successors(run_dir: Path, node0: LaunchRecord) -> list[str]:
+    """The successor job waiting or running behind the record's job (its record's extra, else the job's
+    chain record), when Slurm says it is this run's (its output under the run dir). A record naming a job
+    that is not this run's refuses the cancel (BadInput), as the job's own does."""
+    job = node0.job_id or ""
+    after = node0.extra.get(slurm_successor.SUCCESSOR_KEY, "")
+    if not SLURM_ID.match(after):
+        chain = slurm_successor.read(run_dir, job)
+        after = chain.successor if chain is not None and chain.successor else ""
+    if not after or controller_state(after) not in slurm_successor.WAITING_STATES:
+        return []
+    why = slurm_proof.slurm_job(after, run_dir)
+    if why is not None:
+        raise BadInput(
+            f"launch error: cancel refused: Slurm job {after}, recorded as job {job}'s successor, is not proven this run's: {why}"
+        )
+    return [after]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,18 +368,25 @@ def _follow(job: Any, poll_s: float, out: Any, err: Any, lost_after_s: float) ->
         state = next((one for one in said if one.split()[0] in TERMINAL_STATES), None)
         if state is not None and any(one.split()[0] in LIVE_STATES for one in said):
             state = None  # requeued after a node failure: accounting's NODE_FAIL is the failed allocation's
+        after = successor_of(job, state) if state is not None else None
+        if after is not None:  # a live job whose batch host was lost: its successor carries the run on
+            for i, (path, stream) in enumerate(streams):
+                offsets[i] = _copy_new(path, stream, offsets[i])
+            print(
+                f"launch: job {job.job_id} lost its batch host ({state}); following its successor job "
+                f"{after.job_id}, which resumes the run from the newest checkpoint",
+                file=err,
+                flush=True,
+            )
+            job, known_at, node_failed_at = after, time.monotonic(), None
+            streams, offsets = [(rank0_log(job), out), (rank0_log(job).with_suffix(".err"), err)], [0, 0]
+            continue
         if state is not None and state.split()[0] == "NODE_FAIL":
             node_failed_at = node_failed_at or time.monotonic()
             if time.monotonic() - node_failed_at < NODE_FAIL_REQUEUE_S:
                 state = None  # Slurm requeues a --requeue job after a node failure: NODE_FAIL comes first
         for i, (path, stream) in enumerate(streams):
-            if path.exists():
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    f.seek(offsets[i])
-                    chunk = f.read()
-                    offsets[i] = f.tell()
-                stream.write(chunk)
-                stream.flush()
+            offsets[i] = _copy_new(path, stream, offsets[i])
         if state is not None:
             break
         if any(one != "UNKNOWN" for one in said):
@@ -356,6 +401,44 @@ def _follow(job: Any, poll_s: float, out: Any, err: Any, lost_after_s: float) ->
             return FAILURE
         time.sleep(poll_s)  # polling the scheduler: there is nothing to wait on
     return exit_status(job, state)
+
+
+def _copy_new(path: Path, stream: Any, offset: int) -> int:
+    """What `path` gained since `offset`, written to `stream`; the new offset."""
+    if not path.exists():
+        return offset
+    with open(path, encoding="utf-8", errors="replace") as f:
+        f.seek(offset)
+        chunk = f.read()
+        offset = f.tell()
+    stream.write(chunk)
+    stream.flush()
+    return offset
+
+
+@dataclass(frozen=True)
+class Followed:
+    """A job `--wait` follows that it did not submit itself (a live job's successor): what `follow`,
+    `rank0_log` and `exit_status` read of submitit's Job."""
+
+    job_id: str
+    paths: Any
+
+
+def successor_of(job: Any, state: str) -> Followed | None:
+    """The successor to follow when `job` ended `state` because its batch host was lost (the successor's
+    own rule, backends.slurm.successor.lost); None otherwise."""
+    folder = Path(job.paths.folder)  # RUN_DIR/slurm/JOB
+    run_dir, job_id = folder.parent.parent, str(job.job_id)
+    chain = slurm_successor.read(run_dir, job_id)
+    if chain is None or chain.successor is None:
+        return None
+    went, _ = slurm_successor.lost(chain, state, slurm_successor.cancel_asked(run_dir, job_id))
+    if not went:
+        return None
+    from submitit.core.utils import JobPaths
+
+    return Followed(chain.successor, JobPaths(folder.parent / "%j", job_id=chain.successor))
 
 
 TAIL_LINES = 20

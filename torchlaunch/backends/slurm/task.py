@@ -25,6 +25,7 @@ from typing import Any
 from torchlaunch import compat, contract, rundir, runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.slurm import live as slurm_live
+from torchlaunch.backends.slurm import successor
 from torchlaunch.backends.slurm.operate import controller_state, job_state, result_path
 from torchlaunch.core.recovery import minimum as live_minimum
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
@@ -197,6 +198,7 @@ class SlurmTask:
         launch and runs its hang watchdog. None without a run dir (nothing to record into)."""
         if not self.run_dir:
             return None
+        job = contract.get(contract.SLURM_JOB_ID, "") or ""
         op = Operation(
             self.run_dir,
             scheduler="slurm",
@@ -208,6 +210,8 @@ class SlurmTask:
             local_ranks=local_world_size,
             hang_timeout=self.hang_timeout,
             console=ranklog.Console.from_env(self.console_env),
+            # A live job's successor (backends.slurm.successor), for `status` and `cancel`.
+            extra=successor.record_extra(self.run_dir, job) if self.lighthouse and job.isdigit() else None,
         )
         os.environ.update(op.rank_env())
         prepare_rank()
