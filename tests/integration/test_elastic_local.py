@@ -206,6 +206,7 @@ def reference(run_library: RunLibrary) -> dict[int, list]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a node lost and back with the same samples, on netns nodes: test_elastic_netns.py, in CI
 def test_node_lost_then_returns_same_samples(tmp_path: Path, reference: dict[int, list]) -> None:
     run_dir = tmp_path / "run"
     port = free_port()

@@ -239,7 +239,6 @@ def bad_modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("override,start,fix", BAD_CASES, ids=[c[0] for c in BAD_CASES])
 def test_bad_plugin_exits_2_with_one_line(
     bad_modules: Path, tmp_path: Path, override: str, start: str, fix: str

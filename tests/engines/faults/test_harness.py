@@ -96,6 +96,7 @@ def test_leftovers_of_a_dead_harness_are_removed(tmp_path):
         sleeper.kill()
 
 
+@pytest.mark.extended  # a whole node killed, against the real launcher: test_faults.py, in CI's tier
 def test_kill_whole_node_fails_bounded_then_rerun_resumes(cluster, tmp_path, rng):
     run_dir = tmp_path / "run"
     fault_step = rng.randint(12, STEPS - 10)
@@ -113,6 +114,7 @@ def test_kill_whole_node_fails_bounded_then_rerun_resumes(cluster, tmp_path, rng
     assert total(run_dir) == EXPECTED_TOTAL
 
 
+@pytest.mark.extended  # a crash mid checkpoint write, against the real launcher: test_faults.py, in CI's tier
 def test_crash_in_the_middle_of_a_checkpoint_write(cluster, tmp_path):
     run_dir = tmp_path / "run"
     attempt = start_job(cluster, run_dir, "first", ckpt_every=5)
