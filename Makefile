@@ -9,10 +9,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-live train-local test test-all test-unit test-integration test-extended faults test-fast lint docs format bench doctor preflight image k8s-manifests clean
 
-# Idempotent: re-runs only when pyproject.toml or constraints.txt changed.
+# Idempotent: re-runs only when pyproject.toml, constraints.txt or the optional C extension's sources
+# (setup.py: the JPEG window decoder, built in place by the editable install) changed.
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py torchlaunch/worker/data/_jpeg_window.c
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot]'

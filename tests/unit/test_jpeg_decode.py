@@ -142,6 +142,7 @@ def test_without_torchvisions_decoder_pil_gives_the_same(monkeypatch) -> None:
     box = (20, 7, 90, 101)
     ours = decode_box(data, "m", 150, 113, box, SIZE, True)
     monkeypatch.setattr(jpeg, "decoder", lambda: None)
+    monkeypatch.setattr(jpeg, "window_decoder", lambda: None)  # no tensor decoder at all
     assert not tensor_decodable(open_lazy(data, "m"), 150, 113, box)
     assert torch.equal(decode_box(data, "m", 150, 113, box, SIZE, True), ours)
 
@@ -162,6 +163,7 @@ def test_the_file_path_gives_the_same_pixels_and_error_line(tmp_path: Path, monk
     with pytest.raises(BadInput) as new_err:
         load_box(files, 2, box_of, SIZE, False)
     monkeypatch.setattr(jpeg, "decoder", lambda: None)  # the PIL path, as before
+    monkeypatch.setattr(jpeg, "window_decoder", lambda: None)
     old = [load_box(files, i, box_of, SIZE, i == 1) for i in range(2)]
     with pytest.raises(BadInput) as old_err:
         load_box(files, 2, box_of, SIZE, False)

@@ -46,6 +46,15 @@ class SampleReader:
         """(width, height) of sample i when known without decoding (an index), else None."""
         return None
 
+    def decodes_clean(self, i: int) -> bool:
+        """Whether sample i's encoded bytes (as `encoded` returns them, checked) were proven, in this run,
+        to decode whole without an error or a warning (record_clean): its training crop may then stop
+        decoding after the box (boxes.tensor_crop). False unless the reader keeps such proofs."""
+        return False
+
+    def record_clean(self, i: int) -> None:
+        """Record that sample i's bytes decoded whole without an error or a warning (no-op by default)."""
+
     def image(self, i: int, size: int) -> torch.Tensor:
         """Sample i as uint8 (3, size, size), squashed (the square per-sample path)."""
         return to_tensor(self.open(i, (size, size)), size)

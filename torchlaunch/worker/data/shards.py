@@ -7,6 +7,7 @@ bytes are decoded and the JPEG can decode at the DCT scale the box allows."""
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +24,51 @@ STATS_PROBE = 64
 few dozen give the channel means to ~1e-2, and start-up must not read thousands."""
 
 
+class CleanDecodes:
+    """One byte per sample of a shard set, in memory shared by this process and the DataLoader workers
+    it forks (an anonymous MAP_SHARED mapping: a worker's record is seen by its siblings and by the
+    workers of later epochs): 1 once the sample's bytes decoded whole without an error or a warning in
+    this run (boxes.tensor_crop: the window decode read to the end marker). Later draws of the sample
+    then stop decoding after their box, ~1.3x faster per decode, the same pixels.
+
+    Why the proof is safe: a member damaged below its box decodes the box fine when the decode stops
+    there, while a whole decode refuses it (exit 2); the proof is made by this run's own full decode of
+    the very bytes every later read returns (ShardSet.read checks each read against the member's
+    checksum in the index opened at start), so an early stop never trains on a member that the whole
+    decode would refuse, and nothing on disk (a forged or stale index) can claim it. It is not kept
+    across processes that do not share the mapping (a resumed run, spawned workers, another rank):
+    they prove again on their first draw of each member, which costs only speed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.marks = mmap.mmap(-1, max(1, n))  # anonymous and shared on Linux/macOS; zero-filled, lazily
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return CleanDecodes, (self.n,)  # pickled (spawned workers): a fresh, unshared record
+
+    def __contains__(self, j: int) -> bool:
+        return self.marks[j] == 1
+
+    def add(self, j: int) -> None:
+        self.marks[j] = 1
+
+
 class ShardSamples(SampleReader):
     """Positions of a ShardSet (the reader interface over torchlaunch.data.shards.ShardSet): position i is
     sample index[i] of the set. Pickles cheaply into DataLoader workers (the set reopens its file
     descriptors per process)."""
 
-    def __init__(self, shards: Any, index: np.ndarray | None = None) -> None:
+    def __init__(self, shards: Any, index: np.ndarray | None = None, clean: CleanDecodes | None = None) -> None:
         self.shards = shards
         self.index = np.arange(len(shards), dtype=np.int64) if index is None else index
         self.fingerprint = shards.fingerprint
+        self.clean = CleanDecodes(len(shards)) if clean is None else clean
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
 
     def subset(self, positions: list[int]) -> ShardSamples:
-        return ShardSamples(self.shards, self.index[np.asarray(positions, dtype=np.int64)])
+        return ShardSamples(self.shards, self.index[np.asarray(positions, dtype=np.int64)], self.clean)
 
     def open(self, i: int, draft_to: tuple[int, int] | None = None) -> Image.Image:
         from torchlaunch.data.shards import decode
@@ -55,6 +86,12 @@ class ShardSamples(SampleReader):
 
     def where(self, i: int) -> str:
         return self.shards.where(int(self.index[i]))
+
+    def decodes_clean(self, i: int) -> bool:
+        return int(self.index[i]) in self.clean
+
+    def record_clean(self, i: int) -> None:
+        self.clean.add(int(self.index[i]))
 
     def labels(self) -> torch.Tensor:
         return torch.from_numpy(np.asarray(self.shards.labels, dtype=np.int64)[self.index])
