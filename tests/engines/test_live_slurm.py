@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +43,8 @@ from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wai
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
 from tests.integration.test_live_recovery import step_samples
 from tests.library import RunLibrary
+from torchlaunch.backends.slurm import successor
+from torchlaunch.exit_codes import CANCELLED
 
 cluster = dev_cluster
 
@@ -279,6 +282,150 @@ def test_a_whole_job_preempted_from_outside_checkpoints_requeues_and_resumes_exa
     assert_same_weights(run_dir / "model.pt", reference.run_dir / "model.pt")
     st = status_of(run_dir)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 2), st
+
+
+BATCH_HOST = "n1"
+
+
+def set_node(node: str, *states: str) -> None:
+    for state in states:
+        subprocess.run(
+            ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=torchlaunch live test"],
+            capture_output=True,
+            timeout=30,
+        )
+
+
+def node_back(node: str) -> None:
+    """The node RESUMEd and idle again (the next test's allocation may need it)."""
+    set_node(node, "resume")
+    wait_until(lambda: slurm("sinfo", "-h", "-n", node, "-o", "%T").strip() == "idle", 60, f"{node} idle again")
+
+
+def traced(run_dir: Path) -> list[int]:
+    """Every step traced so far by any rank, in file order (a line being written is left out)."""
+    steps = []
+    for path in sorted((run_dir / "trace").glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip().endswith("}"):
+                steps.append(int(json.loads(line)["step"]))
+    return steps
+
+
+def over(job_id: str) -> bool:
+    """slurmctld is done with the job on every node (no longer RUNNING or COMPLETING)."""
+    from torchlaunch.backends.slurm.operate import TERMINAL_STATES, controller_state
+
+    return controller_state(job_id) in ("UNKNOWN", *TERMINAL_STATES)
+
+
+@pytest.mark.timeout(900)
+def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
+    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
+) -> None:
+    """Issue #37's "any node" on Slurm: the first node (the batch host, rank 0) of a live `--nodes 1-2`
+    job lost whole at step ~12 (every process of the job on n1 SIGKILLed, n1 DOWN and DRAINed so that it
+    stays out). The job ends FAILED (its batch script died; --no-kill does not requeue it), and the successor
+    its batch script submitted at start (afternotok) takes the run over on n2 alone, resumes from the newest
+    committed checkpoint and finishes; `--wait` follows it and exits 0. Every global step's samples, crops
+    and flips are the uninterrupted run's."""
+
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "live.yaml"
+    # Checkpoints every 4 steps: what the successor resumes from when the rank left could not commit its own.
+    recipe.write_text(live.config_text(run_dir, every_steps=4) + f"  lighthouse: {lighthouse}\n")
+    launch = Launch(run_dir, "--nodes", "1-2", "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
+    first = launch.job_id
+    rank0 = run_dir / "trace" / "rank0.jsonl"
+    try:
+        wait_until(lambda: live.traced_step(rank0) >= 1 or launch.proc.poll() is not None, 240, "the first step")
+        assert launch.proc.poll() is None, launch.text()[-3000:]
+        assert running_nodes(first) == 2
+        assert controller(first)["BatchHost"] == BATCH_HOST
+        after = successor.read(run_dir, first)  # written by the batch script before its srun
+        assert after is not None and after.successor is not None, launch.rank0_log()[-3000:]
+        second = after.successor
+        assert controller(second)["JobState"] == "PENDING"
+        wait_until(
+            lambda: live.traced_step(rank0) >= live.KILL_AT or launch.proc.poll() is not None,
+            240,
+            f"rank 0 to trace step {live.KILL_AT}",
+            poll_s=0.02,
+        )
+        assert launch.proc.poll() is None, launch.text()[-3000:]
+        killed_at = time.time()
+        assert kill_node(first, BATCH_HOST)
+        set_node(BATCH_HOST, "down", "drain")  # DRAIN: ReturnToService=2 would take it back at once
+        wait_until(lambda: over(first), 120, f"job {first} to end on every node", poll_s=0.05)
+        ended_s = time.time() - killed_at
+        before = traced(run_dir)  # the job is over: every trace line from here on is the successor's
+        wait_until(
+            lambda: len(traced(run_dir)) > len(before) or launch.proc.poll() is not None,
+            300,
+            "the successor's first step",
+            poll_s=0.05,
+        )
+        first_step_s = time.time() - killed_at
+        code = launch.finish(300)
+    finally:
+        node_back(BATCH_HOST)
+    out = launch.text()
+    assert code == 0, out[-3000:]
+    job = controller(first)
+    assert job["JobState"] in successor.LOST_STATES and job["Restarts"] == "0", job
+    assert f"launch: job {first} lost its batch host ({job['JobState']}); following its successor job {second}" in out
+    took = controller(second)
+    assert (took["JobState"], took["NodeList"]) == ("COMPLETED", "n2"), took
+    log = (run_dir / "slurm" / second / f"{second}_0_log.out").read_text()
+    assert f"slurm successor: job {first} was lost" in log, log[-3000:]
+    resumed = re.search(r"resumed from \S+ at .* \(global step (\d+)\)", log)
+    assert resumed is not None, log[-3000:]
+    step = int(resumed.group(1))
+    assert 8 <= step <= max(before), log[-3000:]  # a periodic checkpoint at least, or the loss's own step
+    mine = successor.read(run_dir, second)
+    assert mine is not None and mine.adopted and mine.code == 0, mine
+    if mine.successor is not None:  # the successor's own successor: cancelled when it completed
+        assert controller(mine.successor)["JobState"] == "CANCELLED"
+    assert step_samples(run_dir) == step_samples(reference.run_dir)
+    st = status_of(run_dir)
+    assert (st["state"], st["step"], st["job_id"]) == ("finished", live.STEPS, second), st
+    survivor = (run_dir / "slurm" / first / f"{first}_1_log.out").read_text()
+    committed = re.search(r"preempted: checkpoint committed at global step (\d+)", survivor)
+    print(
+        f"\nbatch host lost at step {max(before)}: job {first} {job['JobState']}, over on every node "
+        f"{ended_s:.1f} s after the kill; the rank left "
+        f"{'committed step ' + committed.group(1) if committed else 'committed nothing'}; successor job {second} "
+        f"resumed from step {step}; kill -> the successor's first step {first_step_s:.1f} s"
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_users_cancel_cancels_the_successor_first(cluster: str, lighthouse: str, tmp_path: Path) -> None:
+    """`python -m launch cancel RUN_DIR` of a live job: the successor waiting behind it is scancelled
+    before the job (whose CANCELLED would meet afternotok), so it never runs; the job checkpoints and ends
+    cancelled, not requeued, as any Slurm job does."""
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "live.yaml"
+    recipe.write_text(live.config_text(run_dir, steps=4096) + f"  lighthouse: {lighthouse}\n")
+    launch = Launch(run_dir, "--nodes", "2", "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
+    first = launch.job_id
+    rank0 = run_dir / "trace" / "rank0.jsonl"
+    wait_until(lambda: live.traced_step(rank0) >= 2 or launch.proc.poll() is not None, 240, "the first steps")
+    assert launch.proc.poll() is None, launch.text()[-3000:]
+    after = successor.read(run_dir, first)
+    assert after is not None and after.successor is not None
+    second = after.successor
+    assert status_of(run_dir)["state"] == "running"
+    rc, said, err = run_cmd(launcher_argv("launch", "cancel", str(run_dir)), timeout=120)
+    assert rc == 0, said + err
+    assert said.index(f"scancel {second}") < said.index(f"scancel {first}"), said
+    assert launch.finish(120) == CANCELLED, launch.text()[-3000:]
+    wait_until(lambda: over(first), 60, f"job {first} to end")
+    assert controller(first)["JobState"] == "CANCELLED"
+    never = slurm("sacct", "-n", "-X", "-P", "-o", "State,Elapsed,NodeList", "-j", second).strip().split("|")
+    assert never[0].startswith("CANCELLED") and never[1:] == ["00:00:00", "None assigned"], never  # never ran
+    assert not (run_dir / "slurm" / second / f"{second}_0_log.out").exists()
+    assert wait_until(lambda: status_of(run_dir)["state"] == "cancelled", 60, "state cancelled")
 
 
 def assert_same_weights(a: Path, b: Path) -> None:

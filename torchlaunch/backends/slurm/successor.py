@@ -368,7 +368,8 @@ def end(run_dir: str, code: int, env: Mapping[str, str] | None = None) -> int:
     if mine.successor is None or again:
         return 0
     if cancel(mine.successor):
-        print(f"{PREFIX}job {mine.successor} cancelled: job {job} ended with code {code} on its own", flush=True)
+        ended = "finished" if code == 0 else f"ended with code {code}, its batch host alive"
+        print(f"{PREFIX}job {mine.successor} cancelled: job {job} {ended}", flush=True)
     return 0
 
 
