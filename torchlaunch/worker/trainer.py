@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -44,16 +45,6 @@ from torchlaunch.core.dist import (
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.failure import is_peer_lost
-from torchlaunch.core.recovery.fence import Fenced
-from torchlaunch.core.recovery.group import (
-    FlatGradients,
-    LiveGroup,
-    average_gradients,
-    broadcast_parameters,
-    share_state,
-    state_digest,
-)
-from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
@@ -76,6 +67,20 @@ from torchlaunch.worker.precision import (
 )
 from torchlaunch.worker.schedule import LoopSchedule
 from torchlaunch.worker.state_check import worker_state_problem
+
+if TYPE_CHECKING:
+    from torchlaunch.core.recovery.group import FlatGradients, LiveGroup
+    from torchlaunch.core.recovery.replan import Regroup
+
+
+def live_ops() -> ModuleType:
+    """core/recovery/group.py (the process group re-formed in place, gradient averaging without DDP),
+    imported when a run is live: live mode is off by default, and a worker that does not train live
+    does not pay for its imports at start-up (`python -m bench.startup`)."""
+    from torchlaunch.core.recovery import group
+
+    return group
+
 
 VERSION = "0.1.0"
 
@@ -236,13 +241,13 @@ class Trainer:
         self.flat_grads: FlatGradients | None = None
         if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
             if not live.joining:  # a rank started again takes a peer's whole state instead (fit)
-                broadcast_parameters(model)
-            if not FlatGradients.fits(model.parameters()):
+                live_ops().broadcast_parameters(model)
+            if not live_ops().FlatGradients.fits(model.parameters()):
                 raise BadInput(
                     "live error: recovery.live needs every trainable parameter on one device in one dtype "
                     "(one flat gradient buffer); set recovery.live=false for this model"
                 )
-            self.flat_grads = FlatGradients(model.parameters())
+            self.flat_grads = live_ops().FlatGradients(model.parameters())
             self.gradient_path = self._live_gradient_path()
         elif ctx.distributed:
             self.net = DistributedDataParallel(
@@ -501,7 +506,7 @@ class Trainer:
         total = backward_share(self.net, micro_batches, self.criterion, self.plan, self.scaler, self.autocast)
         if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
             assert self.flat_grads is not None
-            average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
+            live_ops().average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
         if self.cfg.train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
@@ -654,6 +659,8 @@ class Trainer:
         self.live_reducer = None  # built again on the new group (_regrouped)
         self.ctx = self.live.regroup(old, self.progress.global_step)
         if self.ctx.is_main:  # a commit in flight was refused if it reached the fence after the regroup
+            from torchlaunch.core.recovery.fence import Fenced
+
             self.writer.settle(drop=Fenced)
         if self.live.needs_state():  # a rank started again, or a survivor a step behind another
             healed = self.live.is_behind()
@@ -753,11 +760,11 @@ class Trainer:
         assert self.live is not None
         src = self.live.source()
         mine = {**self.state_dict(), "world_size": SHARED_STATE_WORLD} if self.ctx.rank == src else None
-        state = share_state(self.ctx, src, mine)
+        state = live_ops().share_state(self.ctx, src, mine)
         if self.live.joining or self.live.is_behind():
             self.load_state_dict(state)
             self.live.joining = False
-        digests = gather_objects(self.ctx, state_digest(self.model))
+        digests = gather_objects(self.ctx, live_ops().state_digest(self.model))
         if len(set(digests)) != 1:
             raise BadInput(f"live error: the members' models differ after a rank took rank {src}'s state")
 
@@ -765,6 +772,8 @@ class Trainer:
         self, log: RunLog | None, old: DistContext, window: LossWindow | None, during: str, since: float, why: str
     ) -> None:
         """After a new group formed: averaging path, plan, loader and agreement for it, and the record."""
+        from torchlaunch.core.recovery.replan import Regroup, replan
+
         assert self.live is not None
         p = self.progress
         self.gradient_path = self._live_gradient_path()

@@ -20,8 +20,26 @@ The pieces, one job each:
 
 from __future__ import annotations
 
-from torchlaunch.core.recovery.failure import is_peer_lost
-from torchlaunch.core.recovery.fence import Fence, Fenced
-from torchlaunch.core.recovery.membership import Member, Membership, Quorum, seat
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Fence": "fence",
+    "Fenced": "fence",
+    "Member": "membership",
+    "Membership": "membership",
+    "Quorum": "membership",
+    "is_peer_lost": "failure",
+    "seat": "membership",
+}
+"""name -> its module: resolved on first use (PEP 562), so that importing one light module of the
+package (minimum, failure: every worker does) does not import the others (bench.startup)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
 
 __all__ = ["Fence", "Fenced", "Member", "Membership", "Quorum", "is_peer_lost", "seat"]

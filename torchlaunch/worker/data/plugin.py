@@ -10,7 +10,6 @@ import torch
 from PIL import Image
 
 from torchlaunch.config import ConfigError, DataConfig
-from torchlaunch.data.shards.reader import is_shard_set
 from torchlaunch.worker.data.base import DataBundle, ImageSet, SampleReader, channel_stats
 from torchlaunch.worker.data.shards import probe_stats, shard_split
 
@@ -107,6 +106,7 @@ def load_plugin(cfg: DataConfig) -> DataBundle:
     per sample through a DataLoader, auto decodes it into memory when the uint8 images take at most a
     quarter of the available memory. Both paths batch by the global-step plan and augment the batch
     the same way, so exact resume holds on either."""
+    from torchlaunch.data.shards.reader import is_shard_set  # the shard reader: not at a worker's start
     from torchlaunch.worker import plugins
 
     found = plugins.load_data(cfg.name, cfg.root, cfg.image_size)
