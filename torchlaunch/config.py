@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -293,11 +294,17 @@ def is_plugin(name: str) -> bool:
     return ":" in str(name)
 
 
+@functools.cache
+def _declared_hints(cls: type) -> dict[str, Any]:
+    """typing.get_type_hints of a section, once per class: it evaluates every annotation's string
+    again on each call, and a config load asks for every section's several times (start-up)."""
+    return typing.get_type_hints(cls)
+
+
 def _hints(cls: type) -> dict[str, Any]:
     """A section's field types, with the data section as the formats registered now compose it."""
     return {
-        name: section.data_config() if section.is_data_section(tp) else tp
-        for name, tp in typing.get_type_hints(cls).items()
+        name: section.data_config() if section.is_data_section(tp) else tp for name, tp in _declared_hints(cls).items()
     }
 
 
