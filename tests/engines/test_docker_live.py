@@ -11,23 +11,28 @@ scheduler and kubelet are the part that is not real.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench import live
 from tests.conftest import REPO as ROOT
 from tests.conftest import launcher_argv
 from tests.engines.test_docker_job import DockerJob, docker, image, shared_folder  # noqa: F401
 from tests.integration.test_live_recovery import step_samples
+from tests.unit.test_k8s_elastic import validate
+from tests.unit.test_k8s_live import RANGE, rendered
 from torchlaunch import config as config_mod
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
-from torchlaunch.exit_codes import OK
+from torchlaunch.exit_codes import OK, PREEMPTED
 from torchlaunch.launch.spec import JobSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -79,22 +84,27 @@ class LiveJob(DockerJob):
         done = docker("logs", self.lighthouse, check=False)
         return done.stdout + done.stderr
 
-    def run_live(self, running: set[int], kill: int) -> None:
+    def run_live(self, running: set[int], kill: int | None, lost_node: bool = False) -> None:
         """The controller: replace an ended pod by the policy (per-index budget), until the success
-        policy holds and every pod has ended; SIGKILL pod `kill` once its rank traced KILL_AT."""
+        policy holds and every pod has ended; SIGKILL pod `kill` once its rank traced KILL_AT. An index
+        never started stays Pending (no node for it): the success policy ends the Job without it. With
+        `lost_node`, the killed pod's node is gone: its pod is replaced only once another pod has ended
+        (Kubernetes marks a lost node's pod failed minutes later, when it gives up on the node)."""
         spec = self.job["spec"]
         needed = spec["successPolicy"]["rules"][0]["succeededCount"]
         failures = dict.fromkeys(range(spec["completions"]), 0)
         succeeded: set[int] = set()
-        killed = False
+        held: set[int] = set()
+        killed = kill is None
         deadline = time.monotonic() + DEADLINE_S
         trace = self.run_dir / "trace" / f"rank{kill}.jsonl"
-        while running or len(succeeded) < needed:
+        while running or held or len(succeeded) < needed:
             assert time.monotonic() < deadline, f"the job did not complete: {self.history}\n{self.all_logs()}"
             if not killed and live.traced_step(trace) >= KILL_AT:
                 docker("kill", self.container(kill))  # SIGKILL to the pod's init: every process of it
                 killed = True
-            for index, code in self.ended(running):
+            ended = self.ended(running)
+            for index, code in ended:
                 if code == OK:
                     succeeded.add(index)
                     continue
@@ -105,8 +115,16 @@ class LiveJob(DockerJob):
                     failures[index] += 1
                     if failures[index] > spec["backoffLimitPerIndex"]:
                         continue
+                if lost_node and index == kill and running:
+                    held.add(index)
+                    continue
                 self.start(index)
                 running.add(index)
+            if held and any(index not in held for index, _ in ended):
+                for index in sorted(held):
+                    self.start(index)
+                running |= held
+                held = set()
             time.sleep(0.2)  # polling container states, bounded by the deadline above
 
     def all_logs(self) -> str:
@@ -118,10 +136,10 @@ class LiveJob(DockerJob):
         super().cleanup()
 
 
-@pytest.fixture
-def live_job(image, tmp_path: Path):  # noqa: F811 - the session fixture imported above
-    spec = JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=1, image=image, overrides=OVERRIDES)
-    cfg = config_mod.load(str(ROOT / "configs" / "smoke.yaml"), list(OVERRIDES))
+@contextlib.contextmanager
+def live_job_of(image: str, tmp_path: Path, spec: JobSpec) -> Iterator[LiveJob]:
+    """The live rendering of `spec` (the smoke recipe) on a Docker network, its Lighthouse serving."""
+    cfg = config_mod.load(str(ROOT / "configs" / "smoke.yaml"), list(spec.overrides))
     opts = k8s.K8sOptions(
         name="lv", cpu_only=True, save_time_s=20, step_time_s=10, live=k8s_live.from_config(cfg.recovery, False)
     )
@@ -144,11 +162,18 @@ def live_job(image, tmp_path: Path):  # noqa: F811 - the session fixture importe
         dj.cleanup()
 
 
-def reference_run(work: Path) -> Path:
+@pytest.fixture
+def live_job(image, tmp_path: Path):  # noqa: F811 - the session fixture imported above
+    spec = JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=1, image=image, overrides=OVERRIDES)
+    with live_job_of(image, tmp_path, spec) as dj:
+        yield dj
+
+
+def reference_run(work: Path, overrides: tuple[str, ...] = OVERRIDES) -> Path:
     """The same recipe uninterrupted on this host (2 ranks, one node): the plan, so every step's samples,
     crops and flips, does not depend on where the ranks run or how many there are."""
     run_dir = work / "ref"
-    overrides = [o for o in OVERRIDES if not o.startswith("recovery.")]
+    overrides = tuple(o for o in overrides if not o.startswith("recovery."))
     argv = launcher_argv("launch.local", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml")
     done = subprocess.run(
         [*argv, *overrides, f"run_dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600
@@ -169,3 +194,59 @@ def test_a_pod_killed_whole_is_replaced_by_the_job_and_joins_the_live_group(live
     assert "live: lost 1 rank(s)" in dj.logs(0), out  # pod 0's rank regrouped in its own process
     assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path))
     assert (dj.run_dir / "model.pt").is_file()
+
+
+# ---- a node range: --nodes MIN:MAX -------------------------------------------------------------------
+
+
+@pytest.mark.scanners  # no image, no engine: tests/engines/test_k8s_live.py checks the fixed count's so
+def test_the_range_rendering_passes_the_kubernetes_1_31_schemas(tmp_path: Path) -> None:
+    report = validate(tmp_path, [d for d in yaml.safe_load_all(rendered([*RANGE, "--backoff-limit", "2"])) if d])
+    for kind in ("deployment/lv-lighthouse", "service/lv-lighthouse", "networkpolicy/lv-lighthouse", "job/lv"):
+        assert f"passed for resource {kind} " in report, report
+    assert report.count("passed") == 8
+
+
+RANGE_OVERRIDES = (*OVERRIDES[1:], "train.epochs=2")
+"""Half the fixed-count run: 256 steps on one rank."""
+
+
+def test_a_range_trains_on_min_pods_while_pod_0_stays_pending(image, tmp_path: Path) -> None:  # noqa: F811
+    """--nodes 1:2, pod 0 never scheduled (Pending: its name has no DNS record): pod 1 seals the first group
+    alone once the last call has passed, trains to the end and exits 0, and the success policy ends the Job
+    without pod 0. Every step's samples, crops and flips are the uninterrupted run's."""
+    spec = JobSpec(
+        config="configs/smoke.yaml", nodes=2, min_nodes=1, gpus_per_node=1, image=image, overrides=RANGE_OVERRIDES
+    )
+    with live_job_of(image, tmp_path, spec) as dj:
+        start = time.monotonic()
+        dj.start(1)
+        dj.run_live({1}, kill=None)
+        took = time.monotonic() - start
+        out = dj.logs(1)
+        assert dj.history == [(1, OK)], f"{dj.history}\n{out}"
+        assert "launch: the first live group of --nnodes 1:2 is node(s) 1; this node's ranks start in it" in out, out
+        assert "resumed from" not in out
+        assert (dj.run_dir / "model.pt").is_file()
+        print(f"range 1:2, pod 0 Pending: pod 1 trained alone to exit 0 in {took:.1f} s")
+    assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path, RANGE_OVERRIDES))
+
+
+@pytest.mark.extended  # CI proves the range's rendering with pod 0 Pending (above); this its exit 75
+def test_below_min_the_pods_exit_75_and_their_indexes_resume_when_min_are_back(image, tmp_path: Path) -> None:  # noqa: F811
+    """--nodes 2:3 on two pods (pod 2 Pending): pod 1's node is lost whole at step 40; pod 0, below MIN,
+    commits the last whole step and exits 75, which the Job ignores (its index is started again, no budget
+    spent); pod 1's index is replaced once its node is given up on (counted); the two seal the first group
+    again at MIN after the last call, resume from the checkpoint and finish 0."""
+    spec = JobSpec(config="configs/smoke.yaml", nodes=3, min_nodes=2, gpus_per_node=1, image=image, overrides=OVERRIDES)
+    with live_job_of(image, tmp_path, spec) as dj:
+        dj.start(0)
+        dj.start(1)
+        dj.run_live({0, 1}, kill=1, lost_node=True)
+        out = dj.all_logs()
+        assert sorted(dj.history[:2]) == [(0, PREEMPTED), (1, 137)], f"{dj.history}\n{out}"
+        assert sorted(dj.history[2:]) == [(0, OK), (1, OK)], f"{dj.history}\n{out}"
+        assert "below --nnodes 2:3's minimum of 2 nodes: checkpoint committed at global step" in out, out
+        assert "resumed from" in dj.logs(0), out
+        assert (dj.run_dir / "model.pt").is_file()
+    assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path))

@@ -141,6 +141,48 @@ def test_the_job_replaces_a_lost_pod_for_its_index_while_the_others_train_on() -
     assert by_kind(rendered([*LIVE, "--backoff-limit", "5"]))["Job"]["spec"]["backoffLimitPerIndex"] == 5
 
 
+RANGE = [*LIVE[:1], "2:4", *LIVE[2:]]
+"""--nodes 2:4: the live range (launch.local --nnodes MIN:MAX in live mode, docs/live.md)."""
+
+
+def test_a_range_renders_max_pods_each_with_its_index_and_the_range() -> None:
+    out = rendered(RANGE)
+    golden("k8s_live_range.yaml", out)
+    fixed = rendered([*LIVE[:1], "4", *LIVE[2:]])
+    assert kinds(out) == kinds(fixed) == [*KINDS, "Job"]  # the same objects as a fixed count of MAX
+    job, fixed_job = by_kind(out)["Job"], by_kind(fixed)["Job"]
+    spec = job["spec"]
+    assert spec["completions"] == spec["parallelism"] == 4  # MAX pods; fewer nodes: the rest stay Pending
+    # The fixed count's policy holds for the range's codes: 75 below MIN is ignored (the index started
+    # again, no budget spent, to meet afresh), 2 fails its index, one index ending 0 ends the Job.
+    for key in ("backoffLimitPerIndex", "podFailurePolicy", "podReplacementPolicy", "successPolicy"):
+        assert spec[key] == fixed_job["spec"][key], key
+    assert {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}} in (
+        spec["podFailurePolicy"]["rules"]
+    )
+    assert "succeededIndexes" not in str(spec["successPolicy"])  # not the elastic Job's pod 0
+    lines = script_of(job).splitlines()
+    assert lines[1] == "python -m torchlaunch.backends.k8s.launch --wait-for lv-lighthouse:29510 --wait-timeout-s 600"
+    words = shlex.split(lines[2])
+    assert words[words.index("--nnodes") + 1] == "2:4"
+    assert words[words.index("--node-rank") + 1] == "$JOB_COMPLETION_INDEX"  # live mode numbers its nodes
+    assert words[words.index("--master-addr") + 1] == "$MASTER_ADDR" and "--max-restarts" not in words
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # resolvable while pod 0 is Pending (no DNS record without an IP); the first group's store is on its
+    # first sealed node, at the address that node arrived with
+    assert env["MASTER_ADDR"] == "lv-lighthouse"
+    assert {e["name"]: e.get("value") for e in fixed_job["spec"]["template"]["spec"]["containers"][0]["env"]}[
+        "MASTER_ADDR"
+    ] == "lv-0.lv"
+    # a service of the user's own: its host
+    own = by_kind(rendered([*RANGE, "recovery.lighthouse=http://lh.example:29600"]))["Job"]
+    assert {e["name"]: e.get("value") for e in own["spec"]["template"]["spec"]["containers"][0]["env"]}[
+        "MASTER_ADDR"
+    ] == "lh.example"
+    # --nodes 2:2 is the fixed count 2, as under torchrun
+    assert rendered([*LIVE[:1], "2:2", *LIVE[2:]]).split("\n", 1)[1] == rendered(LIVE).split("\n", 1)[1]
+
+
 def test_every_pod_waits_for_the_service_and_none_for_pod_zero() -> None:
     script = script_of(by_kind(rendered(LIVE))["Job"])
     lines = script.splitlines()
@@ -190,8 +232,11 @@ def test_without_live_mode_nothing_changes() -> None:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--nodes", "1:4", "--max-restarts", "3"], "recovery.live=true takes a fixed --nodes"),
         (["--jobset"], "recovery.live=true is not rendered as a --jobset"),
+        (["--nodes", "1:4", "--jobset"], "recovery.live=true is not rendered as a --jobset"),
+        (["--nodes", "3:2"], "MIN 3 is more than MAX 2"),
+        (["--nodes", "0:2"], "--nodes must be >= 1, got 0"),
+        (["--nodes", "2:x"], "--nodes"),
         (["--name", "a" * 53], "'" + "a" * 53 + "-lighthouse' must fit 63 characters"),
         (["recovery.lighthouse=http://$(id):1"], "recovery.lighthouse"),
         (["recovery.lighthouse=http://h:1;reboot"], "recovery.lighthouse"),
@@ -200,7 +245,20 @@ def test_without_live_mode_nothing_changes() -> None:
         ([f"recovery.lighthouse=http://h{EVIL}:1"], "recovery.lighthouse"),
         ([f"recovery.lighthouse=http://h:1{EVIL}"], "recovery.lighthouse"),
     ],
-    ids=["elastic", "jobset", "long-name", "subshell", "semicolon", "space", "port", "yaml-host", "yaml-port"],
+    ids=[
+        "jobset",
+        "range-jobset",
+        "min-above-max",
+        "min-zero",
+        "range-text",
+        "long-name",
+        "subshell",
+        "semicolon",
+        "space",
+        "port",
+        "yaml-host",
+        "yaml-port",
+    ],
 )
 def test_what_live_mode_does_not_render_is_one_line_and_exit_2(argv: list[str], needle: str) -> None:
     code, out, err = render(["--config", "configs/smoke.yaml", "recovery.live=true", *argv])
@@ -250,12 +308,22 @@ def test_address_endpoint_and_overrides() -> None:
     assert k8s_live.PORT == 29510  # launch.lighthouse's default bind
 
 
-def test_check_refuses_elastic_and_jobset_only() -> None:
+def test_check_refuses_the_jobset_only() -> None:
     k8s_live.check(JobSpec(nodes=4), jobset=False)
-    with pytest.raises(BadInput, match="use --nodes 4"):
-        k8s_live.check(JobSpec(nodes=4, min_nodes=2, max_restarts=1), jobset=False)
-    with pytest.raises(BadInput, match="--jobset"):
-        k8s_live.check(JobSpec(nodes=4), jobset=True)
+    k8s_live.check(JobSpec(nodes=4, min_nodes=2), jobset=False)  # a range: no --max-restarts needed
+    for min_nodes in (None, 2):
+        with pytest.raises(BadInput, match="--jobset"):
+            k8s_live.check(JobSpec(nodes=4, min_nodes=min_nodes), jobset=True)
+
+
+def test_nodes_args_and_master_addr_of_a_count_and_a_range() -> None:
+    index = '"$JOB_COMPLETION_INDEX"'
+    assert k8s_live.nodes_args(JobSpec(nodes=4)) == ["--nnodes", "4", "--node-rank", index]
+    assert k8s_live.nodes_args(JobSpec(nodes=4, min_nodes=2)) == ["--nnodes", "2:4", "--node-rank", index]
+    rendered_service, own = k8s_live.Live(), k8s_live.Live(address="http://[fd00::1]:2")
+    assert k8s_live.master_addr("run", JobSpec(nodes=4), rendered_service, "run-0.run") == "run-0.run"
+    assert k8s_live.master_addr("run", JobSpec(nodes=4, min_nodes=2), rendered_service, "x") == "run-lighthouse"
+    assert k8s_live.master_addr("run", JobSpec(nodes=4, min_nodes=2), own, "x") == "fd00::1"
 
 
 def test_the_job_transform_keeps_everything_else() -> None:

@@ -44,9 +44,10 @@ def nodes_args(spec: JobSpec) -> list[str]:
     return ["--nnodes", shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()]
 
 
-def check(spec: JobSpec, name: str, jobset: bool, jobset_restarts: int) -> None:
-    """What only an elastic job or a JobSet needs, in one line each."""
-    if spec.min_nodes is not None and spec.max_restarts == 0:
+def check(spec: JobSpec, name: str, jobset: bool, jobset_restarts: int, live: bool = False) -> None:
+    """What only an elastic job or a JobSet needs, in one line each. A live range restarts nothing (the
+    group shrinks in place: torchlaunch.backends.k8s.live), so it needs no --max-restarts."""
+    if spec.min_nodes is not None and spec.max_restarts == 0 and not live:
         nodes = shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
         raise cli.error(
             f"--nodes {nodes} with --max-restarts 0: a lost pod costs the others one torchrun restart, so the "

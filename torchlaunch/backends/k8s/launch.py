@@ -137,9 +137,11 @@ def metadata(opts: K8sOptions, name: str, *, skips: dict[str, str] | None = None
     return meta
 
 
-def master_addr(opts: K8sOptions) -> str:
-    """Pod 0's stable name: hostname `<name>-0` in the headless service's subdomain `<name>`."""
-    return k8s_elastic.master_addr(opts.name, opts.jobset)
+def master_addr(spec: JobSpec, opts: K8sOptions) -> str:
+    """Pod 0's stable name: hostname `<name>-0` in the headless service's subdomain `<name>`; a live
+    range's pods name the membership service's host instead (torchlaunch.backends.k8s.live)."""
+    pod0 = k8s_elastic.master_addr(opts.name, opts.jobset)
+    return pod0 if opts.live is None else k8s_live.master_addr(opts.name, spec, opts.live, pod0)
 
 
 def run_dir(spec: JobSpec, opts: K8sOptions) -> str:
@@ -162,7 +164,7 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         "python",
         "-m",
         "torchlaunch.backends.local.launch",
-        *k8s_elastic.nodes_args(spec),
+        *(k8s_elastic.nodes_args(spec) if opts.live is None else k8s_live.nodes_args(spec)),
         "--master-addr",
         '"$MASTER_ADDR"',
         "--master-port",
@@ -282,7 +284,7 @@ def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
         # runs from --workdir when given (where its code is: COPYed into the image or mounted).
         "workingDir": opts.workdir or opts.shared_dir,
         "env": [
-            {"name": contract.MASTER_ADDR, "value": master_addr(opts)},
+            {"name": contract.MASTER_ADDR, "value": master_addr(spec, opts)},
             {"name": contract.MASTER_PORT, "value": str(spec.master_port)},
             {"name": "HOME", "value": "/tmp"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -434,7 +436,7 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
     k8s_validate.object_name(opts.name, "--name", nodes=spec.nodes, derived=derived)
     if opts.live is not None:
         k8s_live.check(spec, opts.jobset)
-    k8s_elastic.check(spec, opts.name, opts.jobset, opts.jobset_restarts)
+    k8s_elastic.check(spec, opts.name, opts.jobset, opts.jobset_restarts, live=opts.live is not None)
     if opts.namespace is not None:
         k8s_validate.dns1123_label(opts.namespace, "--namespace")
     if opts.storage_class is not None:

@@ -31,8 +31,23 @@ What live mode changes in the rendering, and why:
   and UDP (each rank answers a one-datagram echo on its store's port: core/recovery/peers.py); the
   service accepts only the job's pods, on its one port, and opens no connection itself.
 
-Not rendered with live mode, one line and exit 2 each: `--nodes MIN:MAX` (the live group shrinks and grows
-in place; the range is torchrun's restart, and launch.local refuses it in live mode too) and `--jobset`.
+**A node range, `--nodes MIN:MAX`** (launch.local's live range, docs/live.md): the same Job with MAX
+pods (completions = parallelism = MAX), every pod running `launch.local --nnodes MIN:MAX --node-rank
+$JOB_COMPLETION_INDEX` in live mode. The pods meet in the shared run dir: the first group is sealed at
+once when all MAX are in, or with MIN once the last call (10 s) has passed, so a pod left Pending (fewer
+nodes than MAX) holds nobody up; it joins the group that trains when it runs. `--master-addr` is the
+service's host, not pod 0's name: in a range no node hosts the job's store (the first group's is on its
+first sealed node, at the address that node arrived with), the launcher only needs a name that every
+pod resolves alike, and a Pending pod 0 has no DNS record (its name would not resolve, and the launcher
+would refuse it: exit 2, failing the index). The Job's policy is the fixed count's, and each rule holds
+for the range's codes too: below MIN the ranks left commit the last whole step and exit 75, which is
+Ignored, so their indexes are started again without spending a budget, and meet afresh: sealed once MIN
+are in, they resume from that checkpoint (no MIN within the launcher's join timeout, 600 s: exit 1,
+counted against its index). Exit 2 (bad input, a superseded member) fails its index; one index ending 0
+ends the Job, Pending pods included.
+
+Not rendered with live mode, one line and exit 2: `--jobset` (its failure policy restarts every pod,
+which live mode is there to avoid).
 """
 
 from __future__ import annotations
@@ -85,18 +100,28 @@ def from_config(recovery: RecoveryConfig, doctor: bool) -> Live | None:
 
 
 def check(spec: JobSpec, jobset: bool) -> None:
-    """The shapes live mode does not render, one line each, before anything is printed."""
-    if spec.min_nodes is not None:
-        nodes = shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
-        raise cli.error(
-            f"recovery.live=true takes a fixed --nodes (the live group shrinks and grows in place and the "
-            f"Job replaces a lost pod), not {nodes}; use --nodes {spec.nodes}, or set recovery.live=false"
-        )
+    """The shapes live mode does not render, one line each, before anything is printed. A range's own
+    bounds (MIN >= 1, MIN <= MAX) are launch.shape's, checked as every launcher's."""
     if jobset:
         raise cli.error(
             "recovery.live=true is not rendered as a --jobset yet (the JobSet's restart of every pod is what "
             "live mode avoids); leave out --jobset: the Indexed Job replaces a lost pod by itself"
         )
+
+
+def nodes_args(spec: JobSpec) -> list[str]:
+    """launch.local's node options in a live pod: its index as its node rank, with the fixed count or the
+    range (live mode numbers its nodes in a range too: a rank's files and replica id follow its node)."""
+    count = str(spec.nodes) if spec.min_nodes is None else shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
+    return ["--nnodes", count, "--node-rank", '"$JOB_COMPLETION_INDEX"']
+
+
+def master_addr(name: str, spec: JobSpec, live: Live, pod0: str) -> str:
+    """Every pod's --master-addr: pod 0's name for a fixed count (the first group meets at its store); for
+    a range the service's host, which resolves while any pod is Pending (see the module docstring)."""
+    if spec.min_nodes is None:
+        return pod0
+    return host_port(name, live)[0]
 
 
 def service_name(name: str) -> str:
@@ -109,12 +134,17 @@ def address(name: str, live: Live) -> str:
     return live.address or f"http://{service_name(name)}:{PORT}"
 
 
-def endpoint(name: str, live: Live) -> str:
-    """HOST:PORT the pods wait for before they start (`launch.k8s --wait-for`)."""
+def host_port(name: str, live: Live) -> tuple[str, int]:
+    """The service's host and port."""
     found = rules.service_address(address(name, live))
     if found is None:  # the recipe's check refused it already; a caller passing one by hand is told
         raise cli.error(f"recovery.lighthouse must be http://HOST:PORT, got {address(name, live)!r}")
-    host, port = found
+    return found
+
+
+def endpoint(name: str, live: Live) -> str:
+    """HOST:PORT the pods wait for before they start (`launch.k8s --wait-for`)."""
+    host, port = host_port(name, live)
     return f"{host}:{port}"
 
 
