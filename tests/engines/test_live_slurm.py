@@ -320,23 +320,26 @@ def over(job_id: str) -> bool:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("nodes", ["1-2", "2"])
 def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
-    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
+    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path, nodes: str
 ) -> None:
-    """Issue #37's "any node" on Slurm: the first node (the batch host, rank 0) of a live `--nodes 1-2`
-    job lost whole at step ~12 (every process of the job on n1 SIGKILLed, n1 DOWN and DRAINed so that it
-    stays out). The job ends FAILED (its batch script died; --no-kill does not requeue it), and the successor
-    its batch script submitted at start (afternotok) takes the run over on n2 alone, resumes from the newest
-    committed checkpoint and finishes; `--wait` follows it and exits 0. Every global step's samples, crops
-    and flips are the uninterrupted run's."""
+    """Issue #37's "any node" on Slurm: the first node (the batch host, rank 0) of a live job lost whole at
+    step ~12 (every process of the job on n1 SIGKILLed, n1 DOWN and DRAINed so that it stays out). The job
+    ends FAILED (its batch script died; --no-kill does not requeue it), and the successor its batch script
+    submitted at start (afternotok) takes the run over: with `--nodes 1-2` at once on n2 alone; with a fixed
+    `--nodes 2` it waits (`status` says pending and names it) until n1 is back, then runs on both. It
+    resumes from the newest committed checkpoint and finishes; `--wait` follows it and exits 0. Every
+    global step's samples, crops and flips are the uninterrupted run's."""
 
     run_dir = tmp_path / "run"
     recipe = tmp_path / "live.yaml"
     # Checkpoints every 4 steps: what the successor resumes from when the rank left could not commit its own.
     recipe.write_text(live.config_text(run_dir, every_steps=4) + f"  lighthouse: {lighthouse}\n")
-    launch = Launch(run_dir, "--nodes", "1-2", "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
+    launch = Launch(run_dir, "--nodes", nodes, "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
     first = launch.job_id
     rank0 = run_dir / "trace" / "rank0.jsonl"
+    waited = None
     try:
         wait_until(lambda: live.traced_step(rank0) >= 1 or launch.proc.poll() is not None, 240, "the first step")
         assert launch.proc.poll() is None, launch.text()[-3000:]
@@ -359,6 +362,10 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
         wait_until(lambda: over(first), 120, f"job {first} to end on every node", poll_s=0.05)
         ended_s = time.time() - killed_at
         before = traced(run_dir)  # the job is over: every trace line from here on is the successor's
+        if nodes == "2":  # the successor needs both nodes: it waits for n1, and status says so
+            waited = wait_until(lambda: (st := status_of(run_dir))["state"] == "pending" and st, 60, "pending")
+            assert controller(second)["JobState"] == "PENDING"
+            node_back(BATCH_HOST)
         wait_until(
             lambda: len(traced(run_dir)) > len(before) or launch.proc.poll() is not None,
             300,
@@ -375,7 +382,9 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
     assert job["JobState"] in successor.LOST_STATES and job["Restarts"] == "0", job
     assert f"launch: job {first} lost its batch host ({job['JobState']}); following its successor job {second}" in out
     took = controller(second)
-    assert (took["JobState"], took["NodeList"]) == ("COMPLETED", "n2"), took
+    assert (took["JobState"], took["NodeList"]) == ("COMPLETED", "n2" if nodes == "1-2" else "n[1-2]"), took
+    if waited is not None:
+        assert f"its successor job {second} is PENDING" in waited["reason"], waited
     log = (run_dir / "slurm" / second / f"{second}_0_log.out").read_text()
     assert f"slurm successor: job {first} was lost" in log, log[-3000:]
     resumed = re.search(r"resumed from \S+ at .* \(global step (\d+)\)", log)
@@ -396,6 +405,7 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
         f"{ended_s:.1f} s after the kill; the rank left "
         f"{'committed step ' + committed.group(1) if committed else 'committed nothing'}; successor job {second} "
         f"resumed from step {step}; kill -> the successor's first step {first_step_s:.1f} s"
+        + (" (n1 resumed by the test meanwhile)" if waited is not None else "")
     )
 
 
