@@ -13,7 +13,9 @@ What Slurm must be told, the env each task adds, and the job's outcome. Measured
   srun's alone the job is. With both, the node is removed from the job and the other tasks train on.
 - The batch script runs on the first node: losing that node ends the job (the batch step is killed,
   FAILED, not requeued, even with --requeue), whatever the ranks could do. Training survives the loss
-  of any other node.
+  of any other node in place; the first node's loss is taken over by a successor job that waited behind
+  this one (afternotok) and resumes from the newest checkpoint (backends.slurm.successor; the batch lines
+  below call its `start` before srun and `end` after).
 - srun exits 137 once any task was SIGKILLed, and the batch script's code is the job's: Slurm would say
   FAILED although the survivors finished. So the script passes srun's code through `verdict` below,
   which reads what every task recorded (task.write_result) and decides as the live agent does
