@@ -12,11 +12,12 @@ scheduler and kubelet are the part that is not real.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,13 @@ class LiveJob(DockerJob):
 
     lighthouse: str = ""
     """The Lighthouse pod's container."""
+    ended_logs: list[str] = field(default_factory=list)
+    """The logs of the pods replaced so far, in order (a replacement removes its old pod's container)."""
+
+    def start(self, index: int) -> None:
+        if docker("inspect", self.container(index), check=False).returncode == 0:
+            self.ended_logs.append(f"--- pod {index} (ended)\n{self.logs(index)}")
+        super().start(index)
 
     def start_lighthouse(self, deployment: dict) -> None:
         """The Deployment's one pod, named as its Service is, read off the manifest as the Job's pods are."""
@@ -199,6 +207,17 @@ def test_a_pod_killed_whole_is_replaced_by_the_job_and_joins_the_live_group(live
 # ---- a node range: --nodes MIN:MAX -------------------------------------------------------------------
 
 
+def timeline(dj: LiveJob, index: int) -> str:
+    """When pod `index` started, sealed or joined its first group, and ended (the engine's timestamps)."""
+    times = docker("inspect", "-f", "{{.State.StartedAt}} {{.State.FinishedAt}}", dj.container(index)).stdout.split()
+    done = docker("logs", "-t", dj.container(index), check=False)
+    stamped = [line for line in (done.stdout + done.stderr).splitlines() if "first live group" in line]
+    seen = datetime.datetime.fromisoformat
+    start, end = seen(times[0]), seen(times[1])
+    sealed = seen(stamped[0].split()[0]) if stamped else end
+    return f"sealed {(sealed - start).total_seconds():.1f} s after its start, ended {(end - sealed).total_seconds():.1f} s later"
+
+
 @pytest.mark.scanners  # no image, no engine: tests/engines/test_k8s_live.py checks the fixed count's so
 def test_the_range_rendering_passes_the_kubernetes_1_31_schemas(tmp_path: Path) -> None:
     report = validate(tmp_path, [d for d in yaml.safe_load_all(rendered([*RANGE, "--backoff-limit", "2"])) if d])
@@ -228,7 +247,7 @@ def test_a_range_trains_on_min_pods_while_pod_0_stays_pending(image, tmp_path: P
         assert "launch: the first live group of --nnodes 1:2 is node(s) 1; this node's ranks start in it" in out, out
         assert "resumed from" not in out
         assert (dj.run_dir / "model.pt").is_file()
-        print(f"range 1:2, pod 0 Pending: pod 1 trained alone to exit 0 in {took:.1f} s")
+        print(f"range 1:2, pod 0 Pending: pod 1 trained alone to exit 0 in {took:.1f} s; {timeline(dj, 1)}")
     assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path, RANGE_OVERRIDES))
 
 
@@ -243,7 +262,7 @@ def test_below_min_the_pods_exit_75_and_their_indexes_resume_when_min_are_back(i
         dj.start(0)
         dj.start(1)
         dj.run_live({0, 1}, kill=1, lost_node=True)
-        out = dj.all_logs()
+        out = "\n".join(dj.ended_logs) + dj.all_logs()
         assert sorted(dj.history[:2]) == [(0, PREEMPTED), (1, 137)], f"{dj.history}\n{out}"
         assert sorted(dj.history[2:]) == [(0, OK), (1, OK)], f"{dj.history}\n{out}"
         assert "below --nnodes 2:3's minimum of 2 nodes: checkpoint committed at global step" in out, out
