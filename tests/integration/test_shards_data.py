@@ -99,3 +99,41 @@ def test_imagenet_recipe_validates_and_dry_runs(shard_set: Path, tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "torchrun" in done.stdout + done.stderr
+
+
+def test_clean_decode_proofs_cross_the_forked_workers_and_change_no_pixel(shard_set: Path) -> None:
+    """The window decoder's proofs (worker/data/shards.CleanDecodes): what a DataLoader worker proves
+    in epoch 0 (a decode read to the end marker) is seen by the parent and by the workers of epoch 1,
+    whose draws of those members stop after their box; epoch 1's batches are bit for bit those of a
+    loader that never saw epoch 0 (no proofs: every draw read to the end), and of one without the
+    window decoder at all."""
+    from torchlaunch.core.sampler import BatchPlan
+    from torchlaunch.worker.data import TrainLoader, jpeg
+
+    if jpeg.window_decoder() is None:
+        pytest.skip("the window decoder was not built here")
+    cfg = DataConfig(name="shards", root=str(shard_set), image_size=24, train_crop="resized")
+
+    def epoch_1(bundle, workers: int, first: bool) -> list[torch.Tensor]:
+        plan = BatchPlan(len(bundle.train), 12, 3, train_crop="resized", image_size=24)
+        norm = Normalizer(bundle.mean, bundle.std, torch.device("cpu"), False)
+        loader = TrainLoader(bundle.train, plan, norm, torch.device("cpu"), True, workers, 24)
+        if first:
+            for _ in loader.epoch(0, 0):
+                pass
+        return [micro[0][0] for _, micro in loader.epoch(1, 0)]
+
+    proven = load_bundle(cfg)
+    clean = proven.train.files.clean
+    assert not any(j in clean for j in range(clean.n))
+    ours = epoch_1(proven, 2, True)
+    assert sum(j in clean for j in range(clean.n)) > clean.n // 2  # recorded by the workers, seen here
+    fresh = epoch_1(load_bundle(cfg), 0, False)
+    assert len(ours) == len(fresh) > 0 and all(torch.equal(a, b) for a, b in zip(ours, fresh, strict=True))
+    decoder = jpeg.window_decoder
+    try:
+        jpeg.window_decoder = lambda: None
+        whole = epoch_1(load_bundle(cfg), 0, False)
+    finally:
+        jpeg.window_decoder = decoder
+    assert all(torch.equal(a, b) for a, b in zip(ours, whole, strict=True))
