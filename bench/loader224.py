@@ -33,6 +33,16 @@ COMMAND = "python -m bench.run --only loader224"
 SHAPES = [(500, 375), (375, 500), (500, 333), (640, 480), (400, 400), (800, 600)]
 
 
+def window_state() -> str:
+    """Whether the shard loader's JPEG window decoder is in use here (built and giving PIL's pixels): an
+    install without it measures the whole-image decode instead."""
+    from torchlaunch.worker.data import jpeg
+
+    if jpeg.window_decoder() is None:
+        return "not built or not usable here: whole-image tensor decode measured"
+    return "in use (each member's first draw decodes to its end marker, later draws stop after the box)"
+
+
 def cpu_seconds() -> float:
     """CPU time of this process plus its terminated, joined children (DataLoader workers)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -231,7 +241,7 @@ def run(
             goal=1.5,
             higher_is_better=True,
             command=COMMAND,
-            project_label="shards + RandomResizedCrop (plan variates, tensor JPEG decode or draft) + flip",
+            project_label="shards + RandomResizedCrop (plan variates, JPEG window decode or draft) + flip",
             baseline_label="ImageFolder + PIL + RandomResizedCrop(224) + flip + ToTensor + Normalize",
             rounds=per_round,
             notes=f"{classes * per_class} generated JPEGs ({', '.join(f'{w}x{h}' for w, h in SHAPES)}), batch {batch}, "
@@ -239,7 +249,8 @@ def run(
             f"bench process and its (joined) workers; by wall clock per worker instead: {wall_ratio:.2f} (per round: "
             f"{', '.join(f'{r:.2f}' for r in wall_rounds)}); the per-file ImageFolder path of the "
             f"project: {median(rates['files']):,.1f} images per CPU-second ({files_ratio:.2f}x the reference); first batch "
-            f"from loader construction: shards {first_shards:.2f} s, reference {first_reference:.2f} s",
+            f"from loader construction: shards {first_shards:.2f} s, reference {first_reference:.2f} s; the JPEG window "
+            f"decoder (setup.py's optional C extension) {window_state()}",
             extra={
                 "files_images_per_s_per_core": median(rates["files"]),
                 "files_ratio": files_ratio,
