@@ -302,13 +302,42 @@ def node_back(node: str) -> None:
     wait_until(lambda: slurm("sinfo", "-h", "-n", node, "-o", "%T").strip() == "idle", 60, f"{node} idle again")
 
 
+def trace_records(run_dir: Path) -> dict[str, list[dict]]:
+    """Each rank's batch trace records so far, by file name (a line being written, or cut short by a
+    SIGKILL, is left out)."""
+    return {
+        path.name: [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+        for path in sorted((run_dir / "trace").glob("rank*.jsonl"))
+    }
+
+
 def traced(run_dir: Path) -> list[int]:
-    """Every step traced so far by any rank, in file order (a line being written is left out)."""
-    steps = []
-    for path in sorted((run_dir / "trace").glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip().endswith("}"):
-                steps.append(int(json.loads(line)["step"]))
+    """Every step traced so far by any rank."""
+    return [r["step"] for records in trace_records(run_dir).values() for r in records]
+
+
+def samples_across_jobs(run_dir: Path, cut: dict[str, int]) -> dict[int, dict[int, tuple[int, int, bool]]]:
+    """step_samples for a run that another job took over: the records past `cut` (each file's count when
+    the lost job was over) are the successor's, and a step it traced is its own (the lost job's attempt
+    of it is history: a SIGKILLed rank's last lines may never reach the file, and the rank left may have
+    run ahead of the newest checkpoint); every other step is the lost job's, from its last group (the
+    rule of step_samples). A sample traced twice within one step's attempt fails the test."""
+    old: list[dict] = []
+    new: list[dict] = []
+    for name, records in trace_records(run_dir).items():
+        old += records[: cut.get(name, 0)]
+        new += records[cut.get(name, 0) :]
+    redone = {r["step"] for r in new}
+    last: dict[int, int] = {}
+    for r in old:
+        last[r["step"]] = max(last.get(r["step"], 0), r.get("generation", 0))
+    kept = [r for r in old if r["step"] not in redone and r.get("generation", 0) == last[r["step"]]]
+    steps: dict[int, dict[int, tuple[int, int, bool]]] = {}
+    for r in [*kept, *new]:
+        samples = steps.setdefault(r["step"], {})
+        for i, index in enumerate(r["indices"]):
+            assert index not in samples, f"step {r['step']}: sample {index} trained twice"
+            samples[index] = (r["dy"][i], r["dx"][i], r["flip"][i])
     return steps
 
 
@@ -362,6 +391,7 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
         wait_until(lambda: over(first), 120, f"job {first} to end on every node", poll_s=0.05)
         ended_s = time.time() - killed_at
         before = traced(run_dir)  # the job is over: every trace line from here on is the successor's
+        cut = {name: len(records) for name, records in trace_records(run_dir).items()}
         if nodes == "2":  # the successor needs both nodes: it waits for n1, and status says so
             waited = wait_until(lambda: (st := status_of(run_dir))["state"] == "pending" and st, 60, "pending")
             assert controller(second)["JobState"] == "PENDING"
@@ -395,7 +425,7 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
     assert mine is not None and mine.adopted and mine.code == 0, mine
     if mine.successor is not None:  # the successor's own successor: cancelled when it completed
         assert controller(mine.successor)["JobState"] == "CANCELLED"
-    assert step_samples(run_dir) == step_samples(reference.run_dir)
+    assert samples_across_jobs(run_dir, cut) == step_samples(reference.run_dir)
     st = status_of(run_dir)
     assert (st["state"], st["step"], st["job_id"]) == ("finished", live.STEPS, second), st
     survivor = (run_dir / "slurm" / first / f"{first}_1_log.out").read_text()
