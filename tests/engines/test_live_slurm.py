@@ -311,29 +311,42 @@ def trace_records(run_dir: Path) -> dict[str, list[dict]]:
     }
 
 
-def traced(run_dir: Path) -> list[int]:
-    """Every step traced so far by any rank."""
-    return [r["step"] for records in trace_records(run_dir).values() for r in records]
+def successor_stepped(run_dir: Path, lost: dict[str, list[dict]]) -> bool:
+    """Whether a rank of the successor traced its first step: a file grew past, or no longer starts with,
+    what the lost job left (a resumed rank first cuts its file back to the checkpoint's step)."""
+    for name, records in trace_records(run_dir).items():
+        before = lost.get(name, [])
+        if len(records) > len(before) or records != before[: len(records)]:
+            return True
+    return False
 
 
-def samples_across_jobs(run_dir: Path, cut: dict[str, int]) -> dict[int, dict[int, tuple[int, int, bool]]]:
-    """step_samples for a run that another job took over: the records past `cut` (each file's count when
-    the lost job was over) are the successor's, and a step it traced is its own (the lost job's attempt
-    of it is history: a SIGKILLed rank's last lines may never reach the file, and the rank left may have
-    run ahead of the newest checkpoint); every other step is the lost job's, from its last group (the
-    rule of step_samples). A sample traced twice within one step's attempt fails the test."""
+def samples_across_jobs(
+    run_dir: Path, lost: dict[str, list[dict]], resumed_at: int
+) -> dict[int, dict[int, tuple[int, int, bool]]]:
+    """step_samples for a run that another job took over at global step `resumed_at`, given each rank's
+    trace records when the lost job was over (`lost`). A rank of the successor cuts its file back to the
+    checkpoint's step and appends its own steps (worker/metrics.MetricsLog); a file it did not open keeps
+    the lost job's lines, among them the rank left's attempts of steps past the checkpoint, which the
+    successor trained again. So a step the successor traced is its own, and every other step is the lost
+    job's, from its last group (step_samples' rule). A sample traced twice within one attempt fails."""
     old: list[dict] = []
     new: list[dict] = []
     for name, records in trace_records(run_dir).items():
-        old += records[: cut.get(name, 0)]
-        new += records[cut.get(name, 0) :]
+        before = lost.get(name, [])
+        if records[: len(before)] == before and len(records) == len(before):
+            old += records  # the successor did not write this rank's file
+            continue
+        kept = next((i for i, r in enumerate(records) if r["step"] > resumed_at), len(records))
+        old += records[:kept]
+        new += records[kept:]
     redone = {r["step"] for r in new}
     last: dict[int, int] = {}
     for r in old:
         last[r["step"]] = max(last.get(r["step"], 0), r.get("generation", 0))
-    kept = [r for r in old if r["step"] not in redone and r.get("generation", 0) == last[r["step"]]]
+    kept_old = [r for r in old if r["step"] not in redone and r.get("generation", 0) == last[r["step"]]]
     steps: dict[int, dict[int, tuple[int, int, bool]]] = {}
-    for r in [*kept, *new]:
+    for r in [*kept_old, *new]:
         samples = steps.setdefault(r["step"], {})
         for i, index in enumerate(r["indices"]):
             assert index not in samples, f"step {r['step']}: sample {index} trained twice"
@@ -390,14 +403,14 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
         set_node(BATCH_HOST, "down", "drain")  # DRAIN: ReturnToService=2 would take it back at once
         wait_until(lambda: over(first), 120, f"job {first} to end on every node", poll_s=0.05)
         ended_s = time.time() - killed_at
-        before = traced(run_dir)  # the job is over: every trace line from here on is the successor's
-        cut = {name: len(records) for name, records in trace_records(run_dir).items()}
+        lost = trace_records(run_dir)  # the job is over: a trace line from here on is the successor's
+        before = [r["step"] for records in lost.values() for r in records]
         if nodes == "2":  # the successor needs both nodes: it waits for n1, and status says so
             waited = wait_until(lambda: (st := status_of(run_dir))["state"] == "pending" and st, 60, "pending")
             assert controller(second)["JobState"] == "PENDING"
             node_back(BATCH_HOST)
         wait_until(
-            lambda: len(traced(run_dir)) > len(before) or launch.proc.poll() is not None,
+            lambda: successor_stepped(run_dir, lost) or launch.proc.poll() is not None,
             300,
             "the successor's first step",
             poll_s=0.05,
@@ -425,7 +438,7 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
     assert mine is not None and mine.adopted and mine.code == 0, mine
     if mine.successor is not None:  # the successor's own successor: cancelled when it completed
         assert controller(mine.successor)["JobState"] == "CANCELLED"
-    assert samples_across_jobs(run_dir, cut) == step_samples(reference.run_dir)
+    assert samples_across_jobs(run_dir, lost, step) == step_samples(reference.run_dir)
     st = status_of(run_dir)
     assert (st["state"], st["step"], st["job_id"]) == ("finished", live.STEPS, second), st
     survivor = (run_dir / "slurm" / first / f"{first}_1_log.out").read_text()
