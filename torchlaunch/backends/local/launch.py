@@ -575,6 +575,51 @@ def check_rendezvous(args: argparse.Namespace) -> None:
         shape.bindable("--master-port", args.master_port)
 
 
+def check_address_form(args: argparse.Namespace) -> None:
+    """--master-addr is a host name or address (shape.master_addr's first check, its one line), without
+    resolving it: what every launch checks before anything, whether it needs node 0 or not."""
+    if args.master_addr is not None and not shape.HOST.fullmatch(args.master_addr):
+        shape.master_addr("--master-addr", args.master_addr)  # refuses the form before any lookup
+
+
+def meets_at_node_0_first(args: argparse.Namespace, cfg: config_mod.RunConfig) -> bool:
+    """A live launch across a fixed --nnodes N (pure over args and the recipe): only its first group meets
+    at node 0 (its store at --master-addr:--master-port). A launcher that replaces a lost node
+    (replaces_a_lost_node) joins through the membership service and a live peer's store, and node 0 may
+    be the node lost, its name gone with it (a Kubernetes pod's DNS record goes with the pod): so
+    check_rendezvous's lookup and port check wait until the launcher knows it starts in the first group
+    (check_first_group), instead of refusing a replacement with exit 2. A range (MIN:MAX) meets in the
+    run dir and is checked at once, as every other launch."""
+    return (
+        cfg.recovery.live
+        and not args.doctor
+        and args.nnodes > 1
+        and not args.node_range.elastic
+        and args.master_addr is not None
+    )
+
+
+def joins_a_live_group(lock: runlock.RunLock | None, run_dir: str) -> bool:
+    """Whether this launcher, holding its job's lock, will start its ranks as joiners of a group that
+    trains already (replaces_a_lost_node's answer, read without waiting or writing: a founder that has
+    not recorded its run yet formed no group, so a launcher that arrives then starts in the first one)."""
+    if lock is None or lock.slot is None or lock.founded:
+        return False
+    from torchlaunch.core.recovery.fence import Fence  # live mode across nodes only
+
+    fence = Fence(run_dir)
+    return fence.founder() == lock.holder.incarnation and fence.formed_since_founded()
+
+
+def check_first_group(args: argparse.Namespace, lock: runlock.RunLock | None, run_dir: str) -> None:
+    """check_rendezvous for a launch that meets_at_node_0_first, once it holds the job's lock: a launcher
+    that starts in the first group needs node 0's name to resolve (and node 0 its port), bad input
+    otherwise (one line, exit 2, before its config is settled or anything recorded in RUN_DIR/live); one
+    that replaces a lost node needs neither."""
+    if not joins_a_live_group(lock, run_dir):
+        check_rendezvous(args)
+
+
 def check_devices(args: argparse.Namespace) -> None:
     if args.device != "cpu":
         gpus = visible_gpus()
@@ -608,7 +653,7 @@ def plan(args: argparse.Namespace) -> Plan:
     """Validate everything before starting anything (the same in a run, --dry-run and --doctor);
     BadInput on the first problem."""
     check_placement(args)
-    check_rendezvous(args)
+    check_address_form(args)
     program = cli.check_program(args)
     placement = NodePlacement(args.node_rank, args.master_addr, args.rdzv)
     common = {
@@ -619,6 +664,7 @@ def plan(args: argparse.Namespace) -> Plan:
         "max_restarts": args.max_restarts,
     }
     if program is not None:
+        check_rendezvous(args)
         check_range(args, live=False)  # live mode is the built-in worker's
         if args.reconfigure:
             raise cli.error(
@@ -628,6 +674,8 @@ def plan(args: argparse.Namespace) -> Plan:
         spec = JobSpec(program=tuple(program.argv()), run_dir=args.run_dir, **common)
         return Plan(spec, placement, None, program)
     cfg = config_mod.load(args.config, args.overrides)
+    if not meets_at_node_0_first(args, cfg):  # else once the lock says whether it starts the first group
+        check_rendezvous(args)
     check_range(args, live=cfg.recovery.live)
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
@@ -744,6 +792,8 @@ def launch(argv: Sequence[str]) -> int:
         return OK
     argv_out = [] if live else render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv, live)) as lock:
+        if meets_at_node_0_first(args, cfg):
+            check_first_group(args, lock, cfg.run_dir)
         if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
             settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
         else:

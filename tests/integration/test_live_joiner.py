@@ -1,0 +1,145 @@
+"""A live launch across a fixed `--nnodes N`: a launcher that replaces a lost node does not need node 0's
+name to resolve (node 0 may be the node lost: a Kubernetes pod's DNS record goes with the pod, and
+`launch.k8s --nodes N recovery.live=true` gives every pod `--master-addr <name>-0.<name>`). It joins
+through the membership service and a live peer's store; only a launcher that starts in the first group
+meets at node 0, and for it an unresolvable name is still bad input (one line, exit 2, nothing written).
+
+The job around the launcher under test is its run dir and its run-dir lock, as the other nodes' launchers
+leave them: node 0 founded the run and left (lost), node 2's launcher holds the job's lock, and a group
+has formed since the founding (RUN_DIR/live/generation past RUN_DIR/live/founded). The replacement is
+stopped once it has started its ranks as joiners: what they do next is tests/integration/
+test_live_range.py's and tests/engines/test_docker_live.py's (a real group to join).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import live
+from tests.conftest import REPO, child_env, launcher_argv, run_launcher
+from torchlaunch import runlock
+from torchlaunch.backends.local import launch as local_launch
+from torchlaunch.core.recovery.fence import Fence
+from torchlaunch.launch import elastic
+
+pytestmark = [pytest.mark.timeout(180)]
+
+GONE = "lv-0.lv.invalid"
+"""Node 0's name once node 0 is gone: `.invalid` never resolves (RFC 2606)."""
+NODES = "3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Job:
+    """The run dir, recipe and ports of one live job of --nnodes 3 whose node 0 is --master-addr GONE."""
+
+    def __init__(self, work: Path) -> None:
+        self.run_dir = work / "run"
+        self.run_dir.mkdir()
+        self.recipe = work / "run.yaml"
+        self.recipe.write_text(live.config_text(self.run_dir))
+        self.port = free_port()  # nobody listens: a joiner never asks node 0's store
+        self.lighthouse = f"http://127.0.0.1:{free_port()}"  # nor does this test run a service
+        self.key = elastic.job_key(local_launch.run_id(str(self.run_dir)), GONE, self.port)
+
+    def args(self, node: int) -> list[str]:
+        """Node `node`'s command, as every pod of the rendering runs it (one CPU rank)."""
+        return [
+            *("--nnodes", NODES, "--node-rank", str(node), "--master-addr", GONE),
+            *("--master-port", str(self.port), "--gpus", "1", "--device", "cpu"),
+            *("--config", str(self.recipe), f"recovery.lighthouse={self.lighthouse}"),
+        ]
+
+    def lock(self) -> runlock.RunLock:
+        """A launcher of this job: a member of its run-dir lock."""
+        return runlock.RunLock(self.run_dir, job=self.key).acquire()
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> Iterator[Job]:
+    """Node 0 founded the run, the first group formed, node 0 was lost; node 2's launcher lives on."""
+    job = Job(tmp_path)
+    founder, peer = job.lock(), job.lock()
+    try:
+        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        Fence(job.run_dir).advance()  # the first group formed
+        founder.release()  # node 0 lost, and its name with it
+        yield job
+    finally:
+        peer.release()
+
+
+def started_ranks(proc: subprocess.Popen) -> tuple[list[str], int | None]:
+    """The launcher's lines up to the one that starts its ranks (`launch: <the agent's command>`), then
+    its whole process group stopped; or every line and its code when it ended before."""
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if line.startswith("launch: ") and "torchlaunch.backends.local.live" in line:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+            return lines, None
+    return lines, proc.wait(timeout=60)
+
+
+def test_a_replacement_of_node_1_joins_while_node_0s_name_does_not_resolve(trained: Job) -> None:
+    argv = launcher_argv("torchlaunch.backends.local.launch", *trained.args(1))
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group: the launcher, its agent and rank end together
+    )
+    try:
+        lines, code = started_ranks(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    said = "\n".join(lines)
+    assert code is None, f"the replacement ended {code} before starting its ranks:\n{said}"
+    assert "this job trains already on its other nodes: this node's ranks join its live group" in said, said
+    agent = lines[-1]
+    assert "--join-attempt 2" in agent and f"--master-addr {GONE}" in agent, agent
+
+
+def test_a_first_launch_with_an_unresolvable_node_0_is_bad_input_and_records_nothing(tmp_path: Path) -> None:
+    """Node 0 itself, founding the run: one quoted line, exit 2, no config and no founded record."""
+    job = Job(tmp_path)
+    code, _, err = run_launcher(job.args(0), timeout=120)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--master-addr '{GONE}' does not resolve" in lines[0], err
+    assert not (job.run_dir / "config.yaml").exists(), "a refused launch settled the run's config"
+    assert not (job.run_dir / "live" / "founded").exists(), "a refused launch recorded a run"
+
+
+def test_a_first_group_node_with_an_unresolvable_node_0_is_bad_input(tmp_path: Path) -> None:
+    """Node 1 of a first launch (node 0's launcher founded the run, no group formed yet) meets at node 0:
+    its name must resolve, as without live mode."""
+    job = Job(tmp_path)
+    founder = job.lock()
+    try:
+        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        code, _, err = run_launcher(job.args(1), timeout=120)
+    finally:
+        founder.release()
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--master-addr '{GONE}' does not resolve" in lines[0], err
