@@ -92,32 +92,40 @@ class LiveJob(DockerJob):
         done = docker("logs", self.lighthouse, check=False)
         return done.stdout + done.stderr
 
-    def run_live(self, running: set[int], kill: int | None, lost_node: bool = False) -> None:
+    def run_live(
+        self,
+        running: set[int],
+        kill: int | None,
+        lost_node: bool = False,
+        kills: tuple[tuple[int, int], ...] = (),
+        kept_away: frozenset[int] = frozenset(),
+    ) -> None:
         """The controller: replace an ended pod by the policy (per-index budget), until the success
-        policy holds and every pod has ended; SIGKILL pod `kill` once its rank traced KILL_AT. An index
-        never started stays Pending (no node for it): the success policy ends the Job without it. With
-        `lost_node`, the killed pod's node is gone: its pod is replaced only once another pod has ended
-        (Kubernetes marks a lost node's pod failed minutes later, when it gives up on the node)."""
+        policy holds and every pod has ended; SIGKILL pod `kill` once its rank traced KILL_AT, then each
+        pod of `kills` (index, step) in turn once its rank traced that step. An index never started stays
+        Pending (no node for it): the success policy ends the Job without it. With `lost_node`, the killed
+        pod's node is gone: its pod is replaced only once another pod has ended (Kubernetes marks a lost
+        node's pod failed minutes later, when it gives up on the node). An index of `kept_away` is not
+        replaced at all (its node gone, no other for it: its replacement stays Pending, its DNS record
+        gone with the pod)."""
         spec = self.job["spec"]
         needed = spec["successPolicy"]["rules"][0]["succeededCount"]
         failures = dict.fromkeys(range(spec["completions"]), 0)
         succeeded: set[int] = set()
         held: set[int] = set()
-        killed = kill is None
+        to_kill = [*([] if kill is None else [(kill, KILL_AT)]), *kills]
         deadline = time.monotonic() + DEADLINE_S
-        trace = self.run_dir / "trace" / f"rank{kill}.jsonl"
         while running or held or len(succeeded) < needed:
             assert time.monotonic() < deadline, f"the job did not complete: {self.history}\n{self.all_logs()}"
-            if not killed and live.traced_step(trace) >= KILL_AT:
-                docker("kill", self.container(kill))  # SIGKILL to the pod's init: every process of it
-                killed = True
+            if to_kill and live.traced_step(self.run_dir / "trace" / f"rank{to_kill[0][0]}.jsonl") >= to_kill[0][1]:
+                docker("kill", self.container(to_kill.pop(0)[0]))  # SIGKILL to the pod's init: every process of it
             ended = self.ended(running)
             for index, code in ended:
                 if code == OK:
                     succeeded.add(index)
                     continue
                 action = self.action(code)
-                if action == "FailIndex":
+                if action == "FailIndex" or index in kept_away:
                     continue
                 if action == "Count":
                     failures[index] += 1
@@ -202,6 +210,27 @@ def test_a_pod_killed_whole_is_replaced_by_the_job_and_joins_the_live_group(live
     assert "live: lost 1 rank(s)" in dj.logs(0), out  # pod 0's rank regrouped in its own process
     assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path))
     assert (dj.run_dir / "model.pt").is_file()
+
+
+def test_a_replacement_joins_while_pod_0_is_gone_and_its_name_with_it(image, tmp_path: Path) -> None:  # noqa: F811
+    """--nodes 3: pod 0 SIGKILLed whole at step 40 and kept away (its node gone, no other for it: its
+    container, and so its DNS name lv-0.lv, gone), then pod 1 SIGKILLed whole once its rank is past the
+    regroup. Pod 1's replacement still has MASTER_ADDR=lv-0.lv, which no longer resolves: its launcher
+    joins through the service and pod 2's store, never asking pod 0 (before, it refused the name: exit 2,
+    FailIndex, index 1 failed for good). Pods 1 and 2 finish 0; every step exact."""
+    spec = JobSpec(config="configs/smoke.yaml", nodes=3, gpus_per_node=1, image=image, overrides=OVERRIDES)
+    with live_job_of(image, tmp_path, spec) as dj:
+        start = time.monotonic()
+        dj.run_live(dj.start_all(), kill=0, kills=((1, KILL_AT + 24),), kept_away=frozenset({0}))
+        took = time.monotonic() - start
+        out = "\n".join(dj.ended_logs) + dj.all_logs()
+        assert dj.history[:2] == [(0, 137), (1, 137)], f"{dj.history}\n{out}"
+        assert sorted(dj.history[2:]) == [(1, OK), (2, OK)], f"{dj.history}\n{out}"
+        assert "launch: this job trains already on its other nodes" in dj.logs(1), out
+        assert "live: joined the group at global step" in dj.logs(1), out
+        assert "resumed from" not in out, "a pod was restarted from a checkpoint"
+        print(f"--nodes 3, pod 0 gone, pod 1 replaced: {dj.history} in {took:.1f} s")
+    assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path))
 
 
 # ---- a node range: --nodes MIN:MAX -------------------------------------------------------------------
