@@ -24,9 +24,12 @@ What live mode changes in the rendering, and why:
   succeededCount 1): a live agent ends 0 only when the training finished, and a replacement still
   waiting for a node must not keep the Job open.
 - **Pod 0 is not special.** Every pod waits (bounded) for the membership service, none for pod 0: the
-  first group still meets at pod 0's port (torch's store client retries until it resolves and
-  listens), but a replacement pod joins through the service and a live peer's store, so a replacement
-  of pod 1 after pod 0 was lost, or of pod 0 itself, starts at once.
+  first group still meets at pod 0's port (MASTER_ADDR is pod 0's name `<name>-0.<name>`), but a
+  replacement pod joins through the service and a live peer's store, so a replacement of pod 1 after
+  pod 0 was lost, or of pod 0 itself, starts at once. Its launcher never looks pod 0's name up (a lost
+  pod's DNS record goes with it): launch.local checks that --master-addr resolves only on a launcher
+  that starts in the first group (torchlaunch.backends.local.launch.meets_at_node_0_first), and a
+  replacement's is not one; a first launch's pod whose pod 0 does not resolve yet is refused (exit 2).
 - **The network.** Between the job's pods every TCP port (each rank hosts its own store on a free port)
   and UDP (each rank answers a one-datagram echo on its store's port: core/recovery/peers.py); the
   service accepts only the job's pods, on its one port, and opens no connection itself.
