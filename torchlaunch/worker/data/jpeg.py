@@ -1,5 +1,6 @@
-"""The training crop's JPEG decoder: libjpeg-turbo through torchvision's image extension, straight to a
-uint8 tensor, for the JPEGs PIL would decode to the very same pixels.
+"""The training crop's JPEG decoders: libjpeg-turbo through this package's window decoder (the box alone)
+or torchvision's image extension (the whole image), straight to a uint8 tensor, for the JPEGs PIL would
+decode to the very same pixels.
 
 Why: at ImageNet size (a 224 px RandomResizedCrop of ~500x375 JPEGs) decoding is most of a sample's
 time. PIL and torchvision run libjpeg-turbo with the same settings (accurate integer IDCT, fancy
@@ -12,24 +13,24 @@ DCT scale) is what the issue proposed; neither PIL nor torchvision exposes it, a
 only with TurboJPEG 3, which this platform's libturbojpeg (2.1) is not (the 2.x API has only the
 lossless crop transform, which re-encodes the window and measured slower than a whole decode).
 
-Window (region-of-interest) decode, measured 2026-12-06 and not adopted. libjpeg-turbo's libjpeg API
+Window (region-of-interest) decode, adopted 2026-12-06 with a per-member proof (decode_window,
+window_decoder; the C source is _jpeg_window.c, built by setup.py, optional). libjpeg-turbo's libjpeg API
 (>= 1.5; Debian's libjpeg62-turbo 2.1.5 here) decodes a window without TurboJPEG 3: jpeg_crop_scanline
 for the columns, jpeg_skip_scanlines for the rows above, only the window inverse-transformed, upsampled
-and colour-converted. A prototype C extension (setjmp error manager; the window widened by 2 px each
-side for fancy upsampling's context and cropped in C) gave the whole decode's bytes on 18,000 boxes
-(4:2:0/4:2:2/4:4:4, grey, progressive, restart markers, DCT scales 1-1/8 against PIL's draft). Per core,
-one thread, bench/loader224's 640 JPEGs under RandomResizedCrop boxes (mean 42% of the area),
-decode + crop: whole (this module) 1.33 ms, window stopping after the box's last row 1.01 ms (1.35x),
-window that also entropy-decodes the rows below and reads to EOI 1.20 ms (1.12x). Only the latter
-refuses what a whole decode refuses: libjpeg finds truncation or corruption below the box only by
-decoding it, and stopping early trained on a member that today's path (torchvision's op, then PIL)
-refuses, and refused it only in the epochs whose box reached the damage. Huffman decoding, which no
-window avoids, is most of what remains. The training sample (_BoxDataset item on the shard set,
-paired chunks in one process): 1.055x with the refusing window, 1.13x with the early stop. `python -m
-bench.run --only loader224` in 5 pairs (window off, on; Intel Xeon, 2 cores, load 2-4): off 1.33, 1.39,
-1.47, 1.33, 1.42; on 1.41, 1.41, 1.49, 1.36, 1.48 (median +0.03): under the goal of 1.5, so the extra
-native build was not taken. A member "decodes cleanly" bit recorded by `verify` (a full decode) and
-guarded by the per-member checksum would make the early stop safe; that is an index change.
+and colour-converted (the window widened by 2 px each side for fancy upsampling's context and cropped
+in C): the whole decode's bytes on every box, subsampling, progressive and restart-marker JPEG and grey
+image the tests try (tests/unit/test_jpeg_window.py). Per core, one thread, bench/loader224's 640 JPEGs
+under RandomResizedCrop boxes (mean 42% of the area), decode + crop: whole 1.33 ms, window stopping
+after the box's last row 1.01 ms (1.35x), window that also entropy-decodes the rows below and reads to
+EOI 1.20 ms (1.12x). Only the latter refuses what a whole decode refuses: libjpeg finds truncation or
+corruption below the box only by decoding it, so stopping early would train on a member that the whole
+decode refuses, and refuse it only in the epochs whose box reached the damage. Hence the proof: a
+member's first draw in a run reads the stream to its end marker (refusing as before); a success is
+recorded in memory the DataLoader workers share (worker/data/shards.CleanDecodes), and its later
+draws, of the very bytes (each read is checked against the member's checksum), stop after the box.
+Nothing on disk records or claims the proof, so no index can forge it. Huffman decoding, which no window
+avoids, is most of what remains. Not adopted: the same decoder at a DCT scale for the draft cases
+(pixels identical to PIL's draft, but 1.91 ms against PIL's 1.95 ms for the whole scaled image).
 
 Which JPEGs: a plain header (`plain_size`: the subset of headers PIL opens without a question, checked
 here as PIL checks it, bomb limit included) skips Image.open too (~10% of a sample's time); any other

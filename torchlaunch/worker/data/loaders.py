@@ -13,7 +13,7 @@ import torch
 from torchlaunch.config import ConfigError
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.worker.data import gpu_decode
+from torchlaunch.worker.data import gpu_decode, jpeg
 from torchlaunch.worker.data.augment import (
     Normalizer,
     augment,
@@ -181,6 +181,8 @@ class TrainLoader:
         else:
             dataset = _FileDataset(self.data.files, self.data.labels, self.image_size)
         gpu = self.resized and self.decode == "gpu"
+        if self.resized and self.num_workers and not gpu:
+            jpeg.window_decoder()  # its once-per-process check made here, inherited by every epoch's forked workers
         if gpu:  # workers hand on encoded bytes + the same boxes and flips; decoded on the device below
             dataset = gpu_decode.EncodedDataset(self.data.files, self.data.labels, self.image_size, resize)
         loader = torch.utils.data.DataLoader(
