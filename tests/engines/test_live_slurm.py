@@ -362,7 +362,9 @@ def over(job_id: str) -> bool:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("nodes", ["1-2", "2"])
+@pytest.mark.parametrize(
+    "nodes", ["1-2", pytest.param("2", marks=pytest.mark.extended)]
+)  # the same successor; with a fixed count it waits for the node back: the extended tier's
 def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
     cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path, nodes: str
 ) -> None:
