@@ -14,9 +14,11 @@ test_live_range.py's and tests/engines/test_docker_live.py's (a real group to jo
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,21 +45,23 @@ def free_port() -> int:
 
 
 class Job:
-    """The run dir, recipe and ports of one live job of --nnodes 3 whose node 0 is --master-addr GONE."""
+    """The run dir, recipe and ports of one live job of --nnodes 3 whose node 0 is --master-addr `addr`
+    (GONE unless told)."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, addr: str = GONE) -> None:
+        self.addr = addr
         self.run_dir = work / "run"
         self.run_dir.mkdir()
         self.recipe = work / "run.yaml"
         self.recipe.write_text(live.config_text(self.run_dir))
         self.port = free_port()  # nobody listens: a joiner never asks node 0's store
         self.lighthouse = f"http://127.0.0.1:{free_port()}"  # nor does this test run a service
-        self.key = elastic.job_key(local_launch.run_id(str(self.run_dir)), GONE, self.port)
+        self.key = elastic.job_key(local_launch.run_id(str(self.run_dir)), addr, self.port)
 
-    def args(self, node: int) -> list[str]:
-        """Node `node`'s command, as every pod of the rendering runs it (one CPU rank)."""
+    def args(self, node: int, *extra: str) -> list[str]:
+        """Node `node`'s command, as every pod of the rendering runs it (one CPU rank), with `extra` options."""
         return [
-            *("--nnodes", NODES, "--node-rank", str(node), "--master-addr", GONE),
+            *("--nnodes", NODES, "--node-rank", str(node), "--master-addr", self.addr, *extra),
             *("--master-port", str(self.port), "--gpus", "1", "--device", "cpu"),
             *("--config", str(self.recipe), f"recovery.lighthouse={self.lighthouse}"),
         ]
@@ -95,8 +99,12 @@ def started_ranks(proc: subprocess.Popen) -> tuple[list[str], int | None]:
     return lines, proc.wait(timeout=60)
 
 
-def test_a_replacement_of_node_1_joins_while_node_0s_name_does_not_resolve(trained: Job) -> None:
-    argv = launcher_argv("torchlaunch.backends.local.launch", *trained.args(1))
+@pytest.mark.parametrize("wait", [(), ("--master-wait-s", "600")], ids=["no-wait", "master-wait-600"])
+def test_a_replacement_of_node_1_joins_while_node_0s_name_does_not_resolve(trained: Job, wait: tuple[str, ...]) -> None:
+    """With --master-wait-s 600 too (what launch.k8s renders): a replacement never looks node 0's name up,
+    so it never waits for it."""
+    argv = launcher_argv("torchlaunch.backends.local.launch", *trained.args(1, *wait))
+    start = time.monotonic()
     proc = subprocess.Popen(
         argv,
         cwd=REPO,
@@ -117,6 +125,7 @@ def test_a_replacement_of_node_1_joins_while_node_0s_name_does_not_resolve(train
     assert "this job trains already on its other nodes: this node's ranks join its live group" in said, said
     agent = lines[-1]
     assert "--join-attempt 2" in agent and f"--master-addr {GONE}" in agent, agent
+    assert time.monotonic() - start < 60, "the replacement waited for node 0's name"
 
 
 def test_a_first_launch_with_an_unresolvable_node_0_is_bad_input_and_records_nothing(tmp_path: Path) -> None:
@@ -143,3 +152,87 @@ def test_a_first_group_node_with_an_unresolvable_node_0_is_bad_input(tmp_path: P
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and f"--master-addr '{GONE}' does not resolve" in lines[0], err
+
+
+# ---- a first launch whose nodes start in any order: --master-wait-s ----------------------------------
+
+
+def test_a_first_group_node_whose_wait_runs_out_ends_1_in_one_line_and_records_nothing(tmp_path: Path) -> None:
+    """--master-wait-s S: node 0's name still unresolvable after S s is node 0 or DNS missing, not bad
+    input: one line, exit 1 (retryable: on Kubernetes counted against the index, not FailIndex), nothing
+    settled."""
+    job = Job(tmp_path)
+    founder = job.lock()
+    try:
+        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        start = time.monotonic()
+        code, _, err = run_launcher(job.args(1, "--master-wait-s", "2"), timeout=120)
+        took = time.monotonic() - start
+    finally:
+        founder.release()
+    assert code == 1, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--master-addr '{GONE}' still does not resolve after --master-wait-s 2" in lines[0], err
+    assert took >= 2, took
+    assert not (job.run_dir / "config.yaml").exists(), "a launch that ended waiting settled the run's config"
+
+
+LATE = "lv-0.late.invalid"
+"""Node 0's name on a first launch whose node 0 starts after node 1: no DNS answers for it; the test adds
+it to the launcher's own /etc/hosts once the launcher is waiting."""
+LATE_S = 5.0
+
+
+def in_own_hosts(hosts: Path, argv: list[str]) -> list[str]:
+    """`argv` in a mount namespace of its own whose /etc/hosts is `hosts` (the machine's is untouched):
+    the launcher's real getaddrinfo, through nsswitch's `files`, sees a line appended to `hosts`."""
+    script = 'mount --bind "$1" /etc/hosts && shift && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(hosts), *argv]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare: a mount namespace"
+)
+def test_a_first_group_node_waits_for_node_0s_name_and_starts_once_it_resolves(tmp_path: Path) -> None:
+    """Node 1 of a first launch starts before node 0 has a DNS record (a Kubernetes pod's appears once it
+    has an IP): with --master-wait-s (what launch.k8s renders for a live --nodes N) its launcher asks again
+    until the name resolves, then starts its ranks in the first group (without it: exit 2, FailIndex)."""
+    job = Job(tmp_path, LATE)
+    hosts = tmp_path / "hosts"
+    hosts.write_text(Path("/etc/hosts").read_text())
+    founder = job.lock()
+    try:
+        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        argv = launcher_argv("torchlaunch.backends.local.launch", *job.args(1, "--master-wait-s", "60"))
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            in_own_hosts(hosts, argv),
+            cwd=REPO,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            time.sleep(LATE_S)  # node 0 "starts" now: its record appears
+            assert proc.poll() is None, "the launcher did not wait for node 0's name"
+            with hosts.open("a") as f:  # in place: the bind mount shows this very file
+                f.write(f"127.0.0.1 {LATE}\n")
+            appeared = time.monotonic()
+            lines, code = started_ranks(proc)
+            ranks_at = time.monotonic()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+    finally:
+        founder.release()
+    said = "\n".join(lines)
+    assert code is None, f"the launcher ended {code} before starting its ranks:\n{said}"
+    assert "does not resolve" not in said, said
+    agent = lines[-1]
+    assert "--join-attempt" not in agent and f"--master-addr {LATE}" in agent, agent  # the first group
+    print(
+        f"node 0's name appeared {appeared - start:.1f} s after node 1's launcher started; its ranks started {ranks_at - appeared:.1f} s later"
+    )

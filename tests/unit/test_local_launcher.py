@@ -174,6 +174,11 @@ def test_more_gpus_than_visible(
         (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 outside 0..1"),
         (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
         (["--nnodes", "2"], "--master-addr is required"),
+        (["--master-wait-s", "-1"], "--master-wait-s must be >= 0"),
+        (
+            ["--master-wait-s", str(local.MASTER_WAIT_MAX_S + 1)],
+            f"--master-wait-s must be at most {local.MASTER_WAIT_MAX_S}",
+        ),
     ],
 )
 def test_bad_launcher_arguments(
@@ -182,3 +187,54 @@ def test_bad_launcher_arguments(
     rc = local.main([*args, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
     err = capsys.readouterr().err.splitlines()
     assert rc == BAD_INPUT and len(err) == 1 and words in err[0], err
+
+
+class FlakyDns:
+    """socket.getaddrinfo for a name whose record appears after `misses` look-ups (a pod not started yet)."""
+
+    def __init__(self, misses: int) -> None:
+        self.misses, self.calls = misses, 0
+
+    def __call__(self, host: str, *rest: object) -> list:
+        self.calls += 1
+        if self.calls <= self.misses:
+            raise local.socket.gaierror(-2, "Name or service not known")
+        return [(2, 1, 6, "", ("10.0.0.7", 0))]
+
+
+def test_master_wait_asks_again_until_the_name_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
+    dns = FlakyDns(misses=3)
+    monkeypatch.setattr(local.shape.socket, "getaddrinfo", dns)
+    monkeypatch.setattr(local, "MASTER_POLL_S", 0.01)
+    local.resolve_master_addr("lv-0.lv", 60)  # returns once the record is there
+    assert dns.calls == 4
+
+
+def test_master_wait_zero_refuses_at_once_as_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    dns = FlakyDns(misses=3)
+    monkeypatch.setattr(local.shape.socket, "getaddrinfo", dns)
+    with pytest.raises(BadInput, match="--master-addr 'lv-0.lv' does not resolve"):
+        local.resolve_master_addr("lv-0.lv", 0)
+    assert dns.calls == 1
+
+
+def test_master_wait_that_runs_out_is_exit_1_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the wait it is node 0 or DNS that is missing, not the input: retryable (exit 1)."""
+    dns = FlakyDns(misses=10**6)
+    monkeypatch.setattr(local.shape.socket, "getaddrinfo", dns)
+    monkeypatch.setattr(local, "MASTER_POLL_S", 0.01)
+    clock = iter(range(0, 10**6))  # each monotonic() read is one second later
+    monkeypatch.setattr(local.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(local.LaunchEnded) as ended:
+        local.resolve_master_addr("lv-0.lv", 5)
+    assert ended.value.code == FAILURE and "\n" not in ended.value.line
+    assert "--master-addr 'lv-0.lv' still does not resolve after --master-wait-s 5" in ended.value.line
+    assert 1 < dns.calls <= 6
+
+
+def test_a_stop_while_waiting_for_node_0s_name_is_exit_75(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local.shape.socket, "getaddrinfo", FlakyDns(misses=10**6))
+    monkeypatch.setattr(local, "_EARLY_SIGNALS", [local.signal.SIGTERM])
+    with pytest.raises(local.LaunchEnded) as ended:
+        local.resolve_master_addr("lv-0.lv", 600)
+    assert ended.value.code == PREEMPTED and "SIGTERM while waiting for --master-addr 'lv-0.lv'" in ended.value.line

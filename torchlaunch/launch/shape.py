@@ -136,6 +136,7 @@ OPTIONS: dict[str, Option] = {
         Option("--max-restarts", 0, MAX_RESTARTS, "3", "torchrun restarts of the worker group"),
         Option("--max-timeouts", 0, MAX_RESTARTS, "3", "requeues after a time limit or preemption"),
         Option("--master-port", 1, 65535, "29500", "rendezvous port on node 0"),
+        Option("--master-wait-s", 0, 7 * 24 * 3600, "600", "seconds to wait for --master-addr to resolve"),
     )
 }
 """Every machine-shape option of every launcher, by argparse dest."""

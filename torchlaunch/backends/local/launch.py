@@ -53,6 +53,7 @@ from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock,
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.local import first_group
 from torchlaunch.base import procs as ops_procs
+from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import record, watchdog
 from torchlaunch.jobs.launcher import Operation
@@ -484,6 +485,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--master-addr", default=None, help="host name or address of node 0 (multi-node)")
     shape.add(p, "master_port", default=DEFAULT_MASTER_PORT)
+    shape.add(
+        p,
+        "master_wait_s",
+        default=0,
+        help="wait up to S seconds for --master-addr to resolve where this launcher looks it up (a scheduler "
+        "that starts nodes in any order: node 0's name may have no record yet); then exit 1. 0 (default): "
+        "a name that does not resolve is refused at once (exit 2)",
+    )
     shape.add(p, "max_restarts", default=0)
     p.add_argument(
         "--device",
@@ -570,9 +579,50 @@ def check_rendezvous(args: argparse.Namespace) -> None:
     if args.dry_run or (args.nnodes == 1 and args.master_addr is None):
         return
     if args.master_addr is not None:
-        shape.master_addr("--master-addr", args.master_addr)
+        resolve_master_addr(args.master_addr, args.master_wait_s)
     if args.node_rank == 0 and not args.node_range.elastic:  # elastic: the first launcher there binds it
         shape.bindable("--master-port", args.master_port)
+
+
+MASTER_WAIT_MAX_S = shape.OPTIONS["master_wait_s"].high
+"""--master-wait-s's bound (a week): a scheduler starts a job's nodes within minutes; more is a typo."""
+MASTER_POLL_S = 1.0
+"""How often a waiting launcher asks again for --master-addr (a DNS record appears within seconds of
+its pod's IP)."""
+
+
+def resolve_master_addr(addr: str, wait_s: int) -> None:
+    """--master-addr resolves (shape.master_addr's look-up, bounded). wait_s 0: a name that does not is bad
+    input at once (one line, exit 2). wait_s > 0 (--master-wait-s, where nodes start in any order, e.g.
+    launch.k8s's live pods): a name that does not resolve *yet* (node 0 not started, its DNS record not
+    there) is asked again every MASTER_POLL_S until wait_s has passed, then LaunchEnded, exit 1: by then it
+    is node 0 or DNS that is missing, not the input (the form was checked at once, before the wait), and a
+    retry is right (on Kubernetes within the index's budget, as the service's --wait-for). A stop signal
+    while waiting ends it with exit 75 (nothing started, nothing to save)."""
+    if wait_s <= 0:
+        shape.master_addr("--master-addr", addr)
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:  # each look-up bounded as without a wait; the last one at the deadline
+            shape.master_addr("--master-addr", addr, timeout_s=min(shape.RESOLVE_TIMEOUT_S, wait_s))
+            return
+        except exit_codes.BadInput:
+            pass  # not yet: asked again below
+        if _EARLY_SIGNALS:
+            name = signal.Signals(_EARLY_SIGNALS[0]).name
+            raise LaunchEnded(
+                PREEMPTED,
+                f"{name} while waiting for --master-addr {quote(addr, 80)} to resolve: nothing to save (exit 75)",
+            )
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LaunchEnded(
+                FAILURE,
+                f"--master-addr {quote(addr, 80)} still does not resolve after --master-wait-s {wait_s}: is node 0 "
+                "started, and its name right? nothing started here (exit 1, retryable)",
+            )
+        time.sleep(min(MASTER_POLL_S, left))  # a name appearing in DNS is no event this launcher can wait on
 
 
 def check_address_form(args: argparse.Namespace) -> None:
@@ -614,8 +664,9 @@ def joins_a_live_group(lock: runlock.RunLock | None, run_dir: str) -> bool:
 def check_first_group(args: argparse.Namespace, lock: runlock.RunLock | None, run_dir: str) -> None:
     """check_rendezvous for a launch that meets_at_node_0_first, once it holds the job's lock: a launcher
     that starts in the first group needs node 0's name to resolve (and node 0 its port), bad input
-    otherwise (one line, exit 2, before its config is settled or anything recorded in RUN_DIR/live); one
-    that replaces a lost node needs neither."""
+    otherwise (one line, exit 2, before its config is settled or anything recorded in RUN_DIR/live), or,
+    with --master-wait-s (nodes started in any order), it waits for the name first (resolve_master_addr);
+    one that replaces a lost node needs neither, and never waits."""
     if not joins_a_live_group(lock, run_dir):
         check_rendezvous(args)
 
@@ -769,7 +820,11 @@ def owned(run_dir: str | None, placement: NodePlacement, job: str | None = None)
 def launch(argv: Sequence[str]) -> int:
     """Parse, plan, then print (--dry-run) or run the node's ranks; BadInput before anything starts."""
     args = parse_args(argv)
-    planned = plan(args)
+    try:
+        planned = plan(args)
+    except LaunchEnded as ended:  # --master-wait-s ran out (exit 1) or a stop came while it waited (75)
+        print(f"launch: {ended.line}", file=sys.stderr, flush=True)
+        return ended.code
     if planned.program is not None:
         return launch_program(args, planned)
     cfg, spec = planned.cfg, planned.spec
@@ -793,7 +848,11 @@ def launch(argv: Sequence[str]) -> int:
     argv_out = [] if live else render(spec, planned.placement, module, args.doctor)
     with owned(cfg.run_dir, planned.placement, elastic_job(spec, planned.placement, rdzv, live)) as lock:
         if meets_at_node_0_first(args, cfg):
-            check_first_group(args, lock, cfg.run_dir)
+            try:
+                check_first_group(args, lock, cfg.run_dir)
+            except LaunchEnded as ended:  # as above: nothing settled, nothing recorded
+                print(f"launch: {ended.line}", file=sys.stderr, flush=True)
+                return ended.code
         if args.doctor:  # checks this launch's config; the run's own is never rewritten by a pre-flight
             settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
         else:
