@@ -19,6 +19,7 @@ from tests.unit.test_k8s_wiring import EVIL, kinds
 from torchlaunch import config as config_mod
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
+from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput
 from torchlaunch.launch.spec import JobSpec
 
@@ -167,6 +168,7 @@ def test_a_range_renders_max_pods_each_with_its_index_and_the_range() -> None:
     assert words[words.index("--nnodes") + 1] == "2:4"
     assert words[words.index("--node-rank") + 1] == "$JOB_COMPLETION_INDEX"  # live mode numbers its nodes
     assert words[words.index("--master-addr") + 1] == "$MASTER_ADDR" and "--max-restarts" not in words
+    assert "--master-wait-s" not in words  # the service's host: every pod waited for it already
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     # resolvable while pod 0 is Pending (no DNS record without an IP); the first group's store is on its
     # first sealed node, at the address that node arrived with
@@ -197,6 +199,22 @@ def test_every_pod_waits_for_the_service_and_none_for_pod_zero() -> None:
         words[words.index("--nnodes") + 1] == "2" and words[words.index("--node-rank") + 1] == "$JOB_COMPLETION_INDEX"
     )
     assert len(lines) == 3
+
+
+def test_a_first_launchs_pod_waits_for_pod_0s_name_in_its_launcher_bounded_by_wait_timeout_s() -> None:
+    """Pods start in any order: a first-group pod whose launcher runs before pod 0's name has a DNS record
+    waits for it (launch.local --master-wait-s) instead of exit 2 (FailIndex); the script itself still
+    waits for no pod 0 (a replacement's launcher never looks the name up), and the bound is
+    --wait-timeout-s's."""
+    words = shlex.split(script_of(by_kind(rendered(LIVE))["Job"]).splitlines()[2])
+    assert words[words.index("--master-wait-s") + 1] == "600"
+    later = shlex.split(script_of(by_kind(rendered([*LIVE, "--wait-timeout-s", "90"]))["Job"]).splitlines()[2])
+    assert later[later.index("--master-wait-s") + 1] == "90"
+    assert "--master-wait-s" not in script_of(by_kind(rendered(LIVE[:-1]))["Job"])  # not live: --wait-for
+    assert k8s.WAIT_TIMEOUT_MAX_S == local_launch.MASTER_WAIT_MAX_S  # what a pod is given, it accepts
+    code, out, err = render([*LIVE, "--wait-timeout-s", str(k8s.WAIT_TIMEOUT_MAX_S + 1)])
+    assert code == BAD_INPUT and not out and err.strip().count("\n") == 0
+    assert f"--wait-timeout-s must be at most {k8s.WAIT_TIMEOUT_MAX_S}" in err, err
 
 
 def test_a_service_of_the_users_own_is_used_and_none_rendered() -> None:

@@ -56,6 +56,10 @@ DEFAULT_CONFIG = "configs/cifar10.yaml"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
+WAIT_TIMEOUT_MAX_S = shape.OPTIONS["master_wait_s"].high
+"""--wait-timeout-s's bound: launch.local's --master-wait-s's, which live pods pass it to."""
+
+
 @dataclass(frozen=True)
 class K8sOptions:
     """Kubernetes-only knobs; everything scheduler-independent is in JobSpec."""
@@ -84,7 +88,9 @@ class K8sOptions:
     doctor: bool = False
     """Run the distributed pre-flight (rendezvous, all_reduce, shared PVC, lead time) instead of training."""
     wait_timeout_s: int = 600
-    """How long pods i > 0 wait for pod 0's rendezvous port (torchrun's own join timeout is 600 s)."""
+    """How long pods i > 0 wait for pod 0's rendezvous port (torchrun's own join timeout is 600 s); in live
+    mode how long every pod waits for the membership service and, with a fixed --nodes N, how long a
+    first-group pod's launcher waits for pod 0's name to resolve (launch.local --master-wait-s)."""
     config_dir: str = "/config"
     shared_dir: str = "/shared"
     workdir: str | None = None
@@ -169,6 +175,7 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
         '"$MASTER_ADDR"',
         "--master-port",
         '"$MASTER_PORT"',
+        *(k8s_live.master_wait_args(spec, opts.wait_timeout_s) if opts.live is not None else []),
         "--gpus",
         str(spec.gpus_per_node),
     ]
@@ -451,6 +458,8 @@ def validate(spec: JobSpec, opts: K8sOptions) -> None:
     ):
         if value < 1:
             raise cli.error(f"{field} must be >= 1, got {value}")
+    if opts.wait_timeout_s > WAIT_TIMEOUT_MAX_S:
+        raise cli.error(f"--wait-timeout-s must be at most {WAIT_TIMEOUT_MAX_S} (a week), got {opts.wait_timeout_s}")
     if opts.backoff_limit is not None and opts.backoff_limit < 0:
         raise cli.error(f"--backoff-limit must be >= 0, got {opts.backoff_limit}")
     if opts.workdir is not None and not opts.workdir.startswith("/"):

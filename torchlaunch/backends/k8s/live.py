@@ -29,7 +29,9 @@ What live mode changes in the rendering, and why:
   pod 0 was lost, or of pod 0 itself, starts at once. Its launcher never looks pod 0's name up (a lost
   pod's DNS record goes with it): launch.local checks that --master-addr resolves only on a launcher
   that starts in the first group (torchlaunch.backends.local.launch.meets_at_node_0_first), and a
-  replacement's is not one; a first launch's pod whose pod 0 does not resolve yet is refused (exit 2).
+  replacement's is not one. A first launch's pods start in any order: a first-group pod whose launcher
+  runs before pod 0's name has a DNS record waits for it (`--master-wait-s`, the rendering's
+  --wait-timeout-s, 600 s by default; then exit 1, counted against its index) instead of being refused.
 - **The network.** Between the job's pods every TCP port (each rank hosts its own store on a free port)
   and UDP (each rank answers a one-datagram echo on its store's port: core/recovery/peers.py); the
   service accepts only the job's pods, on its one port, and opens no connection itself.
@@ -117,6 +119,15 @@ def nodes_args(spec: JobSpec) -> list[str]:
     range (live mode numbers its nodes in a range too: a rank's files and replica id follow its node)."""
     count = str(spec.nodes) if spec.min_nodes is None else shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
     return ["--nnodes", count, "--node-rank", '"$JOB_COMPLETION_INDEX"']
+
+
+def master_wait_args(spec: JobSpec, wait_timeout_s: int) -> list[str]:
+    """launch.local's --master-wait-s for a fixed count: a first launch's pods start in any order, and a
+    first-group pod whose launcher runs before pod 0's name has a DNS record waits for it (bounded, then
+    exit 1, counted against its index) instead of being refused (exit 2, FailIndex: its index failed for
+    good on a normal start). A replacement never looks the name up, so never waits for it. A range's
+    --master-addr is the service's host, which every pod waited for already: nothing to add."""
+    return ["--master-wait-s", str(wait_timeout_s)] if spec.min_nodes is None else []
 
 
 def master_addr(name: str, spec: JobSpec, live: Live, pod0: str) -> str:
