@@ -233,6 +233,32 @@ def test_a_replacement_joins_while_pod_0_is_gone_and_its_name_with_it(image, tmp
     assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path))
 
 
+POD0_LATE_S = 8.0
+"""How long after pod 1 the controller starts pod 0 on a first launch (pods start in any order)."""
+
+
+def test_a_first_launchs_pod_1_starts_before_pod_0_and_waits_for_its_name(live_job: LiveJob, tmp_path: Path) -> None:
+    """--nodes 2, first launch, pod 1 started POD0_LATE_S before pod 0 (its scheduling or image pull came
+    first): pod 0's name lv-0.lv has no DNS record until its container runs. Pod 1's launcher waits for it
+    (--master-wait-s, rendered from --wait-timeout-s) instead of exit 2 (FailIndex: index 1 failed for good
+    on a normal start, before the fix); both pods train the first group to the end, every step exact."""
+    dj = live_job
+    start = time.monotonic()
+    dj.start(1)
+    time.sleep(POD0_LATE_S)  # the controller holds pod 0 back
+    assert dj.ended({1}) == [], f"pod 1 ended before pod 0 started:\n{dj.logs(1)}"
+    dj.start(0)
+    dj.run_live({0, 1}, kill=None)
+    took = time.monotonic() - start
+    out = dj.all_logs()
+    assert sorted(dj.history) == [(0, OK), (1, OK)], f"{dj.history}\n{out}"
+    assert "does not resolve" not in out and "resumed from" not in out, out
+    assert "this job trains already" not in out, out  # both in the first group: nobody joined late
+    assert (dj.run_dir / "model.pt").is_file()
+    print(f"--nodes 2, pod 1 started {POD0_LATE_S:.0f} s before pod 0: both exit 0 in {took:.1f} s")
+    assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path))
+
+
 # ---- a node range: --nodes MIN:MAX -------------------------------------------------------------------
 
 
