@@ -212,6 +212,9 @@ def test_a_pod_killed_whole_is_replaced_by_the_job_and_joins_the_live_group(live
     assert (dj.run_dir / "model.pt").is_file()
 
 
+# CI: a joiner never looks node 0's name up (tests/integration/test_live_joiner.py) and a killed pod is
+# replaced and joins (above); this one, 3 pods end to end, is the extended tier's
+@pytest.mark.extended
 def test_a_replacement_joins_while_pod_0_is_gone_and_its_name_with_it(image, tmp_path: Path) -> None:  # noqa: F811
     """--nodes 3: pod 0 SIGKILLed whole at step 40 and kept away (its node gone, no other for it: its
     container, and so its DNS name lv-0.lv, gone), then pod 1 SIGKILLed whole once its rank is past the
@@ -237,6 +240,9 @@ POD0_LATE_S = 8.0
 """How long after pod 1 the controller starts pod 0 on a first launch (pods start in any order)."""
 
 
+# CI: the first group's wait for a name that resolves late, through getaddrinfo in a namespace of its own
+# (tests/integration/test_live_joiner.py), and the rendering that passes --master-wait-s (golden file)
+@pytest.mark.extended
 def test_a_first_launchs_pod_1_starts_before_pod_0_and_waits_for_its_name(live_job: LiveJob, tmp_path: Path) -> None:
     """--nodes 2, first launch, pod 1 started POD0_LATE_S before pod 0 (its scheduling or image pull came
     first): pod 0's name lv-0.lv has no DNS record until its container runs. Pod 1's launcher waits for it
