@@ -236,7 +236,9 @@ def test_a_failed_pod_shows_its_ranks_error(make_program_job) -> None:
     assert "ChildFailedError" not in report, report
 
 
-@pytest.mark.parametrize("kind", sorted(USER_PROJECTS))
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=[pytest.mark.extended] if k == "pkg" else []) for k in sorted(USER_PROJECTS)]
+)  # CI: the script in pods; the package in CI on launch.local and Slurm (test_namespace.py)
 def test_user_project_with_its_own_train_runs_in_pods(make_program_job, kind: str) -> None:
     """tests/integration/test_namespace.py's user projects (their own train.py / train/ package, utils, models) as
     the pods' code: each pod runs it from /shared/code, imports the project's modules, finds nothing of
