@@ -661,13 +661,12 @@ def loads_torch(module: str) -> bool:
     return False
 
 
-def test_the_live_agent_starts_without_importing_torch() -> None:
-    """The live agent (one per node) starts before its ranks, and a replacement node's whole start-up
-    is on the clock (issue #37: restart -> takes part <= 5 s): importing torch there cost ~2 s. Every
-    module it loads, and each of their packages, is torch-free at load time."""
+def loaded_with(*roots: str) -> set[str]:
+    """Every project module that loading `roots` loads: their load-time imports and each module's
+    packages, followed to the end."""
     edges = load_time_imports()
     seen: set[str] = set()
-    todo = ["torchlaunch.backends.local.live"]
+    todo = list(roots)
     while todo:
         name = todo.pop()
         if name in seen:
@@ -675,6 +674,14 @@ def test_the_live_agent_starts_without_importing_torch() -> None:
         seen.add(name)
         parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
         todo += [*edges.get(name, ()), *parents]
+    return seen
+
+
+def test_the_live_agent_starts_without_importing_torch() -> None:
+    """The live agent (one per node) starts before its ranks, and a replacement node's whole start-up
+    is on the clock (issue #37: restart -> takes part <= 5 s): importing torch there cost ~2 s. Every
+    module it loads, and each of their packages, is torch-free at load time."""
+    seen = loaded_with("torchlaunch.backends.local.live")
     assert "torchlaunch.core.recovery.pulse" in seen
     assert not [m for m in sorted(seen) if loads_torch(m)], "the live agent loads torch through these"
 
@@ -684,16 +691,7 @@ def test_a_worker_that_does_not_train_live_loads_neither_the_live_group_nor_the_
     live mode is off by default and most runs read no shards, so the worker's modules load the live
     group (core/recovery/group.py and the pulse and peers it brings) and the shard reader only when a
     run uses them, not when they are imported."""
-    edges = load_time_imports()
-    seen: set[str] = set()
-    todo = ["torchlaunch.worker.run", "torchlaunch.worker.trainer", "torchlaunch.worker.data"]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
-        todo += [*edges.get(name, ()), *parents]
+    seen = loaded_with("torchlaunch.worker.run", "torchlaunch.worker.trainer", "torchlaunch.worker.data")
     assert "torchlaunch.core.recovery.minimum" in seen  # the walk reaches the package
     heavy = ("torchlaunch.core.recovery.group", "torchlaunch.core.recovery.fence", "torchlaunch.data.shards.reader")
     assert not [m for m in heavy if m in seen], sorted(m for m in seen if m.startswith(heavy))
