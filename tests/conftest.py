@@ -8,13 +8,16 @@ Other test files reuse these:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,35 @@ def launcher_argv(module: str, *args: str, python: str = sys.executable) -> list
     the launcher's module (torchlaunch.backends.local.launch|slurm|k8s|torchrun), or the command a user types
     (launch.local, launch.slurm, `launch` for status|logs|cancel|list) where a test checks that spelling."""
     return [python, "-m", module, *args]
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (the kernel's pick), for a test's own service."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def lighthouse_serving(log: Path, bound_s: float = 60.0) -> Iterator[str]:
+    """`python -m launch.lighthouse` on a free loopback port (1 s heartbeat timeout) for one test; its
+    address once it says it serves. Its output goes to `log`, a file: torchft's service logs a quorum
+    status every tick, which would fill an unread pipe and stall it, and its first line may come
+    before ours."""
+    port = free_port()
+    argv = launcher_argv("launch.lighthouse", "--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "1000")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + bound_s
+        while "lighthouse: serving" not in log.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, f"the lighthouse did not serve within {bound_s:.0f} s"
+            time.sleep(0.05)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def run_launcher(

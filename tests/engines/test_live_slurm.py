@@ -27,9 +27,7 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from bench import live
-from tests.conftest import REPO, launcher_argv, run_cmd
+from tests.conftest import launcher_argv, lighthouse_serving, run_cmd
 from tests.engines.test_elastic_slurm import running_nodes
 from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wait_until
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
@@ -53,39 +51,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 LOST = "n2"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def lighthouse(tmp_path: Path) -> Iterator[str]:
-    """`python -m launch.lighthouse` on loopback, apart from the job; its address once it serves."""
-    port = free_port()
-    log = tmp_path / "lighthouse.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "launch.lighthouse",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--heartbeat-timeout-ms",
-                "1000",
-            ],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_until(lambda: "lighthouse: serving" in log.read_text() or proc.poll() is not None, 60, "the service")
-        assert proc.poll() is None, log.read_text()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
+    """`python -m launch.lighthouse` on loopback, apart from the job."""
+    with lighthouse_serving(tmp_path / "lighthouse.log") as address:
+        yield address
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launcher_argv
+from tests.conftest import free_port, launcher_argv
 from tests.helpers import REPO
 from tests.library import RunLibrary
 from torchlaunch.exit_codes import CANCELLED
@@ -46,12 +46,6 @@ RECIPE = [
 RDZV = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=4"
 """A lost node is seen within ~3 s and a group forms ~4 s after its first node (torchrun: 15 s and 30 s)."""
 DEADLINE_S = 240.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening(port: int) -> bool:

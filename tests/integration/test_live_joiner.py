@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bench import live
-from tests.conftest import REPO, child_env, launcher_argv, run_launcher
+from tests.conftest import REPO, child_env, free_port, launcher_argv, run_launcher
 from torchlaunch import runlock
 from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.core.recovery.fence import Fence
@@ -36,12 +35,6 @@ pytestmark = [pytest.mark.timeout(180)]
 GONE = "lv-0.lv.invalid"
 """Node 0's name once node 0 is gone: `.invalid` never resolves (RFC 2606)."""
 NODES = "3"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Job:

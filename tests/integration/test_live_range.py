@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ import pytest
 import torch
 
 from bench import live
-from tests.conftest import REPO, child_env, launcher_argv, run_cmd
+from tests.conftest import REPO, child_env, free_port, launcher_argv, lighthouse_serving, run_cmd
 from tests.integration.test_live_recovery import TOLERANCE, step_samples
 from tests.library import LIVE_LONG_EPOCHS, RunLibrary
 from torchlaunch import pdeath
@@ -44,25 +43,10 @@ group formed (~4 s of start-up here; it joined at step ~800 of a 1,024-step run)
 end on a busier machine too."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def lighthouse() -> Iterator[str]:
-    """`python -m launch.lighthouse` on loopback, its own for each test; its address once it serves."""
-    port = free_port()
-    argv = launcher_argv("launch.lighthouse", "--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "1000")
-    proc = subprocess.Popen(argv, cwd=REPO, env=child_env(), stderr=subprocess.PIPE, text=True)
-    try:
-        first = proc.stderr.readline() if proc.stderr else ""  # its first line says it serves, or it exited
-        assert "lighthouse: serving" in first, first
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
+def lighthouse(tmp_path: Path) -> Iterator[str]:
+    with lighthouse_serving(tmp_path / "lighthouse.log") as address:
+        yield address
 
 
 @dataclass

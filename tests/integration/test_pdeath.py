@@ -197,7 +197,9 @@ WORKER_SCRIPT = textwrap.dedent(
     """
     import os, time
     from torchlaunch import pdeath
-    print("worker", os.getpid(), pdeath.die_with_agent(), flush=True)
+    # one write(2), atomic on a pipe: the suite runs children unbuffered, where print's pieces of two
+    # workers interleave on the launcher's shared stdout
+    os.write(1, f"worker {os.getpid()} {pdeath.die_with_agent()}\\n".encode())
     time.sleep(3600)
     """
 )

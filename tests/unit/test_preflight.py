@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -122,12 +121,6 @@ def test_read_token_is_bounded_and_finds_late_files(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- real processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_config(tmp_path: Path, run_dir: Path, lead_time_s: float = 120) -> Path:
