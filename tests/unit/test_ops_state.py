@@ -100,6 +100,17 @@ def test_pending_and_requeued_from_the_scheduler() -> None:
     assert decide(records=[hung], scheduler_state=slurm_says("FAILED")).state == "hung"
 
 
+def test_a_schedulers_note_is_printed_beside_the_state() -> None:
+    """A backend's note (a live Slurm job's successor waiting behind it) reaches `status` as a note line;
+    the state is still decided from the word and the heartbeats."""
+    note = "successor job 501 is PENDING behind job 500: it resumes the run if this job's batch host is lost"
+    slurm = rec(scheduler="slurm", job_id="500")
+    st = decide(records=[slurm], alive={0: True}, beats=[beat(0)], scheduler_state=JobState("running", "RUNNING", note))
+    assert (st.state, st.problems) == ("running", (note,))
+    assert f"note:       {note}" in cli.render_status(Path("/r"), st, NOW).splitlines()
+    assert decide(records=[slurm], alive={0: True}, scheduler_state=slurm_says("RUNNING")).problems == ()
+
+
 @pytest.mark.parametrize("outcome", ["finished", "failed", "bad_input", "preempted", "hung", "cancelled"])
 def test_recorded_outcomes(outcome: str) -> None:
     st = decide(records=[rec(outcome=outcome, code=0, ended=NOW - 5, reason=f"why {outcome}")], alive={0: False})

@@ -305,6 +305,18 @@ def test_status_follows_a_lost_job_into_its_successor(monkeypatch: pytest.Monkey
     assert operate.Slurm().state("500", {}).word == "failed"  # type: ignore[union-attr]
 
 
+def test_status_names_the_successor_waiting_behind_a_running_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = Cluster(monkeypatch)
+    cluster.states.update({"500": "RUNNING", "501": "PENDING"})
+    said = operate.Slurm().state("500", {"successor": "501"})
+    assert said is not None and (said.word, said.said) == ("running", "RUNNING")  # the job is the one training
+    assert said.note.startswith("successor job 501 is PENDING behind job 500: it resumes the run")
+    cluster.states["500"] = "COMPLETED"  # the batch script cancels the successor; until then, the job's word alone
+    assert operate.Slurm().state("500", {"successor": "501"}) == operate.job_word("COMPLETED")
+    cluster.states.update({"500": "RUNNING", "501": "CANCELLED"})
+    assert operate.Slurm().state("500", {"successor": "501"}) == operate.job_word("RUNNING")
+
+
 class Job:
     def __init__(self, folder: Path, job_id: str) -> None:
         from submitit.core.utils import JobPaths

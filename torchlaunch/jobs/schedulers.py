@@ -66,6 +66,9 @@ class JobState:
 
     word: str
     said: str
+    note: str = ""
+    """What the backend adds that an operator should know beside the state (`status` prints it as a
+    note): e.g. a live Slurm job's successor waiting in the queue behind it."""
 
     def __post_init__(self) -> None:
         if self.word not in WORDS:

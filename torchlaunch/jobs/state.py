@@ -381,7 +381,10 @@ def decide(facts: Facts) -> Status:
             for b in every
         ),
         cancel_requested=cancel_asked(facts, nodes),
-        problems=tuple(facts.problems),
+        problems=(
+            *facts.problems,
+            *([facts.scheduler_state.note] if facts.scheduler_state and facts.scheduler_state.note else []),
+        ),
         world_size=_world_size(head, facts.world_change, lost, live=bool(facts.regroups)),
         world_change=facts.world_change,
         regroups=facts.regroups,

@@ -155,20 +155,24 @@ class Slurm:
         return None
 
     def state(self, job_id: str, extra: Mapping[str, str]) -> JobState | None:
-        """The job's state; for a live job that ended failed while its successor waits or runs
-        (backends.slurm.successor: its batch host was lost), the successor's, which carries the run on."""
+        """The job's state. A live job's successor (backends.slurm.successor) is named in a note while it
+        waits behind a job still going, so an operator reading the queue knows whose pending job it is; once
+        the job ended failed (its batch host lost) the successor's state is the run's, as it carries
+        the run on."""
         said = state(job_id)
         word = job_word(said)
         after = extra.get(slurm_successor.SUCCESSOR_KEY, "")
-        if (word is None or word.word == "failed") and SLURM_ID.match(after):
-            then = state(after)
-            going = job_word(then)
-            if then is not None and going is not None and then.split()[0] in slurm_successor.WAITING_STATES:
-                why = f"it resumes the run from the newest checkpoint if job {job_id}'s batch host was lost"
-                return JobState(
-                    going.word, f"{said or 'gone'} for job {job_id}; its successor job {after} is {then} ({why})"
-                )
-        return word
+        if not SLURM_ID.match(after) or (word is not None and word.word not in ("failed", "pending", "running")):
+            return word
+        then = state(after)
+        going = job_word(then)
+        if then is None or going is None or then.split()[0] not in slurm_successor.WAITING_STATES:
+            return word
+        if word is not None and word.word != "failed":
+            why = "it resumes the run from the newest checkpoint if this job's batch host is lost"
+            return JobState(word.word, word.said, note=f"successor job {after} is {then} behind job {job_id}: {why}")
+        why = f"it resumes the run from the newest checkpoint if job {job_id}'s batch host was lost"
+        return JobState(going.word, f"{said or 'gone'} for job {job_id}; its successor job {after} is {then} ({why})")
 
     def alive(self, job_id: str) -> bool:
         """Pending, running or requeued still owns the run dir; without squeue nobody can tell: alive."""
