@@ -693,3 +693,30 @@ def test_a_joiner_with_the_launch_rank_of_a_training_member_is_a_second_launch()
     lost_joiner = Quorum(6, "t", (members[0], members[2], Member("rejoin004-rank000001", "e:1", JOINING_STEP)))
     assert twin(lost_joiner, "rejoin004-rank000001") is None, "a joiner is no twin: it trains nothing yet"
     assert live_agent.job_code([2, 2]) == BAD_INPUT
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--bind", "127.0.0.1:1\n2"],
+        ["--bind", "127.0.0.1:99999"],
+        ["--bind", ""],
+        ["--bind", "\udcff\udcfe:1"],
+        ["--heartbeat-timeout-ms", "nan"],
+        ["--heartbeat-timeout-ms", "1e30"],
+        ["--heartbeat-timeout-ms", "-1"],
+        ["--min-ranks", "0"],
+        ["--min-ranks", "9" * 5000],
+        ["--join-timeout-ms", "inf"],
+        ["--tick-ms", "\u0661\u0662"],
+    ],
+)
+def test_the_membership_services_bad_arguments_are_one_bounded_line_and_exit_2(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchlaunch.core.recovery import lighthouse
+
+    code = lighthouse.main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and len(err) < 1200, err
+    assert "\x00" not in err and "\n2" not in err.strip()

@@ -110,10 +110,12 @@ def bind_address(text: str) -> str:
     return text
 
 
-def bounded_ms(low: int, high: int) -> Callable[[str], int]:
+def bounded_whole(low: int, high: int, unit: str = "ms") -> Callable[[str], int]:
+    """An option's parser: a whole number of `unit` in low..high (ASCII digits only), else its one line."""
+
     def parse(text: str) -> int:
-        if not (text.isdigit() and low <= int(text) <= high):
-            raise argparse.ArgumentTypeError(f"must be a whole number of ms in {low}..{high}, not {quote(text)}")
+        if not (text.isascii() and text.isdigit() and len(text) <= len(str(high)) and low <= int(text) <= high):
+            raise argparse.ArgumentTypeError(f"must be a whole number of {unit} in {low}..{high}, not {quote(text)}")
         return int(text)
 
     return parse
@@ -126,21 +128,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "a job across nodes and give its address to every node (recovery.lighthouse=http://HOST:PORT).",
     )
     parser.add_argument("--bind", type=bind_address, default=DEFAULT_BIND, help=f"HOST:PORT (default {DEFAULT_BIND})")
-    parser.add_argument("--min-ranks", type=bounded_ms(1, 1_000_000), default=1, help="smallest group that may train")
+    parser.add_argument(
+        "--min-ranks", type=bounded_whole(1, 1_000_000, "ranks"), default=1, help="smallest group that may train"
+    )
     parser.add_argument(
         "--heartbeat-timeout-ms",
-        type=bounded_ms(10, 3_600_000),
+        type=bounded_whole(10, 3_600_000),
         default=1000,
         help="a rank silent this long is lost (recovery.heartbeat_timeout_s x 1000)",
     )
     parser.add_argument(
         "--join-timeout-ms",
-        type=bounded_ms(0, 3_600_000),
+        type=bounded_whole(0, 3_600_000),
         default=60_000,
         help="how long a group waits for stragglers",
     )
     parser.add_argument(
-        "--tick-ms", type=bounded_ms(1, 60_000), default=20, help="how often the service checks for a quorum"
+        "--tick-ms", type=bounded_whole(1, 60_000), default=20, help="how often the service checks for a quorum"
     )
     return parser.parse_args(argv)
 
