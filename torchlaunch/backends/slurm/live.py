@@ -158,7 +158,7 @@ def task_count(tasks_per_node: int, nnodes: str) -> int:
 def verdict(argv: Sequence[str] | None = None) -> int:
     """`python -m torchlaunch.backends.slurm.live --run-dir R --ranks-per-node K --srun-code C` in the
     batch script after srun: the job's code, with one line saying which tasks were lost."""
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser = argparse.ArgumentParser(prog="python -m torchlaunch.backends.slurm.live")
     parser.add_argument("--run-dir", required=True)
     count = parser.add_mutually_exclusive_group(required=True)
     count.add_argument("--ranks-per-node", type=int)

@@ -374,7 +374,7 @@ def end(run_dir: str, code: int, env: Mapping[str, str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser = argparse.ArgumentParser(prog="python -m torchlaunch.backends.slurm.successor")
     parser.add_argument("--run-dir", required=True)
     sub = parser.add_subparsers(dest="command", required=True)
     first = sub.add_parser("start", help="before srun: the guard, the take-over and this job's successor")
