@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
 from tests.unit.test_preflight import (
     PREFLIGHT_ARGS,
     REPO,
     base_env,
-    free_port,
     run_local_launcher,
     run_preflight_alone,
     start_rank,
