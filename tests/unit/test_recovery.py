@@ -720,3 +720,51 @@ def test_the_membership_services_bad_arguments_are_one_bounded_line_and_exit_2(
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and len(err) < 1200, err
     assert "\x00" not in err and "\n2" not in err.strip()
+
+
+class _Told:
+    """A stand-in for the agent's Service: the member counts it was told."""
+
+    def __init__(self) -> None:
+        self.members: list[int] = []
+
+    def forget_lost(self, members: int) -> None:
+        self.members.append(members)
+
+
+def test_the_agent_tells_its_service_of_each_lost_rank_once_with_the_members_left() -> None:
+    service, told = _Told(), set()
+    ranks = [_Proc(None), _Proc(-9), _Proc(None), _Proc(0)]
+    for pid, proc in enumerate(ranks):
+        proc.pid = 100 + pid
+    in_group = lambda rank: rank != 2  # noqa: E731 - rank 2 is a joiner still on its way in
+    live_agent.tell_losses(service, ranks, told, in_group)  # type: ignore[arg-type]
+    assert service.members == [1] and told == {101}  # rank 0 is left; the joiner and the finished rank are not
+    live_agent.tell_losses(service, ranks, told, in_group)  # type: ignore[arg-type]
+    assert service.members == [1]  # once per process
+    ranks[1] = _Proc(-9)  # started again and lost again: a new process
+    ranks[1].pid = 201
+    live_agent.tell_losses(service, ranks, told, lambda rank: True)  # type: ignore[arg-type]
+    assert service.members == [1, 2]
+    ended = [_Proc(75), _Proc(1), _Proc(-15)]  # a preemption and a failure are no loss; nobody is left
+    for pid, proc in enumerate(ended):
+        proc.pid = 300 + pid
+    live_agent.tell_losses(service, ended, set(), lambda rank: True)  # type: ignore[arg-type]
+    assert service.members == [1, 2]
+
+
+def test_the_service_follows_only_well_formed_member_counts() -> None:
+    from torchlaunch.core.recovery import lighthouse
+
+    service = _Told()
+    lines = [
+        "members 3\n",
+        "junk\n",
+        "members -1\n",
+        "members 99999999\n",
+        "members \uff13\n",
+        "members 1 2\n",
+        "members 2",
+    ]
+    lighthouse.follow_losses(service, lines)  # type: ignore[arg-type]
+    assert service.members == [3, 2]

@@ -10,7 +10,8 @@ Why not torchrun's agent: it ends every rank of the group when one fails and sta
 which is exactly the restart live mode avoids. This agent starts the ranks with torchrun's env contract
 (each in a session of its own, dying with this agent: pdeath.die_with_agent), starts the membership
 service (core/recovery/lighthouse.py) in a process of its own, restarts it on the same address if it
-dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks. A job across
+dies (its state is soft: the ranks' next heartbeats fill it again), tells it of each rank lost so that
+the survivors regroup at once (Service.forget_lost), and waits for the ranks. A job across
 nodes runs one agent per node and the service apart from all of them (`--lighthouse`, started with
 `python -m launch.lighthouse` on a host of its own): a service inside one node's agent would die with
 that node and take the group's membership along. It also
@@ -201,13 +202,20 @@ def range_env(local_rank: int, seat: NodeSeat) -> dict[str, str]:
 
 
 class Service:
-    """The membership service's process, restartable on the same address."""
+    """The membership service's process, restartable on the same address. This agent is the parent of
+    every rank it serves, so a rank's end is a fact here, not a guess from a lapsed heartbeat: the agent
+    tells the service (forget_lost), which starts again knowing only the ranks left, and the survivors'
+    group forms at once instead of after recovery.heartbeat_timeout_s (torchft's split-brain rule keeps
+    a lone survivor of two waiting for the dead rank's heartbeats to lapse). Across nodes the service
+    runs apart and no node can vouch for another's death: there the heartbeat bound applies."""
 
     def __init__(self, port: int, heartbeat_timeout_ms: int) -> None:
         self.port, self.heartbeat_timeout_ms = port, heartbeat_timeout_ms
         self.address = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.members = 1
+        """The ranks last known alive and in the group: a restarted service waits for them all."""
 
     def start(self) -> None:
         argv = [
@@ -218,8 +226,13 @@ class Service:
             f"127.0.0.1:{self.port}",
             "--heartbeat-timeout-ms",
             str(self.heartbeat_timeout_ms),
+            "--min-ranks",
+            str(self.members),
+            "--losses-on-stdin",
         ]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
+        )
         deadline = time.monotonic() + SERVICE_START_S
         while not elastic.listening("127.0.0.1", self.port, timeout_s=0.5):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -233,7 +246,19 @@ class Service:
             print(f"live: the membership service exited ({self.proc.returncode}); restarted", file=sys.stderr)
             self.start()
 
+    def forget_lost(self, members: int) -> None:
+        """Ranks were lost and `members` are left in the group: the service forgets the lost ones now."""
+        self.members = max(1, members)
+        if self.proc is None or self.proc.stdin is None:
+            return
+        with contextlib.suppress(OSError, ValueError):  # it died: keep_up starts it with self.members
+            self.proc.stdin.write(f"members {self.members}\n")
+            self.proc.stdin.flush()
+
     def stop(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.close()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -241,6 +266,21 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def tell_losses(
+    service: Service, ranks: list[subprocess.Popen], told: set[int], in_group: Callable[[int], bool]
+) -> None:
+    """Each rank process newly ended by a signal (SIGKILL from outside, or fenced here) is a loss the
+    service hears of at once, with the count of ranks left in the group (alive, and not a joiner still
+    on its way in: the regroup must not wait for one)."""
+    lost = [p.pid for p in ranks if (p.poll() or 0) < 0 and p.pid not in told]
+    if not lost:
+        return
+    told.update(lost)
+    left = sum(1 for r, p in enumerate(ranks) if p.poll() is None and in_group(r))
+    if left:
+        service.forget_lost(left)
 
 
 def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subprocess.Popen:
@@ -296,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopping = False
     failed_at: float | None = None
     abandoned: set[int] = set()  # ranks started again that failed before they joined
+    told: set[int] = set()  # PIDs of lost ranks the service was told of (tell_losses)
 
     def stop(signum: int, frame: object) -> None:  # a stop is the ranks' to handle (checkpoint, exit 75)
         nonlocal stopping
@@ -321,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ranks.extend(start(rank) for rank in range(args.nproc))
         while any(proc.poll() is None for proc in ranks):
             if service is not None:
+                tell_losses(service, ranks, told, lambda r: not joiner(r) or r in watch.joined)
                 service.keep_up()
             fence_silent(ranks, watch, fenced)
             if not stopping:

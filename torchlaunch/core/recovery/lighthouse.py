@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from torchlaunch.base import rules
@@ -146,7 +146,65 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--tick-ms", type=bounded_whole(1, 60_000), default=20, help="how often the service checks for a quorum"
     )
+    parser.add_argument(
+        "--losses-on-stdin",
+        action="store_true",
+        help=argparse.SUPPRESS,  # the local agent's channel (backends/local/live.py): see Service.forget_lost
+    )
     return parser.parse_args(argv)
+
+
+REBIND_S = 5.0
+"""How long a restart may wait for the address its previous server is releasing (measured: 1-2 ms)."""
+
+
+class Service:
+    """torchft's LighthouseServer on one address, restartable in place. A restart is how a rank's loss
+    is told to the service: torchft 0.2.0 has no call to drop a member, and it forms no group of half
+    or fewer of the members still heartbeating (its split-brain rule), so a lone survivor of two would
+    otherwise wait out the dead rank's heartbeat timeout. Its state is soft, so a new server knows only
+    the ranks that beat or ask after it started; `min_ranks` (the members the caller knows are alive)
+    keeps it from forming a group of the first rank to ask back."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self._lock = threading.Lock()
+        self._server = self._bind(args.min_ranks)
+
+    def _bind(self, min_ranks: int):  # noqa: ANN202 - torchft's LighthouseServer
+        deadline = time.monotonic() + REBIND_S
+        while True:
+            try:
+                return _torchft().LighthouseServer(
+                    bind=self.args.bind,
+                    min_replicas=min_ranks,
+                    join_timeout_ms=self.args.join_timeout_ms,
+                    quorum_tick_ms=self.args.tick_ms,
+                    heartbeat_timeout_ms=self.args.heartbeat_timeout_ms,
+                )
+            except (RuntimeError, OSError):
+                if not getattr(self, "_server", None) or time.monotonic() > deadline:
+                    raise  # the first bind reports at once; a restart waits for the old listener to close
+                time.sleep(0.001)
+
+    def forget_lost(self, members: int) -> None:
+        """Start again with `members` ranks known alive: the lost ones' heartbeats are forgotten now."""
+        with self._lock:
+            self._server.shutdown()
+            self._server = self._bind(max(1, members))
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._server.shutdown()
+
+
+def follow_losses(service: Service, lines: Iterable[str]) -> None:
+    """`members N` per line (the local agent, after a rank's process ended by a signal): restart with N.
+    Anything else is ignored; the pipe's end (the agent gone) ends the loop."""
+    for line in lines:
+        word, _, count = line.strip().partition(" ")
+        if word == "members" and count.isascii() and count.isdigit() and len(count) <= 7:
+            service.forget_lost(int(count))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,13 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         try:
-            server = _torchft().LighthouseServer(
-                bind=args.bind,
-                min_replicas=args.min_ranks,
-                join_timeout_ms=args.join_timeout_ms,
-                quorum_tick_ms=args.tick_ms,
-                heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-            )
+            server = Service(args)
         except (RuntimeError, OSError) as e:
             raise BadInput(f"lighthouse error: cannot listen on {quote(args.bind)}: {quote(str(e))}") from None
     except BadInput as problem:
@@ -171,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    if args.losses_on_stdin:
+        threading.Thread(target=follow_losses, args=(server, sys.stdin), name="losses", daemon=True).start()
     print(
         f"lighthouse: serving {args.bind} (heartbeat timeout {args.heartbeat_timeout_ms} ms)",
         file=sys.stderr,
