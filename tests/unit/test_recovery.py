@@ -768,3 +768,28 @@ def test_the_service_follows_only_well_formed_member_counts() -> None:
     ]
     lighthouse.follow_losses(service, lines)  # type: ignore[arg-type]
     assert service.members == [3, 2]
+
+
+def test_a_service_that_cannot_listen_again_ends_so_that_its_agent_starts_it_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from torchlaunch.core.recovery import lighthouse
+
+    class Stuck:
+        args = SimpleNamespace(bind="127.0.0.1:29510")
+
+        def forget_lost(self, members: int) -> None:
+            raise RuntimeError("Address already in use (os error 98)")
+
+    def ended(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(lighthouse.os, "_exit", ended)
+    with pytest.raises(SystemExit) as exited:
+        lighthouse.follow_losses(Stuck(), ["members 1\n"])  # type: ignore[arg-type]
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        "lighthouse: cannot listen again on '127.0.0.1:29510': 'Address already in use (os error 98)'\n"
+    )

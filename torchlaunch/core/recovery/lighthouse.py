@@ -14,6 +14,7 @@ DDP wrapper and sampler are not: the trainer keeps its own exact plan and gradie
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -200,11 +201,19 @@ class Service:
 
 def follow_losses(service: Service, lines: Iterable[str]) -> None:
     """`members N` per line (the local agent, after a rank's process ended by a signal): restart with N.
-    Anything else is ignored; the pipe's end (the agent gone) ends the loop."""
+    Anything else is ignored; the pipe's end (the agent gone) ends the loop. A restart that cannot
+    listen again ends the process, which the agent starts again (Service.keep_up there), rather than
+    leaving a process that serves nobody."""
     for line in lines:
         word, _, count = line.strip().partition(" ")
         if word == "members" and count.isascii() and count.isdigit() and len(count) <= 7:
-            service.forget_lost(int(count))
+            try:
+                service.forget_lost(int(count))
+            except (RuntimeError, OSError) as e:
+                print(
+                    f"lighthouse: cannot listen again on {quote(service.args.bind)}: {quote(str(e))}", file=sys.stderr
+                )
+                os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
