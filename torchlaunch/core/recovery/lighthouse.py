@@ -25,7 +25,7 @@ from datetime import timedelta
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote
 from torchlaunch.core.recovery.membership import Member, Quorum, sorted_members
-from torchlaunch.exit_codes import BAD_INPUT, BadInput, LaunchParser
+from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
 HEARTBEATS_PER_TIMEOUT = 10
 """Heartbeats sent per heartbeat timeout: a live rank is never taken for lost by one late beat."""
@@ -213,7 +213,7 @@ def follow_losses(service: Service, lines: Iterable[str]) -> None:
                 print(
                     f"lighthouse: cannot listen again on {quote(service.args.bind)}: {quote(str(e))}", file=sys.stderr
                 )
-                os._exit(1)
+                os._exit(FAILURE)
 
 
 def main(argv: list[str] | None = None) -> int:
