@@ -135,7 +135,11 @@ def foreign(handler: object) -> bool:
     """A handler the runner replaces: the default action (the process dies, saying nothing) or
     submitit's (it checkpoints the task from wherever the program is, and forked DataLoader workers
     inherit it and race that checkpoint)."""
-    return handler == signal.SIG_DFL or str(getattr(handler, "__module__", "")).startswith("submitit")
+    return (
+        handler == signal.SIG_DFL
+        or str(getattr(handler, "__module__", "")).startswith("submitit")
+        or isinstance(handler, stop_signals.EarlyStop)
+    )
 
 
 class SignalOwner:
@@ -152,6 +156,9 @@ class SignalOwner:
             try:
                 if foreign(signal.getsignal(sig)):
                     self._previous[sig] = signal.signal(sig, self._handle)
+                    early = stop_signals.taken_over(self._previous[sig])
+                    if early is not None and self.received is None:
+                        self.received = early  # a stop during start-up: the program is not started
             except ValueError:  # not the main thread
                 return
 
@@ -389,6 +396,8 @@ def _set_path0(entry: str) -> None:
 def outcome(program: Program, cwd: str | None = None, owner: SignalOwner | None = None) -> tuple[int, str]:
     """Execute and turn however the program ended into (exit code, one-line reason). After the runner's
     own handler stopped it (`owner`), whatever it ended with is that stop: exit 75, said as such."""
+    if owner is not None and owner.received is not None:  # stopped before the program started
+        return PREEMPTED, stopped_reason(program, owner.received)
     try:
         result = _outcome(program, cwd)
     except Stopped as stop:

@@ -40,6 +40,47 @@ worker's default `preemption.signals` and the API's default read it."""
 
 STOP_SIGNALS: tuple[int, ...] = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES if hasattr(signal, name))
 
+
+class EarlyStop:
+    """A stop signal that arrives before the program's own handler is in place. A Slurm task starts
+    under submitit's handlers, whose SIGUSR2 handler requeues the job, also when the stop is a cancel
+    (`launch cancel` -> scancel -> the batch shell's USR2 to the step). The task puts this in their
+    place at once (hold_early_stops), and it only records the first stop signal. The handler that
+    replaces it (runner.SignalOwner, core.preemption.PreemptionWatcher) takes that signal over
+    (taken_over), so a stop during start-up is acted on as any later one: a cancel ends the job, and a
+    preemption checkpoints and requeues once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+
+HELD_EARLY = tuple(sig for sig in STOP_SIGNALS if sig != signal.SIGINT)
+"""What hold_early_stops takes: SIGINT keeps Python's KeyboardInterrupt, as under the runner."""
+
+
+def hold_early_stops() -> EarlyStop:
+    """Record the stop signals from now until a program's handler replaces this one (main thread only;
+    elsewhere nothing changes)."""
+    early = EarlyStop()
+    if threading.current_thread() is threading.main_thread():
+        for sig in HELD_EARLY:
+            signal.signal(sig, early)
+    return early
+
+
+def taken_over(previous: object) -> int | None:
+    """The stop signal an EarlyStop handler recorded, when it is the handler being replaced. Handed
+    over once: a later handler that replaces it again (after a restore) takes no stop from it."""
+    if not isinstance(previous, EarlyStop):
+        return None
+    signum, previous.signum = previous.signum, None
+    return signum
+
+
 _forked_from_main_thread = False
 _registered = False
 

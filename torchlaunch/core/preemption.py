@@ -21,6 +21,8 @@ from collections import deque
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from torchlaunch.stop_signals import taken_over
+
 if TYPE_CHECKING:
     from torchlaunch.core.dist import DistContext, FlagMax, PendingMax
 
@@ -44,6 +46,9 @@ class PreemptionWatcher:
         for name in signal_names:
             sig = getattr(signal, name)
             self._previous[sig] = signal.signal(sig, self._handle)
+            early = taken_over(self._previous[sig])
+            if early is not None:  # a stop during start-up (stop_signals.EarlyStop): checkpoint as for any
+                self._handle(early, None)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.pid:

@@ -31,7 +31,7 @@ from torchlaunch.core.recovery import minimum as live_minimum
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
 from torchlaunch.jobs.launcher import Operation, prepare_rank
-from torchlaunch.stop_signals import STOP_SIGNALS
+from torchlaunch.stop_signals import STOP_SIGNALS, hold_early_stops
 
 DEFAULT_MAX_TIMEOUTS = 3
 SLURM_SIGNAL_SLACK_S = 65
@@ -138,6 +138,7 @@ class SlurmTask:
     history: list[str] = field(default_factory=list)
 
     def __call__(self) -> int:
+        hold_early_stops()  # first: submitit's SIGUSR2 handler would requeue a job cancelled while it starts
         import submitit
 
         started = time.time()
