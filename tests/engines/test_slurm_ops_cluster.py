@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launcher_argv
-from tests.engines.test_slurm_cluster import DEV_CLUSTER, Launch, requeue_records, wait_until
+from tests.engines.test_slurm_cluster import DEV_CLUSTER, ONE_PER_NODE, SMOKE, Launch, requeue_records, wait_until
 from torchlaunch.jobs import ranklog
 
 pytestmark = pytest.mark.slurm
@@ -106,6 +106,25 @@ def test_status_names_the_job_and_cancel_does_not_requeue(cluster: str, tmp_path
     assert launch.finish(120) != 0
     assert wait_until(lambda: status(run_dir).get("state") == "cancelled", 60, "state cancelled")
     assert "REQUEUED" not in " ".join(requeue_records(job_id))
+
+
+@pytest.mark.timeout(300)
+def test_a_cancel_while_the_tasks_start_ends_the_job_without_a_requeue(cluster: str, tmp_path: Path) -> None:
+    """`launch cancel` as soon as the tasks have recorded the job: the built-in worker is still
+    importing torch, before its stop handler is in place. Before, submitit's SIGUSR2 handler was the
+    one there: it requeued the job, which trained again after the cancel (seen in a CI-like run)."""
+    run_dir = tmp_path / "run"
+    launch = Launch(run_dir, *ONE_PER_NODE, "--time", "10", *SMOKE)
+    job_id = launch.job_id
+    wait_until(lambda: len(list((run_dir / "job").glob("node-*.json"))) == 2, 120, "both tasks' records")
+    done = launch_cmd("cancel", str(run_dir))
+    assert done.returncode == 0 and f"scancel {job_id}" in done.stdout, done.stdout + done.stderr
+    assert launch.finish(120) != 0
+    assert wait_until(lambda: status(run_dir).get("state") == "cancelled", 60, "state cancelled")
+    states = requeue_records(job_id)
+    assert "REQUEUED" not in " ".join(states) and len(states) == 1, states
+    logs = "".join(p.read_text() for p in (run_dir / "slurm" / job_id).glob("*_log.*"))
+    assert "was cancelled (python -m launch cancel), not requeued" in logs, logs[-3000:]
 
 
 @pytest.mark.timeout(400)
