@@ -354,3 +354,9 @@ def test_a_chain_record_is_untrusted_data(tmp_path: Path) -> None:
     path.write_text("[1, 2]")
     assert chain.read(tmp_path, "500") is None
     assert chain.read(tmp_path, "../500") is None
+    path.write_text(json.dumps({"job": "500", "successor": "\u0665\u0660\u0661"}))  # digits, not ASCII ones
+    assert chain.read(tmp_path, "500") == chain.Chain("500")
+    path.write_text(json.dumps({"job": "\u0665\u0660\u0660"}))
+    assert chain.read(tmp_path, "500") is None
+    path.write_bytes(b'{"job": "500", "successor": "\xff\xfe"}')  # not UTF-8
+    assert chain.read(tmp_path, "500") in (None, chain.Chain("500"))

@@ -81,12 +81,12 @@ class Chain:
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Chain | None:
         job = files.as_str(data.get("job"), 64)
-        if not job or not job.isdigit():
+        if not job or not (job.isascii() and job.isdigit()):
             return None
 
-        def job_id(key: str) -> str | None:
+        def job_id(key: str) -> str | None:  # ASCII digits only: a job id goes into scancel's argv
             value = files.as_str(data.get(key), 64)
-            return value if value and value.isdigit() else None
+            return value if value and value.isascii() and value.isdigit() else None
 
         return cls(
             job=job,
