@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import BadInput
 
 # ---- torchrun's contract (what every launcher gives every rank) --------------------------------------
@@ -208,9 +209,10 @@ def live_first_group(env: Mapping[str, str] | None = None) -> tuple[int, int] | 
     if not raw:
         return None
     rank, slash, world = raw.partition("/")
-    if not (slash and rank.isdigit() and world.isdigit() and len(raw) < 16 and int(rank) < int(world)):
+    seat, size = whole(rank, 7), whole(world, 7)
+    if not (slash and seat is not None and size is not None and seat < size):
         raise BadInput(f"env error: {LIVE_FIRST_GROUP}={raw[:20]!r} is not RANK/WORLD with RANK < WORLD")
-    return int(rank), int(world)
+    return seat, size
 
 
 def _lenient(key: str, env: Mapping[str, str] | None) -> int:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 from torchlaunch import contract
 from torchlaunch.base import procs
+from torchlaunch.base.untrusted import whole
 
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
@@ -199,8 +200,8 @@ def die_with_agent(sig: int = signal.SIGKILL) -> str | None:
     if not contract.get(AGENT_ENV):
         return None
     how = die_with_parent_now(sig)
-    launcher = contract.get(LAUNCHER_PID_ENV, "") or ""
-    if how != "orphan" and launcher.isdigit() and parent_of(os.getppid()) != int(launcher):
+    launcher = whole(contract.get(LAUNCHER_PID_ENV, "") or "", 10)
+    if how != "orphan" and launcher is not None and parent_of(os.getppid()) != launcher:
         os.kill(os.getpid(), sig)
         return "orphan"
     return how

@@ -23,6 +23,14 @@ QUOTE_LIMIT = 120
 """Longest quoted value in an error line, in characters."""
 
 
+def whole(text: str, max_digits: int = 18) -> int | None:
+    """`text` as a whole number when it is 1..max_digits ASCII digits, else None. The one test for a
+    count, a port, a job id or a PID read from a command line, the environment, a file or the network:
+    str.isdigit() also takes digits int() refuses ('\u00b2': a traceback) or reads as numbers no one
+    typed ('\u0665')."""
+    return int(text) if 0 < len(text) <= max_digits and text.isascii() and text.isdigit() else None
+
+
 class TooComplex(ValueError):
     """Text nested deeper, or expanding to more values, than any real config or record."""
 

@@ -20,6 +20,7 @@ import secrets
 
 from torchlaunch import contract
 from torchlaunch.base import files
+from torchlaunch.base.untrusted import whole
 
 TOKEN_ENV = contract.LAUNCH_TOKEN
 DIGEST_KEY = "token_sha256"
@@ -46,7 +47,7 @@ def _children(pid: int) -> list[int]:
             text = files.read_range(f"/proc/{pid}/task/{task}/children", 0, 1 << 16)[0].decode()
         except (OSError, UnicodeDecodeError):
             continue
-        found.extend(int(c) for c in text.split() if c.isdigit())
+        found.extend(n for n in map(whole, text.split()) if n is not None)
     return found
 
 

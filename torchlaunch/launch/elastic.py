@@ -38,7 +38,7 @@ from __future__ import annotations
 import socket
 from datetime import timedelta
 
-from torchlaunch.base.untrusted import quote
+from torchlaunch.base.untrusted import quote, whole
 from torchlaunch.launch import cli
 from torchlaunch.launch.shape import NodeRange
 
@@ -70,9 +70,10 @@ def parse_rdzv_conf(text: str | None, defaults: dict[str, int] | None = None) ->
         if key not in RDZV_KEYS:
             known = ", ".join(RDZV_KEYS)
             raise cli.error(f"--rdzv-conf {key[:40]!r} is not a rendezvous setting of this launcher (one of {known})")
-        if not eq or not value.strip().isdigit() or not 1 <= int(value) <= MAX_RDZV_VALUE:
-            raise cli.error(f"--rdzv-conf {key}={value[:20]}: must be a whole number 1..{MAX_RDZV_VALUE} ({key}=30)")
-        pairs[key] = int(value)
+        number = whole(value.strip(), 9)
+        if not eq or number is None or not 1 <= number <= MAX_RDZV_VALUE:
+            raise cli.error(f"--rdzv-conf {key}={value[:20]!r}: must be a whole number 1..{MAX_RDZV_VALUE} ({key}=30)")
+        pairs[key] = number
     return tuple(sorted(pairs.items()))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from torchlaunch.base.untrusted import whole
 from torchlaunch.config import RunConfig, refuse_fp16_on_cpu
 from torchlaunch.data.checks import check_data
 
@@ -40,8 +41,8 @@ def visible_gpus_without_torch(
         found = sum(1 for _ in nvidia_gpus.iterdir())
         if mask is None:
             return found
-        entries = [e.strip() for e in mask.split(",")]
-        if all(e.isdigit() for e in entries) and all(int(e) < found for e in entries):
+        entries = [whole(e.strip(), 6) for e in mask.split(",")]
+        if all(e is not None and e < found for e in entries):
             return len(entries)
         return None
     if not any(node.exists() for node in device_nodes):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torchlaunch import config as config_mod
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import OK, ArgumentParser, BadInput, ConfigError
 from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
 
@@ -157,7 +158,7 @@ def rejoin_attempt(cfg: config_mod.RunConfig) -> int:
     from torchlaunch import contract
 
     value = contract.get(contract.LIVE_JOIN, "") or ""
-    return int(value) if cfg.recovery.live and value.isdigit() else 0
+    return (whole(value, 6) or 0) if cfg.recovery.live else 0
 
 
 def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001, ANN201 - DistContext -> LiveGroup
@@ -185,7 +186,8 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     rank = int(contract.get(contract.RANK, "0") or 0) if launched else ctx.rank
     membership = LighthouseMembership(address, replica_id_of(rank, attempt), cfg.recovery.heartbeat_timeout_s)
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
-    pulse = Pulse.for_bound(int(pulse_fd), cfg.recovery.heartbeat_timeout_s) if pulse_fd.isdigit() else None
+    fd = whole(pulse_fd, 6)
+    pulse = Pulse.for_bound(fd, cfg.recovery.heartbeat_timeout_s) if fd is not None else None
     host = contract.get(contract.LIVE_STORE_HOST) or STORE_HOST
     group = LiveGroup(
         membership,

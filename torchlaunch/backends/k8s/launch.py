@@ -42,6 +42,7 @@ from torchlaunch.backends.k8s import elastic as k8s_elastic
 from torchlaunch.backends.k8s import hardening
 from torchlaunch.backends.k8s import live as k8s_live
 from torchlaunch.backends.k8s import validate as k8s_validate
+from torchlaunch.base.untrusted import quote, whole
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record
 from torchlaunch.launch import cli, emit, shape
@@ -651,8 +652,8 @@ def render(argv: list[str]) -> int:
     """Print the manifests of `argv` (or, inside a pod, wait for pod 0); BadInput before any output."""
     args = parse_args(argv)
     if args.wait_for is not None:
-        if ":" not in args.wait_for or not args.wait_for.rpartition(":")[2].isdigit():
-            raise cli.error(f"--wait-for needs HOST:PORT, got {args.wait_for!r}")
+        if ":" not in args.wait_for or whole(args.wait_for.rpartition(":")[2], 5) is None:
+            raise cli.error(f"--wait-for needs HOST:PORT, got {quote(args.wait_for)}")
         if wait_for(args.wait_for, args.wait_timeout_s):
             return OK
         print(

@@ -41,6 +41,7 @@ from pathlib import Path
 from torchlaunch import contract, rundir
 from torchlaunch.backends import live_shared
 from torchlaunch.base import files
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import BadInput
 
 SRUN_ARGS = ("--no-kill", "--kill-on-bad-exit=0")
@@ -151,8 +152,8 @@ def recorded_codes(folder: Path, job_id: str, launch_id: str, tasks: int) -> lis
 def task_count(tasks_per_node: int, nnodes: str) -> int:
     """The allocation's tasks: its nodes (SLURM_NNODES in the batch script, fixed when it started) x the
     tasks per node (pure). 0 when the count is unreadable: srun's own code then stands (job_code)."""
-    nodes = nnodes.strip()
-    return tasks_per_node * int(nodes) if nodes.isdigit() and len(nodes) < 7 else 0
+    nodes = whole(nnodes.strip(), 6)
+    return tasks_per_node * nodes if nodes is not None else 0
 
 
 def verdict(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from torchlaunch.backends.slurm import proof as slurm_proof
 from torchlaunch.backends.slurm import successor as slurm_successor
 from torchlaunch.base import files
 from torchlaunch.base.procs import tool_output
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
 from torchlaunch.jobs import ranklog
 
@@ -471,7 +472,7 @@ def failing_tasks(folder: str | Path, job_id: str) -> list[TaskFailure]:
     failures = []
     for err in Path(folder).glob(f"{job_id}_*_log.err"):
         task = err.name[len(job_id) + 1 :].split("_", 1)[0]
-        if not task.isdigit():
+        if whole(task, 9) is None:
             continue
         out = err.with_name(err.name[: -len(".err")] + ".out")
         seen = TASK_LINE.findall(_read(out))

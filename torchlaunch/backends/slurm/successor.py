@@ -46,6 +46,7 @@ from pathlib import Path
 
 from torchlaunch import contract, rundir
 from torchlaunch.base import files
+from torchlaunch.base.untrusted import whole
 
 CHAIN_FILE = "chain.json"
 NOTHING_TO_RESUME = 100
@@ -81,12 +82,12 @@ class Chain:
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Chain | None:
         job = files.as_str(data.get("job"), 64)
-        if not job or not (job.isascii() and job.isdigit()):
+        if not job or whole(job, 20) is None:
             return None
 
         def job_id(key: str) -> str | None:  # ASCII digits only: a job id goes into scancel's argv
             value = files.as_str(data.get(key), 64)
-            return value if value and value.isascii() and value.isdigit() else None
+            return value if value and whole(value, 20) is not None else None
 
         return cls(
             job=job,
@@ -105,7 +106,7 @@ def chain_path(run_dir: str | os.PathLike[str], job: str) -> Path:
 
 def read(run_dir: str | os.PathLike[str], job: str) -> Chain | None:
     """The job's record, or None (none written, or not one of ours)."""
-    if not job.isdigit():
+    if whole(job, 20) is None:
         return None
     data, _ = files.read_json(chain_path(run_dir, job))
     return Chain.from_json(data) if data is not None else None
@@ -222,7 +223,7 @@ def submit(run_dir: str | os.PathLike[str], job: str, script: str, env: Mapping[
     pickle. Its job id; RuntimeError when sbatch refuses."""
     done = _run(sbatch_argv(job, script), env=submit_env(env))
     successor = done.stdout.strip().split(";")[0]
-    if done.returncode != 0 or not successor.isdigit():
+    if done.returncode != 0 or whole(successor, 20) is None:
         raise RuntimeError((done.stderr.strip().splitlines() or [f"sbatch exited {done.returncode}"])[-1])
     (rundir.slurm(run_dir) / successor).mkdir(parents=True, exist_ok=True)
     write(run_dir, Chain(job=successor, predecessor=job))
@@ -307,7 +308,7 @@ def start(run_dir: str, script: str, env: Mapping[str, str] | None = None) -> in
     successor waits behind this job. A failure of that submission is one line: the run goes on without."""
     env = os.environ if env is None else env
     job = env.get(contract.SLURM_JOB_ID, "")
-    if not job.isdigit():
+    if whole(job, 20) is None:
         print(f"{PREFIX}not in a Slurm job (SLURM_JOB_ID unset): no successor", flush=True)
         return 0
     restart = env.get(contract.SLURM_RESTART_COUNT) or "0"
@@ -358,7 +359,7 @@ def end(run_dir: str, code: int, env: Mapping[str, str] | None = None) -> int:
     the job was requeued: a batch script that lives to its end decides the run's outcome itself."""
     env = os.environ if env is None else env
     job = env.get(contract.SLURM_JOB_ID, "")
-    if not job.isdigit():
+    if whole(job, 20) is None:
         return 0
     mine = read(run_dir, job) or Chain(job=job)
     again = code != 0 and requeued(restarts(job), env.get(contract.SLURM_RESTART_COUNT) or "0")
@@ -388,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return end(args.run_dir, args.code)
     except Exception as error:  # noqa: BLE001 - a safety net must never end the job it guards
         job = os.environ.get(contract.SLURM_JOB_ID, "")
-        mine = read(args.run_dir, job) if job.isdigit() else None
+        mine = read(args.run_dir, job)
         if args.command == "start" and mine is not None and mine.predecessor is not None and not mine.adopted:
             print(f"{PREFIX}start failed ({type(error).__name__}: {error}); nothing resumed", flush=True)
             return NOTHING_TO_RESUME  # a successor that could not check its predecessor runs nothing

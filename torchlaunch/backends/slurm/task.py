@@ -27,6 +27,7 @@ from torchlaunch import runner as program_mod
 from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm import successor
 from torchlaunch.backends.slurm.operate import controller_state, job_state, result_path
+from torchlaunch.base.untrusted import whole
 from torchlaunch.core.recovery import minimum as live_minimum
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
@@ -212,7 +213,7 @@ class SlurmTask:
             hang_timeout=self.hang_timeout,
             console=ranklog.Console.from_env(self.console_env),
             # A live job's successor (backends.slurm.successor), for `status` and `cancel`.
-            extra=successor.record_extra(self.run_dir, job) if self.lighthouse and job.isdigit() else None,
+            extra=successor.record_extra(self.run_dir, job) if self.lighthouse and whole(job, 20) is not None else None,
         )
         os.environ.update(op.rank_env())
         prepare_rank()

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from torchlaunch import rundir
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import BadInput
 
 FOUNDED = "founded"
@@ -91,7 +92,7 @@ class Fence:
             return ""
         try:
             fields = self._text(FOUNDED, folder).split()
-            return fields[1] if len(fields) == 2 and fields[0].isdigit() else ""
+            return fields[1] if len(fields) == 2 and whole(fields[0]) is not None else ""
         finally:
             os.close(folder)
 
@@ -112,7 +113,8 @@ class Fence:
         """A number file of the folder (its first field: the founded record also names its founder),
         opened without following links (a planted link reads as missing), or `missing`."""
         fields = self._text(name, folder).split()
-        return int(fields[0]) if fields and fields[0].isdigit() and len(fields[0]) < 19 else missing
+        number = whole(fields[0]) if fields else None
+        return number if number is not None else missing
 
     def _text(self, name: str, folder: int) -> str:
         """A small file of the folder, '' when missing or a link (never followed)."""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from torchlaunch.base import rules
-from torchlaunch.base.untrusted import quote
+from torchlaunch.base.untrusted import quote, whole
 from torchlaunch.core.recovery.membership import Member, Quorum, sorted_members
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
@@ -106,7 +106,8 @@ DEFAULT_BIND = "0.0.0.0:29510"
 def bind_address(text: str) -> str:
     """`--bind HOST:PORT`, checked whole (a host by rules.HOST, a port in 1..65535)."""
     host, _, port = text.rpartition(":")
-    if not (rules.HOST.fullmatch(host) and port.isdigit() and 0 < int(port) < 65536):
+    number = whole(port, 5)
+    if not (rules.HOST.fullmatch(host) and number is not None and 0 < number < 65536):
         raise argparse.ArgumentTypeError(f"--bind must be HOST:PORT with a port in 1..65535, not {quote(text)}")
     return text
 
@@ -115,9 +116,10 @@ def bounded_whole(low: int, high: int, unit: str = "ms") -> Callable[[str], int]
     """An option's parser: a whole number of `unit` in low..high (ASCII digits only), else its one line."""
 
     def parse(text: str) -> int:
-        if not (text.isascii() and text.isdigit() and len(text) <= len(str(high)) and low <= int(text) <= high):
+        number = whole(text, len(str(high)))
+        if number is None or not low <= number <= high:
             raise argparse.ArgumentTypeError(f"must be a whole number of {unit} in {low}..{high}, not {quote(text)}")
-        return int(text)
+        return number
 
     return parse
 
@@ -206,9 +208,10 @@ def follow_losses(service: Service, lines: Iterable[str]) -> None:
     leaving a process that serves nobody."""
     for line in lines:
         word, _, count = line.strip().partition(" ")
-        if word == "members" and count.isascii() and count.isdigit() and len(count) <= 7:
+        members = whole(count, 7)
+        if word == "members" and members is not None:
             try:
-                service.forget_lost(int(count))
+                service.forget_lost(members)
             except (RuntimeError, OSError) as e:
                 print(
                     f"lighthouse: cannot listen again on {quote(service.args.bind)}: {quote(str(e))}", file=sys.stderr

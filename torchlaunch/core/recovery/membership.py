@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from torchlaunch.base.untrusted import whole
+
 
 @dataclass(frozen=True)
 class Member:
@@ -60,7 +62,7 @@ def replica_id_of(rank: int, attempt: int = 0) -> str:
 def started_as(replica_id: str) -> int | None:
     """The launch rank a replica id names (replica_id_of's inverse: its trailing number), or None."""
     digits = replica_id.rsplit("rank", 1)[-1]
-    return int(digits) if digits.isdigit() else None
+    return whole(digits, 9)
 
 
 def twin(quorum: Quorum, replica_id: str) -> str | None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torchlaunch import contract
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import BadInput
 
 last_stop = ""
@@ -89,7 +90,8 @@ def from_env(ranks_per_node: int, env: Mapping[str, str] | None = None) -> Minim
     got = contract.get(contract.LIVE_MIN_NODES, "", env) or ""
     if not got:
         return None
-    if not got.isdigit() or len(got) > 6 or int(got) < 1:
+    count = whole(got, 6)
+    if count is None or count < 1:
         raise BadInput(f"live error: {contract.LIVE_MIN_NODES}={got[:20]!r} is not a node count >= 1")
     said = "".join(c if c.isprintable() else " " for c in contract.get(contract.LIVE_NODE_RANGE, "", env) or "")[:60]
-    return Minimum(int(got), max(ranks_per_node, 1), said.strip() or "the launch")
+    return Minimum(count, max(ranks_per_node, 1), said.strip() or "the launch")
