@@ -56,3 +56,24 @@ def test_a_fence_file_in_other_digits_reads_as_missing(tmp_path: Path) -> None:
     fence.folder.mkdir(parents=True)
     (fence.folder / "generation").write_text("\u00b2\n")
     assert fence.current() == 0
+
+
+def test_patterns_that_read_numbers_take_ascii_digits_only() -> None:
+    """Python's \\d matches every script's digits: '\u0665\u0660\u0661' passed as a Slurm job id (then
+    scancel's argv), 'step-\u0661\u0660' as a checkpoint folder, '--nnodes \u0661:\u0662' as a node range."""
+    from torchlaunch.backends.k8s import validate
+    from torchlaunch.backends.slurm.operate import SLURM_ID, TASK_LINE
+    from torchlaunch.core.checkpoint.store import STEP_DIR
+    from torchlaunch.core.recovery.group import JOIN_NAME
+    from torchlaunch.jobs.ranklog import NAME
+    from torchlaunch.launch.shape import RANGE
+
+    assert SLURM_ID.match("501_2") and not SLURM_ID.match("\u0665\u0660\u0661")
+    assert STEP_DIR.match("step-000000010") and not STEP_DIR.match("step-\u0661\u0660")
+    assert RANGE.match("1:2") and not RANGE.match("\u0661:\u0662")
+    assert NAME.match("rank-0.log") and not NAME.match("rank-\u0660.log")
+    assert JOIN_NAME.fullmatch("join-rejoin001-rank000001") and not JOIN_NAME.fullmatch(
+        "join-rejoin\u0660\u0660\u0661-rank000001"
+    )
+    assert not TASK_LINE.search("slurm task: rank \u0661/2 local 0 on n1")
+    assert validate._QUANTITY.fullmatch("2Gi") and not validate._QUANTITY.fullmatch("\u0662Gi")

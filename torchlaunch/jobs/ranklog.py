@@ -40,7 +40,7 @@ if __name__ != "__main__":  # run as the tee (python -I this file) it imports th
 
 TEE_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
-NAME = re.compile(r"^rank-(\d+)\.log$")
+NAME = re.compile(r"^rank-(\d+)\.log$", re.ASCII)
 READ_BYTES = 4 << 20
 """The most `logs` reads of one log at a time: the tail of a 2 GB log, never all of it."""
 

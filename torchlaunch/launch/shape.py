@@ -74,7 +74,7 @@ class NodeRange:
         return f"{self.min}-{self.max}" if self.elastic else str(self.max)
 
 
-RANGE = re.compile(r"^\s*(\d+)\s*(?:([:-])\s*(\d+)\s*)?$")
+RANGE = re.compile(r"^\s*(\d+)\s*(?:([:-])\s*(\d+)\s*)?$", re.ASCII)
 
 
 def parse_nodes(flag: str, text: str | int, example: str = "2") -> NodeRange:

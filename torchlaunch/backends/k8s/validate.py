@@ -32,7 +32,7 @@ _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL.pattern}(\.{_DNS1123_LABEL.pa
 
 # resource.Quantity: <signedNumber><suffix>; suffix: binary SI (Ki..Ei), decimal SI (n u m "" k M G T P E)
 # or a decimal exponent (e/E followed by a signed integer).
-_QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
+_QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?", re.ASCII)
 
 # github.com/distribution/reference, regexp.go
 _ALNUM = r"[a-z0-9]+"

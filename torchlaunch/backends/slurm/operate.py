@@ -34,7 +34,7 @@ from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
 from torchlaunch.jobs import ranklog
 
-SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+SLURM_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$", re.ASCII)
 """A job id as Slurm writes it (array and heterogeneous forms): only such a string reaches a command."""
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
@@ -449,7 +449,7 @@ def successor_of(job: Any, state: str) -> Followed | None:
 TAIL_LINES = 20
 SUBMITIT_ERROR = "Submitted job triggered an exception"
 """submitit's line before its traceback of the task's exception (the runner already printed the program's)."""
-TASK_LINE = re.compile(r"^slurm task: rank (\d+)/\d+ .* on (\S+)$", re.MULTILINE)
+TASK_LINE = re.compile(r"^slurm task: rank (\d+)/\d+ .* on (\S+)$", re.MULTILINE | re.ASCII)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from torchlaunch.exit_codes import BadInput, ConfigError
 
 FORMAT_VERSION = 1
 MARKER_FILE = "COMMITTED.json"
-STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)$", re.ASCII)
 TMP_PREFIX = ".tmp-"
 REPLACED_PREFIX = ".replaced-"
 QUARANTINE_DIR = rundir.QUARANTINE

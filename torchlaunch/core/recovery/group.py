@@ -77,7 +77,7 @@ FORM_MIN_S = 2.0
 JOIN_PREFIX = "join-"
 JOIN_RETRY_S = 5.0
 """How often a waiting joiner writes its request again (and asks the service again)."""
-JOIN_NAME = re.compile(r"join-rejoin\d{3,9}-rank\d{6}")
+JOIN_NAME = re.compile(r"join-rejoin\d{3,9}-rank\d{6}", re.ASCII)
 """RUN_DIR/live/join-<replica id>: a rank started again waits to be admitted (what the others look for)."""
 
 
