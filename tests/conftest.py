@@ -80,13 +80,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A free loopback port whose next one is free too: a membership service's and its presence's."""
+    from torchlaunch.backends.local.live import free_port_pair as pair
+
+    return pair()
+
+
 @contextlib.contextmanager
 def lighthouse_serving(log: Path, bound_s: float = 60.0) -> Iterator[str]:
     """`python -m launch.lighthouse` on a free loopback port (1 s heartbeat timeout) for one test; its
     address once it says it serves. Its output goes to `log`, a file: torchft's service logs a quorum
     status every tick, which would fill an unread pipe and stall it, and its first line may come
     before ours."""
-    port = free_port()
+    port = free_port_pair()
     argv = launcher_argv("launch.lighthouse", "--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "1000")
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT)

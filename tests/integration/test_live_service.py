@@ -1,36 +1,173 @@
-"""torchft's Lighthouse as the live group's membership service runs it (core/recovery/lighthouse.py),
-on loopback, in this process: what the local agent's loss notice (backends/local/live.py) does to it."""
+"""The live group's membership service as it runs (core/recovery/lighthouse.py: torchft's Lighthouse
+and the ranks' presence beside it, core/recovery/presence.py), on loopback, in this process and in
+processes of their own: a rank's end reaches it from the rank's own kernel, at once."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 from datetime import timedelta
 
 import pytest
 
-from tests.conftest import free_port
-from torchlaunch.core.recovery import lighthouse
+from tests.conftest import REPO, child_env, free_port_pair
+from torchlaunch.core.recovery import lighthouse, presence
+
+BOUND_S = 10.0
+"""Every wait here is bounded by this; none is a sleep standing in for synchronisation."""
 
 
-def test_a_restart_with_the_members_left_forms_a_lone_survivors_group_at_once() -> None:
-    """Against torchft's own service: with a dead member's heartbeat still fresh, a lone survivor of
-    two gets no group (half or fewer of those heartbeating); told of the loss, the service forgets it
-    and the survivor's group forms without waiting for the heartbeat timeout (60 s here)."""
-    port = free_port()
+class Events:
+    """What a PresenceServer told: a list filled on its thread, waited on here."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, events: list[tuple[str, str]]) -> None:
+        with self.changed:
+            self.seen += events
+            self.changed.notify_all()
+
+    def wait_for(self, count: int) -> list[tuple[str, str]]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.seen) >= count, timeout=BOUND_S), self.seen
+            return list(self.seen)
+
+
+def say(port: int, *lines: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=BOUND_S)
+    for line in lines:
+        sock.sendall(line.encode("utf-8", "surrogateescape") + b"\n")
+    return sock
+
+
+def counted(server: presence.PresenceServer, alive: int) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while server.alive() != alive:
+        assert time.monotonic() < deadline, f"{server.alive()} present, not {alive}"
+        time.sleep(0.01)
+
+
+def test_a_connection_that_ends_without_bye_is_a_loss_and_nothing_else_is() -> None:
+    events = Events()
+    server = presence.PresenceServer("127.0.0.1", 0, bound_s=60.0, changed=events)
+    server.start()
+    try:
+        leaving = say(server.port, "hello rank000000", "beat")
+        lost = say(server.port, "hello rank000001", "beat", "beat")
+        stranger = say(server.port)  # said nothing: nobody's loss
+        counted(server, 2)
+        leaving.sendall(b"bye\n")
+        counted(server, 1)
+        for hostile in ("hello ../x", "hello rank\u0661", "beat", "hello " + "r" * 200, "\udcff\udcfe"):
+            with say(server.port, hostile):
+                pass
+        with say(server.port, "hello rank000009", "beat extra") as forged:  # dropped by the service, no loss
+            assert forged.recv(1) == b""
+        for sock in (leaving, stranger):
+            sock.close()
+        with say(server.port) as flood:
+            flood.sendall(b"x" * 4096)  # no newline, past LINE_MAX: dropped
+        lost.close()  # its kernel closes it, as at a SIGKILL
+        seen = events.wait_for(1)
+        assert ("lost", "rank000001") in seen
+        counted(server, 0)
+        assert events.seen == [("lost", "rank000001")]
+    finally:
+        server.close()
+
+
+def test_a_quiet_connection_lapses_after_the_bound_and_a_reconnect_is_no_loss() -> None:
+    events = Events()
+    server = presence.PresenceServer("127.0.0.1", 0, bound_s=0.3, changed=events)
+    server.start()
+    try:
+        old = say(server.port, "hello rank000002")
+        assert events.wait_for(1) == [("lapsed", "rank000002")]  # nothing after hello
+        new = say(server.port, "hello rank000002")  # connected again: the old connection is not its own
+        counted(server, 1)
+        old.close()
+        new.sendall(b"bye\n")
+        counted(server, 0)
+        new.close()
+        with say(server.port, "hello rank000003") as last:
+            counted(server, 1)
+            last.sendall(b"bye\n")
+            counted(server, 0)
+        assert all(kind == "lapsed" for kind, _ in events.seen), events.seen  # no loss among them
+    finally:
+        server.close()
+
+
+CHILD = """
+import os, signal, sys, time
+from torchlaunch.core.recovery.presence import Presence
+me = Presence(sys.argv[1], "rank000001")
+me.want()
+me.beat()
+if os.fork() == 0:  # a loader worker: it outlives its rank for a while, holding a copy of every fd
+    time.sleep(60)
+    os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_rank_killed_is_a_loss_at_once_though_its_forked_worker_lives_on() -> None:
+    events = Events()
+    server = presence.PresenceServer("127.0.0.1", 0, bound_s=60.0, changed=events)
+    server.start()
+    rank = subprocess.Popen(
+        [sys.executable, "-c", CHILD, f"http://127.0.0.1:{server.port - 1}"],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == "ready\n"
+        counted(server, 1)
+        os.kill(rank.pid, signal.SIGKILL)  # the rank only: its worker lives on in the session
+        assert events.wait_for(1) == [("lost", "rank000001")]
+    finally:
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()
+        server.close()
+
+
+def test_a_lone_survivor_gets_its_group_as_soon_as_the_lost_ranks_connection_ends() -> None:
+    """Against torchft's own service: with a dead member's heartbeat still fresh (timeout 60 s), a lone
+    survivor of two gets no group (half or fewer of those heartbeating); the dead member's presence
+    connection ending makes the service forget it, and the survivor's group forms."""
+    port = free_port_pair()
     args = lighthouse.parse_args(["--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "60000"])
     service = lighthouse.Service(args)
     try:
         client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        survivor = say(port + 1, "hello rank000000")
+        lost = say(port + 1, "hello rank000001")
         client.heartbeat("rank000001")  # the member about to be lost: its last beat
         with pytest.raises(Exception, match="(?i)timed? ?out|deadline"):
             client.quorum(replica_id="rank000000", timeout=timedelta(seconds=0.5))
-        service.forget_lost(1)
-        for _ in range(20):  # the first call after a restart may fail once while the client reconnects
+        assert service.restarts == 0
+        lost.close()
+        deadline = time.monotonic() + BOUND_S
+        while True:  # the first call after a restart may fail once while the client reconnects
             try:
                 found = client.quorum(replica_id="rank000000", timeout=timedelta(seconds=5))
                 break
             except Exception:
+                assert time.monotonic() < deadline
                 time.sleep(0.05)
         assert [p.replica_id for p in found.participants] == ["rank000000"]
+        assert service.restarts == 1
+        survivor.close()
     finally:
         service.shutdown()

@@ -700,6 +700,8 @@ def test_a_joiner_with_the_launch_rank_of_a_training_member_is_a_second_launch()
     [
         ["--bind", "127.0.0.1:1\n2"],
         ["--bind", "127.0.0.1:99999"],
+        ["--bind", "127.0.0.1:65535"],  # presence takes the next port
+        ["--await-ranks", "0"],
         ["--bind", ""],
         ["--bind", "\udcff\udcfe:1"],
         ["--heartbeat-timeout-ms", "nan"],
@@ -722,73 +724,71 @@ def test_the_membership_services_bad_arguments_are_one_bounded_line_and_exit_2(
     assert "\x00" not in err and "\n2" not in err.strip()
 
 
-class _Told:
-    """A stand-in for the agent's Service: the member counts it was told."""
-
-    def __init__(self) -> None:
-        self.members: list[int] = []
-
-    def forget_lost(self, members: int) -> None:
-        self.members.append(members)
-
-
-def test_the_agent_tells_its_service_of_each_lost_rank_once_with_the_members_left() -> None:
-    service, told = _Told(), set()
+def test_the_agent_counts_the_ranks_alive_and_in_the_group_for_a_restarted_service() -> None:
+    service = live_agent.Service(port=1, heartbeat_timeout_ms=1000)  # never started: keep_up only counts
     ranks = [_Proc(None), _Proc(-9), _Proc(None), _Proc(0)]
-    for pid, proc in enumerate(ranks):
-        proc.pid = 100 + pid
-    in_group = lambda rank: rank != 2  # noqa: E731 - rank 2 is a joiner still on its way in
-    live_agent.tell_losses(service, ranks, told, in_group)  # type: ignore[arg-type]
-    assert service.members == [1] and told == {101}  # rank 0 is left; the joiner and the finished rank are not
-    live_agent.tell_losses(service, ranks, told, in_group)  # type: ignore[arg-type]
-    assert service.members == [1]  # once per process
-    ranks[1] = _Proc(-9)  # started again and lost again: a new process
-    ranks[1].pid = 201
-    live_agent.tell_losses(service, ranks, told, lambda rank: True)  # type: ignore[arg-type]
-    assert service.members == [1, 2]
-    ended = [_Proc(75), _Proc(1), _Proc(-15)]  # a preemption and a failure are no loss; nobody is left
-    for pid, proc in enumerate(ended):
-        proc.pid = 300 + pid
-    live_agent.tell_losses(service, ended, set(), lambda rank: True)  # type: ignore[arg-type]
-    assert service.members == [1, 2]
+    service.keep_up(ranks, lambda rank: rank != 2)  # type: ignore[arg-type]  # rank 2: a joiner on its way in
+    assert service.members == 1 and service.restarts == 0
+    service.keep_up(ranks, lambda rank: True)  # type: ignore[arg-type]
+    assert service.members == 2
+    service.keep_up([_Proc(75), _Proc(-9)], lambda rank: True)  # type: ignore[arg-type]  # nobody left: 1
+    assert service.members == 1
 
 
-def test_the_service_follows_only_well_formed_member_counts() -> None:
+class _Restarts:
+    """A stand-in for lighthouse.Service around its _changed rule: the restarts it asked for."""
+
+    def __init__(self, alive: int, waiting_for: int, min_ranks: int = 1, fails: bool = False, since: float = 9) -> None:
+        import time
+        from types import SimpleNamespace
+
+        self.args = SimpleNamespace(min_ranks=min_ranks, bind="127.0.0.1:29510", heartbeat_timeout_ms=1000)
+        self.presence = SimpleNamespace(alive=lambda: alive)
+        self._min, self.fails, self.asked = waiting_for, fails, []
+        self._since = time.monotonic() - since  # seconds since the server (re)started
+
+    def restart(self, members: int) -> None:
+        if self.fails:
+            raise RuntimeError("Address already in use (os error 98)")
+        self.asked.append(members)
+        self._min = members
+
+
+@pytest.mark.parametrize(
+    ("events", "alive", "waiting_for", "min_ranks", "since", "restarts"),
+    [
+        ([("lost", "rank000001")], 1, 2, 1, 0, [1]),  # a rank gone: forgotten at once, the server waits for 1
+        ([("lost", "rank000001"), ("lost", "rank000002")], 6, 8, 1, 0, [6]),  # two at once: one restart
+        ([("lost", "rank000001")], 0, 1, 1, 0, [1]),  # the last one: never below 1
+        ([("lost", "rank000001")], 1, 3, 2, 0, [2]),  # never below --min-ranks
+        ([("lapsed", "rank000003")], 5, 6, 1, 9, [5]),  # silent, and the server waits for it: restarted
+        ([], 1, 2, 1, 9, [1]),  # one never present again after a restart of the service: the same
+        ([], 1, 2, 1, 0.2, []),  # ... but not before the ranks had the bound to be present again
+        ([("lapsed", "rank000003")], 5, 1, 1, 9, []),  # silent, and the server waits for fewer: torchft's own
+        ([], 2, 2, 1, 9, []),  # nothing new
+    ],
+)
+def test_the_service_restarts_for_a_rank_gone_and_for_a_silent_one_it_waits_for(
+    events: list[tuple[str, str]], alive: int, waiting_for: int, min_ranks: int, since: float, restarts: list[int]
+) -> None:
     from torchlaunch.core.recovery import lighthouse
 
-    service = _Told()
-    lines = [
-        "members 3\n",
-        "junk\n",
-        "members -1\n",
-        "members 99999999\n",
-        "members \uff13\n",
-        "members 1 2\n",
-        "members 2",
-    ]
-    lighthouse.follow_losses(service, lines)  # type: ignore[arg-type]
-    assert service.members == [3, 2]
+    service = _Restarts(alive, waiting_for, min_ranks, since=since)
+    lighthouse.Service._changed(service, events)  # type: ignore[arg-type]
+    assert service.asked == restarts
 
 
-def test_a_service_that_cannot_listen_again_ends_so_that_its_agent_starts_it_again(
+def test_a_service_that_cannot_listen_again_ends_so_that_its_keeper_starts_it_again(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from types import SimpleNamespace
-
     from torchlaunch.core.recovery import lighthouse
-
-    class Stuck:
-        args = SimpleNamespace(bind="127.0.0.1:29510")
-
-        def forget_lost(self, members: int) -> None:
-            raise RuntimeError("Address already in use (os error 98)")
 
     def ended(code: int) -> None:
         raise SystemExit(code)
 
     monkeypatch.setattr(lighthouse.os, "_exit", ended)
     with pytest.raises(SystemExit) as exited:
-        lighthouse.follow_losses(Stuck(), ["members 1\n"])  # type: ignore[arg-type]
+        lighthouse.Service._changed(_Restarts(1, 2, fails=True), [("lost", "rank000001")])  # type: ignore[arg-type]
     assert exited.value.code == 1
     assert capsys.readouterr().err == (
         "lighthouse: cannot listen again on '127.0.0.1:29510': 'Address already in use (os error 98)'\n"

@@ -10,8 +10,9 @@ Why not torchrun's agent: it ends every rank of the group when one fails and sta
 which is exactly the restart live mode avoids. This agent starts the ranks with torchrun's env contract
 (each in a session of its own, dying with this agent: pdeath.die_with_agent), starts the membership
 service (core/recovery/lighthouse.py) in a process of its own, restarts it on the same address if it
-dies (its state is soft: the ranks' next heartbeats fill it again), tells it of each rank lost so that
-the survivors regroup at once (Service.forget_lost), and waits for the ranks. A job across
+dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks; the
+service hears of a rank lost from the rank's own presence connection (core/recovery/presence.py),
+here as across nodes. A job across
 nodes runs one agent per node and the service apart from all of them (`--lighthouse`, started with
 `python -m launch.lighthouse` on a host of its own): a service inside one node's agent would die with
 that node and take the group's membership along. It also
@@ -41,7 +42,7 @@ from torchlaunch import contract
 from torchlaunch.backends import live_shared
 from torchlaunch.backends.live_shared import LOOPBACK, job_code
 from torchlaunch.base import procs
-from torchlaunch.core.recovery import minimum
+from torchlaunch.core.recovery import minimum, presence
 from torchlaunch.core.recovery.pulse import Watch
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.launch import elastic, shape
@@ -148,6 +149,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_pair(tries: int = 64) -> int:
+    """A free loopback port whose next one is free too: the service's Lighthouse and its presence."""
+    for _ in range(tries):
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", presence.port_of(port)))
+            except OSError:
+                continue
+        return port
+    raise SystemExit("live: found no two free ports in a row on loopback for the membership service")
+
+
 def rank_env(
     base: dict[str, str],
     local_rank: int,
@@ -202,12 +218,10 @@ def range_env(local_rank: int, seat: NodeSeat) -> dict[str, str]:
 
 
 class Service:
-    """The membership service's process, restartable on the same address. This agent is the parent of
-    every rank it serves, so a rank's end is a fact here, not a guess from a lapsed heartbeat: the agent
-    tells the service (forget_lost), which starts again knowing only the ranks left, and the survivors'
-    group forms at once instead of after recovery.heartbeat_timeout_s (torchft's split-brain rule keeps
-    a lone survivor of two waiting for the dead rank's heartbeats to lapse). Across nodes the service
-    runs apart and no node can vouch for another's death: there the heartbeat bound applies."""
+    """The membership service's process, restartable on the same address (its state is soft). It hears
+    of a rank's loss from the rank itself (its presence connection ends with its process), so this
+    agent tells it nothing; what the agent keeps is the count of ranks in the group, for a restarted
+    service to wait for them all rather than form a group of the first to ask back."""
 
     def __init__(self, port: int, heartbeat_timeout_ms: int) -> None:
         self.port, self.heartbeat_timeout_ms = port, heartbeat_timeout_ms
@@ -226,12 +240,11 @@ class Service:
             f"127.0.0.1:{self.port}",
             "--heartbeat-timeout-ms",
             str(self.heartbeat_timeout_ms),
-            "--min-ranks",
+            "--await-ranks",
             str(self.members),
-            "--losses-on-stdin",
         ]
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + SERVICE_START_S
         while not elastic.listening("127.0.0.1", self.port, timeout_s=0.5):
@@ -239,26 +252,16 @@ class Service:
                 raise SystemExit(f"live: the membership service did not start on port {self.port}")
             time.sleep(POLL_S)
 
-    def keep_up(self) -> None:
-        """Restart the service if it died (its state is soft)."""
+    def keep_up(self, ranks: list[subprocess.Popen], in_group: Callable[[int], bool]) -> None:
+        """Restart the service if it died, waiting for the ranks alive and in the group (not a joiner
+        still on its way in: a regroup must not wait for one)."""
+        self.members = max(1, sum(1 for r, p in enumerate(ranks) if p.poll() is None and in_group(r)))
         if self.proc is not None and self.proc.poll() is not None:
             self.restarts += 1
             print(f"live: the membership service exited ({self.proc.returncode}); restarted", file=sys.stderr)
             self.start()
 
-    def forget_lost(self, members: int) -> None:
-        """Ranks were lost and `members` are left in the group: the service forgets the lost ones now."""
-        self.members = max(1, members)
-        if self.proc is None or self.proc.stdin is None:
-            return
-        with contextlib.suppress(OSError, ValueError):  # it died: keep_up starts it with self.members
-            self.proc.stdin.write(f"members {self.members}\n")
-            self.proc.stdin.flush()
-
     def stop(self) -> None:
-        if self.proc is not None and self.proc.stdin is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.proc.stdin.close()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -266,21 +269,6 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def tell_losses(
-    service: Service, ranks: list[subprocess.Popen], told: set[int], in_group: Callable[[int], bool]
-) -> None:
-    """Each rank process newly ended by a signal (SIGKILL from outside, or fenced here) is a loss the
-    service hears of at once, with the count of ranks left in the group (alive, and not a joiner still
-    on its way in: the regroup must not wait for one)."""
-    lost = [p.pid for p in ranks if (p.poll() or 0) < 0 and p.pid not in told]
-    if not lost:
-        return
-    told.update(lost)
-    left = sum(1 for r, p in enumerate(ranks) if p.poll() is None and in_group(r))
-    if left:
-        service.forget_lost(left)
 
 
 def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subprocess.Popen:
@@ -314,7 +302,7 @@ def fence_silent(ranks: list[subprocess.Popen], watch: Watch, fenced: dict[int, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, program = parse_args(sys.argv[1:] if argv is None else argv)
-    service = None if args.lighthouse else Service(free_port(), args.heartbeat_timeout_ms)
+    service = None if args.lighthouse else Service(free_port_pair(), args.heartbeat_timeout_ms)
     lighthouse = args.lighthouse or (service.address if service is not None else "")
     seat = NodeSeat(
         args.nproc,
@@ -336,7 +324,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopping = False
     failed_at: float | None = None
     abandoned: set[int] = set()  # ranks started again that failed before they joined
-    told: set[int] = set()  # PIDs of lost ranks the service was told of (tell_losses)
 
     def stop(signum: int, frame: object) -> None:  # a stop is the ranks' to handle (checkpoint, exit 75)
         nonlocal stopping
@@ -362,8 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ranks.extend(start(rank) for rank in range(args.nproc))
         while any(proc.poll() is None for proc in ranks):
             if service is not None:
-                tell_losses(service, ranks, told, lambda r: not joiner(r) or r in watch.joined)
-                service.keep_up()
+                service.keep_up(ranks, lambda r: not joiner(r) or r in watch.joined)
             fence_silent(ranks, watch, fenced)
             if not stopping:
                 rejoin(ranks, restarts, args.rejoin, fenced, replaced, start)

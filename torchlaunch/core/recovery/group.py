@@ -138,6 +138,7 @@ class LiveGroup:
                 raise BadInput("live error: the first quorum seats the ranks in another order than the launcher")
             return
         self.quorum = quorum
+        self.membership.present()
         self.generation = self._take_generation(ctx)
 
     def _first_quorum(self, ctx: DistContext, step: int) -> Quorum:
@@ -311,6 +312,7 @@ class LiveGroup:
             others = tuple(m.store_address for m in quorum.members if m.replica_id != self.membership.replica_id)
             self.peers.watch(others, lambda: sockets.cut(group))
         self.quorum = quorum
+        self.membership.present()
         new = DistContext(rank, world, ctx.local_rank, ctx.local_world_size, ctx.device, "gloo")
         self.generation = self._take_generation(new)
         return new

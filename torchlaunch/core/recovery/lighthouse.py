@@ -7,6 +7,10 @@ and keeps only soft state, so it can run anywhere and be restarted. It runs in a
 node; `python -m launch.lighthouse` on a host of its own for a job across nodes), never inside a
 training rank, so the loss of any rank or node, the first included, leaves it up.
 
+What it lacks is written here: it hears of a lost rank only when its heartbeats lapse. Beside it, on
+the next port, the service takes each seated rank's presence (core/recovery/presence.py): a rank's
+connection that ends is a rank gone, and the service forgets it at once (Service, below).
+
 What is used of torchft: LighthouseServer and LighthouseClient (heartbeat, quorum) only. Its Manager,
 DDP wrapper and sampler are not: the trainer keeps its own exact plan and gradient averaging.
 """
@@ -19,11 +23,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import timedelta
 
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
+from torchlaunch.core.recovery import presence
 from torchlaunch.core.recovery.membership import Member, Quorum, sorted_members
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
@@ -48,13 +53,16 @@ def _torchft():  # noqa: ANN202 - the module itself
 
 
 class LighthouseMembership:
-    """This rank's heartbeats to the Lighthouse (a daemon thread) and its quorum requests."""
+    """This rank's heartbeats to the Lighthouse and its presence beside it (a daemon thread), and its
+    quorum requests."""
 
     def __init__(self, address: str, replica_id: str, heartbeat_timeout_s: float) -> None:
         self.address, self.replica_id = address, replica_id
         self.interval_s = heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         self._client = _torchft().LighthouseClient(address, timedelta(seconds=CONNECT_TIMEOUT_S))
+        self._presence = presence.Presence(address, replica_id)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -63,8 +71,20 @@ class LighthouseMembership:
         self._thread = threading.Thread(target=self._beat, name="torchlaunch-heartbeat", daemon=True)
         self._thread.start()
 
+    def present(self) -> None:
+        """This rank holds a seat in a group: the service counts it, and hears at once if it ends. The
+        connection is made on the heartbeat thread (woken now), so a service that does not answer never
+        holds a regroup up."""
+        self._presence.want()
+        self._wake.set()
+
     def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
+            if self._wake.wait(self.interval_s):
+                self._wake.clear()
+                self._presence.beat()
+                continue
+            self._presence.beat()
             try:
                 self._client.heartbeat(self.replica_id, timedelta(seconds=max(1.0, self.interval_s * 5)))
             except Exception:  # the service is restarting: the next beat reaches the new one
@@ -96,8 +116,10 @@ class LighthouseMembership:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+        self._presence.leave()
 
 
 DEFAULT_BIND = "0.0.0.0:29510"
@@ -107,8 +129,10 @@ def bind_address(text: str) -> str:
     """`--bind HOST:PORT`, checked whole (a host by rules.HOST, a port in 1..65535)."""
     host, _, port = text.rpartition(":")
     number = whole(port, 5)
-    if not (rules.HOST.fullmatch(host) and number is not None and 0 < number < 65536):
-        raise argparse.ArgumentTypeError(f"--bind must be HOST:PORT with a port in 1..65535, not {quote(text)}")
+    if not (rules.HOST.fullmatch(host) and number is not None and 0 < number < 65535):
+        raise argparse.ArgumentTypeError(
+            f"--bind must be HOST:PORT with a port in 1..65534 (presence takes the next), not {quote(text)}"
+        )
     return text
 
 
@@ -150,9 +174,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tick-ms", type=bounded_whole(1, 60_000), default=20, help="how often the service checks for a quorum"
     )
     parser.add_argument(
-        "--losses-on-stdin",
-        action="store_true",
-        help=argparse.SUPPRESS,  # the local agent's channel (backends/local/live.py): see Service.forget_lost
+        "--await-ranks",
+        type=bounded_whole(1, 1_000_000, "ranks"),
+        default=None,
+        help=argparse.SUPPRESS,  # a restarted service of a group of N (backends/local/live.py): Service
     )
     return parser.parse_args(argv)
 
@@ -162,17 +187,31 @@ REBIND_S = 5.0
 
 
 class Service:
-    """torchft's LighthouseServer on one address, restartable in place. A restart is how a rank's loss
-    is told to the service: torchft 0.2.0 has no call to drop a member, and it forms no group of half
-    or fewer of the members still heartbeating (its split-brain rule), so a lone survivor of two would
-    otherwise wait out the dead rank's heartbeat timeout. Its state is soft, so a new server knows only
-    the ranks that beat or ask after it started; `min_ranks` (the members the caller knows are alive)
-    keeps it from forming a group of the first rank to ask back."""
+    """torchft's LighthouseServer on one address, restartable in place, and the ranks' presence on the
+    next port. A restart is how a rank's loss is told to the Lighthouse: torchft 0.2.0 has no call to
+    drop a member, and while the dead rank's last heartbeat is fresh it forms no group of half or fewer
+    of those heartbeating, nor one that leaves a heartbeating rank out before join_timeout_ms, so the
+    survivors would wait out the heartbeat timeout. Its state is soft, so a new server knows only the
+    ranks that beat or ask after it started; it is started waiting for every rank still present (never
+    fewer than --min-ranks), so it does not form a group of the first rank to ask back."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self._lock = threading.Lock()
-        self._server = self._bind(args.min_ranks)
+        self.restarts = 0
+        self._min = max(args.min_ranks, args.await_ranks or 0)
+        self._server = self._bind(self._min)
+        self._since = time.monotonic()
+        """When the server last (re)started: the ranks are given the bound to be present again."""
+        host, _, port = args.bind.rpartition(":")
+        try:
+            self.presence = presence.PresenceServer(
+                host.strip("[]"), presence.port_of(int(port)), args.heartbeat_timeout_ms / 1000, self._changed
+            )
+        except OSError:
+            self._server.shutdown()
+            raise
+        self.presence.start()
 
     def _bind(self, min_ranks: int):  # noqa: ANN202 - torchft's LighthouseServer
         deadline = time.monotonic() + REBIND_S
@@ -190,33 +229,39 @@ class Service:
                     raise  # the first bind reports at once; a restart waits for the old listener to close
                 time.sleep(0.001)
 
-    def forget_lost(self, members: int) -> None:
-        """Start again with `members` ranks known alive: the lost ones' heartbeats are forgotten now."""
+    def _changed(self, events: list[tuple[str, str]]) -> None:
+        """The presence thread's news, every tenth of the bound: a rank gone is forgotten now; and a
+        server that waits for more ranks than are present (one fell silent, or never came back after
+        this service restarted) for longer than the bound starts again waiting for those present
+        (torchft drops a lapsed heartbeat by itself, but not the count it was told to wait for). A
+        restart that cannot listen again ends the process (exit FAILURE), which its keeper (the local
+        agent, a Deployment) starts again, rather than leaving a process that serves nobody."""
+        wanted = max(self.args.min_ranks, self.presence.alive())
+        gone = [name for kind, name in events if kind == presence.LOST]
+        waited = time.monotonic() - self._since > self.args.heartbeat_timeout_ms / 1000
+        if not gone and not (wanted < self._min and waited):
+            return
+        try:
+            self.restart(wanted)
+        except (RuntimeError, OSError) as e:
+            print(f"lighthouse: cannot listen again on {quote(self.args.bind)}: {quote(str(e))}", file=sys.stderr)
+            os._exit(FAILURE)
+        said = f"{', '.join(gone[:8])} gone (connection closed)" if gone else "fewer ranks present than awaited"
+        print(f"lighthouse: {said}: serving again for the {wanted} rank(s) left", file=sys.stderr, flush=True)
+
+    def restart(self, members: int) -> None:
+        """Start again waiting for `members` ranks: every lost rank's heartbeat is forgotten now."""
         with self._lock:
             self._server.shutdown()
-            self._server = self._bind(max(1, members))
+            self._min = max(1, members)
+            self._server = self._bind(self._min)
+            self._since = time.monotonic()
+            self.restarts += 1
 
     def shutdown(self) -> None:
+        self.presence.close()
         with self._lock:
             self._server.shutdown()
-
-
-def follow_losses(service: Service, lines: Iterable[str]) -> None:
-    """`members N` per line (the local agent, after a rank's process ended by a signal): restart with N.
-    Anything else is ignored; the pipe's end (the agent gone) ends the loop. A restart that cannot
-    listen again ends the process, which the agent starts again (Service.keep_up there), rather than
-    leaving a process that serves nobody."""
-    for line in lines:
-        word, _, count = line.strip().partition(" ")
-        members = whole(count, 7)
-        if word == "members" and members is not None:
-            try:
-                service.forget_lost(members)
-            except (RuntimeError, OSError) as e:
-                print(
-                    f"lighthouse: cannot listen again on {quote(service.args.bind)}: {quote(str(e))}", file=sys.stderr
-                )
-                os._exit(FAILURE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,10 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    if args.losses_on_stdin:
-        threading.Thread(target=follow_losses, args=(server, sys.stdin), name="losses", daemon=True).start()
     print(
-        f"lighthouse: serving {args.bind} (heartbeat timeout {args.heartbeat_timeout_ms} ms)",
+        f"lighthouse: serving {args.bind}, presence on port {server.presence.port} "
+        f"(heartbeat timeout {args.heartbeat_timeout_ms} ms)",
         file=sys.stderr,
         flush=True,
     )

@@ -40,11 +40,15 @@ class Quorum:
 
 class Membership(Protocol):
     """The membership seam. start() begins heartbeats; quorum() blocks until the service forms a group
-    that includes this rank (or raises TimeoutError after timeout_s); close() stops heartbeating."""
+    that includes this rank (or raises TimeoutError after timeout_s); present() says this rank holds a
+    seat in a formed group (the service then hears of its end at once: core/recovery/presence.py);
+    close() stops heartbeating and leaves."""
 
     replica_id: str
 
     def start(self) -> None: ...
+
+    def present(self) -> None: ...
 
     def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum: ...
 

@@ -1,0 +1,280 @@
+"""A seated rank's presence at the membership service: one TCP connection held open while it lives.
+
+Why: torchft's Lighthouse learns of a lost rank only when its heartbeats lapse, and while the dead
+rank's last beat is fresh it forms no group of the survivors (half or fewer of those heartbeating, or
+stragglers to wait for), so across nodes every crash cost recovery.heartbeat_timeout_s. But a process's
+sockets are closed by its kernel when it ends, whatever ended it (SIGKILL, the OOM killer, a crash,
+every process of a node killed at once): the service, at the other end of this connection, sees the
+end at once. That end is the fact; the survivors' own transport error is the same fact on their side.
+No rank vouches for another (a survivor's "connection reset" may come from a live peer shutting a
+broken group down); the service hears it from the dead rank's own kernel.
+
+A connection that goes quiet instead (a frozen node, a cut cable) sends nothing: its beats lapse
+after the same bound as the heartbeats, as before. A connection closed while its rank lives (the
+service restarted, a middlebox) costs nothing but the wait it saves: the rank connects again.
+
+Only a rank seated in a group is present (LiveGroup calls its membership's present() once a group
+formed): a rank still
+starting, or started again and waiting to be admitted, is not counted among those the next group waits
+for, so a regroup never waits for one.
+
+The wire, one ASCII line each, at most LINE_MAX bytes: `hello <replica id>` once, `beat` every
+heartbeat interval, `bye` before a rank leaves on purpose. The service sends nothing back. Anything
+else closes the connection and counts as nobody's loss. Torch-free and torchft-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torchlaunch.base import rules
+
+LINE_MAX = 96
+REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+CONNECT_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 65_536
+"""More connections than this are refused (closed at once): a flood costs the service nothing else."""
+LOST = "lost"
+LAPSED = "lapsed"
+
+
+def port_of(lighthouse_port: int) -> int:
+    """The presence port of a service whose Lighthouse listens on `lighthouse_port`: the next one.
+    A convention, so that recovery.lighthouse=http://HOST:PORT stays the one address a user gives."""
+    return lighthouse_port + 1
+
+
+def address_of(lighthouse: str) -> tuple[str, int] | None:
+    """(host, presence port) of an http://HOST:PORT Lighthouse address, or None."""
+    found = rules.service_address(lighthouse)
+    if found is None or found[1] >= 65535:
+        return None
+    return found[0], port_of(found[1])
+
+
+@dataclass
+class Board:
+    """Who is present, and since when they last beat (pure bookkeeping: the server's, unit-tested
+    without sockets). A replica id held by a newer connection is not lost with an older one."""
+
+    bound_s: float
+    beats: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """replica id -> (connection key, monotonic time of its last line)."""
+    quiet: set[str] = field(default_factory=set)
+    """Ids reported lapsed and not heard from since."""
+
+    def hello(self, replica_id: str, key: int, now: float) -> None:
+        self.beats[replica_id] = (key, now)
+        self.quiet.discard(replica_id)
+
+    def beat(self, replica_id: str, key: int, now: float) -> None:
+        if self.beats.get(replica_id, (None, 0.0))[0] == key:
+            self.beats[replica_id] = (key, now)
+            self.quiet.discard(replica_id)
+
+    def leave(self, replica_id: str, key: int) -> bool:
+        """The connection `key` of `replica_id` ended; True when it was the id's current one."""
+        if self.beats.get(replica_id, (None, 0.0))[0] != key:
+            return False
+        del self.beats[replica_id]
+        self.quiet.discard(replica_id)
+        return True
+
+    def alive(self, now: float) -> int:
+        """Ranks present and heard from within the bound."""
+        return sum(1 for _, last in self.beats.values() if now - last <= self.bound_s)
+
+    def newly_lapsed(self, now: float) -> list[str]:
+        """Ids whose last line is older than the bound and were not reported yet."""
+        found = [r for r, (_, last) in self.beats.items() if now - last > self.bound_s and r not in self.quiet]
+        self.quiet.update(found)
+        return found
+
+
+class PresenceServer:
+    """Accepts presence connections on (host, port) and tells `changed`, on its own thread, of the losses
+    (a present rank's connection ended without `bye`) and lapses (no line within the bound) each pass
+    of its loop found (every tenth of the bound, news or none): ranks killed together are one call, so
+    the service restarts once for them."""
+
+    def __init__(self, host: str, port: int, bound_s: float, changed: Callable[[list[tuple[str, str]]], None]) -> None:
+        self.board = Board(bound_s)
+        self.changed = changed
+        self._lock = threading.Lock()
+        self._listener = socket.create_server((host, port), reuse_port=False)
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._names: dict[int, str] = {}
+        self._buffers: dict[int, bytes] = {}
+        self._events: list[tuple[str, str]] = []
+        self._stop = threading.Event()
+        self._tick_s = max(bound_s / 10, 0.005)
+        self._thread = threading.Thread(target=self._serve, name="torchlaunch-presence", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> int:
+        with self._lock:
+            return self.board.alive(time.monotonic())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        for key in list(self._selector.get_map().values()):
+            with contextlib.suppress(OSError):
+                key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(timeout=self._tick_s):
+                if key.fileobj is self._listener:
+                    self._accept()
+                else:
+                    self._read(key.fileobj)  # type: ignore[arg-type]
+            with self._lock:
+                self._events += [(LAPSED, r) for r in self.board.newly_lapsed(time.monotonic())]
+            events, self._events = self._events, []
+            self.changed(events)  # every pass, news or not: the service also judges by the count
+
+    def _accept(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            conn, _ = self._listener.accept()
+            if len(self._selector.get_map()) > MAX_CONNECTIONS:
+                conn.close()
+                return
+            conn.setblocking(False)
+            self._buffers[conn.fileno()] = b""
+            self._selector.register(conn, selectors.EVENT_READ)
+
+    def _read(self, conn: socket.socket) -> None:
+        key = conn.fileno()
+        try:
+            data = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn, lost=True)
+            return
+        buffer = self._buffers.get(key, b"") + data
+        *lines, rest = buffer.split(b"\n")
+        if len(rest) > LINE_MAX:
+            self._drop(conn, lost=False)
+            return
+        self._buffers[key] = rest
+        for line in lines:
+            if not self._take(conn, line):
+                return
+
+    def _take(self, conn: socket.socket, line: bytes) -> bool:
+        """One line from `conn`; False when the connection was dropped for it."""
+        key, now = conn.fileno(), time.monotonic()
+        word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
+        name = self._names.get(key)
+        if word == "hello" and name is None and REPLICA_ID.fullmatch(rest):
+            self._names[key] = rest
+            with self._lock:
+                self.board.hello(rest, key, now)
+            return True
+        if word == "beat" and not rest and name is not None:
+            with self._lock:
+                self.board.beat(name, key, now)
+            return True
+        self._drop(conn, lost=False)  # `bye`, or a line that is not the protocol's
+        return False
+
+    def _drop(self, conn: socket.socket, lost: bool) -> None:
+        key = conn.fileno()
+        name = self._names.pop(key, None)
+        self._buffers.pop(key, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn)
+        conn.close()
+        if name is None:
+            return
+        with self._lock:
+            current = self.board.leave(name, key)
+        if current and lost:
+            self._events.append((LOST, name))
+
+
+class Presence:
+    """This rank's side: connect, say hello, beat with the rank's heartbeats, say bye. Best effort: a
+    service that takes no presence (an older one, a firewall) leaves the heartbeat bound in force."""
+
+    def __init__(self, lighthouse: str, replica_id: str) -> None:
+        self.address = address_of(lighthouse)
+        self.replica_id = replica_id
+        self._sock: socket.socket | None = None
+        self._wanted = False
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def _forget_in_child(self) -> None:
+        """A forked child (a loader worker) closes its copy: the connection must end with this
+        process, not with the last worker to outlive it. close(), never shutdown(): that would end
+        the parent's connection too."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._wanted = False
+
+    def want(self) -> None:
+        """From now on this rank counts among the group's (LiveGroup, once a group formed): the next
+        beat() connects."""
+        self._wanted = True
+
+    def beat(self) -> None:
+        """Called with each heartbeat: one line, or a new connection if the last one ended."""
+        with self._lock:
+            if not self._wanted:
+                return
+            if self._sock is None:
+                self._connect()
+                return
+            try:
+                self._sock.sendall(b"beat\n")
+            except OSError:
+                self._close()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._wanted = False
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.sendall(b"bye\n")
+                self._close()
+
+    def _connect(self) -> None:
+        if self._sock is not None or self.address is None or not REPLICA_ID.fullmatch(self.replica_id):
+            return
+        try:
+            sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT_S)
+            sock.sendall(f"hello {self.replica_id}\n".encode("ascii"))
+        except OSError:
+            return  # tried again at the next beat
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+
+    def _close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
