@@ -12,8 +12,9 @@ agent, rank, loader workers) is SIGKILLed at once, the first node among them whe
 figure is the survivors' first `stepped` event (RUN_DIR/live/events-rank<r>.jsonl) - the kill's time.
 
 What grows with the node count here is the regroup (a quorum of N - lost members, a new gloo group over
-the switch) and the Lighthouse's wait for the lost heartbeats, which is the bound
-(recovery.heartbeat_timeout_s, 1 s) whatever N is. The tests (tests/engines/faults/test_live_netns.py)
+the switch). A killed node's ranks are forgotten by the service as soon as their presence connections
+close (core/recovery/presence.py), whatever N is; a frozen node's only after the bound
+(recovery.heartbeat_timeout_s, 1 s). The tests (tests/engines/faults/test_live_netns.py)
 use the same harness and check that every step's samples, crops and flips are the uninterrupted run's.
 """
 
@@ -177,13 +178,21 @@ def results(quick: bool = False, rounds: int = 3, nodes: int = 8, lose: int = 2)
         print(f"bench.live_nodes: skipped ({reason})", file=sys.stderr)
         return []
     rounds = 1 if quick else rounds
-    figures: dict[str, list[float]] = {"kill": [], "freeze": [], "back": [], "pause": []}
+    figures: dict[str, list[float]] = {"kill": [], "freeze": [], "back": [], "pause": [], "pair1": [], "pair0": []}
     for round_ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="bench-live-nodes-") as tmp:
             back = replaced(Path(tmp))
             figures["back"].append(back[0])
             figures["pause"].append(back[1])
             print(f"bench.live_nodes round {round_}: node 1 of 2 replaced -> {back[0]:.2f} s, pause {back[1]:.2f} s")
+        for victim in (1, 0):  # 2 -> 1 nodes: the second node lost, then the first (rank 0, the writer)
+            with tempfile.TemporaryDirectory(prefix="bench-live-nodes-") as tmp:
+                done = run(Path(tmp), 2, [victim])
+                seconds = done.run.recovery_s()
+                if not done.survivors_ok or seconds is None:
+                    raise RuntimeError(f"bench.live_nodes 2 -> 1: {done.codes}\n{done.run.stderr[-3000:]}")
+                figures[f"pair{victim}"].append(seconds)
+                print(f"bench.live_nodes round {round_}: node {victim} of 2 killed -> {seconds:.2f} s", file=sys.stderr)
         for fault, count in (("kill", lose), ("freeze", 1)):
             victims = list(range(count)) if round_ % 2 else list(range(nodes - count, nodes))
             with tempfile.TemporaryDirectory(prefix="bench-live-nodes-") as tmp:
@@ -207,7 +216,32 @@ def results(quick: bool = False, rounds: int = 3, nodes: int = 8, lose: int = 2)
         "(bench/live.py's recipe), recovery.heartbeat_timeout_s=1; node 1's processes SIGKILLed at step 12 and "
         f"its `launch.local` command started again on it at once; {rounds} round(s), median; 2 cores share all 3"
     )
+    pair = (
+        "2 network-namespace nodes on one switch + 1 for `python -m launch.lighthouse`, `launch.local --nnodes 2` "
+        "with 1 CPU rank each (bench/live.py's recipe), recovery.heartbeat_timeout_s=1; every process of the "
+        f"victim node SIGKILLed at once at step 12; {rounds} round(s), median; 2 cores share all 3 nodes; the "
+        "service forgets the lost rank when its presence connection closes, so no wait for its heartbeats"
+    )
+    pairs = [
+        Result(
+            key=f"live-pair-{victim}",
+            title=f"Live recovery across nodes, 2 → 1: {what} SIGKILLed whole → first step on the other ÷ issue #37's 1 s",
+            project=statistics.median(figures[f"pair{victim}"]),
+            baseline=1.0,
+            unit="s",
+            ratio=statistics.median(figures[f"pair{victim}"]) / 1.0,
+            goal=1.0,
+            higher_is_better=False,
+            command=BENCH_COMMAND,
+            project_label="live mode across nodes (the Lighthouse on a node of its own, presence beside it)",
+            baseline_label="issue #37's goal: <= 1 s (torchft 0.2.0: 5.1 s, 1.1-1.3 s with a 1 s heartbeat timeout)",
+            rounds=figures[f"pair{victim}"],
+            notes=pair,
+        )
+        for victim, what in ((1, "node 1"), (0, "node 0 (rank 0, the writer, the first group's store)"))
+    ]
     return [
+        *pairs,
         Result(
             key="live-node-replaced",
             title="Live rejoin across nodes: a node SIGKILLed whole and its command run again at once → its "

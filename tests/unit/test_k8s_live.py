@@ -99,7 +99,8 @@ def test_labels_let_each_policy_and_service_name_only_its_own_pods() -> None:
     lighthouse_svc, headless = named(out, "Service", "lv-lighthouse"), named(out, "Service", "lv")
     assert lighthouse_svc["spec"]["type"] == "ClusterIP"
     assert lighthouse_svc["spec"]["ports"] == [
-        {"name": "lighthouse", "port": 29510, "targetPort": "lighthouse", "protocol": "TCP"}
+        {"name": "lighthouse", "port": 29510, "targetPort": "lighthouse", "protocol": "TCP"},
+        {"name": "presence", "port": 29511, "targetPort": "presence", "protocol": "TCP"},
     ]
     assert selects(lighthouse_svc["spec"]["selector"], service_pods)
     assert not selects(lighthouse_svc["spec"]["selector"], workers)
@@ -122,7 +123,10 @@ def test_network_policies_are_least_privilege() -> None:
     assert selects(service["podSelector"]["matchLabels"], service_pods)
     assert not selects(service["podSelector"]["matchLabels"], workers)
     assert service["ingress"] == [
-        {"from": [{"podSelector": {"matchLabels": workers}}], "ports": [{"protocol": "TCP", "port": 29510}]}
+        {
+            "from": [{"podSelector": {"matchLabels": workers}}],
+            "ports": [{"protocol": "TCP", "port": 29510}, {"protocol": "TCP", "port": 29511}],
+        }
     ]
     assert service["policyTypes"] == ["Ingress", "Egress"] and service["egress"] == []  # it dials nobody
 

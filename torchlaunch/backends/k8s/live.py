@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlaunch.backends.k8s import hardening
 from torchlaunch.base import rules
+from torchlaunch.core.recovery import presence
 from torchlaunch.core.recovery.lighthouse import DEFAULT_BIND
 from torchlaunch.exit_codes import BAD_INPUT
 from torchlaunch.launch import cli, shape
@@ -75,6 +76,9 @@ Manifest = dict[str, Any]
 
 PORT = int(DEFAULT_BIND.rpartition(":")[2])
 """The service's port: `python -m launch.lighthouse`'s default, so a user's own service matches it."""
+PRESENCE_PORT = presence.port_of(PORT)
+"""Where each seated rank holds its presence connection (core/recovery/presence.py): the next port."""
+PRESENCE = "presence"
 COMPONENT = "lighthouse"
 CONTAINER = "lighthouse"
 SERVICE_MODULE = "torchlaunch.core.recovery.lighthouse"
@@ -191,7 +195,10 @@ def container(image: str, live: Live) -> Manifest:
         "command": ["/usr/bin/tini", "--", "python", "-m", SERVICE_MODULE],
         "args": ["--bind", f"0.0.0.0:{PORT}", "--heartbeat-timeout-ms", str(live.heartbeat_timeout_ms)],
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "ports": [{"name": COMPONENT, "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": COMPONENT, "containerPort": PORT, "protocol": "TCP"},
+            {"name": PRESENCE, "containerPort": PRESENCE_PORT, "protocol": "TCP"},
+        ],
         # Ready once it listens: the Service sends no rank to it before, and the pods wait for that.
         "readinessProbe": {"tcpSocket": {"port": COMPONENT}, "periodSeconds": 2},
         # A service that stopped accepting is started again (its state is soft); 30 s covers its start.
@@ -234,13 +241,16 @@ def service(meta: Manifest, name: str) -> Manifest:
         "spec": {
             "type": "ClusterIP",
             "selector": pod_labels(name),
-            "ports": [{"name": COMPONENT, "port": PORT, "targetPort": COMPONENT, "protocol": "TCP"}],
+            "ports": [
+                {"name": COMPONENT, "port": PORT, "targetPort": COMPONENT, "protocol": "TCP"},
+                {"name": PRESENCE, "port": PRESENCE_PORT, "targetPort": PRESENCE, "protocol": "TCP"},
+            ],
         },
     }
 
 
 def network_policy(meta: Manifest, name: str, workers: dict[str, str]) -> Manifest:
-    """The service takes connections from the job's worker pods on its port only, and opens none."""
+    """The service takes connections from the job's worker pods on its two ports only, and opens none."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -251,7 +261,7 @@ def network_policy(meta: Manifest, name: str, workers: dict[str, str]) -> Manife
             "ingress": [
                 {
                     "from": [{"podSelector": {"matchLabels": dict(workers)}}],
-                    "ports": [{"protocol": "TCP", "port": PORT}],
+                    "ports": [{"protocol": "TCP", "port": PORT}, {"protocol": "TCP", "port": PRESENCE_PORT}],
                 }
             ],
             "egress": [],
