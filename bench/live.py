@@ -422,12 +422,13 @@ def results(quick: bool = False, rounds: int = 3) -> list:
             goal=1.0,
             higher_is_better=False,
             command=COMMAND,
-            project_label="live mode (regroup in place, the interrupted step re-run; the agent tells the service of the loss)",
+            project_label="live mode (regroup in place, the interrupted step re-run; the service hears of the loss "
+            "from the rank's presence connection)",
             baseline_label="torchft 0.2.0's Manager + ProcessGroupGloo loop, same Lighthouse timeout",
             rounds=kill_tft,
             notes=setup
-            + "; live mode's agent sees the rank's process end and restarts the service knowing the ranks left,"
-            " so no wait for the lost rank's heartbeats to lapse; torchft's loop waits for them (1 s);"
+            + "; the lost rank's presence connection closes with its process and the service restarts waiting"
+            " for the ranks left, so no wait for the lost rank's heartbeats to lapse; torchft's loop waits for them (1 s);"
             " issue #37's goal is <= 1 s",
         ),
         Result(

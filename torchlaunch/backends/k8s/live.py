@@ -34,7 +34,8 @@ What live mode changes in the rendering, and why:
   --wait-timeout-s, 600 s by default; then exit 1, counted against its index) instead of being refused.
 - **The network.** Between the job's pods every TCP port (each rank hosts its own store on a free port)
   and UDP (each rank answers a one-datagram echo on its store's port: core/recovery/peers.py); the
-  service accepts only the job's pods, on its one port, and opens no connection itself.
+  service accepts only the job's pods, on its two ports (the Lighthouse's and presence's, the next),
+  and opens no connection itself.
 
 **A node range, `--nodes MIN:MAX`** (launch.local's live range, docs/live.md): the same Job with MAX
 pods (completions = parallelism = MAX), every pod running `launch.local --nnodes MIN:MAX --node-rank
