@@ -83,6 +83,28 @@ def test_a_connection_that_ends_without_bye_is_a_loss_and_nothing_else_is() -> N
         server.close()
 
 
+def test_a_connection_that_never_says_who_it_is_is_closed_and_a_flood_is_capped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(presence, "HELLO_WITHIN_S", 0.2)
+    monkeypatch.setattr(presence, "connection_cap", lambda: 16)
+    events = Events()
+    server = presence.PresenceServer("127.0.0.1", 0, bound_s=60.0, changed=events)
+    server.start()
+    try:
+        flood = [say(server.port) for _ in range(40)]  # silent, past the cap: closed, never an error
+        for sock in flood:
+            assert sock.recv(1) == b""  # the server's close, within HELLO_WITHIN_S at most
+            sock.close()
+        with say(server.port, "hello rank000000") as rank:  # the service still serves
+            counted(server, 1)
+            rank.sendall(b"bye\n")
+            counted(server, 0)
+        assert events.seen == []
+    finally:
+        server.close()
+
+
 def test_a_quiet_connection_lapses_after_the_bound_and_a_reconnect_is_no_loss() -> None:
     events = Events()
     server = presence.PresenceServer("127.0.0.1", 0, bound_s=0.3, changed=events)

@@ -230,7 +230,7 @@ class Service:
                 time.sleep(0.001)
 
     def _changed(self, events: list[tuple[str, str]]) -> None:
-        """The presence thread's news, every tenth of the bound: a rank gone is forgotten now; and a
+        """The presence thread's news, every 0.1 s at most: a rank gone is forgotten now; and a
         server that waits for more ranks than are present (one fell silent, or never came back after
         this service restarted) for longer than the bound starts again waiting for those present
         (torchft drops a lapsed heartbeat by itself, but not the count it was told to wait for). A

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import selectors
 import socket
 import threading
@@ -40,8 +41,18 @@ from torchlaunch.base import rules
 LINE_MAX = 96
 REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 CONNECT_TIMEOUT_S = 1.0
-MAX_CONNECTIONS = 65_536
-"""More connections than this are refused (closed at once): a flood costs the service nothing else."""
+HELLO_WITHIN_S = 5.0
+"""A connection that has not said who it is by then is closed: a silent one holds no descriptor long."""
+
+
+def connection_cap() -> int:
+    """Connections beyond this are closed as they come: below the process's descriptor limit, so that
+    accepting never fails for want of one (a listener that cannot accept stays readable, and the loop
+    would spin)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, min(65_536, (soft if soft > 0 else 1024) - 64))
+
+
 LOST = "lost"
 LAPSED = "lapsed"
 
@@ -102,7 +113,7 @@ class Board:
 class PresenceServer:
     """Accepts presence connections on (host, port) and tells `changed`, on its own thread, of the losses
     (a present rank's connection ended without `bye`) and lapses (no line within the bound) each pass
-    of its loop found (every tenth of the bound, news or none): ranks killed together are one call, so
+    of its loop found (every tenth of the bound or 0.1 s, news or none): ranks killed together are one call, so
     the service restarts once for them."""
 
     def __init__(self, host: str, port: int, bound_s: float, changed: Callable[[list[tuple[str, str]]], None]) -> None:
@@ -115,9 +126,12 @@ class PresenceServer:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._names: dict[int, str] = {}
         self._buffers: dict[int, bytes] = {}
+        self._opened: dict[int, tuple[socket.socket, float]] = {}
+        """Connections not named yet, and when they were accepted."""
+        self._cap = connection_cap()
         self._events: list[tuple[str, str]] = []
         self._stop = threading.Event()
-        self._tick_s = max(bound_s / 10, 0.005)
+        self._tick_s = min(max(bound_s / 10, 0.005), 0.1)
         self._thread = threading.Thread(target=self._serve, name="torchlaunch-presence", daemon=True)
 
     @property
@@ -146,19 +160,23 @@ class PresenceServer:
                     self._accept()
                 else:
                     self._read(key.fileobj)  # type: ignore[arg-type]
+            now = time.monotonic()
+            for conn, _ in [v for v in self._opened.values() if now - v[1] > HELLO_WITHIN_S]:
+                self._drop(conn, lost=False)
             with self._lock:
-                self._events += [(LAPSED, r) for r in self.board.newly_lapsed(time.monotonic())]
+                self._events += [(LAPSED, r) for r in self.board.newly_lapsed(now)]
             events, self._events = self._events, []
             self.changed(events)  # every pass, news or not: the service also judges by the count
 
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
             conn, _ = self._listener.accept()
-            if len(self._selector.get_map()) > MAX_CONNECTIONS:
+            if len(self._selector.get_map()) > self._cap:
                 conn.close()
                 return
             conn.setblocking(False)
             self._buffers[conn.fileno()] = b""
+            self._opened[conn.fileno()] = (conn, time.monotonic())
             self._selector.register(conn, selectors.EVENT_READ)
 
     def _read(self, conn: socket.socket) -> None:
@@ -189,6 +207,7 @@ class PresenceServer:
         name = self._names.get(key)
         if word == "hello" and name is None and REPLICA_ID.fullmatch(rest):
             self._names[key] = rest
+            self._opened.pop(key, None)
             with self._lock:
                 self.board.hello(rest, key, now)
             return True
@@ -203,6 +222,7 @@ class PresenceServer:
         key = conn.fileno()
         name = self._names.pop(key, None)
         self._buffers.pop(key, None)
+        self._opened.pop(key, None)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn)
         conn.close()
