@@ -205,6 +205,7 @@ def run(
     kill_joiner: bool = False,
     every_steps: int = 0,
     save_stall_s: float = 0.0,
+    kill_in_stop_commit: int | None = None,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
     freezes it) once its trace reaches `kill_at`, and
@@ -214,7 +215,9 @@ def run(
     `kill_joiner` (with `rejoin`): SIGKILL the victim's replacement too, once it has asked to join
     (RUN_DIR/live/join-*): a rejoin that fails half way. `every_steps`: periodic checkpoints;
     `save_stall_s`: each commit from step 16 on holds that long (TORCHLAUNCH_FAULT_SAVE_STALL_S), so a
-    loss can land while one is in flight."""
+    loss can land while one is in flight. `kill_in_stop_commit` (with `stop_at` and `save_stall_s`):
+    SIGKILL that rank once the stop's checkpoint is provably being written (the stall's STALLING file
+    names its pid): a peer lost during a whole-job stop."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
     recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin, every_steps))
@@ -239,6 +242,16 @@ def run(
             if traced_step(run_dir / "trace" / "rank0.jsonl") >= stop_at:
                 proc.send_signal(signal.SIGTERM)
                 killed_at = time.time()
+            time.sleep(0.005)
+        while kill_in_stop_commit is not None and killed_at is not None and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the stop's checkpoint was never written")
+            writing = sorted((run_dir / "checkpoints").glob("*/STALLING"))
+            pid = pid_of(run_dir, kill_in_stop_commit)
+            if writing and writing[0].read_text().strip() == str(pid):
+                survivor_pid = pid_of(run_dir, 1 - kill_in_stop_commit)
+                os.kill(pid, signal.SIGKILL)
+                break
             time.sleep(0.005)
         while victim is not None and killed_at is None and proc.poll() is None:
             if time.monotonic() > deadline:

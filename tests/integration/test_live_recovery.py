@@ -243,6 +243,27 @@ def test_a_whole_job_stop_still_commits_and_resumes_exactly(reference: live.Live
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_peer_lost_during_the_stops_checkpoint_costs_a_regroup_and_the_checkpoint_is_saved_again(
+    reference: live.LiveRun, tmp_path: Path
+) -> None:
+    """SIGTERM to the launcher (a whole-job stop), then rank 0 SIGKILLed from outside while it writes
+    the agreed checkpoint (the fault hook's 3 s stall makes the moment visible; on Slurm the batch
+    host's loss lands there by itself). Rank 1 was waiting for the commit's outcome: it regroups
+    alone, saves the checkpoint again as the new rank 0 and stops with 75; the same command resumes
+    from it and ends on the uninterrupted run's samples. Before, rank 1 died in the save (exit 1) and
+    the run resumed from an older checkpoint, or none."""
+    stopped = live.run(tmp_path / "run", victim=None, stop_at=20, save_stall_s=3.0, kill_in_stop_commit=0)
+    out = stopped.stderr
+    assert stopped.code == 75, out[-3000:]
+    assert "live: lost 1 rank(s)" in out and "preempted: checkpoint committed at global step" in out, out[-3000:]
+    step = int(re.findall(r"preempted: checkpoint committed at global step (\d+)", out)[-1])
+    assert (stopped.run_dir / "checkpoints" / f"step-{step:09d}").is_dir()
+    resumed = live.run(tmp_path / "run", victim=None)
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert f"(global step {step})" in resumed.stderr, resumed.stderr[-3000:]
+    assert step_samples(resumed.run_dir) == step_samples(reference.run_dir)
+
+
 def test_a_loss_below_the_launchers_minimum_checkpoints_and_the_same_command_resumes_exactly(
     reference: live.LiveRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -956,8 +956,12 @@ class Trainer:
         return process_age_s()
 
     def _preempted(self, log: RunLog) -> int:
+        """The agreed stop's checkpoint. In live mode a peer lost during it (a node's end reaches its
+        ranks at different moments: on Slurm the batch host's loss ends the job, and the rank left is
+        told to stop while its peer's death is still on the way) makes the ranks left regroup and save
+        again, rather than leave without it (exit 1, the steps since the last checkpoint trained again)."""
         start = time.perf_counter()
-        self.save(synchronous=True)
+        self._surviving(log, "checkpoint", lambda: self.save(synchronous=True))
         if self.ctx.is_main:
             waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
             since = f", {waited:.1f} s after the signal" if waited is not None else ""
