@@ -535,9 +535,14 @@ def exit_process(code: int, program: Sequence[str] | None = None) -> NoReturn:
     gloo ranks, C++ threads still winding down at finalisation sometimes abort the process ("terminate
     called without an active exception") after a clean finish, turning exit 0 into a crash; their
     output is flushed and their files fsynced by then. A user's program gets the interpreter's normal
-    exit (its atexit handlers, its finalisers)."""
+    exit (its atexit handlers, its finalisers). Either way the rank's last lines are on the console
+    before it ends (ranklog.drained): the launcher reports the end right after, and a pod or a Slurm
+    step that ends with it takes every process still copying output."""
     sys.stdout.flush()
     sys.stderr.flush()
+    from torchlaunch.jobs import ranklog
+
+    ranklog.drained()
     try:
         own = program is None or parse(program).builtin
     except BadInput:

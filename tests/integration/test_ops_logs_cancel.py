@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launcher_argv
+from torchlaunch import contract
 from torchlaunch.jobs import cli, ranklog, record
 
 HOST = socket.gethostname()
@@ -91,6 +92,29 @@ def test_the_tee_keeps_a_killed_ranks_output(tmp_path: Path) -> None:
     lines = log.read_text().splitlines()
     assert [ln.split(" ", 1)[1] for ln in lines] == ["to stdout", "to stderr", "no newline at the end"]
     assert all(ranklog.STAMP.match(ln.encode()) for ln in lines)
+
+
+def test_a_rank_that_fails_at_once_has_its_last_lines_out_before_it_ends(tmp_path: Path) -> None:
+    """The launcher reports a rank's end the moment it comes, and a pod or a Slurm step ends with it,
+    taking the tee along: a rank failing right after its tee started (before the tee's interpreter was
+    up) lost its traceback from the pod's log. The rank waits for its tee to drain before it ends."""
+    program = tmp_path / "fails.py"
+    program.write_text("raise ValueError('the last words of rank 1')\n")
+    console = tmp_path / "console.txt"
+    rank_env = {**env(), contract.LOGS_DIR: str(tmp_path / "logs"), contract.RANK_PREFIX: "1", "RANK": "1"}
+    with console.open("wb") as sink:
+        rank = subprocess.Popen(
+            [sys.executable, "-m", "torchlaunch.runner", str(program)],
+            env=rank_env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+        )
+        assert rank.wait(timeout=120) == 1
+    shown = console.read_text()  # read the moment the rank has ended: no tee may still be copying
+    assert "[rank 1] ValueError: the last words of rank 1" in shown, shown
+    logged = ranklog.log_path(tmp_path, 1).read_text()
+    assert "ValueError: the last words of rank 1" in logged, logged
 
 
 LAUNCHER = """\

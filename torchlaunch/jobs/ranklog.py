@@ -11,6 +11,9 @@ fds 1 and 2, copies each chunk to the original stdout/stderr unchanged and each 
 Being a separate process is what keeps the last lines of a rank that crashes or is killed: the tee
 drains its pipes to EOF whatever happens to the rank, and it ignores the stop signals the launcher
 sends the rank, ending only when every writer (the rank and its data loader workers) has gone.
+A rank that ends waits for its tee to have copied what it wrote (`drained`, bounded): without it the
+launcher could report the rank's end, and a container or a Slurm step end, before the rank's last
+lines reached the console (its traceback missing from `kubectl logs`), while the tee still started.
 
 What reaches the console (the launcher's terminal, a Slurm task's output file, a pod's log) is the
 launcher's `Console` choice: every rank's output unchanged (the default, as under torchrun), each line
@@ -23,6 +26,7 @@ from __future__ import annotations
 import heapq
 import os
 import re
+import select
 import selectors
 import signal
 import stat
@@ -205,28 +209,69 @@ def open_log(log: str) -> int:
     return os.open(os.devnull, os.O_WRONLY)
 
 
-def tee_main(log: str, sources: Sequence[tuple[int, int]], label: bytes = b"", show: bool = True) -> int:
+DRAINED = b"d"
+"""The tee's answer to a drain request: everything written before the request has been copied."""
+
+
+def tee_main(
+    log: str,
+    sources: Sequence[tuple[int, int]],
+    label: bytes = b"",
+    show: bool = True,
+    control: tuple[int, int] | None = None,
+) -> int:
     """Copy each (pipe read end, original fd) pair, stamped, into `log` and, when `show`, to the
-    original fd (each line starting with `label`)."""
+    original fd (each line starting with `label`). `control` (request read end, answer write end):
+    a byte on the first makes the tee copy everything readable now, then answer DRAINED."""
     # The rank decides a stop; its log must outlive it to record it. Spelled here because the tee
     # imports the standard library only: the set is torchlaunch.stop_signals' (a test compares them).
     for sig in TEE_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
     out = open_log(log)
     stampers = {src: LineStamper(out) for src, _ in sources}
+    writers = {src: ConsoleWriter(dest, label) if show else None for src, dest in sources}
+    open_sources = set(writers)
     selector = selectors.DefaultSelector()
-    for src, dest in sources:
-        selector.register(src, selectors.EVENT_READ, ConsoleWriter(dest, label) if show else None)
-    while selector.get_map():
+    for src in writers:
+        os.set_blocking(src, False)  # a drain reads until the pipe is empty, never waits on it
+        selector.register(src, selectors.EVENT_READ)
+    if control is not None:
+        selector.register(control[0], selectors.EVENT_READ)
+
+    def copy(src: int) -> bool:
+        """One chunk from `src` into the log and the console; False when nothing was there to read."""
+        try:
+            chunk = os.read(src, 65536)
+        except BlockingIOError:
+            return False
+        if not chunk:  # every writer has gone
+            selector.unregister(src)
+            open_sources.discard(src)
+            stampers[src].flush()
+            return False
+        stampers[src].feed(chunk)  # the log first: whatever reached the terminal is in the log
+        writer = writers[src]
+        if writer is not None:
+            writer.write(chunk)
+        return True
+
+    while open_sources:
         for key, _ in selector.select():
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                selector.unregister(key.fd)
-                stampers[key.fd].flush()
+            if key.fd in writers:
+                if key.fd in open_sources:
+                    copy(key.fd)
                 continue
-            stampers[key.fd].feed(chunk)  # the log first: whatever reached the terminal is in the log
-            if key.data is not None:
-                key.data.write(chunk)
+            assert control is not None
+            if not os.read(control[0], 4096):  # the rank and its forked children have all gone
+                selector.unregister(control[0])
+                continue
+            for src in list(open_sources):
+                while src in open_sources and copy(src):
+                    pass
+            try:
+                os.write(control[1], DRAINED)
+            except OSError:  # the rank stopped waiting: nothing to tell
+                pass
     os.close(out)
     return 0
 
@@ -239,6 +284,7 @@ def start_tee(path: Path, rank: int = 0, console: Console | None = None) -> subp
         sys.stdout.flush()
         sys.stderr.flush()
         pipes = [os.pipe(), os.pipe()]
+        request, answer = os.pipe(), os.pipe()
         originals = [os.dup(1), os.dup(2)]
         fds = [pipes[0][0], originals[0], pipes[1][0], originals[1]]
         child = subprocess.Popen(
@@ -249,21 +295,52 @@ def start_tee(path: Path, rank: int = 0, console: Console | None = None) -> subp
                 str(path),
                 console.label(rank).decode() or "-",
                 "1" if console.shows(rank) else "0",
+                str(request[0]),
+                str(answer[1]),
                 *map(str, fds),
             ],
-            pass_fds=fds,
+            pass_fds=[*fds, request[0], answer[1]],
             stdin=subprocess.DEVNULL,
             close_fds=True,
         )
     except OSError:
         return None
-    for fd in (pipes[0][0], pipes[1][0], *originals):
+    for fd in (pipes[0][0], pipes[1][0], *originals, request[0], answer[1]):
         os.close(fd)
     os.dup2(pipes[0][1], 1)
     os.dup2(pipes[1][1], 2)
     os.close(pipes[0][1])
     os.close(pipes[1][1])
+    global _drain_channel
+    _drain_channel = (request[1], answer[0], os.getpid())
     return child
+
+
+_drain_channel: tuple[int, int, int] | None = None
+"""(request write end, answer read end, the pid that started the tee) in a rank with a tee."""
+
+DRAIN_WAIT_S = 5.0
+"""How long a rank that ends waits for its tee: milliseconds when it runs, the bound when it is stuck
+(a console nobody reads)."""
+
+
+def drained(timeout_s: float = DRAIN_WAIT_S) -> bool:
+    """Wait until this rank's tee has copied everything the rank wrote so far to the log and the
+    console; False without a tee (or in a forked child), when the tee is gone, or past `timeout_s`."""
+    if _drain_channel is None or _drain_channel[2] != os.getpid():
+        return False
+    request, answer, _ = _drain_channel
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by the program: nothing of it left to copy
+            pass
+    try:
+        os.write(request, b"?")
+        ready, _, _ = select.select([answer], [], [], timeout_s)
+        return bool(ready) and os.read(answer, 1) == DRAINED
+    except OSError:
+        return False
 
 
 def read_lines(
@@ -314,7 +391,8 @@ def merged(run_dir: str | Path, ranks: Sequence[int] | None = None) -> Iterator[
 
 
 if __name__ == "__main__":
-    log_file, label_arg, show_arg, *fd_args = sys.argv[1:]
+    log_file, label_arg, show_arg, request_fd, answer_fd, *fd_args = sys.argv[1:]
     fds = [int(a) for a in fd_args]
     pairs = list(zip(fds[::2], fds[1::2], strict=True))
-    sys.exit(tee_main(log_file, pairs, b"" if label_arg == "-" else label_arg.encode(), show_arg == "1"))
+    label_bytes = b"" if label_arg == "-" else label_arg.encode()
+    sys.exit(tee_main(log_file, pairs, label_bytes, show_arg == "1", (int(request_fd), int(answer_fd))))
