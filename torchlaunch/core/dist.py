@@ -127,7 +127,7 @@ def teardown(ctx: DistContext, clean: bool = True) -> None:
     store = None
     if clean:
         try:
-            barrier(ctx)
+            closing_barrier(ctx)
             store = compat.default_store()
         except Exception:  # a peer already left: nothing to synchronise with
             pass
@@ -137,6 +137,31 @@ def teardown(ctx: DistContext, clean: bool = True) -> None:
         pass
     if store is not None:
         leave_after_peers(store, ctx.rank, ctx.world_size)
+
+
+HELD_TO_THE_END: list[Any] = []
+"""The closing barrier's handle, held until the process ends (see closing_barrier)."""
+
+
+def closing_barrier(ctx: DistContext) -> None:
+    """The barrier before leaving, its handle kept for the rest of the process. gloo's barrier holds
+    the collectives still in flight when it was posted (a checkpoint's all_gather_object, say) and
+    they are freed with it. Freed on gloo's worker thread, a tensor Python made needs the GIL: when
+    that thread is scheduled only after the interpreter has started finalising (a program that ends
+    right after, on a loaded machine), taking the GIL ends the thread and the process aborts
+    ("terminate called without an active exception", SIGABRT after a clean finish: 1 run in ~15 of
+    examples/custom_loop.py under torchrun here; core dump: ~AsyncBarrierWork -> ~AsyncAllgatherWork
+    -> decref_pyobject -> take_gil, pytorch#190489). Held here, they are freed by the main thread at
+    exit, never by gloo's."""
+    if not ctx.distributed:
+        return
+    if ctx.device.type == "cuda":
+        work = dist.barrier(async_op=True, device_ids=[ctx.device.index])
+    else:
+        work = dist.barrier(async_op=True)
+    if work is not None:
+        work.wait()
+        HELD_TO_THE_END.append(work)
 
 
 LEAVE_TIMEOUT_S = 30.0
