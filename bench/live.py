@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 KILL_AT = 12
 """The global step whose trace line (written as the step starts) triggers the kill."""
 STEPS = 64
+REJOIN_EPOCHS = 64
+"""The rejoin rounds' length: long enough that the survivor is still training when the restarted rank is ready."""
 
 
 def config_text(
@@ -392,7 +394,9 @@ def results(quick: bool = False, rounds: int = 3) -> list:
             on = run(here / "on", None, steps=steady_steps)
             off = run(here / "off", None, steps=steady_steps, live=False)
             peer_steady = peer_torchft.run(here / "tft-steady", None, steady_steps, 1.0)
-            rejoined = run(here / "rejoin", 1, steps=64, epochs=32, rejoin=1)
+            # 64 x 64 steps: the survivor alone runs ~500 steps/s here, so 32 epochs left it ~4 s after the
+            # kill, against the ~2-3 s a restarted rank needs to take part: it finished first 1 run in 4.
+            rejoined = run(here / "rejoin", 1, steps=64, epochs=REJOIN_EPOCHS, rejoin=1)
             for name, r in (("kill", killed), ("freeze", frozen), ("on", on), ("off", off)):
                 if r.code != 0:
                     raise RuntimeError(f"bench.live {name}: exit {r.code}\n{r.stderr[-2000:]}")
@@ -473,7 +477,7 @@ def results(quick: bool = False, rounds: int = 3) -> list:
             baseline_label="issue #37's goal (torchft 5.0 s, torchrun's restart 7.5 s there)",
             rounds=[x / 5.0 for x in f["rejoin"]],
             notes=setup + f"; the survivor's pause for the admission: median {med(f['pause']):.3f} s "
-            f"(goal <= one step + 0.5 s); 32 epochs x 64 steps, check points every 8 steps",
+            f"(goal <= one step + 0.5 s); {REJOIN_EPOCHS} epochs x 64 steps, check points every 8 steps",
         ),
         Result(
             key="live-steady",
