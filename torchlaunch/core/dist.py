@@ -149,18 +149,12 @@ def closing_barrier(ctx: DistContext) -> None:
     they are freed with it. Freed on gloo's worker thread, a tensor Python made needs the GIL: when
     that thread is scheduled only after the interpreter has started finalising (a program that ends
     right after, on a loaded machine), taking the GIL ends the thread and the process aborts
-    ("terminate called without an active exception", SIGABRT after a clean finish: 1 run in ~15 of
+    ("terminate called without an active exception", SIGABRT after a clean finish: 3 runs in ~70 of
     examples/custom_loop.py under torchrun here; core dump: ~AsyncBarrierWork -> ~AsyncAllgatherWork
     -> decref_pyobject -> take_gil, pytorch#190489). Held here, they are freed by the main thread at
     exit, never by gloo's."""
-    if not ctx.distributed:
-        return
-    if ctx.device.type == "cuda":
-        work = dist.barrier(async_op=True, device_ids=[ctx.device.index])
-    else:
-        work = dist.barrier(async_op=True)
+    work = barrier(ctx)
     if work is not None:
-        work.wait()
         HELD_TO_THE_END.append(work)
 
 
@@ -183,12 +177,15 @@ def leave_after_peers(store: Any, rank: int, world_size: int) -> None:
         pass
 
 
-def barrier(ctx: DistContext) -> None:
-    if ctx.distributed:
-        if ctx.device.type == "cuda":
-            dist.barrier(device_ids=[ctx.device.index])
-        else:
-            dist.barrier()
+def barrier(ctx: DistContext) -> Any:
+    """Wait for every rank; the finished barrier's handle (None in a single process)."""
+    if not ctx.distributed:
+        return None
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    work = dist.barrier(async_op=True, device_ids=device_ids)
+    if work is not None:
+        work.wait()
+    return work
 
 
 def _all_reduce(ctx: DistContext, values: list[float], op: dist.ReduceOp) -> list[float]:
