@@ -19,6 +19,7 @@ heartbeat_timeout_s, 1 s by default); the process group is re-formed in ~1 ms; t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.slow_node import SlowNode
 
 REPO = Path(__file__).resolve().parents[1]
 KILL_AT = 12
@@ -208,6 +211,7 @@ def run(
     every_steps: int = 0,
     save_stall_s: float = 0.0,
     kill_in_stop_commit: int | None = None,
+    slow_survivor: float | None = None,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
     freezes it) once its trace reaches `kill_at`, and
@@ -219,7 +223,10 @@ def run(
     `save_stall_s`: each commit from step 16 on holds that long (TORCHLAUNCH_FAULT_SAVE_STALL_S), so a
     loss can land while one is in flight. `kill_in_stop_commit` (with `stop_at` and `save_stall_s`):
     SIGKILL that rank once the stop's checkpoint is provably being written (the stall's STALLING file
-    names its pid): a peer lost during a whole-job stop."""
+    names its pid): a peer lost during a whole-job stop. `slow_survivor` (with `victim`): from the kill
+    until a rank started again has joined, the survivor runs only that share of the CPU (bench.slow_node:
+    a step as long against a rank's start-up as a real job's, so the rejoin under test happens on any
+    box; the figures of this benchmark are measured without it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
     recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin, every_steps))
@@ -268,24 +275,50 @@ def run(
                 os.kill(pid_of(run_dir, victim), victim_signal)
                 killed_at = time.time()
             time.sleep(0.005)
-        from torchlaunch.core.recovery.group import join_requests
-
-        lost = {survivor_pid}
-        while kill_joiner and killed_at is not None and proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the rank started again never asked to join")
-            if join_requests(run_dir / "live"):
-                joiner = [pid for pid in rank_pids(proc.pid) if pid not in lost]
-                if joiner:
-                    os.kill(joiner[0], signal.SIGKILL)
-                    break
-            time.sleep(0.005)
-        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        with contextlib.ExitStack() as slowed:
+            if slow_survivor is not None and survivor_pid is not None:
+                slowed.enter_context(held_until_joined(run_dir, survivor_pid, slow_survivor))
+            kill_the_joiner(run_dir, proc, kill_joiner and killed_at is not None, {survivor_pid}, deadline)
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     except BaseException:
         proc.kill()
         proc.communicate()
         raise
     return LiveRun(run_dir, proc.returncode, out, killed_at, survivor_pid, restarted)
+
+
+def kill_the_joiner(
+    run_dir: Path, proc: subprocess.Popen, wanted: bool, survivors: set[int | None], deadline: float
+) -> None:
+    """SIGKILL the rank started again once it has asked to join (RUN_DIR/live/join-*), if `wanted`."""
+    from torchlaunch.core.recovery.group import join_requests
+
+    while wanted and proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the rank started again never asked to join")
+        if join_requests(run_dir / "live"):
+            joiner = [pid for pid in rank_pids(proc.pid) if pid not in survivors]
+            if joiner:
+                os.kill(joiner[0], signal.SIGKILL)
+                return
+        time.sleep(0.005)
+
+
+def has_joined(run_dir: Path) -> bool:
+    """A rank started again has joined the live group (its `joined` event is written)."""
+    for path in (run_dir / "live").glob("events-rank*.jsonl"):
+        with contextlib.suppress(OSError):
+            if '"event": "joined"' in path.read_text():
+                return True
+    return False
+
+
+def held_until_joined(run_dir: Path, survivor_pid: int, share: float) -> SlowNode:
+    """The survivor (its rank process and loader workers) slowed to `share` of the CPU until a rank
+    started again has joined."""
+    from torchlaunch import pdeath
+
+    return SlowNode(lambda: [survivor_pid, *pdeath.descendants(survivor_pid)], share, until=lambda: has_joined(run_dir))
 
 
 def images_per_s(run_dir: Path, skip: int = 2) -> float:

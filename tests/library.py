@@ -101,6 +101,10 @@ def _live(run_dir: Path) -> subprocess.CompletedProcess:
 
 
 LIVE_LONG_EPOCHS = 48
+SURVIVOR_SHARE = 0.2
+"""The CPU share the rejoin tests leave the survivors from the loss until the rank started again has
+joined (bench.slow_node): ~3,000 survivor steps take ~5 s on a fast box, about the time of two rank
+start-ups; at a fifth of the CPU they take ~25 s, whatever the box, and the joiner is in well before."""
 
 RECIPES: dict[str, Callable[[Path], subprocess.CompletedProcess]] = {
     "resume": _resume,

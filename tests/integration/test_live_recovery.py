@@ -22,7 +22,7 @@ import torch
 
 from bench import live
 from tests.conftest import launcher_argv, run_cmd
-from tests.library import LIVE_LONG_EPOCHS, RunLibrary
+from tests.library import LIVE_LONG_EPOCHS, SURVIVOR_SHARE, RunLibrary
 from torchlaunch import contract
 from torchlaunch.core.recovery.pulse import BEATS_PER_BOUND
 from torchlaunch.core.sampler import BatchPlan
@@ -173,7 +173,9 @@ def test_a_lost_rank_started_again_rejoins_with_a_live_peers_state(run_library: 
     not compared: over ~3,000 steps the float summation order of 2 -> 1 -> 2 ranks grows into
     visible differences, as it does for 2 -> 1 alone; the digest proves the joiner took the state.)"""
     reference = run_library.path("live-long")
-    result = live.run(tmp_path / "run", victim=1, rejoin=1, steps=64, epochs=LIVE_LONG_EPOCHS)
+    result = live.run(
+        tmp_path / "run", victim=1, rejoin=1, steps=64, epochs=LIVE_LONG_EPOCHS, slow_survivor=SURVIVOR_SHARE
+    )
     out = result.stderr
     assert result.code == 0, out[-3000:]
     assert "live: rank 1 lost (SIGKILL); started again to rejoin the others (attempt 1 of 1)" in out
@@ -352,7 +354,15 @@ def test_a_rejoin_that_fails_half_way_costs_the_survivor_nothing(run_library: Ru
     time, and that one joins with the survivor's state. Every global step's samples, crops and flips
     are the uninterrupted run's."""
     reference = run_library.path("live-long")
-    result = live.run(tmp_path / "run", victim=1, rejoin=2, kill_joiner=True, steps=64, epochs=LIVE_LONG_EPOCHS)
+    result = live.run(
+        tmp_path / "run",
+        victim=1,
+        rejoin=2,
+        kill_joiner=True,
+        steps=64,
+        epochs=LIVE_LONG_EPOCHS,
+        slow_survivor=SURVIVOR_SHARE,
+    )
     out = result.stderr
     assert result.code == 0, out[-3000:]
     assert "started again to rejoin the others (attempt 1 of 2)" in out, out[-3000:]
