@@ -277,7 +277,7 @@ def run(
             time.sleep(0.005)
         with contextlib.ExitStack() as slowed:
             if slow_survivor is not None and survivor_pid is not None:
-                slowed.enter_context(held_until_joined(run_dir, survivor_pid, slow_survivor))
+                slowed.enter_context(held_until_joined(run_dir, [survivor_pid], slow_survivor))
             kill_the_joiner(run_dir, proc, kill_joiner and killed_at is not None, {survivor_pid}, deadline)
             out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     except BaseException:
@@ -313,12 +313,10 @@ def has_joined(run_dir: Path) -> bool:
     return False
 
 
-def held_until_joined(run_dir: Path, survivor_pid: int, share: float) -> SlowNode:
-    """The survivor (its rank process and loader workers) slowed to `share` of the CPU until a rank
-    started again has joined."""
-    from torchlaunch import pdeath
-
-    return SlowNode(lambda: [survivor_pid, *pdeath.descendants(survivor_pid)], share, until=lambda: has_joined(run_dir))
+def held_until_joined(run_dir: Path, roots: list[int], share: float) -> SlowNode:
+    """The processes `roots` (rank processes, with their loader workers) slowed to `share` of the CPU
+    until a rank started again has joined."""
+    return SlowNode(lambda: roots, share, until=lambda: has_joined(run_dir))
 
 
 def images_per_s(run_dir: Path, skip: int = 2) -> float:

@@ -19,25 +19,27 @@ import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
+from torchlaunch import pdeath
+
 TURN_S = 0.05
 """One stop + run cycle: short against the heartbeat bound (1 s) and the peer watch."""
 
 
 class SlowNode:
-    """While entered (and until `until()` says so), the processes `pids()` names (asked again each turn,
-    so loader workers started later are held too) run `share` of each TURN_S and are stopped the rest.
-    Every process stopped is continued on leaving, whatever happened."""
+    """While entered (and until `until()` says so), the process trees under `roots()` (read again each
+    turn, so loader workers started later are held too) run `share` of each TURN_S and are stopped the
+    rest. Every process stopped is continued on leaving, whatever happened."""
 
     def __init__(
         self,
-        pids: Callable[[], Iterable[int]],
+        roots: Callable[[], Iterable[int]],
         share: float = 0.2,
         until: Callable[[], bool] = lambda: False,
         turn_s: float = TURN_S,
     ) -> None:
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share must be in (0, 1], got {share!r}")
-        self.pids, self.share, self.until, self.turn_s = pids, share, until, turn_s
+        self.roots, self.share, self.until, self.turn_s = roots, share, until, turn_s
         self.turns = 0
         """Turns in which at least one process was held (a test can check the slowing took place)."""
         self._done = threading.Event()
@@ -57,21 +59,18 @@ class SlowNode:
         ever: set[int] = set()
         try:
             while not self._done.is_set() and not self.until():
-                held = {pid for pid in self.pids() if _signal(pid, signal.SIGSTOP)}
-                ever |= held
+                held = [pid for root in self.roots() for pid in pdeath.kill_tree(root, signal.SIGSTOP)]
+                ever.update(held)
                 self.turns += bool(held)
                 self._done.wait(self.turn_s * (1.0 - self.share))
-                for pid in held:
-                    _signal(pid, signal.SIGCONT)
+                _continue(held)
                 self._done.wait(self.turn_s * self.share)
         finally:
-            for pid in ever:
-                _signal(pid, signal.SIGCONT)
+            _continue(ever)
 
 
-def _signal(pid: int, sig: signal.Signals) -> bool:
-    """Send `sig`; False where the process is gone (or not ours)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-        return True
-    return False
+def _continue(pids: Iterable[int]) -> None:
+    """SIGCONT each process stopped (by pid: one whose parent died meanwhile is no longer in its tree)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)

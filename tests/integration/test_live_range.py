@@ -29,7 +29,6 @@ import pytest
 import torch
 
 from bench import live
-from bench.slow_node import SlowNode
 from tests.conftest import REPO, child_env, free_port, launcher_argv, lighthouse_serving, run_cmd
 from tests.integration.test_live_recovery import TOLERANCE, step_samples
 from tests.library import LIVE_LONG_EPOCHS, SURVIVOR_SHARE, RunLibrary
@@ -188,12 +187,7 @@ def test_a_node_started_after_the_first_group_formed_joins_it(
     job = Job(tmp_path, "1:2", lighthouse, epochs=LATE_EPOCHS)
     first = job.start(0)
     wait_for("node 0's first group", lambda: job.generation() >= 1 and job.trace(0) >= 1, [first])
-    node0 = live.rank_pids(first.pid)
-    with SlowNode(
-        lambda: [*node0, *(c for pid in node0 for c in pdeath.descendants(pid))],
-        SURVIVOR_SHARE,
-        until=lambda: live.has_joined(job.run_dir),
-    ) as slowed:
+    with live.held_until_joined(job.run_dir, live.rank_pids(first.pid), SURVIVOR_SHARE) as slowed:
         late = job.start(1)
         (code0, out0), (code1, out1) = finish([first, late])
     assert slowed.turns > 0, "node 0 was never slowed"
