@@ -110,7 +110,10 @@ def test_the_batch_shell_passes_a_stop_on_to_srun_and_waits(sent: str, seen: str
     fake.write_text(
         "#!/bin/bash\n"
         + "".join(f"trap 'echo {s} > {tmp_path}/got; exit 75' {s}\n" for s in ("TERM", "USR1", "USR2"))
-        + f"touch {ready}\nfor _ in $(seq 1200); do sleep 0.05; done\n"  # bounded: never left behind
+        # One line, no `$(...)`: bash 5.2 parses a whole line before running it, and a trap that runs while
+        # it parses a command substitution fails ("unexpected EOF while looking for matching `)'") and the
+        # stand-in sleeps on (2 of 300 runs here with `$(seq 1200)` on the line after the touch).
+        + f"touch {ready}; for _ in {{1..1200}}; do sleep 0.05; done\n"  # bounded: never left behind
     )
     fake.chmod(0o755)
     script = tmp_path / "job.sh"
