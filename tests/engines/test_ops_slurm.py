@@ -26,8 +26,8 @@ from torchlaunch.jobs import record
 from torchlaunch.backends.slurm import proof as slurm_proof
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 run = sys.argv[1]
+slurm_proof.claim_slurm_job(os.environ["SLURM_JOB_ID"], run)  # before the record, as jobs.launcher.Operation.start
 rec = record.start(run, scheduler="slurm", command=sys.argv, job_id=os.environ["SLURM_JOB_ID"], launch_id="SL1")
-slurm_proof.claim_slurm_job(rec.job_id, run)  # as jobs.launcher.Operation.start does in a job
 signal.sigwait({signal.SIGTERM})
 outcome = "cancelled" if record.cancel_requested(run, rec.launch_id) else "preempted"
 record.finish(run, rec, 75, outcome, "checkpoint committed on SIGTERM")

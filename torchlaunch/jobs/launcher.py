@@ -78,11 +78,13 @@ class Operation:
         }
 
     def start(self, on_hang: OnHang | None = None) -> record.JobRecord:
-        """Record the launch; with `on_hang` (usually watchdog.kill_ranks), watch the node's ranks."""
+        """Record the launch; with `on_hang` (usually watchdog.kill_ranks), watch the node's ranks. The job
+        is bound to the run dir (the scheduler's claim, which lets `cancel` prove the job is this run's)
+        before the record names it: a `cancel` that finds the record can then prove the job at once."""
+        backend, job_id = schedulers.get(str(self._args["scheduler"])), self._args["job_id"]
+        if backend is not None and job_id and self._args["node_rank"] == 0:
+            backend.claim(str(job_id), self.run_dir)
         self.record = record.start(self.run_dir, **self._args, token=self.token)  # type: ignore[arg-type]
-        backend = schedulers.get(self.record.scheduler)
-        if backend is not None and self.record.job_id and self.record.node_rank == 0:
-            backend.claim(self.record.job_id, self.run_dir)  # lets `cancel` prove the job is this run's
         if on_hang is not None and self.hang_timeout != 0:
 
             def hung(verdict: watchdog.Verdict, folder: Path, beats: list[progress.RankBeat]) -> None:
