@@ -360,3 +360,48 @@ def test_a_chain_record_is_untrusted_data(tmp_path: Path) -> None:
     assert chain.read(tmp_path, "500") is None
     path.write_bytes(b'{"job": "500", "successor": "\xff\xfe"}')  # not UTF-8
     assert chain.read(tmp_path, "500") in (None, chain.Chain("500"))
+
+
+def test_end_leaves_a_successor_that_is_not_proven_this_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A forged chain.json naming a foreign job as the successor: the batch script's end step proves it
+    as `launch cancel` does before any scancel, and leaves a job that is not this run's alone."""
+    cluster = Cluster(monkeypatch)
+    chain.write(tmp_path, chain.Chain("500", successor="777", launch="500-0"))
+    cluster.states["777"] = "RUNNING"
+    asked: list[tuple[str, str]] = []
+
+    def not_ours(job: str, run_dir: str) -> str:
+        asked.append((job, str(run_dir)))
+        return "its output goes to /elsewhere/out"
+
+    monkeypatch.setattr(operate.slurm_proof, "slurm_job", not_ours)
+    assert chain.end(str(tmp_path), 0, env_of("500")) == 0
+    assert cluster.cancelled == [] and asked == [("777", str(tmp_path))]
+    assert "job 777 left alone: recorded as job 500's successor, but its output goes to" in capsys.readouterr().out
+    assert chain.read(tmp_path, "500").code == 0  # type: ignore[union-attr]
+
+
+def test_a_job_is_proven_by_its_own_folder_not_by_any_output_below_the_run_dir(tmp_path: Path) -> None:
+    """Output in RUN_DIR/slurm/JOB/ (the folder launch.slurm gives the job, %j as squeue may print it) or
+    the run's comment proves a job; output anywhere else below the run dir does not: a record forged in a
+    parent folder of another run (or of a foreign job's output) would otherwise prove that run's jobs."""
+    from torchlaunch.backends.slurm import proof
+
+    parent = tmp_path / "runs"
+    victim = parent / "victim"
+    assert proof.proven("42", f"{parent}/slurm/42/42_0_log.out", "", parent) is None
+    assert proof.proven("42", f"{parent}/slurm/%j/%j_0_log.out", "(null)", parent) is None
+    assert proof.proven("42", "/elsewhere/out", proof.slurm_comment(parent), parent) is None
+    for stdout in (
+        f"{victim}/slurm/42/42_0_log.out",  # another run's live job, below a record forged in its parent
+        f"{victim}/slurm/%j/%j_0_log.out",
+        f"{parent}/foreign-42.out",  # a foreign `sbatch --wrap` job writing below the parent folder
+        f"{parent}/slurm/43/43_0_log.out",  # another job's folder
+        f"{parent}/slurm/42/../../x/42_0_log.out",
+        "",
+    ):
+        why = proof.proven("42", stdout, "", parent)
+        assert why is not None and f"not to {parent}/slurm/42/" in why, stdout
+    assert proof.proven("42", f"{victim}/slurm/42/42_0_log.out", "", victim) is None  # its own run dir proves it

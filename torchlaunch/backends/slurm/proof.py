@@ -1,9 +1,11 @@
-"""Proof that a Slurm job is this run's, before `cancel` scancels it (torchlaunch.jobs.proof says why a
-record is only a claim): the job names this run dir itself, in what only its owner can set. Its standard
-output (squeue's StdOut, which launch.slurm puts under RUN_DIR/slurm/) lies inside the run dir, or its
+"""Proof that a Slurm job is this run's, before `cancel` or the successor chain scancels it
+(torchlaunch.jobs.proof says why a record is only a claim): the job names this run dir itself, in what
+only its owner can set. Its standard output (squeue's StdOut) is in the folder launch.slurm gives each
+job, RUN_DIR/slurm/JOB/ (JOB its own id, or the `%j` pattern squeue may print unexpanded), or its
 comment is `torchlaunch:run=<digest of the run dir's real path>`, which a launcher running inside a job
 (a user's own sbatch script) sets at start. A forged record in run dir X naming a job of run dir V fails
-both: the job's output and comment name V.
+both: the job's output and comment name V. Output merely somewhere below the run dir proves nothing: a
+record forged in a parent folder of V (or of any job's output) would otherwise "prove" V's jobs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from torchlaunch import rundir
 from torchlaunch.jobs.proof import digest
 
 QUERY_TIMEOUT_S = 20
@@ -57,12 +60,25 @@ def slurm_job(job_id: str, run_dir: str | os.PathLike[str]) -> str | None:
     if done.returncode != 0 or not out:
         return "squeue does not know the job (ended, or not this cluster's)"
     line = out[0]
-    stdout, comment = line[:4096].strip(), line[4096:].strip()
+    return proven(job_id, line[:4096].strip(), line[4096:].strip(), run_dir)
+
+
+JOB_FOLDER_PATTERNS = ("%j", "%A")
+"""The job folder's name as squeue may print it, the sbatch --output pattern unexpanded (Slurm 22.05)."""
+
+
+def proven(job_id: str, stdout: str, comment: str, run_dir: str | os.PathLike[str]) -> str | None:
+    """None when a job with this output path and comment is `run_dir`'s, else why not (pure but for
+    resolving paths): its comment binds it, or its output file lies in RUN_DIR/slurm/JOB/ itself."""
     if comment == slurm_comment(run_dir):
         return None
     root = Path(run_dir).resolve()
+    base = job_id.split("_")[0]
     try:
-        inside = Path(stdout).resolve().is_relative_to(root)
-    except (OSError, ValueError):
-        inside = False
-    return None if inside else f"its output goes to {stdout[:200]}, not under {root} (the record is not this run's)"
+        folder = Path(stdout).resolve().parent
+        here = folder.parent == rundir.slurm(root).resolve() and folder.name in (job_id, base, *JOB_FOLDER_PATTERNS)
+    except (OSError, ValueError, RuntimeError):
+        here = False
+    if here and stdout:
+        return None
+    return f"its output goes to {stdout[:200]}, not to {rundir.slurm(root)}/{job_id}/ (the record is not this run's)"

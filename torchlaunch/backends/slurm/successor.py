@@ -17,7 +17,9 @@ What Slurm 22.05 does with it, measured on the dev cluster (docs/SLURM.md "Live 
 Only the first of the last group is a loss. So two guards keep a successor to the batch host's loss:
 
 1. The batch script that lives to its end records its code (`end`, from the srun wrapper) and cancels its
-   successor unless its job was requeued: the run ends with that code, as it did before.
+   successor unless its job was requeued: the run ends with that code, as it did before. The record is only
+   a claim (anyone who can write the run dir can name any job): the successor is scancelled only once Slurm
+   says it is this run's (backends.slurm.proof, as `launch cancel`).
 2. The successor's first act (`start`, before its srun) reads its predecessor's record and Slurm's word
    for it, and goes on only when the predecessor was lost (`lost`: its batch script never recorded an
    end, and Slurm says FAILED or NODE_FAIL, and no cancel was asked for); otherwise it exits 0 at once,
@@ -367,6 +369,12 @@ def end(run_dir: str, code: int, env: Mapping[str, str] | None = None) -> int:
         run_dir, replace(mine, launch=f"{job}-{env.get(contract.SLURM_RESTART_COUNT) or 0}", code=code, requeued=again)
     )
     if mine.successor is None or again:
+        return 0
+    from torchlaunch.backends.slurm import proof
+
+    why = proof.slurm_job(mine.successor, run_dir)  # the record is a claim: prove it as `launch cancel` does
+    if why is not None:
+        print(f"{PREFIX}job {mine.successor} left alone: recorded as job {job}'s successor, but {why}", flush=True)
         return 0
     if cancel(mine.successor):
         ended = "finished" if code == 0 else f"ended with code {code}, its batch host alive"
