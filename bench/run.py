@@ -240,6 +240,8 @@ def render(doc: dict) -> str:
     t = doc.get("tta")
     lines += ["## Time to accuracy: configs/fast.yaml, 2 CPU processes", ""]
     if t:
+        cpu = t.get("cpu") or "not recorded (2026-11-30: a CPU with fast bf16, the recipe's then-fixed precision)"
+        chosen = f"{t['precision']} ({t.get('precision_why')})" if t.get("precision") else "bf16, fixed then"
         curve = " | ".join(
             f"{c['epoch']}: {100 * c['val_acc']:.2f}%{' (TTA)' if c.get('tta') else ''} @ {c['elapsed_s']:.0f} s"
             for c in t["curve"]
@@ -247,6 +249,7 @@ def render(doc: dict) -> str:
         lines += [
             f"- command: `{t['argv']}` (via `{t['command']}`), recorded {t['recorded_at']}, load average "
             f"{t['load_average_before']} before / {t['load_average_after']} after",
+            f"- CPU {cpu}; precision {chosen}",
             f"- wall time {t['wall_s']:.0f} s (process start to exit), median {t['median_images_per_s']:.0f} "
             f"images/s over 2 processes; final validation top-1 **{100 * t['final_val_acc']:.2f}%** on the "
             f"seeded 5,000-image split",

@@ -1,5 +1,6 @@
 """Time to accuracy: configs/fast.yaml on the shared CIFAR-10 JPEG copy (its seeded 10% validation
-split), 2 CPU processes through python -m launch.local. Expensive (tens of minutes on 2 cores), so it
+split), 2 CPU processes through python -m launch.local, with the precision the recipe's `auto` measured
+on whatever CPU runs it (issue 58): the record names that CPU and that precision. Expensive (tens of minutes on 2 cores), so it
 runs only with --full; the default mode reports the last recorded run from docs/bench-tta.json."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, load_average, unpacked_cifar
+from torchlaunch.worker.precision import cpu_model, read_json
 
 RECORD = REPO / "docs" / "bench-tta.json"
 COMMAND = "python -m bench.run --full --only tta"
@@ -58,7 +60,11 @@ def run_full(work: Path | None = None, overrides: tuple[str, ...] = (), record: 
     ]
     rates = [r["images_per_s"] for r in lines if "images_per_s" in r]
     reached = next((c for c in curve if c["val_acc"] >= GOAL), None)
+    chosen = read_json(run_dir / "precision.json")  # the recipe's `auto`: what this CPU was measured to run faster
     result = {
+        "cpu": cpu_model(),
+        "precision": chosen.get("precision") if isinstance(chosen, dict) else None,
+        "precision_why": chosen.get("why") if isinstance(chosen, dict) else None,
         "command": COMMAND,
         "argv": " ".join(["python", *argv[1:]]),
         "wall_s": wall,

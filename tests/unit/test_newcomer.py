@@ -124,6 +124,45 @@ def test_choice_prefers_fp32_unless_bf16_is_clearly_faster() -> None:
     assert precision.Rates(fp32=259.0, bf16=182.0, batch=8).choice == "fp32"
 
 
+def test_a_cpu_without_fast_bf16_trains_the_fast_recipe_in_fp32_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 58: fast.yaml hard-coded bf16, emulated ~16x slower on a CPU without bf16 instructions. Its
+    auto choice follows the measurement; bf16 set by hand there says so in one line with the figures."""
+    from torchlaunch import config
+
+    emulated = precision.Rates(fp32=99.0, bf16=6.0, batch=32)  # issue 58's AMD EPYC, fastnet, batch 32
+    monkeypatch.setattr(precision, "measure_rates", lambda *a, **k: emulated)
+    cfg = config.load(REPO / "configs" / "fast.yaml", [f"data.cache_dir={tmp_path / 'cache'}"])
+    assert cfg.train.precision == "auto"
+    shape = ("fastnet", cfg.model.width, 10, 32, cfg.train.micro_batch_size, cfg.train.channels_last)
+    assert precision.choose_for_run(tmp_path / "run", tmp_path / "cache", *shape)[0] == "fp32"
+    cfg.train.precision = "bf16"
+    line = precision.check_hand_set(cfg, 10, 32, cfg.train.micro_batch_size)
+    assert line is not None and "\n" not in line and "16x slower than fp32" in line
+    assert "bf16 6 vs fp32 99 images/s" in line and "train.precision=auto" in line
+    cfg.train.precision = "fp32"  # the exact choice, here the fast one: nothing to say
+    assert precision.check_hand_set(cfg, 10, 32, cfg.train.micro_batch_size) is None
+    quick = {"precision": "bf16", "rates": {"fp32": 100.0, "bf16": 150.0, "batch": 32}, "cpu": "x"}
+    assert precision.hand_set_note(quick, "fp32", "fastnet") is None  # 1.5x is not "several times"
+    quick["rates"]["bf16"] = 300.0
+    assert "fp32 trains 3x slower than bf16 on x" in (precision.hand_set_note(quick, "fp32", "fastnet") or "")
+
+
+def test_every_shipped_recipe_measures_its_precision_or_says_why_not() -> None:
+    """Issue 58: a recipe fits the machine it runs on: precision auto, or a fixed one with its reason on the line."""
+    from torchlaunch import config
+
+    recipes = sorted((REPO / "configs").glob("*.yaml"))
+    assert len(recipes) >= 5
+    for recipe in recipes:
+        cfg = config.load(recipe, [])
+        if cfg.train.precision == "auto":
+            continue
+        line = next(ln for ln in recipe.read_text().splitlines() if ln.strip().startswith("precision:"))
+        assert "# why:" in line and len(line.split("# why:", 1)[1].strip()) > 20, f"{recipe.name}: {line}"
+
+
 def test_bench_states_the_cpu_beside_every_figure() -> None:
     from bench import run as bench_run
 

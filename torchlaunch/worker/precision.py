@@ -7,6 +7,10 @@ the cache dir keyed by CPU model, torch version, threads and model shape, and re
 RUN_DIR/precision.json: a resumed run reads that record, never the cache, so it keeps the precision
 it started with (exact resume) even when the cache is rewritten or deleted.
 
+A precision set by hand stands, but one this machine trains SLOW_FACTOR times slower than the other is
+named in one line at start with the figures (issue 58: a recipe's fixed bf16 ran 16x slower than fp32 on
+a CPU without bf16 instructions, and nothing said so).
+
 fp16 on CPU is emulated (~17x slower than bf16 on the smoke recipe): refused with a one-line fix.
 The top of this module imports no torch, so launchers can use the messages before spawning.
 """
@@ -38,6 +42,9 @@ FP32_MARGIN = 1.05
 """bf16 must beat fp32 by 5% to be picked: within noise, fp32 is the more exact choice."""
 MEASURE_BATCH_CAP = 32
 """Timed steps use the run's micro-batch up to this size, keeping the measurement near a second."""
+SLOW_FACTOR = 2.0
+"""A precision set by hand that trains this many times slower than the other is named at start (issue 58:
+a recipe's bf16 on a CPU without bf16 instructions ran 16x slower than fp32, silently)."""
 
 
 def cpu_model() -> str:
@@ -213,6 +220,45 @@ def choose_for_run(
     )
 
 
+def hand_set_note(record: dict[str, Any], hand_set: str, model_name: str) -> str | None:
+    """The one start-up line for a precision set by hand that this machine trains SLOW_FACTOR times slower
+    than the other (from a measurement record's rates), or None: the user's choice stands, but says its cost."""
+    rates = record.get("rates")
+    if not isinstance(rates, dict) or hand_set not in ("bf16", "fp32"):
+        return None
+    other = "fp32" if hand_set == "bf16" else "bf16"
+    mine, theirs = float(rates.get(hand_set) or 0.0), float(rates.get(other) or 0.0)
+    if mine <= 0.0 or theirs < mine * SLOW_FACTOR:
+        return None
+    return (
+        f"note: train.precision={hand_set} trains {theirs / mine:.0f}x slower than {other} on "
+        f"{record.get('cpu', cpu_model())} (bf16 {float(rates.get('bf16') or 0):.0f} vs fp32 "
+        f"{float(rates.get('fp32') or 0):.0f} images/s, {model_name}, batch {rates.get('batch')}): "
+        f"train.precision=auto picks the faster one"
+    )
+
+
+def check_hand_set(cfg: RunConfig, num_classes: int, image_size: int, micro_batch: int) -> str | None:
+    """hand_set_note for a CPU run's bf16 set by hand, measured once per machine and model through the same
+    cache as `auto` (emulated bf16 is the case that costs several times; fp32 set by hand is only checked
+    against a measurement the cache already holds, so the exact choice never pays for a measurement)."""
+    import torch
+
+    hand_set = cfg.train.precision
+    batch = max(1, min(micro_batch, MEASURE_BATCH_CAP))
+    shape = (cfg.model.name, cfg.model.width, num_classes, image_size, batch, cfg.train.channels_last)
+    key = cache_key(*shape, torch.get_num_threads())
+    cache_dir = Path(cfg.data.cache_dir).expanduser()
+    if hand_set == "fp32":
+        entries = read_json(cache_dir / CACHE_FILE)
+        record = entries.get(key) if isinstance(entries, dict) else None
+    else:
+        record, _ = cached_or_measured(
+            cache_dir, key, lambda: measure_rates(shape[0], num_classes, shape[1], image_size, batch, shape[5])
+        )
+    return hand_set_note(record, hand_set, cfg.model.name) if isinstance(record, dict) else None
+
+
 def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -238,17 +284,21 @@ def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> st
     `auto` in cfg, so every checkpoint's config names it. CUDA: bf16 must be supported."""
     import torch
 
-    from torchlaunch.core.dist import broadcast_object
+    from torchlaunch.core.dist import broadcast_json
 
     refuse_fp16_on_cpu(cfg.train.precision, ctx.device.type == "cpu")
+    micro = cfg.train.micro_batch_size or max(1, cfg.train.batch_size // ctx.world_size)
     if cfg.train.precision != "auto" or ctx.device.type != "cpu":
         chosen = resolve_precision(cfg.train.precision, ctx.device)
         if chosen == "bf16" and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError("train.precision", "this GPU has no bf16 support", "use fp16 or fp32")
+        if ctx.is_main and ctx.device.type == "cpu":
+            slow = check_hand_set(cfg, data.num_classes, data.image_size, micro)
+            if slow:
+                note(slow)
         return chosen
     choice, line = None, ""
     if ctx.is_main:
-        micro = cfg.train.micro_batch_size or max(1, cfg.train.batch_size // ctx.world_size)
         choice, line = choose_for_run(
             Path(cfg.run_dir),
             Path(cfg.data.cache_dir).expanduser(),
@@ -260,7 +310,7 @@ def training_precision(cfg: RunConfig, ctx: DistContext, data: DataBundle) -> st
             cfg.train.channels_last,
         )
         note(line)
-    chosen = str(broadcast_object(ctx, choice))
+    chosen = str(broadcast_json(ctx, choice, kinds=(str,)))
     cfg.train.precision = chosen  # checkpoints then record it: evaluation validates the same way
     return chosen
 
