@@ -60,9 +60,9 @@ def test_cifar_round_trip_and_resize(cifar_subset: Path, tmp_path: Path) -> None
     re-encoded with its long side at 16."""
     out = tmp_path / "cifar"
     assert shards_main(["write", "--from", str(cifar_subset), "--out", str(out), "--shard-size-mb", "0.1"]) == 0
-    ss = ShardSet.open(out)
-    assert len(ss) == 300 and len(ss.classes) == 10
-    got = sorted((ss.read(i), ss.classes[int(ss.labels[i])]) for i in range(len(ss)))
+    splits = [ShardSet.open(out), ShardSet.open(out / "val")]  # 2% held out by default (issue 51 item 6)
+    assert [len(ss) for ss in splits] == [294, 6] and all(len(ss.classes) == 10 for ss in splits)
+    got = sorted((ss.read(i), ss.classes[int(ss.labels[i])]) for ss in splits for i in range(len(ss)))
     assert got == source_samples(cifar_subset)
     small = tmp_path / "small"
     write(cifar_subset, small, max_side=16, quality=80, shard_size_mb=1)

@@ -135,7 +135,7 @@ def test_the_shard_writer_never_writes_or_deletes_through_a_linked_split_folder(
     file: the rerun overwrote the shard and deleted the file there; now one line, exit 2."""
     src = class_folders(tmp_path / "src")
     out = tmp_path / "out"
-    assert shards_main(["write", "--from", str(src), "--out", str(out)]) == 0
+    assert shards_main(["write", "--from", str(src), "--out", str(out), "--workers", "1"]) == 0
     outside, files = victim_folder(tmp_path)
     foreign = b"a foreign shard" * 100
     (outside / "train-000000.tar").write_bytes(foreign)
@@ -145,7 +145,7 @@ def test_the_shard_writer_never_writes_or_deletes_through_a_linked_split_folder(
     (out / "train").symlink_to(outside, target_is_directory=True)
     plan = (out / ".write-plan.json").read_bytes()
     capsys.readouterr()
-    code = shards_main(["write", "--from", str(src), "--out", str(out)])
+    code = shards_main(["write", "--from", str(src), "--out", str(out), "--workers", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == BAD_INPUT and len(err) == 1 and err[0].startswith("shards error: "), err
     assert "train' is a symlink to" in err[0]

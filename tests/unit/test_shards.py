@@ -284,3 +284,32 @@ def test_a_rerun_with_other_options_is_refused(mixed: Path, written: Path, capsy
     assert rc == 2 and lines == [
         f"shards error: {written} holds a write with other sources or options (use another --out, or delete {written})"
     ]
+
+
+def test_the_writer_holds_out_a_val_split_by_default_and_a_set_without_one_names_the_fix(
+    mixed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 51 item 6: `write --from --out` alone wrote no val/, which training refused with "point
+    data.root at the folder train.shards write wrote" (it was). Now it holds out 2% (seeded) and says so;
+    a set without val/ names --val-fraction."""
+    from torchlaunch.data.formats.shards import check_shards
+
+    out = tmp_path / "set"
+    assert shards_main(["write", "--from", str(mixed), "--out", str(out), "--workers", "1"]) == 0
+    assert "held out 2% of --from" in capsys.readouterr().err
+    check_shards(out)  # what the launcher and training check: train/ and val/, same classes
+    assert len(ShardSet.open(out / "val")) == 1 and len(ShardSet.open(out / "train")) == 3 * 19 - 1  # round(1.14)
+    bare = tmp_path / "bare"
+    write(mixed, bare, shard_size_mb=1)  # the writer's API without a split (other tools' sets look the same)
+    with pytest.raises(ShardError) as e:
+        check_shards(bare)
+    assert "has no val/ split" in str(e.value) and "--val-fraction" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_writer_option_has_help_text() -> None:
+    from torchlaunch.data.shards.cli import parser
+
+    write_parser = parser()._subparsers._group_actions[0].choices["write"]
+    for action in write_parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help and len(action.help) > 15, action.option_strings

@@ -65,6 +65,12 @@ def list_folder(folder: Path) -> list[os.DirEntry]:
         with os.scandir(folder) as entries:
             return list(entries)
     except FileNotFoundError:
+        if folder.name == "val" and os.path.isdir(folder.parent / "train"):  # a set written with no val split
+            raise ShardError(
+                f"shard set {folder.parent} has no val/ split",
+                "write it with one: python -m train.shards write --from CLASS_FOLDERS --out DIR --val-fraction 0.02 "
+                "(or --val-from VAL_CLASS_FOLDERS)",
+            ) from None
         raise ShardError(
             f"shard folder {folder} does not exist",
             "point data.root at the folder `python -m train.shards write` wrote",
