@@ -281,6 +281,16 @@ def test_a_decoder_that_is_not_pils_is_not_used(monkeypatch) -> None:
         monkeypatch.setitem(sys.modules, name, package._jpeg_window)
         assert jpeg.window_decoder() is None
         jpeg.window_decoder.cache_clear()
+
+        def stale(
+            data: bytes, w: int, h: int, left: int, top: int, cols: int, rows: int, flip: bool, to_end: bool
+        ) -> bytearray:  # PIL's pixels everywhere, a progressive stream cut short included (issue 52)
+            out = whole(data)[top : top + rows, left : left + cols]
+            return bytearray((out[:, ::-1] if flip else out).tobytes())
+
+        package._jpeg_window.decode = stale
+        assert jpeg.window_decoder() is None
+        jpeg.window_decoder.cache_clear()
         monkeypatch.delattr(package, "_jpeg_window")
         monkeypatch.setitem(sys.modules, name, None)  # import fails: not built, or its libjpeg missing
         assert jpeg.window_decoder() is None
@@ -352,3 +362,109 @@ def test_clean_decode_records_are_shared_by_subsets_and_fresh_when_pickled() -> 
     assert samples.decodes_clean(7) and part.decodes_clean(0) and not part.decodes_clean(1)
     copy = pickle.loads(pickle.dumps(samples.clean))
     assert isinstance(copy, CleanDecodes) and 7 not in copy and 7 in samples.clean
+
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "jpeg"
+"""Arithmetic-coded JPEGs (SOF9, SOF10 with DAC), which PIL cannot write: photo(48, 40, 9) encoded by PIL
+at quality 90, transcoded by libjpeg-turbo 2.1.5's `jpegtran -arithmetic [-progressive]`."""
+
+
+def by_pil(data: bytes, w: int, h: int, box: tuple[int, int, int, int], flip: bool) -> torch.Tensor | str:
+    """The training crop through PIL alone (the path before any tensor decoder), or its error line."""
+    try:
+        return crop_resize(decode(data, "m", draft_request(w, h, box[2], box[3], SIZE)), w, h, box, SIZE, flip)
+    except ShardError as e:
+        return re.sub(r"0x[0-9a-f]+", "0x?", str(e))
+
+
+def by_us(data: bytes, w: int, h: int, box: tuple[int, int, int, int], flip: bool, proven: bool) -> torch.Tensor | str:
+    try:
+        return decode_box(data, "m", w, h, box, SIZE, flip, proven)
+    except ShardError as e:
+        return re.sub(r"0x[0-9a-f]+", "0x?", str(e))
+
+
+def same(a: torch.Tensor | str, b: torch.Tensor | str) -> bool:
+    return a == b if isinstance(a, str) or isinstance(b, str) else torch.equal(a, b)
+
+
+def crafted() -> dict[str, bytes]:
+    out = {p.stem: p.read_bytes() for p in sorted(FIXTURES.glob("*.jpg"))}
+    out["huffman-progressive"] = encode(photo(48, 40, 9), quality=90, progressive=True)
+    out["huffman-baseline"] = encode(photo(48, 40, 9), quality=90)
+    return out
+
+
+def test_arithmetic_coded_jpegs_take_pils_path() -> None:
+    """Issue 52: an arithmetic-coded progressive JPEG cut short with an end marker, which PIL decodes,
+    came out of the window decoder up to 30 levels off PIL's pixels. The tensor decoders take only
+    Huffman-coded frames; the rest is PIL's to decode."""
+    files = crafted()
+    assert len(files) == 4 and all(jpeg.huffman_coded(d) == k.startswith("huffman") for k, d in files.items())
+    arithmetic = files["arithmetic-progressive"]
+    cut = arithmetic[: len(arithmetic) // 3] + b"\xff\xd9"
+    assert jpeg.decode_window(cut, 48, 40, (0, 0, 48, 40), False) is None and jpeg.decode_rgb(cut) is None
+    assert not jpeg.huffman_coded(b"\xff\xd8") and not jpeg.huffman_coded(b"")
+
+
+@needs_window
+def test_a_progressive_stream_cut_short_is_refused_by_the_window_decoder() -> None:
+    """Scans missing (an end marker before the last ones: libjpeg warns of nothing) leave coefficients
+    unknown and libjpeg smooths the blocks, differently from one libjpeg-turbo to another: refused, so
+    the caller's whole-image path decides."""
+    data = crafted()["huffman-progressive"]
+    assert window(data, 48, 40, (0, 0, 48, 40), False) is not None
+    scans = [m.start() for m in re.finditer(b"\xff\xda", data)]
+    assert len(scans) > 3
+    for at in scans[1:]:
+        cut = data[:at] + b"\xff\xd9"
+        assert whole(cut).shape == (40, 48, 3)  # PIL decodes it
+        for to_end in (True, False):
+            assert window(cut, 48, 40, (0, 0, 48, 40), False, to_end) is None, at
+
+
+def test_crafted_and_cut_short_jpegs_give_pils_pixels() -> None:
+    """The crafted files, whole and cut at 24 points (each with an end marker after the cut, and
+    without), under several boxes and flips: decode_box gives PIL's pixels exactly, or PIL's error."""
+    checked = 0
+    for name, data in crafted().items():
+        for k in range(25):
+            end = len(data) - 2 if k == 24 else 2 + (len(data) - 2) * k // 24
+            for tail in (b"\xff\xd9", b"") if k < 24 else (data[-2:],):
+                cut = data[:end] + tail
+                for box, flip in (((0, 0, 48, 40), False), ((5, 3, 30, 29), True), ((17, 21, 31, 19), False)):
+                    want = by_pil(cut, 48, 40, box, flip)
+                    assert same(by_us(cut, 48, 40, box, flip, False), want), (name, end, tail, box)
+                    checked += isinstance(want, torch.Tensor)
+    assert checked > 100
+
+
+@pytest.mark.timeout(120)
+def test_a_fuzzed_corpus_gives_pils_pixels_or_pils_error() -> None:
+    """Seeded, bounded mutations (bytes overwritten, cut short with or without an end marker, a run of
+    bytes removed) of Huffman and arithmetic, baseline and progressive, restart-marker and grey JPEGs:
+    decode_box, unproven and then proven as a later draw would be, is the PIL path's result exactly."""
+    rng = np.random.default_rng(52)
+    seeds = [*crafted().values(), encode(photo(48, 40, 3), "L", progressive=True)]
+    seeds.append(encode(photo(48, 40, 4), quality=80, restart_marker_blocks=2, subsampling=0))
+    decoded = 0
+    for t in range(500):
+        data = bytearray(seeds[t % len(seeds)])
+        kind = t // len(seeds) % 3
+        if kind == 0:
+            for _ in range(int(rng.integers(1, 4))):
+                data[int(rng.integers(2, len(data)))] = int(rng.integers(0, 256))
+        elif kind == 1:
+            data = data[: int(rng.integers(100, len(data)))] + (b"\xff\xd9" if rng.random() < 0.7 else b"")
+        else:
+            at = int(rng.integers(100, len(data) - 10))
+            del data[at : at + int(rng.integers(1, 40))]
+        box = (int(rng.integers(0, 24)), int(rng.integers(0, 20)), int(rng.integers(1, 25)), int(rng.integers(1, 21)))
+        flip = bool(rng.random() < 0.5)
+        want = by_pil(bytes(data), 48, 40, box, flip)
+        first = by_us(bytes(data), 48, 40, box, flip, False)
+        assert same(first, want), (t, kind, box)
+        if isinstance(want, torch.Tensor):
+            decoded += 1
+            assert same(by_us(bytes(data), 48, 40, box, flip, True), want), (t, kind, box)
+    assert decoded > 100

@@ -35,8 +35,10 @@ avoids, is most of what remains. Not adopted: the same decoder at a DCT scale fo
 Which JPEGs: a plain header (`plain_size`: the subset of headers PIL opens without a question, checked
 here as PIL checks it, bomb limit included) skips Image.open too (~10% of a sample's time); any other
 JPEG PIL opens as RGB or grey (EXIF, ICC, Adobe segments...) is opened by PIL and then decoded here
-(boxes.tensor_decodable). A CMYK JPEG, a DCT-scaled (draft) decode, another format, a bad header and
-anything the extension refuses are decoded by PIL as before, with its errors.
+(boxes.tensor_decodable). A CMYK JPEG, an arithmetic-coded or other non-Huffman frame (huffman_coded), a
+DCT-scaled (draft) decode, another format, a bad header and anything the extension refuses (a
+progressive stream cut short among them: _jpeg_window.c's scans_complete) are decoded by PIL as before,
+with its errors.
 
 The extension library is loaded by itself, not through `import torchvision`: that import pulls in
 torchvision's models and ops and with them torch._dynamo (~2.5 s of CPU here), in every DataLoader
@@ -81,15 +83,22 @@ def _library() -> str | None:
     return None
 
 
-def _probe() -> bytes:
+def _probe(progressive: bool = False) -> bytes:
     """A small 4:2:0 JPEG with noise and colour (every stage: entropy decode, IDCT, upsampling, colour
     conversion) on which the extension must give PIL's pixels exactly."""
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:48, 0:72]
     arr = np.stack([x * 3, y * 5, (x + y) * 2], -1) + rng.integers(0, 60, (48, 72, 3))
     buf = io.BytesIO()
-    Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+    Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90, progressive=progressive)
     return buf.getvalue()
+
+
+def _cut_probe() -> bytes:
+    """The progressive probe cut short after its first scan, with an end marker: the window decoder must
+    refuse it (a build older than its scans_complete check decodes it, with pixels PIL's need not match)."""
+    data = _probe(progressive=True)
+    return data[: data.index(b"\xff\xda", data.index(b"\xff\xda") + 2)] + b"\xff\xd9"
 
 
 @functools.cache
@@ -165,6 +174,34 @@ def plain_size(data: bytes) -> tuple[int, int] | None:
     return size
 
 
+SOF_MARKERS = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+"""Every start-of-frame marker (DHT, JPG and DAC share the range)."""
+
+
+def huffman_coded(data: bytes) -> bool:
+    """Whether `data` starts as a JPEG with one Huffman-coded frame (baseline, extended sequential or
+    progressive: PLAIN_SOF) and no arithmetic-coding tables before its first scan (pure, the header's
+    segments only). The tensor decoders are used only for these: an arithmetic-coded JPEG (SOF9-11, DAC)
+    cut short decoded differently from PIL on this system's libjpeg-turbo (issue 52: up to 8 levels), and
+    the other frames are rare enough that PIL's path costs nothing worth a second proof."""
+    if not data.startswith(b"\xff\xd8"):
+        return False
+    pos, end, frame = 2, len(data), None
+    while pos + 4 <= end and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+            continue
+        if marker == 0xDA:
+            return frame in PLAIN_SOF
+        if marker == 0xCC or (marker in SOF_MARKERS and frame is not None):
+            return False
+        if marker in SOF_MARKERS:
+            frame = marker
+        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+    return False
+
+
 WindowFn = Callable[[bytes, int, int, int, int, int, int, bool, bool], bytearray]
 """_jpeg_window.decode(data, width, height, left, top, cols, rows, flip, to_end) -> rows * cols * 3 RGB bytes."""
 
@@ -183,8 +220,9 @@ PROBE_WINDOWS = (
 def window_decoder() -> WindowFn | None:
     """The compiled window decoder (torchlaunch/worker/data/_jpeg_window.c, built by setup.py), or None
     when the install could not build it (no compiler or libjpeg-turbo headers: the extension is
-    optional), it does not load (the system's libjpeg missing at run time) or it does not give PIL's
-    pixels on every probe window, stopping early or not (checked once per process): the callers then
+    optional), it does not load (the system's libjpeg missing at run time), it does not give PIL's
+    pixels on every probe window, stopping early or not, or it decodes a progressive stream cut short
+    (a build from before that refusal; checked once per process): the callers then
     decode the whole image as before."""
     try:
         from torchlaunch.worker.data import _jpeg_window  # type: ignore[attr-defined]
@@ -198,7 +236,11 @@ def window_decoder() -> WindowFn | None:
                 got = np.frombuffer(_jpeg_window.decode(data, 72, 48, left, top, cols, rows, flip, to_end), np.uint8)
                 if not np.array_equal(got.reshape(rows, cols, 3), want[:, ::-1] if flip else want):
                     return None
-        return _jpeg_window.decode
+        try:
+            _jpeg_window.decode(_cut_probe(), 72, 48, 0, 0, 72, 48, False, True)
+            return None  # a stale build: it decodes what it must leave to PIL
+        except ValueError:
+            return _jpeg_window.decode
     except Exception:  # not built, a missing shared library, a build against another libjpeg
         return None
 
@@ -214,7 +256,8 @@ def decode_window(
     """The whole-pixel box (left, top, w, h) of the width x height JPEG `data`, mirrored when `flip`, as a
     contiguous uint8 (h, w, 3) tensor decoded alone (only the box's pixels are inverse-transformed,
     upsampled and colour-converted), the bytes of decode_rgb's image cropped (and mirrored); None when
-    there is no window decoder, the header says another size, the box is not inside the image, or
+    there is no window decoder, the JPEG is not Huffman-coded (huffman_coded), the header says another
+    size, the box is not inside the image, the progressive scans stop short (_jpeg_window.c), or
     libjpeg errs or warns (corrupt or truncated data): the caller then takes the whole-image path,
     which decodes or names the error as it did before this decoder existed.
 
@@ -224,7 +267,7 @@ def decode_window(
     already proven clean that way (boxes.decode_box's `proven`), else a member damaged below the box
     would be trained on in the epochs whose box stays above the damage."""
     fn = window_decoder()
-    if fn is None:
+    if fn is None or not huffman_coded(data):
         return None
     left, top, cols, rows = box
     try:
@@ -236,10 +279,11 @@ def decode_window(
 
 def decode_rgb(data: bytes) -> torch.Tensor | None:
     """The JPEG `data` as uint8 (H, W, 3) (a view of libjpeg-turbo's interleaved output, no copy), or
-    None when there is no decoder or it refuses the data (truncated, corrupt): the caller then
+    None when there is no decoder, the JPEG is not Huffman-coded (huffman_coded) or the decoder refuses
+    the data (truncated, corrupt): the caller then
     decodes with PIL, which names the error if there is one."""
     op = decoder()
-    if op is None:
+    if op is None or not huffman_coded(data):
         return None
     try:
         chw = op(torch.frombuffer(bytearray(data), dtype=torch.uint8), RGB, False)
