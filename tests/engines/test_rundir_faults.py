@@ -16,6 +16,7 @@ import pytest
 from tests.helpers import REPO
 from torchlaunch import rundir
 from torchlaunch.backends.slurm import proof as slurm_proof
+from torchlaunch.backends.slurm import successor as slurm_successor
 from torchlaunch.jobs import cli, record
 
 
@@ -49,6 +50,14 @@ def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, 
         assert len(err) == 1 and f"Slurm job {job} is not proven this run's" in err[0]
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
         assert state.stdout.strip() in ("PENDING", "RUNNING", "CONFIGURING")
-        assert slurm_proof.slurm_job(job, other) is None  # the job's own run dir is proven
+        # Output merely below a folder proves nothing (issue 52): a record forged there names foreign jobs.
+        assert "not to" in (slurm_proof.slurm_job(job, other) or "")
+        # The chain's end step: a forged chain.json naming the foreign job as a successor scancels nothing.
+        slurm_successor.write(run, slurm_successor.Chain("1", successor=job, launch="1-0"))
+        env = {"SLURM_JOB_ID": "1", "SLURM_CONF": os.environ["SLURM_CONF"], "PATH": os.environ["PATH"]}
+        assert slurm_successor.end(str(run), 0, env) == 0
+        assert f"job {job} left alone" in capsys.readouterr().out
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        assert state.stdout.strip() in ("PENDING", "RUNNING", "CONFIGURING")
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)
