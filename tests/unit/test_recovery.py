@@ -793,3 +793,129 @@ def test_a_service_that_cannot_listen_again_ends_so_that_its_keeper_starts_it_ag
     assert capsys.readouterr().err == (
         "lighthouse: cannot listen again on '127.0.0.1:29510': 'Address already in use (os error 98)'\n"
     )
+
+
+PICKLED_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
+PICKLED_COLLECTIVES += ("send_object_list", "recv_object_list", "broadcast_object(", "gather_objects(")
+
+
+def test_no_collective_of_the_package_unpickles_what_a_peer_sends() -> None:
+    """torch's *_object collectives unpickle whatever the sender sends: a stranger seated in a live group
+    ran code in a rank that way (issue 52). Every exchange goes through core/dist.py's JSON ones."""
+    package = Path(__file__).resolve().parents[2] / "torchlaunch"
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if any(name in line for name in PICKLED_COLLECTIVES) and not line.lstrip().startswith(("#", '"'))
+    ]
+    assert found == []
+    recovery = package / "core" / "recovery"
+    assert [p.name for p in recovery.glob("*.py") if "torch.load(" in p.read_text(encoding="utf-8")] == []
+
+
+class _RunsCode:
+    """What a stranger sends: unpickled, it opens (creates) a file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return open, (str(self.marker), "w")
+
+
+def test_a_pickle_a_peer_sends_is_refused_by_every_decoder_and_never_runs(tmp_path: Path) -> None:
+    import pickle
+
+    from torchlaunch.core import rng_wire
+    from torchlaunch.core.dist import PeerValueError, decode_json
+    from torchlaunch.core.recovery import state_wire
+
+    marker = tmp_path / "code-ran"
+    payload = pickle.dumps(_RunsCode(marker))
+    with pytest.raises(PeerValueError, match="not plain JSON"):
+        decode_json(payload)
+    forged = {"tree": {"p": payload.hex()}, "tensors": [], "digest": state_wire.digest(b"")}
+    with pytest.raises(state_wire.StateWireError, match="tagged"):
+        state_wire.unpack(forged, b"")
+    with pytest.raises(rng_wire.RngStateError):
+        rng_wire.rng_from_json({"torch": payload.hex(), "cuda": None, "numpy": [], "python": []})
+    assert not marker.exists()
+    pickle.loads(payload).close()  # the payload is live: unpickled, it runs
+    assert marker.exists()
+
+
+def test_a_peer_value_is_bounded_and_of_the_kind_asked_for() -> None:
+    from torchlaunch.core.dist import DistContext, PeerValueError, broadcast_json, decode_json, gather_json
+
+    alone = DistContext()
+    assert broadcast_json(alone, 7, kinds=(int,)) == 7
+    assert gather_json(alone, "a", kinds=(str,)) == ["a"]
+    with pytest.raises(PeerValueError, match="expected"):
+        broadcast_json(alone, True, kinds=(int,))  # a bool is no generation
+    with pytest.raises(PeerValueError, match="bound"):
+        decode_json(b"1" * 65, max_bytes=64)
+    for hostile in (b"[" * 100_000, b"\xff\xfe", b"NaN", b""):
+        with pytest.raises(PeerValueError):
+            decode_json(hostile)
+    with pytest.raises(ValueError, match="bound"):
+        broadcast_json(alone, "x" * 100, max_bytes=64)
+
+
+def test_a_joiners_state_crosses_as_json_and_tensors_identical_and_a_changed_byte_is_refused() -> None:
+    from torchlaunch.core.dist import decode_json, encode_json
+    from torchlaunch.core.recovery import state_wire
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),  # int keys, tuples (betas), 0-dim step tensors
+        "progress": {"best_val_acc": float("-inf"), "last_val": {}, "val_pending": False},
+        "half": torch.ones(2, dtype=torch.bfloat16),
+    }
+    skeleton, blob = state_wire.pack(state)
+    wire = decode_json(encode_json(skeleton, state_wire.MAX_SKELETON_BYTES), state_wire.MAX_SKELETON_BYTES)
+    back = state_wire.unpack(wire, blob)  # type: ignore[arg-type]
+    assert back["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
+    assert list(back["optimizer"]["state"]) == list(state["optimizer"]["state"])
+    assert back["progress"] == state["progress"]
+    for key, tensor in state["model"].items():
+        assert back["model"][key].dtype == tensor.dtype and torch.equal(back["model"][key], tensor)
+    assert torch.equal(back["half"], state["half"])
+    changed = bytearray(blob)
+    changed[-1] ^= 1
+    with pytest.raises(state_wire.StateWireError, match="digest"):
+        state_wire.unpack(wire, bytes(changed))  # type: ignore[arg-type]
+    huge = {**wire, "tensors": [["float32", [1 << 30, 1 << 30]]]}  # type: ignore[dict-item]
+    with pytest.raises(state_wire.StateWireError, match="exceed"):
+        state_wire.buffer_size(huge)  # refused before anything of that size is allocated
+    for bad in ([["object", [1]]], [["float32", [-1]]], [["float32", [True]]]):
+        with pytest.raises(state_wire.StateWireError):
+            state_wire.buffer_size({**wire, "tensors": bad})  # type: ignore[dict-item]
+
+
+def test_a_ranks_rng_states_cross_as_json_and_restore_the_same_draws() -> None:
+    import random
+
+    import numpy as np
+
+    from torchlaunch.core import rng_wire
+    from torchlaunch.core.checkpoint.checkpointer import capture_rng, restore_rng, rng_problem
+    from torchlaunch.core.dist import decode_json, encode_json
+
+    state = capture_rng(torch.device("cpu"))
+    back = rng_wire.rng_from_json(decode_json(encode_json(rng_wire.rng_to_json(state))))
+    assert rng_problem(back) is None
+    draws = (torch.rand(3), np.random.rand(3), random.random())
+    restore_rng(back, torch.device("cpu"))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(draws[0], again[0]) and (draws[1] == again[1]).all() and draws[2] == again[2]
+    news = [rng_wire.rng_to_json(state), None, None]
+    assert rng_wire.rank_news(decode_json(encode_json(news)))[1:] == (None, None)
+    wrong = rng_wire.rng_to_json(state)
+    wrong["python"][1] = wrong["python"][1][:-1]
+    with pytest.raises(BadInput, match="RNG states are refused"):
+        rng_wire.rank_news([wrong, None, None])

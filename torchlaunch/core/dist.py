@@ -7,6 +7,7 @@ When the contract is absent the worker runs as a single process without a proces
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torchlaunch import compat
+from torchlaunch.base.untrusted import load_json, quote
 from torchlaunch.contract import CONTRACT, live_first_group, read_env  # noqa: F401 - CONTRACT re-exported
 from torchlaunch.core.affinity import pin_local_rank
 from torchlaunch.exit_codes import BadInput, ConfigError
@@ -145,7 +147,7 @@ HELD_TO_THE_END: list[Any] = []
 
 def closing_barrier(ctx: DistContext) -> None:
     """The barrier before leaving, its handle kept for the rest of the process. gloo's barrier holds
-    the collectives still in flight when it was posted (a checkpoint's all_gather_object, say) and
+    the collectives still in flight when it was posted (a checkpoint's gather, say) and
     they are freed with it. Freed on gloo's worker thread, a tensor Python made needs the GIL: when
     that thread is scheduled only after the interpreter has started finalising (a program that ends
     right after, on a loaded machine), taking the GIL ends the thread and the process aborts
@@ -260,21 +262,107 @@ def broadcast_buffers(ctx: DistContext, module: torch.nn.Module) -> None:
             dist.broadcast(buffer, src=0)
 
 
-def broadcast_object(ctx: DistContext, obj: object, src: int = 0) -> object:
-    if not ctx.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src, device=ctx.device if ctx.device.type == "cuda" else None)
-    return box[0]
+MAX_JSON_BYTES = 1 << 20
+"""The most a peer's JSON value may hold on the wire (the largest sent: a rank's RNG states, ~25 KB)."""
 
 
-def gather_objects(ctx: DistContext, obj: object) -> list[object]:
-    """Every rank's object, on every rank (small objects only, e.g. RNG states)."""
+class PeerValueError(BadInput):
+    """A peer sent a value this rank refuses (too large, not JSON, not of the expected shape)."""
+
+
+def encode_json(value: object, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """`value` as compact UTF-8 JSON (finite numbers only); ValueError over `max_bytes`."""
+    data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if len(data) > max_bytes:
+        raise ValueError(f"a value of {len(data)} bytes is over the {max_bytes}-byte bound of a peer exchange")
+    return data
+
+
+def decode_json(data: bytes, max_bytes: int = MAX_JSON_BYTES) -> object:
+    """What a peer sent, as plain JSON only (dicts, lists, strings, finite numbers, bools, None): size and
+    nesting bounded before parsing, UTF-8 strict. Never pickle: a peer's bytes cannot name code to run
+    (torch's *_object collectives unpickle whatever the sender sends, and a member
+    of a live group may be a stranger until it has proved itself). PeerValueError on anything else."""
+    if len(data) > max_bytes:
+        raise PeerValueError(f"peer error: a peer sent {len(data)} bytes, over the {max_bytes}-byte bound")
+    try:
+        return load_json(data)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and TooComplex are ValueErrors
+        raise PeerValueError(f"peer error: a peer sent a value that is not plain JSON: {quote(str(e))}") from None
+
+
+def _wire_device(ctx: DistContext) -> torch.device:
+    """Where a collective's tensors live: NCCL moves device tensors only, gloo host ones."""
+    return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+
+
+def _of_kind(value: object, kinds: tuple[type, ...] | None) -> object:
+    """`value` when its type is one of `kinds` exactly (True is no int here), else PeerValueError."""
+    if kinds is not None and type(value) not in kinds:
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise PeerValueError(f"peer error: a peer sent {quote(value, 60)} where {names} was expected")
+    return value
+
+
+def broadcast_json(
+    ctx: DistContext,
+    value: object,
+    src: int = 0,
+    max_bytes: int = MAX_JSON_BYTES,
+    kinds: tuple[type, ...] | None = None,
+) -> object:
+    """`src`'s JSON value on every rank: its length, then its bytes, as an int64 and a uint8 tensor. A
+    length over `max_bytes` is refused on every receiver before anything of that size is allocated;
+    `kinds`: the value's type must be one of these (a schema for scalars; callers check deeper ones)."""
+    return _of_kind(_broadcast_json(ctx, value, src, max_bytes), kinds)
+
+
+def _broadcast_json(ctx: DistContext, value: object, src: int, max_bytes: int) -> object:
     if not ctx.distributed:
-        return [obj]
-    out: list[object] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
-    return out
+        return decode_json(encode_json(value, max_bytes), max_bytes)
+    device = _wire_device(ctx)
+    data = encode_json(value, max_bytes) if ctx.rank == src else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src)
+    n = int(size.item())
+    if not 0 <= n <= max_bytes:
+        raise PeerValueError(f"peer error: rank {src} announced {n} bytes, over the {max_bytes}-byte bound")
+    if n == 0:
+        return decode_json(data, max_bytes)  # nothing on the wire: not JSON, refused below as such
+    if ctx.rank == src:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        payload = torch.empty(n, dtype=torch.uint8, device=device)
+    dist.broadcast(payload, src=src)
+    return decode_json(data if ctx.rank == src else payload.cpu().numpy().tobytes(), max_bytes)
+
+
+def gather_json(
+    ctx: DistContext, value: object, max_bytes: int = MAX_JSON_BYTES, kinds: tuple[type, ...] | None = None
+) -> list[object]:
+    """Every rank's JSON value, on every rank, in rank order: the lengths (every rank sees the same, so a
+    length over the bound is refused by all together), then the bytes padded to the longest. `kinds`: as
+    broadcast_json's, for every value."""
+    return [_of_kind(v, kinds) for v in _gather_json(ctx, value, max_bytes)]
+
+
+def _gather_json(ctx: DistContext, value: object, max_bytes: int) -> list[object]:
+    if not ctx.distributed:
+        return [decode_json(encode_json(value, max_bytes), max_bytes)]
+    device = _wire_device(ctx)
+    data = encode_json(value, max_bytes)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(ctx.world_size)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device))
+    lengths = [int(s.item()) for s in sizes]
+    longest = max(lengths)
+    if min(lengths) < 0 or longest > max_bytes:
+        raise PeerValueError(f"peer error: a peer announced {longest} bytes, over the {max_bytes}-byte bound")
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    if data:
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    parts = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, mine.to(device))
+    return [decode_json(p.cpu().numpy().tobytes()[:n], max_bytes) for p, n in zip(parts, lengths, strict=True)]
 
 
 def ordered_allreduce_hook(process_group, bucket):  # no annotations: DDP checks them at run time
@@ -321,7 +409,7 @@ def agreed(ctx: DistContext, build):  # noqa: ANN001, ANN201 - any builder, any 
         result = build()
     except BadInput as e:
         message = str(e).splitlines()[0]
-    found = [m for m in gather_objects(ctx, message) if m]
+    found = [m for m in gather_json(ctx, message, kinds=(str, type(None))) if m]
     if found:
-        raise BadInput(found[0])
+        raise BadInput(str(found[0]).splitlines()[0][:2000])
     return result

@@ -21,6 +21,7 @@ file) leaves every rank on gloo's own all-reduce, decided together.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -113,6 +114,23 @@ def _map_slots(path: str, world_size: int, nbytes: int) -> torch.Tensor:
     )
 
 
+def _broadcast_path(path: str | None) -> str | None:
+    """Rank 0's shared-memory file name on every rank, as bounded JSON (never a pickle: a peer of a live
+    group is checked the same way as every other value it sends)."""
+    from torchlaunch.core.dist import DistContext, broadcast_json
+
+    ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend())
+    return broadcast_json(ctx, path, kinds=(str, type(None)), max_bytes=4096)  # type: ignore[return-value]
+
+
+SLOT_NAME = re.compile(r"ddp-grads-[0-9]{1,10}-[0-9a-f]{12}", re.ASCII)
+
+
+def _made_here(path: str, shm_dir: str) -> bool:
+    """Whether `path` is a name build_reducer's rank 0 makes in `shm_dir` (and nothing else to map)."""
+    return os.path.dirname(path) == os.path.normpath(shm_dir) and bool(SLOT_NAME.fullmatch(os.path.basename(path)))
+
+
 def build_reducer(
     model: nn.Module, shm_dir: str = SHM_DIR, bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES
 ) -> SharedMemoryReducer | None:
@@ -131,9 +149,9 @@ def build_reducer(
                 os.close(fd)
         except OSError as e:
             error = f"{type(e).__name__}: {e}"
-    box = [path if not error else None]
-    dist.broadcast_object_list(box, src=0)
-    path = box[0]
+    path = _broadcast_path(path if not error else None)
+    if path is not None and not _made_here(path, shm_dir):
+        path = None  # only a file rank 0 makes here is mapped: anything else is this rank giving up on it
     slots = None
     if path is not None and nbytes > 0:
         try:

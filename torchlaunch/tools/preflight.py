@@ -12,6 +12,7 @@ fix (named in the table), 1 anything unexpected (e.g. the rendezvous itself fail
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import secrets
 import shutil
@@ -69,6 +70,18 @@ class RankInfo:
     run_dir: str
     token_seen: bool
     token_detail: str
+
+
+def rank_info(value: object) -> RankInfo:
+    """A peer's RankInfo from its JSON (gather_json: never a pickle), each field's type checked."""
+    kinds = {f.name: f.type for f in dataclasses.fields(RankInfo)}
+    if not (isinstance(value, dict) and set(value) == set(kinds)):
+        raise exit_codes.BadInput("preflight error: a rank's report is not a RankInfo")
+    expected = {"int": (int,), "str": (str,), "bool": (bool,), "str | None": (str, type(None))}
+    for key, kind in kinds.items():
+        if type(value[key]) not in expected[str(kind)]:
+            raise exit_codes.BadInput(f"preflight error: a rank's report has a bad {key}")
+    return RankInfo(**value)
 
 
 # --------------------------------------------------------------------------- pure checks
@@ -386,6 +399,9 @@ def run_checks(
     """All ranks call this together; returns the exit code and reason every rank agrees on."""
     import torch.distributed as dist
 
+    from torchlaunch.core.dist import DistContext, broadcast_json, gather_json
+
+    wire = DistContext(ctx.rank, ctx.world_size, ctx.local_rank, 1, ctx.device, dist.get_backend())
     host = socket.gethostname()
     run_dir = Path(settings.run_dir).absolute()
     findings: list[Finding] = [Finding(OK, "rendezvous", f"{ctx.world_size} rank(s) joined in {rendezvous_s:.2f}s")]
@@ -394,14 +410,13 @@ def run_checks(
     findings += check_all_reduce(results, ctx.world_size)
 
     # Shared storage: rank 0 writes, every rank reads its own view of run_dir.
-    token_box: list[Any] = [None]
+    token = name = ""
     if ctx.rank == 0:
         token = secrets.token_hex(16)
         name = f".preflight-token-{token[:8]}"
         _write_token(run_dir / name, token)
-        token_box = [(token, name)]
-    dist.broadcast_object_list(token_box, src=0)
-    token, name = token_box[0]
+    token = str(broadcast_json(wire, token, kinds=(str,), max_bytes=256))
+    name = f".preflight-token-{token[:8]}"
     seen, detail = read_token(run_dir / name, token, token_wait_s)
     info = RankInfo(
         rank=ctx.rank,
@@ -413,9 +428,9 @@ def run_checks(
         token_seen=seen,
         token_detail=detail,
     )
-    infos: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(infos, info)
-    infos.sort(key=lambda i: i.rank)
+    infos = sorted(
+        (rank_info(v) for v in gather_json(wire, dataclasses.asdict(info), max_bytes=65536)), key=lambda i: i.rank
+    )
     findings += check_device_map(infos)
     findings += check_shared_storage(infos, str(run_dir / name))
 
@@ -432,10 +447,11 @@ def run_checks(
         print(render(findings), flush=True)
     failed = [f for f in findings if f.level == FAIL]
     reason = f"preflight: {failed[0].check}: {failed[0].message}" if failed else "preflight ok"
-    verdict: list[Any] = [(exit_code(findings), reason)]
-    dist.broadcast_object_list(verdict, src=0)
-    code, reason = verdict[0]
-    return int(code), str(reason)
+    verdict = broadcast_json(wire, [exit_code(findings), reason], kinds=(list,), max_bytes=65536)
+    code, reason = verdict if len(verdict) == 2 else (None, None)  # type: ignore[arg-type, misc]
+    if type(code) is not int or not isinstance(reason, str):
+        raise exit_codes.BadInput("preflight error: rank 0's verdict is not [code, reason]")
+    return code, reason
 
 
 # --------------------------------------------------------------------------- process setup

@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     clean = False
     try:
         chosen = dist.agreed(ctx, lambda: str(pick_checkpoint(args)) if ctx.is_main else None)
-        chosen = dist.broadcast_object(ctx, chosen)
+        chosen = dist.broadcast_json(ctx, chosen, kinds=(str,))
         state = dist.agreed(ctx, lambda: load_checkpoint(Path(chosen), args.trust_plugin))
 
         # Local rank 0 first: it fills the decode cache that the other ranks then read.

@@ -38,8 +38,8 @@ from torchlaunch.core.dist import (
     DistContext,
     all_reduce_sum_,
     broadcast_buffers,
-    broadcast_object,
-    gather_objects,
+    broadcast_json,
+    gather_json,
     ordered_allreduce_hook,
 )
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
@@ -67,6 +67,7 @@ from torchlaunch.worker.precision import (
 )
 from torchlaunch.worker.schedule import LoopSchedule
 from torchlaunch.worker.state_check import worker_state_problem
+from torchlaunch.worker.step_drop import StepDrop, StepDropped, applies
 
 if TYPE_CHECKING:
     from torchlaunch.core.recovery.group import FlatGradients, LiveGroup
@@ -291,6 +292,7 @@ class Trainer:
         """The step of the last save asked for: after a regroup, rank 0 checks it was committed."""
         self.save_seconds: float | None = None
         self.agreement: StepAgreement | None = None
+        self.step_drop = self._step_drop()
         self.regroups: list[Regroup] = []
         self._since_regroup: Regroup | None = None
         """Set by a regroup until the first step on the new group is done (its time is recorded)."""
@@ -326,6 +328,15 @@ class Trainer:
             self.live_reducer = build_reducer(self.model)
         how = "shared memory" if self.live_reducer is not None else "one flat gloo all-reduce"
         return f"live: {how}, group re-formed on a lost rank"
+
+    def _step_drop(self) -> StepDrop | None:
+        """How a stop mid-step drops the step in flight (worker/step_drop.py), where it can."""
+        if not applies(self.ctx, self.live is not None):
+            return None
+        from torchlaunch import compat
+
+        store = compat.default_store() if self.ctx.distributed else None
+        return StepDrop(self.ctx, self.model, lambda: self.watcher.requested, store)
 
     def _check_model(self, model: nn.Module) -> None:
         """One fake batch through the model: shape and device mistakes become one clear line."""
@@ -503,7 +514,23 @@ class Trainer:
         unread: reading it would wait for the step, so the loop adds it to a running sum on the device
         that it reads only at check points. Summed over the ranks it is W x the global batch's mean."""
         self.net.train()
-        total = backward_share(self.net, micro_batches, self.criterion, self.plan, self.scaler, self.autocast)
+        drop = self.step_drop
+        if drop is not None:
+            drop.begin(self.progress.global_step + 1)
+        total = backward_share(
+            self.net,
+            micro_batches,
+            self.criterion,
+            self.plan,
+            self.scaler,
+            self.autocast,
+            leave=drop.leave if drop is not None else None,
+            sync_last=self.ctx.distributed,
+        )
+        if drop is not None and drop.agreed():  # every rank alike: nothing of the step is applied
+            drop.restore()
+            self.zero_gradients()
+            raise StepDropped
         if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
             assert self.flat_grads is not None
             live_ops().average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
@@ -708,7 +735,7 @@ class Trainer:
         if self.ctx.is_main and point is not None:
             committed = ckpt.newest_committed(self.ckpt_root)
             newest = ckpt.parse_step(committed.name) or 0 if committed is not None else 0
-        missing = broadcast_object(self.ctx, point is not None and 0 <= newest < point)
+        missing = broadcast_json(self.ctx, point is not None and 0 <= newest < point, kinds=(bool,))
         if not missing:
             return
         log.line(
@@ -764,7 +791,7 @@ class Trainer:
         if self.live.joining or self.live.is_behind():
             self.load_state_dict(state)
             self.live.joining = False
-        digests = gather_objects(self.ctx, live_ops().state_digest(self.model))
+        digests = gather_json(self.ctx, live_ops().state_digest(self.model), kinds=(str,))
         if len(set(digests)) != 1:
             raise BadInput(f"live error: the members' models differ after a rank took rank {src}'s state")
 
@@ -814,7 +841,11 @@ class Trainer:
                 generation = self.live.generation if self.live is not None else None
                 log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices, self.loader.step_trace, generation)
             started = time.perf_counter() if first_step else 0.0
-            window.add(self.train_step(micro))
+            try:
+                window.add(self.train_step(micro))
+            except StepDropped:
+                log.line(f"stop: dropped step {p.global_step + 1} in flight; committing step {p.global_step}")
+                return False
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
             if self.live is not None:
                 self.live.stepped()

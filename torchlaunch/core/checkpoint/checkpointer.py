@@ -28,7 +28,8 @@ import torch
 from torchlaunch.core.checkpoint import store
 from torchlaunch.core.checkpoint.snapshot import AsyncWriter, SnapshotBuffers
 from torchlaunch.core.checkpoint.store import CheckpointError, CommitInfo
-from torchlaunch.core.dist import DistContext, agreed, broadcast_object, gather_objects
+from torchlaunch.core.dist import DistContext, agreed, broadcast_json, gather_json
+from torchlaunch.core.rng_wire import rank_news, rng_to_json
 from torchlaunch.exit_codes import BadInput
 
 WORKER_KIND = "torchlaunch.worker"
@@ -214,7 +215,7 @@ class Checkpointer:
             return str(found[0]) if found else None
 
         chosen = agreed(ctx, lambda: choose() if ctx.is_main else None)
-        chosen = broadcast_object(ctx, chosen)
+        chosen = broadcast_json(ctx, chosen, kinds=(str, type(None)))
         if chosen is None:
             return None
         path = Path(chosen)
@@ -276,7 +277,7 @@ class Checkpointer:
                 store.check_root(self.root)  # bad input on every rank, before anything is written
             except BadInput as e:
                 refused = str(e)
-        gathered = gather_objects(ctx, (capture_rng(ctx.device), previous, refused))
+        gathered = [rank_news(v) for v in gather_json(ctx, [rng_to_json(capture_rng(ctx.device)), previous, refused])]
         refusals = [r for _, _, r in gathered if r]
         if refusals:
             raise BadInput(refusals[0])
@@ -321,7 +322,7 @@ class Checkpointer:
                 info = commit(state)
             except Exception as e:  # noqa: BLE001 - every rank raises it, none waits on a dead peer
                 error = _message(e)
-        errors = [m for m in gather_objects(ctx, error) if m]
+        errors = [m for m in gather_json(ctx, error, kinds=(str, type(None))) if m]
         if errors:
             raise store.checkpoint_error(str(errors[0]))
         return info

@@ -35,7 +35,6 @@ import contextlib
 import datetime
 import gc
 import hashlib
-import io
 import os
 import re
 import sys
@@ -49,8 +48,8 @@ import torch
 import torch.distributed as dist
 
 from torchlaunch import rundir
-from torchlaunch.core.dist import DistContext, broadcast_object
-from torchlaunch.core.recovery import sockets
+from torchlaunch.core.dist import DistContext, PeerValueError, broadcast_json
+from torchlaunch.core.recovery import sockets, state_wire
 from torchlaunch.core.recovery.fence import Fence
 from torchlaunch.core.recovery.membership import (
     JOINING_STEP,
@@ -320,7 +319,7 @@ class LiveGroup:
     def _take_generation(self, ctx: DistContext) -> int:
         """Rank 0 advances the run dir's generation; every member learns it (a collective)."""
         mine = self.fence.advance() if ctx.is_main else 0
-        return int(broadcast_object(ctx, mine))  # type: ignore[arg-type]
+        return int(broadcast_json(ctx, mine, kinds=(int,)))  # type: ignore[call-overload]
 
     def check_fence(self) -> None:
         self.fence.check(self.generation)
@@ -450,30 +449,32 @@ def join_requests(folder: Path) -> list[str]:
 
 
 def share_state(ctx: DistContext, src: int, state: dict[str, Any] | None) -> dict[str, Any]:
-    """`src`'s training state on every member (a joining rank takes it; the others return their own):
-    torch.save's bytes broadcast over the group with their digest, checked on arrival and loaded with
-    weights_only=True, as a checkpoint is. BadInput if the bytes do not match their digest."""
+    """`src`'s training state on every member (a joining rank takes it; the others return their own): a
+    JSON skeleton (broadcast_json, bounded) and one buffer of its tensors' bytes (core/recovery/
+    state_wire.py), the buffer's length and digest checked before any tensor is built. Nothing a peer
+    sends is unpickled. BadInput (PeerValueError) when what arrives is not a state pack() made."""
     if ctx.rank == src:
         assert state is not None
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = buffer.getvalue()
-        head = [len(data), hashlib.blake2b(data, digest_size=16).hexdigest()]
+        skeleton, blob = state_wire.pack(state)
     else:
-        head = [0, ""]
-    size, digest = broadcast_object(ctx, head, src=src)  # type: ignore[misc]
-    payload = (
-        torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        if ctx.rank == src
-        else torch.empty(size, dtype=torch.uint8)
-    )
-    dist.broadcast(payload, src=src)
+        skeleton, blob = None, b""
+    got = broadcast_json(ctx, skeleton, src=src, max_bytes=state_wire.MAX_SKELETON_BYTES, kinds=(dict,))
+    try:
+        size = state_wire.buffer_size(got)
+    except state_wire.StateWireError as e:
+        raise PeerValueError(f"live error: the state announced by rank {src} is refused ({e})") from None
+    if ctx.rank == src and blob:
+        payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    else:
+        payload = torch.empty(size, dtype=torch.uint8)
+    if size:
+        dist.broadcast(payload, src=src)
     if ctx.rank == src:
         return state  # type: ignore[return-value]
-    got = payload.numpy().tobytes()
-    if hashlib.blake2b(got, digest_size=16).hexdigest() != digest:
-        raise BadInput(f"live error: the state taken from rank {src} does not match its digest ({len(got)} bytes)")
-    return torch.load(io.BytesIO(got), map_location="cpu", weights_only=True)
+    try:
+        return state_wire.unpack(got, payload.numpy().tobytes())  # type: ignore[arg-type]
+    except state_wire.StateWireError as e:
+        raise PeerValueError(f"live error: the state taken from rank {src} is refused ({e})") from None
 
 
 def state_digest(module: torch.nn.Module) -> str:
