@@ -22,11 +22,37 @@ from pathlib import Path
 
 import pytest
 
+from tests import workdir
 from tests.library import RunLibrary
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TARBALL_NAME = "cifar10-train.tar.gz"
 DEFAULT_TIMEOUT_S = 180.0
+_STAGE: list[Path] = []
+"""The session's stage (tests/workdir.py) once made: the unit floor's working directory."""
+
+
+def stage() -> Path:
+    """The folder unit tests run in: the checkout's files without the user's runs/ (tests/workdir.py)."""
+    return _STAGE[0] if _STAGE else REPO
+
+
+@pytest.fixture(scope="session")
+def session_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not _STAGE:
+        _STAGE.append(workdir.build(REPO, tmp_path_factory.mktemp("stage")))
+    return _STAGE[0]
+
+
+@pytest.fixture(autouse=True)
+def checkout_runs_untouched() -> Iterator[None]:
+    """Every test fails if it made or removed a run dir in the checkout's runs/, which is the user's
+    (the quick start leaves runs/smoke there): tests/workdir.py."""
+    before = workdir.runs_listing(REPO)
+    yield
+    problem = workdir.guard(before, workdir.runs_listing(REPO))
+    if problem is not None:
+        pytest.fail(problem)
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -39,7 +65,10 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def run_cmd(
-    argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None, cwd: Path = REPO
+    argv: Sequence[str],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO,
 ) -> tuple[int, str, str]:
     """Run argv to completion in its own process group; (returncode, stdout, stderr).
 

@@ -59,7 +59,7 @@ def test_local_run_refuses_fp16_on_cpu_before_torchrun(tmp_path: Path) -> None:
 def test_overrides_mix_with_options(launcher: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--config X k=v --dry-run k2=v`: one grammar, overrides anywhere before `--`."""
     head = {
-        "local": ["--device", "cpu"],
+        "local": ["--device", "cpu", f"run_dir={tmp_path}"],  # never the user's runs/smoke
         "slurm": ["--tasks-per-node", "1", f"run_dir={tmp_path}"],
         "k8s": ["--cpu-only"],
     }[launcher]

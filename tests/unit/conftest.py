@@ -8,6 +8,7 @@ tests/integration. What counts is in tests/isolation.py.
 from __future__ import annotations
 
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         import matplotlib.font_manager  # noqa: F401 - importing it builds and saves the cache
     except ImportError:
         pass
+
+
+@pytest.fixture(autouse=True)
+def in_stage(session_stage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every unit test runs in the stage (tests/workdir.py): the checkout's files, but a recipe's default
+    run dir (runs/smoke) is the session's, never the one the README's quick start left for the user."""
+    monkeypatch.chdir(session_stage)
 
 
 def _watched(item: pytest.Item, phase: str) -> Generator[None, object, object]:

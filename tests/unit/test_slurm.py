@@ -75,7 +75,7 @@ def test_worker_argv_pins_the_run_dir_and_keeps_overrides(tmp_path: Path) -> Non
     argv = worker_argv(spec, run_dir)
     assert argv == [
         "--config",
-        str(REPO / "configs/smoke.yaml"),
+        os.path.abspath("configs/smoke.yaml"),
         "train.epochs=2",
         "preemption.lead_time_s=90",
         f"run_dir={tmp_path}/x",
