@@ -12,6 +12,8 @@ cwd=REPO on a recipe's default run dir) fails, naming what appeared or went.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 USER_OUTPUTS = frozenset({"runs", "site", "job.yaml"})
@@ -28,13 +30,20 @@ def build(repo: Path, stage: Path) -> Path:
     return stage
 
 
-def runs_listing(repo: Path) -> frozenset[str]:
-    """The names under the checkout's runs/ ("" for runs/ itself when it exists): one listing, cheap
-    enough to take around every test. New or removed run dirs are what a test's launch leaves; changes
-    inside a user's run dir are not compared (a run of the user's may train while the suite runs)."""
+RESULTS_ENV = "FAULTS_RESULTS_DIR"
+"""Where `make faults` asks the fault-injection tests to save their outcomes (runs/faults): a folder the
+suite was told to write, so not counted as a test's trespass."""
+
+
+def runs_listing(repo: Path, env: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The names under the checkout's runs/, but RESULTS_ENV's folder: one listing, cheap enough to take around every test. New or removed run dirs are what a
+    test's launch leaves; changes inside a user's run dir are not compared (a run of the user's may
+    train while the suite runs)."""
     runs = repo / "runs"
+    asked = (env if env is not None else os.environ).get(RESULTS_ENV)
+    told = {Path(asked).name} if asked and (repo / asked).resolve().parent == runs.resolve() else set()
     try:
-        return frozenset({"", *(p.name for p in runs.iterdir())})
+        return frozenset({p.name for p in runs.iterdir()} - told)
     except (FileNotFoundError, NotADirectoryError):
         return frozenset()
 

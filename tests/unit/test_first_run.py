@@ -37,3 +37,6 @@ def test_a_test_that_writes_the_checkouts_runs_is_named(tmp_path: Path) -> None:
     problem = workdir.guard(before, workdir.runs_listing(tmp_path))
     assert problem is not None and "runs/smoke" in problem
     assert workdir.guard(workdir.runs_listing(tmp_path), workdir.runs_listing(tmp_path)) is None
+    (tmp_path / "runs" / "faults").mkdir()  # `make faults` tells the suite to save its outcomes there
+    told = {workdir.RESULTS_ENV: "runs/faults"}
+    assert workdir.runs_listing(tmp_path, told) == workdir.runs_listing(tmp_path, {}) - {"faults"}
