@@ -10,6 +10,10 @@ import ast
 import re
 import signal
 import subprocess
+import sys
+import threading
+import time
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -695,3 +699,68 @@ def test_a_worker_that_does_not_train_live_loads_neither_the_live_group_nor_the_
     assert "torchlaunch.core.recovery.minimum" in seen  # the walk reaches the package
     heavy = ("torchlaunch.core.recovery.group", "torchlaunch.core.recovery.fence", "torchlaunch.data.shards.reader")
     assert not [m for m in heavy if m in seen], sorted(m for m in seen if m.startswith(heavy))
+
+
+# ---- a third-party backend cannot take the launcher down (issue 52) ---------------------------------------
+
+PLUGINS = {
+    "detect_raises": "class B:\n    name = 'detect-raises'\n    by_pid = False\n    launcher = 'x'\n"
+    "    def detect(self, env):\n        raise RuntimeError('boom in detect')\n"
+    "    def state(self, job_id, extra):\n        import plugin_gate\n        plugin_gate.GATE.wait(60)\n"
+    "    def cancel(self, run_dir, nodes):\n        raise SystemExit(3)\nBACKEND = B()\n",
+    "import_hangs": "import plugin_gate\nplugin_gate.GATE.wait(60)\nBACKEND = None\n",
+    "import_exits": "raise SystemExit(3)\n",
+    "impostor": "class B:\n    name = 'slurm'\n    by_pid = False\n    launcher = 'x'\nBACKEND = B()\n",
+}
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[types.SimpleNamespace]:
+    """A fresh registry whose entry-point group lists PLUGINS (modules on sys.path); their hangs wait on
+    a gate released at teardown, so no thread outlives the test by more than that."""
+    from torchlaunch.jobs import schedulers
+
+    for name, text in PLUGINS.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    gate = types.SimpleNamespace(GATE=threading.Event())
+    monkeypatch.setitem(sys.modules, "plugin_gate", gate)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(schedulers, "_BACKENDS", {})
+    monkeypatch.setattr(schedulers, "_BUILTIN_NAMES", set(), raising=False)
+    monkeypatch.setattr(schedulers, "_LOADED", False)
+    monkeypatch.setattr(schedulers, "PLUGIN_TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr(schedulers, "entry_point_targets", lambda: [f"{name}:BACKEND" for name in PLUGINS])
+    try:
+        yield gate
+    finally:
+        gate.GATE.set()
+        for name in PLUGINS:
+            sys.modules.pop(name, None)
+
+
+def test_a_plugin_backend_that_fails_hangs_or_impersonates_is_skipped_in_one_line(
+    installed: types.SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An import that hangs or raises SystemExit, and a package naming its backend `slurm`: each one line
+    on stderr naming the entry point, the built-in backends untouched; a detect() that raises is one line
+    and no answer, not a crashed launch.local; a hook that hangs returns within the bound (`status`)."""
+    from torchlaunch.backends.slurm import operate as slurm_operate
+    from torchlaunch.jobs import schedulers
+
+    start = time.monotonic()
+    assert set(schedulers.names()) == {"local", "slurm", "k8s", "detect-raises"}
+    assert schedulers.get("slurm") is slurm_operate.BACKEND
+    assert schedulers.detect({}) == schedulers.Detected("local")
+    assert schedulers.get("detect-raises").state("7", {}) is None  # type: ignore[union-attr]
+    assert time.monotonic() - start < 5  # two 0.5 s bounds, not a hang
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 5, err
+    assert "backend 'import_hangs:BACKEND' not loaded: its import did not return within 0.5 s" in err[0]
+    assert "backend 'import_exits:BACKEND' not loaded: its import raised SystemExit: 3" in err[1]
+    assert "backend 'impostor:BACKEND' not loaded: 'slurm' is a built-in backend's name" in err[2]
+    assert "backend 'detect-raises' (detect_raises:BACKEND) detect() raised RuntimeError: boom in detect" in err[3]
+    assert "state() did not return within 0.5 s: ignored" in err[4]
+    with pytest.raises(exit_codes.BadInput, match=r"backend 'detect-raises' .* cancel\(\) raised SystemExit: 3$"):
+        schedulers.get("detect-raises").cancel(Path("/nonexistent"), [])  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="built in"):
+        schedulers.register(types.SimpleNamespace(name="local"))  # type: ignore[arg-type]

@@ -30,11 +30,15 @@ registry without torch. Stdlib only.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from torchlaunch.base import bounded
+from torchlaunch.exit_codes import BadInput
 
 
 @dataclass(frozen=True)
@@ -128,14 +132,19 @@ class Backend(Protocol):
 
 
 _BACKENDS: dict[str, Backend] = {}
+_BUILTIN_NAMES: set[str] = set()
 _LOADED = False
 """Whether the built-in and installed backends were registered (on the first question, `_load_all`)."""
 
 
 def register(backend: Backend) -> Backend:
     """Add (or replace) a backend; detection asks the newest first, so a specific backend registered
-    after the built-in ones is found before the local fallback."""
+    after the built-in ones is found before the local fallback. A built-in backend's name is refused
+    (ValueError): the job records and locks of every run name them, and a replacement would operate
+    those runs' jobs by rules nobody chose."""
     _load_all()
+    if backend.name in _BUILTIN_NAMES and _BACKENDS.get(backend.name) is not backend:
+        raise ValueError(f"backend {backend.name!r} is built in and cannot be replaced")
     _add(backend)
     return backend
 
@@ -200,24 +209,124 @@ def entry_point_targets() -> list[str]:
     return [ep.value for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)]
 
 
+PLUGIN_TIMEOUT_S = 10.0
+"""The longest a third-party backend's import, or one call of its hooks, may take (base.bounded): `status`
+answers in about a second, and a scheduler's own query tools time out well within this."""
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _warn(text: str) -> None:
+    print(f"torchlaunch: {text}"[:300], file=sys.stderr, flush=True)
+
+
+class Guarded:
+    """A third-party backend behind a time bound and an error fence (issue 52: one whose detect() raised
+    crashed launch.local, one whose hook hung hung `status`). What only reports (detect, state, alive,
+    logs, claim) turns a failure, a hang or an answer of the wrong type into one warning line and the
+    answer of a scheduler that cannot say; what the user asked of it by name (cancel, render, submit)
+    turns it into BadInput, one line naming the backend (exit 2)."""
+
+    def __init__(self, backend: Backend, target: str) -> None:
+        self._backend, self._target = backend, target
+        self.name = str(backend.name)
+        self.by_pid = backend.by_pid is True
+        self.launcher = str(backend.launcher)
+
+    def _run(self, hook: str, *args: Any) -> Any:
+        return bounded.call(lambda: getattr(self._backend, hook)(*args), PLUGIN_TIMEOUT_S, f"{self.name}.{hook}")
+
+    def _soft(self, hook: str, fallback: Any, kinds: tuple[type, ...], *args: Any) -> Any:
+        try:
+            said = self._run(hook, *args)
+        except bounded.Failed as e:
+            _warn(f"backend {self.name!r} ({self._target}) {hook}() {e}: ignored")
+            return fallback
+        if not isinstance(said, kinds):
+            _warn(f"backend {self.name!r} ({self._target}) {hook}() returned a {type(said).__name__}: ignored")
+            return fallback
+        return said
+
+    def _hard(self, hook: str, *args: Any) -> Any:
+        try:
+            return self._run(hook, *args)
+        except bounded.Failed as e:
+            raise BadInput(f"launch error: backend {self.name!r} ({self._target}) {hook}() {e}"[:400]) from None
+
+    def detect(self, env: Mapping[str, str]) -> Detected | None:
+        found = self._soft("detect", None, (Detected, type(None)), env)
+        return found if found is None or found.scheduler == self.name else None  # its own jobs only
+
+    def state(self, job_id: str, extra: Mapping[str, str]) -> JobState | None:
+        return self._soft("state", None, (JobState, type(None)), job_id, extra)
+
+    def alive(self, job_id: str) -> bool:
+        return self._soft("alive", True, (bool,), job_id)
+
+    def cancel(self, run_dir: Path, nodes: Sequence[LaunchRecord]) -> list[Step]:
+        steps = self._hard("cancel", run_dir, nodes)
+        if not isinstance(steps, list) or not all(isinstance(step, Step) for step in steps):
+            raise BadInput(f"launch error: backend {self.name!r} ({self._target}) cancel() returned no list of steps")
+        return steps
+
+    def logs(self, run_dir: Path, job_id: str | None) -> list[Path]:
+        found = self._soft("logs", [], (list,), run_dir, job_id)
+        return [p for p in found if isinstance(p, Path)]
+
+    def claim(self, job_id: str, run_dir: Path) -> None:
+        self._soft("claim", None, (object,), job_id, run_dir)
+
+    def render(self, spec: Any, options: Any) -> str:
+        return str(self._hard("render", spec, options))
+
+    def submit(self, argv: Sequence[str]) -> int:
+        """Not time-bounded (a submission may follow its job to the end), only fenced."""
+        try:
+            return int(self._backend.submit(argv))
+        except (BadInput, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit from a plug-in is a failure, not our exit
+            raise BadInput(
+                f"launch error: backend {self.name!r} ({self._target}) submit() raised {bounded.describe(e)}"[:400]
+            ) from None
+
+
+def load_plugin(target: str, taken: set[str]) -> Guarded | None:
+    """An installed package's backend, imported within PLUGIN_TIMEOUT_S and behind Guarded; None, with one
+    line on stderr, when it fails, hangs, is not a backend, or takes a built-in backend's name (`taken`: a
+    package can add a scheduler, never replace slurm, local or k8s under a run's feet)."""
+    try:
+        guarded = bounded.call(lambda: Guarded(load(target), target), PLUGIN_TIMEOUT_S, target)
+    except bounded.Failed as e:
+        _warn(f"backend {target!r} not loaded: its import {e}")
+        return None
+    if not NAME.fullmatch(guarded.name):
+        _warn(f"backend {target!r} not loaded: its name {guarded.name[:40]!r} is not a scheduler's name")
+        return None
+    if guarded.name in taken:
+        _warn(f"backend {target!r} not loaded: {guarded.name!r} is a built-in backend's name, which it cannot replace")
+        return None
+    return guarded
+
+
 def _load_all() -> None:
-    """Once, before the first answer: the built-in backends, then the installed packages' ones. A broken
-    third-party entry point is skipped with one line on stderr: it must not take `status` or a launch of
-    a built-in backend down. The flag is set first: a backend module that asks the registry while it is
-    being loaded gets the backends loaded so far, not a second round."""
+    """Once, before the first answer: the built-in backends, then the installed packages' ones. A broken,
+    hanging or impostor third-party entry point is skipped with one line on stderr (load_plugin): it must
+    not take `status` or a launch of a built-in backend down. The flag is set first: a backend module that
+    asks the registry while it is being loaded gets the backends loaded so far, not a second round."""
     global _LOADED
     if _LOADED:
         return
     _LOADED = True
     for target in BUILTIN:
         _add(load(target))
+    _BUILTIN_NAMES.update(_BACKENDS)
     for target in entry_point_targets():
         if target in BUILTIN:
             continue
-        try:
-            _add(load(target))
-        except Exception as e:  # noqa: BLE001 - someone else's package: say it and go on
-            print(f"torchlaunch: backend {target!r} not loaded: {type(e).__name__}: {e}"[:300], file=sys.stderr)
+        found = load_plugin(target, _BUILTIN_NAMES)
+        if found is not None:
+            _add(found)
 
 
 def _add(backend: Backend) -> None:
