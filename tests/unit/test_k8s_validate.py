@@ -159,3 +159,73 @@ def test_run_dir_under_names_where_it_would_land():
 def test_relative_run_dir_follows_the_workdir():
     assert v.run_dir_under("../shared/r", "/shared", "--run-dir", workdir="/code") == "/shared/r"
     refused(v.run_dir_under, "runs/a", "/shared", "--run-dir", workdir="/code")
+
+
+# ---- `launch.k8s --validate`: Kubernetes' schemas offline (issue 51 item 10: kubectl's dry run needs a server)
+
+
+class FakeSchemas:
+    """kubernetes_validate's surface as --validate uses it (the package is the engines floor's scanner, not
+    in the project's venv): a Job with a string `completions` is refused as the real schema refuses it,
+    and a JobSet has no schema (a CRD)."""
+
+    class ValidationError(Exception):
+        def __init__(self, message: str, path: tuple) -> None:
+            super().__init__(message)
+            self.message, self.path = message, path
+
+    class SchemaNotFoundError(Exception):
+        pass
+
+    @staticmethod
+    def latest_version() -> str:
+        return "1.37.0"
+
+    @classmethod
+    def validate(cls, obj: dict, version: str, strict: bool = False) -> str:
+        assert strict and version == "1.37.0"
+        if obj["kind"] == "JobSet":
+            raise cls.SchemaNotFoundError(obj["kind"])
+        if obj["kind"] == "Job" and not isinstance(obj["spec"].get("completions"), int):
+            raise cls.ValidationError("'two' is not of type 'integer', 'null'", ("spec", "completions"))
+        return version
+
+
+def render(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, list[str]]:
+    from torchlaunch.backends.k8s.launch import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, [line for line in err.splitlines() if line.strip()]
+
+
+def test_validate_without_the_schemas_says_how_to_get_them_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # not installed
+    code, out, err = render(["--nodes", "2", "--validate"], capsys)
+    assert code == 2 and out == "" and len(err) == 1, err
+    assert "pip install kubernetes-validate==1.37.0" in err[0] and err[0].startswith("launch error: --validate")
+
+
+def test_validate_checks_every_object_and_refuses_before_printing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from torchlaunch.backends.k8s import launch, offline_check
+
+    monkeypatch.setitem(sys.modules, "kubernetes_validate", FakeSchemas)
+    code, out, err = render(["--nodes", "2", "--validate"], capsys)
+    assert code == 0 and "kind: Job" in out
+    assert err == ["k8s: 5 object(s) valid against the Kubernetes 1.37.0 schemas (strict, offline)"]
+    code, out, err = render(["--nodes", "2", "--jobset", "--validate"], capsys)
+    assert code == 0 and "not checked (no schema in kubernetes-validate: a CRD): JobSet/torchlaunch" in err[0]
+    real = launch.to_yaml
+    monkeypatch.setattr(launch, "to_yaml", lambda *a: real(*a).replace("completions: 2", "completions: two"))
+    code, out, err = render(["--nodes", "2", "--validate"], capsys)
+    assert code == 2 and out == "" and len(err) == 1
+    assert err[0].startswith("launch error: --validate: Job/torchlaunch: spec.completions: ") and "'two'" in err[0]
+    assert offline_check.PIN in offline_check.HOW_TO_GET

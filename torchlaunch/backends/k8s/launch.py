@@ -39,7 +39,7 @@ from typing import Any
 
 from torchlaunch import contract
 from torchlaunch.backends.k8s import elastic as k8s_elastic
-from torchlaunch.backends.k8s import hardening
+from torchlaunch.backends.k8s import hardening, offline_check
 from torchlaunch.backends.k8s import live as k8s_live
 from torchlaunch.backends.k8s import validate as k8s_validate
 from torchlaunch.base.untrusted import quote, whole
@@ -566,6 +566,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="(inside pods) wait until HOST:PORT accepts TCP connections, then exit 0",
     )
     p.add_argument("--wait-timeout-s", type=int, default=K8sOptions.wait_timeout_s)
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="check the manifests against Kubernetes' schemas offline (kubernetes-validate) before printing them",
+    )
     cli.add_reconfigure(p)
     cli.add_operation(
         p,
@@ -666,7 +671,10 @@ def render(argv: list[str]) -> int:
     own, program = cli.split_program(argv)
     shown = [a for a in own if a != "--dry-run"] + (["--", *program] if program is not None else [])
     header = [line.format(args=(" " + shlex.join(shown)) if shown else "") for line in HEADER]
-    sys.stdout.write(to_yaml(manifests(spec, opts, recipe_text), header))
+    text = to_yaml(manifests(spec, opts, recipe_text), header)
+    if args.validate:  # no cluster needed, unlike kubectl's dry run; refused before anything is printed
+        print(offline_check.check(text), file=sys.stderr)
+    sys.stdout.write(text)
     return OK
 
 
