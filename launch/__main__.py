@@ -1,5 +1,5 @@
 """`python -m launch status|logs|cancel|list RUN_DIR`: the command users type; the code is torchlaunch.jobs.cli."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.jobs.cli", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.jobs.cli", "launch")  # torch-free where it can be: a package is asked for only when used

@@ -1,5 +1,5 @@
 """`python -m launch.local`: the command users type; the code is torchlaunch.backends.local.launch (nothing imports this)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.backends.local.launch", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.backends.local.launch", "launch.local", deps.TRAINING)

@@ -1,5 +1,5 @@
 """`python -m launch.slurm`: the command users type; the code is torchlaunch.backends.slurm.launch (nothing imports this)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.backends.slurm.launch", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.backends.slurm.launch", "launch.slurm", deps.SUBMIT)

@@ -3,6 +3,6 @@
 A thin command module: the code is torchlaunch.worker, and nothing inside torchlaunch imports this
 package (a user's own `train` must never collide with the project's)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.worker", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.worker", "train", deps.TRAINING)

@@ -1,5 +1,5 @@
 """`python -m train.shards`: the command users type; the code is torchlaunch.data.shards.cli (nothing imports this)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.data.shards.cli", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.data.shards.cli", "train.shards", deps.TRAINING)

@@ -5,6 +5,8 @@ tests/integration/test_first_run.py."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,11 @@ import pytest
 from tests import workdir
 from tests.conftest import REPO, stage
 from torchlaunch import config as config_mod
+from torchlaunch import rundir
 from torchlaunch.backends.local import launch as local
-from torchlaunch.exit_codes import OK
+from torchlaunch.exit_codes import BAD_INPUT, OK
+from torchlaunch.jobs import record
+from torchlaunch.launch import deps, finished
 
 
 def test_a_users_runs_folder_is_not_the_suites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,3 +45,76 @@ def test_a_test_that_writes_the_checkouts_runs_is_named(tmp_path: Path) -> None:
     (tmp_path / "runs" / "faults").mkdir()  # `make faults` tells the suite to save its outcomes there
     told = {workdir.RESULTS_ENV: "runs/faults"}
     assert workdir.runs_listing(tmp_path, told) == workdir.runs_listing(tmp_path, {}) - {"faults"}
+
+
+def test_every_dependency_of_the_project_is_known_to_the_commands() -> None:
+    """deps.PACKAGES is pyproject.toml's `dependencies`: a package added there is checked too."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = {re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].lower() for spec in project["dependencies"]}
+    assert declared == set(deps.PACKAGES.values())
+
+
+def test_a_python_without_the_packages_gets_one_line_naming_the_venv(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert deps.missing(["torch", "yaml"], find=lambda name: None) == ["torch", "pyyaml"]
+    monkeypatch.setattr(deps, "missing", lambda names: ["torch"])
+    with pytest.raises(SystemExit) as ended:
+        deps.run_module("torchlaunch.backends.local.launch", "launch.local", deps.TRAINING)
+    lines = capsys.readouterr().err.splitlines()
+    assert ended.value.code == BAD_INPUT and len(lines) == 1
+    assert lines[0].startswith("env error:") and ".venv/bin/python -m launch.local" in lines[0]
+
+
+def test_a_dependency_missing_inside_a_command_is_the_same_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def lacking(module: str, **_: object) -> None:
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+    monkeypatch.setattr(deps.runpy, "run_module", lambda module, **kw: lacking("numpy.linalg"))
+    with pytest.raises(SystemExit) as ended:
+        deps.run_module("torchlaunch.jobs.cli", "launch")
+    assert ended.value.code == BAD_INPUT and "lacks numpy" in capsys.readouterr().err
+    monkeypatch.setattr(deps.runpy, "run_module", lambda module, **kw: lacking("my_plugin"))
+    with pytest.raises(ModuleNotFoundError):  # not the project's: the command's own error stands
+        deps.run_module("torchlaunch.jobs.cli", "launch")
+
+
+def finished_run(run_dir: Path) -> Path:
+    """A run dir as a finished smoke run leaves it (config, the last launch's record, model.pt)."""
+    cfg = config_mod.load("configs/smoke.yaml", [f"run_dir={run_dir}"])
+    config_mod.settle_resolved(cfg, reconfigure=False)
+    rec = record.start(run_dir, scheduler="local", command=["launch.local"])
+    record.finish(run_dir, rec, OK, "finished")
+    rundir.model(run_dir).write_bytes(b"weights")
+    return record.record_path(run_dir)
+
+
+def test_a_finished_runs_rerun_exits_0_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """10-14 s of torchrun, ranks and data before: now the launcher reads the run dir and starts nothing
+    (a unit test fails on any process started) and writes nothing (the record is the finish's)."""
+    run = tmp_path / "run"
+    job = finished_run(run)
+    kept = job.read_bytes()
+    assert local.main(["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={run}"]) == OK
+    assert "finished already: nothing to train (exit 0)" in capsys.readouterr().err
+    assert job.read_bytes() == kept
+
+
+def test_a_reconfigured_or_unfinished_run_is_left_to_its_ranks(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    finished_run(run)
+    assert finished.finished(run)
+    assert not finished.already(run, changed=True, one_node=True)
+    assert not finished.already(run, changed=False, one_node=False)
+    later = rundir.model(run).stat().st_mtime + 5
+    os.utime(rundir.config(run), (later, later))  # a --reconfigure wrote config.yaml after the model
+    assert not finished.finished(run)
+    rec = record.start(tmp_path / "other", scheduler="local", command=["launch.local"])
+    record.finish(tmp_path / "other", rec, 75, "preempted")
+    assert not finished.finished(tmp_path / "other")

@@ -58,7 +58,7 @@ from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import record, watchdog
 from torchlaunch.jobs.launcher import Operation
 from torchlaunch.jobs.progress import RankBeat
-from torchlaunch.launch import cli, elastic, emit, precheck, shape
+from torchlaunch.launch import cli, elastic, emit, finished, precheck, shape
 from torchlaunch.launch.relay import StderrRelay
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
 
@@ -857,6 +857,10 @@ def launch(argv: Sequence[str]) -> int:
             settled = config_mod.Settled(config_mod.write_resolved(cfg, rundir.doctor_config(cfg.run_dir)))
         else:
             settled = settle_config(cfg, args.reconfigure, lock)
+        one_node = spec.nodes == 1 and spec.min_nodes is None and planned.placement.master_addr is None
+        changed = args.doctor or settled.previous is not None or settled.note is not None
+        if finished.already(cfg.run_dir, changed=changed, one_node=one_node):
+            return OK  # torchlaunch.launch.finished: nothing started, nothing written
         if live:  # after the config is settled: a refused launch records nothing in RUN_DIR/live
             try:
                 joins, first = live_start(lock, cfg, spec, planned.placement)
