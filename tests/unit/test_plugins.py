@@ -104,3 +104,71 @@ def test_init_from_comes_after_fastnet_data_init_and_only_on_a_fresh_run(tmp_pat
     assert "ignored: resuming from this run's own checkpoint" in capsys.readouterr().out
     stem = resumed.model.state_dict()["stem.0.weight"]
     assert not torch.equal(stem, source.state_dict()["stem.0.weight"])
+
+
+HOSTILE_DATA = """
+import plugin_gate
+import torch
+
+class Split:
+    def __init__(self, n):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        return torch.zeros(3, 4, 4, dtype=torch.uint8), 0
+
+def hangs():
+    plugin_gate.GATE.wait(60)
+
+def exits():
+    raise SystemExit(3)
+
+def huge():
+    return Split(10**12), Split(4), ["a", "b"]
+
+def negative():
+    return Split(-1), Split(4), ["a", "b"]
+
+def many_classes():
+    return Split(4), Split(4), [str(i) for i in range(10**6)]
+"""
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [
+        ("hangs", "factory 'hostile_data:hangs' did not return within 0.3 s"),
+        ("exits", "factory 'hostile_data:exits' raised SystemExit: 3"),
+        ("huge", "the train split says it has 1000000000000 samples, more than 1000000000"),
+        ("negative", "len() of the train split raised ValueError: __len__() should return >= 0"),
+        ("many_classes", "1000000 classes, more than 131072"),
+    ],
+)
+def test_a_data_factory_that_hangs_exits_or_claims_too_much_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, said: str
+) -> None:
+    """Issue 52: a factory that hung was never bounded (the hang watchdog arms after the first step), a
+    `__len__` of 10**12 was silent for 120 s and a million classes died after 112 s with a traceback.
+    Each is now a config error (exit 2, one line) before anything is allocated, within the bound."""
+    import sys
+    import threading
+    import time
+    import types
+
+    from torchlaunch.worker import plugins
+
+    (tmp_path / "hostile_data.py").write_text(HOSTILE_DATA)
+    gate = types.SimpleNamespace(GATE=threading.Event())
+    monkeypatch.setitem(sys.modules, "plugin_gate", gate)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "hostile_data", raising=False)
+    start = time.monotonic()
+    try:
+        with pytest.raises(ConfigError) as refused:
+            plugins.load_data(f"hostile_data:{factory}", str(tmp_path), 32, timeout_s=0.3 if factory == "hangs" else 60)
+    finally:
+        gate.GATE.set()
+    assert time.monotonic() - start < 30
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+    assert isinstance(refused.value, BadInput)

@@ -22,9 +22,11 @@ T = TypeVar("T")
 class Failed(Exception):
     """The call raised (any BaseException) or did not return in time; str() is one line saying which."""
 
-    def __init__(self, what: str, timed_out: bool = False) -> None:
+    def __init__(self, what: str, timed_out: bool = False, error: BaseException | None = None) -> None:
         super().__init__(what)
         self.timed_out = timed_out
+        self.error = error
+        """What the call raised (None when it timed out): a caller passes its own kind of error on."""
 
 
 def describe(error: BaseException) -> str:
@@ -51,5 +53,6 @@ def call(fn: Callable[[], T], timeout_s: float, name: str = "plug-in") -> T:
     if thread.is_alive():
         raise Failed(f"did not return within {timeout_s:g} s", timed_out=True)
     if "error" in box:
-        raise Failed(f"raised {describe(box['error'])}")  # type: ignore[arg-type]
+        error: BaseException = box["error"]  # type: ignore[assignment]
+        raise Failed(f"raised {describe(error)}", error=error)
     return box["value"]  # type: ignore[return-value]

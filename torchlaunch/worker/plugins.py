@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import rundir, suggest
+from torchlaunch.base import bounded
 from torchlaunch.config import PLUGIN_PATTERN, ConfigError, is_plugin
 from torchlaunch.exit_codes import BadInput
 
@@ -272,19 +273,61 @@ def _accepted_kwargs(factory: Callable[..., Any], offered: dict[str, Any]) -> di
     return {k: v for k, v in offered.items() if k in names}
 
 
-def load_data(path: str, root: str, image_size: int) -> PluginData:
-    """Call a data factory and check its result: two non-empty map-style datasets, >= 2 class names,
-    and a well-formed first sample in each split."""
+FACTORY_TIMEOUT_S = 600.0
+"""The longest a data factory may take (base.bounded). It runs before the first step, where the hang
+watchdog is not armed yet: a factory that never returns would hold every rank, and the ranks waiting on
+this one, for ever. Ten minutes is room for indexing a large folder, not for a hang."""
+
+MAX_SAMPLES = 10**9
+"""A split's largest `__len__`: the loaders keep a label and an index per sample, and a per-sample split
+without `targets` reads every label once at start (a billion is hours of it already)."""
+
+MAX_CLASSES = 1 << 17
+"""The most class names: 131,072 is 6x ImageNet-21k's; the classifier head, its optimiser state and
+the per-class metrics grow with it (a million classes died after 112 s with a traceback, issue 52)."""
+
+
+def _call_factory(factory: Callable[..., Any], path: str, kwargs: dict[str, Any], timeout_s: float) -> Any:
+    """factory(**kwargs) within `timeout_s`; its failure or hang is ConfigError (exit 2, one line)."""
+    try:
+        return bounded.call(lambda: factory(**kwargs), timeout_s, f"data factory {path}")
+    except bounded.Failed as e:
+        if isinstance(e.error, BadInput):
+            raise e.error from None
+        fix = f"fix the factory; it is called as {DATA_CALL}"
+        if e.timed_out:
+            fix = "make it return sooner: read lazily, in the dataset's __getitem__"
+        raise ConfigError("data.name", f"factory {path!r} {e}", fix) from None
+
+
+def _split_size(path: str, split: str, ds: Any) -> int:
+    """len(ds), checked before anything is allocated for it: an int in [1, MAX_SAMPLES]."""
+    try:
+        n = len(ds)
+    except Exception as e:  # noqa: BLE001 - the dataset's own __len__: negative, not an int, too big for one
+        raise ConfigError(
+            "data.name", f"factory {path!r}: len() of the {split} split raised {_first_line(e)}", "fix __len__"
+        ) from None
+    if n == 0:
+        raise ConfigError(
+            "data.name", f"factory {path!r}: the {split} split is empty", "return at least one sample in each split"
+        )
+    if n > MAX_SAMPLES:
+        raise ConfigError(
+            "data.name",
+            f"factory {path!r}: the {split} split says it has {n} samples, more than {MAX_SAMPLES}",
+            "fix __len__, or store a set that large as shards (torchlaunch.data.shards)",
+        )
+    return n
+
+
+def load_data(path: str, root: str, image_size: int, timeout_s: float = FACTORY_TIMEOUT_S) -> PluginData:
+    """Call a data factory (within `timeout_s`) and check its result before anything is allocated for it:
+    two non-empty map-style datasets of at most MAX_SAMPLES, 2 to MAX_CLASSES class names, and a
+    well-formed first sample in each split."""
     factory = resolve("data.name", path)
     kwargs = _accepted_kwargs(factory, {"root": root, "image_size": image_size})
-    try:
-        result = factory(**kwargs)
-    except BadInput:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError(
-            "data.name", f"factory {path!r} raised {_first_line(e)}", f"fix the factory; it is called as {DATA_CALL}"
-        ) from None
+    result = _call_factory(factory, path, kwargs, timeout_s)
     if isinstance(result, (tuple, list)) and len(result) == 3:
         result = PluginData(*result)
     if not isinstance(result, PluginData):
@@ -294,6 +337,12 @@ def load_data(path: str, root: str, image_size: int) -> PluginData:
             "return (train, val, classes) or torchlaunch.worker.plugins.PluginData; see examples/my_data.py",
         )
     classes = result.classes
+    if isinstance(classes, Sequence) and not isinstance(classes, (str, bytes)) and len(classes) > MAX_CLASSES:
+        raise ConfigError(
+            "data.name",
+            f"factory {path!r}: {len(classes)} classes, more than {MAX_CLASSES}",
+            "return the class names of the labels the dataset gives",
+        )
     if (
         isinstance(classes, (str, bytes))
         or not isinstance(classes, Sequence)
@@ -322,10 +371,7 @@ def load_data(path: str, root: str, image_size: int) -> PluginData:
                 f"factory {path!r}: the {split} split is a {type(ds).__name__}, not a map-style dataset",
                 "return objects with __len__ and __getitem__ (e.g. a torch.utils.data.Dataset) or a torchlaunch.data.shards.ShardSet",
             )
-        if len(ds) == 0:
-            raise ConfigError(
-                "data.name", f"factory {path!r}: the {split} split is empty", "return at least one sample in each split"
-            )
+        _split_size(path, split, ds)
         check_sample(path, split, 0, _get(path, split, ds, 0), len(result.classes))
     return result
 
