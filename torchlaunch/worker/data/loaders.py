@@ -87,13 +87,27 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+DEFAULT_WORKERS = 2
+"""data.num_workers' default (torchlaunch/data/section.py): the count the project ships and tests."""
+
+
+def resolve_workers(num_workers: int, cores: int) -> int:
+    """The loader processes a rank starts: data.num_workers, at most one per core this rank may use. Why a
+    cap: forked workers inherit the rank's CPU affinity, so on a pinned CPU rank (launch.local, one core per
+    rank on a 2-core box) more workers than its cores add processes contending for them, not parallelism
+    (issue 51 item 10: the default of 2 drew the project's own contention note on every such launch)."""
+    return min(num_workers, max(1, cores)) if num_workers > 0 else num_workers
+
+
 def worker_count_note(num_workers: int, cores: int) -> str | None:
-    """The one line for more DataLoader processes per rank than it has cores, or None."""
-    if num_workers <= cores:
+    """The one line for a data.num_workers set above the default that this rank's cores cut down, or None
+    (the default is cut silently: the project does not warn about its own setting)."""
+    if num_workers <= cores or num_workers <= DEFAULT_WORKERS:
         return None
     return (
-        f"note: data.num_workers={num_workers} loader processes per rank share the {cores} core(s) this rank "
-        f"may use (data.num_workers={cores} avoids the contention; 0 loads in the training process)"
+        f"note: data.num_workers={num_workers}: this rank may use {cores} core(s), which its loader processes "
+        f"would share, so it starts {max(1, cores)} (data.num_workers={max(1, cores)} says so; 0 loads in "
+        f"the training process)"
     )
 
 
@@ -117,7 +131,8 @@ class TrainLoader:
         decode: str = "cpu",
     ) -> None:
         self.data, self.plan, self.normalize, self.device = data, plan, normalize, device
-        self.augment_on, self.num_workers, self.image_size = augment_on, num_workers, image_size
+        cores = usable_cores()
+        self.augment_on, self.num_workers, self.image_size = augment_on, resolve_workers(num_workers, cores), image_size
         self.trace, self.val_resize, self.decode = trace, val_resize, decode
         if decode == "gpu":  # data.decode=gpu (worker/data/gpu_decode.py): a CUDA device or one line, exit 2
             gpu_decode.check_device(device)
@@ -126,7 +141,7 @@ class TrainLoader:
         """For rank 0 to print once (TORCH_WORKER_WARNING)."""
         if data.images is None and num_workers:
             warnings.filterwarnings("ignore", message=TORCH_WORKER_WARNING, category=UserWarning)
-            self.worker_note = worker_count_note(num_workers, usable_cores())
+            self.worker_note = worker_count_note(num_workers, cores)
         self.resized = plan.train_crop == "resized"
         if self.resized and data.images is not None:
             raise ConfigError(
