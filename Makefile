@@ -24,8 +24,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt setup.py torchlaunch/worker/d
 install-live: install
 	$(PY) -m pip install -q -c constraints.txt -e '.[live]'
 
+# make exits 2 whenever a recipe fails, whatever the launcher returned: the launcher's own code (the
+# README's exit-code table: 75 = run the same command again, 2 = bad input) is said on the last line.
 train-local: install
-	$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS)
+	$(info $(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS))
+	@$(PY) -m launch.local --gpus $(GPUS) --config $(CONFIG) $(ARGS) || { rc=$$?; \
+	  echo "make: launch.local exited $$rc (the README's exit codes are the launcher's; make's own is 2)" >&2; \
+	  exit $$rc; }
 
 # The suite lives on three floors: tests/unit (in-process only, enforced by tests/unit/conftest.py),
 # tests/integration (processes on this machine: launchers, torchrun, loopback) and tests/engines (the
@@ -43,9 +48,13 @@ test-all: test test-extended
 test-unit: install
 	$(PY) -m pytest -q -n $(JOBS) tests/unit $(PYTEST_ARGS)
 
+# Both stages run whatever the first one's result (a failure there must not hide the second stage's);
+# the recipe fails with the first stage's code when it failed, else the second's.
 test-integration: install
-	$(PY) -m pytest -q -n $(JOBS) -m "not slow and not slurm and not docker and not netns and not extended" tests/integration tests/engines $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m "(slow or slurm or docker) and not netns and not extended" tests/integration tests/engines $(PYTEST_ARGS)
+	rc=0; \
+	$(PY) -m pytest -q -n $(JOBS) -m "not slow and not slurm and not docker and not netns and not extended" tests/integration tests/engines $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) -m pytest -q -m "(slow or slurm or docker) and not netns and not extended" tests/integration tests/engines $(PYTEST_ARGS) || { c=$$?; [ $$rc -ne 0 ] || rc=$$c; }; \
+	exit $$rc
 
 # A developer's quick loop across the floors: everything not marked slow and needing no engine.
 test-fast: install

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,45 @@ def test_a_reconfigured_or_unfinished_run_is_left_to_its_ranks(tmp_path: Path) -
     rec = record.start(tmp_path / "other", scheduler="local", command=["launch.local"])
     record.finish(tmp_path / "other", rec, 75, "preempted")
     assert not finished.finished(tmp_path / "other")
+
+
+LAUNCHES = re.compile(r"^(make train-local|python -m (launch\.local|launch\.slurm|train))( |$)")
+
+
+def trained_run(cmd: str) -> tuple[str, tuple[str, ...]] | None:
+    """(run dir, what its config is made of) of a documented command that trains the built-in worker
+    (None for anything else: a program after --, a dry run, a pre-flight, another command)."""
+    match = LAUNCHES.match(cmd)
+    if match is None or " -- " in cmd or "--dry-run" in cmd or "--doctor" in cmd:
+        return None
+    words = shlex.split(cmd.split("&&")[0])
+    if words[0] == "make":
+        settings = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+        config, overrides = settings.get("CONFIG", "configs/cifar10.yaml"), settings.get("ARGS", "").split()
+    else:
+        config = words[words.index("--config") + 1] if "--config" in words else "configs/cifar10.yaml"
+        overrides = [w for w in words if "=" in w and not w.startswith("-")]
+    given = dict(o.split("=", 1) for o in overrides)
+    run_dir = given.pop("run_dir", None) or config_mod.load(str(REPO / config), []).run_dir
+    launcher = "launch.local" if words[0] == "make" else words[2]  # make train-local runs launch.local
+    return run_dir, (launcher, config, *sorted(f"{k}={v}" for k, v in given.items()))
+
+
+def test_documented_examples_never_share_a_run_dir_with_another_config() -> None:
+    """README task 1 then task 3 met on one default run dir with other configs: "was started with
+    another config". The same command twice (a rerun) may share one. The pages a new user starts from."""
+    from tests.unit.test_readme_commands import all_commands
+
+    seen: dict[str, tuple[str, tuple[str, ...]]] = {}
+    clashes = []
+    for page, cmd in all_commands(
+        [REPO / "README.md", REPO / "docs" / "quickstart.md", REPO / "docs" / "OPERATING.md"]
+    ):
+        found = trained_run(cmd)
+        if found is None:
+            continue
+        run_dir, made_of = found
+        first = seen.setdefault(run_dir, (f"{page}: {cmd}", made_of))
+        if first[1] != made_of:
+            clashes.append(f"{run_dir}: {first[0]} / {page}: {cmd}")
+    assert not clashes, "\n".join(clashes)
