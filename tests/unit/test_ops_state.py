@@ -68,6 +68,15 @@ def test_running_with_fresh_heartbeats_and_eta() -> None:
     assert [r.rank for r in st.ranks] == [0, 1]
 
 
+def test_the_step_and_eta_are_never_behind_the_newest_checkpoint() -> None:
+    """Beats come every few steps; the checkpoint of step 44 says the run got that far (issue 51)."""
+    ckpt = state.Checkpoint(44, "/r/checkpoints/step-000000044", NOW - 1)
+    st = decide(records=[rec()], alive={0: True}, beats=[beat(0, step=40), beat(1, step=40)], checkpoint=ckpt)
+    assert st.step == 44 and st.eta_s == pytest.approx((100 - 44) * 0.5)
+    ended = decide(records=[rec(outcome="finished", ended=NOW)], beats=[beat(0, step=None)], checkpoint=ckpt)
+    assert ended.step == 44  # a rerun's beat before its first step: the run's step is still known
+
+
 def test_running_before_any_step() -> None:
     st = decide(records=[rec()], alive={0: True})
     assert st.state == "running" and "no rank reported progress" in st.reason

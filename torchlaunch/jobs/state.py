@@ -320,6 +320,15 @@ def _world_size(head: RankBeat | None, change: WorldChange | None, lost: bool, l
     return head.world_size if head else None
 
 
+def _progress(beaten: int | None, ckpt: Checkpoint | None) -> int | None:
+    """The run's step: its ranks' beats come every few steps (and a rank started again beats before
+    its first step), so the newest verified checkpoint, committed after its step, may be ahead of them;
+    the run got at least that far (status showed `step -` and a longer ETA beside `checkpoint: step 48`)."""
+    if ckpt is None:
+        return beaten
+    return ckpt.step if beaten is None else max(beaten, ckpt.step)
+
+
 def decide(facts: Facts) -> Status:
     """The run's state and the numbers `status` shows."""
     ckpt = facts.checkpoint
@@ -344,7 +353,7 @@ def decide(facts: Facts) -> Status:
     state, reason = _state(facts, active, beats, left=[r for r in nodes if r.launch_id in quiet])
     head = next((b for b in beats if b.rank == 0), beats[0] if beats else None)
     stepped = [b.step for b in beats if b.step is not None]
-    step = min(stepped) if stepped else None
+    step = _progress(min(stepped) if stepped else None, facts.checkpoint)
     total = head.total if head else None
     step_times = [b.step_time for b in beats if b.step_time]
     step_time = statistics.median(step_times) if step_times else None
