@@ -40,6 +40,16 @@ def test_logs_of_a_run_without_logs_says_so(tmp_path: Path, capsys: pytest.Captu
     assert capsys.readouterr().err == f"launch: no rank logs in {tmp_path}/logs yet\n"
 
 
+def test_an_empty_rank_log_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`logs --rank 1` of a built-in run printed nothing at all: rank 1 prints only warnings (issue 51)."""
+    write_log(tmp_path, 0, [(1.0, "x")])
+    ranklog.log_path(tmp_path, 1).write_bytes(b"")
+    assert logs(str(tmp_path), "--rank", "1") == (0, [])
+    said = capsys.readouterr().err
+    assert "rank 1's log is empty" in said and "rank 0 only" in said and "--rank 0" in said
+    assert logs(str(tmp_path), "--rank", "0")[1] == ["[rank 0] x"] and capsys.readouterr().err == ""
+
+
 def test_logs_of_a_missing_rank_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_log(tmp_path, 0, [(1.0, "x")])
     assert logs(str(tmp_path), "--rank", "3")[0] == 2

@@ -151,10 +151,21 @@ def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
     if not present and not args.follow:
         print(f"launch: no rank logs in {printable(str(run))}/logs yet{_scheduler_output(run)}", file=sys.stderr)
     if not args.follow:
+        shown = False
         for line in ranklog.merged(run, ranks):
             print(line, file=out)
+            shown = True
+        if present and not shown:
+            print(f"launch: {_silent(ranks)} (`--rank 0` or no --rank: every rank's)", file=sys.stderr)
         return OK
     return follow(run, args.rank, out)
+
+
+def _silent(ranks: list[int]) -> str:
+    """Why a log can be empty: the built-in worker prints its progress from rank 0 only; the other ranks
+    write only their warnings and errors (a user's program may print from every rank)."""
+    which = f"rank {ranks[0]}'s log is" if len(ranks) == 1 else "the ranks' logs are"
+    return f"{which} empty: the built-in worker prints progress from rank 0 only, the others only warnings and errors"
 
 
 def _scheduler_output(run: Path) -> str:
