@@ -175,3 +175,16 @@ def test_wait_follows_a_job_requeued_after_a_node_failure(tmp_path: Path, monkey
     monkeypatch.setattr(slurm, "STATE_SOURCES", (sacct, lambda job_id: now[0][1]))
     assert slurm.follow(Job(), poll_s=0, out=io.StringIO(), err=io.StringIO()) == 0
     assert next(said, None) is None  # it polled through the requeue to the end
+
+
+def test_torchrun_gets_the_join_timeout_with_the_last_call_on_top() -> None:
+    """Issue 52: torchrun's join_timeout covers the last call after MIN nodes, so join_timeout=5 with
+    last_call_timeout=10 timed out every node though MIN had arrived; ours bounds the wait for MIN."""
+    conf = elastic.parse_rdzv_conf("join_timeout=5,last_call_timeout=10", elastic.DEFAULT_RDZV)
+    argv = elastic.torchrun_rendezvous(shape.NodeRange(1, 2), "127.0.0.1", 29500, "r", conf)
+    said = dict(item.split("=") for item in argv[argv.index("--rdzv-conf") + 1].split(","))
+    assert said["join_timeout"] == "15" and said["last_call_timeout"] == "10"
+    argv = elastic.torchrun_rendezvous(shape.NodeRange(1, 2), "h", 1, "r", (("join_timeout", 5),))
+    assert argv[-1] == "join_timeout=35"  # torchrun's own 30 s last call
+    argv = elastic.torchrun_rendezvous(shape.NodeRange(1, 2), "h", 1, "r", (("last_call_timeout", 3),))
+    assert argv[-1] == "last_call_timeout=3"

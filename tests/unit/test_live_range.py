@@ -242,3 +242,12 @@ def test_status_takes_a_live_runs_world_from_its_last_change() -> None:
     grown = WorldChange(step=24, world_size=2, previous_world_size=1, nodes=2, previous_nodes=1)
     assert _world_size(head, grown, lost=False, live=True) == 2
     assert _world_size(head, grown, lost=False, live=False) == 1
+
+
+def test_min_nodes_arrived_start_after_the_last_call_even_past_the_join_timeout(tmp_path: Path) -> None:
+    """Issue 52: `--nnodes 1:2 --rdzv-conf join_timeout=5,last_call_timeout=10` never started though its
+    MIN had arrived (the join's deadline came inside the last call). The join timeout bounds the wait
+    for MIN nodes; the last call then runs to its end."""
+    job = Launchers(tmp_path / "live")
+    met = job.meeting(0, "a").meet(NodeRange(1, 2), last_call_s=0.2, join_timeout_s=0)
+    assert met == fg.FirstSeat(0, 1, "10.0.0.1", (0,))

@@ -43,7 +43,7 @@ from torchlaunch.launch import cli
 from torchlaunch.launch.shape import NodeRange
 
 RDZV_KEYS = {
-    "join_timeout": "s a node waits for MIN nodes to form a group (torchrun: 600)",
+    "join_timeout": "s a node waits for MIN nodes to arrive (the last call comes on top; torchrun: 600)",
     "last_call_timeout": "s the group waits for more nodes once MIN are there (torchrun: 30)",
     "close_timeout": "s to close the rendezvous at the end (torchrun: 30)",
     "keep_alive_interval": "s between a node's heartbeats to the rendezvous (torchrun: 5)",
@@ -92,8 +92,23 @@ def torchrun_rendezvous(
         rdzv_id,
     ]
     if conf:
-        argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf)]
+        argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in torchrun_conf(conf))]
     return argv
+
+
+TORCHRUN_LAST_CALL_S = 30
+"""torchrun's last_call_timeout when --rdzv-conf names none."""
+
+
+def torchrun_conf(conf: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """Our rendezvous settings in torchrun's terms (pure). Ours: join_timeout is the wait for MIN nodes
+    to arrive. torchrun's: the whole join, the last call after MIN included, so a join_timeout below
+    last_call_timeout timed out every node though MIN had arrived (issue 52: `--nnodes 1:2 --rdzv-conf
+    join_timeout=5,last_call_timeout=10` never started). The last call is added on top."""
+    given = dict(conf)
+    if "join_timeout" in given:
+        given["join_timeout"] += given.get("last_call_timeout", TORCHRUN_LAST_CALL_S)
+    return tuple(sorted(given.items()))
 
 
 def job_key(rdzv_id: str, master_addr: str, port: int) -> str:

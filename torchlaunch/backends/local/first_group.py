@@ -137,7 +137,8 @@ class Meeting:
     ) -> FirstSeat | Joins | None:
         """Arrive and wait for the first group: this node's seat in it, Joins when it was sealed without
         this node, None when a stop signal came first. TimeoutError when fewer than MIN nodes arrived
-        within `join_timeout_s`."""
+        within `join_timeout_s`; once MIN are there the last call runs to its end whatever is left of
+        that wait (a join_timeout below last_call_s timed out a job whose MIN had arrived: issue 52)."""
         self.folder.mkdir(exist_ok=True)
         rundir.write_json(self.folder / f"{ARRIVED}{self.me.token}.json", arrival_record(self.me), durable=False)
         deadline = time.monotonic() + join_timeout_s
@@ -149,7 +150,9 @@ class Meeting:
                     return decided
                 if arrived >= nodes.min and min_since is None:
                     min_since = time.monotonic()
-                if time.monotonic() >= deadline:
+                elif arrived < nodes.min:
+                    min_since = None  # one of MIN left before the seal: the join's deadline holds again
+                if time.monotonic() >= deadline and min_since is None:  # MIN arrived: the last call runs on
                     raise TimeoutError(
                         f"{arrived} of the {nodes.min} node(s) needed arrived within {join_timeout_s:g} s"
                     )
