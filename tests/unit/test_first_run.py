@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from torchlaunch.backends.local import launch as local
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
 from torchlaunch.launch import deps, finished
+from torchlaunch.worker import slow_start
 
 
 def test_a_users_runs_folder_is_not_the_suites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -161,3 +163,42 @@ def test_documented_examples_never_share_a_run_dir_with_another_config() -> None
         if first[1] != made_of:
             clashes.append(f"{run_dir}: {first[0]} / {page}: {cmd}")
     assert not clashes, "\n".join(clashes)
+
+
+class FakeTimer:
+    """threading.Timer's part Phases uses; `fire()` is the delay having passed."""
+
+    def __init__(self, delay_s: float, fn: Callable[[], None]) -> None:
+        self.delay_s, self.fn, self.cancelled = delay_s, fn, False
+        TIMERS.append(self)
+
+    def start(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        if not self.cancelled:
+            self.fn()
+
+
+TIMERS: list[FakeTimer] = []
+
+
+def test_a_long_start_up_says_what_it_is_doing() -> None:
+    """2.5 minutes of silence while the cache was decoded: a phase past its few seconds says so, once,
+    from rank 0; a quick phase says nothing (a normal start's output is unchanged)."""
+    said: list[str] = []
+    TIMERS.clear()
+    phases = slow_start.Phases(True, timer=FakeTimer, say=said.append)
+    with phases("preparing the data (data.name=imagefolder)"):
+        TIMERS[-1].fire()  # still preparing when its time passed
+    with phases("building the model"):
+        pass
+    TIMERS[-1].fire()  # ended before: cancelled, silent
+    assert said == [f"start-up: preparing the data (data.name=imagefolder) for {slow_start.AFTER_S:.0f} s ..."]
+    quiet = slow_start.Phases(False, timer=FakeTimer, say=said.append)
+    with quiet("preparing the data"):
+        pass
+    assert len(said) == 1 and len(TIMERS) == 2  # another rank: no timer at all

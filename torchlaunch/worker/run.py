@@ -20,6 +20,7 @@ from torchlaunch import config as config_mod
 from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import OK, ArgumentParser, BadInput, ConfigError
 from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
+from torchlaunch.worker.slow_start import Phases
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -113,17 +114,20 @@ def _run(
         if not attempt:  # a rank started again finds the run's config already written
             agreed(ctx, lambda: settle_config(cfg, reconfigure, write=True) if ctx.is_main else None)
         # Local rank 0 prepares the data first (download, decode cache); the other ranks then read it.
-        finish_prefetch(prefetch)
-        data_what = f"the data (data.image_size={cfg.data.image_size})"
-        bundle = agreed(
-            ctx, lambda: allocating(data_what, lambda: load_bundle(cfg.data)) if ctx.local_rank == 0 else None
-        )
-        if bundle is None:
-            bundle = agreed(ctx, lambda: allocating(data_what, lambda: load_bundle(cfg.data)))
-        else:
-            agreed(ctx, lambda: None)
+        phase = Phases(ctx.rank == 0)  # a phase past a few seconds says so (a slow start is no hang)
+        with phase(f"preparing the data (data.name={cfg.data.name}, data.root={cfg.data.root})"):
+            finish_prefetch(prefetch)
+            data_what = f"the data (data.image_size={cfg.data.image_size})"
+            bundle = agreed(
+                ctx, lambda: allocating(data_what, lambda: load_bundle(cfg.data)) if ctx.local_rank == 0 else None
+            )
+            if bundle is None:
+                bundle = agreed(ctx, lambda: allocating(data_what, lambda: load_bundle(cfg.data)))
+            else:
+                agreed(ctx, lambda: None)
         model_what = f"the model (model.name={cfg.model.name}, model.width={cfg.model.width})"
-        trainer = agreed(ctx, lambda: allocating(model_what, lambda: Trainer(cfg, ctx, bundle, watcher, live)))
+        with phase(f"building {model_what}, its optimizer and loaders"):
+            trainer = agreed(ctx, lambda: allocating(model_what, lambda: Trainer(cfg, ctx, bundle, watcher, live)))
         try:
             with anomaly_detection(cfg.debug.detect_anomaly):
                 code = trainer.fit()
