@@ -247,8 +247,8 @@ class RecoveryConfig:
     lighthouse: str = field(
         default="",
         metadata=bound(
-            lambda v: v == "" or service_address(v) is not None,
-            "must be empty or the membership service's http://HOST:PORT",
+            lambda v: v == "" or service_address(v, ports=2) is not None,
+            "must be empty or the membership service's http://HOST:PORT, PORT at most 65534 (PORT+1 is its presence port)",
             "e.g. recovery.lighthouse=http://10.0.0.9:29510, where `python -m launch.lighthouse` serves on a host of its own",
         ),
     )

@@ -98,3 +98,26 @@ def test_argparses_own_refusals_are_one_line_and_exit_2(command: list[str], word
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(words), done.stderr
     assert "--help" in lines[0] and "usage:" not in done.stderr
+
+
+def test_a_lighthouse_nobody_serves_is_refused_at_launch_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 52: recovery.lighthouse pointing nowhere passed the launch and failed in every rank with a
+    traceback after ~19 s. The launcher looks once (bounded, loopback: a refused connection) and says
+    it in one line, exit 2, before anything is written."""
+    import time
+
+    from tests.conftest import free_port_pair
+    from torchlaunch.backends.local import launch as local
+
+    port = free_port_pair()
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    argv = ["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--device", "cpu"]
+    overrides = ["recovery.live=true", f"recovery.lighthouse=http://127.0.0.1:{port}", f"run_dir={run_dir}"]
+    code = local.main([*argv, "--config", SMOKE, *overrides])
+    err = capsys.readouterr().err.splitlines()
+    assert code == BAD_INPUT and len(err) == 1, err
+    assert f"its Lighthouse at 127.0.0.1:{port} cannot be reached (Connection refused" in err[0]
+    assert time.monotonic() - start < 10 and not run_dir.exists()

@@ -204,6 +204,19 @@ def test_the_launchers_agent_command_carries_the_range_and_the_seat() -> None:
             "--rdzv-conf keep_alive_interval: recovery.live=true has no torchrun rendezvous",
         ),  # fmt: skip
         (["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1"], "node ranks come from the rendezvous"),
+        (  # issue 52: its presence port would be 65536; passed the launch, then a traceback in every rank
+            [
+                "--nnodes",
+                "1:2",
+                "--node-rank",
+                "0",
+                "--master-addr",
+                "127.0.0.1",
+                "recovery.live=true",
+                "recovery.lighthouse=http://127.0.0.1:65535",
+            ],
+            "PORT at most 65534 (PORT+1 is its presence port)",
+        ),  # fmt: skip
     ],
 )
 def test_bad_range_input_is_one_line_and_exit_2_before_anything_is_written(

@@ -96,10 +96,12 @@ trailing newline, so `127.0.0.1\\n` passed the check and cut the error line that
 SERVICE_ADDRESS = re.compile(r"http://(?P<host>[^/:]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 
-def service_address(value: object) -> tuple[str, int] | None:
+def service_address(value: object, ports: int = 1) -> tuple[str, int] | None:
     """(host, port) of an `http://HOST:PORT` address (a service's, e.g. recovery.lighthouse), or None
-    when `value` is not one: a host by HOST, a port in 1..65535, nothing before or after."""
+    when `value` is not one: a host by HOST, nothing before or after, and PORT in 1..65535 with room for
+    the `ports` consecutive ports the service listens on from it (the membership service: 2, its
+    presence port is PORT+1, so 65535 would name a port that cannot exist)."""
     match = SERVICE_ADDRESS.fullmatch(value) if isinstance(value, str) else None
-    if match is None or not HOST.fullmatch(match["host"]) or not 0 < int(match["port"]) < 65536:
+    if match is None or not HOST.fullmatch(match["host"]) or not 0 < int(match["port"]) <= 65536 - ports:
         return None
     return match["host"].strip("[]"), int(match["port"])
