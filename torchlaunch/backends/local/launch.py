@@ -51,6 +51,7 @@ from typing import IO, TYPE_CHECKING, Any
 from torchlaunch import config as config_mod
 from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
 from torchlaunch import runner as program_mod
+from torchlaunch.backends import lighthouse_reach
 from torchlaunch.backends.local import first_group
 from torchlaunch.base import procs as ops_procs
 from torchlaunch.base.untrusted import quote
@@ -834,6 +835,8 @@ def launch(argv: Sequence[str]) -> int:
     live = live_mode(cfg, spec, planned.placement, args.doctor)
     if live:
         require_live_extra()
+        if cfg.recovery.lighthouse and not args.dry_run:  # one bounded look, not a traceback per rank
+            lighthouse_reach.check(cfg.recovery.lighthouse)
     if args.dry_run:
         if not args.doctor:  # the refusal a launch would make, nothing written
             config_mod.settle_resolved(cfg, reconfigure=args.reconfigure, write=False)
