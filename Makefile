@@ -61,8 +61,10 @@ test-fast: install
 	$(PY) -m pytest -q -n $(JOBS) -m "not slow and not slurm and not docker and not scanners and not netns and not extended" $(PYTEST_ARGS)
 
 test-extended: install
-	$(PY) -m pytest -q -m "extended and not netns" $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m "extended and netns" tests/engines/faults $(PYTEST_ARGS)
+	rc=0; \
+	$(PY) -m pytest -q -m "extended and not netns" $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) -m pytest -q -m "extended and netns" tests/engines/faults $(PYTEST_ARGS) || { c=$$?; [ $$rc -ne 0 ] || rc=$$c; }; \
+	exit $$rc
 
 # The multi-node fault-injection suite (root, network namespaces): its own CI stage.
 faults: install

@@ -1,5 +1,5 @@
 """`python -m train.doctor`: the command users type; the code is torchlaunch.tools.doctor (nothing imports this)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.tools.doctor", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.tools.doctor", "train.doctor")

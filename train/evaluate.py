@@ -1,5 +1,5 @@
 """`python -m train.evaluate`: the command users type; the code is torchlaunch.worker.evaluate (nothing imports this)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.worker.evaluate", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.worker.evaluate", "train.evaluate", deps.TRAINING)

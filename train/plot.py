@@ -1,5 +1,5 @@
 """`python -m train.plot`: the command users type; the code is torchlaunch.tools.plot (nothing imports this)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.tools.plot", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.tools.plot", "train.plot")

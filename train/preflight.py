@@ -1,5 +1,5 @@
 """`python -m train.preflight`: the command users type; the code is torchlaunch.tools.preflight (nothing imports this)."""
 
-import runpy
+from torchlaunch.launch import deps
 
-runpy.run_module("torchlaunch.tools.preflight", run_name="__main__", alter_sys=True)
+deps.run_module("torchlaunch.tools.preflight", "train.preflight", deps.TRAINING)

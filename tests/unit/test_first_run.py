@@ -202,3 +202,14 @@ def test_a_long_start_up_says_what_it_is_doing() -> None:
     with quiet("preparing the data"):
         pass
     assert len(said) == 1 and len(TIMERS) == 2  # another rank: no timer at all
+
+
+def test_every_command_a_user_types_starts_through_the_dependency_check() -> None:
+    """launch/*.py and train/*.py are the commands of the README; each one outside .venv is one line."""
+    commands = [p for folder in ("launch", "train") for p in sorted((REPO / folder).glob("*.py"))]
+    unchecked = [
+        str(p.relative_to(REPO))
+        for p in commands
+        if p.name not in ("__init__.py", "lighthouse.py") and "deps.run_module(" not in p.read_text(encoding="utf-8")
+    ]
+    assert not unchecked, unchecked
