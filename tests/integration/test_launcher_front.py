@@ -121,3 +121,17 @@ def test_a_lighthouse_nobody_serves_is_refused_at_launch_in_one_line(
     assert code == BAD_INPUT and len(err) == 1, err
     assert f"its Lighthouse at 127.0.0.1:{port} cannot be reached (Connection refused" in err[0]
     assert time.monotonic() - start < 10 and not run_dir.exists()
+
+
+def test_a_lighthouse_not_up_yet_is_not_refused_inside_a_kubernetes_pod() -> None:
+    """A pod may start before the service's pod is ready, and exit 2 there is final: no look there."""
+    from tests.conftest import free_port_pair
+    from torchlaunch import contract
+    from torchlaunch.backends import lighthouse_reach
+    from torchlaunch.exit_codes import BadInput
+
+    nowhere = f"http://127.0.0.1:{free_port_pair()}"
+    pod = {contract.K8S_JOB: "run", contract.KUBERNETES_SERVICE_HOST: "10.0.0.1"}
+    lighthouse_reach.check(nowhere, env=pod)
+    with pytest.raises(BadInput, match="cannot be reached"):
+        lighthouse_reach.check(nowhere, env={})

@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,8 +50,27 @@ class Job:
         self.recipe = work / "run.yaml"
         self.recipe.write_text(live.config_text(self.run_dir))
         self.port = free_port()  # nobody listens: a joiner never asks node 0's store
-        self.lighthouse = f"http://127.0.0.1:{free_port()}"  # nor does this test run a service
+        self.lighthouse = f"http://127.0.0.1:{self._held_ports()}"  # nor does this test run a service
         self.key = elastic.job_key(local_launch.run_id(str(self.run_dir)), addr, self.port)
+
+    def _held_ports(self) -> int:
+        """A port pair that accepts connections (the kernel's backlog; nobody answers) for the job's life:
+        the launcher's one look at the service's two ports (backends/lighthouse_reach.py) finds them
+        there, and these tests stop before a rank asks the service anything."""
+        for _ in range(20):
+            first, second = socket.socket(), socket.socket()
+            try:
+                first.bind(("127.0.0.1", 0))
+                second.bind(("127.0.0.1", first.getsockname()[1] + 1))
+            except OSError:
+                first.close()
+                second.close()
+                continue
+            for sock in (first, second):
+                sock.listen(8)
+                weakref.finalize(self, sock.close)
+            return int(first.getsockname()[1])
+        raise RuntimeError("no free loopback port pair")
 
     def args(self, node: int, *extra: str) -> list[str]:
         """Node `node`'s command, as every pod of the rendering runs it (one CPU rank), with `extra` options."""

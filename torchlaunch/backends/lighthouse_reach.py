@@ -5,14 +5,18 @@ with a traceback (issue 52). The launcher on the node can ask the same question 
 (a refused connection) or at most REACH_TIMEOUT_S (a host that drops packets), and say it in one line.
 Both of the service's ports are asked: the Lighthouse's and its presence port (PORT+1,
 core/recovery/presence.port_of), which every rank needs too. Nothing is sent: a connection that opens
-is closed at once. Only where the launcher runs on a training node (launch.local): a Slurm login node
-or a Kubernetes client may not reach the service that the nodes do.
+is closed at once. Only where the launcher runs on a training node (launch.local) outside a scheduler's
+job: a Slurm login node or a Kubernetes client may not reach the service that the nodes do, and a pod
+may start before the service's pod is ready.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Mapping
 
+from torchlaunch import backends
 from torchlaunch.base import rules
 from torchlaunch.exit_codes import BadInput
 
@@ -21,9 +25,13 @@ REACH_TIMEOUT_S = 3.0
 does, and this bounds that wait."""
 
 
-def check(lighthouse: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+def check(lighthouse: str, timeout_s: float = REACH_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     """BadInput (one line) unless both of the service's ports at `lighthouse` (http://HOST:PORT) accept
-    a TCP connection within `timeout_s` each."""
+    a TCP connection within `timeout_s` each. Only outside a scheduler's job (backends.detect of `env`,
+    this process's by default, says local): a Kubernetes pod may start before the service's own pod is
+    ready, and exit 2 there is final (the podFailurePolicy never retries bad input)."""
+    if backends.detect(os.environ if env is None else env).scheduler != "local":
+        return
     found = rules.service_address(lighthouse, ports=2)
     if found is None:
         raise BadInput(f"launch error: recovery.lighthouse={lighthouse[:80]!r} is not http://HOST:PORT, PORT <= 65534")
