@@ -13,8 +13,11 @@ CNN: BatchNorm normalises per rank, so no world size change could give the same 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ import torch
 from bench import live
 from tests.conftest import launcher_argv, run_cmd
 from tests.library import LIVE_LONG_EPOCHS, SURVIVOR_SHARE, RunLibrary
-from torchlaunch import contract
+from torchlaunch import contract, pdeath
 from torchlaunch.core.recovery.pulse import BEATS_PER_BOUND
 from torchlaunch.core.sampler import BatchPlan
 
@@ -374,3 +377,72 @@ def test_a_rejoin_that_fails_half_way_costs_the_survivor_nothing(run_library: Ru
     assert regrouped[0] == ("step", 1) and regrouped[-1] == ("rejoin", 2), regrouped
     assert len([e for e in events if e["event"] == "joined"]) == 1
     assert step_samples(result.run_dir) == step_samples(reference)
+
+
+class Stranger:
+    """A process that reaches the membership service but is no rank of the run (issue 52): it heartbeats
+    and asks for every quorum with an id that sorts before every rank's, the newest step there could be,
+    and a store of its own, which records whether any rank came to form a group on it."""
+
+    ID = "!stranger"
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.keys_before = self.store.num_keys()
+        self.quorums: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._ask, daemon=True)
+
+    def _service(self) -> str | None:
+        for pid in pdeath.descendants(os.getpid()):
+            argv = live._argv(pid).split(b"\0")
+            if live.SERVICE_MODULE.encode() in argv and b"--bind" in argv:
+                return "http://" + argv[argv.index(b"--bind") + 1].decode()
+        return None
+
+    def _ask(self) -> None:
+        from torchlaunch.core.recovery.lighthouse import _torchft
+
+        address = None
+        while address is None and not self.stop.wait(0.01):
+            address = self._service()
+        if address is None:
+            return
+        client = _torchft().LighthouseClient(address, timedelta(seconds=5))
+        while not self.stop.is_set():
+            try:
+                client.heartbeat(self.ID)
+                found = client.quorum(
+                    replica_id=self.ID,
+                    timeout=timedelta(seconds=1),
+                    store_address=f"127.0.0.1:{self.store.port}",
+                    step=10**9,
+                )
+                self.quorums.append(int(found.quorum_id))
+            except Exception:  # the service restarting, or no quorum within the second: ask again
+                continue
+
+
+def test_a_stranger_at_the_membership_service_is_never_seated(tmp_path: Path) -> None:
+    """Before: the stranger was seated as rank 0 of the first group (the job ended in one line: a group
+    of 3 for 2 ranks) or, at a regroup, as the group's rank 0 and its state source (its pickles then ran
+    in the survivor). Now its entry carries no address sealed under the run's secret and it proves
+    nothing: the ranks form their groups without it, train the plan and regroup once on the kill."""
+    stranger = Stranger()
+    stranger.thread.start()
+    try:
+        result = live.run(tmp_path / "run", victim=1)
+    finally:
+        stranger.stop.set()
+        stranger.thread.join(timeout=10)
+    out = result.stderr
+    assert result.code == 0, out[-3000:]
+    assert stranger.quorums, "the stranger was never in a quorum: the test tried nothing"
+    regrouped = [e for e in result.events() if e["event"] == "regrouped"]
+    assert len(regrouped) == 1 and regrouped[0]["world"] == 1 and regrouped[0]["rank"] == 0, regrouped
+    assert stranger.store.num_keys() == stranger.keys_before, "a rank formed a group on the stranger's store"
+    assert_trains_the_plan(result.run_dir, live.STEPS)
+    secret = result.run_dir / "live" / "secret"
+    assert secret.stat().st_mode & 0o777 == 0o600

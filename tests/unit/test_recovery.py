@@ -919,3 +919,71 @@ def test_a_ranks_rng_states_cross_as_json_and_restore_the_same_draws() -> None:
     wrong["python"][1] = wrong["python"][1][:-1]
     with pytest.raises(BadInput, match="RNG states are refused"):
         rng_wire.rank_news([wrong, None, None])
+
+
+def test_the_runs_secret_is_made_once_owner_only_and_refused_when_others_may_read_it(tmp_path: Path) -> None:
+    from torchlaunch.core.recovery import runkey
+
+    first = runkey.load(tmp_path)
+    path = tmp_path / "live" / "secret"
+    assert path.stat().st_mode & 0o777 == 0o600 and len(path.read_bytes()) == runkey.SECRET_BYTES
+    assert runkey.load(tmp_path) == first, "every rank reads the one the first made"
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    path.chmod(0o644)
+    with pytest.raises(BadInput, match="nobody else may read"):
+        runkey.load(tmp_path)
+    path.unlink()
+    elsewhere = tmp_path / "planted"
+    elsewhere.write_bytes(b"k" * runkey.SECRET_BYTES)
+    elsewhere.chmod(0o600)
+    path.symlink_to(elsewhere)
+    with pytest.raises(BadInput, match="symlink"):
+        runkey.load(tmp_path)
+
+
+def test_a_sealed_address_opens_only_for_its_run_id_and_step_and_a_proof_only_for_its_quorum() -> None:
+    from torchlaunch.core.recovery.runkey import RunKey
+
+    key, other = RunKey(b"a" * 32), RunKey(b"b" * 32)
+    rid = replica_id_of(1, run=key.tag)
+    assert rid == f"{key.tag}-rank000001" and key.tag != other.tag
+    sealed = key.seal(rid, "127.0.0.1:4242", 7)
+    assert "4242" not in sealed and "127.0.0.1" not in sealed, "the service shows no usable address"
+    assert key.unseal(rid, sealed, 7) == "127.0.0.1:4242"
+    assert key.unseal(replica_id_of(0, run=key.tag), sealed, 7) is None  # copied under another id
+    assert key.unseal(rid, sealed, 10**9) is None  # or another step
+    assert other.unseal(rid, sealed, 7) is None and key.unseal(rid, "127.0.0.1:4242", 7) is None
+    answer = key.proof("3-1.5", rid, "127.0.0.1:4242", 7)
+    assert key.proves(answer.encode(), "3-1.5", rid, "127.0.0.1:4242", 7)
+    assert not key.proves(answer, "4-1.6", rid, "127.0.0.1:4242", 7), "an answer is good for one quorum"
+    assert not other.proves(answer, "3-1.5", rid, "127.0.0.1:4242", 7)
+
+
+class _Service:
+    """A membership service that hands out one quorum, as a stranger and the run's own ranks asked it."""
+
+    def __init__(self, replica_id: str, members: list[Member]) -> None:
+        self.replica_id, self.members, self.asked = replica_id, members, []
+
+    def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum:
+        self.asked.append(store_address)
+        mine = Member(self.replica_id, store_address, step)
+        return Quorum(3, "3-1.5", sorted_members([*self.members, mine]))
+
+
+def test_a_member_whose_address_is_not_sealed_under_the_runs_secret_is_dropped_from_the_quorum() -> None:
+    from torchlaunch.core.recovery.group import LiveGroup
+    from torchlaunch.core.recovery.runkey import RunKey
+
+    key = RunKey(b"s" * 32)
+    me, peer = replica_id_of(1, run=key.tag), replica_id_of(2, run=key.tag)
+    members = [
+        Member("!stranger", "127.0.0.1:9", 10**9),  # sorts first, the newest step: was rank 0 and the source
+        Member(replica_id_of(0, run=key.tag), key.seal(replica_id_of(1, run=key.tag), "10.0.0.1:5", 7), 7),  # a copy
+        Member(peer, key.seal(peer, "10.0.0.2:6", 7), 7),
+    ]
+    group = LiveGroup.__new__(LiveGroup)  # the quorum's reading only: no store, no process group
+    group.membership, group.key, group.store_address = _Service(me, members), key, "10.0.0.3:7"  # type: ignore[assignment]
+    found = group._ask(7, 1.0)
+    assert group.membership.asked == [key.seal(me, "10.0.0.3:7", 7)]  # type: ignore[attr-defined]
+    assert [(m.replica_id, m.store_address) for m in found.members] == [(me, "10.0.0.3:7"), (peer, "10.0.0.2:6")]

@@ -177,6 +177,7 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     from torchlaunch.core.recovery.membership import replica_id_of
     from torchlaunch.core.recovery.minimum import from_env as minimum_from_env
     from torchlaunch.core.recovery.pulse import Pulse
+    from torchlaunch.core.recovery.runkey import load as load_run_key
 
     address = contract.get(contract.LIGHTHOUSE)
     if not address:
@@ -188,7 +189,8 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     # the rank the launcher started it as: a joiner's and a --nnodes MIN:MAX rank's differ from its seat
     launched = attempt or contract.get(contract.LIVE_FIRST_GROUP)
     rank = int(contract.get(contract.RANK, "0") or 0) if launched else ctx.rank
-    membership = LighthouseMembership(address, replica_id_of(rank, attempt), cfg.recovery.heartbeat_timeout_s)
+    key = load_run_key(cfg.run_dir)  # only the run's own ranks are seated (core/recovery/runkey.py)
+    membership = LighthouseMembership(address, replica_id_of(rank, attempt, key.tag), cfg.recovery.heartbeat_timeout_s)
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
     fd = whole(pulse_fd, 6)
     pulse = Pulse.for_bound(fd, cfg.recovery.heartbeat_timeout_s) if fd is not None else None
@@ -202,6 +204,7 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
         pulse=pulse,
         heartbeat_timeout_s=cfg.recovery.heartbeat_timeout_s,
         minimum=minimum_from_env(ctx.local_world_size),
+        key=key,
     )
     group.started_as = rank
     if attempt:

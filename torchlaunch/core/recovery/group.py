@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,15 @@ import torch.distributed as dist
 from torchlaunch import rundir
 from torchlaunch.core.dist import DistContext, PeerValueError, broadcast_json
 from torchlaunch.core.recovery import sockets, state_wire
-from torchlaunch.core.recovery.fence import Fence
+from torchlaunch.core.recovery.fence import Fence, FenceBusy
 from torchlaunch.core.recovery.membership import (
     JOINING_STEP,
+    Member,
     Membership,
     Quorum,
     behind,
     seat,
+    sorted_members,
     source,
     started_as,
     twin,
@@ -64,6 +67,7 @@ from torchlaunch.core.recovery.membership import (
 from torchlaunch.core.recovery.minimum import Minimum, below_minimum
 from torchlaunch.core.recovery.peers import Echo, PeerWatch
 from torchlaunch.core.recovery.pulse import Pulse
+from torchlaunch.core.recovery.runkey import RunKey
 from torchlaunch.core.shm_reduce import SharedMemoryReducer
 from torchlaunch.exit_codes import BadInput
 
@@ -76,7 +80,7 @@ FORM_MIN_S = 2.0
 JOIN_PREFIX = "join-"
 JOIN_RETRY_S = 5.0
 """How often a waiting joiner writes its request again (and asks the service again)."""
-JOIN_NAME = re.compile(r"join-rejoin\d{3,9}-rank\d{6}", re.ASCII)
+JOIN_NAME = re.compile(r"join-(?:[0-9a-f]{8}-)?rejoin\d{3,9}-rank\d{6}", re.ASCII)
 """RUN_DIR/live/join-<replica id>: a rank started again waits to be admitted (what the others look for)."""
 
 
@@ -94,8 +98,12 @@ class LiveGroup:
         pulse: Pulse | None = None,
         heartbeat_timeout_s: float | None = None,
         minimum: Minimum | None = None,
+        key: RunKey | None = None,
     ) -> None:
         self.membership, self.fence, self.pulse = membership, fence, pulse
+        self.key = key
+        """The run's secret (core/recovery/runkey.py): only members that prove it are seated. None: every
+        member the service names is taken at its word (unit tests of the seam only; the worker has one)."""
         self.minimum = minimum
         """The fewest ranks this group trains on (a launcher's node range, core/recovery/minimum.py); None:
         it trains on down to one rank."""
@@ -149,7 +157,7 @@ class LiveGroup:
         the others' requests, waiting meanwhile, now complete; a larger one is another job's."""
         deadline = time.monotonic() + self.quorum_timeout_s
         while True:
-            quorum = self.membership.quorum(step, self.store_address, max(deadline - time.monotonic(), 0.1))
+            quorum = self._ask(step, max(deadline - time.monotonic(), 0.1))
             if len(quorum.members) == ctx.world_size:
                 return quorum
             if len(quorum.members) > ctx.world_size or time.monotonic() >= deadline:
@@ -258,7 +266,7 @@ class LiveGroup:
         deadline = time.monotonic() + (timeout_s or self.quorum_timeout_s)
         while True:
             left = max(deadline - time.monotonic(), 0.1)
-            quorum = self.membership.quorum(step, self.store_address, left)
+            quorum = self._ask(step, left)
             if source(quorum) is None:
                 raise BadInput("live error: no rank of the live group is left to take the state from")
             found = twin(quorum, self.membership.replica_id) if step == JOINING_STEP else None
@@ -269,7 +277,7 @@ class LiveGroup:
                 )
             try:
                 return self._enter(ctx, quorum)
-            except (BadInput, KeyboardInterrupt):
+            except (BadInput, FenceBusy, KeyboardInterrupt):  # the storage, the fence: no member is gone
                 raise
             except Exception as e:  # a member missing or lost while the group formed
                 missing = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
@@ -283,15 +291,67 @@ class LiveGroup:
                 flush=True,
             )
 
+    def _ask(self, step: int, timeout_s: float) -> Quorum:
+        """The service's next quorum with this run's members only: this rank asks with its store address
+        sealed under the run's secret (runkey.RunKey.seal), and a member whose sealed address does not open
+        (a stranger: it has no secret) is dropped at once; the others' addresses are opened."""
+        me = self.membership.replica_id
+        if self.key is None:
+            return self.membership.quorum(step, self.store_address, timeout_s)
+        found = self.membership.quorum(step, self.key.seal(me, self.store_address, step), timeout_s)
+        members = []
+        for m in found.members:
+            address = self.key.unseal(m.replica_id, m.store_address, m.step)
+            if address is not None:
+                members.append(Member(m.replica_id, address, m.step))
+        return Quorum(found.quorum_id, found.token, sorted_members(members))
+
+    def _proven(self, quorum: Quorum, forming: datetime.timedelta) -> Quorum:
+        """The members of `quorum` that prove they hold the run's secret for this quorum (the challenge is its
+        token, new for every quorum): each member puts its answer in its own store, and reads every other
+        member's from that member's store, all at once, each within `forming`. A member that cannot answer
+        (a stranger replaying a member's entry, a member gone) is left out: the group forms without it, on
+        a rendezvous of its own (the proven set names its store keys), so members that judged differently
+        never meet in one group."""
+        if self.key is None:
+            return quorum
+        me = self.membership.replica_id
+        mine = next((m for m in quorum.members if m.replica_id == me), None)
+        if mine is None or mine.store_address != self.store_address:
+            raise ValueError(f"{me} is not in quorum {quorum.quorum_id} with its own store")
+        self.store.set(f"{PROOF_KEY}/{quorum.token}", self.key.proof(quorum.token, me, self.store_address, mine.step))
+        others = [m for m in quorum.members if m is not mine]
+        if not others:
+            return quorum
+        with ThreadPoolExecutor(max_workers=min(len(others), PROVE_THREADS), thread_name_prefix="tl-prove") as pool:
+            verdicts = list(pool.map(lambda m: self._proves(quorum.token, m, forming), others))
+        kept = [mine, *(m for m, ok in zip(others, verdicts, strict=True) if ok)]
+        return Quorum(quorum.quorum_id, quorum.token, sorted_members(kept))
+
+    def _proves(self, token: str, member: Member, forming: datetime.timedelta) -> bool:
+        """Whether `member`'s store holds its answer to `token`'s challenge (waited for up to `forming`)."""
+        assert self.key is not None
+        try:
+            host, port = member.store_address.rsplit(":", 1)
+            peer = dist.TCPStore(host, int(port), is_master=False, timeout=forming)
+            answer = peer.get(f"{PROOF_KEY}/{token}")
+        except Exception:  # unreachable, a bad address, no answer in time: not proven
+            return False
+        return self.key.proves(answer, token, member.replica_id, member.store_address, member.step)
+
     def _enter(self, ctx: DistContext, quorum: Quorum, forming: datetime.timedelta | None = None) -> DistContext:
         """Form the quorum's process group on its rank 0's store, recording the sockets it opened. Every
         member waits at most `forming` (self.forming unless given: the first group, formed by ranks that
         just met at a barrier, keeps dist.timeout_s) for the others; the group's collectives then get
         dist.timeout_s."""
+        forming = forming or self.forming
+        quorum = self._proven(quorum, forming)
+        if source(quorum) is None:
+            raise ValueError("no proven member of the group holds the state")
         rank, world = seat(quorum, self.membership.replica_id)
         before = set(sockets.open_sockets().values())
         leader = quorum.members[0]
-        forming = forming or self.forming
+        seated = hashlib.blake2b("\x00".join(m.replica_id for m in quorum.members).encode(), digest_size=8).hexdigest()
         if rank == 0:
             store: dist.Store = self.store
         else:
@@ -299,7 +359,7 @@ class LiveGroup:
             store = dist.TCPStore(host, int(port), is_master=False, timeout=forming)
         dist.init_process_group(
             "gloo",
-            store=dist.PrefixStore(f"torchlaunch/live/{quorum.token}", store),
+            store=dist.PrefixStore(f"torchlaunch/live/{quorum.token}/{seated}", store),
             rank=rank,
             world_size=world,
             timeout=forming,
@@ -364,6 +424,8 @@ def let_go(held: list[object]) -> None:
 
 
 STORE_PORT_TRIES = 20
+PROOF_KEY = "torchlaunch/proof"
+PROVE_THREADS = 32
 
 
 def store_with_echo(host: str) -> tuple[Echo, dist.TCPStore]:

@@ -55,12 +55,15 @@ class Membership(Protocol):
     def close(self) -> None: ...
 
 
-def replica_id_of(rank: int, attempt: int = 0) -> str:
+def replica_id_of(rank: int, attempt: int = 0, run: str = "") -> str:
     """The id of the rank that started as `rank`: zero-padded so that sorting ids keeps the ranks'
     order, so survivors keep their relative order (and rank 0, when it survives, stays rank 0). A rank
     started again (`attempt` >= 1, recovery.rejoin) sorts after every first one ("rejoin" > "rank"):
-    joining never moves the ranks that train, rank 0 and its logs included."""
-    return f"rank{rank:06d}" if attempt == 0 else f"rejoin{attempt:03d}-rank{rank:06d}"
+    joining never moves the ranks that train, rank 0 and its logs included. `run`: the run's tag
+    (runkey.RunKey.tag), the same prefix on every id of a run, so two runs on one service never share an
+    id and their order is kept."""
+    own = f"rank{rank:06d}" if attempt == 0 else f"rejoin{attempt:03d}-rank{rank:06d}"
+    return f"{run}-{own}" if run else own
 
 
 def started_as(replica_id: str) -> int | None:
