@@ -134,6 +134,23 @@ class ConfigError(BadInput):
         self.key = key
 
 
+WORKER_WRAPPED = "\nOriginal Traceback (most recent call last):"
+"""What torch's ExceptionWrapper puts between "Caught X in DataLoader worker process N." and the worker's
+traceback when it raises X again in the training process, as X(that whole text)."""
+
+
+def unwrapped(text: str) -> str:
+    """The worker's own message when `text` is torch's re-raise of an error from a DataLoader worker
+    (its last line is `pkg.X: message`, our messages being one line), else `text`. Why: the wrapper's
+    text begins with the traceback, so an error line cut to its bound showed torch's frames and lost the
+    shard, member and reason at its end (issue 52)."""
+    if WORKER_WRAPPED not in text:
+        return text
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+    name, sep, message = last.partition(": ")
+    return message if sep and name.replace(".", "").replace("_", "").isalnum() else text
+
+
 def _bounded(text: str, limit: int) -> str:
     """One line of at most `limit` characters: the last guard of an error line's length (values in it
     are quoted with torchlaunch.base.untrusted.quote where they are formatted)."""

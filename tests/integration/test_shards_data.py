@@ -137,3 +137,34 @@ def test_clean_decode_proofs_cross_the_forked_workers_and_change_no_pixel(shard_
     finally:
         jpeg.window_decoder = decoder
     assert all(torch.equal(a, b) for a, b in zip(ours, whole, strict=True))
+
+
+def test_a_corrupt_member_met_in_a_loader_worker_is_its_own_one_line(shard_set: Path, tmp_path: Path) -> None:
+    """Issue 52: a corrupt member met inside a DataLoader worker was refused with exit 2, but its line was
+    torch's flattened worker traceback, cut before the shard, member and reason. The worker's own line
+    comes back: the same as the one a loader without workers gives."""
+    from torchlaunch.core.sampler import BatchPlan
+    from torchlaunch.worker.data import TrainLoader
+
+    broken = tmp_path / "set"
+    subprocess.run(["cp", "-r", str(shard_set), str(broken)], check=True)
+    cfg = DataConfig(name="shards", root=str(broken), image_size=24, train_crop="resized")
+    bundles = [load_bundle(cfg), load_bundle(cfg)]  # opened clean (the set's checks and stats pass)
+    for shard in sorted((broken / "train").glob("*.tar")):  # then members' bytes damaged in place
+        with shard.open("r+b") as fh:
+            for at in range(1024, shard.stat().st_size - 2048, 4096):
+                fh.seek(at)
+                fh.write(b"\x00\xff")
+
+    def refusal(bundle, workers: int) -> str:
+        plan = BatchPlan(len(bundle.train), 12, 1, train_crop="resized", image_size=24)
+        norm = Normalizer(bundle.mean, bundle.std, torch.device("cpu"), False)
+        with pytest.raises(BadInput) as refused:
+            for _ in TrainLoader(bundle.train, plan, norm, torch.device("cpu"), True, workers, 24).epoch(0, 0):
+                pass
+        return str(refused.value)
+
+    inside, outside = refusal(bundles[0], 1), refusal(bundles[1], 0)
+    assert inside.startswith("data error:") and "Traceback" not in inside and "\n" not in inside, inside
+    assert ".tar member " in inside and "is corrupt (checksum mismatch)" in inside, inside
+    assert inside == outside

@@ -509,3 +509,30 @@ class _Exploit:
 
     def __reduce__(self) -> tuple:
         return (Path.touch, (Path(self.path),))
+
+
+def test_a_loader_workers_bad_input_comes_back_as_its_own_line() -> None:
+    """torch raises a worker's error again as X(its traceback text), or a RuntimeError when X takes other
+    arguments (ConfigError): the line that reaches the user is the worker's own (issue 52: a ShardError's
+    was cut to torch's frames, before the shard, member and reason)."""
+    from torch._utils import ExceptionWrapper
+
+    from torchlaunch.config import ConfigError
+    from torchlaunch.data.shards import ShardError
+    from torchlaunch.worker.data.loaders import _reraise_bad_input
+
+    deep = "x" * 3000  # a traceback longer than any error line's bound
+    for error in (
+        ShardError("train-000003.tar member a/b.jpg is corrupt (checksum mismatch)", "restore it"),
+        ConfigError("data.name", "'p:f': train sample 7 label is str 'x'", "return an int label"),
+    ):
+        try:
+            exec(f"def frame_{deep}():\n    raise error\nframe_{deep}()", {"error": error})
+        except BadInput:
+            wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+        with pytest.raises(Exception) as raised:
+            wrapped.reraise()
+        assert "Original Traceback" in str(raised.value) or str(raised.value) == str(error)
+        with pytest.raises(BadInput) as recovered:
+            _reraise_bad_input(raised.value)
+        assert str(recovered.value) == str(error)

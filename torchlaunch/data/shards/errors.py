@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchlaunch.base.untrusted import quote
-from torchlaunch.exit_codes import BadInput, _bounded
+from torchlaunch.exit_codes import BadInput, _bounded, unwrapped
 
 NAME_LIMIT = 120
 """Longest member, key or file name shown in an error line, in characters."""
@@ -19,6 +19,7 @@ class ShardError(BadInput):
     guard behind `shown` at the places that format a name."""
 
     def __init__(self, what: str, fix: str | None = None) -> None:
+        what = unwrapped(what)  # raised again by torch from a loader worker: the worker's own line
         super().__init__(
             _bounded(what, 1400) if fix is None else f"data error: {_bounded(what, 1000)} ({_bounded(fix, 800)})"
         )

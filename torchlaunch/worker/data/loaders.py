@@ -12,7 +12,7 @@ import torch
 
 from torchlaunch.config import ConfigError
 from torchlaunch.core.sampler import BatchPlan
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.exit_codes import BadInput, unwrapped
 from torchlaunch.worker.data import gpu_decode, jpeg
 from torchlaunch.worker.data.augment import (
     Normalizer,
@@ -67,11 +67,12 @@ class _BoxDataset(torch.utils.data.Dataset):
 
 
 def _reraise_bad_input(e: Exception) -> None:
-    """DataLoader workers wrap exceptions in a traceback text; recover our one-line message."""
-    for line in str(e).splitlines():
-        line = line.split("BadInput: ", 1)[-1]
-        if line.startswith(("data error:", "config error:")):
-            raise BadInput(line) from None
+    """DataLoader workers wrap exceptions in a traceback text (torch raises X(that text) again, or a
+    RuntimeError when X takes other arguments, as ConfigError does); recover our one-line message, the
+    worker's error's own (exit_codes.unwrapped)."""
+    line = unwrapped(str(e))
+    if line.startswith(("data error:", "config error:")):
+        raise BadInput(line) from None
 
 
 TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
