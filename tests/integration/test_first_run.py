@@ -4,6 +4,8 @@ inside these tests), the commands outside .venv, and a rerun of a finished run."
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +13,9 @@ import pytest
 
 from tests.conftest import REPO, run_cmd
 from tests.unit.test_first_run import finished_run
+from tests.unit.test_readme_commands import scratch_copy
+from torchlaunch import config as config_mod
+from torchlaunch import rundir
 
 STAND_IN = """#!/bin/sh
 # a stand-in for .venv/bin/python: logs its arguments, exits with the next code of CODES
@@ -73,3 +78,27 @@ def test_outside_the_venv_a_command_is_one_line_and_leaves_a_finished_run_alone(
     rc, out, err = run_cmd([sys.executable, "-S", "-m", "launch", "status", str(run)], timeout=60)
     assert rc == 0 and "finished" in out, err[-2000:]
     assert job.read_bytes() == kept
+
+
+def test_the_suite_is_green_after_the_quick_starts_first_command(tmp_path: Path) -> None:
+    """In a copy of the checkout, runs/smoke holds the smoke recipe as the quick start's `make
+    train-local GPUS=2 CONFIG=configs/smoke.yaml` wrote it; the tests that met it there (a dry run of
+    the smoke recipe with other values: "was started with another config") pass, in their own run dirs."""
+    tree = scratch_copy(tmp_path / "tree")
+    cfg = config_mod.load(str(tree / "configs" / "smoke.yaml"), [f"run_dir={tree / 'runs' / 'smoke'}"])
+    config_mod.write_resolved(cfg)  # the user's run: the recipe as it is, no overrides
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's code, not this checkout's
+    tests = [
+        "tests/integration/test_launcher_front.py::test_overrides_mix_with_options",
+        "tests/unit/test_first_run.py",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "seed: 7" not in rundir.config(cfg.run_dir).read_text()  # the user's run dir was never written
