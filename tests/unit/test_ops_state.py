@@ -459,3 +459,18 @@ def test_a_group_stopped_below_the_launchs_minimum_is_shown_as_such(tmp_path: Pa
         "live:       1 regroup(s): 2 -> 1 ranks before step 16, below the launch's minimum: checkpoint of step 15, "
         "exit 75 for a requeue" in shown
     )
+
+
+def test_a_run_cancelled_in_a_live_regroup_shows_the_step_its_group_reached() -> None:
+    """Issue 52: a cancel issued during a regroup ended the run before any rank stepped past the world
+    change; the rank lost there (its last beat the first one, step 1) held `step` at 1/192. The ranks
+    that reached the change speak for the ended run."""
+    change = state.WorldChange(step=37, world_size=1, previous_world_size=2)
+    ended = decide(
+        records=[rec(outcome="cancelled", code=75, ended=NOW)],
+        alive={0: False},
+        beats=[beat(0, age=40, step=1, total=192), beat(1, age=1, step=37, total=192)],
+        world_change=change,
+        gone_ranks=frozenset({0, 1}),
+    )
+    assert ended.step == 37 and ended.total == 192

@@ -300,7 +300,8 @@ def _speaking(every: list[RankBeat], gone: frozenset[int], change: WorldChange |
     """The beats that speak for the run: a rank lost while the others train on (live regroup) left a
     last beat that would hold `step` back and name the world it left. While some rank runs, the ranks
     still running speak; once none does (the run ended), the ranks that stepped past the last world
-    change; when neither rule leaves any beat, every beat."""
+    change, else those that reached it (a run stopped while it regrouped: the lost rank's older beat
+    showed `step: 1/192`, issue 52); when no rule leaves any beat, every beat."""
     running = [b for b in every if b.rank not in gone]
     if running:
         return running
@@ -308,6 +309,9 @@ def _speaking(every: list[RankBeat], gone: frozenset[int], change: WorldChange |
         after = [b for b in every if b.step is not None and b.step > change.step]
         if after:
             return after
+        reached = [b for b in every if b.step is not None and b.step >= change.step]
+        if reached:  # ended in the regroup (a cancel then): the group that formed, not the rank it lost
+            return reached
     return every
 
 
