@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import pickle
 import textwrap
@@ -237,3 +239,142 @@ def test_settling_the_writer_forgets_only_the_refusal_it_is_told_to() -> None:
     assert writer.settle(drop=Refused) is False
     with pytest.raises(OSError, match="No space left"):
         writer.wait()
+
+
+# ---- the live commit's fence (issue #51 item 2, issue #52 item 6) -----------------------------------
+
+
+def _fence_lock_descriptors() -> list[int]:
+    """This process's descriptors open on a fence's generation.lock."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").endswith("/live/generation.lock"):
+                found.append(int(name))
+        except OSError:
+            continue  # listdir's own descriptor, closed by now
+    return found
+
+
+def _lock_is_free(run_dir: Path) -> bool:
+    probe = os.open(run_dir / "live" / "generation.lock", os.O_RDWR)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(probe)
+
+
+@pytest.mark.timeout(30)
+def test_a_copy_of_the_fence_lock_kept_by_a_child_does_not_hold_it_after_the_commit(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Issue #51: a loader worker forked while the background writer committed under the fence kept the
+    lock (a flock belongs to the open file description, which fork shares) after the writer closed its
+    descriptor; the next commit waited on it until the hang watchdog. A dup of the writer's descriptor,
+    made mid-commit and kept, is that child's copy, in-process."""
+    from torchlaunch.core.recovery import fence as fence_mod
+
+    monkeypatch.setattr(fence_mod, "LOCK_BOUND_S", 2.0, raising=False)
+    fence = fence_mod.Fence(tmp_path)
+    generation = fence.advance()
+    copies: list[int] = []
+
+    @contextlib.contextmanager
+    def guard_and_fork():  # the commit's guard, and a child forked while it is held
+        with fence.holding(generation):
+            copies.extend(os.dup(fd) for fd in _fence_lock_descriptors())
+            yield
+
+    root = tmp_path / "checkpoints"
+    try:
+        ckpt.write_checkpoint(root, 1, state(1), {}, commit_guard=guard_and_fork)
+        assert copies, "the commit held the fence's lock"
+        assert _lock_is_free(tmp_path), "the lock outlived the commit in a copy of its descriptor"
+        ckpt.write_checkpoint(root, 2, state(2), {}, commit_guard=lambda: fence.holding(generation))
+        assert fence.advance() == generation + 1  # and a regroup takes it at once
+    finally:
+        for fd in copies:
+            os.close(fd)
+    assert sorted(s for s, _ in ckpt.candidates(root)) == [1, 2]
+
+
+@pytest.mark.timeout(30)
+def test_a_fence_lock_held_past_the_bound_is_an_error_not_a_hang(tmp_path: Path, monkeypatch) -> None:
+    """Whoever holds the lock (a process stuck on its file server, one that kept a copy), a commit or a
+    regroup waits for it LOCK_BOUND_S, then fails naming the lock and its holder; the previous
+    checkpoint is intact."""
+    from torchlaunch.core.recovery import fence as fence_mod
+
+    monkeypatch.setattr(fence_mod, "LOCK_BOUND_S", 0.3, raising=False)
+    fence = fence_mod.Fence(tmp_path)
+    generation = fence.advance()
+    root = tmp_path / "checkpoints"
+    ckpt.write_checkpoint(root, 1, state(1), {}, commit_guard=lambda: fence.holding(generation))
+    holder = os.open(tmp_path / "live" / "generation.lock", os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        for attempt in (
+            lambda: ckpt.write_checkpoint(root, 2, state(2), {}, commit_guard=lambda: fence.holding(generation)),
+            fence.advance,
+        ):
+            with pytest.raises(fence_mod.FenceBusy) as busy:
+                attempt()
+            message = str(busy.value)
+            assert "generation.lock stayed locked for 0.3 s" in message and f"held by pid {os.getpid()}" in message
+            assert "\n" not in message
+    finally:
+        os.close(holder)
+    assert [s for s, _ in ckpt.candidates(root)] == [1] and ckpt.verify(root / "step-000000001") is None
+    assert sorted(p.name for p in root.iterdir()) == ["step-000000001"], "no temp folder is left"
+    assert fence.current() == generation
+
+
+def test_a_full_disk_at_a_regroup_is_a_storage_refusal_not_a_member_gone(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue #52 item 6: the new group's generation could not be written (ENOSPC); the survivor took it for
+    a member gone, asked for a new group 27 times and died with a traceback. A storage refusal is one
+    line and exit 2 (BadInput), at once; the generation stays the last one written."""
+    from torchlaunch import rundir
+    from torchlaunch.base.storage import StorageError
+    from torchlaunch.core.recovery import fence as fence_mod
+    from torchlaunch.core.recovery.group import LiveGroup
+    from torchlaunch.core.recovery.membership import Member, Quorum
+
+    fence = fence_mod.Fence(tmp_path)
+    before = fence.advance()
+
+    class Service:
+        replica_id = "rank000000"
+        asked = 0
+
+        def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum:
+            self.asked += 1
+            return Quorum(1, "t", [Member(self.replica_id, store_address, step)])
+
+    group = LiveGroup.__new__(LiveGroup)  # the seam only: no store, no service, no process group
+    group.membership, group.fence, group.key, group.quorum_timeout_s = Service(), fence, None, 5.0
+    group.store_address = "127.0.0.1:1"
+    monkeypatch.setattr(group, "_leave", lambda broken: None)
+    monkeypatch.setattr(group, "_enter", lambda ctx, quorum: group.fence.advance())
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rundir, "write_text", full)
+    with pytest.raises(StorageError) as refused:
+        group._form(None, 12, timeout_s=5.0)
+    line = str(refused.value)
+    assert line.startswith("live error: storage: ") and "No space left on device" in line and "\n" not in line
+    assert str(tmp_path / "live" / "generation") in line and "free space" in line
+    assert group.membership.asked == 1 and "a member is gone" not in capsys.readouterr().err
+    monkeypatch.undo()
+    assert fence.current() == before
+
+    monkeypatch.setattr(fence_mod, "LOCK_BOUND_S", 0.1)  # a lock held past the bound: not a member gone either
+    monkeypatch.setattr(group, "_leave", lambda broken: None)
+    monkeypatch.setattr(group, "_enter", lambda ctx, quorum: group.fence.advance())
+    with fence.holding(before), pytest.raises(fence_mod.FenceBusy):
+        group._form(None, 12, timeout_s=5.0)
+    assert group.membership.asked == 2 and "a member is gone" not in capsys.readouterr().err

@@ -195,10 +195,10 @@ def write_checkpoint(
         _remove(tmp.name, held)
         raise
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+        _remove(tmp.name, held)  # whatever failed, the temp folder holds nothing committed
         os_error = _root_os_error(e)
         if os_error is None:
             raise
-        _remove(tmp.name, held)
         if _exists(final.name, held) and not _exists(f"{final.name}/{MARKER_FILE}", held):
             _remove(final.name, held)
         raise _save_failed(os_error, root, final, step) from None

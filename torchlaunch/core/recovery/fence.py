@@ -14,6 +14,14 @@ it once the job's first group formed, and starts its ranks as joiners, which tak
 (a first group needs every node, so no node of the first launch can find it grown). The record names
 its founder's lock token: a launcher that joins before the founder has written it (the founder records
 once its config is settled) waits for it rather than read an earlier launch's record as this one's.
+
+The lock is a flock, which belongs to the open file description, and fork shares that description with
+the child. A loader worker forked while the checkpoint writer held the lock (a new epoch's loader, a
+regroup's) kept it held after the writer closed its descriptor, until the worker exited: the next
+commit waited on it while the training thread, its epoch's loader still alive, waited on the commit
+(issue #51: the hang watchdog ended the job after 10 minutes). So a forked child closes its copies at
+once (never LOCK_UN, which would release the parent's lock), the holder releases with LOCK_UN before it
+closes (whoever else has a copy), and nobody waits on the lock past LOCK_BOUND_S (FenceBusy, not a hang).
 """
 
 from __future__ import annotations
@@ -22,14 +30,62 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from torchlaunch import rundir
+from torchlaunch.base import storage
 from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import BadInput
 
 FOUNDED = "founded"
+
+LOCK_BOUND_S = 120.0
+"""How long a rank waits for the fence's lock before it gives up (FenceBusy) rather than hang. Its holders
+keep it for a commit's renames or a generation's write: milliseconds, seconds on slow shared storage.
+Longer means a holder that is stuck itself (a hung file server, a process that kept a copy), which no
+wait cures; the hang watchdog would end the job only after 10 minutes, saying less."""
+
+_POLL_MAX_S = 0.01
+"""The longest pause between two tries for a held lock: a regroup waiting behind a commit loses at most this."""
+
+_open_locks: set[int] = set()
+"""This process's descriptors of fence locks, closed in every child it forks (_close_in_child)."""
+_opening = threading.Lock()
+"""Held from a lock's open until it is in _open_locks, and by every fork (_before_fork): no child is
+forked between the two, with a copy it would not know to close."""
+
+
+def _before_fork() -> None:
+    _opening.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _opening.release()
+
+
+def _close_in_child() -> None:
+    """A forked child (a loader worker) drops its copies of the fence's lock descriptors: with a copy
+    open, the lock would outlive its holder's release (a writer that closes) and its holder's death."""
+    global _opening
+    _opening = threading.Lock()  # the parent's, held by the fork, is never released in the child
+    for fd in _open_locks:
+        try:
+            os.close(fd)  # not LOCK_UN: that would release the parent's lock, which it still holds
+        except OSError:
+            pass
+    _open_locks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_close_in_child)
+
+
+class FenceBusy(RuntimeError):
+    """The fence's lock stayed held past LOCK_BOUND_S. Exit 1, not 2: the run dir is not at fault, and once
+    the holder ends a retry finds the lock free."""
 
 
 class Fenced(BadInput):
@@ -64,22 +120,47 @@ class Fence:
         self.folder.mkdir(exist_ok=True)
         folder = rundir.open_folder(self.folder)
         try:
-            lock = os.open(
-                "generation.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder
-            )
+            with _opening:
+                lock = os.open(
+                    "generation.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder
+                )
+                _open_locks.add(lock)
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                yield folder
+                self._take(lock)
+                try:
+                    yield folder
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)  # released, whatever else shares the description
             finally:
+                _open_locks.discard(lock)
                 os.close(lock)
         finally:
             os.close(folder)
+
+    def _take(self, lock: int) -> None:
+        """flock(LOCK_EX) on `lock`, waiting at most LOCK_BOUND_S (tries without blocking: a blocking flock
+        cannot be bounded from a thread), else FenceBusy naming the holder where /proc/locks tells."""
+        deadline = time.monotonic() + LOCK_BOUND_S
+        pause = 0.0005
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass  # raised outside the handler: no OSError in its chain (store.write_checkpoint reads it)
+            if time.monotonic() >= deadline:
+                raise FenceBusy(
+                    f"live error: {self.lock_path} stayed locked for {LOCK_BOUND_S:g} s{_holder(lock)}; a commit "
+                    "or regroup takes it for milliseconds: its holder is stuck (this rank gives up rather than hang)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX_S)
 
     def found(self, founder: str = "") -> None:
         """The launcher that starts the job: the generation now is the job's start line, recorded with
         the founder's lock token (runlock.Holder.token), so a later launcher can tell this job's record
         from an earlier launch's that the founder has not replaced yet (`founder`)."""
-        with self._locked() as folder:
+        with self._refusing(FOUNDED), self._locked() as folder:
             line = f"{self._read('generation', folder)} {founder}".strip()
             rundir.write_text(FOUNDED, f"{line}\n", real_folder=True, dir_fd=folder)
 
@@ -129,10 +210,24 @@ class Fence:
 
     def advance(self) -> int:
         """Take the next generation for a group that just formed; returns it."""
-        with self._locked() as folder:
+        with self._refusing("generation"), self._locked() as folder:
             generation = self.current() + 1
             rundir.write_text("generation", f"{generation}\n", real_folder=True, dir_fd=folder)
             return generation
+
+    @contextlib.contextmanager
+    def _refusing(self, name: str) -> Iterator[None]:
+        """The storage refusing a write of the fence's own files (full, read-only, over quota) is exit 2 and
+        one line (base/storage.py), never a member gone: a regroup that retried it would fail the same way.
+        A planted link stays rundir.LinkedFolder."""
+        try:
+            yield
+        except OSError as e:
+            if isinstance(e, rundir.LinkedFolder) or not storage.is_storage(e):
+                raise
+            raise storage.refusal(
+                e, self.folder / name, prefix="live error: storage: ", what="writing the live group's"
+            ) from None
 
     @contextlib.contextmanager
     def holding(self, generation: int, what: str = "commit a checkpoint") -> Iterator[None]:
@@ -151,3 +246,19 @@ class Fence:
                 f"live error: this group (generation {generation}) may not {what}: generation {newest} trains "
                 f"{self.folder.parent} now; this rank leaves without writing"
             )
+
+
+def _holder(lock: int) -> str:
+    """' (held by pid N)' for the process /proc/locks names as holding `lock`'s file, '' where unknown."""
+    try:
+        st = os.fstat(lock)
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read(1 << 20).splitlines()
+    except OSError:
+        return ""
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and whole(fields[4]) is not None:
+            return f" (held by pid {fields[4]})"
+    return ""
