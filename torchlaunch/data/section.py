@@ -50,8 +50,7 @@ class SharedData:
     every image has the same size; a plug-in dataset: when its uint8 images fit in a quarter of the
     free memory)."""
     num_workers: int = field(default=2, metadata=at_least(0, MAX_WORKERS, "use 0 to load in the training process"))
-    """DataLoader worker processes per rank for the per-sample path, at most one per core the rank may use
-    (they inherit its CPU affinity: a pinned CPU rank's one core gets one)."""
+    """DataLoader worker processes per rank for the `pil` loader."""
     cache_dir: str = "~/.cache/torchlaunch"
     """Where decoded uint8 datasets are cached, keyed by the source's fingerprint."""
     image_size: int = field(default=32, metadata=at_least(8, MAX_IMAGE_SIZE, "e.g. data.image_size=32"))
