@@ -132,6 +132,9 @@ def negative():
 
 def many_classes():
     return Split(4), Split(4), [str(i) for i in range(10**6)]
+
+def model_exits(num_classes):
+    raise SystemExit(3)
 """
 
 
@@ -172,3 +175,18 @@ def test_a_data_factory_that_hangs_exits_or_claims_too_much_is_one_line(
     assert time.monotonic() - start < 30
     assert said in str(refused.value) and "\n" not in str(refused.value)
     assert isinstance(refused.value, BadInput)
+
+
+def test_a_model_factory_that_raises_system_exit_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plug-in's SystemExit must not end the worker with its code and no word (issue 52's `status` exit 3)."""
+    import sys
+    import types
+
+    from torchlaunch.worker import plugins
+
+    (tmp_path / "hostile_data.py").write_text(HOSTILE_DATA)
+    monkeypatch.setitem(sys.modules, "plugin_gate", types.SimpleNamespace())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "hostile_data", raising=False)
+    with pytest.raises(ConfigError, match=r"factory 'hostile_data:model_exits' raised SystemExit: 3 when called"):
+        plugins.build_model("hostile_data:model_exits", 10)

@@ -238,9 +238,9 @@ def build_model(path: str, num_classes: int, width: int = 0) -> Any:
         kwargs["width"] = width
     try:
         model = factory(**kwargs)
-    except BadInput:
+    except (BadInput, KeyboardInterrupt):
         raise
-    except Exception as e:  # noqa: BLE001 - a factory's failure is reported as bad input
+    except BaseException as e:  # noqa: BLE001 - a factory's failure (SystemExit too) is reported as bad input
         raise ConfigError(
             "model.name",
             f"factory {path!r} raised {_first_line(e)} when called as "
