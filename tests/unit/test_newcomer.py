@@ -180,3 +180,18 @@ def test_bench_states_the_cpu_beside_every_figure() -> None:
     assert f"| {doc['results'][first]['title']} |" in next(r for r in rows if "Test CPU 9000" in r)
     details = [ln for ln in text.splitlines() if ln.startswith("- measured ")]
     assert details and all(" CPU " in ln for ln in details)
+
+
+def test_the_time_to_accuracy_section_names_its_cpu_and_the_precision_chosen() -> None:
+    """Issue 58: fast.yaml's figures could only have come from a CPU with fast bf16 and said nothing of
+    it; the record now carries the CPU and the precision `auto` chose, and the page shows both."""
+    from bench import run as bench_run
+    from bench import tta
+
+    doc = json.loads((REPO / "docs" / "bench-results.json").read_text())
+    old = tta.recorded()
+    assert old is not None and "cpu" not in old  # the 2026-11-30 record predates both fields
+    doc["tta"] = old
+    assert "- CPU not recorded (2026-11-30: a CPU with fast bf16" in bench_run.render(doc)
+    doc["tta"] = {**old, "cpu": "Test CPU 9000", "precision": "fp32", "precision_why": "bf16 6 vs fp32 99 images/s"}
+    assert "- CPU Test CPU 9000; precision fp32 (bf16 6 vs fp32 99 images/s)" in bench_run.render(doc)
