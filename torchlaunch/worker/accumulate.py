@@ -27,14 +27,29 @@ def backward_share(
     plan: BatchPlan,
     scaler: torch.amp.GradScaler,
     autocast: Callable[[], contextlib.AbstractContextManager],
+    leave: Callable[[], bool] | None = None,
+    sync_last: bool = True,
 ) -> torch.Tensor:
     """Accumulate this rank's weighted gradients of one step; returns sum(count * mean loss) * W / B over
     its micro-batches as a 0-d float32 device tensor, unread (the ranks' values sum to W x the global
-    mean loss). `criterion` must average over the batch (CrossEntropyLoss's default reduction)."""
+    mean loss). `criterion` must average over the batch (CrossEntropyLoss's default reduction).
+
+    `leave` (worker/step_drop.py), asked before each micro-batch: once True the step is being dropped,
+    so the micro-batches left are skipped, except the last where `sync_last` (DDP): its forward and
+    backward hold the step's collectives, which the peers are waiting in; it runs on two of its samples.
+    The gradients are then garbage and the caller discards them (and puts back the buffers it moved)."""
     total = torch.zeros((), device=next(net.parameters()).device)
     batches = [(x, y) for x, y in micro_batches if len(y)]
     last = len(batches) - 1
+    leaving = False
     for i, (x, y) in enumerate(batches):
+        leaving = leaving or (leave is not None and leave())
+        if leaving and (i < last or not sync_last):
+            if not sync_last:
+                break
+            continue  # on to the last micro-batch: the step's collectives
+        if leaving:  # its collectives on two samples, at a fraction of its cost (BatchNorm needs two)
+            x, y = x[:2], y[:2]
         quiet = i < last and isinstance(net, DistributedDataParallel)
         with net.no_sync() if quiet else contextlib.nullcontext():
             weight = plan.loss_weight(len(y))

@@ -1,0 +1,135 @@
+"""A stop mid-step drops the step in flight (torchlaunch/worker/step_drop.py, issue #53): the same answer
+on every rank through the group's store, the step's collectives still run, and nothing of the dropped
+step stays in the state a checkpoint takes (buffers, RNG)."""
+
+from __future__ import annotations
+
+import contextlib
+from fractions import Fraction
+
+import torch
+from torch import nn
+
+from torchlaunch.core.dist import DistContext
+from torchlaunch.worker.accumulate import backward_share
+from torchlaunch.worker.step_drop import StepDrop, applies
+
+
+class FakeStore:
+    """The two calls StepDrop makes of a c10d store, in memory."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.keys for k in keys)
+
+
+class Flag:
+    def __init__(self) -> None:
+        self.up = False
+
+    def __call__(self) -> bool:
+        return self.up
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(3))
+
+
+def test_a_rank_that_leaves_tells_every_peer_through_the_store_before_the_step_syncs() -> None:
+    store, flags = FakeStore(), [Flag(), Flag()]
+    ranks = [StepDrop(DistContext(rank=r, world_size=2, backend="gloo"), model(), flags[r], store) for r in (0, 1)]
+    for drop in ranks:
+        drop.begin(5)
+    flags[1].up = True
+    assert [d.leave() for d in ranks] == [False, True]  # rank 1 says so before its last micro-batch
+    assert [d.agreed() for d in ranks] == [True, True]  # after the all-reduce: the same answer on both
+    for drop in ranks:
+        drop.begin(6)
+    assert [d.leave() for d in ranks] == [False, True]  # rank 1's flag stays up: the next step goes too
+    assert [d.agreed() for d in ranks] == [True, True]
+
+
+def test_a_flag_seen_only_after_the_sync_drops_no_step_on_any_rank() -> None:
+    """A rank whose flag came while it was already in the all-reduce finishes the step like its peers."""
+    store, flags = FakeStore(), [Flag(), Flag()]
+    ranks = [StepDrop(DistContext(rank=r, world_size=2, backend="gloo"), model(), flags[r], store) for r in (0, 1)]
+    for drop in ranks:
+        drop.begin(3)
+        assert not drop.leave()
+    flags[0].up = True  # during the synchronised backward: leave() is not asked again this step
+    assert [d.agreed() for d in ranks] == [False, False]
+
+
+def test_a_dropped_step_puts_back_the_buffers_and_the_rng_of_its_start() -> None:
+    net, flag = model(), Flag()
+    net(torch.rand(2, 3, 6, 6))  # the lazy layer's shape
+    drop = StepDrop(DistContext(), net, flag, None)
+    drop.begin(1)
+    before = [b.clone() for b in net.buffers()]
+    expected_draw = torch.rand(3)
+    torch.set_rng_state(drop._rng["torch"])  # noqa: SLF001 - the start's state, as the step saw it
+    net.train()
+    net(torch.rand(4, 3, 6, 6) * 5)  # the step moves the BatchNorm statistics and draws
+    flag.up = True
+    assert drop.leave() and drop.agreed()
+    drop.restore()
+    assert all(torch.equal(a, b) for a, b in zip(before, net.buffers(), strict=True))
+    assert torch.equal(torch.rand(3), expected_draw)
+
+
+class Recorder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 3)
+        self.sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(len(x))
+        return self.lin(x)
+
+
+class Plan:
+    def loss_weight(self, count: int) -> Fraction:
+        return Fraction(1, 4)
+
+
+def micro_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.rand(8, 2), torch.randint(0, 3, (8,))) for _ in range(4)]
+
+
+def run(net: Recorder, leave_from: int, sync_last: bool) -> None:
+    asked = iter(range(100))
+    backward_share(
+        net,
+        micro_batches(),
+        nn.CrossEntropyLoss(),
+        Plan(),  # type: ignore[arg-type]
+        torch.amp.GradScaler("cpu", enabled=False),
+        contextlib.nullcontext,
+        leave=lambda: next(asked) >= leave_from,
+        sync_last=sync_last,
+    )
+
+
+def test_leaving_skips_the_micro_batches_left_but_the_synchronised_one_on_two_samples() -> None:
+    net = Recorder()
+    run(net, leave_from=1, sync_last=True)
+    assert net.sizes == [8, 2]  # micro-batch 0, then the last one's collectives at a fraction of its cost
+    alone = Recorder()
+    run(alone, leave_from=1, sync_last=False)
+    assert alone.sizes == [8]  # no peers: nothing more to run
+    whole = Recorder()
+    run(whole, leave_from=99, sync_last=True)
+    assert whole.sizes == [8, 8, 8, 8]
+
+
+def test_the_drop_applies_on_gloo_and_alone_not_on_nccl_nor_live() -> None:
+    assert applies(DistContext(), live=False) and applies(DistContext(backend="gloo"), live=False)
+    assert not applies(DistContext(backend="nccl"), live=False)
+    assert not applies(DistContext(backend="gloo"), live=True)

@@ -1,0 +1,117 @@
+"""A stop that arrives mid-step drops the step in flight, on every rank alike, instead of waiting for it.
+
+Why: the world's graces are short (docker stop 10 s, a pod 30 s, a spot VM 30 s) and a step is not
+(gradient accumulation, a big model, a busy CPU: 20 s and more). Waiting for the step and then for the
+agreement a few steps later (core/preemption.StepAgreement) let the platform's SIGKILL land before the
+checkpoint, and every step since the last periodic one was lost. The weights, optimizer, scheduler,
+scaler, RNG and data position of the last finished step are still in memory while a step runs: only
+its gradients are new. So a stop seen before the next micro-batch abandons the step and that state is
+committed at once; the resumed run trains the dropped step again with the same samples, crops and
+flips (they come from the batch plan, by step), so the run ends bit for bit where the uninterrupted
+one ends.
+
+The agreement cannot be a collective: a rank that stopped computing would leave its peers waiting in
+the step's gradient all-reduce. Instead (one store round trip per step, no device wait):
+
+1. A rank whose stop flag is set before its next micro-batch writes `drop/<step>` into the group's
+   c10d store (a blocking set: the store has it before this rank goes on), skips its remaining
+   micro-batches but the last, and runs that one: the step's collectives (DDP's buffer broadcast and
+   gradient all-reduce) happen on every rank, so no peer is left waiting in them.
+2. After the synchronised backward, every rank asks the store for `drop/<step>`. The all-reduce
+   completed, so every rank entered it, after any write of step 1: all ranks see the same answer.
+   A rank that saw its flag only after it entered the all-reduce finishes the step like its peers and
+   drops the next one at its first micro-batch.
+3. A dropped step puts back the buffers (BatchNorm statistics) and RNG states taken at its start, and
+   its gradients are zeroed; the optimizer, scheduler, scaler and position never moved.
+
+Where this does not apply, a stop waits for the step boundary as before: NCCL (the host passes the
+all-reduce before the device has run it, so step 2's answer is not known to be the same on every rank),
+live mode (core/recovery averages gradients on a group it re-forms; a stopped peer would look lost),
+and a single micro-batch longer than the grace (nothing can be dropped before it ends: set
+`train.micro_batch_size` so that one micro-batch fits).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.core.dist import DistContext
+
+
+class StepDropped(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Every rank agreed to drop the step in flight (Trainer._train_steps stops and commits)."""
+
+
+def applies(ctx: DistContext, live: bool) -> bool:
+    """Whether a stop can drop the step in flight here (see the module's docstring for why not)."""
+    return not live and ctx.backend in (None, "gloo")
+
+
+class StepDrop:
+    """One rank's side of the agreement to drop the step in flight (the module's docstring).
+
+    `requested` reads the rank's stop flag (PreemptionWatcher.requested); `store` is the group's c10d
+    store (None without a process group). Call begin() before each step, pass leave() to backward_share
+    and ask agreed() after its synchronised backward; restore() when it says so."""
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        model: nn.Module,
+        requested: Callable[[], bool],
+        store: Any | None,
+        prefix: str | None = None,
+    ) -> None:
+        self.ctx, self.model, self.requested, self.store = ctx, model, requested, store
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.prefix = prefix if prefix is not None else f"torchlaunch/drop/{restart}/"
+        self.step = 0
+        self.leaving = False
+        self._buffers: list[torch.Tensor] = []
+        self._rng: dict[str, Any] | None = None
+
+    def begin(self, step: int) -> None:
+        """Before step `step` (1-based global step): what a dropped step must put back."""
+        self.step, self.leaving = step, False
+        buffers = list(self.model.buffers())
+        if len(self._buffers) != len(buffers):
+            self._buffers = [b.detach().clone() for b in buffers]
+        else:
+            for saved, b in zip(self._buffers, buffers, strict=True):
+                saved.copy_(b.detach())
+        self._rng = ckpt.capture_rng(self.ctx.device)
+
+    def leave(self) -> bool:
+        """Before each micro-batch: True once this rank's stop flag is set (it then says so in the store,
+        once per step, before it enters the step's collectives)."""
+        if not self.leaving and self.requested():
+            self.leaving = True
+            if self.store is not None:
+                self.store.set(self._key(), b"1")
+        return self.leaving
+
+    def agreed(self) -> bool:
+        """After the synchronised backward: whether every rank drops this step (the same answer on each)."""
+        if self.store is None:
+            return self.leaving
+        if self.leaving:
+            return True
+        return bool(self.store.check([self._key()]))
+
+    def restore(self) -> None:
+        """Put back the buffers and RNG states of the step's start (the step's BatchNorm statistics and
+        random draws are the dropped step's, which the resumed run draws again)."""
+        with torch.no_grad():
+            for b, saved in zip(self.model.buffers(), self._buffers, strict=True):
+                b.copy_(saved)
+        if self._rng is not None:
+            ckpt.restore_rng(self._rng, self.ctx.device)
+
+    def _key(self) -> str:
+        return f"{self.prefix}{self.step}"
