@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import launcher_argv, run_cmd, run_module
 from tests.helpers import assert_models_equal
 from tests.stops import Launch
-from torchlaunch.exit_codes import CANCELLED, OK, PREEMPTED
+from torchlaunch.exit_codes import CANCELLED, FAILURE, OK, PREEMPTED
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +159,85 @@ def test_a_stop_during_start_up_is_75_with_nothing_lost(folders: Path, shards: P
     assert code == PREEMPTED, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").glob("step-*"))
+
+
+SLOW_STEP = {**ENV, "TORCHLAUNCH_TEST_FORWARD_S": "0.5"}
+"""Each forward sleeps 0.5 s (tests/programs/slow_model.py): 16 micro-batches make a step of ~8 s, longer
+than the 5 s a stop may take. The sleep changes no number: the fast runs train the same weights."""
+
+
+def long_step_argv(run_dir: Path) -> list[str]:
+    return launcher_argv(
+        "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
+        f"run_dir={run_dir}", "model.name=tests.programs.slow_model:net", "train.micro_batch_size=4",
+        "train.max_steps=4", "checkpoint.every_steps=1000",
+    )  # fmt: skip
+
+
+_long_step_reference: list[Path] = []
+
+
+def long_step_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run uninterrupted, with fast forwards (once per module)."""
+    if not _long_step_reference:
+        run_dir = tmp_path_factory.mktemp("long-step-reference") / "run"
+        code, _, err = run_cmd(long_step_argv(run_dir), timeout=300, env=ENV)
+        assert code == OK, err[-3000:]
+        _long_step_reference.append(run_dir / "model.pt")
+    return _long_step_reference[0]
+
+
+LONG_STEP_CASES = [("pid", signal.SIGTERM), ("group", signal.SIGINT)]  # docker stop / a kubelet; Ctrl-C
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("how", "sig"), LONG_STEP_CASES, ids=[f"{h}-{s.name}" for h, s in LONG_STEP_CASES])
+def test_a_stop_mid_step_drops_the_step_and_commits_within_seconds(
+    how: str, sig: signal.Signals, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue #53: a stop in the middle of an 8 s step drops that step (its gradients were never applied)
+    and commits the last finished one within 5 s, instead of waiting for the step and the agreement after
+    it; the rerun trains the dropped step again and ends bit for bit where the uninterrupted run ends.
+    Before: the checkpoint came ~24 s after the signal (the step, then two more for the agreement)."""
+    expected = long_step_reference(tmp_path_factory)
+    run_dir = tmp_path / "run"
+    with Launch(long_step_argv(run_dir), env=SLOW_STEP) as launch:
+        launch.wait_for_step(run_dir, 1)  # step 2 has just begun: ~8 s of micro-batches ahead
+        signalled = time.monotonic()
+        launch.deliver(how, sig)
+        code, out, err = launch.finish()
+        took = time.monotonic() - signalled
+    assert code == PREEMPTED, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "stop: dropped step 2 in flight; committing step 1" in log, log[-2000:]
+    committed = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert committed == ["step-000000001"], committed
+    after = re.search(r"preempted: checkpoint committed at global step 1 in [\d.]+ s, ([\d.]+) s after the signal", log)
+    assert after is not None and float(after[1]) <= 5.0, log[-2000:]
+    print(f"long step, {how} {sig.name}: committed {after[1]} s after the signal, launcher exit in {took:.2f} s")
+    code, out, err = run_cmd(long_step_argv(run_dir), timeout=300, env=ENV)
+    assert code == OK, err[-3000:]
+    assert "resumed from" in (run_dir / "logs" / "rank-0.log").read_text()
+    assert_models_equal(run_dir / "model.pt", expected)
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_whose_checkpoint_never_commits_is_exit_1_with_the_steps_lost(tmp_path: Path) -> None:
+    """Issue #53 (honest codes): the stop's save stalls past the ranks' window (a 4 s grace: 2 s for the
+    ranks), torchrun kills them, and no checkpoint of the steps trained exists. Exit 75 would say "nothing
+    lost": the launcher says how many steps were lost and exits 1 (README's table). Before: exit 75."""
+    run_dir = tmp_path / "run"
+    stall = {"TORCHLAUNCH_FAULT_SAVE_STALL_S": "600", "TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP": "1"}
+    env = {**ENV, **stall, "TORCHLAUNCH_GRACE_S": "4"}  # the start-up probe (step 0) is not stalled
+    argv = launcher_argv(
+        "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
+        f"run_dir={run_dir}", "checkpoint.every_steps=1000",
+    )  # fmt: skip
+    with Launch(argv, env=env) as launch:
+        trained = launch.wait_for_step(run_dir, 3)
+        launch.deliver("pid", signal.SIGTERM)
+        code, out, err = launch.finish()
+    assert code == FAILURE, err[-3000:]
+    lost = re.search(r"(\d+) step\(s\) trained since the beginning \(no checkpoint\) are lost \(exit 1\)", err)
+    assert lost is not None and int(lost[1]) >= trained, err[-3000:]

@@ -238,3 +238,26 @@ def test_a_stop_while_waiting_for_node_0s_name_is_exit_75(monkeypatch: pytest.Mo
     with pytest.raises(local.LaunchEnded) as ended:
         local.resolve_master_addr("lv-0.lv", 600)
     assert ended.value.code == PREEMPTED and "SIGTERM while waiting for --master-addr 'lv-0.lv'" in ended.value.line
+
+
+def test_the_ranks_window_comes_from_the_platforms_grace() -> None:
+    """Issue #53: torchrun's SIGTERM -> SIGKILL window is the grace less the launcher's margin, not a
+    fixed 30 s (docker stop kills at 10 s); the pod's grace comes through TORCHLAUNCH_GRACE_S, and
+    where none is stated (or it is not a number of seconds) the shortest common one is assumed."""
+    assert local.stop_env({}) == {"TORCHLAUNCH_GRACE_S": "10", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "8"}
+    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "120"})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "118"
+    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "2.5"})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "1"
+    for junk in ("nan", "-5", "0", "1e400", "ten"):
+        assert local.stop_env({"TORCHLAUNCH_GRACE_S": junk})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "8", junk
+
+
+def test_a_stop_that_lost_steps_counts_them_from_this_launchs_heartbeats(tmp_path: Path) -> None:
+    """Issue #53 (honest codes): the steps this launch's ranks trained past the newest checkpoint; a beat
+    of an earlier launch (which trained further, then lost it) is not this launch's loss."""
+    beats = tmp_path / "progress"
+    beats.mkdir()
+    for rank, (launch_id, step) in enumerate([("this", 7), ("this", 6), ("earlier", 40)]):
+        (beats / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "launch": launch_id, "step": step}))
+    assert local.steps_lost(tmp_path, "this") == (7, None)
+    assert local.steps_lost(tmp_path, "another") == (0, None)
+    assert "7 step(s) trained since the beginning (no checkpoint) are lost (exit 1)" in local.lost_line((7, None), [])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import sys
 import time
@@ -31,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch import config as config_mod
-from torchlaunch import rundir
+from torchlaunch import grace, rundir
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import (
@@ -1003,9 +1004,15 @@ class Trainer:
         return PREEMPTED
 
     def _warn_lead_time(self, log: RunLog) -> None:
-        lead = self.cfg.preemption.lead_time_s
+        """At start, one line when a checkpoint would not fit in the time a stop leaves: the configured
+        lead time, else the platform's grace that the launcher passed on (torchlaunch.grace)."""
+        lead, what = self.cfg.preemption.lead_time_s, "preemption.lead_time_s"
+        if not lead and os.environ.get(grace.GRACE_ENV):
+            lead, what = float(grace.ranks_window_s(grace.platform_grace(os.environ)[0])), "the platform's grace"
         if lead and self.ctx.is_main:
-            warning = lead_time_warning(lead, self.run_dir / ".save-probe", self.state_dict_for_probe())
+            warning = lead_time_warning(
+                lead, self.run_dir / ".save-probe", self.state_dict_for_probe(), what, self.cfg.checkpoint.every_steps
+            )
             if warning:
                 log.line(warning)
 

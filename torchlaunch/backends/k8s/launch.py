@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from torchlaunch import contract
+from torchlaunch import contract, grace
 from torchlaunch.backends.k8s import elastic as k8s_elastic
 from torchlaunch.backends.k8s import hardening, offline_check
 from torchlaunch.backends.k8s import live as k8s_live
@@ -296,6 +296,8 @@ def container(spec: JobSpec, opts: K8sOptions) -> Manifest:
             {"name": contract.MASTER_PORT, "value": str(spec.master_port)},
             {"name": "HOME", "value": "/tmp"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            # the pod's terminationGracePeriodSeconds: launch.local sizes torchrun's stop window from it
+            {"name": grace.GRACE_ENV, "value": str(opts.grace_period_s)},
             # `python -m launch status|cancel` find the Job from the record the pods write.
             {
                 "name": record.K8S_JOB_ENV,

@@ -43,13 +43,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, exit_codes, pdeath, rankpath, rundir, runlock, status
+from torchlaunch import contract, exit_codes, grace, pdeath, rankpath, rundir, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.backends import lighthouse_reach
 from torchlaunch.backends.local import first_group
@@ -997,10 +997,17 @@ def new_checkpoint(run_dir: Path | None, since: float) -> tuple[int | None, bool
 
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-SHUTDOWN_TIMEOUT_S = 30
-"""How long torchrun's agent waits for its ranks after passing on a stop before it SIGKILLs them (torch's
-own default, spelled so a launch can raise it: `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` in the launcher's
-environment wins). The rank's checkpoint at the next step boundary must fit in it."""
+"""How long torchrun's agent waits for its ranks after passing on a stop before it SIGKILLs them: set
+from the platform's grace (torchlaunch.grace: the pod's, docker's, or the shortest common one), not
+torch's fixed 30 s, which docker's 10 s cut short; `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` in the launcher's
+environment wins. The ranks drop the step in flight on a stop (worker/step_drop.py), so what must fit
+in it is one checkpoint."""
+
+
+def stop_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The ranks' grace (TORCHLAUNCH_GRACE_S, for their save-time check) and torchrun's window from it."""
+    seconds, _ = grace.platform_grace(environ)
+    return {grace.GRACE_ENV: f"{seconds:g}", SHUTDOWN_TIMEOUT_ENV: str(grace.ranks_window_s(seconds))}
 
 
 class StopRelay:
@@ -1132,7 +1139,7 @@ def run(
             file=sys.stderr,
         )
         return PREEMPTED
-    env.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
+    env = {**stop_env(os.environ), **env}
     child = subprocess.Popen(argv, env=env, stderr=write_fd, preexec_fn=own_group_dying_with(pdeath.die_with_parent()))
     children.append(child)
     if forwarded:  # a signal between the check above and Popen: pass it on now
@@ -1168,6 +1175,12 @@ def run(
     codes = [r.code for r in found]
     code = combine_exit_codes(child_code, codes, ranks, signalled=bool(forwarded), records=found)
     reason = next((r.reason for r in found if r.code == code and code != OK), "")
+    lost = (0, None)
+    if code == PREEMPTED and op is not None and run_dir is not None:
+        lost = steps_lost(run_dir, op.launch_id)
+        if lost[0]:  # 75 says "nothing lost, run it again"; this stop lost steps: a failure, honestly
+            code = FAILURE
+            reason = lost_line(lost, forwarded)
     if op is not None:
         code = op.finish(code, reason)
     if code == OK and child_code != 0:
@@ -1185,6 +1198,8 @@ def run(
         step, _ = new_checkpoint(run_dir, started - 1.0)
         at = f" (newest checkpoint: step {step})" if step is not None else ""
         print(f"launch: cancelled (exit {code}, never requeued){at}; the same command resumes", file=sys.stderr)
+    elif code == FAILURE and lost[0]:
+        print(f"launch: {lost_line(lost, forwarded)}", file=sys.stderr)
     elif code == FAILURE:
         first = status.first_failure(found)
         if first is None or ranks is None or len(found) < ranks:
@@ -1195,6 +1210,29 @@ def run(
             file=sys.stderr,
         )
     return code
+
+
+def steps_lost(run_dir: Path, launch_id: str) -> tuple[int, int | None]:
+    """(steps this launch's ranks trained past the newest committed checkpoint, that checkpoint's step)
+    after a stop: what a stop killed before its checkpoint committed lost. Read from the ranks' heartbeats
+    of this launch (a lower bound: a beat may be a second behind) and the newest checkpoint that verifies."""
+    from torchlaunch.jobs import progress
+
+    beats, _ = progress.read_all(progress.folder(run_dir))
+    trained = max((b.step for b in beats if b.launch == launch_id and b.step is not None), default=0)
+    step, _ = new_checkpoint(run_dir, 0.0)
+    return max(0, trained - (step or 0)), step
+
+
+def lost_line(lost: tuple[int, int | None], forwarded: Sequence[int]) -> str:
+    """The one line of a stop that lost steps (exit 1: README's exit codes)."""
+    count, step = lost
+    by = f" after {signal.Signals(forwarded[0]).name}" if forwarded else ""
+    since = f"checkpoint of step {step}" if step is not None else "beginning (no checkpoint)"
+    return (
+        f"stopped{by} before its checkpoint committed: {count} step(s) trained since the {since} are lost "
+        f"(exit 1); the same command again resumes from there"
+    )
 
 
 def preempted_line(
