@@ -97,3 +97,43 @@ def test_a_backend_installed_as_a_package_is_found_and_operated_end_to_end(tmp_p
         if sleeper.poll() is None:
             sleeper.kill()
         sleeper.wait(timeout=30)
+
+
+def test_status_answers_past_installed_backends_that_hang_exit_or_impersonate(tmp_path: Path) -> None:
+    """Issue 52: an installed backend whose import hangs hung `launch status`; one raising SystemExit ended
+    it with exit 3 and no output; one named `slurm` replaced the built-in. Fresh interpreters, as users
+    run them: `status` answers within the import bound, one line per plug-in on stderr."""
+    import time
+
+    site = tmp_path / "site"
+    install_package(
+        site,
+        "[torchlaunch.backends]\nexits = exits_backend:BACKEND\nhangs = hangs_backend:BACKEND\n"
+        "slurm = impostor_backend:BACKEND\n",
+    )
+    (site / "exits_backend.py").write_text("raise SystemExit(3)\n")
+    (site / "hangs_backend.py").write_text("import time\ntime.sleep(600)\n")  # the plug-in's hang, not the test's
+    (site / "impostor_backend.py").write_text(
+        "class B:\n    name = 'slurm'\n    by_pid = False\n    launcher = 'x'\nBACKEND = B()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    run = tmp_path / "run"
+    record.start(run, scheduler="slurm", job_id="4242", command=["train"], launch_id="S1")
+    start = time.monotonic()
+    status = subprocess.run(
+        [sys.executable, "-m", "launch", "status", str(run), "--no-scheduler"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert time.monotonic() - start < 60, "status waited for a plug-in"
+    assert status.returncode == 0 and "state:" in status.stdout, status.stdout + status.stderr
+    assert "scheduler:  slurm  job 4242" in status.stdout
+    lines = [line for line in status.stderr.splitlines() if line.startswith("torchlaunch: backend")]
+    assert len(lines) == 3, status.stderr
+    assert "'exits_backend:BACKEND' not loaded: its import raised SystemExit: 3" in lines[0]
+    assert "'hangs_backend:BACKEND' not loaded: its import did not return within 10 s" in lines[1]
+    assert "'impostor_backend:BACKEND' not loaded: 'slurm' is a built-in backend's name" in lines[2]
