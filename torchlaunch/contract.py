@@ -133,6 +133,10 @@ LIVE_MIN_NODES = "TORCHLAUNCH_LIVE_MIN_NODES"
 MIN nodes' worth of ranks checkpoints and exits 75 for a requeue (core/recovery/minimum.py)."""
 LIVE_NODE_RANGE = "TORCHLAUNCH_LIVE_NODE_RANGE"
 """Set with LIVE_MIN_NODES: the range as the user gave it (`--nodes 2-3`), quoted in the rank's line."""
+LIVE_PRESENCE_KEY = "TORCHLAUNCH_LIVE_PRESENCE_KEY"
+"""Set by the live agent that runs the membership service itself (one node): 64 hex digits, made per
+launch, in the environment of the service and of the ranks only (which only their owner can read): a
+rank's presence hello proves it (core/recovery/presence.py), a stranger's cannot."""
 LIVE_FIRST_GROUP = "TORCHLAUNCH_LIVE_FIRST_GROUP"
 """Set by the live agent of a `launch.local --nnodes MIN:MAX` launch: `R/W`, this rank's place in the
 first group (the nodes that came in time), which its process group is formed as; RANK and WORLD_SIZE

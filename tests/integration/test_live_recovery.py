@@ -410,9 +410,11 @@ class Stranger:
             address = self._service()
         if address is None:
             return
-        client = _torchft().LighthouseClient(address, timedelta(seconds=5))
+        client = None
         while not self.stop.is_set():
             try:
+                if client is None:  # the service's process is found before it listens: ask until it does
+                    client = _torchft().LighthouseClient(address, timedelta(seconds=1))
                 client.heartbeat(self.ID)
                 found = client.quorum(
                     replica_id=self.ID,
@@ -421,8 +423,8 @@ class Stranger:
                     step=10**9,
                 )
                 self.quorums.append(int(found.quorum_id))
-            except Exception:  # the service restarting, or no quorum within the second: ask again
-                continue
+            except Exception:  # not listening yet, restarting, or no quorum within the second: ask again
+                self.stop.wait(0.05)
 
 
 def test_a_stranger_at_the_membership_service_is_never_seated(tmp_path: Path) -> None:

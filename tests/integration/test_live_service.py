@@ -69,7 +69,7 @@ def test_a_connection_that_ends_without_bye_is_a_loss_and_nothing_else_is() -> N
             with say(server.port, hostile):
                 pass
         with say(server.port, "hello rank000009", "beat extra") as forged:  # dropped by the service, no loss
-            assert forged.recv(1) == b""
+            assert presence.read_challenge(forged) and forged.recv(1) == b""
         for sock in (leaving, stranger):
             sock.close()
         with say(server.port) as flood:
@@ -94,7 +94,11 @@ def test_a_connection_that_never_says_who_it_is_is_closed_and_a_flood_is_capped(
     try:
         flood = [say(server.port) for _ in range(40)]  # silent, past the cap: closed, never an error
         for sock in flood:
-            assert sock.recv(1) == b""  # the server's close, within HELLO_WITHIN_S at most
+            try:
+                said = presence.read_challenge(sock)  # a connection past the cap is closed unchallenged
+            except OSError:
+                said = None
+            assert said is None or sock.recv(1) == b""  # the server's close, within HELLO_WITHIN_S at most
             sock.close()
         with say(server.port, "hello rank000000") as rank:  # the service still serves
             counted(server, 1)
@@ -193,3 +197,36 @@ def test_a_lone_survivor_gets_its_group_as_soon_as_the_lost_ranks_connection_end
         survivor.close()
     finally:
         service.shutdown()
+
+
+def test_a_keyed_service_counts_only_hellos_that_prove_the_launchs_key() -> None:
+    """Issue 52: forged presence ids were counted (a regroup then waited for ranks that do not exist)
+    and a forged hello then a close was a loss (the service restarted at will). With the launch's key,
+    a hello without the answer to this connection's challenge, with another's answer, or with a copy of
+    a rank's answer on another connection is closed and is nobody's loss; a rank's own Presence is
+    counted and its end is a loss."""
+    key = bytes(range(32))
+    events = Events()
+    server = presence.PresenceServer("127.0.0.1", 0, bound_s=60.0, changed=events, key=key)
+    server.start()
+    try:
+        with say(server.port) as plain, say(server.port) as wrong, say(server.port) as copied:
+            assert presence.read_challenge(plain)
+            plain.sendall(b"hello rank000005\n")
+            nonce = presence.read_challenge(wrong)
+            assert nonce
+            wrong.sendall(f"hello rank000006 {presence.proof(bytes(32), nonce, 'rank000006')}\n".encode())
+            assert presence.read_challenge(copied) != nonce  # a fresh challenge per connection
+            copied.sendall(f"hello rank000006 {presence.proof(key, nonce, 'rank000006')}\n".encode())
+            for sock in (plain, wrong, copied):
+                assert sock.recv(1) == b""  # closed by the service
+        rank = presence.Presence(f"http://127.0.0.1:{server.port - 1}", "rank000001", key)
+        rank.want()
+        rank.beat()
+        counted(server, 1)
+        assert events.seen == [], "no forged hello was anybody's loss"
+        assert rank._sock is not None
+        rank._sock.close()  # as at a SIGKILL
+        assert events.wait_for(1) == [("lost", "rank000001")]
+    finally:
+        server.close()

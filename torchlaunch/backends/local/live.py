@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -303,6 +304,8 @@ def fence_silent(ranks: list[subprocess.Popen], watch: Watch, fenced: dict[int, 
 def main(argv: Sequence[str] | None = None) -> int:
     args, program = parse_args(sys.argv[1:] if argv is None else argv)
     service = None if args.lighthouse else Service(free_port_pair(), args.heartbeat_timeout_ms)
+    if service is not None:  # the service and the ranks inherit it; a stranger's presence hello cannot prove it
+        os.environ[contract.LIVE_PRESENCE_KEY] = secrets.token_hex(32)
     lighthouse = args.lighthouse or (service.address if service is not None else "")
     seat = NodeSeat(
         args.nproc,

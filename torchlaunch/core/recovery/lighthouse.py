@@ -60,7 +60,7 @@ class LighthouseMembership:
         self.address, self.replica_id = address, replica_id
         self.interval_s = heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         self._client = _torchft().LighthouseClient(address, timedelta(seconds=CONNECT_TIMEOUT_S))
-        self._presence = presence.Presence(address, replica_id)
+        self._presence = presence.Presence(address, replica_id, presence.key_from_env())
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -206,7 +206,11 @@ class Service:
         host, _, port = args.bind.rpartition(":")
         try:
             self.presence = presence.PresenceServer(
-                host.strip("[]"), presence.port_of(int(port)), args.heartbeat_timeout_ms / 1000, self._changed
+                host.strip("[]"),
+                presence.port_of(int(port)),
+                args.heartbeat_timeout_ms / 1000,
+                self._changed,
+                key=presence.key_from_env(),
             )
         except OSError:
             self._server.shutdown()

@@ -18,17 +18,29 @@ formed): a rank still
 starting, or started again and waiting to be admitted, is not counted among those the next group waits
 for, so a regroup never waits for one.
 
-The wire, one ASCII line each, at most LINE_MAX bytes: `hello <replica id>` once, `beat` every
-heartbeat interval, `bye` before a rank leaves on purpose. The service sends nothing back. Anything
-else closes the connection and counts as nobody's loss. Torch-free and torchft-free.
+The wire, one ASCII line each, at most LINE_MAX bytes: the service says `challenge <nonce>` as it
+accepts; the rank answers `hello <replica id> <proof>` once (the proof: an HMAC of the nonce and the id
+under the launch's presence key), then `beat` every heartbeat interval, `bye` before it leaves on
+purpose. Anything else closes the connection and counts as nobody's loss.
+
+Why a proof: anything that reaches the port could say hello with any id, and the service counted it
+(issue 52: 20 forged ids held a regroup until the job failed; a hello then a close restarted the
+service at will). A service given the key (TORCHLAUNCH_LIVE_PRESENCE_KEY in its environment, which only
+its owner can read: the local agent makes one per launch for the service it runs and its ranks) counts
+only hellos that prove it; a forged one is closed and is nobody's loss. A service without a key (one
+started apart, `python -m launch.lighthouse`) takes the id at its word, as before. Torch-free and
+torchft-free.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import re
 import resource
+import secrets
 import selectors
 import socket
 import threading
@@ -36,9 +48,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from torchlaunch import contract
 from torchlaunch.base import rules
 
-LINE_MAX = 96
+LINE_MAX = 128
+KEY_ENV = contract.LIVE_PRESENCE_KEY
+PROOF_HEX = 32
 REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 CONNECT_TIMEOUT_S = 1.0
 HELLO_WITHIN_S = 5.0
@@ -51,6 +66,22 @@ def connection_cap() -> int:
     would spin)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, min(65_536, (soft if soft > 0 else 1024) - 64))
+
+
+def key_from_env(env: dict[str, str] | None = None) -> bytes | None:
+    """The presence key in the environment (KEY_ENV: 64 hex digits), or None when unset or malformed."""
+    text = (os.environ if env is None else env).get(KEY_ENV, "")
+    if len(text) != 64:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None
+
+
+def proof(key: bytes, nonce: str, replica_id: str) -> str:
+    """The answer to the service's challenge: good for that connection's nonce and that id only."""
+    return hmac.new(key, f"presence\x00{nonce}\x00{replica_id}".encode(), hashlib.sha256).hexdigest()[:PROOF_HEX]
 
 
 LOST = "lost"
@@ -116,8 +147,18 @@ class PresenceServer:
     of its loop found (every tenth of the bound or 0.1 s, news or none): ranks killed together are one call, so
     the service restarts once for them."""
 
-    def __init__(self, host: str, port: int, bound_s: float, changed: Callable[[list[tuple[str, str]]], None]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        bound_s: float,
+        changed: Callable[[list[tuple[str, str]]], None],
+        key: bytes | None = None,
+    ) -> None:
         self.board = Board(bound_s)
+        self.key = key
+        """The launch's presence key: a hello must prove it (None: ids are taken at their word)."""
+        self._nonces: dict[int, str] = {}
         self.changed = changed
         self._lock = threading.Lock()
         self._listener = socket.create_server((host, port), reuse_port=False)
@@ -175,6 +216,13 @@ class PresenceServer:
                 conn.close()
                 return
             conn.setblocking(False)
+            nonce = secrets.token_hex(16)
+            try:
+                conn.send(f"challenge {nonce}\n".encode("ascii"))  # a fresh socket's buffer takes 42 bytes
+            except OSError:
+                conn.close()
+                return
+            self._nonces[conn.fileno()] = nonce
             self._buffers[conn.fileno()] = b""
             self._opened[conn.fileno()] = (conn, time.monotonic())
             self._selector.register(conn, selectors.EVENT_READ)
@@ -205,11 +253,17 @@ class PresenceServer:
         key, now = conn.fileno(), time.monotonic()
         word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
         name = self._names.get(key)
-        if word == "hello" and name is None and REPLICA_ID.fullmatch(rest):
-            self._names[key] = rest
+        replica_id, _, answer = rest.partition(" ")
+        if (
+            word == "hello"
+            and name is None
+            and REPLICA_ID.fullmatch(replica_id)
+            and self._proves(key, replica_id, answer)
+        ):
+            self._names[key] = replica_id
             self._opened.pop(key, None)
             with self._lock:
-                self.board.hello(rest, key, now)
+                self.board.hello(replica_id, key, now)
             return True
         if word == "beat" and not rest and name is not None:
             with self._lock:
@@ -218,8 +272,17 @@ class PresenceServer:
         self._drop(conn, lost=False)  # `bye`, or a line that is not the protocol's
         return False
 
+    def _proves(self, key: int, replica_id: str, answer: str) -> bool:
+        """Whether a hello's answer proves the presence key for this connection's challenge (any answer,
+        or none, where the service has no key)."""
+        if self.key is None:
+            return True
+        nonce = self._nonces.get(key)
+        return nonce is not None and hmac.compare_digest(answer, proof(self.key, nonce, replica_id))
+
     def _drop(self, conn: socket.socket, lost: bool) -> None:
         key = conn.fileno()
+        self._nonces.pop(key, None)
         name = self._names.pop(key, None)
         self._buffers.pop(key, None)
         self._opened.pop(key, None)
@@ -238,9 +301,10 @@ class Presence:
     """This rank's side: connect, say hello, beat with the rank's heartbeats, say bye. Best effort: a
     service that takes no presence (an older one, a firewall) leaves the heartbeat bound in force."""
 
-    def __init__(self, lighthouse: str, replica_id: str) -> None:
+    def __init__(self, lighthouse: str, replica_id: str, key: bytes | None = None) -> None:
         self.address = address_of(lighthouse)
         self.replica_id = replica_id
+        self.key = key
         self._sock: socket.socket | None = None
         self._wanted = False
         self._lock = threading.Lock()
@@ -287,9 +351,15 @@ class Presence:
             return
         try:
             sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT_S)
-            sock.sendall(f"hello {self.replica_id}\n".encode("ascii"))
         except OSError:
             return  # tried again at the next beat
+        try:
+            nonce = read_challenge(sock)
+            answer = f" {proof(self.key, nonce, self.replica_id)}" if self.key is not None and nonce else ""
+            sock.sendall(f"hello {self.replica_id}{answer}\n".encode("ascii"))
+        except OSError:
+            sock.close()
+            return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
 
@@ -298,3 +368,19 @@ class Presence:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+CHALLENGE = re.compile(r"challenge ([0-9a-f]{32})", re.ASCII)
+
+
+def read_challenge(sock: socket.socket) -> str | None:
+    """The service's `challenge <nonce>` line (within the socket's timeout, at most LINE_MAX bytes), or
+    None when it sends another line."""
+    line = b""
+    while not line.endswith(b"\n"):
+        data = sock.recv(LINE_MAX - len(line))
+        if not data or len(line) + len(data) >= LINE_MAX:
+            raise OSError("no challenge from the presence port")
+        line += data
+    found = CHALLENGE.fullmatch(line.decode("ascii", "replace").strip())
+    return found.group(1) if found else None
