@@ -261,3 +261,34 @@ def test_a_stop_that_lost_steps_counts_them_from_this_launchs_heartbeats(tmp_pat
     assert local.steps_lost(tmp_path, "this") == (7, None)
     assert local.steps_lost(tmp_path, "another") == (0, None)
     assert "7 step(s) trained since the beginning (no checkpoint) are lost (exit 1)" in local.lost_line((7, None), [])
+
+
+def test_a_stop_other_than_sigterm_is_named_when_passed_on_as_sigterm(capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 51 item 10: Ctrl-C reached the ranks as SIGTERM ("received SIGTERM") and nothing said so. The
+    relay keeps SIGTERM (the stop every program handles, a user's script included) and names what came."""
+    import signal
+
+    from torchlaunch.backends.local.launch import StopRelay
+
+    class Child:
+        pid = 0
+
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+
+        def send_signal(self, sig: int) -> None:
+            self.sent.append(sig)
+
+    child = Child()
+    relay = StopRelay([], [child])  # type: ignore[list-item]
+    relay.receive(signal.SIGINT, None)
+    relay.receive(signal.SIGTERM, None)  # the same stop: not passed on again, not said again
+    assert child.sent == [signal.SIGTERM]
+    lines = capfd.readouterr().err.splitlines()
+    assert lines == [
+        "launch: SIGINT: passed on to the ranks as SIGTERM, the stop every program handles (they checkpoint at one "
+        "agreed step); Ctrl-C again stops at once, without a checkpoint"
+    ]
+    quiet = StopRelay([], [Child()])  # type: ignore[list-item]
+    quiet.receive(signal.SIGTERM, None)
+    assert capfd.readouterr().err == ""

@@ -1044,6 +1044,11 @@ class StopRelay:
             self._passed_on = True
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signal.SIGTERM)
+        first = self.received[0] if self.received else signal.SIGTERM
+        if self._passed_on and first != signal.SIGTERM:  # the ranks will say SIGTERM: say what came (issue 51)
+            again = "; Ctrl-C again stops at once, without a checkpoint" if first == signal.SIGINT else ""
+            line = f"launch: {signal.Signals(first).name}: passed on to the ranks as SIGTERM, the stop every program"
+            os.write(2, f"{line} handles (they checkpoint at one agreed step){again}\n".encode())  # handler-safe
 
 
 def own_group_dying_with(die_with_parent: Callable[[], None] | None) -> Callable[[], None]:
