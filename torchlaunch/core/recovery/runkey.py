@@ -36,6 +36,7 @@ SECRET_BYTES = 32
 SEALED_PREFIX = "tl1."
 """A sealed store address: tl1.<hex of the address xor a keystream>.<hex MAC>."""
 MAX_ADDRESS = 300
+CREATE_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,12 @@ def load(run_dir: str | os.PathLike[str]) -> RunKey:
     except OSError as e:
         raise BadInput(f"live error: cannot open {quote(str(folder_path))}: {quote(e.strerror or str(e))}") from None
     try:
-        try:
-            return RunKey(_read(folder, where))
-        except FileNotFoundError:
-            _create(folder)
-            return RunKey(_read(folder, where))
+        for _ in range(CREATE_TRIES):  # a shared filesystem may show another node's new file a moment late
+            try:
+                return RunKey(_read(folder, where))
+            except FileNotFoundError:
+                _create(folder)
+        raise BadInput(f"live error: the run's secret {quote(str(where))} is gone each time it is made")
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise BadInput(
