@@ -73,7 +73,7 @@ def test_a_dropped_step_puts_back_the_buffers_and_the_rng_of_its_start() -> None
     drop.begin(1)
     before = [b.clone() for b in net.buffers()]
     expected_draw = torch.rand(3)
-    torch.set_rng_state(drop._rng["torch"])  # noqa: SLF001 - the start's state, as the step saw it
+    torch.set_rng_state(drop._rng[0])  # noqa: SLF001 - the start's state, as the step saw it
     net.train()
     net(torch.rand(4, 3, 6, 6) * 5)  # the step moves the BatchNorm statistics and draws
     flag.up = True

@@ -40,7 +40,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import DistContext
 
 
@@ -73,19 +72,21 @@ class StepDrop:
         self.prefix = prefix if prefix is not None else f"torchlaunch/drop/{restart}/"
         self.step = 0
         self.leaving = False
-        self._buffers: list[torch.Tensor] = []
-        self._rng: dict[str, Any] | None = None
+        self._live = [b.detach() for b in model.buffers()]
+        """The model's buffers, listed once (listing them costs ~0.5 ms a step for a ResNet-18 on a busy
+        CPU): they are updated in place, by training and by load_state_dict alike."""
+        self._buffers = [b.clone() for b in self._live]
+        self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def begin(self, step: int) -> None:
-        """Before step `step` (1-based global step): what a dropped step must put back."""
+        """Before step `step` (1-based global step): what a dropped step must put back. One foreach copy
+        of the buffers and the torch (and CUDA) generator states: the step draws from no other (the crops
+        and flips come from the batch plan), and numpy's and Python's states cost ~0.2 ms a step to copy."""
         self.step, self.leaving = step, False
-        buffers = list(self.model.buffers())
-        if len(self._buffers) != len(buffers):
-            self._buffers = [b.detach().clone() for b in buffers]
-        else:
-            for saved, b in zip(self._buffers, buffers, strict=True):
-                saved.copy_(b.detach())
-        self._rng = ckpt.capture_rng(self.ctx.device)
+        if self._live:
+            torch._foreach_copy_(self._buffers, self._live)
+        device = self.ctx.device
+        self._rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
     def leave(self) -> bool:
         """Before each micro-batch: True once this rank's stop flag is set (it then says so in the store,
@@ -108,10 +109,13 @@ class StepDrop:
         """Put back the buffers and RNG states of the step's start (the step's BatchNorm statistics and
         random draws are the dropped step's, which the resumed run draws again)."""
         with torch.no_grad():
-            for b, saved in zip(self.model.buffers(), self._buffers, strict=True):
-                b.copy_(saved)
+            if self._live:
+                torch._foreach_copy_(self._live, self._buffers)
         if self._rng is not None:
-            ckpt.restore_rng(self._rng, self.ctx.device)
+            cpu, cuda = self._rng
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, self.ctx.device)
 
     def _key(self) -> str:
         return f"{self.prefix}{self.step}"
