@@ -213,3 +213,21 @@ def test_every_command_a_user_types_starts_through_the_dependency_check() -> Non
         if p.name not in ("__init__.py", "lighthouse.py") and "deps.run_module(" not in p.read_text(encoding="utf-8")
     ]
     assert not unchecked, unchecked
+
+
+def test_the_readme_commands_copy_never_reinstalls_the_users_venv(tmp_path: Path) -> None:
+    """A README command's `make install` in the test's copy re-pointed the shared .venv at the copy."""
+    from tests.unit.test_readme_commands import installed_as_is
+
+    venv, tree = tmp_path / "venv", tmp_path / "tree"
+    venv.mkdir()
+    tree.mkdir()
+    (venv / ".installed").touch()
+    (tree / "Makefile").write_text("$(VENV)/.installed: pyproject.toml setup.py\n\ttouch $@\n")
+    for name in ("pyproject.toml", "setup.py"):
+        (tree / name).touch()
+        later = (venv / ".installed").stat().st_mtime + 60  # edited after the install
+        os.utime(tree / name, (later, later))
+    installed_as_is(tree, venv)
+    done = (venv / ".installed").stat().st_mtime
+    assert all((tree / n).stat().st_mtime < done for n in ("pyproject.toml", "setup.py"))
