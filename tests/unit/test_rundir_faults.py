@@ -77,3 +77,60 @@ def test_an_image_folder_with_a_fifo_or_a_symlink_loop_is_one_line(tmp_path: Pat
             (root / "cat" / "c.jpg").symlink_to(root / "cat" / "b.jpg")
         with pytest.raises(BadInput, match=r"b\.jpg is not an image file"):
             folders.scan_imagefolder(root)
+
+
+def test_the_tee_outlives_a_full_disk_and_the_console_gets_every_line(tmp_path: Path, monkeypatch, capfd) -> None:
+    """Issue #52 item 6: the rank log's writer died of ENOSPC with a traceback; its rank's next line met a
+    closed pipe and the rank died too (exit 1), its one-line storage error never shown. The log (here
+    /dev/full: every write is ENOSPC) loses lines, the tee and the console do not; said once."""
+    log = str(tmp_path / "logs" / "rank-0.log")
+    monkeypatch.setattr(ranklog, "open_log", lambda path: os.open("/dev/full", os.O_WRONLY))
+    monkeypatch.setattr(ranklog.signal, "signal", lambda *args: None)  # the tee's own: not pytest's handlers
+    out_r, out_w = os.pipe()
+    console_r, console_w = os.pipe()
+    os.write(out_w, b"epoch 1/3 step 8/8\ncheckpoint error: storage: no space left on device writing X\n")
+    os.close(out_w)  # the rank has gone: the tee drains and ends
+    assert ranklog.tee_main(log, [(out_r, console_w)]) == 0
+    os.close(console_w)
+    assert (
+        os.read(console_r, 4096)
+        == b"epoch 1/3 step 8/8\ncheckpoint error: storage: no space left on device writing X\n"
+    )
+    os.close(console_r)
+    said = [line for line in capfd.readouterr().err.splitlines() if line]
+    assert said == [f"launch: {log}: No space left on device: lines go to the console only"]
+
+
+def test_a_log_that_could_not_be_written_says_where_lines_are_missing_once_it_can(tmp_path: Path, capfd) -> None:
+    log = tmp_path / "rank-0.log"
+    full = os.open("/dev/full", os.O_WRONLY)
+    sink = ranklog.LogSink(full, str(log))
+    stamper = ranklog.LineStamper(sink)
+    stamper.feed(b"lost 1\nlost 2\n")
+    stamper.feed(b"lost 3\n")
+    os.close(full)
+    sink.fd = ranklog.open_log(str(log))  # space freed
+    stamper.feed(b"kept\n")
+    os.close(sink.fd)
+    lines = [line.split(b" ", 1)[1] for line in log.read_bytes().splitlines()]
+    assert lines == [b"launch: lines missing above (No space left on device)", b"kept"]
+    assert capfd.readouterr().err.count("No space left on device") == 1
+
+
+def test_a_log_that_fails_to_open_for_another_reason_is_kept(tmp_path: Path, monkeypatch) -> None:
+    """open_log replaces a link or a FIFO under the log's name; a log it merely cannot open now (out of
+    descriptors, an I/O error) is the run's record: never removed."""
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"2026-12-01T00:00:00.000Z the run's first lines\n")
+    real_open = os.open
+
+    def no_descriptors(path, flags, *args, **kwargs):
+        if str(path) == str(log):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_descriptors)
+    fd = ranklog.open_log(str(log))
+    monkeypatch.undo()
+    os.close(fd)
+    assert log.read_bytes() == b"2026-12-01T00:00:00.000Z the run's first lines\n"

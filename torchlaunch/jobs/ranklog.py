@@ -23,6 +23,7 @@ files always get every line of every rank.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 import re
@@ -155,10 +156,40 @@ def stamp(when: float | None = None) -> bytes:
     return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z").encode()
 
 
+class LogSink:
+    """The log file as the tee writes it: a write the storage refuses (a full disk, a quota, an I/O
+    error) costs the log those lines, never the tee. A tee that died of it took the rank's console with
+    it, and then the rank (its next line met a closed pipe): a full disk ended in the tee's traceback
+    and exit 1, the rank's own one-line storage error never shown. A gap is said once on the console
+    (`note`, the tee's stderr) and marked in the log where writing works again."""
+
+    def __init__(self, fd: int, path: str, note: int = 2) -> None:
+        self.fd, self.path, self.note = fd, path, note
+        self.gap: str | None = None
+        """What the storage said when the current gap began; None while every line is written."""
+        self.at_line_start = True
+
+    def write(self, data: bytes) -> None:
+        if self.gap is not None:
+            cut = b"" if self.at_line_start else b"\n"
+            data = cut + stamp() + f" launch: lines missing above ({self.gap})\n".encode() + data
+        try:
+            while data:
+                written = os.write(self.fd, data)
+                self.at_line_start = data[written - 1 : written] == b"\n" if written else self.at_line_start
+                data = data[written:]
+        except OSError as e:
+            if self.gap is None:
+                self.gap = e.strerror or type(e).__name__
+                _write_all(self.note, f"launch: {self.path}: {self.gap}: lines go to the console only\n".encode())
+            return
+        self.gap = None
+
+
 class LineStamper:
     """Turns chunks into timestamped lines; a partial line waits for its end (or `flush`)."""
 
-    def __init__(self, out: int) -> None:
+    def __init__(self, out: LogSink) -> None:
         self.out = out
         self.pending = b""
 
@@ -167,11 +198,11 @@ class LineStamper:
         *lines, self.pending = self.pending.split(b"\n")
         if lines:
             prefix = stamp() + b" "
-            os.write(self.out, b"".join(prefix + line + b"\n" for line in lines))
+            self.out.write(b"".join(prefix + line + b"\n" for line in lines))
 
     def flush(self) -> None:
         if self.pending:
-            os.write(self.out, stamp() + b" " + self.pending + b"\n")
+            self.out.write(stamp() + b" " + self.pending + b"\n")
             self.pending = b""
 
 
@@ -190,11 +221,15 @@ def open_log(log: str) -> int:
     fails, /dev/null (the console still gets every line). Stdlib only: this runs as its own script."""
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    why = "is not a regular file and cannot be replaced"
     for _ in range(2):
         try:
             fd = os.open(log, flags, 0o644)
-        except OSError:
+        except OSError as e:
             fd = None
+            if e.errno not in (errno.ELOOP, errno.ENXIO):  # not a link or a FIFO: a log there is kept
+                why = f"cannot be opened ({e.strerror})"
+                break
         if fd is not None:
             if stat.S_ISREG(os.fstat(fd).st_mode):
                 os.set_blocking(fd, True)
@@ -205,7 +240,7 @@ def open_log(log: str) -> int:
             flags |= os.O_EXCL
         except OSError:
             break
-    print(f"launch: {log} is not a regular file and cannot be replaced: not written", file=sys.stderr, flush=True)
+    print(f"launch: {log} {why}: not written", file=sys.stderr, flush=True)
     return os.open(os.devnull, os.O_WRONLY)
 
 
@@ -227,8 +262,13 @@ def tee_main(
     # imports the standard library only: the set is torchlaunch.stop_signals' (a test compares them).
     for sig in TEE_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
-    out = open_log(log)
-    stampers = {src: LineStamper(out) for src, _ in sources}
+    try:
+        out = open_log(log)
+    except OSError as e:  # its folder cannot be made (a full disk): the console still gets every line
+        print(f"launch: {log}: {e.strerror}: not written", file=sys.stderr, flush=True)
+        out = os.open(os.devnull, os.O_WRONLY)
+    sink = LogSink(out, log)
+    stampers = {src: LineStamper(sink) for src, _ in sources}
     writers = {src: ConsoleWriter(dest, label) if show else None for src, dest in sources}
     open_sources = set(writers)
     selector = selectors.DefaultSelector()
