@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from torchlaunch import rundir
+from torchlaunch import compat, rundir
 from torchlaunch import status as _status
 from torchlaunch.core import checkpoint as _ckpt
 from torchlaunch.core import dist as _dist
@@ -43,6 +43,7 @@ from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.jobs.progress import heartbeat
 from torchlaunch.stop_signals import STOP_SIGNAL_NAMES, loader_worker_init
+from torchlaunch.worker.step_drop import StepDrop, applies
 
 __all__ = [
     "BAD_INPUT",
@@ -58,6 +59,7 @@ __all__ = [
     "preemption_requested",
     "resumable_sampler",
     "setup",
+    "step_drop",
     "teardown",
 ]
 
@@ -199,6 +201,35 @@ def preemption_requested(step: int | None = None) -> bool:
     requested = session.agreement.read(session.calls - lag)
     session.stopping = session.stopping or requested
     return session.stopping
+
+
+def step_drop(model: torch.nn.Module) -> StepDrop:
+    """The built-in trainer's "drop the step in flight" for your loop (torchlaunch/worker/step_drop.py):
+    a stop that arrives mid-step abandons the step on every rank alike, and you save the last finished
+    step at once, instead of finishing a long step the platform's grace may not leave time for:
+
+        drop = api.step_drop(model)                   # once, after setup() and the model's construction
+        for step in range(start, total):
+            drop.begin(step + 1)
+            for i, (x, y) in enumerate(micro_batches):
+                if drop.leave() and i < len(micro_batches) - 1:
+                    continue                          # the last one still runs: it holds DDP's collectives
+                loss_fn(ddp(x), y).backward()
+            if drop.agreed():                         # the same answer on every rank
+                drop.restore(); optimizer.zero_grad()
+                ckpt.save(step, state); sys.exit(api.PREEMPTED)   # `step` steps are done: the last finished
+            optimizer.step(); optimizer.zero_grad()
+
+    It needs gloo (or no process group): under NCCL, leave() never asks to leave and
+    preemption_requested() stops the loop at a step boundary as before. Only the torch (and CUDA)
+    generators and the model's buffers are put back: a step that draws from numpy or Python's random
+    restores them itself."""
+    session = _active()
+    d = session.ctx.dist
+    if not applies(d, live=False):
+        return StepDrop(d, model, lambda: False, None)
+    store = compat.default_store() if d.distributed else None
+    return StepDrop(d, model, lambda: session.watcher.requested, store)
 
 
 class Checkpointer:

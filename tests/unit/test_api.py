@@ -321,3 +321,18 @@ if rank == 1:
     time.sleep(4)  # now a peer that stops answering
 dist.all_reduce(t)
 """
+
+
+def test_step_drop_lets_a_loop_drop_the_step_in_flight_on_a_stop(session: api.Context) -> None:
+    """Issue #53: a user's loop gets the trainer's helper; a stop seen before the next micro-batch drops
+    the step, and what the step moved (BatchNorm statistics, torch's RNG) is put back for the save."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4))
+    drop = api.step_drop(model)
+    drop.begin(1)
+    before = [b.clone() for b in model.buffers()]
+    assert not drop.leave()
+    model(torch.rand(8, 2) * 3)
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode of this thread
+    assert drop.leave() and drop.agreed()
+    drop.restore()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.buffers(), strict=True))
