@@ -62,7 +62,7 @@ def test_make_train_local_says_the_launchers_own_exit_code(tmp_path: Path) -> No
 def test_outside_the_venv_a_command_is_one_line_and_leaves_a_finished_run_alone(tmp_path: Path) -> None:
     """`python -S` has no site-packages: the system Python of a user who did not activate .venv. A
     command that needs the packages says what is missing and how to use .venv in one line, exit 2; one
-    that can do without (status of a run without checkpoints to verify) works; the finished run's
+    that can do without (status, its checkpoints left unverified) works; the finished run's
     record is not rewritten (a started attempt relabelled it `failed`)."""
     run = tmp_path / "run"
     job = finished_run(run)
@@ -75,8 +75,9 @@ def test_outside_the_venv_a_command_is_one_line_and_leaves_a_finished_run_alone(
         lines = err.strip().splitlines()
         assert rc == 2 and len(lines) == 1, err[-2000:]
         assert lines[0].startswith("env error:") and ".venv/bin/python -m" in lines[0]
+    (rundir.checkpoints(run) / "step-000000048").mkdir(parents=True)  # to verify, torch would be needed
     rc, out, err = run_cmd([sys.executable, "-S", "-m", "launch", "status", str(run)], timeout=60)
-    assert rc == 0 and "finished" in out, err[-2000:]
+    assert rc == 0 and "finished" in out and "checkpoints not verified: this Python lacks" in out, err[-2000:]
     assert job.read_bytes() == kept
 
 

@@ -31,7 +31,10 @@ def newest_checkpoint(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
     root = rundir.checkpoints(run_dir)
     if not root.is_dir():
         return None, []
-    from torchlaunch.core import checkpoint as ckpt
+    try:
+        from torchlaunch.core import checkpoint as ckpt
+    except ModuleNotFoundError as missing:  # a Python without the project's packages: status goes on
+        return None, [f"checkpoints not verified: this Python lacks {missing.name} (use .venv/bin/python)"]
 
     skipped: list[str] = []
     try:
