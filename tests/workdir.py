@@ -36,9 +36,9 @@ suite was told to write, so not counted as a test's trespass."""
 
 
 def runs_listing(repo: Path, env: Mapping[str, str] | None = None) -> frozenset[str]:
-    """The names under the checkout's runs/, but RESULTS_ENV's folder: one listing, cheap enough to take around every test. New or removed run dirs are what a
-    test's launch leaves; changes inside a user's run dir are not compared (a run of the user's may
-    train while the suite runs)."""
+    """The names under the checkout's runs/, but RESULTS_ENV's folder: one listing, cheap enough to take
+    around every test. New or removed run dirs are what a test's launch leaves; changes inside a user's
+    run dir are not compared (a run of the user's may train while the suite runs)."""
     runs = repo / "runs"
     asked = (env if env is not None else os.environ).get(RESULTS_ENV)
     told = {Path(asked).name} if asked and (repo / asked).resolve().parent == runs.resolve() else set()
@@ -55,7 +55,7 @@ def guard(before: frozenset[str], after: frozenset[str]) -> str | None:
         return None
     said = [
         f"made {', '.join('runs/' + n for n in made)}" if made else "",
-        f"removed {', '.join(gone)}" if gone else "",
+        f"removed {', '.join('runs/' + n for n in gone)}" if gone else "",
     ]
     return (
         f"the test {' and '.join(filter(None, said))} in the checkout's runs/, which is the user's: pass "
