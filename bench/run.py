@@ -44,6 +44,7 @@ from bench import (
     shards,
     shards_scale,
     startup,
+    stop_grace,
     tta,
     userscript,
 )
@@ -65,6 +66,7 @@ ALL = (
     "live_nodes",
     "startup",
     "userscript",
+    "stop_grace",
     "progress",
     "peers",
     "proposals",
@@ -143,6 +145,8 @@ def run_selected(
             keep(record("startup-against", lambda: startup.against(startup_against, work=work / "against")))
     if "userscript" in names:
         keep(record("userscript", lambda: userscript.run(quick=quick)))
+    if "stop_grace" in names:
+        keep(record("stop_grace", lambda: stop_grace.run(quick=quick)))
     if "progress" in names:
         keep(record("progress-step", lambda: progress.run_steps(quick=quick)))
         keep(record("progress", lambda: progress.run(quick=quick)))
