@@ -100,8 +100,8 @@ def node_code(
         return OK
     if ranks is not None and len(worker_codes) == ranks and all(c == OK for c in worker_codes):
         return OK
-    if BAD_INPUT in worker_codes:
-        return BAD_INPUT
+    if BAD_INPUT in worker_codes or (torchrun_code == BAD_INPUT and not worker_codes):
+        return BAD_INPUT  # no record at all: a full disk kept them out; the live agent passes its ranks' 2 on
     if PREEMPTED in worker_codes and FAILURE not in worker_codes:
         return PREEMPTED
     return FAILURE

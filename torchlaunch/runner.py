@@ -49,6 +49,7 @@ from torchlaunch import (
     status,
     stop_signals,
 )
+from torchlaunch.base import storage
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 
 USAGE = "pass SCRIPT.py [args] or -m package.module [args] after --"
@@ -432,6 +433,11 @@ def _outcome(program: Program, cwd: str | None = None) -> tuple[int, str]:
     except BaseException as e:  # noqa: BLE001 - the last line of defence: anything else is exit 1
         if isinstance(e.__context__, Stopped):
             raise e.__context__ from None  # the program failed while unwinding from the stop
+        if program.builtin and storage.refused_write(e):  # a full run dir mid-run: exit 2, as at a save
+            reason = str(storage.refusal(e, prefix="storage error: ", what="writing")).splitlines()[0]
+            if not status.launched() or status.folder() is None:
+                print(reason, file=sys.stderr, flush=True)
+            return BAD_INPUT, reason
         reason = f"{program.name} failed: {type(e).__name__}: {e}".splitlines()[0]
         peer = status.peer_bad_input(contract.rank())
         if peer is not None:  # failed because that peer left: the launcher's one bad-input line says it all
@@ -524,7 +530,9 @@ def main(argv: Sequence[str] | None = None, cwd: str | None = None) -> int:
         )
     global last_reason
     last_reason = reason
-    status.report(contract.rank(), code, reason, finished=finished, committed=status.committed_step())
+    if not status.report(contract.rank(), code, reason, finished=finished, committed=status.committed_step()):
+        if code != OK:  # under launch.local the launcher says it from the record, which a full disk kept out
+            print(reason, file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     return code

@@ -89,16 +89,17 @@ def report(
     *,
     finished: bool = False,
     committed: int | None = None,
-) -> None:
+) -> bool:
     """Leave this rank's outcome for the launcher that started us (no-op without one), and its last
-    step in its heartbeat: `status`/`list` of an ended run show the step it ended at."""
+    step in its heartbeat: `status`/`list` of an ended run show the step it ended at. False when the
+    record could not be written (a full disk): the launcher will not find the reason to say it."""
     from torchlaunch.jobs import progress  # the heartbeat's owner; imported late (it reads the job files)
 
     progress.flush()
     attempt = contract.get(ATTEMPT_ENV)
     where = folder(run_dir)
     if not attempt or where is None:
-        return
+        return True
     try:
         rundir.write_json(  # the launcher never sees half a record
             where / f"{attempt}-rank{rank}.json",
@@ -108,7 +109,8 @@ def report(
             real_folder=True,  # a link planted in status/'s place while the run ran is not followed
         )
     except OSError:
-        pass
+        return False
+    return True
 
 
 def earlier_bad_input(run_dir: str | None = None) -> str | None:

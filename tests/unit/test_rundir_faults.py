@@ -134,3 +134,31 @@ def test_a_log_that_fails_to_open_for_another_reason_is_kept(tmp_path: Path, mon
     monkeypatch.undo()
     os.close(fd)
     assert log.read_bytes() == b"2026-12-01T00:00:00.000Z the run's first lines\n"
+
+
+def test_a_full_disk_mid_run_is_exit_2_and_its_line_though_no_record_can_be_written(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Issue #52 item 6: on a full run dir the rank's outcome record (RUN_DIR/status) cannot be written
+    either, so launch.local, which says a bad-input line from the records, said nothing and exited 1. The
+    rank says its line itself when its record is refused; the launcher takes a 2 with no record as 2; a
+    full disk escaping the built-in worker anywhere (a log line, a trace) is a storage error too."""
+    from torchlaunch import exit_codes, rundir, runner, status
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(runner, "execute", lambda program, cwd=None: (_ for _ in ()).throw(full))
+    code, reason = runner.outcome(runner.parse(["-m", "torchlaunch.worker", "--config", "x"]))
+    assert code == exit_codes.BAD_INPUT and reason.startswith("storage error: writing: No space left on device")
+    assert "free space" in reason and "\n" not in reason
+    code, _ = runner.outcome(runner.parse([str(tmp_path / "user.py")]))  # a user's program: its own business
+    assert code == exit_codes.FAILURE
+    capsys.readouterr()
+
+    monkeypatch.setenv(status.ATTEMPT_ENV, "a1")
+    monkeypatch.setenv(status.STATUS_DIR_ENV, str(tmp_path / "status"))
+    assert status.report(0, 2, "checkpoint error: storage: no space left on device") is True
+    monkeypatch.setattr(rundir, "write_json", lambda *args, **kwargs: (_ for _ in ()).throw(full))
+    assert status.report(1, 2, "checkpoint error: storage: no space left on device") is False
+
+    assert exit_codes.node_code(2, [], 2) == exit_codes.BAD_INPUT  # the live agent passed its ranks' 2 on
+    assert exit_codes.node_code(1, [], 2) == exit_codes.FAILURE  # torchrun's 1 says nothing more

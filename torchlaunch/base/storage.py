@@ -49,6 +49,15 @@ def is_storage(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in STORAGE_ERRNOS
 
 
+def refused_write(error: BaseException) -> bool:
+    """An error escaping the project's own program that is the storage's refusal: full, over quota or
+    read-only on any write (a log line's write names no file), any storage errno where a file is named
+    (EPERM or EIO of a call on no file may be a process's or a device's)."""
+    if not isinstance(error, OSError):
+        return False
+    return error.errno in FULL or error.errno == errno.EROFS or (is_storage(error) and error.filename is not None)
+
+
 def free_space(path: str | os.PathLike[str]) -> str | None:
     """Free bytes on the filesystem holding `path` (its nearest existing parent), human-sized."""
     here = Path(path)
