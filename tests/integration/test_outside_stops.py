@@ -244,3 +244,19 @@ def test_a_stop_whose_checkpoint_never_commits_is_exit_1_with_the_steps_lost(tmp
     assert code == FAILURE, err[-3000:]
     lost = re.search(r"(\d+) step\(s\) trained since the beginning \(no checkpoint\) are lost \(exit 1\)", err)
     assert lost is not None and int(lost[1]) >= trained, err[-3000:]
+
+
+@pytest.mark.extended  # CI's tier: test_a_stop_during_start_up_is_75_with_nothing_lost
+@pytest.mark.timeout(300)
+def test_a_stop_in_the_first_step_drops_it_and_saves_nothing(tmp_path: Path) -> None:
+    """The first step dropped: nothing was trained, so no checkpoint of the initial state is written (it
+    would only spend the grace), and the launcher's 75 says nothing was lost."""
+    run_dir = tmp_path / "run"
+    with Launch(long_step_argv(run_dir), env=SLOW_STEP) as launch:
+        launch.wait_for_log(run_dir, "starting tests.programs.slow_model:net")  # step 1 has ~8 s to go
+        launch.deliver("pid", signal.SIGTERM)
+        code, out, err = launch.finish()
+    assert code == PREEMPTED, err[-3000:]
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "stop: dropped step 1 in flight" in log and "nothing to save" in log, log[-2000:]
+    assert not any((run_dir / "checkpoints").glob("step-*")), sorted((run_dir / "checkpoints").iterdir())

@@ -993,6 +993,10 @@ class Trainer:
         told to stop while its peer's death is still on the way) makes the ranks left regroup and save
         again, rather than leave without it (exit 1, the steps since the last checkpoint trained again)."""
         start = time.perf_counter()
+        if self.progress.global_step == 0:  # the first step was dropped: nothing trained, nothing to save
+            if self.ctx.is_main:
+                log.line("preempted before the first step finished: nothing to save; run the same command again")
+            return PREEMPTED
         self._surviving(log, "checkpoint", lambda: self.save(synchronous=True))
         if self.ctx.is_main:
             waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
