@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,7 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.live import pid_of, traced_step
+from tests.conftest import launcher_argv
 from tests.helpers import REPO, launcher
+from tests.integration.test_live_commit import recipe, shard_set  # noqa: F401 - shard_set: a fixture
 from torchlaunch import rundir, status
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import store
@@ -200,3 +204,56 @@ def test_a_save_onto_a_full_disk_is_a_storage_refusal_not_a_retry(tmpfs) -> None
     assert isinstance(again, store.CheckpointStorageError)
     assert not isinstance(store.checkpoint_error("checkpoint error: injected"), BadInput)
     assert ckpt.find_latest(small)[0].name == "step-000000001"
+
+
+def fill(folder: Path) -> None:
+    """Write a file in `folder` until its filesystem is full (ENOSPC)."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "lose_rank_0", [False, pytest.param(True, marks=pytest.mark.extended)], ids=["at-a-save", "at-a-regroup"]
+)
+def test_a_live_run_dir_filling_up_mid_run_is_exit_2_and_one_storage_line(
+    tmpfs, shard_set: Path, tmp_path: Path, lose_rank_0: bool
+) -> None:
+    """Issue #52 item 6: 2 live ranks on shards with loader workers, their run dir on a 16 MB tmpfs
+    filled at step 5 (rank 0 SIGKILLed first, at-a-regroup). Was: exit 1 with no storage line (the rank
+    log's tee died of ENOSPC, the rank's outcome record could not be written), or 27 'did not form (No
+    space left on device): a member is gone'. Now: exit 2, the storage line, the checkpoints before intact."""
+    run_dir = tmpfs("small", "16m") / "run"
+    run_dir.mkdir()
+    config = tmp_path / "live.yaml"
+    config.write_text(recipe(run_dir, shard_set))
+    argv = launcher_argv("launch.local", "--gpus", "2", "--device", "cpu", "--config", str(config))
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while traced_step(run_dir / "trace" / "rank0.jsonl") < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.005)  # polling a file another process writes: no event to wait on
+        if lose_rank_0:
+            os.kill(pid_of(run_dir, 0), signal.SIGKILL)
+        fill(run_dir.parent)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out and "a member is gone" not in out, out[-3000:]
+    said = [line for line in out.splitlines() if "error: storage" in line or line.startswith("storage error: ")]
+    assert said and all("no space left on device" in line.lower() for line in said), out[-3000:]
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert kept and all(ckpt.verify(run_dir / "checkpoints" / name) is None for name in kept)
