@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launcher_argv
+from torchlaunch.backends.slurm import launch as slurm_launch
 from torchlaunch.backends.slurm.launch import (
     SlurmOptions,
     executor_parameters,
@@ -164,6 +165,17 @@ def test_worker_argv_passes_the_signal_lead_time_unless_set() -> None:
     assert [a for a in worker_argv(own, "/r") if a.startswith("preemption.lead_time_s")] == [
         "preemption.lead_time_s=300"
     ]
+
+
+def test_a_shorter_partition_grace_time_is_the_workers_lead_time() -> None:
+    """Issue #53: a preemption leaves the partition's GraceTime, not the --signal lead time; the worker
+    warns against the shorter one. GraceTime comes from `scontrol show partition NAME -o`."""
+    line = "PartitionName=low AllowGroups=ALL Default=YES GraceTime=30 Hidden=NO MaxNodes=UNLIMITED State=UP"
+    assert slurm_launch.grace_time_of(line) == 30
+    assert slurm_launch.grace_time_of(line.replace("GraceTime=30", "GraceTime=0")) is None  # none stated
+    assert slurm_launch.grace_time_of("PartitionName=x DefaultTime=NONE") is None
+    assert "preemption.lead_time_s=30" in worker_argv(full_spec(), "/r", grace_time_s=30)
+    assert "preemption.lead_time_s=120" in worker_argv(full_spec(), "/r", grace_time_s=600)  # the signal's is shorter
 
 
 def test_the_master_port_is_shared_by_the_tasks_below_the_ephemeral_range_and_moves_on_requeue() -> None:

@@ -90,6 +90,9 @@ class SlurmOptions:
     lighthouse: str = ""
     """Live recovery (recovery.live): the membership service apart from the job's nodes; '' when the job
     is not live (backends.slurm.live.lighthouse_of decides)."""
+    grace_time_s: int | None = None
+    """The partition's GraceTime (a preempted job's time between the signal and SIGKILL), where scontrol
+    said it at submission: the worker's lead time is the shorter of it and the --signal lead time."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,13 +125,15 @@ def _yaml_run_dir(config: str) -> str | None:
     return str(value) if value else None
 
 
-def worker_argv(spec: JobSpec, run_dir: str) -> list[str]:
-    """Arguments of the built-in worker (`-m torchlaunch.worker`): identical on every rank and every requeue. The signal lead time is
-    passed on so the worker can warn when a checkpoint would not fit in it."""
+def worker_argv(spec: JobSpec, run_dir: str, grace_time_s: int | None = None) -> list[str]:
+    """Arguments of the built-in worker (`-m torchlaunch.worker`): identical on every rank and every requeue. The signal lead time
+    (or the partition's GraceTime, when shorter: a preemption's) is passed on so the worker can warn when a checkpoint would
+    not fit in it."""
     keys = {o.partition("=")[0].strip() for o in spec.overrides}
     overrides = [o for o in spec.overrides if o.partition("=")[0].strip() != "run_dir"]
     if "preemption.lead_time_s" not in keys:
-        overrides.append(f"preemption.lead_time_s={spec.signal_delay_s}")
+        lead = min(spec.signal_delay_s, grace_time_s) if grace_time_s else spec.signal_delay_s
+        overrides.append(f"preemption.lead_time_s={lead}")
     return ["--config", os.path.abspath(spec.config), *overrides, f"run_dir={run_dir}"]
 
 
@@ -141,7 +146,11 @@ def task_argv(spec: JobSpec, options: SlurmOptions, run_dir: str) -> list[str]:
     """What every task's runner runs: the built-in worker (or the pre-flight) on the recipe, or the
     user's program."""
     if not spec.program:
-        return ["-m", PREFLIGHT if options.doctor else BUILTIN_WORKER, *worker_argv(spec, run_dir)]
+        return [
+            "-m",
+            PREFLIGHT if options.doctor else BUILTIN_WORKER,
+            *worker_argv(spec, run_dir, options.grace_time_s),
+        ]
     if options.doctor:
         return ["-m", PREFLIGHT, "--config", doctor_recipe(run_dir), f"preemption.lead_time_s={spec.signal_delay_s}"]
     return list(spec.program)
@@ -519,6 +528,7 @@ def launch(argv: list[str]) -> int:
         raise BadInput("sbatch not found: run this on a Slurm login node (or use --dry-run)")
     check_slurm_conf()
     validate(spec, options, cluster_partitions())
+    options = dataclasses.replace(options, grace_time_s=partition_grace_s(spec.partition or default_partition()))
     try:
         job = submit(spec, options, cfg, args.reconfigure)
     except BadInput:
@@ -587,6 +597,29 @@ def elastic_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
     }
     out["srun_args"] = ["--ntasks-per-node", str(per_node), *out.get("srun_args", [])]
     return out
+
+
+GRACE_TIME = re.compile(r"(?:^|\s)GraceTime=([0-9]+)(?:\s|$)")
+
+
+def grace_time_of(scontrol_out: str) -> int | None:
+    """GraceTime in `scontrol show partition NAME -o`'s line (seconds), when it is there and above 0."""
+    found = GRACE_TIME.search(scontrol_out)
+    return int(found[1]) if found and 0 < int(found[1]) < 10**7 else None
+
+
+def partition_grace_s(partition: str | None, timeout_s: float = 10.0) -> int | None:
+    """The partition's GraceTime, when scontrol answers; None where it cannot be read (then the --signal
+    lead time alone is the worker's)."""
+    if not partition or shutil.which("scontrol") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "partition", partition, "-o"], capture_output=True, text=True, timeout=timeout_s
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return grace_time_of(out)
 
 
 def node_cpus(partition: str | None, timeout_s: float = 10.0) -> int | None:
