@@ -242,13 +242,17 @@ def test_a_stop_while_waiting_for_node_0s_name_is_exit_75(monkeypatch: pytest.Mo
 
 def test_the_ranks_window_comes_from_the_platforms_grace() -> None:
     """Issue #53: torchrun's SIGTERM -> SIGKILL window is the grace less the launcher's margin, not a
-    fixed 30 s (docker stop kills at 10 s); the pod's grace comes through TORCHLAUNCH_GRACE_S, and
-    where none is stated (or it is not a number of seconds) the shortest common one is assumed."""
-    assert local.stop_env({}) == {"TORCHLAUNCH_GRACE_S": "10", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "8"}
-    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "120"})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "118"
-    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "2.5"})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "1"
+    fixed 30 s (docker stop kills at 10 s); the pod's grace comes through TORCHLAUNCH_GRACE_S; where none
+    is stated (or it is not a number of seconds), the platform's default: 10 s in a container, 30 s in a
+    pod, torch's 30 s where no platform is seen."""
+    window = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+    assert local.stop_env({}, container=True) == {"TORCHLAUNCH_GRACE_S": "10", window: "8"}
+    assert local.stop_env({}, container=False) == {"TORCHLAUNCH_GRACE_S": "30", window: "28"}
+    assert local.stop_env({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, container=True)[window] == "28"
+    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "120"}, container=True)[window] == "118"
+    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "2.5"}, container=True)[window] == "1"
     for junk in ("nan", "-5", "0", "1e400", "ten"):
-        assert local.stop_env({"TORCHLAUNCH_GRACE_S": junk})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "8", junk
+        assert local.stop_env({"TORCHLAUNCH_GRACE_S": junk}, container=True)[window] == "8", junk
 
 
 def test_a_stop_that_lost_steps_counts_them_from_this_launchs_heartbeats(tmp_path: Path) -> None:

@@ -998,15 +998,15 @@ def new_checkpoint(run_dir: Path | None, since: float) -> tuple[int | None, bool
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 """How long torchrun's agent waits for its ranks after passing on a stop before it SIGKILLs them: set
-from the platform's grace (torchlaunch.grace: the pod's, docker's, or the shortest common one), not
-torch's fixed 30 s, which docker's 10 s cut short; `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` in the launcher's
+from the platform's grace (torchlaunch.grace: the pod's, docker's 10 s in a container, torch's 30 s
+where no platform is seen), not torch's fixed 30 s, which docker's 10 s cut short; `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` in the launcher's
 environment wins. The ranks drop the step in flight on a stop (worker/step_drop.py), so what must fit
 in it is one checkpoint."""
 
 
-def stop_env(environ: Mapping[str, str]) -> dict[str, str]:
+def stop_env(environ: Mapping[str, str], container: bool | None = None) -> dict[str, str]:
     """The ranks' grace (TORCHLAUNCH_GRACE_S, for their save-time check) and torchrun's window from it."""
-    seconds, _ = grace.platform_grace(environ)
+    seconds, _ = grace.platform_grace(environ, container)
     return {grace.GRACE_ENV: f"{seconds:g}", SHUTDOWN_TIMEOUT_ENV: str(grace.ranks_window_s(seconds))}
 
 
