@@ -8,7 +8,7 @@ Two figures, each on 2 CPU ranks under launch.local, SIGTERM to the launcher's P
 - `stop_grace_long`: steps of ~20 s (40 micro-batches whose forwards each sleep 0.5 s: the test model
   tests/programs/slow_model.py, standing for a slow model or accumulation), the signal right after step 1,
   so mid-step 2. Goal: committed within 5 s, a quarter of the step (the ranks drop the step in flight,
-  worker/step_drop.py). Before: the step, then the agreement two steps later (~60 s, past any grace).
+  core/step_drop.py). Before: the step, then the agreement two steps later (~60 s, past any grace).
 - `stop_grace_smoke`: the smoke recipe (30 epochs, so that it is never done before the signal lands), the
   signal after step 4: what the change must leave as it was (0.3-0.8 s before it).
 
@@ -105,7 +105,7 @@ def run(quick: bool = False, rounds: int = 3) -> list[Result]:
             goal=0.25,
             higher_is_better=False,
             command=COMMAND,
-            project_label="the step in flight dropped (worker/step_drop.py)",
+            project_label="the step in flight dropped (core/step_drop.py)",
             baseline_label="one step (the least a stop that waits for the step costs)",
             rounds=long,
             notes=f"{LONG_STEP_MICRO_BATCHES} micro-batches of 2 samples per rank, each forward sleeping "

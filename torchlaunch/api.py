@@ -40,10 +40,10 @@ from torchlaunch.core import checkpoint as _ckpt
 from torchlaunch.core import dist as _dist
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement
 from torchlaunch.core.sampler import BatchPlan
+from torchlaunch.core.step_drop import StepDrop, applies
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.jobs.progress import heartbeat
 from torchlaunch.stop_signals import STOP_SIGNAL_NAMES, loader_worker_init
-from torchlaunch.worker.step_drop import StepDrop, applies
 
 __all__ = [
     "BAD_INPUT",
@@ -204,7 +204,7 @@ def preemption_requested(step: int | None = None) -> bool:
 
 
 def step_drop(model: torch.nn.Module) -> StepDrop:
-    """The built-in trainer's "drop the step in flight" for your loop (torchlaunch/worker/step_drop.py):
+    """The built-in trainer's "drop the step in flight" for your loop (torchlaunch/core/step_drop.py):
     a stop that arrives mid-step abandons the step on every rank alike, and you save the last finished
     step at once, instead of finishing a long step the platform's grace may not leave time for:
 

@@ -142,6 +142,9 @@ LIVE_FIRST_GROUP = "TORCHLAUNCH_LIVE_FIRST_GROUP"
 first group (the nodes that came in time), which its process group is formed as; RANK and WORLD_SIZE
 stay the launch's (node rank x ranks per node + local rank, of MAX nodes), which name its files and its
 replica id. Always set there, so that a first group of one rank is formed too (later nodes join it)."""
+GRACE = "TORCHLAUNCH_GRACE_S"
+"""Seconds between a stop signal and the platform's SIGKILL, where the platform states it (the pods
+launch.k8s renders); launch.local passes the figure it used on to its ranks (torchlaunch.grace)."""
 K8S_JOB = "TORCHLAUNCH_K8S_JOB"
 K8S_NAMESPACE = "TORCHLAUNCH_K8S_NAMESPACE"
 """Set in the pod by the Job manifest (downward API: the job-name label and metadata.namespace)."""

@@ -22,8 +22,9 @@ import math
 import os
 from collections.abc import Mapping
 
-GRACE_ENV = "TORCHLAUNCH_GRACE_S"
-"""Seconds between the stop signal and the platform's SIGKILL, where the platform (or a person) says."""
+from torchlaunch import contract
+
+GRACE_ENV = contract.GRACE
 
 SHORTEST_COMMON_S = 10.0
 """`docker stop`'s default: the shortest grace a common platform gives, assumed in a container."""
@@ -51,7 +52,7 @@ def in_container(marks: tuple[str, ...] = CONTAINER_MARKS) -> bool:
 def platform_grace(env: Mapping[str, str], container: bool | None = None) -> tuple[float, str]:
     """(seconds, where the figure came from). A value that is not a positive number of seconds is
     ignored (the platform's default is assumed): a grace is never a reason to refuse a stop."""
-    raw = env.get(GRACE_ENV)
+    raw = contract.get(GRACE_ENV, env=env)
     if raw:
         try:
             seconds = float(raw)
@@ -59,7 +60,7 @@ def platform_grace(env: Mapping[str, str], container: bool | None = None) -> tup
             seconds = math.nan
         if math.isfinite(seconds) and 0 < seconds <= MAX_GRACE_S:
             return seconds, GRACE_ENV
-    if env.get("KUBERNETES_SERVICE_HOST"):
+    if contract.get(contract.KUBERNETES_SERVICE_HOST, env=env):
         return KUBERNETES_DEFAULT_S, "assumed: a pod's default terminationGracePeriodSeconds"
     if in_container() if container is None else container:
         return SHORTEST_COMMON_S, "assumed: docker stop's default, the shortest common grace"

@@ -1,4 +1,4 @@
-"""A stop mid-step drops the step in flight (torchlaunch/worker/step_drop.py, issue #53): the same answer
+"""A stop mid-step drops the step in flight (torchlaunch/core/step_drop.py, issue #53): the same answer
 on every rank through the group's store, the step's collectives still run, and nothing of the dropped
 step stays in the state a checkpoint takes (buffers, RNG)."""
 
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from torchlaunch.core.dist import DistContext
+from torchlaunch.core.step_drop import StepDrop, applies
 from torchlaunch.worker.accumulate import backward_share
-from torchlaunch.worker.step_drop import StepDrop, applies
 
 
 class FakeStore:

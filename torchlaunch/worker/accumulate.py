@@ -34,7 +34,7 @@ def backward_share(
     its micro-batches as a 0-d float32 device tensor, unread (the ranks' values sum to W x the global
     mean loss). `criterion` must average over the batch (CrossEntropyLoss's default reduction).
 
-    `leave` (worker/step_drop.py), asked before each micro-batch: once True the step is being dropped,
+    `leave` (core/step_drop.py), asked before each micro-batch: once True the step is being dropped,
     so the micro-batches left are skipped, except the last where `sync_last` (DDP): its forward and
     backward hold the step's collectives, which the peers are waiting in; it runs on two of its samples.
     The gradients are then garbage and the caller discards them (and puts back the buffers it moved)."""

@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch import config as config_mod
-from torchlaunch import grace, rundir
+from torchlaunch import contract, grace, rundir
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import (
@@ -48,6 +48,7 @@ from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
+from torchlaunch.core.step_drop import StepDrop, StepDropped, applies
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
 from torchlaunch.jobs.progress import heartbeat
 from torchlaunch.startup import process_age_s
@@ -68,7 +69,6 @@ from torchlaunch.worker.precision import (
 )
 from torchlaunch.worker.schedule import LoopSchedule
 from torchlaunch.worker.state_check import worker_state_problem
-from torchlaunch.worker.step_drop import StepDrop, StepDropped, applies
 
 if TYPE_CHECKING:
     from torchlaunch.core.recovery.group import FlatGradients, LiveGroup
@@ -331,7 +331,7 @@ class Trainer:
         return f"live: {how}, group re-formed on a lost rank"
 
     def _step_drop(self) -> StepDrop | None:
-        """How a stop mid-step drops the step in flight (worker/step_drop.py), where it can."""
+        """How a stop mid-step drops the step in flight (core/step_drop.py), where it can."""
         if not applies(self.ctx, self.live is not None):
             return None
         from torchlaunch import compat
@@ -1011,7 +1011,7 @@ class Trainer:
         """At start, one line when a checkpoint would not fit in the time a stop leaves: the configured
         lead time, else the platform's grace that the launcher passed on (torchlaunch.grace)."""
         lead, what = self.cfg.preemption.lead_time_s, "preemption.lead_time_s"
-        if not lead and os.environ.get(grace.GRACE_ENV):
+        if not lead and contract.get(contract.GRACE):
             lead, what = float(grace.ranks_window_s(grace.platform_grace(os.environ)[0])), "the platform's grace"
         if lead and self.ctx.is_main:
             warning = lead_time_warning(

@@ -1000,7 +1000,7 @@ SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 """How long torchrun's agent waits for its ranks after passing on a stop before it SIGKILLs them: set
 from the platform's grace (torchlaunch.grace: the pod's, docker's 10 s in a container, torch's 30 s
 where no platform is seen), not torch's fixed 30 s, which docker's 10 s cut short; `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` in the launcher's
-environment wins. The ranks drop the step in flight on a stop (worker/step_drop.py), so what must fit
+environment wins. The ranks drop the step in flight on a stop (core/step_drop.py), so what must fit
 in it is one checkpoint."""
 
 

@@ -33,13 +33,13 @@ and a single micro-batch longer than the grace (nothing can be dropped before it
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchlaunch import contract
 from torchlaunch.core.dist import DistContext
 
 
@@ -68,7 +68,7 @@ class StepDrop:
         prefix: str | None = None,
     ) -> None:
         self.ctx, self.model, self.requested, self.store = ctx, model, requested, store
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        restart = contract.get(contract.RESTART_COUNT, "0")
         self.prefix = prefix if prefix is not None else f"torchlaunch/drop/{restart}/"
         self.step = 0
         self.leaving = False
