@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -258,3 +259,35 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     assert [m.replica_id for m in proven.members] == ids[:2]
     assert time.monotonic() - started < 1 + BOUND_S / 2, "the checks run at once, each within the bound"
     assert stores[0].get(f"{PROOF_KEY}/{token}").decode() == key.proof(token, ids[0], addresses[0], 9)
+
+
+def test_a_service_given_the_runs_secret_file_counts_only_the_runs_ranks_once_it_exists(tmp_path: Path) -> None:
+    """`python -m launch.lighthouse --secret-file RUN_DIR/live/secret` (a service apart that shares the run
+    dir): before the run's first rank made the secret no hello is counted; after, only a hello that proves
+    the key derived from it, as a rank of the run sends it."""
+    from torchlaunch.core.recovery import runkey
+
+    run_dir = tmp_path / "run"
+    events = Events()
+    secret = lighthouse.secret_file_key(str(run_dir / "live" / "secret"))
+    server = presence.PresenceServer("127.0.0.1", 0, bound_s=60.0, changed=events, key=secret)
+    server.start()
+    address = f"http://127.0.0.1:{server.port - 1}"
+    try:
+        key = runkey.RunKey(b"z" * 32)  # not the run's
+        early = presence.Presence(address, "rank000000", key.presence_key)
+        early.want()
+        early.beat()
+        assert early._sock is not None and early._sock.recv(1) == b"", "counted before the run had a secret"
+        run = runkey.load(run_dir)  # the run's first rank makes it
+        stranger = presence.Presence(address, "rank000009", key.presence_key)
+        stranger.want()
+        stranger.beat()
+        assert stranger._sock is not None and stranger._sock.recv(1) == b""
+        rank = presence.Presence(address, "rank000001", run.presence_key)
+        rank.want()
+        rank.beat()
+        counted(server, 1)
+        assert events.seen == []
+    finally:
+        server.close()

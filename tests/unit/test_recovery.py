@@ -987,3 +987,18 @@ def test_a_member_whose_address_is_not_sealed_under_the_runs_secret_is_dropped_f
     found = group._ask(7, 1.0)
     assert group.membership.asked == [key.seal(me, "10.0.0.3:7", 7)]  # type: ignore[attr-defined]
     assert [(m.replica_id, m.store_address) for m in found.members] == [(me, "10.0.0.3:7"), (peer, "10.0.0.2:6")]
+
+
+def test_a_service_reads_the_runs_secret_only_once_made_and_only_when_safe(tmp_path: Path) -> None:
+    from torchlaunch.core.recovery import lighthouse, runkey
+
+    path = tmp_path / "live" / "secret"
+    assert runkey.existing(path) is None  # no run dir yet: the service waits for it
+    run = runkey.load(tmp_path)
+    assert runkey.existing(path) == run and run.presence_key not in (run.secret, b"")
+    assert lighthouse.secret_file_key(str(path))() == run.presence_key  # type: ignore[misc]
+    path.chmod(0o640)
+    with pytest.raises(BadInput, match="nobody else may read"):
+        runkey.existing(path)
+    assert lighthouse.secret_file_key(str(path))() is None  # type: ignore[misc]
+    assert lighthouse.parse_args(["--secret-file", str(path)]).secret_file == str(path)

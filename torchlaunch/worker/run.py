@@ -190,7 +190,9 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     launched = attempt or contract.get(contract.LIVE_FIRST_GROUP)
     rank = int(contract.get(contract.RANK, "0") or 0) if launched else ctx.rank
     key = load_run_key(cfg.run_dir)  # only the run's own ranks are seated (core/recovery/runkey.py)
-    membership = LighthouseMembership(address, replica_id_of(rank, attempt, key.tag), cfg.recovery.heartbeat_timeout_s)
+    membership = LighthouseMembership(
+        address, replica_id_of(rank, attempt, key.tag), cfg.recovery.heartbeat_timeout_s, key.presence_key
+    )
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
     fd = whole(pulse_fd, 6)
     pulse = Pulse.for_bound(fd, cfg.recovery.heartbeat_timeout_s) if fd is not None else None

@@ -56,11 +56,13 @@ class LighthouseMembership:
     """This rank's heartbeats to the Lighthouse and its presence beside it (a daemon thread), and its
     quorum requests."""
 
-    def __init__(self, address: str, replica_id: str, heartbeat_timeout_s: float) -> None:
+    def __init__(
+        self, address: str, replica_id: str, heartbeat_timeout_s: float, presence_key: bytes | None = None
+    ) -> None:
         self.address, self.replica_id = address, replica_id
         self.interval_s = heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         self._client = _torchft().LighthouseClient(address, timedelta(seconds=CONNECT_TIMEOUT_S))
-        self._presence = presence.Presence(address, replica_id, presence.key_from_env())
+        self._presence = presence.Presence(address, replica_id, presence.key_from_env() or presence_key)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,12 +176,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tick-ms", type=bounded_whole(1, 60_000), default=20, help="how often the service checks for a quorum"
     )
     parser.add_argument(
+        "--secret-file",
+        default=None,
+        help="the run's RUN_DIR/live/secret, where this host shares the run dir: a rank's presence must prove it",
+    )
+    parser.add_argument(
         "--await-ranks",
         type=bounded_whole(1, 1_000_000, "ranks"),
         default=None,
         help=argparse.SUPPRESS,  # a restarted service of a group of N (backends/local/live.py): Service
     )
     return parser.parse_args(argv)
+
+
+def secret_file_key(path: str | None) -> Callable[[], bytes | None] | None:
+    """The presence key of the run whose secret is at `path` (runkey.RunKey.presence_key), read when a
+    hello comes and kept once found: the service may start before the run's first rank made it. A file
+    that is unsafe to read (a link, another user's, readable by others) is said once and never trusted."""
+    if path is None:
+        return None
+    from torchlaunch.core.recovery import runkey
+
+    found: list[bytes] = []
+    refused: list[str] = []
+
+    def key() -> bytes | None:
+        if found or refused:
+            return found[0] if found else None
+        try:
+            run = runkey.existing(path)
+        except BadInput as e:
+            refused.append(str(e))
+            print(f"lighthouse: {str(e).splitlines()[0][:300]}: no presence is counted", file=sys.stderr, flush=True)
+            return None
+        if run is not None:
+            found.append(run.presence_key)
+        return found[0] if found else None
+
+    return key
 
 
 REBIND_S = 5.0
@@ -210,7 +244,7 @@ class Service:
                 presence.port_of(int(port)),
                 args.heartbeat_timeout_ms / 1000,
                 self._changed,
-                key=presence.key_from_env(),
+                key=presence.key_from_env() or secret_file_key(args.secret_file),
             )
         except OSError:
             self._server.shutdown()

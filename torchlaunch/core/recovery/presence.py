@@ -153,11 +153,12 @@ class PresenceServer:
         port: int,
         bound_s: float,
         changed: Callable[[list[tuple[str, str]]], None],
-        key: bytes | None = None,
+        key: bytes | Callable[[], bytes | None] | None = None,
     ) -> None:
         self.board = Board(bound_s)
         self.key = key
-        """The launch's presence key: a hello must prove it (None: ids are taken at their word)."""
+        """The presence key a hello must prove (None: ids are taken at their word); a callable gives it once
+        it exists (the run's secret, made by its first rank): until then no hello is counted."""
         self._nonces: dict[int, str] = {}
         self.changed = changed
         self._lock = threading.Lock()
@@ -277,8 +278,11 @@ class PresenceServer:
         or none, where the service has no key)."""
         if self.key is None:
             return True
+        secret = self.key() if callable(self.key) else self.key
         nonce = self._nonces.get(key)
-        return nonce is not None and hmac.compare_digest(answer, proof(self.key, nonce, replica_id))
+        return (
+            secret is not None and nonce is not None and hmac.compare_digest(answer, proof(secret, nonce, replica_id))
+        )
 
     def _drop(self, conn: socket.socket, lost: bool) -> None:
         key = conn.fileno()

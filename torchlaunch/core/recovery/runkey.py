@@ -90,6 +90,13 @@ class RunKey:
         the secret can make it, and it is good for this quorum, id, address and step only."""
         return self._mac("proof", token, replica_id, address, str(step))
 
+    @property
+    def presence_key(self) -> bytes:
+        """The key a rank's presence hello proves (core/recovery/presence.py) at a service given this run's
+        secret (`python -m launch.lighthouse --secret-file`): derived, so the secret itself is never used
+        for two things."""
+        return hmac.new(self.secret, b"presence", hashlib.sha256).digest()
+
     def proves(self, answer: bytes | str, token: str, replica_id: str, address: str, step: int) -> bool:
         text = answer.decode("ascii", "replace") if isinstance(answer, bytes) else answer
         return hmac.compare_digest(text, self.proof(token, replica_id, address, step))
@@ -114,8 +121,8 @@ def _create(folder: int) -> None:
     os.fsync(folder)
 
 
-def _read(folder: int, where: Path) -> bytes:
-    fd = os.open(SECRET, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+def _read(folder: int, where: Path, name: str = SECRET) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
@@ -153,6 +160,27 @@ def load(run_dir: str | os.PathLike[str]) -> RunKey:
             raise BadInput(
                 f"live error: {quote(str(where))} is a symlink: the run's secret is never read through one"
             ) from None
+        raise BadInput(f"live error: cannot read the run's secret {quote(str(where))}: {quote(str(e))}") from None
+    finally:
+        os.close(folder)
+
+
+def existing(path: str | os.PathLike[str]) -> RunKey | None:
+    """The run's key from its secret file at `path` (RUN_DIR/live/secret) once a rank has made it, None
+    before; the same checks as load(): BadInput, one line, when it is a link, another user's, readable by
+    others or not a secret. For a membership service that shares the run dir (it never makes one)."""
+    where = Path(path)
+    try:
+        folder = os.open(where.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BadInput(f"live error: cannot open {quote(str(where.parent))}: {quote(e.strerror or str(e))}") from None
+    try:
+        return RunKey(_read(folder, where, where.name))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
         raise BadInput(f"live error: cannot read the run's secret {quote(str(where))}: {quote(str(e))}") from None
     finally:
         os.close(folder)
