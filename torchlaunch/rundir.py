@@ -336,6 +336,28 @@ def write_bytes(
         os.close(folder)
 
 
+def create_once(name: str, data: bytes, *, dir_fd: int, mode: int = 0o600) -> bool:
+    """Make `name` in the folder of `dir_fd` with `data` and `mode` unless it exists: written whole and
+    fsynced under a temporary name, then linked to `name`, which never replaces a file already there
+    (another process's, made first, is kept: False). For a record every process must read the same of
+    (the live group's secret), where write_bytes' replace would let a later writer change it."""
+    tmp = f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            return False
+    finally:
+        os.unlink(tmp, dir_fd=dir_fd)
+    os.fsync(dir_fd)
+    return True
+
+
 def write_text(path: PathLike, text: str, **kwargs: Any) -> None:
     """write_bytes of `text` as UTF-8."""
     write_bytes(path, text.encode("utf-8"), **kwargs)

@@ -103,22 +103,8 @@ class RunKey:
 
 
 def _create(folder: int) -> None:
-    """RUN_DIR/live/secret made once: written whole under a temporary name (0600), then linked to its
-    name, which fails if another rank's is there first (that one is kept)."""
-    tmp = f".{SECRET}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(secrets.token_bytes(SECRET_BYTES))
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, SECRET, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
-        except FileExistsError:
-            pass
-    finally:
-        os.unlink(tmp, dir_fd=folder)
-    os.fsync(folder)
+    """RUN_DIR/live/secret made once, 0600 (rundir.create_once: another rank's, made first, is kept)."""
+    rundir.create_once(SECRET, secrets.token_bytes(SECRET_BYTES), dir_fd=folder, mode=0o600)
 
 
 def _read(folder: int, where: Path, name: str = SECRET) -> bytes:
