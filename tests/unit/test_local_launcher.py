@@ -264,7 +264,9 @@ def test_a_stop_that_lost_steps_counts_them_from_this_launchs_heartbeats(tmp_pat
         (beats / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "launch": launch_id, "step": step}))
     assert local.steps_lost(tmp_path, "this") == (7, None)
     assert local.steps_lost(tmp_path, "another") == (0, None)
-    assert "7 step(s) trained since the beginning (no checkpoint) are lost (exit 1)" in local.lost_line((7, None), [])
+    assert "at least 7 step(s) trained since the beginning (no checkpoint) are lost (exit 1)" in local.lost_line(
+        (7, None), []
+    )
 
 
 def test_a_stop_other_than_sigterm_is_named_when_passed_on_as_sigterm(capfd: pytest.CaptureFixture[str]) -> None:

@@ -50,6 +50,7 @@ from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
 from torchlaunch.core.step_drop import StepDrop, StepDropped, applies
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
+from torchlaunch.jobs import progress as progress_beat
 from torchlaunch.jobs.progress import heartbeat
 from torchlaunch.startup import process_age_s
 from torchlaunch.worker import eval_loop
@@ -993,6 +994,7 @@ class Trainer:
         told to stop while its peer's death is still on the way) makes the ranks left regroup and save
         again, rather than leave without it (exit 1, the steps since the last checkpoint trained again)."""
         start = time.perf_counter()
+        progress_beat.flush()  # the step reached, on disk: what the launcher counts as lost if the save never commits
         if self.progress.global_step == 0:  # the first step was dropped: nothing trained, nothing to save
             if self.ctx.is_main:
                 log.line("preempted before the first step finished: nothing to save; run the same command again")

@@ -1235,7 +1235,7 @@ def lost_line(lost: tuple[int, int | None], forwarded: Sequence[int]) -> str:
     by = f" after {signal.Signals(forwarded[0]).name}" if forwarded else ""
     since = f"checkpoint of step {step}" if step is not None else "beginning (no checkpoint)"
     return (
-        f"stopped{by} before its checkpoint committed: {count} step(s) trained since the {since} are lost "
+        f"stopped{by} before its checkpoint committed: at least {count} step(s) trained since the {since} are lost "
         f"(exit 1); the same command again resumes from there"
     )
 
