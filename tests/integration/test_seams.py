@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import launcher_argv
 from tests.unit.test_seams import (
     REPO,
     HostProcesses,
@@ -121,7 +122,7 @@ def test_status_answers_past_installed_backends_that_hang_exit_or_impersonate(tm
     record.start(run, scheduler="slurm", job_id="4242", command=["train"], launch_id="S1")
     start = time.monotonic()
     status = subprocess.run(
-        [sys.executable, "-m", "launch", "status", str(run), "--no-scheduler"],
+        launcher_argv("launch", "status", str(run), "--no-scheduler"),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -63,7 +63,7 @@ def test_elastic_spellings_mean_ours(script: str) -> None:
         (["--standalone", "--nnodes", "2", "--master-addr", "h"], "--standalone runs one node"),
         (["--tee", "3"], "RUN_DIR/logs/rank-N.log"),
         (["--redirects", "3"], "python -m launch logs RUN_DIR"),
-        (["--log-dir", "/tmp/x"], "choose the folder with --run-dir"),
+        (["--log-dir", "/nonexistent/torchlaunch-logs"], "choose the folder with --run-dir"),
         (["--local-ranks-filter", "0"], "use --console-ranks RANKS"),
         (["--rdzv-endpoint", "h:1"], "--master-addr HOST"),
     ],
