@@ -15,7 +15,7 @@ from torchlaunch import runlock
 from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.backends.slurm import operate as slurm_backend
 from torchlaunch.backends.slurm import task as slurm_task
-from torchlaunch.exit_codes import BAD_INPUT, FAILURE
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, PREEMPTED
 from torchlaunch.jobs import record
 
 HOSTILE = "x\ntouch F #"
@@ -142,15 +142,75 @@ def test_a_failed_job_shows_the_first_failing_rank_its_node_and_its_stderr(tmp_p
     assert lines[-1] == f"all logs: {folder}"
 
 
-def test_a_cancelled_launch_is_not_requeued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class Left(Exception):
+    """slurm_task.leave's stand-in: os._exit would end pytest."""
+
+
+@pytest.fixture
+def ends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """How a task ends, in-process: leave raises Left(code); the codes recorded for --wait are listed."""
+    recorded: list[tuple[int, str]] = []
+
+    def leave(code: int) -> None:
+        raise Left(code)
+
+    monkeypatch.setattr(slurm_task, "leave", leave)
+    monkeypatch.setattr(slurm_task, "write_result", lambda code, why: recorded.append((code, why)))
     monkeypatch.setenv("SLURM_JOB_ID", "55")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    return recorded
+
+
+CLEAN_CANCEL = (
+    "slurm task: job 55 was cancelled ({how}), not requeued; "
+    "a checkpoint is committed: submit the same command again to resume"
+)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_cancelled_launch_ends_every_task_with_one_line_and_exit_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ends: list, rank: int
+) -> None:
+    """`launch cancel`: every task (rank 0 and the ranks that never requeue) ends with one line and the
+    table's 3, recorded for --wait; no WorkerExit, whose re-raise by submitit left a 20-line traceback
+    and srun's "task 0: Exited with exit code 1" in the task logs, and no requeue."""
     task = slurm_task.SlurmTask(argv=["x.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
     assert task.launch_id() == "55-2"
     record.request_cancel(tmp_path, "55-2", "test")
     monkeypatch.setattr(slurm_task, "controller_state", lambda job_id: pytest.fail("asked to requeue"))
-    with pytest.raises(slurm_task.WorkerExit, match="cancelled"):
+    with pytest.raises(Left) as left:
+        task._requeue(rank, 10.0)
+    assert left.value.args == (CANCELLED,)
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [CLEAN_CANCEL.format(how="python -m launch cancel")] and err == ""
+    assert [code for code, _ in ends] == [CANCELLED]
+
+
+def test_a_scancel_ends_rank_0_cancelled_and_a_hard_time_limit_preempted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ends: list
+) -> None:
+    """A plain scancel leaves no mark: squeue says COMPLETING, accounting says CANCELLED, and rank 0 ends
+    as a cancel; the hard time limit (also COMPLETING) still ends preempted, not requeued."""
+    task = slurm_task.SlurmTask(argv=["x.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
+    monkeypatch.setattr(slurm_task, "controller_state", lambda job_id: "COMPLETING")
+    monkeypatch.setattr(slurm_task, "job_state", lambda job_id: "CANCELLED by 1000")
+    with pytest.raises(Left) as left:
         task._requeue(0, 10.0)
+    assert left.value.args == (CANCELLED,)
+    assert capsys.readouterr().out.splitlines() == [CLEAN_CANCEL.format(how="scancel")]
+    monkeypatch.setattr(slurm_task, "job_state", lambda job_id: "TIMEOUT")
+    with pytest.raises(slurm_task.WorkerExit) as raised:
+        task._requeue(0, 10.0)
+    assert raised.value.code == PREEMPTED
+
+
+def test_a_cancel_that_met_a_failed_program_claims_no_checkpoint(
+    capsys: pytest.CaptureFixture[str], ends: list
+) -> None:
+    with pytest.raises(Left):
+        slurm_task.end_cancelled("55", slurm_task.LAUNCH_CANCEL, FAILURE)
+    said = capsys.readouterr().out
+    assert "exit 1" in said and "checkpoint is committed" not in said and len(said.splitlines()) == 1
 
 
 def test_a_hang_requeues_once_then_ends_the_hung_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

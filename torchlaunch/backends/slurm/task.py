@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from torchlaunch import compat, contract, rundir, runlock
 from torchlaunch import runner as program_mod
@@ -77,13 +77,41 @@ def is_timeout(elapsed_s: float, time_min: int, signal_delay_s: int) -> bool:
     return elapsed_s >= time_min * 60 - signal_delay_s - SLURM_SIGNAL_SLACK_S
 
 
-def leave(code: int) -> None:
+def leave(code: int) -> NoReturn:
     """Exit now with `code`, output flushed, without a submitit result and without running C++
     static destructors (see the OK path in SlurmTask.__call__)."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+LAUNCH_CANCEL = "python -m launch cancel"
+SCANCEL = "scancel"
+"""How a cancel reached the task: the run's cancel mark (record.cancel_requested), or Slurm's word alone."""
+
+
+def end_cancelled(job_id: str, how: str, program_code: int = PREEMPTED) -> NoReturn:
+    """End this task of a cancelled job: one line, its code recorded for `--wait`, exit CANCELLED (3).
+
+    A cancel is the user's clean stop, not a failure: raising WorkerExit here made submitit print a
+    20-line traceback of its own re-raise and exit 1 (srun: "task 0: Exited with exit code 1"), for a
+    job whose ranks had checkpointed as asked. Leaving without a submitit result is safe: `--wait`
+    reads Slurm's CANCELLED, or this task's result record when the job ended FAILED first."""
+    if program_code in (PREEMPTED, CANCELLED):
+        what = "a checkpoint is committed: submit the same command again to resume"
+    else:  # the cancel met a program that ended on its own (a failure): claim no checkpoint it did not say
+        what = f"its program ended with exit {program_code}; a new submission resumes from the newest checkpoint"
+    why = f"job {job_id} was cancelled ({how}), not requeued; {what}"
+    print(f"slurm task: {why}", flush=True)
+    write_result(CANCELLED, why)
+    leave(CANCELLED)
+
+
+def scancelled(job_id: str, live_state: str) -> bool:
+    """Whether a job that is no longer RUNNING at its stop was ended by scancel, not by its hard time
+    limit: squeue says COMPLETING for both while the steps end, so accounting's word decides."""
+    return live_state.split()[:1] == ["CANCELLED"] or job_state(job_id).split()[:1] == ["CANCELLED"]
 
 
 def requeues(rank: int, first_below_minimum: bool) -> bool:
@@ -162,7 +190,7 @@ class SlurmTask:
         op = self._operation(dist_env.local_rank, dist_env.local_world_size)
         if self.cwd:
             os.chdir(self.cwd)
-        code = program_mod.main(list(self.argv))  # the one runner, as in every launcher
+        code = program = program_mod.main(list(self.argv))  # the one runner, as in every launcher
         # The program restored submitit's handlers; from here on a late USR2/TERM must not make
         # submitit requeue a second time.
         for sig in STOP_SIGNALS:
@@ -180,11 +208,7 @@ class SlurmTask:
             atexit.register(leave, OK)
             return OK
         if code == CANCELLED:
-            raise WorkerExit(
-                code,
-                f"job {contract.get(contract.SLURM_JOB_ID, '')} was cancelled (python -m launch cancel), not requeued; "
-                "a checkpoint is committed: submit the same command again to resume",
-            )
+            end_cancelled(contract.get(contract.SLURM_JOB_ID, "") or "", LAUNCH_CANCEL, program)
         if code == PREEMPTED:
             self._requeue(rank, time.time() - started)
         if code == BAD_INPUT:
@@ -251,20 +275,20 @@ class SlurmTask:
     def _requeue(self, rank: int, elapsed_s: float) -> None:
         """Rank 0 requeues once; every rank leaves without a result so submitit waits for the rerun. A live
         group that fell below --nodes MIN-MAX's minimum stopped by itself: neither a timeout nor a
-        preemption, and said as such."""
+        preemption, and said as such. A cancelled job is never requeued: every task ends with one line
+        and exit 3 (end_cancelled)."""
         below = bool(live_minimum.last_stop)
         timed_out = not below and is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
+        job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
+        if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
+            end_cancelled(job_id, LAUNCH_CANCEL)  # every task: the mark is a file, not a question to slurmctld
         if not requeues(rank, live_minimum.first_at_stop):
             print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
             leave(PREEMPTED)
         job_id = contract.require(contract.SLURM_JOB_ID)
-        if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
-            raise WorkerExit(
-                CANCELLED,
-                f"job {job_id} was cancelled (python -m launch cancel), not requeued; a checkpoint is "
-                "committed: submit the same command again to resume",
-            )
         live_state = controller_state(job_id)
+        if live_state != "RUNNING" and scancelled(job_id, live_state):
+            end_cancelled(job_id, SCANCEL)
         if live_state != "RUNNING":
             # scancel (or the hard time limit) got here first: the job is ending for good.
             raise WorkerExit(
