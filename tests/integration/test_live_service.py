@@ -200,6 +200,53 @@ def test_a_lone_survivor_gets_its_group_as_soon_as_the_lost_ranks_connection_end
         service.shutdown()
 
 
+def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at_most() -> None:
+    """Issue 52: torchft waits its join timeout for every replica that heartbeats and does not ask, so a
+    stranger heartbeating a forged id held each quorum for torchft's 60 s default (53 s of recovery
+    measured). The service's join timeout is now the forming bound (membership.forming_bound_s: 2 s at a
+    heartbeat timeout of 0.5 s): two ranks asking get their group of two within it, without the stranger."""
+    port = free_port_pair()
+    args = lighthouse.parse_args(["--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "500"])
+    bound_s = args.join_timeout_ms / 1000
+    assert bound_s == 2.0
+    service = lighthouse.Service(args)
+    stop = threading.Event()
+
+    ids = ["1a2b3c4d-rank000000", "1a2b3c4d-rank000001"]
+
+    def beat() -> None:  # the ranks' heartbeats, as their heartbeat thread sends them, and the stranger's
+        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        while not stop.is_set():
+            for replica_id in ("00000000-rank000000", *ids):  # the stranger's sorts first; it never asks
+                client.heartbeat(replica_id)
+            stop.wait(0.05)
+
+    beating = threading.Thread(target=beat, daemon=True)
+    found: dict[str, list[str]] = {}
+
+    def ask(replica_id: str) -> None:
+        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        quorum = client.quorum(replica_id=replica_id, timeout=timedelta(seconds=BOUND_S))
+        found[replica_id] = [p.replica_id for p in quorum.participants]
+
+    try:
+        beating.start()
+        lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))  # it listens
+        askers = [threading.Thread(target=ask, args=(i,), daemon=True) for i in ids]
+        started = time.monotonic()
+        for thread in askers:
+            thread.start()
+        for thread in askers:
+            thread.join(BOUND_S + 1)
+        took = time.monotonic() - started
+        assert found == {i: ids for i in ids}, f"no group of the two ranks within {BOUND_S:g} s: {found}"
+        assert took < bound_s + 2.0, f"the stranger held the quorum {took:.1f} s, past the {bound_s:g} s bound"
+    finally:
+        stop.set()
+        beating.join(5)
+        service.shutdown()
+
+
 def test_a_keyed_service_counts_only_hellos_that_prove_the_launchs_key() -> None:
     """Issue 52: forged presence ids were counted (a regroup then waited for ranks that do not exist)
     and a forged hello then a close was a loss (the service restarted at will). With the launch's key,

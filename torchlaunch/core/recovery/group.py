@@ -58,6 +58,7 @@ from torchlaunch.core.recovery.membership import (
     Membership,
     Quorum,
     behind,
+    forming_bound_s,
     seat,
     sorted_members,
     source,
@@ -75,8 +76,6 @@ STORE_HOST = "127.0.0.1"
 """The address this rank's store is given out on when its agent names none (one node: loopback). The
 store listens on every interface; across nodes the agent names the one the others reach
 (contract.LIVE_STORE_HOST)."""
-FORM_MIN_S = 2.0
-"""The least a member of a new quorum waits for the others to form its group (see LiveGroup.forming)."""
 JOIN_PREFIX = "join-"
 JOIN_RETRY_S = 5.0
 """How often a waiting joiner writes its request again (and asks the service again)."""
@@ -111,7 +110,7 @@ class LiveGroup:
         self.quorum_timeout_s = quorum_timeout_s
         self.echo, self.store = store_with_echo(host)
         self.store_address = f"{host}:{self.store.port}"
-        self.forming = datetime.timedelta(seconds=min(timeout_s, max(FORM_MIN_S, 2 * (heartbeat_timeout_s or 5.0))))
+        self.forming = datetime.timedelta(seconds=min(timeout_s, forming_bound_s(heartbeat_timeout_s or 5.0)))
         """How long a new quorum's members wait for each other to form its group: they all left the
         service's quorum at once, so one missing for twice the heartbeat bound is gone (a rank started
         again and lost while it waited to be admitted: the service still counted it). A slow member

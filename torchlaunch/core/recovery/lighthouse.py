@@ -29,7 +29,7 @@ from datetime import timedelta
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
 from torchlaunch.core.recovery import presence
-from torchlaunch.core.recovery.membership import Member, Quorum, sorted_members
+from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
 HEARTBEATS_PER_TIMEOUT = 10
@@ -169,8 +169,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--join-timeout-ms",
         type=bounded_whole(0, 3_600_000),
-        default=60_000,
-        help="how long a group waits for stragglers",
+        default=None,
+        help="how long a quorum waits for a heartbeating rank that does not ask "
+        "(default: twice the heartbeat timeout, at least 2000: what a stranger's heartbeats can hold it)",
     )
     parser.add_argument(
         "--tick-ms", type=bounded_whole(1, 60_000), default=20, help="how often the service checks for a quorum"
@@ -186,7 +187,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help=argparse.SUPPRESS,  # a restarted service of a group of N (backends/local/live.py): Service
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.join_timeout_ms is None:
+        args.join_timeout_ms = join_timeout_ms(args.heartbeat_timeout_ms)
+    return args
+
+
+def join_timeout_ms(heartbeat_timeout_ms: int) -> int:
+    """torchft's join timeout for this heartbeat bound: membership.forming_bound_s. torchft waits this long
+    for every replica that heartbeats and does not ask for the quorum, so anyone who reaches the port can
+    hold each quorum for it by heartbeating (its own default, 60 s, measured 53 s of recovery in issue 52);
+    the run's own ranks ask within the heartbeat bound of each other, or are gone."""
+    return round(forming_bound_s(heartbeat_timeout_ms / 1000) * 1000)
 
 
 def secret_file_key(path: str | None) -> Callable[[], bytes | None] | None:

@@ -13,6 +13,20 @@ from typing import Protocol
 
 from torchlaunch.base.untrusted import whole
 
+FORM_MIN_S = 2.0
+"""The least a member of a new quorum waits for the others (forming_bound_s)."""
+
+
+def forming_bound_s(heartbeat_timeout_s: float) -> float:
+    """How long a new group waits for a member that is heartbeating but not there yet: twice the heartbeat
+    bound, at least FORM_MIN_S. The members of a quorum leave the service's quorum at once, and a rank
+    that lost its group notices within the heartbeat bound (core/recovery/peers.py), so one missing for
+    twice that is gone. The one bound serves both waits: a member's wait for the others' proofs
+    (group.LiveGroup.forming) and the Lighthouse's wait for heartbeating replicas that do not ask
+    (its join timeout, lighthouse.join_timeout_ms): so a stranger that heartbeats without asking holds a
+    quorum this long at most, not torchft's 60 s default (issue 52)."""
+    return max(FORM_MIN_S, 2 * heartbeat_timeout_s)
+
 
 @dataclass(frozen=True)
 class Member:
