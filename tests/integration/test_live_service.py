@@ -280,6 +280,41 @@ def test_a_keyed_service_counts_only_hellos_that_prove_the_launchs_key() -> None
         server.close()
 
 
+def test_a_rank_with_the_runs_key_says_once_that_the_service_takes_ids_at_their_word(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 52: a service started apart without --secret-file counts forged presence ids (a regroup then
+    waits for ranks that do not exist). Nothing the ranks do stops that, and refusing it would refuse every
+    service whose host does not share the run dir; so the launch's rank 0 says it in one line, once, and a
+    keyed service's challenge says it is keyed."""
+    key = bytes(range(32))
+    unkeyed = presence.PresenceServer("127.0.0.1", 0, bound_s=60.0, changed=Events())
+    keyed = presence.PresenceServer("127.0.0.1", 0, bound_s=60.0, changed=Events(), key=key)
+    for server in (unkeyed, keyed):
+        server.start()
+    try:
+        for server, speaks in ((unkeyed, True), (unkeyed, True), (unkeyed, False), (keyed, True)):
+            rank = presence.Presence(f"http://127.0.0.1:{server.port - 1}", "rank000000", key, speaks=speaks)
+            rank.want()
+            rank.beat()
+            assert rank._sock is not None
+            if server is unkeyed and speaks:
+                rank._sock.close()  # the connection ends (a restarted service): the rank connects again
+                rank._sock = None
+                rank.beat()
+                assert rank._sock is not None
+            rank.leave()
+        said = [line for line in capsys.readouterr().err.splitlines() if "at their word" in line]
+        assert len(said) == 2 and f"127.0.0.1:{unkeyed.port}" in said[0] and "--secret-file" in said[0], said
+        with say(keyed.port) as sock:
+            assert presence.read_greeting(sock)[1] is True
+        with say(unkeyed.port) as sock:
+            assert presence.read_greeting(sock)[1] is False
+    finally:
+        unkeyed.close()
+        keyed.close()
+
+
 def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_the_bound() -> None:
     """Before a group forms, each member reads every other's answer to the quorum's token from that
     member's own store (core/recovery/group.py): a member whose store answers for another quorum, holds

@@ -29,7 +29,7 @@ from datetime import timedelta
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
 from torchlaunch.core.recovery import presence
-from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members
+from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members, started_as
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
 HEARTBEATS_PER_TIMEOUT = 10
@@ -62,7 +62,9 @@ class LighthouseMembership:
         self.address, self.replica_id = address, replica_id
         self.interval_s = heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         self._client = _torchft().LighthouseClient(address, timedelta(seconds=CONNECT_TIMEOUT_S))
-        self._presence = presence.Presence(address, replica_id, presence.key_from_env() or presence_key)
+        self._presence = presence.Presence(
+            address, replica_id, presence.key_from_env() or presence_key, speaks=started_as(replica_id) == 0
+        )
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -330,9 +332,16 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    keyed = server.presence.key is not None
     print(
         f"lighthouse: serving {args.bind}, presence on port {server.presence.port} "
-        f"(heartbeat timeout {args.heartbeat_timeout_ms} ms)",
+        f"(heartbeat timeout {args.heartbeat_timeout_ms} ms, join timeout {args.join_timeout_ms} ms); "
+        + (
+            "presence counted only with the run's key"
+            if keyed
+            else "presence ids taken at their word: a stranger can hold a regroup up; give --secret-file "
+            "RUN_DIR/live/secret where this host shares the run dir"
+        ),
         file=sys.stderr,
         flush=True,
     )

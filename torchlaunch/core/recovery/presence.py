@@ -19,7 +19,7 @@ starting, or started again and waiting to be admitted, is not counted among thos
 for, so a regroup never waits for one.
 
 The wire, one ASCII line each, at most LINE_MAX bytes: the service says `challenge <nonce>` as it
-accepts; the rank answers `hello <replica id> <proof>` once (the proof: an HMAC of the nonce and the id
+accepts (`challenge <nonce> keyed` when it counts only proven hellos); the rank answers `hello <replica id> <proof>` once (the proof: an HMAC of the nonce and the id
 under the launch's presence key), then `beat` every heartbeat interval, `bye` before it leaves on
 purpose. Anything else closes the connection and counts as nobody's loss.
 
@@ -28,7 +28,10 @@ Why a proof: anything that reaches the port could say hello with any id, and the
 service at will). A service given the key (TORCHLAUNCH_LIVE_PRESENCE_KEY in its environment, which only
 its owner can read: the local agent makes one per launch for the service it runs and its ranks) counts
 only hellos that prove it; a forged one is closed and is nobody's loss. A service without a key (one
-started apart, `python -m launch.lighthouse`) takes the id at its word, as before. Torch-free and
+started apart, `python -m launch.lighthouse`, without `--secret-file`) takes the id at its word, as before:
+a rank holding a key that meets one says so in one line (the launch's rank 0 only), as a stranger's ids
+can then make a regroup wait for ranks that do not exist. It is not refused: a service whose host does not
+share the run dir has no way to the key, and presence only shortens a loss's detection. Torch-free and
 torchft-free.
 """
 
@@ -43,6 +46,7 @@ import resource
 import secrets
 import selectors
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -219,7 +223,8 @@ class PresenceServer:
             conn.setblocking(False)
             nonce = secrets.token_hex(16)
             try:
-                conn.send(f"challenge {nonce}\n".encode("ascii"))  # a fresh socket's buffer takes 42 bytes
+                said = f"challenge {nonce}{KEYED if self.key is not None else ''}\n"
+                conn.send(said.encode("ascii"))  # a fresh socket's buffer takes 48 bytes
             except OSError:
                 conn.close()
                 return
@@ -305,10 +310,12 @@ class Presence:
     """This rank's side: connect, say hello, beat with the rank's heartbeats, say bye. Best effort: a
     service that takes no presence (an older one, a firewall) leaves the heartbeat bound in force."""
 
-    def __init__(self, lighthouse: str, replica_id: str, key: bytes | None = None) -> None:
+    def __init__(self, lighthouse: str, replica_id: str, key: bytes | None = None, speaks: bool = False) -> None:
         self.address = address_of(lighthouse)
         self.replica_id = replica_id
         self.key = key
+        self.speaks = speaks
+        """Whether this rank says, once, that the service counts unproven hellos (one rank of the launch)."""
         self._sock: socket.socket | None = None
         self._wanted = False
         self._lock = threading.Lock()
@@ -358,7 +365,10 @@ class Presence:
         except OSError:
             return  # tried again at the next beat
         try:
-            nonce = read_challenge(sock)
+            nonce, keyed = read_greeting(sock)
+            if self.key is not None and not keyed and self.speaks:
+                self.speaks = False
+                warn_unkeyed(self.address)
             answer = f" {proof(self.key, nonce, self.replica_id)}" if self.key is not None and nonce else ""
             sock.sendall(f"hello {self.replica_id}{answer}\n".encode("ascii"))
         except OSError:
@@ -374,12 +384,29 @@ class Presence:
                 sock.close()
 
 
-CHALLENGE = re.compile(r"challenge ([0-9a-f]{32})", re.ASCII)
+KEYED = " keyed"
+CHALLENGE = re.compile(rf"challenge ([0-9a-f]{{32}})({KEYED})?", re.ASCII)
+
+
+def warn_unkeyed(address: tuple[str, int]) -> None:
+    """One line: the run's ranks prove its key, the service at `address` does not ask them to."""
+    print(
+        f"live: the presence port {address[0]}:{address[1]} takes ids at their word (a service started without "
+        "--secret-file): a stranger who reaches it can make a regroup wait for ranks that do not exist, up to "
+        "recovery.quorum_timeout_s; start it with --secret-file RUN_DIR/live/secret where its host shares the run dir",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def read_challenge(sock: socket.socket) -> str | None:
-    """The service's `challenge <nonce>` line (within the socket's timeout, at most LINE_MAX bytes), or
-    None when it sends another line."""
+    """The nonce of the service's challenge (read_greeting)."""
+    return read_greeting(sock)[0]
+
+
+def read_greeting(sock: socket.socket) -> tuple[str | None, bool]:
+    """The service's `challenge <nonce>[ keyed]` line (within the socket's timeout, at most LINE_MAX
+    bytes): the nonce, or None when it sends another line, and whether it counts only proven hellos."""
     line = b""
     while not line.endswith(b"\n"):
         data = sock.recv(LINE_MAX - len(line))
@@ -387,4 +414,4 @@ def read_challenge(sock: socket.socket) -> str | None:
             raise OSError("no challenge from the presence port")
         line += data
     found = CHALLENGE.fullmatch(line.decode("ascii", "replace").strip())
-    return found.group(1) if found else None
+    return (found.group(1), bool(found.group(2))) if found else (None, False)
