@@ -75,10 +75,17 @@ def test_live_rendering_matches_golden_and_holds_the_service_apart() -> None:
     [lighthouse], [trainer] = pod["containers"], worker["containers"]
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert lighthouse["image"] == trainer["image"] == "reg.example/ddp:1.2"
-    assert lighthouse["args"] == ["--bind", "0.0.0.0:29510", "--heartbeat-timeout-ms", "1000"]
+    assert lighthouse["args"] == [
+        "--bind",
+        "0.0.0.0:29510",
+        "--heartbeat-timeout-ms",
+        "1000",
+        "--secret-file",
+        "/shared/runs/lv/live/secret",
+    ]
     assert lighthouse["command"][-2:] == ["-m", "torchlaunch.core.recovery.lighthouse"]
     assert lighthouse["securityContext"] == trainer["securityContext"]  # one owner: k8s/hardening.py
-    assert pod["securityContext"] == worker["securityContext"]
+    assert pod["securityContext"] == {k: v for k, v in worker["securityContext"].items() if k != "fsGroup"}
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
     sc = lighthouse["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
@@ -88,6 +95,26 @@ def test_live_rendering_matches_golden_and_holds_the_service_apart() -> None:
     assert lighthouse["readinessProbe"]["tcpSocket"]["port"] in port_names
     assert lighthouse["livenessProbe"]["tcpSocket"]["port"] in port_names
     assert deployment["metadata"]["namespace"] == "ml"
+
+
+def test_the_service_reads_the_runs_secret_from_the_shared_volume_read_only() -> None:
+    """Issue 52: the rendered service took every presence id at its word (no --secret-file: it did not
+    mount the run dir), so a stranger's forged ids could hold a regroup. It now mounts the workers' claim
+    read-only at their path and is given the run dir's secret (the run dir as --run-dir moves it), with
+    no fsGroup: the kubelet changes nothing on the volume for it (a group-readable secret is refused)."""
+    out = rendered([*LIVE, "--run-dir", "/shared/exp/../runs/a"])
+    deployment = named(out, "Deployment", "lv-lighthouse")
+    pod = deployment["spec"]["template"]["spec"]
+    [lighthouse], [trainer] = pod["containers"], by_kind(out)["Job"]["spec"]["template"]["spec"]["containers"]
+    args = lighthouse["args"]
+    assert args[args.index("--secret-file") + 1] == "/shared/runs/a/live/secret"
+    [worker_mount] = [m for m in trainer["volumeMounts"] if m["name"] == "shared"]
+    [mount] = [m for m in lighthouse["volumeMounts"] if m["name"] == "shared"]
+    assert mount == {"name": "shared", "mountPath": worker_mount["mountPath"], "readOnly": True}
+    [volume] = [v for v in pod["volumes"] if v["name"] == "shared"]
+    claim = by_kind(out)["PersistentVolumeClaim"]
+    assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
+    assert "fsGroup" not in pod["securityContext"]
 
 
 def test_labels_let_each_policy_and_service_name_only_its_own_pods() -> None:
@@ -237,7 +264,8 @@ def test_live_mode_from_the_recipe_itself(tmp_path: Path) -> None:
     recipe.write_text(smoke + "\nrecovery:\n  live: true\n  heartbeat_timeout_s: 0.5\n")
     out = rendered(["--name", "lv", "--cpu-only", "--gpus-per-node", "2", "--config", str(recipe)])
     lighthouse = named(out, "Deployment", "lv-lighthouse")["spec"]["template"]["spec"]["containers"][0]
-    assert lighthouse["args"][-1] == "500"  # recovery.heartbeat_timeout_s x 1000: the ranks' own bound
+    args = lighthouse["args"]
+    assert args[args.index("--heartbeat-timeout-ms") + 1] == "500"  # recovery.heartbeat_timeout_s x 1000
 
 
 def test_without_live_mode_nothing_changes() -> None:

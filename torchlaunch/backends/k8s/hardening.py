@@ -28,13 +28,16 @@ def container_security() -> Manifest:
     }
 
 
-def pod_security() -> Manifest:
-    """A pod's securityContext: the image's user, and its group owning the mounted volumes (fsGroup)."""
+def pod_security(fs_group: bool = True) -> Manifest:
+    """A pod's securityContext: the image's user, and its group owning the mounted volumes (fsGroup). A
+    pod that only reads its own user's files on the shared volume (the membership service reading the
+    run's secret) is given no fsGroup: the kubelet then changes nothing on the volume for it, and a secret
+    made group-readable is refused by the ranks (core/recovery/runkey.py)."""
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS,
         "runAsGroup": RUN_AS,
-        "fsGroup": RUN_AS,
+        **({"fsGroup": RUN_AS} if fs_group else {}),
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 

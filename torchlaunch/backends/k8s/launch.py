@@ -151,6 +151,12 @@ def master_addr(spec: JobSpec, opts: K8sOptions) -> str:
     return pod0 if opts.live is None else k8s_live.master_addr(opts.name, spec, opts.live, pod0)
 
 
+def claim_name(opts: K8sOptions) -> str:
+    """The shared volume's claim: the run dir's home, mounted by every worker and, read-only, by the live
+    membership service (for the run's secret)."""
+    return f"{opts.name}-shared"
+
+
 def run_dir(spec: JobSpec, opts: K8sOptions) -> str:
     """Normalised and on the shared volume (BadInput otherwise): `..` cannot lead off it."""
     wanted = spec.run_dir or f"{opts.shared_dir}/runs/{opts.name}"
@@ -265,7 +271,7 @@ def shared_claim(opts: K8sOptions) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": metadata(opts, f"{opts.name}-shared"),
+        "metadata": metadata(opts, claim_name(opts)),
         "spec": claim,
     }
 
@@ -327,7 +333,7 @@ def pod_spec(spec: JobSpec, opts: K8sOptions) -> Manifest:
         "containers": [container(spec, opts)],
         "volumes": [
             *([] if spec.program else [{"name": "recipe", "configMap": {"name": f"{opts.name}-recipe"}}]),
-            {"name": "shared", "persistentVolumeClaim": {"claimName": f"{opts.name}-shared"}},
+            {"name": "shared", "persistentVolumeClaim": {"claimName": claim_name(opts)}},
             {
                 "name": "dshm",
                 "emptyDir": {"medium": "Memory", "sizeLimit": f"{opts.shm_gb_per_gpu * spec.gpus_per_node}Gi"},
@@ -371,7 +377,13 @@ def membership_service(spec: JobSpec, opts: K8sOptions) -> list[Manifest]:
     return [
         k8s_live.network_policy(metadata(opts, name), opts.name, labels(opts)),
         k8s_live.service(metadata(opts, name), opts.name),
-        k8s_live.deployment(metadata(opts, name, skips=image_skips(spec)), opts.name, image(spec), opts.live),
+        k8s_live.deployment(
+            metadata(opts, name, skips=image_skips(spec)),
+            opts.name,
+            image(spec),
+            opts.live,
+            k8s_live.SharedRunDir(claim_name(opts), opts.shared_dir, run_dir(spec, opts)),
+        ),
     ]
 
 

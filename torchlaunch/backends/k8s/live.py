@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlaunch.backends.k8s import hardening
 from torchlaunch.base import rules
-from torchlaunch.core.recovery import presence
+from torchlaunch.core.recovery import presence, runkey
 from torchlaunch.core.recovery.lighthouse import DEFAULT_BIND
 from torchlaunch.exit_codes import BAD_INPUT
 from torchlaunch.launch import cli, shape
@@ -89,6 +89,20 @@ PER_INDEX_BACKOFF = 3
 RESOURCES = {"cpu": "500m", "memory": "1Gi"}
 """Measured: the service holds 606 MB resident (torchft's bindings import torch) and idles between
 quorums; requests = limits, so it is the last pod a node under memory pressure evicts."""
+
+
+@dataclass(frozen=True)
+class SharedRunDir:
+    """The workers' shared volume, which holds the run dir and so the run's secret: the service mounts it
+    read-only and proves every rank's presence against a key derived from the secret (`--secret-file`),
+    so a stranger's forged presence ids are never counted (issue 52)."""
+
+    claim: str
+    """The workers' PersistentVolumeClaim (RWX: every pod mounts it)."""
+    mount_path: str
+    """Where the workers mount it; the service mounts it at the same path, so the run dir names alike."""
+    run_dir: str
+    """The run dir as the workers see it (normalised, under mount_path)."""
 
 
 @dataclass(frozen=True)
@@ -187,14 +201,22 @@ def pod_labels(name: str) -> dict[str, str]:
     }
 
 
-def container(image: str, live: Live) -> Manifest:
-    """The service's process under tini (PID 1: SIGTERM reaches it, it shuts down at once)."""
+def container(image: str, live: Live, shared: SharedRunDir) -> Manifest:
+    """The service's process under tini (PID 1: SIGTERM reaches it, it shuts down at once), given the run's
+    secret on the shared volume, mounted read-only: it only reads it, once the first rank made it."""
     return {
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "Always",
         "command": ["/usr/bin/tini", "--", "python", "-m", SERVICE_MODULE],
-        "args": ["--bind", f"0.0.0.0:{PORT}", "--heartbeat-timeout-ms", str(live.heartbeat_timeout_ms)],
+        "args": [
+            "--bind",
+            f"0.0.0.0:{PORT}",
+            "--heartbeat-timeout-ms",
+            str(live.heartbeat_timeout_ms),
+            "--secret-file",
+            runkey.secret_file(shared.run_dir),
+        ],
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [
             {"name": COMPONENT, "containerPort": PORT, "protocol": "TCP"},
@@ -206,11 +228,14 @@ def container(image: str, live: Live) -> Manifest:
         "livenessProbe": {"tcpSocket": {"port": COMPONENT}, "periodSeconds": 10, "failureThreshold": 3},
         "resources": {"requests": dict(RESOURCES), "limits": dict(RESOURCES)},
         "securityContext": hardening.container_security(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shared", "mountPath": shared.mount_path, "readOnly": True},
+        ],
     }
 
 
-def deployment(meta: Manifest, name: str, image: str, live: Live) -> Manifest:
+def deployment(meta: Manifest, name: str, image: str, live: Live, shared: SharedRunDir) -> Manifest:
     """One restartable replica of the service, never two at once (see the module docstring)."""
     return {
         "apiVersion": "apps/v1",
@@ -224,9 +249,12 @@ def deployment(meta: Manifest, name: str, image: str, live: Live) -> Manifest:
                 "metadata": {"labels": pod_labels(name)},
                 "spec": {
                     **hardening.pod_isolation(),
-                    "securityContext": hardening.pod_security(),
-                    "containers": [container(image, live)],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                    "securityContext": hardening.pod_security(fs_group=False),
+                    "containers": [container(image, live, shared)],
+                    "volumes": [
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                        {"name": "shared", "persistentVolumeClaim": {"claimName": shared.claim, "readOnly": True}},
+                    ],
                 },
             },
         },

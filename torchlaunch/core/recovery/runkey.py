@@ -124,6 +124,12 @@ def _read(folder: int, where: Path, name: str = SECRET) -> bytes:
     return data
 
 
+def secret_file(run_dir: str | os.PathLike[str]) -> str:
+    """Where a run's secret lives: what a membership service that shares the run dir is given
+    (`--secret-file`, and the rendered Kubernetes Deployment's argument)."""
+    return str(rundir.live(run_dir) / SECRET)
+
+
 def load(run_dir: str | os.PathLike[str]) -> RunKey:
     """The run's key, its secret made first if the run has none yet (any rank or launcher may be first).
     BadInput, one line, when the file is a link, another user's, readable by others or not a secret."""
