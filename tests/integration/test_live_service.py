@@ -318,10 +318,12 @@ def test_a_rank_with_the_runs_key_says_once_that_the_service_takes_ids_at_their_
 def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_the_bound() -> None:
     """Before a group forms, each member reads every other's answer to the quorum's token from that
     member's own store (core/recovery/group.py): a member whose store answers for another quorum, holds
-    a wrong answer or is not there is left out after the forming bound, and the group forms of the rest."""
+    a wrong answer or is not there is left out after the forming bound, and the group forms of the rest.
+    A stranger who writes into a member's store (found by a port scan) at every name it can know does not
+    leave it out (issue 52: it overwrote the answer): the answer's name is derived from the secret."""
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup
+    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key
     from torchlaunch.core.recovery.membership import Member, Quorum, replica_id_of, sorted_members
     from torchlaunch.core.recovery.runkey import RunKey
 
@@ -329,9 +331,11 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     ids = [replica_id_of(r, run=key.tag) for r in range(5)]
     stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(4)]
     addresses = [f"127.0.0.1:{s.port}" for s in stores] + [f"127.0.0.1:{free_port_pair()}"]  # rank 4: nobody there
-    stores[1].set(f"{PROOF_KEY}/{token}", key.proof(token, ids[1], addresses[1], 9))  # a member of the run
-    stores[2].set(f"{PROOF_KEY}/{token}", key.proof("4-1.000000000", ids[2], addresses[2], 9))  # another quorum's
-    stores[3].set(f"{PROOF_KEY}/{token}", RunKey(b"x" * 32).proof(token, ids[3], addresses[3], 9))  # no secret
+    stores[1].set(answer_key(key, token, ids[1]), key.proof(token, ids[1], addresses[1], 9))  # a member of the run
+    for name in (f"{PROOF_KEY}/{token}", f"{PROOF_KEY}/{token}/{ids[1]}", f"{PROOF_KEY}/{ids[1]}"):
+        stores[1].set(name, "0" * 64)  # a stranger's writes into member 1's store, at the names it can know
+    stores[2].set(answer_key(key, token, ids[2]), key.proof("4-1.000000000", ids[2], addresses[2], 9))  # another's
+    stores[3].set(answer_key(key, token, ids[3]), RunKey(b"x" * 32).proof(token, ids[3], addresses[3], 9))  # no secret
     group = LiveGroup.__new__(LiveGroup)  # the proof step only: this rank's store and key, no process group
     group.key, group.store, group.store_address = key, stores[0], addresses[0]
     group.membership = type("Seat", (), {"replica_id": ids[0]})()  # type: ignore[assignment]
@@ -340,7 +344,7 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     proven = group._proven(quorum, timedelta(seconds=1))
     assert [m.replica_id for m in proven.members] == ids[:2]
     assert time.monotonic() - started < 1 + BOUND_S / 2, "the checks run at once, each within the bound"
-    assert stores[0].get(f"{PROOF_KEY}/{token}").decode() == key.proof(token, ids[0], addresses[0], 9)
+    assert stores[0].get(answer_key(key, token, ids[0])).decode() == key.proof(token, ids[0], addresses[0], 9)
 
 
 def test_a_service_given_the_runs_secret_file_counts_only_the_runs_ranks_once_it_exists(tmp_path: Path) -> None:

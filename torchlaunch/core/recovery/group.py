@@ -318,7 +318,9 @@ class LiveGroup:
         mine = next((m for m in quorum.members if m.replica_id == me), None)
         if mine is None or mine.store_address != self.store_address:
             raise ValueError(f"{me} is not in quorum {quorum.quorum_id} with its own store")
-        self.store.set(f"{PROOF_KEY}/{quorum.token}", self.key.proof(quorum.token, me, self.store_address, mine.step))
+        self.store.set(
+            answer_key(self.key, quorum.token, me), self.key.proof(quorum.token, me, self.store_address, mine.step)
+        )
         others = [m for m in quorum.members if m is not mine]
         if not others:
             return quorum
@@ -333,7 +335,7 @@ class LiveGroup:
         try:
             host, port = member.store_address.rsplit(":", 1)
             peer = dist.TCPStore(host, int(port), is_master=False, timeout=forming)
-            answer = peer.get(f"{PROOF_KEY}/{token}")
+            answer = peer.get(answer_key(self.key, token, member.replica_id))
         except Exception:  # unreachable, a bad address, no answer in time: not proven
             return False
         return self.key.proves(answer, token, member.replica_id, member.store_address, member.step)
@@ -350,7 +352,12 @@ class LiveGroup:
         rank, world = seat(quorum, self.membership.replica_id)
         before = set(sockets.open_sockets().values())
         leader = quorum.members[0]
-        seated = hashlib.blake2b("\x00".join(m.replica_id for m in quorum.members).encode(), digest_size=8).hexdigest()
+        ids = [m.replica_id for m in quorum.members]
+        seated = (
+            self.key.hidden("group", quorum.token, *ids)  # a name a stranger writing into the store cannot know
+            if self.key is not None
+            else hashlib.blake2b("\x00".join(ids).encode(), digest_size=8).hexdigest()
+        )
         if rank == 0:
             store: dist.Store = self.store
         else:
@@ -424,6 +431,15 @@ def let_go(held: list[object]) -> None:
 
 STORE_PORT_TRIES = 20
 PROOF_KEY = "torchlaunch/proof"
+
+
+def answer_key(key: RunKey, token: str, replica_id: str) -> str:
+    """Where a member puts its answer to a quorum's challenge in its own store: named under the secret
+    (RunKey.hidden), so a stranger who writes into the store cannot overwrite it (issue 52: that left the
+    member out of the quorum)."""
+    return f"{PROOF_KEY}/{key.hidden('answer', token, replica_id)}"
+
+
 PROVE_THREADS = 32
 
 

@@ -90,6 +90,12 @@ class RunKey:
         the secret can make it, and it is good for this quorum, id, address and step only."""
         return self._mac("proof", token, replica_id, address, str(step))
 
+    def hidden(self, *parts: str) -> str:
+        """A store key's name that only a holder of the secret can compute: a stranger who finds a rank's
+        store by a port scan can write into it, but cannot name (so cannot overwrite) a member's answer or
+        its group's rendezvous keys; the c10d store lists no keys."""
+        return self._mac("name", *parts)[:32]
+
     @property
     def presence_key(self) -> bytes:
         """The key a rank's presence hello proves (core/recovery/presence.py) at a service given this run's
