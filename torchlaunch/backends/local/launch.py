@@ -205,7 +205,8 @@ def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement
     if (spec.nodes != 1 or placement.master_addr is not None) and not cfg.recovery.lighthouse:
         raise cli.error(
             "recovery.live=true across nodes needs the membership service apart from them: start "
-            "`python -m launch.lighthouse` on a host of its own and set recovery.lighthouse=http://HOST:29510"
+            "`python -m launch.lighthouse --secret-file RUN_DIR/live/secret` on a host of its own (the secret file "
+            "where it shares the run dir) and set recovery.lighthouse=http://HOST:29510"
         )
     return spec.nodes * spec.gpus_per_node > 1
 

@@ -66,7 +66,8 @@ def lighthouse_of(live: bool, lighthouse: str, rejoin: int, *, nodes: int, ranks
     if not lighthouse:
         raise BadInput(
             "recovery.live=true on Slurm needs the membership service apart from the job's nodes: start "
-            "`python -m launch.lighthouse` on a host of its own and set recovery.lighthouse=http://HOST:29510"
+            "`python -m launch.lighthouse --secret-file RUN_DIR/live/secret` on a host of its own (the secret file "
+            "where it shares the run dir) and set recovery.lighthouse=http://HOST:29510"
         )
     if rejoin:
         raise BadInput(
