@@ -120,6 +120,31 @@ def requeue_records(job_id: str) -> list[str]:
     return slurm("sacct", "-n", "-X", "-D", "-P", "-o", "State", "-j", job_id).splitlines()
 
 
+SRUN_EXIT_1 = re.compile(r"Exited with exit code 1\b")
+
+
+def assert_clean_cancel(run_dir: Path, job_id: str, tasks: int, how: str | None) -> str:
+    """A cancel is the user's clean stop (issue 51 item 10): once the job's steps are all over (scontrol:
+    no longer COMPLETING), its task logs hold no traceback and no srun "Exited with exit code 1"; with
+    `how` ("python -m launch cancel"), every task that reached its end (its result record, written right
+    after the line) says once that it was cancelled that way. A task the cancel reached while submitit was
+    still loading it, or that Slurm killed at KillWait before its checkpoint (a loaded box), says nothing:
+    none of its end ran. Returns the logs."""
+    from torchlaunch.backends.slurm.operate import scontrol_state
+
+    wait_until(lambda: scontrol_state(job_id) != "COMPLETING", 90, f"job {job_id}'s steps to end")
+    folder = run_dir / "slurm" / job_id
+    logs = "".join(path.read_text(errors="replace") for path in sorted(folder.glob(f"{job_id}_*_log.*")))
+    assert "Traceback" not in logs and not SRUN_EXIT_1.search(logs), logs[-3000:]
+    for task in range(tasks if how else 0):
+        if not (folder / f"{job_id}_{task}_result.json").exists():
+            continue
+        out = (folder / f"{job_id}_{task}_log.out").read_text(errors="replace")
+        said = [line for line in out.splitlines() if f"slurm task: job {job_id} was cancelled ({how})" in line]
+        assert len(said) == 1, out[-3000:]
+    return logs
+
+
 def assert_same_weights(a: Path, b: Path) -> None:
     import torch
 
@@ -232,6 +257,8 @@ def test_scancel_is_a_clean_cancel_without_requeue(cluster: str, tmp_path: Path)
     assert f"job {launch.job_id} was cancelled" in launch.text()
     assert "REQUEUED" not in requeue_records(launch.job_id)
     assert requeue_records(launch.job_id)[-1].startswith("CANCELLED")
+    logs = assert_clean_cancel(run_dir, launch.job_id, 4, None)
+    assert f"slurm task: job {launch.job_id} was cancelled (scancel)" in logs, logs[-3000:]  # rank 0
 
 
 @pytest.mark.timeout(200)

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launcher_argv
-from tests.engines.test_slurm_cluster import DEV_CLUSTER, ONE_PER_NODE, SMOKE, Launch, requeue_records, wait_until
+from tests.engines.test_slurm_cluster import (
+    DEV_CLUSTER,
+    ONE_PER_NODE,
+    SMOKE,
+    Launch,
+    assert_clean_cancel,
+    requeue_records,
+    wait_until,
+)
 from torchlaunch.jobs import ranklog
 
 pytestmark = pytest.mark.slurm
@@ -101,11 +109,14 @@ def test_status_names_the_job_and_cancel_does_not_requeue(cluster: str, tmp_path
     job_id = launch.job_id
     seen = wait_until(lambda: (s := status(run_dir)).get("state") == "running" and s, 120, "state running")
     assert (seen["scheduler"], seen["job_id"]) == ("slurm", job_id)
+    # Both ranks stepping (Slurm says RUNNING before the tasks start): the cancel meets the program.
+    wait_until(lambda: all((run_dir / f"step-{r}.txt").exists() for r in (0, 1)), 120, "both ranks' first step")
     done = launch_cmd("cancel", str(run_dir))
     assert done.returncode == 0 and f"scancel {job_id}" in done.stdout, done.stdout + done.stderr
     assert launch.finish(120) != 0
     assert wait_until(lambda: status(run_dir).get("state") == "cancelled", 60, "state cancelled")
     assert "REQUEUED" not in " ".join(requeue_records(job_id))
+    assert_clean_cancel(run_dir, job_id, 2, "python -m launch cancel")
 
 
 @pytest.mark.timeout(300)
@@ -123,7 +134,7 @@ def test_a_cancel_while_the_tasks_start_ends_the_job_without_a_requeue(cluster: 
     assert wait_until(lambda: status(run_dir).get("state") == "cancelled", 60, "state cancelled")
     states = requeue_records(job_id)
     assert "REQUEUED" not in " ".join(states) and len(states) == 1, states
-    logs = "".join(p.read_text() for p in (run_dir / "slurm" / job_id).glob("*_log.*"))
+    logs = assert_clean_cancel(run_dir, job_id, 2, "python -m launch cancel")
     assert "was cancelled (python -m launch cancel), not requeued" in logs, logs[-3000:]
 
 

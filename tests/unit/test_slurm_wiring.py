@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,7 +164,7 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
 
 CLEAN_CANCEL = (
     "slurm task: job 55 was cancelled ({how}), not requeued; "
-    "a checkpoint is committed: submit the same command again to resume"
+    "its progress is checkpointed: submit the same command again to resume"
 )
 
 
@@ -210,7 +211,7 @@ def test_a_cancel_that_met_a_failed_program_claims_no_checkpoint(
     with pytest.raises(Left):
         slurm_task.end_cancelled("55", slurm_task.LAUNCH_CANCEL, FAILURE)
     said = capsys.readouterr().out
-    assert "exit 1" in said and "checkpoint is committed" not in said and len(said.splitlines()) == 1
+    assert "exit 1" in said and "checkpointed" not in said and len(said.splitlines()) == 1
 
 
 def test_a_hang_requeues_once_then_ends_the_hung_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,3 +232,35 @@ def test_a_hang_requeues_once_then_ends_the_hung_ranks(tmp_path: Path, monkeypat
     assert calls == [["scontrol", "requeue", "56"]] and task.hangs == 1 and not killed
     task._on_hang(verdict, tmp_path, ["beat"], op)  # type: ignore[arg-type]
     assert len(calls) == 1 and killed == [["beat"]]
+
+
+class BrokenPipe(io.StringIO):
+    """A task's stdout after srun ended the step's I/O on a cancel (`srun: forcing job termination`)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_cancel_line_reaches_the_task_log_when_srun_closed_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ends: list
+) -> None:
+    """Seen on the dev cluster: a cancel as the tasks started met a broken stdout; print raised, submitit
+    re-raised it (exit 1). The task still ends 3, its line appended to its own output file, and a link
+    planted at that name is not written through."""
+    import submitit
+
+    log = tmp_path / "55_1_log.out"
+    log.write_text("slurm task: rank 1/2\n")
+    monkeypatch.setattr(submitit, "JobEnvironment", lambda: type("Env", (), {"paths": type("P", (), {"stdout": log})}))
+    monkeypatch.setattr(sys, "stdout", BrokenPipe())
+    with pytest.raises(Left) as left:
+        slurm_task.end_cancelled("55", slurm_task.LAUNCH_CANCEL)
+    assert left.value.args == (CANCELLED,) and [code for code, _ in ends] == [CANCELLED]
+    assert log.read_text().splitlines() == ["slurm task: rank 1/2", CLEAN_CANCEL.format(how="python -m launch cancel")]
+    outside = tmp_path / "outside.txt"
+    outside.write_text("")
+    log.unlink()
+    log.symlink_to(outside)
+    with pytest.raises(Left):
+        slurm_task.end_cancelled("55", slurm_task.LAUNCH_CANCEL)
+    assert outside.read_text() == ""

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -81,9 +82,41 @@ def leave(code: int) -> NoReturn:
     """Exit now with `code`, output flushed, without a submitit result and without running C++
     static destructors (see the OK path in SlurmTask.__call__)."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # srun ended the step's I/O (a cancel): the code still goes out
+            pass
     os._exit(code)
+
+
+def say(line: str) -> None:
+    """Print one line of this task's end. On a cancel srun may have ended the step's I/O already
+    (`srun: forcing job termination`): the print meets a broken pipe (seen on the dev cluster:
+    BrokenPipeError, re-raised by submitit, exit 1). The line then goes straight to this task's own
+    output file, which srun no longer writes: appended, never through a link, never created."""
+    try:
+        print(line, flush=True)
+        return
+    except (OSError, ValueError):
+        pass
+    try:
+        import submitit
+
+        out = Path(submitit.JobEnvironment().paths.stdout)
+        folder = rundir.open_folder(out.parent)
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(out.name, flags, dir_fd=folder)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.write(fd, (line + "\n").encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        finally:
+            os.close(folder)
+    except Exception:  # noqa: BLE001 - the line is a courtesy: the result record holds it and the code goes out
+        pass
 
 
 LAUNCH_CANCEL = "python -m launch cancel"
@@ -99,11 +132,11 @@ def end_cancelled(job_id: str, how: str, program_code: int = PREEMPTED) -> NoRet
     job whose ranks had checkpointed as asked. Leaving without a submitit result is safe: `--wait`
     reads Slurm's CANCELLED, or this task's result record when the job ended FAILED first."""
     if program_code in (PREEMPTED, CANCELLED):
-        what = "a checkpoint is committed: submit the same command again to resume"
+        what = "its progress is checkpointed: submit the same command again to resume"
     else:  # the cancel met a program that ended on its own (a failure): claim no checkpoint it did not say
         what = f"its program ended with exit {program_code}; a new submission resumes from the newest checkpoint"
     why = f"job {job_id} was cancelled ({how}), not requeued; {what}"
-    print(f"slurm task: {why}", flush=True)
+    say(f"slurm task: {why}")
     write_result(CANCELLED, why)
     leave(CANCELLED)
 
@@ -283,7 +316,7 @@ class SlurmTask:
         if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
             end_cancelled(job_id, LAUNCH_CANCEL)  # every task: the mark is a file, not a question to slurmctld
         if not requeues(rank, live_minimum.first_at_stop):
-            print("slurm task: checkpoint committed; rank 0 requeues", flush=True)
+            say("slurm task: checkpoint committed; rank 0 requeues the job unless it is ending (scancel, time limit)")
             leave(PREEMPTED)
         job_id = contract.require(contract.SLURM_JOB_ID)
         live_state = controller_state(job_id)
