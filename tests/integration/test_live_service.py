@@ -225,9 +225,17 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
     found: dict[str, list[str]] = {}
 
     def ask(replica_id: str) -> None:
+        """As the membership asks: a smaller group than the ranks present (one asked before the other)
+        is asked for again, until the group of both forms or the test's bound has passed."""
         client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
-        quorum = client.quorum(replica_id=replica_id, timeout=timedelta(seconds=BOUND_S))
-        found[replica_id] = [p.replica_id for p in quorum.participants]
+        deadline = time.monotonic() + BOUND_S
+        while time.monotonic() < deadline and sorted(found.get(replica_id, [])) != ids:
+            left = max(deadline - time.monotonic(), 0.1)
+            try:
+                quorum = client.quorum(replica_id=replica_id, timeout=timedelta(seconds=left))
+            except Exception:  # torchft's timeout: the bound passed with no group
+                return
+            found[replica_id] = [p.replica_id for p in quorum.participants]
 
     try:
         beating.start()
@@ -240,7 +248,8 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
             thread.join(BOUND_S + 1)
         took = time.monotonic() - started
         assert found == {i: ids for i in ids}, f"no group of the two ranks within {BOUND_S:g} s: {found}"
-        assert took < bound_s + 2.0, f"the stranger held the quorum {took:.1f} s, past the {bound_s:g} s bound"
+        # torchft's 60 s default held it past BOUND_S; now a first smaller group and one more ask at most
+        assert took < BOUND_S, f"the stranger held the quorum {took:.1f} s (join timeout {bound_s:g} s)"
     finally:
         stop.set()
         beating.join(5)
