@@ -203,7 +203,6 @@ class RunLog:
         )
         self.batches = MetricsLog(rundir.trace(run_dir) / f"rank{rank}.jsonl", trace, resume_step, real_folder=True)
         self.tracing = trace
-        self._pending_trace: dict[str, Any] | None = None  # the step in flight's record, written once it trained
         self.report = Reporter(main, total_steps, start_step)
         self.run_start = self.window_start = time.perf_counter()
         self._startup_note = ""
@@ -230,19 +229,7 @@ class RunLog:
         record = {"step": step, "epoch": epoch, "world_size": world_size, "indices": indices}
         if generation is not None:
             record["generation"] = generation
-        self._flush_trace()  # a step interrupted by a lost rank: its record stays, the re-run's follows
-        self._pending_trace = {**record, **(augmentation or {})}
-
-    def _flush_trace(self) -> None:
-        if self._pending_trace is not None:
-            self.batches.write(self._pending_trace)
-            self._pending_trace = None
-
-    def dropped(self) -> None:
-        """The step in flight was dropped by a stop (core/step_drop.py): nothing of it trained, so it
-        leaves no trace record. Its samples are the resumed run's first step, traced there; a rank
-        that the resumed run does not start (a smaller world) would otherwise keep them in its file."""
-        self._pending_trace = None
+        self.batches.write({**record, **(augmentation or {})})
 
     def event(self, record: dict[str, object]) -> None:
         """A live-recovery event of this rank (regrouped, first step after it), one JSON line in
@@ -266,7 +253,6 @@ class RunLog:
         self._startup_note = f", start-up {startup_s:.2f} s (process start to first step)"
 
     def stepped(self) -> None:
-        self._flush_trace()
         self.report.step()
 
     def train(self, step: int, epoch: int, step_in_epoch: int, steps: int, loss: float, lr: float) -> None:
@@ -316,7 +302,6 @@ class RunLog:
         )
 
     def close(self) -> None:
-        self._flush_trace()  # a step that ended in an error: its samples help whoever debugs it
         self.metrics.close()
         self.batches.close()
         self.report.close()

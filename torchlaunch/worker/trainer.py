@@ -846,7 +846,6 @@ class Trainer:
             try:
                 window.add(self.train_step(micro))
             except StepDropped:
-                log.dropped()
                 log.line(f"stop: dropped step {p.global_step + 1} in flight; committing step {p.global_step}")
                 return False
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
