@@ -5,9 +5,7 @@ step stays in the state a checkpoint takes (buffers, RNG)."""
 from __future__ import annotations
 
 import contextlib
-import json
 from fractions import Fraction
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -135,19 +133,3 @@ def test_the_drop_applies_on_gloo_and_alone_not_on_nccl_nor_live() -> None:
     assert applies(DistContext(), live=False) and applies(DistContext(backend="gloo"), live=False)
     assert not applies(DistContext(backend="nccl"), live=False)
     assert not applies(DistContext(backend="gloo"), live=True)
-
-
-def test_a_dropped_step_leaves_no_trace_record_and_a_trained_one_does(tmp_path: Path) -> None:
-    """The 2 -> 1 resume found the dropped step traced twice: rank 1's file, which the 1-rank resume
-    never truncates, kept the step that never trained."""
-    from torchlaunch.worker.metrics import RunLog
-
-    kwargs = {"epochs": 1, "steps_per_epoch": 4, "total_steps": 4, "global_batch": 2, "start_step": 0}
-    log = RunLog(tmp_path, 0, resume_step=None, tensorboard=False, trace=True, **kwargs)
-    log.trace(1, 0, 1, [3])
-    log.stepped()
-    log.trace(2, 0, 1, [4])
-    log.dropped()
-    log.close()
-    records = [json.loads(line) for line in (tmp_path / "trace" / "rank0.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["indices"]) for r in records] == [(1, [3])]
