@@ -5,7 +5,9 @@ step stays in the state a checkpoint takes (buffers, RNG)."""
 from __future__ import annotations
 
 import contextlib
+import json
 from fractions import Fraction
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -133,3 +135,21 @@ def test_the_drop_applies_on_gloo_and_alone_not_on_nccl_nor_live() -> None:
     assert applies(DistContext(), live=False) and applies(DistContext(backend="gloo"), live=False)
     assert not applies(DistContext(backend="nccl"), live=False)
     assert not applies(DistContext(backend="gloo"), live=True)
+
+
+def test_a_resume_on_fewer_ranks_cuts_the_absent_ranks_trace_past_the_checkpoint(tmp_path: Path) -> None:
+    """2 -> 1: rank 1's file kept the step a stop dropped in flight (step 3 here), which the 1-rank
+    resume from step 2 trains again: test_resume found that step's samples twice."""
+    from torchlaunch.worker.metrics import RunLog
+
+    kwargs = {"epochs": 1, "steps_per_epoch": 4, "total_steps": 4, "global_batch": 2, "start_step": 0}
+    for rank in (0, 1):
+        log = RunLog(tmp_path, rank, resume_step=None, tensorboard=False, trace=True, **kwargs)
+        for step in (1, 2, 3):
+            log.trace(step, 0, 2, [10 * rank + step])
+        log.close()
+    resumed = RunLog(tmp_path, 0, resume_step=2, tensorboard=False, trace=True, world_size=1, **kwargs)
+    resumed.close()
+    for rank in (0, 1):
+        lines = (tmp_path / "trace" / f"rank{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [1, 2], rank

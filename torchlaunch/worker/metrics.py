@@ -190,6 +190,7 @@ class RunLog:
         tensorboard: bool,
         trace: bool,
         started_as: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         """`rank`: this rank's place in the group now (rank 0 writes the run's metrics); `started_as`:
         the rank its launcher started it as (default `rank`), which names its own files: a live joiner
@@ -203,9 +204,21 @@ class RunLog:
         )
         self.batches = MetricsLog(rundir.trace(run_dir) / f"rank{rank}.jsonl", trace, resume_step, real_folder=True)
         self.tracing = trace
+        if trace and main and resume_step is not None and world_size is not None:
+            self._cut_absent_ranks(world_size, resume_step)
         self.report = Reporter(main, total_steps, start_step)
         self.run_start = self.window_start = time.perf_counter()
         self._startup_note = ""
+
+    def _cut_absent_ranks(self, world_size: int, resume_step: int) -> None:
+        """A resume on fewer ranks: the files of ranks this world does not start (rank N >= world size)
+        lose their lines past the checkpoint, as each started rank's own file does. Else a step those
+        ranks traced and never committed (the step a stop dropped in flight, steps after the last
+        checkpoint before a crash) stays beside the resumed run's record of it."""
+        for path in rundir.trace(self.run_dir).glob("rank*.jsonl"):
+            place = path.name[len("rank") : -len(".jsonl")]
+            if place.isascii() and place.isdigit() and int(place) >= world_size:
+                MetricsLog(path, True, resume_step, real_folder=True).close()
 
     def begin(self) -> None:
         """Training starts now: elapsed time and the first throughput window count from here."""

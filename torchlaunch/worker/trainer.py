@@ -602,6 +602,7 @@ class Trainer:
             tensorboard=self.cfg.train.tensorboard,
             trace=self.cfg.debug.trace_batches,
             started_as=self.live.started_as if self.live is not None else None,  # names this rank's files
+            world_size=self.ctx.world_size if resumed else None,  # a joiner leaves the others' files alone
         )
         try:
             if self._joined is not None:  # a rank started again: its own record of taking a peer's state
