@@ -165,6 +165,13 @@ class TrainConfig:
     micro_batch_size: int = field(default=0, metadata=at_least(0, MAX_BATCH, "use 0 for batch_size / world size"))
     """At most this many samples per rank per forward pass (0 = the rank's whole share of the batch):
     every rank accumulates ceil(largest share / this) micro-batches per step; any value works."""
+    exact: bool = False
+    """The exact grid (docs/contracts.md): the model's bits do not depend on the world size nor on a
+    failure, resume or regroup; fixed micro-batches of train.grid_micro_batches, summed in fixed point."""
+    grid_micro_batches: int = field(default=0, metadata=at_least(0, MAX_BATCH, "use 0 for auto"))
+    """train.exact: micro-batches per global step, a divisor of batch_size at least the largest world
+    size (0 = the smallest divisor >= 8). Each is batch_size / this samples; train.micro_batch_size is
+    not used."""
     precision: str = field(default="auto", metadata=choice(("auto", "fp32", "bf16", "fp16")))
     """`fp32`, `bf16`, `fp16` (with GradScaler) or `auto` (bf16 where supported, else fp32)."""
     channels_last: bool = True
@@ -750,7 +757,17 @@ KEPT_AT_RESUME = frozenset(
 )
 """Restored from the checkpoint at a resume (the optimizer's param groups, the LR scheduler's base_lrs):
 a new value is written but not used, so a change is said to be one that does not apply."""
-FIXED_AT_RESUME = frozenset({"model.name", "model.width", "optim.name", "optim.lookahead_every", "train.batch_size"})
+FIXED_AT_RESUME = frozenset(
+    {
+        "model.name",
+        "model.width",
+        "optim.name",
+        "optim.lookahead_every",
+        "train.batch_size",
+        "train.exact",
+        "train.grid_micro_batches",
+    }
+)
 """Refused by the resume itself (Trainer.load_state_dict): a run with a checkpoint cannot change them."""
 OPERATIONAL = frozenset(
     {

@@ -59,6 +59,10 @@ class BatchPlan:
     """Side of the training images: bounds where a cutout square may sit."""
     train_crop: str = "pad"
     """`pad` (the crop offsets dy, dx) or `resized` (RandomResizedCrop variates: see resized_variates)."""
+    grid: int = 0
+    """Micro-batches per global step in the exact grid (worker/grid.py), 0 = off. On: micro-batch i of a
+    step is samples i*B/G:(i+1)*B/G of it whatever the world size, and rank r takes the r-th of W
+    contiguous runs of micro-batches (counts differ by at most one), each of B/G samples."""
 
     def __post_init__(self) -> None:
         if self.global_batch < self.world_size:
@@ -76,6 +80,12 @@ class BatchPlan:
                 f"{self.cutout} is larger than the {self.image_size}-pixel images",
                 f"use a square of at most {self.image_size}, e.g. data.cutout=12, or 0 for off",
             )
+        if self.grid and (self.global_batch % self.grid or self.world_size > self.grid):
+            raise ConfigError(
+                "train.grid_micro_batches",
+                f"{self.grid} micro-batches do not cut a global batch of {self.global_batch} over {self.world_size} rank(s)",
+                "use a divisor of train.batch_size at least the largest world size, or 0 for auto",
+            )
         if self.steps_per_epoch < 1:
             raise ConfigError(
                 "train.batch_size",
@@ -86,25 +96,40 @@ class BatchPlan:
     @property
     def shares(self) -> tuple[int, ...]:
         """Every rank's samples per global step: B split into W contiguous parts that differ by at most
-        one (the first B mod W ranks take one more)."""
+        one (the first B mod W ranks take one more); with the grid, whole micro-batches of B/G."""
+        if self.grid:
+            return tuple(len(self.grid_range(r)) * (self.global_batch // self.grid) for r in range(self.world_size))
         base, extra = divmod(self.global_batch, self.world_size)
         return tuple(base + (r < extra) for r in range(self.world_size))
 
     @property
     def per_rank(self) -> int:
         """This rank's share of every global step (see shares)."""
+        if self.grid:
+            return self.shares[self.rank]
         base, extra = divmod(self.global_batch, self.world_size)
         return base + (self.rank < extra)
+
+    def grid_range(self, rank: int | None = None) -> range:
+        """The grid's micro-batch ids a rank computes at every step (the first G mod W ranks take one more)."""
+        r = self.rank if rank is None else rank
+        base, extra = divmod(self.grid, self.world_size)
+        start = r * base + min(r, extra)
+        return range(start, start + base + (r < extra))
 
     @property
     def accumulation(self) -> int:
         """Micro-steps per global step, the same on every rank (DDP syncs on the last one): enough for
-        the largest share to fit train.micro_batch_size."""
+        the largest share to fit train.micro_batch_size. With the grid: the most micro-batches of a rank."""
+        if self.grid:
+            return -(-self.grid // self.world_size)
         return -(-self._largest_share // self.micro_batch) if self.micro_batch else 1
 
     @property
     def micro(self) -> int:
         """The largest micro-batch of any rank (at most micro_batch when that is set)."""
+        if self.grid:
+            return self.global_batch // self.grid
         return -(-self._largest_share // self.accumulation)
 
     @property
@@ -114,7 +139,10 @@ class BatchPlan:
     def micro_sizes(self) -> list[int]:
         """This rank's micro-batch sizes, smallest first: its share split into `accumulation` parts that
         differ by at most one, so at every micro-step the ranks' batches differ by at most one sample.
-        A part is 0 only with train.micro_batch_size=1 on uneven shares; never the last one."""
+        A part is 0 only with train.micro_batch_size=1 on uneven shares; never the last one. With the
+        grid: B/G each, as many as the rank's micro-batches."""
+        if self.grid:
+            return [self.micro] * len(self.grid_range())
         base, extra = divmod(self.per_rank, self.accumulation)
         return [base] * (self.accumulation - extra) + [base + 1] * extra
 
@@ -173,6 +201,9 @@ class BatchPlan:
 
     def rank_slice(self) -> slice:
         """This rank's contiguous part of a global step's B samples (and of its augmentation draws)."""
+        if self.grid:
+            ids = self.grid_range()
+            return slice(ids.start * self.micro, ids.stop * self.micro)
         base, extra = divmod(self.global_batch, self.world_size)
         start = self.rank * base + min(self.rank, extra)
         return slice(start, start + self.per_rank)

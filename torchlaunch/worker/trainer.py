@@ -59,6 +59,7 @@ from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoade
 from torchlaunch.worker.data.augment import val_resize_for
 from torchlaunch.worker.debug import check_model_io
 from torchlaunch.worker.faults import FaultSignal
+from torchlaunch.worker.grid import GridStep, broadcast_model, grid_size, pin_threads
 from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead
 from torchlaunch.worker.metrics import RunLog, WorldSize, require_tensorboard
@@ -191,6 +192,9 @@ class Trainer:
         self.ckpt_root = rundir.checkpoints(self.run_dir)
         self.precision = training_precision(cfg, ctx, data)
         self.amp_dtype = autocast_dtype(self.precision)
+        self.grid = grid_size(cfg)  # train.exact: micro-batches per step (worker/grid.py), 0 = off
+        if self.grid:
+            pin_threads(self.device)
         self.plan = BatchPlan(
             len(data.train),
             cfg.train.batch_size,
@@ -204,6 +208,7 @@ class Trainer:
             cutout=cfg.data.cutout,
             image_size=data.image_size,
             train_crop=cfg.data.train_crop,
+            grid=self.grid,
         )
         total = self.plan.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
@@ -252,6 +257,9 @@ class Trainer:
                 )
             self.flat_grads = live_ops().FlatGradients(model.parameters())
             self.gradient_path = self._live_gradient_path()
+        elif ctx.distributed and self.grid:  # no DDP: the grid sums its gradients itself
+            broadcast_model(model)
+            self.gradient_path = f"exact grid, {self.grid} x {self.plan.micro} samples, fixed-point all-reduce"
         elif ctx.distributed:
             self.net = DistributedDataParallel(
                 model,
@@ -261,6 +269,9 @@ class Trainer:
             self.gradient_path = self._choose_gradient_path(self.net, model)
         if cfg.model.compile:
             self.net = torch.compile(self.net)
+        self.grid_step = (
+            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, keep_grads=live is not None) if self.grid else None
+        )
         self.lookahead = (
             Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay, self.total_steps)
             if cfg.optim.lookahead_every
@@ -368,6 +379,7 @@ class Trainer:
                 "last_val": dict(p.last_val),
             },
             "global_batch": self.plan.global_batch,
+            "grid": self.grid,
             "topology": {"nodes": self.world.nodes},  # the world size itself is in the envelope
             "classes": list(self.data.classes),
             "plugins": self.plugins,
@@ -419,6 +431,13 @@ class Trainer:
                 f"the checkpoint was trained with a global batch of {state.get('global_batch')}, "
                 f"now {self.plan.global_batch}",
                 "keep the global batch; change train.micro_batch_size to fit memory instead",
+            )
+        if state.get("grid", 0) != self.grid:
+            raise ConfigError(
+                "train.exact",
+                f"the checkpoint was trained with {state.get('grid', 0)} grid micro-batches per step "
+                f"(0 = train.exact off), now {self.grid}",
+                "resume with the train.exact and train.grid_micro_batches it was saved with",
             )
         self.progress.take(
             Progress(
@@ -519,23 +538,26 @@ class Trainer:
         drop = self.step_drop
         if drop is not None:
             drop.begin(self.progress.global_step + 1)
-        total = backward_share(
-            self.net,
-            micro_batches,
-            self.criterion,
-            self.plan,
-            self.scaler,
-            self.autocast,
-            leave=drop.leave if drop is not None else None,
-            sync_last=self.ctx.distributed,
-        )
-        if drop is not None and drop.agreed():  # every rank alike: nothing of the step is applied
-            drop.restore()
-            self.zero_gradients()
-            raise StepDropped
-        if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
-            assert self.flat_grads is not None
-            live_ops().average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
+        if self.grid_step is not None:  # train.exact: summed already, the same bits on any world size
+            total = self._grid_share(micro_batches, drop)
+        else:
+            total = backward_share(
+                self.net,
+                micro_batches,
+                self.criterion,
+                self.plan,
+                self.scaler,
+                self.autocast,
+                leave=drop.leave if drop is not None else None,
+                sync_last=self.ctx.distributed,
+            )
+            if drop is not None and drop.agreed():  # every rank alike: nothing of the step is applied
+                drop.restore()
+                self.zero_gradients()
+                raise StepDropped
+            if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
+                assert self.flat_grads is not None
+                live_ops().average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
         if self.cfg.train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
@@ -544,6 +566,28 @@ class Trainer:
         self.zero_gradients()
         self.scheduler.step()
         return total
+
+    def _grid_share(
+        self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], drop: StepDrop | None
+    ) -> torch.Tensor:
+        """train.exact's step (worker/grid.py): this rank's micro-batches, then the grid's sums. A stop is
+        agreed after the first collective, as backward_share's is after DDP's (core/step_drop.py).
+        Returns the local loss sum x W / G, which the ranks' sums add up to W x the global mean."""
+        grid = self.grid_step
+        assert grid is not None
+        first = self.plan.grid_range().start
+        leave = drop.leave if drop is not None else None
+        total = grid.run(
+            micro_batches, first, self.progress.global_step + 1, self.criterion, self.scaler.scale, self.autocast, leave
+        )
+        grid.agree()
+        if drop is not None and drop.agreed():
+            grid.discard()
+            drop.restore()
+            self.zero_gradients()
+            raise StepDropped
+        grid.finish()
+        return total * (self.ctx.world_size / self.grid)
 
     def zero_gradients(self) -> None:
         """After a step: live mode zeroes its flat buffer (the .grad views stay); else .grad = None."""
