@@ -32,7 +32,7 @@ def local_max(parts: Sequence[Sequence[torch.Tensor]], count: int, device: torch
     for tensors in parts:
         norms = torch._foreach_norm([t.float() for t in tensors], math.inf)
         out = torch.maximum(out, torch.stack(norms).float())
-    return torch.nan_to_num(out, nan=math.inf)
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
 
 
 def agree_max(local: torch.Tensor, distributed: bool) -> torch.Tensor:

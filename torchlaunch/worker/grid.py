@@ -69,6 +69,8 @@ class GridStep:
         self.floats = [b for b in buffers if b.is_floating_point()]
         self.others = [b for b in buffers if not b.is_floating_point()]
         self._start: list[torch.Tensor] = []
+        self._ends: list[torch.Tensor] = []
+        """Integer buffers (num_batches_tracked) as every micro-batch left them: the same from the same start."""
         self._parts: list[list[torch.Tensor]] = []
         self._maxima: torch.Tensor | None = None
 
@@ -101,11 +103,8 @@ class GridStep:
                 scale(loss).backward()
             self._parts.append([*self._take_grads(), *(b.detach().clone() for b in self.floats)])
             total += loss.detach().float()
-        ends = [b.detach().clone() for b in self.others]
-        self._restore_buffers()
-        if self._parts:  # integer buffers as every micro-batch left them (the same from the same start)
-            for b, end in zip(self.others, ends, strict=True):
-                b.copy_(end)
+        self._ends = [b.detach().clone() for b in self.others] if self._parts else []
+        self._restore_buffers()  # until finish(): a step dropped or lost in a collective left them untouched
         return total
 
     def agree(self) -> None:
@@ -129,10 +128,13 @@ class GridStep:
                     p.grad.copy_(g)
             for b, v in zip(self.floats, means[n:], strict=True):
                 b.copy_(v)
+            for b, v in zip(self.others, self._ends, strict=False):  # none where no micro-batch ran here
+                b.copy_(v)
+        self._ends = []
 
     def discard(self) -> None:
         """A dropped step: its parts are let go (the buffers are already the step's start)."""
-        self._parts, self._maxima = [], None
+        self._parts, self._maxima, self._ends = [], None, []
 
     def _like(self) -> list[torch.Tensor]:
         return [*self.params, *self.floats]

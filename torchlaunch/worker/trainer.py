@@ -576,6 +576,7 @@ class Trainer:
         grid = self.grid_step
         assert grid is not None
         first = self.plan.grid_range().start
+        grid.distributed = self.ctx.distributed  # live mode: the group re-formed, of any size
         leave = drop.leave if drop is not None else None
         total = grid.run(
             micro_batches, first, self.progress.global_step + 1, self.criterion, self.scaler.scale, self.autocast, leave
