@@ -16,7 +16,15 @@ from bench.common import REPO, Result, median, median_ratio, paired_rates
 COMMAND = "python -m bench.run --only ddp"
 
 
-def torchrun(world: int, model: str, per_rank: int, steps: int, timeout_s: float = 300, plain: bool = False) -> float:
+def torchrun(
+    world: int,
+    model: str,
+    per_rank: int,
+    steps: int,
+    timeout_s: float = 300,
+    plain: bool = False,
+    keys: tuple[str, ...] = (),
+) -> float:
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
@@ -40,6 +48,7 @@ def torchrun(world: int, model: str, per_rank: int, steps: int, timeout_s: float
         "--steps",
         str(steps),
         *(["--plain-gloo"] if plain else []),
+        *(["--set", *keys] if keys else []),
     ]
     out = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     for line in out.stdout.splitlines():

@@ -29,6 +29,7 @@ def main() -> None:
         action="store_true",
         help="the fast paths off: no CPU pinning, gradients over gloo's TCP all-reduce",
     )
+    p.add_argument("--set", nargs="*", default=[], help="more recipe keys KEY=VALUE (bench/exact.py)")
     args = p.parse_args()
     ctx = dist.setup(120.0, pin_cpus=not args.plain_gloo)
     per_rank = args.per_rank_batch
@@ -47,6 +48,7 @@ def main() -> None:
             "train.epochs=100000",
             "debug.check_model=false",
             f"dist.shared_memory_reduce={str(not args.plain_gloo).lower()}",
+            *args.set,
         ],
     )
     trainer = Trainer(cfg, ctx, load_bundle(cfg.data), PreemptionWatcher([]))

@@ -33,6 +33,7 @@ from bench import (
     datapath,
     ddp,
     elastic,
+    exact,
     gpu224,
     live,
     live_nodes,
@@ -60,6 +61,7 @@ ALL = (
     "gpu224",
     "amp",
     "ddp",
+    "exact",
     "ckpt",
     "elastic",
     "live",
@@ -130,6 +132,8 @@ def run_selected(
         keep(record("amp", lambda: amp.run(quick=quick)))
     if "ddp" in names:
         keep(record("ddp", lambda: ddp.run(quick=quick)))
+    if "exact" in names:
+        keep(record("exact", lambda: exact.run(quick=quick)))
     if "ckpt" in names:
         rs, preempt = record("ckpt", lambda: ckpt.run(quick=quick))
         keep(rs)
@@ -478,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_e2e",
         "amp",
         "ddp",
+        "exact-smoke",
+        "exact-resnet18",
         "ckpt_save",
         "ckpt_load",
         "ckpt_async",

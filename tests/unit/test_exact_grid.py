@@ -75,6 +75,14 @@ def test_the_fixed_point_mean_has_the_same_bits_in_any_order_and_is_float32_clos
     assert not torch.equal(fwd, back)
 
 
+def test_tiny_values_take_the_float64_scale_and_keep_their_bits_in_any_order() -> None:
+    ps = [[p[0] * 1e-30, p[1]] for p in parts(8)]  # a scale past float32's range for the first tensor
+    want, got = mean(ps, 8), mean(list(reversed(ps)), 8)
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    naive = sum(p[0].double() for p in ps) / 8
+    assert torch.allclose(want[0].double(), naive, rtol=1e-6, atol=0)
+
+
 def test_a_non_finite_value_makes_its_tensor_nan_and_only_it() -> None:
     ps = parts(4)
     ps[2][0][1, 1] = math.inf

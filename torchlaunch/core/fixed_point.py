@@ -2,12 +2,13 @@
 the parts are spread over the ranks and in whatever order they are added.
 
 Why: float addition is not associative, so a gradient summed as (a + b) + c on one rank and a + (b + c)
-over two differs in its last bits, and training makes the difference grow. Integer addition is
-associative. So each tensor gets a power-of-two scale agreed before the sum (from the largest |value|
+over two differs in its last bits, and training makes the difference grow. Sums of integers are exact
+in any order. So each tensor gets a power-of-two scale agreed before the sum (from the largest |value|
 of that tensor over every part on every rank: an all-reduce MAX, itself order-independent), each part
-is rounded to int64 at that scale, the int64 parts are summed locally and then across the ranks
-(all-reduce SUM on int64), and the sum is scaled back. The scale leaves the sum of `parts_total` parts
-below 2**62, and resolves each value to ~2**-59 of its tensor's largest: finer than float32 itself.
+is rounded to an integer at that scale, and the integers are summed locally and then across the ranks.
+They are held in float64: the scale keeps the sum of all `parts_total` parts' magnitudes <= 2**53, so
+every partial sum, in any order, is an integer float64 holds exactly, and gloo and NCCL sum float64.
+Resolution: ~2**-50 of the tensor's largest value at G = 8 (float32 itself holds 24 bits).
 
 A tensor with a non-finite value anywhere comes out all NaN on every rank (GradScaler skips the step,
 the loss check stops the run), since its scale cannot be chosen.
@@ -21,8 +22,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-HEADROOM_BITS = 62
-"""The sum of every part's magnitude stays below 2**62 (int64 holds 2**63 - 1; rounding adds <= 1/2 a part)."""
+EXACT_BITS = 53
+"""float64 holds every integer up to 2**53: the bound on the sum of every part's magnitude."""
+FLOAT32_SCALE = 126
+"""Scales up to 2**126 are float32 numbers: multiplying a float32 by one is exact (a product below the
+smallest normal rounds to 0 either way); past it (a tensor whose largest value is below ~2**-73) float64."""
 
 
 def local_max(parts: Sequence[Sequence[torch.Tensor]], count: int, device: torch.device) -> torch.Tensor:
@@ -43,8 +47,8 @@ def agree_max(local: torch.Tensor, distributed: bool) -> torch.Tensor:
 
 
 def exponents(maxima: torch.Tensor, parts_total: int) -> list[int | None]:
-    """Per tensor, e such that parts_total parts of magnitude <= max, times 2**e, stay below 2**62;
-    None for a non-finite max."""
+    """Per tensor, e such that parts_total parts of magnitude <= max, times 2**e and rounded, sum to at
+    most 2**53; None for a non-finite max."""
     spare = math.ceil(math.log2(parts_total)) if parts_total > 1 else 0
     out: list[int | None] = []
     for m in maxima.tolist():
@@ -52,7 +56,7 @@ def exponents(maxima: torch.Tensor, parts_total: int) -> list[int | None]:
             out.append(None)
             continue
         _, exp = math.frexp(m)  # m < 2**exp (exp = 0 for m = 0: any scale works)
-        out.append(HEADROOM_BITS - spare - exp)
+        out.append(EXACT_BITS - spare - exp)
     return out
 
 
@@ -69,14 +73,18 @@ def exact_mean(
     exps = exponents(maxima, parts_total)
     sizes = [t.numel() for t in like]
     device = like[0].device if like else torch.device("cpu")
-    flat = torch.zeros(sum(sizes), dtype=torch.int64, device=device)
-    views = flat.split(sizes)
-    for k, e in enumerate(exps):
-        if e is None:
-            continue
-        scale = math.ldexp(1.0, e)  # a power of two: multiplying by it is exact in float64
-        for tensors in parts:
-            views[k].add_(torch.round(tensors[k].reshape(-1).double() * scale).long())
+    flat = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
+    sums = [v.view_as(t) for v, t in zip(flat.split(sizes), like, strict=True)]
+    fast = [k for k, e in enumerate(exps) if e is not None and abs(e) <= FLOAT32_SCALE]
+    wide = [k for k, e in enumerate(exps) if e is not None and abs(e) > FLOAT32_SCALE]
+    scales = [math.ldexp(1.0, exps[k]) for k in fast]  # type: ignore[arg-type]
+    for tensors in parts:
+        if fast:  # one pass each: scale (exact), round to the integer, add into float64 (exact)
+            q = torch._foreach_mul([tensors[k].float() for k in fast], scales)
+            torch._foreach_round_(q)
+            torch._foreach_add_([sums[k] for k in fast], q)
+        for k in wide:
+            sums[k].add_(torch.round(tensors[k].double() * math.ldexp(1.0, exps[k])))  # type: ignore[arg-type]
     if distributed:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     out = []
@@ -84,7 +92,6 @@ def exact_mean(
         t = like[k]
         if e is None:
             out.append(torch.full_like(t, math.nan))
-            continue
-        mean = views[k].double().mul_(math.ldexp(1.0, -e)).div_(parts_total)
-        out.append(mean.to(t.dtype).view_as(t))
+        else:
+            out.append(sums[k].mul(math.ldexp(1.0, -e)).div_(parts_total).to(t.dtype))
     return out

@@ -8,7 +8,7 @@ on any world size, whichever rank computed which micro-batch and whatever happen
   depend on which micro-batches ran before it on that rank.
 - The step's gradient is the mean of the G micro-batch gradients, the new buffers the mean of the G
   buffer states (what the momentum update gives from the mean of the batch statistics), both summed in
-  fixed point (core/fixed_point.py), so the sum's order does not matter. Integer buffers
+  fixed point (core/fixed_point.py: integers in float64), so the sum's order does not matter. Integer buffers
   (num_batches_tracked) move once per step, as each micro-batch moved them from the same start.
 - On CPU the intra-op thread count is pinned to 1 (pin_threads): a convolution's weight gradient is
   summed over the batch in per-thread pieces, so its bits depend on the thread count (measured: torch
