@@ -93,6 +93,14 @@ def test_negative_learning_rate(tmp_path: Path) -> None:
     assert not (tmp_path / "config.yaml").exists(), line  # refused before anything was written or started
 
 
+def test_an_exact_grid_that_does_not_divide_the_batch(tmp_path: Path) -> None:
+    line = assert_bad_input(
+        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "train.exact=true", "train.grid_micro_batches=7"],
+        "config error: train.grid_micro_batches: 7 micro-batches do not divide train.batch_size=128",
+    )
+    assert not (tmp_path / "config.yaml").exists(), line  # refused before anything was written or started
+
+
 @pytest.mark.slow
 def test_missing_data_root(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-folder"

@@ -242,7 +242,7 @@ RULED_KEYS = {
     "optim.momentum", "optim.name", "optim.norm_lr_scale", "optim.schedule", "optim.step_epochs", "optim.step_gamma",
     "optim.warmup_epochs", "optim.warmup_start_ratio", "optim.weight_decay", "preemption.lead_time_s",
     "preemption.signals", "recovery.heartbeat_timeout_s", "recovery.lighthouse", "recovery.quorum_timeout_s", "recovery.rejoin", "seed", "train.batch_size", "train.clip_grad_norm", "train.epochs", "train.label_smoothing",
-    "train.log_every_steps", "train.max_steps", "train.micro_batch_size", "train.precision", "train.tta",
+    "train.grid_micro_batches", "train.log_every_steps", "train.max_steps", "train.micro_batch_size", "train.precision", "train.tta",
 }  # fmt: skip
 """Every key that is range- or choice-checked: a rule lost from a field fails here."""
 CANDIDATES = [-1, -0.5, 0, 0.5, 1, 1.5, 2, 7, 1000, [0.9], [0.5, 1.0], ["SIGFOO"], "nope"]

@@ -4,7 +4,8 @@ Why: a worker reports a missing dataset or fp16 on CPU only after torchrun has s
 process and each has imported torch (~29 s for 4 offline workers on CIFAR-10). Here the same one
 line comes in well under a second: config (already loaded by the caller), data, precision, GPUs.
 
-    every launcher, every mode:  fp16 on CPU workers (check; live mode's rules are each launcher's own)
+    every launcher, every mode:  fp16 on CPU workers, train.exact's cut of the batch (check; live
+                                 mode's rules are each launcher's own)
     training (run, --dry-run):   data present or downloadable, image folder non-empty
     local (launch.local):        GPUs visible; remote (launch.slurm, launch.k8s): only what this
                                  host can see (see datacheck)
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from torchlaunch.base.untrusted import whole
 from torchlaunch.config import RunConfig, refuse_fp16_on_cpu
+from torchlaunch.core.grid_cut import check_grid
 from torchlaunch.data.checks import check_data
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
@@ -61,5 +63,6 @@ def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False) ->
     only where this host can see it and no download is probed (compute nodes may reach the internet
     when we cannot)."""
     refuse_fp16_on_cpu(cfg.train.precision, on_cpu)
+    check_grid(cfg)
     if not doctor:
         check_data(cfg.data, local=local)

@@ -26,26 +26,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from torchlaunch.config import RunConfig
 from torchlaunch.core import fixed_point
+from torchlaunch.core.grid_cut import grid_size
 from torchlaunch.core.sampler import mix_seed
 
-AUTO_GRID = 8
-"""The default number of micro-batches per step: the smallest divisor of the global batch at least this
-(so up to 8 ranks, or more with train.grid_micro_batches); fixed by the batch alone, so every world size
-of a run, and every resume, cuts the steps the same way."""
-
-
-def grid_size(cfg: RunConfig) -> int:
-    """G for this run (0 when train.exact is off): train.grid_micro_batches, else the smallest divisor of
-    the global batch >= AUTO_GRID (the batch itself when smaller). Not from train.micro_batch_size: that
-    key may change at a resume (config.OPERATIONAL), G may not."""
-    if not cfg.train.exact:
-        return 0
-    batch = cfg.train.batch_size
-    if cfg.train.grid_micro_batches:
-        return cfg.train.grid_micro_batches
-    return next(g for g in range(min(AUTO_GRID, batch), batch + 1) if batch % g == 0)
+__all__ = ["GridStep", "broadcast_model", "grid_size", "pin_threads"]
 
 
 def pin_threads(device: torch.device) -> None:
