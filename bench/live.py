@@ -49,9 +49,10 @@ def config_text(
     val_size: int = 64,
     rejoin: int = 0,
     every_steps: int = 0,
+    exact: bool = False,
 ) -> str:
     """A small recipe: `epochs` epochs of `steps` steps of 16 samples (8 per rank), validated on
-    `val_size` images after each, checkpoints only at the end."""
+    `val_size` images after each, checkpoints only at the end; `exact`: train.exact (worker/grid.py)."""
     return f"""run_dir: {json.dumps(str(run_dir))}
 seed: 0
 data:
@@ -71,6 +72,7 @@ train:
   precision: fp32
   channels_last: false
   log_every_steps: 8
+  exact: {str(exact).lower()}
 checkpoint:
   every_steps: {every_steps}
 debug:
@@ -212,6 +214,7 @@ def run(
     save_stall_s: float = 0.0,
     kill_in_stop_commit: int | None = None,
     slow_survivor: float | None = None,
+    exact: bool = False,
 ) -> LiveRun:
     """One launch.local run of 2 ranks; SIGKILL rank `victim` (or send it `victim_signal`: SIGSTOP
     freezes it) once its trace reaches `kill_at`, and
@@ -226,10 +229,12 @@ def run(
     names its pid): a peer lost during a whole-job stop. `slow_survivor` (with `victim`): from the kill
     until a rank started again has joined, the survivor runs only that share of the CPU (bench.slow_node:
     a step as long against a rank's start-up as a real job's, so the rejoin under test happens on any
-    box; the figures of this benchmark are measured without it)."""
+    box; the figures of this benchmark are measured without it). `exact`: train.exact."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir.parent / f"{run_dir.name}.yaml"
-    recipe.write_text(config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin, every_steps))
+    recipe.write_text(
+        config_text(run_dir, live, heartbeat_timeout_s, steps, epochs, val_size, rejoin, every_steps, exact)
+    )
     argv = [sys.executable, "-m", "launch.local", "--gpus", "2", "--device", "cpu", "--config", str(recipe)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if fault is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import live
 from tests.conftest import launcher_argv
 from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
 from tests.stops import Launch
@@ -70,3 +71,19 @@ def test_a_stop_from_outside_on_2_ranks_resumed_on_3_ends_as_1_rank(tmp_path: Pa
     assert "resumed from" in done.stdout + done.stderr
     assert_states_equal(final_state(one_rank), final_state(tmp_path))
     assert_models_equal(one_rank / "model.pt", tmp_path / "model.pt")
+
+
+def test_a_live_regroup_2_to_1_ends_as_the_1_rank_run(tmp_path: Path) -> None:
+    """recovery.live: rank 1 SIGKILLed from outside at step 12, rank 0 goes on alone in the same process
+    (bench/live.py's run); its model is the 1-rank run's of the same recipe without live mode, bit for bit."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    recipe = tmp_path / "alone.yaml"
+    recipe.write_text(live.config_text(alone, live=False, exact=True))
+    done = launcher(["--gpus", "1", "--device", "cpu", "--config", str(recipe)])
+    assert done.returncode == OK, done.stderr[-3000:]
+    result = live.run(tmp_path / "run", victim=1, exact=True)
+    assert result.code == OK, result.stderr[-3000:]
+    assert result.killed_at is not None and "live: lost rank 1 (SIGKILL)" in result.stderr
+    assert [e["world"] for e in result.events() if e["event"] == "regrouped"] == [1]
+    assert_models_equal(alone / "model.pt", result.run_dir / "model.pt")
