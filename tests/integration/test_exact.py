@@ -15,6 +15,7 @@ import pytest
 from bench import live
 from tests.conftest import launcher_argv
 from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
+from tests.library import LIVE_LONG_EPOCHS, SURVIVOR_SHARE
 from tests.stops import Launch
 from torchlaunch.exit_codes import OK, PREEMPTED
 
@@ -86,4 +87,29 @@ def test_a_live_regroup_2_to_1_ends_as_the_1_rank_run(tmp_path: Path) -> None:
     assert result.code == OK, result.stderr[-3000:]
     assert result.killed_at is not None and "live: lost rank 1 (SIGKILL)" in result.stderr
     assert [e["world"] for e in result.events() if e["event"] == "regrouped"] == [1]
+    assert_models_equal(alone / "model.pt", result.run_dir / "model.pt")
+
+
+@pytest.mark.extended  # ~3,000 steps twice: the rejoin needs the survivor still training when rank 1 is back
+def test_a_live_loss_and_rejoin_2_to_1_to_2_ends_as_the_1_rank_run(tmp_path: Path) -> None:
+    """recovery.rejoin=1: rank 1 SIGKILLed, the survivor trains alone, rank 1 started again joins with its
+    state; the model is the 1-rank run's, bit for bit (without the grid it differs: test_live_recovery)."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    recipe = tmp_path / "alone.yaml"
+    recipe.write_text(live.config_text(alone, live=False, steps=64, epochs=LIVE_LONG_EPOCHS, exact=True))
+    done = launcher(["--gpus", "1", "--device", "cpu", "--config", str(recipe)], timeout=1200)
+    assert done.returncode == OK, done.stderr[-3000:]
+    result = live.run(
+        tmp_path / "run",
+        victim=1,
+        rejoin=1,
+        steps=64,
+        epochs=LIVE_LONG_EPOCHS,
+        slow_survivor=SURVIVOR_SHARE,
+        exact=True,
+    )
+    assert result.code == OK, result.stderr[-3000:]
+    regrouped = [(e["during"], e["world"]) for e in result.events() if e["event"] == "regrouped"]
+    assert regrouped == [("step", 1), ("rejoin", 2)], regrouped
     assert_models_equal(alone / "model.pt", result.run_dir / "model.pt")
