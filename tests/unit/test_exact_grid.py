@@ -43,12 +43,12 @@ def test_the_default_grid_is_fixed_by_the_batch_alone() -> None:
         cfg = RunConfig()
         cfg.train.exact, cfg.train.batch_size, cfg.train.grid_micro_batches = True, batch, grid
         cfg.train.micro_batch_size = micro
-        return grid_size(cfg)
+        return grid_size(cfg.train)
 
     assert [size(128), size(48), size(50), size(4), size(128, micro=32)] == [8, 8, 10, 4, 8]
     assert size(128, grid=16) == 16
     off = RunConfig()
-    assert grid_size(off) == 0
+    assert grid_size(off.train) == 0
 
 
 def parts(count: int, seed: int = 0) -> list[list[torch.Tensor]]:

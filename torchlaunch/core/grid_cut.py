@@ -3,8 +3,18 @@ launchers refuse a cut that does not divide the batch before any worker starts (
 
 from __future__ import annotations
 
-from torchlaunch.config import RunConfig
+from typing import Protocol
+
 from torchlaunch.exit_codes import ConfigError
+
+
+class TrainKeys(Protocol):
+    """The train.* keys the cut reads (config.TrainConfig; core does not import config)."""
+
+    exact: bool
+    batch_size: int
+    grid_micro_batches: int
+
 
 AUTO_GRID = 8
 """The default number of micro-batches per step: the smallest divisor of the global batch at least this
@@ -12,24 +22,24 @@ AUTO_GRID = 8
 of a run, and every resume, cuts the steps the same way."""
 
 
-def grid_size(cfg: RunConfig) -> int:
+def grid_size(train: TrainKeys) -> int:
     """G for this run (0 when train.exact is off): train.grid_micro_batches, else the smallest divisor of
     the global batch >= AUTO_GRID (the batch itself when smaller). Not from train.micro_batch_size: that
     key may change at a resume (config.OPERATIONAL), G may not."""
-    if not cfg.train.exact:
+    if not train.exact:
         return 0
-    batch = cfg.train.batch_size
-    if cfg.train.grid_micro_batches:
-        return cfg.train.grid_micro_batches
+    batch = train.batch_size
+    if train.grid_micro_batches:
+        return train.grid_micro_batches
     return next(g for g in range(min(AUTO_GRID, batch), batch + 1) if batch % g == 0)
 
 
-def check_grid(cfg: RunConfig) -> None:
+def check_grid(train: TrainKeys) -> None:
     """ConfigError (exit 2, one line) when train.exact's cut does not divide train.batch_size."""
-    grid = grid_size(cfg)
-    if grid and cfg.train.batch_size % grid:
+    grid = grid_size(train)
+    if grid and train.batch_size % grid:
         raise ConfigError(
             "train.grid_micro_batches",
-            f"{grid} micro-batches do not divide train.batch_size={cfg.train.batch_size}",
+            f"{grid} micro-batches do not divide train.batch_size={train.batch_size}",
             "use a divisor of the batch at least the largest world size, or 0 for auto",
         )

@@ -63,6 +63,6 @@ def check(cfg: RunConfig, *, on_cpu: bool, local: bool, doctor: bool = False) ->
     only where this host can see it and no download is probed (compute nodes may reach the internet
     when we cannot)."""
     refuse_fp16_on_cpu(cfg.train.precision, on_cpu)
-    check_grid(cfg)
+    check_grid(cfg.train)
     if not doctor:
         check_data(cfg.data, local=local)

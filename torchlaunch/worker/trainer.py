@@ -192,7 +192,7 @@ class Trainer:
         self.ckpt_root = rundir.checkpoints(self.run_dir)
         self.precision = training_precision(cfg, ctx, data)
         self.amp_dtype = autocast_dtype(self.precision)
-        self.grid = grid_size(cfg)  # train.exact: micro-batches per step (worker/grid.py), 0 = off
+        self.grid = grid_size(cfg.train)  # train.exact: micro-batches per step (worker/grid.py), 0 = off
         if self.grid:
             pin_threads(self.device)
         self.plan = BatchPlan(
