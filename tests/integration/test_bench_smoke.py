@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import ckpt, ddp, peers, progress, run
+from bench import ckpt, ddp, exact, peers, progress, run
 from bench.common import REPO, subset_folder
 from tests.unit.test_bench_smoke import (
     bench_work,  # noqa: F401 (fixtures, used by name)
@@ -29,6 +29,14 @@ def test_ddp_quick() -> None:
     well_formed(scaling)
     well_formed(adopted)
     assert scaling.project == adopted.project  # the same 2-rank runs, two baselines
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_exact_quick() -> None:
+    (smoke,) = exact.run(quick=True)
+    well_formed(smoke)
+    assert smoke.key == "exact-smoke"
 
 
 @pytest.mark.slow
