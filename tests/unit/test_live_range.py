@@ -183,12 +183,10 @@ def test_the_launchers_agent_command_carries_the_range_and_the_seat() -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--nnodes", "1:2", "--master-addr", "127.0.0.1", *LIVE], "give each node its own --node-rank 0..1"),
         (["--nnodes", "1:2", "--node-rank", "2", "--master-addr", "127.0.0.1", *LIVE], "--node-rank 2 outside 0..1"),
         (["--nnodes", "2:1", "--node-rank", "0", "--master-addr", "127.0.0.1", *LIVE], "MIN 2 is more than MAX 1"),
         (["--nnodes", "0:2", "--node-rank", "0", "--master-addr", "127.0.0.1", *LIVE], "--nnodes"),
         (["--nnodes", "1:2", "--node-rank", "0", *LIVE], "needs --master-addr HOST"),
-        (["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1", "recovery.live=true"], "lighthouse"),
         (
             [
                 "--nnodes",
