@@ -279,13 +279,13 @@ class PlacedJob(Job):
         return found
 
 
-@pytest.mark.parametrize("victim", ["the service's host", "the other node"])
+@pytest.mark.parametrize("victim", ["node 0 (the service's and the first store's host)", "node 1"])
 def test_the_default_command_lines_place_the_service_and_survive_either_nodes_loss(
     run_library: RunLibrary, tmp_path: Path, victim: str
 ) -> None:
     """Two `--nnodes 1:2` launchers, nothing else given (issue #54): they number themselves from the run
-    dir and one of their agents serves the membership service. The node that hosts it, or the other one,
-    SIGKILLed whole at step 12: the survivor's process trains on alone to exit 0 (when its service was
+    dir and node 0's agent serves the membership service (node 0 hosts the first group's store too).
+    Node 0, or node 1, SIGKILLed whole at step 12: the survivor's process trains on alone to exit 0 (when its service was
     lost, the survivor's agent takes the lease and serves), every step's samples are the uninterrupted
     run's."""
     reference = run_library.path("live")
@@ -293,13 +293,14 @@ def test_the_default_command_lines_place_the_service_and_survive_either_nodes_lo
     nodes = [job.start(0), job.start(1)]
     wait_for("both nodes at the kill step", lambda: min(job.trace(0), job.trace(1)) >= live.KILL_AT, nodes)
     host = job.service_host(nodes)
-    lost = host if victim == "the service's host" else 1 - host
+    lost = host if victim.startswith("node 0") else 1 - host
     pids = {rank: live.pid_of(job.run_dir, rank) for rank in (0, 1)}
     kill_node(nodes[lost])
     kept = nodes[1 - lost]
     code, out = finish([kept])[0]
     assert code == 0, out[-4000:]
     node = int(re.search(r"launch: this node is node (\d) of --nnodes 1:2", out).group(1))  # type: ignore[union-attr]
+    assert node == (1 if lost == host else 0), "node 0 did not host the service: it takes the first lease"
     assert "resumed from" not in out and live.pid_of(job.run_dir, node) == pids[node], "the survivor was restarted"
     regrouped = [e for e in live.LiveRun(job.run_dir, 0, "", None).events() if e["event"] == "regrouped"]
     assert [(e["world"], e["rank"], e["during"]) for e in regrouped] == [(1, 0, "step")], regrouped

@@ -83,11 +83,11 @@ def test_a_holder_steps_down_when_it_cannot_renew_before_any_reader_may_take_ove
     a.lease.tick()
     b.lease.tick()
 
-    def unreachable(*args: object) -> None:  # the run dir's server gone (this test runs as root: no chmod)
+    def unreachable(*args: object, **kwargs: object) -> None:  # the run dir's server gone (root: no chmod)
         raise OSError(5, "Input/output error")
 
     with monkeypatch.context() as m:
-        m.setattr(placement.os, "replace", unreachable)
+        m.setattr(placement.rundir, "write_bytes", unreachable)
         for _ in range(3):
             clock.now += 0.2
             a.lease.tick()
@@ -106,6 +106,19 @@ def test_a_holder_that_sees_a_newer_lease_stops_serving(tmp_path: Path) -> None:
     assert b.lease.held == 2
     a.lease.tick()
     assert (a.lease.held, a.stops, a.lease.live) == (0, 1, "")
+
+
+def test_a_free_lease_is_left_to_node_0_for_the_patience_of_the_others(tmp_path: Path) -> None:
+    clock = Clock()
+    other = Agent(tmp_path, "n1", clock)
+    other.lease.patience_s = 1.0
+    other.lease.tick()
+    clock.now += 0.5
+    other.lease.tick()
+    assert other.lease.held == 0, "took the first lease before node 0 could"
+    clock.now += 0.6
+    other.lease.tick()
+    assert other.lease.held == 1, "node 0 absent: the others take it after their patience"
 
 
 def test_a_released_lease_is_taken_at_once_and_names_no_address(tmp_path: Path) -> None:

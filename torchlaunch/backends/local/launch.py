@@ -345,6 +345,16 @@ def live_start(
     return meet_first_group(lock, cfg, spec, placement)
 
 
+def road_line(live: bool) -> str:
+    """The one line that says which road a multi-rank run of the built-in worker takes."""
+    if live:
+        return "launch: road: live (a lost rank or node costs a regroup in place; recovery.live=false: the restart)"
+    return (
+        "launch: road: restart (recovery.live=false): a lost rank stops every rank; torchrun's --max-restarts or "
+        "the same command again resumes from the newest checkpoint"
+    )
+
+
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -890,6 +900,8 @@ def launch(argv: Sequence[str]) -> int:
             env["CUDA_VISIBLE_DEVICES"] = ""
         op = operation(args, cfg.run_dir, attempt, spec.gpus_per_node, lock)
         env.update(op.rank_env())
+        if spec.nodes * spec.gpus_per_node > 1 and not args.doctor:
+            say(road_line(live))
         print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
         code = run(
             argv_out,

@@ -304,6 +304,7 @@ class Placed:
             placed.serve,
             standby.stop,
             extra={"nproc": seat.nproc},
+            patience_s=0.0 if seat.node_rank == 0 else args.heartbeat_timeout_ms / 1000,
         )
         return placed
 

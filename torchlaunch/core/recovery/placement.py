@@ -131,10 +131,14 @@ class Lease:
         stop: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
         extra: dict | None = None,
+        patience_s: float = 0.0,
     ) -> None:
         self.folder = folder_of(run_dir)
         self.holder, self.address, self.lease_s = holder, address, lease_s
         self._serve, self._stop, self._clock = serve, stop, clock
+        self.patience_s = patience_s
+        """How long a free lease (none yet, or released) is left to others first: node 0 gives none, so
+        that it hosts the service as it hosts the first group's store, unless it is not there."""
         self.extra = dict(extra or {})
         """Written into each lease: what a node that takes over after this one needs (its ranks per node)."""
         self.held = 0
@@ -163,7 +167,9 @@ class Lease:
             if top == self._seen.generation and content and fields(content).get("address"):
                 self.live = str(fields(content)["address"])[:200]  # renewed while this agent looked
             self._seen = Seen(top, content, now)
-        free = top == 0 or fields(content).get("released") or now - self._seen.since >= self.lease_s
+        waited = now - self._seen.since
+        unheld = top == 0 or fields(content).get("released")
+        free = waited >= self.patience_s if unheld else waited >= self.lease_s
         if free:
             self._take(top + 1, fields(content), now)
 
@@ -200,14 +206,7 @@ class Lease:
 
     def _write(self, value: dict) -> None:
         path = _path(self.folder, self.held)
-        tmp = path.with_name(f".{path.name}.{self.holder}.tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, json.dumps(value).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        rundir.write_bytes(path, json.dumps(value).encode(), tmp=path.with_name(f".{path.name}.{self.holder}.tmp"))
 
     def _step_down(self, why: str) -> None:
         print(f"live: the membership service on this node stops ({why})", file=sys.stderr, flush=True)
