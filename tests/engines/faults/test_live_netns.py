@@ -71,12 +71,18 @@ def regroups(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "victim", [pytest.param(1, id="kill-node1", marks=pytest.mark.extended), pytest.param(0, id="kill-node0")]
-)  # node 0 (the store host) in CI; node 1's loss is also CI's on loopback (test_live_recovery.py) and Slurm
+    ("victim", "placed"),
+    [
+        pytest.param(1, False, id="kill-node1", marks=pytest.mark.extended),
+        pytest.param(0, False, id="kill-node0-service-apart", marks=pytest.mark.extended),
+        pytest.param(0, True, id="kill-node0"),
+    ],
+)  # node 0 (the store host and, placed, the service's: issue #54's default command line) in CI; node 1's
+# loss is also CI's on loopback (test_live_range.py, test_live_recovery.py) and Slurm
 def test_a_whole_node_killed_costs_a_regroup_whichever_node(
-    reference: live.LiveRun, victim: int, tmp_path: Path
+    reference: live.LiveRun, victim: int, placed: bool, tmp_path: Path
 ) -> None:
-    done = live_nodes.run(tmp_path, 2, [victim])
+    done = live_nodes.run(tmp_path, 2, [victim], placed=placed)
     run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
     assert codes[1 - victim] == 0, out
     done = regroups(run_dir)
@@ -84,6 +90,9 @@ def test_a_whole_node_killed_costs_a_regroup_whichever_node(
     assert done[0]["step"] >= live.KILL_AT
     check_exact(run_dir, reference, out)
     check_status(run_dir, 1, {victim})
+    if placed:  # node 0's agent served first; the survivor's took the lease over
+        leases = sorted((run_dir / "live" / "service").glob("lease-*.json"))
+        assert len(leases) == 2 and "live: this node serves the membership service" in out, out[-3000:]
 
 
 def test_two_nodes_of_four_killed_at_once(reference: live.LiveRun, tmp_path: Path) -> None:
