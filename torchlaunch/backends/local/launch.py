@@ -412,8 +412,10 @@ def numbered(args: argparse.Namespace, placement: NodePlacement, lock: runlock.R
     if args.node_rank_given or lock is None or lock.slot is None or not args.node_range.elastic:
         return placement
     if lock.slot >= args.nnodes:
-        raise LaunchEnded(
-            BAD_INPUT, f"--nnodes {args.node_range.torchrun()}: {lock.slot} nodes of this job run already; none is free"
+        raise LaunchEnded(  # 1, retryable: a lost node's slot frees once its lock does (NFS: the server's lease)
+            FAILURE,
+            f"--nnodes {args.node_range.torchrun()}: every node number of this job is held by a launcher "
+            "(a lost node's is freed with its lock); nothing started (exit 1, retryable), or give --node-rank",
         )
     say(f"launch: this node is node {lock.slot} of --nnodes {args.node_range.torchrun()} (its slot in the run dir)")
     return dataclasses.replace(placement, node_rank=lock.slot)
