@@ -37,6 +37,8 @@ HEARTBEATS_PER_TIMEOUT = 10
 CONNECT_TIMEOUT_S = 10.0
 RETRY_S = 0.05
 """Pause between quorum requests to a service that did not answer (being restarted)."""
+MOVED_QUORUM_S = 3.0
+"""The shortest bound of one quorum request to a placed service (see quorum)."""
 MOVE_CONNECT_S = 1.0
 """How long a member waits to connect to the service's new address (it listens before it is published)."""
 
@@ -128,14 +130,17 @@ class LighthouseMembership:
     def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum:
         """Ask until the service answers or `timeout_s` has passed: a service being restarted refuses
         connections for a moment, and the client's first call after a restart fails once while it
-        reconnects (measured, torchft 0.2.0)."""
+        reconnects (measured, torchft 0.2.0). A service a node agent hosts (placement.py) may vanish with
+        its machine, sending nothing (no reset): each request is then bounded by a few heartbeat bounds
+        and asked again, of the service the run dir names by then."""
         deadline = time.monotonic() + timeout_s
+        cap = max(MOVED_QUORUM_S, 3 * self.interval_s * HEARTBEATS_PER_TIMEOUT) if self._follow else timeout_s
         while True:
             left = deadline - time.monotonic()
             try:
                 found = self._client.quorum(
                     replica_id=self.replica_id,
-                    timeout=timedelta(seconds=max(left, 0.1)),
+                    timeout=timedelta(seconds=max(min(left, cap), 0.1)),
                     store_address=store_address,
                     step=step,
                 )
