@@ -106,22 +106,24 @@ def test_two_nodes_of_four_killed_at_once(reference: live.LiveRun, tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("fault", "victim"),
+    ("fault", "victim", "placed"),
     [
-        pytest.param("freeze", 1, id="freeze-node1", marks=pytest.mark.extended),
-        pytest.param("freeze", 0, id="freeze-node0"),
-        pytest.param("cut", 1, id="cut-node1"),
+        pytest.param("freeze", 1, False, id="freeze-node1", marks=pytest.mark.extended),
+        pytest.param("freeze", 0, False, id="freeze-node0"),
+        pytest.param("cut", 1, False, id="cut-node1"),
+        pytest.param("freeze", 0, True, id="freeze-node0-placed", marks=pytest.mark.extended),
     ],
-)  # a frozen node 0 and a cut node 1 in CI; a frozen node 1 is the extended tier's
+)  # a frozen node 0 and a cut node 1 in CI; a frozen node 1, and node 0 frozen with the service it hosts
+# (the default command line: its lease lapses and node 1's agent serves), are the extended tier's
 def test_a_whole_node_silent_is_judged_by_the_others(
-    reference: live.LiveRun, fault: str, victim: int, tmp_path: Path
+    reference: live.LiveRun, fault: str, victim: int, placed: bool, tmp_path: Path
 ) -> None:
     """SIGSTOP of every process of a node (its agent too: nobody on it fences its rank), or its link
     taken down. No transport error comes (its sockets stay open, or nothing reaches it); the survivor's
     peer watch finds it silent (no echo within the bound while training stalls), leaves the group, and
     regroups once the service has dropped it. A node cut off never trains on alone beside the group:
     the service is out of its reach too, so it forms no group of its own."""
-    done = live_nodes.run(tmp_path, 2, [victim], fault=fault)
+    done = live_nodes.run(tmp_path, 2, [victim], fault=fault, placed=placed)
     run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
     assert codes[1 - victim] == 0, out
     assert "gave no answer within 1 s while this rank waited" in out and "taken for silent" in out, out
