@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, grace, rundir
+from torchlaunch import contract, grace, rundir, status
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import (
@@ -1002,6 +1002,7 @@ class Trainer:
             return PREEMPTED
         self._surviving(log, "checkpoint", lambda: self.save(synchronous=True))
         if self.ctx.is_main:
+            status.note_committed(self.progress.global_step)  # the launcher's word for it, read without torch
             waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
             since = f", {waited:.1f} s after the signal" if waited is not None else ""
             log.line(
