@@ -131,10 +131,9 @@ def test_leaving_skips_the_micro_batches_left_but_the_synchronised_one_on_two_sa
     assert whole.sizes == [8, 8, 8, 8]
 
 
-def test_the_drop_applies_on_gloo_and_alone_not_on_nccl_nor_live() -> None:
-    assert applies(DistContext(), live=False) and applies(DistContext(backend="gloo"), live=False)
-    assert not applies(DistContext(backend="nccl"), live=False)
-    assert not applies(DistContext(backend="gloo"), live=True)
+def test_the_drop_applies_on_gloo_and_alone_not_on_nccl() -> None:
+    assert applies(DistContext()) and applies(DistContext(backend="gloo"))
+    assert not applies(DistContext(backend="nccl"))
 
 
 def test_a_resume_on_fewer_ranks_cuts_the_absent_ranks_trace_past_the_checkpoint(tmp_path: Path) -> None:
