@@ -11,12 +11,13 @@ flips (they come from the batch plan, by step), so the run ends bit for bit wher
 one ends.
 
 The agreement cannot be a collective: a rank that stopped computing would leave its peers waiting in
-the step's gradient all-reduce. Instead (one store round trip per step, no device wait):
+the step's gradient all-reduce. Instead (a store check per micro-batch, no device wait):
 
-1. A rank whose stop flag is set before its next micro-batch, or that finds a peer's word there,
-   writes `drop/<step>` into the group's c10d store (a blocking set: the store has it before this rank
-   goes on) and skips its remaining micro-batches. Under DDP it still runs the last one (on two samples): its forward and backward hold
-   the step's collectives (buffer broadcast, gradient all-reduce), which no peer is left waiting in.
+1. A rank whose stop flag is set before its next micro-batch, or that finds a peer's word in the store
+   then, writes `drop/<step>` into the group's c10d store (a blocking set: the store has it before this
+   rank goes on) and skips its remaining micro-batches. Under DDP it still runs the last one (on two
+   samples): its forward and backward hold the step's collectives (buffer broadcast, gradient
+   all-reduce), which no peer is left waiting in.
    In live mode the gradients are averaged after the micro-batches (core/recovery), so it skips them
    all and goes straight to that average.
 2. After the step's gradient all-reduce (DDP's synchronised backward, or live mode's average), every
@@ -96,8 +97,8 @@ class StepDrop:
     def leave(self) -> bool:
         """Before each micro-batch: True once this rank's stop flag is set (it then says so in the store,
         once per step, before it enters the step's collectives), or once a peer has said so: a stop that
-        reached one rank (one pod deleted, one node preempted) need not wait for the others' micro-batches
-        (8.4 s of an 8 s step after a pod's deletion, before). One store check, ~35-60 us on loopback."""
+        reached one rank (one pod deleted, one node preempted) then waits for none of the others'
+        micro-batches left, a whole step at worst. One store check, ~35-60 us on loopback."""
         if not self.leaving and (self.requested() or self._peer_left()):
             self.leaving = True
             if self.store is not None:
