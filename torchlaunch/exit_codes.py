@@ -25,7 +25,8 @@ BAD_INPUT = 2
 """Bad config, data or arguments: a rerun would fail the same way, so never retry."""
 
 PREEMPTED = 75
-"""A signal asked us to stop; a checkpoint was committed first. Run the same command again (EX_TEMPFAIL:
+"""A signal asked us to stop; a checkpoint newer than the run's previous one was committed first, or nothing
+was trained since it. A stop that lost steps is FAILURE, with how many. Run the same command again (EX_TEMPFAIL:
 Slurm requeues on it, Kubernetes' podFailurePolicy ignores it, a retry loop reruns it)."""
 
 CANCELLED = 3
