@@ -17,7 +17,7 @@ import pytest
 
 from torchlaunch import contract, rundir, runlock
 from torchlaunch.backends import Step
-from torchlaunch.backends.slurm import operate
+from torchlaunch.backends.slurm import follow, operate
 from torchlaunch.backends.slurm import successor as chain
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.jobs import record
@@ -335,15 +335,15 @@ def test_wait_follows_the_successor_of_a_lost_job(tmp_path: Path, monkeypatch: p
         (folder / job / f"{job}_0_log.out").write_text(text)
     chain.write(run_dir, chain.Chain("500", successor="501", launch="500-0"))
     states = {"500": "FAILED", "501": "COMPLETED"}
-    monkeypatch.setattr(operate, "STATE_SOURCES", (lambda job: states[job],))
+    monkeypatch.setattr(follow, "STATE_SOURCES", (lambda job: states[job],))
     out, err = io.StringIO(), io.StringIO()
-    assert operate.follow(Job(folder, "500"), poll_s=0, out=out, err=err) == 0
+    assert follow.follow(Job(folder, "500"), poll_s=0, out=out, err=err) == 0
     assert out.getvalue() == "step 12\nresumed from step 10\n"
     assert "job 500 lost its batch host (FAILED); following its successor job 501" in err.getvalue()
     # A job whose batch script recorded its end (bad input) is not followed into anything.
     chain.write(run_dir, chain.Chain("500", successor="501", launch="500-0", code=2))
     states["500"] = "FAILED"
-    assert operate.successor_of(Job(folder, "500"), "FAILED") is None
+    assert follow.successor_of(Job(folder, "500"), "FAILED") is None
 
 
 def test_a_chain_record_is_untrusted_data(tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def job_code(srun_code: int, codes: Sequence[int | None]) -> int:
 def recorded_codes(folder: Path, job_id: str, launch_id: str, tasks: int) -> list[int | None]:
     """Each task's code in this allocation (task.write_result's record); None where it left none. A
     record of an earlier allocation of the job (before a requeue) does not count."""
-    from torchlaunch.backends.slurm.operate import result_path
+    from torchlaunch.backends.slurm.result import result_path
 
     codes: list[int | None] = []
     for task in range(tasks):

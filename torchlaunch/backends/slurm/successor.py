@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from torchlaunch import contract, rundir
+from torchlaunch.backends.slurm.cluster import controller_state, job_state, scontrol_state
 from torchlaunch.base import files
 from torchlaunch.base.untrusted import whole
 
@@ -182,15 +183,11 @@ def _run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subproces
 
 def squeue_state(job: str) -> str:
     """slurmctld's state of the job (UNKNOWN when it cannot say or no longer knows the job)."""
-    from torchlaunch.backends.slurm.operate import controller_state
-
     return controller_state(job)
 
 
 def final_state(job: str) -> str:
     """The job's end as slurmctld remembers it, else accounting's (UNKNOWN when neither says)."""
-    from torchlaunch.backends.slurm.operate import job_state, scontrol_state
-
     said = scontrol_state(job)
     return said if said != "UNKNOWN" else job_state(job)
 

@@ -27,7 +27,8 @@ from torchlaunch import compat, contract, rundir, runlock
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm import successor
-from torchlaunch.backends.slurm.operate import controller_state, job_state, result_path
+from torchlaunch.backends.slurm.cluster import controller_state, job_state
+from torchlaunch.backends.slurm.result import result_path
 from torchlaunch.base.untrusted import whole
 from torchlaunch.core.recovery import minimum as live_minimum
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
