@@ -16,6 +16,7 @@ from tests.conftest import REPO as ROOT
 from tests.unit.test_local_launcher import check_golden
 from torchlaunch import runlock
 from torchlaunch.backends.local.launch import NodePlacement, runs_without_agent, torchrun_argv
+from torchlaunch.backends.slurm.sbatch import sbatch_nodes
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import elastic, shape
 from torchlaunch.launch.spec import JobSpec
@@ -45,7 +46,7 @@ def test_node_ranges(text: str | int, want: tuple[int, int]) -> None:
     nodes = shape.parse_nodes("--nnodes", text)
     assert (nodes.min, nodes.max) == want
     assert nodes.elastic == (want[0] != want[1])
-    assert nodes.slurm() == (f"{want[0]}-{want[1]}" if nodes.elastic else str(want[1]))
+    assert sbatch_nodes(nodes) == (f"{want[0]}-{want[1]}" if nodes.elastic else str(want[1]))
 
 
 @pytest.mark.parametrize(

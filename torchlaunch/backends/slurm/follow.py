@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import exit_codes
 from torchlaunch.backends.slurm import successor as slurm_successor
 from torchlaunch.backends.slurm.cluster import job_state, scontrol_state
 from torchlaunch.backends.slurm.result import read_result
 from torchlaunch.backends.slurm.states import LIVE_STATES, TERMINAL_STATES
 from torchlaunch.base.untrusted import whole
-from torchlaunch.exit_codes import FAILURE, OK
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog
 
 NODE_FAIL_REQUEUE_S = 60.0
@@ -227,11 +226,11 @@ def failure_report(folder: str | Path, job_id: str, state: str) -> str:
 
 
 def exit_status(job: Any, state: str) -> int:
-    """The job's exit code (exit_codes.scheduler_code) from the final Slurm state and the code task 0
+    """The job's exit code (scheduler_code) from the final Slurm state and the code task 0
     recorded as data (read_result); one line on stderr unless it finished."""
     kind = state.split()[0]
     result, why = read_result(job.paths.folder, str(job.job_id)) if kind == "FAILED" else (None, "")
-    code = exit_codes.scheduler_code(state, result)
+    code = scheduler_code(state, result)
     if code == OK:
         return OK
     if kind == "CANCELLED":
@@ -241,3 +240,16 @@ def exit_status(job: Any, state: str) -> int:
     else:
         print(failure_report(job.paths.folder, str(job.job_id), state), file=sys.stderr)
     return code
+
+
+def scheduler_code(state: str, result: int | None) -> int:
+    """A job's exit code from the scheduler's final state word (Slurm's COMPLETED, CANCELLED, FAILED,
+    TIMEOUT...) and, where the job left one, the code its task recorded as data."""
+    kind = state.split()[0] if state.split() else ""
+    if kind == "COMPLETED":
+        return OK
+    if kind == "CANCELLED":
+        return CANCELLED
+    if result in (BAD_INPUT, PREEMPTED, CANCELLED):
+        return result
+    return FAILURE

@@ -19,6 +19,7 @@ from typing import Any
 from torchlaunch import compat, rankpath, rundir
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.slurm import live as slurm_live
+from torchlaunch.backends.slurm.sbatch import container_mount, sbatch_key, sbatch_nodes, sbatch_path, sbatch_value
 from torchlaunch.backends.slurm.task import DEFAULT_MAX_TIMEOUTS
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.jobs import ranklog
@@ -84,7 +85,7 @@ def resolve_run_dir(spec: JobSpec) -> str:
         run_dir = _yaml_run_dir(spec.config)
     if not run_dir:
         raise BadInput(f"no run dir: pass run_dir=/shared/path (config {spec.config} sets none)")
-    return emit.sbatch_path(os.path.abspath(run_dir), "--run-dir" if spec.program else "run_dir")
+    return sbatch_path(os.path.abspath(run_dir), "--run-dir" if spec.program else "run_dir")
 
 
 def _yaml_run_dir(config: str) -> str | None:
@@ -176,7 +177,7 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
         if options.cwd:
             setup.append("cd " + emit.shell_word(options.cwd, "the submission directory"))
     params: dict[str, Any] = {
-        "job_name": emit.sbatch_value(options.job_name, "--job-name"),
+        "job_name": sbatch_value(options.job_name, "--job-name"),
         "nodes": spec.nodes,
         "ntasks_per_node": spec.gpus_per_node,
         "time": spec.time_min,
@@ -186,7 +187,7 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
         # own `scontrol requeue` even where the cluster sets JobRequeue=0.
         "additional_parameters": {
             "requeue": True,
-            **{emit.sbatch_key(k): emit.sbatch_value(v, f"--sbatch {k}") for k, v in spec.extra.items()},
+            **{sbatch_key(k): sbatch_value(v, f"--sbatch {k}") for k, v in spec.extra.items()},
         },
     }
     if options.use_gpus:
@@ -200,11 +201,7 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
         "mem": f"{spec.mem_gb}GB" if spec.mem_gb is not None else None,
     }
     params.update(
-        {
-            key: emit.sbatch_value(value, f"--{key.replace('_', '-')}")
-            for key, value in optional.items()
-            if value is not None
-        }
+        {key: sbatch_value(value, f"--{key.replace('_', '-')}") for key, value in optional.items() if value is not None}
     )
     if spec.image:
         # pyxis: every task runs inside the image with the repo and the run dir mounted.
@@ -212,8 +209,8 @@ def executor_parameters(spec: JobSpec, options: SlurmOptions, run_dir: str) -> d
         mounts = ",".join(
             f"{path}:{path}"
             for path in (
-                emit.container_mount(options.repo_root, "the repository root"),
-                emit.container_mount(run_dir, "the run dir"),
+                container_mount(options.repo_root, "the repository root"),
+                container_mount(run_dir, "the run dir"),
             )
         )
         params["srun_args"] = [
@@ -273,7 +270,7 @@ def elastic_parameters(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
     per_node = int(out.pop("ntasks_per_node", spec.gpus_per_node))
     out["additional_parameters"] = {
         **out.get("additional_parameters", {}),
-        "nodes": NodeRange(spec.min_nodes, spec.nodes).slurm(),
+        "nodes": sbatch_nodes(NodeRange(spec.min_nodes, spec.nodes)),
         "mincpus": per_node * (spec.cpus_per_task or 1),
     }
     out["srun_args"] = ["--ntasks-per-node", str(per_node), *out.get("srun_args", [])]
