@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def test_multi_line_sbatch_values_are_refused(submit_dir: Path, tmp_path: Path, 
 def test_a_bad_job_name_is_refused_before_anything_is_written(
     submit_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
+    monkeypatch.setattr(slurm, "have", lambda tool: True)  # as on a login node
     monkeypatch.setattr(slurm, "check_slurm_conf", lambda: None)
     monkeypatch.setattr(slurm, "cluster_partitions", lambda: None)
     monkeypatch.setattr(slurm, "_submit", lambda *a: pytest.fail("submitted"))
@@ -120,9 +119,7 @@ def test_wait_ends_when_scontrol_says_failed_although_sacct_says_unknown(
 
 def test_scontrol_state_reads_the_job_state(monkeypatch: pytest.MonkeyPatch) -> None:
     line = "JobId=7 JobName=train UserId=u(1) JobState=FAILED Reason=NonZeroExitCode Dependency=(null)\n"
-    monkeypatch.setattr(
-        slurm_cluster.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=line, stderr="")
-    )
+    monkeypatch.setattr(slurm_cluster, "run", lambda *a, **k: slurm_cluster.Answer(0, line, ""))
     assert slurm_cluster.scontrol_state("7") == "FAILED"
 
 
@@ -221,9 +218,7 @@ def test_a_hang_requeues_once_then_ends_the_hung_ranks(tmp_path: Path, monkeypat
     calls: list[list[str]] = []
     killed: list[object] = []
     monkeypatch.setattr(
-        slurm_task.subprocess,
-        "run",
-        lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""),
+        slurm_cluster, "run", lambda argv, *a, **k: calls.append(list(argv)) or slurm_cluster.Answer(0, "", "")
     )
     monkeypatch.setattr(slurm_task.SlurmTask, "_save_for_requeue", lambda self: None)
     monkeypatch.setattr(slurm_task.watchdog, "kill_ranks", lambda beats: killed.append(beats) or [])

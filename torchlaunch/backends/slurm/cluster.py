@@ -1,9 +1,11 @@
-"""The Slurm backend's questions to the cluster: every run of Slurm's tools (squeue, sacct, scontrol,
-sinfo) that a launcher, a task or an operator command makes.
+"""Every run of Slurm's tools (squeue, sacct, scontrol, sinfo, sbatch, scancel) by a launcher, a task or an
+operator command: one way to call them (`run`), one function per question, one error rule.
 
-Every query is bounded by a timeout and answers "cannot say" (None, UNKNOWN) when the tool is missing
-or fails: a machine without the Slurm tools must never conclude that a job is over and take over its
-run dir.
+The rule: a command that gives no answer (the tool missing, not startable, or past its timeout) is None,
+and a query that does not exit 0 is None too ("cannot say"). Each question turns None into its own
+"cannot say" (UNKNOWN, no partitions, no GraceTime), never into "the job is over": a machine without
+the Slurm tools must never conclude that a job ended and take over its run dir. Every call is bounded:
+a dead controller never hangs a launcher, a task or `launch status`.
 """
 
 from __future__ import annotations
@@ -11,11 +13,49 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from torchlaunch.backends.slurm.states import SLURM_ID
-from torchlaunch.base.procs import tool_output
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import BadInput
+
+QUERY_TIMEOUT_S = 20.0
+"""How long a question may take to answer (a loaded slurmctld answers in well under a second)."""
+ACTION_TIMEOUT_S = 60.0
+"""How long sbatch, scancel or `scontrol requeue` may take: a requeue refused for a slow answer costs the run."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a Slurm command said: its exit code, stdout and stderr."""
+
+    code: int
+    out: str
+    err: str
+
+
+def run(argv: Sequence[str], timeout_s: float = QUERY_TIMEOUT_S, env: Mapping[str, str] | None = None) -> Answer | None:
+    """The one way a Slurm command is run: output captured, bounded, never raising. None when it gave no
+    answer (missing, not startable, or past `timeout_s`)."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=dict(env) if env is not None else None,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Answer(done.returncode, done.stdout, done.stderr)
+
+
+def ask(argv: Sequence[str], timeout_s: float = QUERY_TIMEOUT_S) -> str | None:
+    """A question's answer: the command's stdout when it exited 0; None (cannot say) otherwise."""
+    done = run(argv, timeout_s)
+    return done.out if done is not None and done.code == 0 else None
 
 
 def have(tool: str) -> bool:
@@ -23,59 +63,101 @@ def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 
 
+# ---- a job ------------------------------------------------------------------------------------------
+
+
+def squeue_state(job_id: str) -> str | None:
+    """slurmctld's live state of the job (squeue), None when it cannot say or no longer lists the job."""
+    out = ask(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    return (out or "").strip() or None
+
+
+def sacct_state(job_id: str) -> str | None:
+    """Accounting's state of the job (sacct: its last record), None when it cannot say or has none."""
+    out = ask(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id])
+    lines = [line.strip() for line in (out or "").splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def job_fields(job_id: str) -> dict[str, str] | None:
+    """`scontrol show job -o`'s KEY=VALUE words (slurmctld's memory of the job, finished ones too for
+    MinJobAge), the first of each key; None when it cannot say."""
+    out = ask(["scontrol", "show", "job", "-o", job_id])
+    if out is None:
+        return None
+    fields: dict[str, str] = {}
+    for word in out.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            fields.setdefault(key, value)
+    return fields
+
+
+def owner_fields(job_id: str, timeout_s: float = QUERY_TIMEOUT_S) -> tuple[str, str] | None:
+    """The job's standard output path and comment as squeue prints them (what proves whose job it is:
+    backends.slurm.proof); None when squeue cannot say or does not list the job."""
+    out = ask(["squeue", "-h", "-j", job_id, "-O", "StdOut:4096,Comment:4096"], timeout_s)
+    lines = (out or "").strip().splitlines()
+    if not lines:
+        return None
+    return lines[0][:4096].strip(), lines[0][4096:].strip()
+
+
 def controller_state(job_id: str) -> str:
     """The job's live state from slurmctld: RUNNING while a timeout or preemption signal is pending,
     COMPLETING once scancel or the hard time limit is ending it."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    return out.strip() or "UNKNOWN"
+    return squeue_state(job_id) or "UNKNOWN"
 
 
 def job_state(job_id: str) -> str:
     """The job's state from accounting (first word: "CANCELLED by 0" -> "CANCELLED")."""
-    try:
-        out = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    lines = [line.strip() for line in out.splitlines() if line.strip()]
-    return lines[-1] if lines else "UNKNOWN"
+    return sacct_state(job_id) or "UNKNOWN"
 
 
 def scontrol_state(job_id: str) -> str:
     """The job's state from `scontrol show job` (slurmctld's memory of finished jobs, MinJobAge), which
     knows a job's end even where accounting has no record of it."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return "UNKNOWN"
-    for word in out.split():
-        if word.startswith("JobState="):
-            return word.partition("=")[2] or "UNKNOWN"
-    return "UNKNOWN"
+    return (job_fields(job_id) or {}).get("JobState") or "UNKNOWN"
 
 
 def state(job_id: str) -> str | None:
     """squeue while the job is known to the controller, else sacct's final state (status, list)."""
     if not SLURM_ID.match(job_id):
         return None
-    out = tool_output(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    if out and out.strip():
-        return out.split()[0]
-    out = tool_output(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
-    lines = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
-    return lines[-1] if lines else None
+    live = squeue_state(job_id)
+    return live.split()[0] if live else sacct_state(job_id)
+
+
+def set_comment(job_id: str, comment: str, timeout_s: float = QUERY_TIMEOUT_S) -> bool:
+    """`scontrol update JobId=... Comment=...`; whether slurmctld took it."""
+    done = run(["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"], timeout_s)
+    return done is not None and done.code == 0
+
+
+def requeue(job_id: str) -> Answer | None:
+    """`scontrol requeue`: the job's tasks end and it goes back to the queue, its restart count one up."""
+    return run(["scontrol", "requeue", job_id], ACTION_TIMEOUT_S)
+
+
+def scancel(job_id: str) -> bool:
+    """`scancel`; whether Slurm took it."""
+    done = run(["scancel", job_id], ACTION_TIMEOUT_S)
+    return done is not None and done.code == 0
+
+
+def sbatch(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """Submit with `argv` (sbatch --parsable ...) in `env`: the new job's id. RuntimeError, with sbatch's
+    last line, when it was refused or gave no answer."""
+    done = run(argv, ACTION_TIMEOUT_S, env=env)
+    if done is None:
+        raise RuntimeError(f"sbatch gave no answer within {ACTION_TIMEOUT_S:.0f} s, or is not installed")
+    job = done.out.strip().split(";")[0]
+    if done.code != 0 or whole(job, 20) is None:
+        raise RuntimeError((done.err.strip().splitlines() or [f"sbatch exited {done.code}"])[-1])
+    return job
+
+
+# ---- the cluster's partitions -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -85,15 +167,14 @@ class Partition:
     gres: str
 
 
+PARTITION_NAMES = ("sinfo", "-h", "-o", "%P")
+"""sinfo's list of partitions, the default one marked `*`."""
+
+
 def cluster_partitions() -> dict[str, Partition] | None:
     """Partitions from sinfo, or None when no cluster is reachable (then nothing is checked)."""
-    if shutil.which("sinfo") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["sinfo", "-h", "-o", "%R|%D|%G"], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
+    out = ask(["sinfo", "-h", "-o", "%R|%D|%G"])
+    if out is None:
         return None
     partitions: dict[str, Partition] = {}
     for line in out.splitlines():
@@ -106,11 +187,8 @@ def cluster_partitions() -> dict[str, Partition] | None:
 
 
 def default_partition() -> str | None:
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
+    out = ask(PARTITION_NAMES)
+    return next((p.rstrip("*") for p in (out or "").split() if p.endswith("*")), None)
 
 
 NO_SLURM_CONF = "Could not establish a configuration source"
@@ -127,11 +205,8 @@ def no_slurm_conf_message() -> str:
 
 def check_slurm_conf() -> None:
     """BadInput before sbatch prints four lines of its own: sinfo finds its config exactly as sbatch does."""
-    try:
-        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
-    except (subprocess.SubprocessError, OSError):
-        return
-    if NO_SLURM_CONF in probe.stderr:
+    probe = run(PARTITION_NAMES)
+    if probe is not None and NO_SLURM_CONF in probe.err:
         raise BadInput(no_slurm_conf_message())
 
 
@@ -144,28 +219,15 @@ def grace_time_of(scontrol_out: str) -> int | None:
     return int(found[1]) if found and 0 < int(found[1]) < 10**7 else None
 
 
-def partition_grace_s(partition: str | None, timeout_s: float = 10.0) -> int | None:
+def partition_grace_s(partition: str | None) -> int | None:
     """The partition's GraceTime, when scontrol answers; None where it cannot be read (then the --signal
     lead time alone is the worker's)."""
-    if not partition or shutil.which("scontrol") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "partition", partition, "-o"], capture_output=True, text=True, timeout=timeout_s
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return grace_time_of(out)
+    out = ask(["scontrol", "show", "partition", partition, "-o"]) if partition else None
+    return grace_time_of(out) if out is not None else None
 
 
-def node_cpus(partition: str | None, timeout_s: float = 10.0) -> int | None:
+def node_cpus(partition: str | None) -> int | None:
     """The most CPUs of one node (of `partition`), when sinfo answers; None when no cluster is reachable."""
-    if shutil.which("sinfo") is None:
-        return None
-    argv = ["sinfo", "-h", "-o", "%c", *(["-p", partition] if partition else [])]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    counts = [int(c) for c in re.findall(r"\d+", out)]
+    out = ask(["sinfo", "-h", "-o", "%c", *(["-p", partition] if partition else [])])
+    counts = [int(c) for c in re.findall(r"\d+", out or "")]
     return max(counts) if counts else None

@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from torchlaunch.backends.slurm.cluster import (
     check_slurm_conf,
     cluster_partitions,
     default_partition,
+    have,
     no_slurm_conf_message,
     node_cpus,
     partition_grace_s,
@@ -311,7 +311,7 @@ def launch(argv: list[str]) -> int:
     if args.dry_run:
         print(sbatch_script(spec, options), end="")
         return OK
-    if shutil.which("sbatch") is None:
+    if not have("sbatch"):
         raise BadInput("sbatch not found: run this on a Slurm login node (or use --dry-run)")
     check_slurm_conf()
     validate(spec, options, cluster_partitions())
