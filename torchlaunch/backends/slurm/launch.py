@@ -137,7 +137,7 @@ def submit(
 
 
 def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
-    """The rendered executor parameters and task, handed to the cluster (backends.slurm.submit_task)."""
+    """The rendered executor parameters and task, handed to the cluster (submit_task)."""
     parameters = executor_parameters(spec, options, run_dir)
     if spec.program and options.doctor:
         with open(doctor_recipe(run_dir), "w", encoding="utf-8") as recipe:
