@@ -19,10 +19,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt setup.py torchlaunch/worker/d
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot]'
 	touch $@
 
-# Live recovery (recovery.live) needs torchft's Lighthouse: a user's optional extra (`pip install
-# torchlaunch[live]`); `install` has it too, through the test extra, so the suite proves live recovery.
+# Live recovery (recovery.live) needs torchft's Lighthouse, a dependency of the package: `install` has
+# it; install-live stays for the commands that name it.
 install-live: install
-	$(PY) -m pip install -q -c constraints.txt -e '.[live]'
 
 # make exits 2 whenever a recipe fails, whatever the launcher returned: the launcher's own code (the
 # README's exit-code table: 75 = run the same command again, 2 = bad input) is said on the last line.

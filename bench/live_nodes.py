@@ -86,12 +86,14 @@ def run(
     fault: str = "kill",
     replace: bool = False,
     epochs: int = 1,
+    placed: bool = False,
 ) -> NodesRun:
     """Start the service and `training_nodes` nodes of `nproc` CPU ranks each on a fresh cluster;
     SIGKILL every process of every victim node (`fault`: or SIGSTOP them, or take its link down) once
     the first victim's first rank traced `kill_at`; with `replace`, run each killed node's command
     again on it (a node replaced by its scheduler: its ranks join the group that trains on); wait for
-    the nodes left (and the replacements) to end."""
+    the nodes left (and the replacements) to end. `placed`: no service is started and the recipe names
+    none, so the nodes' agents place it themselves through the run dir (the default command line)."""
     run_dir = work / "run"
     run_dir.mkdir(parents=True)
     recipe = work / "run.yaml"
@@ -100,10 +102,12 @@ def run(
         raise RuntimeError(reason)
     with Cluster(nodes=training_nodes + 1) as cluster:
         *nodes, service_node = cluster.nodes
-        lighthouse = start_lighthouse(cluster, service_node, work / "lighthouse.log", heartbeat_timeout_s)
+        lighthouse = (
+            "" if placed else start_lighthouse(cluster, service_node, work / "lighthouse.log", heartbeat_timeout_s)
+        )
         recipe.write_text(
             live.config_text(run_dir, heartbeat_timeout_s=heartbeat_timeout_s, epochs=epochs)
-            + f"  lighthouse: {lighthouse}\n"
+            + (f"  lighthouse: {lighthouse}\n" if lighthouse else "")
         )
         logs = [work / f"node{node.index}.log" for node in nodes]
 

@@ -226,7 +226,7 @@ def step_drop(model: torch.nn.Module) -> StepDrop:
     restores them itself."""
     session = _active()
     d = session.ctx.dist
-    if not applies(d, live=False):
+    if not applies(d):
         return StepDrop(d, model, lambda: False, None)
     store = compat.default_store() if d.distributed else None
     return StepDrop(d, model, lambda: session.watcher.requested, store)

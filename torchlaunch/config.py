@@ -235,13 +235,20 @@ class PreemptionConfig:
     A warning is printed when it is below 3x the measured save time."""
 
 
+LIVE_BY_DEFAULT = False
+"""recovery.live's default: the one switch that makes live recovery every multi-rank run's road (issue
+#54). Not flipped yet: Slurm and Kubernetes still need recovery.lighthouse across nodes, which only
+launch.local's node agents place by themselves (core/recovery/placement.py)."""
+
+
 @dataclass
 class RecoveryConfig:
-    live: bool = False
-    """Live recovery (launch.local: one node, or several with recovery.lighthouse): when a rank's process
+    live: bool = LIVE_BY_DEFAULT
+    """Live recovery (launch.local: one node, or several, the membership service placed on one of them
+    through the run dir; Slurm and Kubernetes with recovery.lighthouse): when a rank's process
     or a whole node is lost, the others keep their processes and state, re-form the group in place and
     re-run the interrupted step on the ranks left (same samples, same augmentation). Off: a lost rank fails the job, which resumes from a checkpoint.
-    Needs the `live` extra (torchft); docs/live.md."""
+    docs/live.md."""
     heartbeat_timeout_s: float = field(default=1.0, metadata=at_least(0.2, 600, "e.g. 1"))
     """How long the membership service waits for a silent rank's heartbeat before it forms a group
     without it: the bound on noticing a lost rank (heartbeats go every tenth of it)."""
@@ -259,9 +266,9 @@ class RecoveryConfig:
             "e.g. recovery.lighthouse=http://10.0.0.9:29510, where `python -m launch.lighthouse` serves on a host of its own",
         ),
     )
-    """The membership service's address when it runs apart from the training nodes (what a job across
-    nodes needs: no node's loss may take it along). Empty: the live agent runs one beside the ranks of
-    its one node."""
+    """The membership service's address when it runs apart from the training nodes, a service of your
+    own. Empty: launch.local places one, beside the ranks of its one node, or across nodes on one of
+    the job's nodes through a lease in the run dir (moved when that node is lost)."""
 
 
 @dataclass

@@ -120,6 +120,9 @@ PROGRESS_BAR = "TORCHLAUNCH_PROGRESS_BAR"
 """Set to 1 by the launcher when its own stderr is a terminal: the workers see a pipe, the user a terminal."""
 LIGHTHOUSE = "TORCHLAUNCH_LIGHTHOUSE"
 """Set by a live-mode launcher (recovery.live): the membership service's address, http://HOST:PORT."""
+LIVE_PLACED = "TORCHLAUNCH_LIVE_PLACED"
+"""Set to 1 by a live agent across nodes that places the service itself (core/recovery/placement.py): the
+service may move to another node, whose address the rank reads in the run dir when it stops answering."""
 LIVE_JOIN = "TORCHLAUNCH_LIVE_JOIN"
 """Set by the live agent on a rank it started again (recovery.rejoin): the attempt, from 1. The rank
 forms no group at start; it joins the live group and takes its state from a peer."""

@@ -1,9 +1,9 @@
 """Process exit codes: the one table every level maps through, and what each code asks of a scheduler.
 
-A code is decided at four levels, each from the one below, and each in this module: a rank (the
-runner: its program's end), a node (the launcher: torchrun's code and the ranks' records, `node_code`),
-a launch (the node's outcome once a cancel or a hang is known, `launch_code`) and a scheduler's final
-state (`scheduler_code`, for `--wait`). Codes travel between levels as data (status records, job
+A code is decided at four levels, each from the one below: a rank (the runner: its program's end), a
+node (the launcher: torchrun's code and the ranks' records, `node_code`), a launch (the node's outcome
+once a cancel or a hang is known, `launch_code`), all three in this module, and a Slurm job's final
+state (torchlaunch.backends.slurm.follow.scheduler_code, for `--wait`). Codes travel between levels as data (status records, job
 records, the Slurm task's result record), never parsed out of a message.
 
 Kept free of torch imports so launchers can use it without loading torch.
@@ -25,7 +25,8 @@ BAD_INPUT = 2
 """Bad config, data or arguments: a rerun would fail the same way, so never retry."""
 
 PREEMPTED = 75
-"""A signal asked us to stop; a checkpoint was committed first. Run the same command again (EX_TEMPFAIL:
+"""A signal asked us to stop; a checkpoint newer than the run's previous one was committed first, or nothing
+was trained since it. A stop that lost steps is FAILURE, with how many. Run the same command again (EX_TEMPFAIL:
 Slurm requeues on it, Kubernetes' podFailurePolicy ignores it, a retry loop reruns it)."""
 
 CANCELLED = 3
@@ -104,19 +105,6 @@ def node_code(
         return BAD_INPUT  # no record at all: a full disk kept them out; the live agent passes its ranks' 2 on
     if PREEMPTED in worker_codes and FAILURE not in worker_codes:
         return PREEMPTED
-    return FAILURE
-
-
-def scheduler_code(state: str, result: int | None) -> int:
-    """A job's exit code from the scheduler's final state word (Slurm's COMPLETED, CANCELLED, FAILED,
-    TIMEOUT...) and, where the job left one, the code its task recorded as data."""
-    kind = state.split()[0] if state.split() else ""
-    if kind == "COMPLETED":
-        return OK
-    if kind == "CANCELLED":
-        return CANCELLED
-    if result in (BAD_INPUT, PREEMPTED, CANCELLED):
-        return result
     return FAILURE
 
 

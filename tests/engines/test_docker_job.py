@@ -18,8 +18,10 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -179,6 +181,8 @@ class DockerJob:
     """(index, exit code) of every pod that ended, in order."""
     first_failure: str | None = None
     """The first pod that failed (not a preemption): its index, exit code and log tail, for the assertion."""
+    extra: list[str] = field(default_factory=list)
+    """`docker run` options beyond the manifest's: a test's own mounts and env (its data, a test model)."""
 
     @property
     def name(self) -> str:
@@ -255,7 +259,7 @@ class DockerJob:
                 argv += ["--shm-size", volume["emptyDir"]["sizeLimit"].replace("Gi", "g")]
             else:
                 argv += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
-        return argv + [c["image"], *c["command"][1:], *c["args"]]
+        return argv + self.extra + [c["image"], *c["command"][1:], *c["args"]]
 
     def start(self, index: int) -> None:
         docker("rm", "-f", self.container(index), check=False)  # the old pod is gone before its replacement
@@ -336,7 +340,8 @@ def make_job(image, tmp_path_factory):
     """Jobs of two CPU pods running the smoke recipe; every container and network is removed at the end."""
     jobs: list[DockerJob] = []
 
-    def make(name: str, *overrides: str) -> DockerJob:
+    def make(name: str, *overrides: str, extra: Sequence[str] = (), **options: Any) -> DockerJob:
+        """`options`: K8sOptions fields other than the defaults below; `extra`: DockerJob.extra."""
         spec = JobSpec(
             config="configs/smoke.yaml",
             nodes=2,
@@ -344,7 +349,7 @@ def make_job(image, tmp_path_factory):
             image=image,
             overrides=(f"train.epochs={EPOCHS}", *overrides),
         )
-        opts = k8s.K8sOptions(name=name, cpu_only=True, save_time_s=20, step_time_s=10)
+        opts = k8s.K8sOptions(**{"name": name, "cpu_only": True, "save_time_s": 20, "step_time_s": 10, **options})
         recipe = (ROOT / "configs" / "smoke.yaml").read_text()
         job = next(m for m in k8s.manifests(spec, opts, recipe) if m["kind"] == "Job")
         folder = tmp_path_factory.mktemp(name)
@@ -353,7 +358,9 @@ def make_job(image, tmp_path_factory):
         (recipe_dir / "smoke.yaml").write_text(recipe)
         folder.chmod(0o755)
         recipe_dir.chmod(0o755)
-        return open_job(job, recipe_dir, shared_folder(folder / "shared"), jobs)
+        dj = open_job(job, recipe_dir, shared_folder(folder / "shared"), jobs)
+        dj.extra = list(extra)
+        return dj
 
     yield make
     for dj in jobs:

@@ -326,7 +326,8 @@ def samples_across_jobs(
 
 def over(job_id: str) -> bool:
     """slurmctld is done with the job on every node (no longer RUNNING or COMPLETING)."""
-    from torchlaunch.backends.slurm.operate import TERMINAL_STATES, controller_state
+    from torchlaunch.backends.slurm.cluster import controller_state
+    from torchlaunch.backends.slurm.states import TERMINAL_STATES
 
     return controller_state(job_id) in ("UNKNOWN", *TERMINAL_STATES)
 

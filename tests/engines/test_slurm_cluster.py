@@ -130,7 +130,7 @@ def assert_clean_cancel(run_dir: Path, job_id: str, tasks: int, how: str | None)
     after the line) says once that it was cancelled that way. A task the cancel reached while submitit was
     still loading it, or that Slurm killed at KillWait before its checkpoint (a loaded box), says nothing:
     none of its end ran. Returns the logs."""
-    from torchlaunch.backends.slurm.operate import scontrol_state
+    from torchlaunch.backends.slurm.cluster import scontrol_state
 
     wait_until(lambda: scontrol_state(job_id) != "COMPLETING", 90, f"job {job_id}'s steps to end")
     folder = run_dir / "slurm" / job_id

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_emit import HOSTILE, render_sbatch, run_script
+from torchlaunch.backends.slurm import sbatch
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import emit
 
@@ -62,4 +63,4 @@ def test_sbatch_value_refused_before_it_splits_the_directives(tmp_path):
     _, work = run_script(raw, tmp_path)
     assert (work / "F").exists()  # the control: unvalidated, it runs
     with pytest.raises(BadInput):
-        emit.sbatch_value("x\ntouch F\n#", "--job-name")
+        sbatch.sbatch_value("x\ntouch F\n#", "--job-name")

@@ -242,3 +242,72 @@ def test_a_loss_below_min_checkpoints_exits_75_and_the_same_commands_resume_exac
     assert f"(global step {step})" in again[0][1] and "resumed from" in again[0][1], again[0][1][-3000:]
     assert step_samples(job.run_dir) == step_samples(reference)
     same_weights(job.run_dir, reference, exact=True)
+
+
+@dataclass
+class PlacedJob(Job):
+    """The issue's default command line: no --node-rank (each node takes its slot in the run dir) and no
+    recovery.lighthouse (the node agents place the membership service through the run dir's lease)."""
+
+    def start(self, node: int) -> subprocess.Popen:
+        argv = launcher_argv(
+            "launch.local",
+            "--nnodes",
+            self.nodes,
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(self.master_port),
+            "--rdzv-conf",
+            "last_call_timeout=1",
+            "--gpus",
+            "1",
+            "--device",
+            "cpu",
+            "--config",
+            str(self.recipe),
+        )
+        env = child_env({"OMP_NUM_THREADS": "1"})
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def service_host(self, nodes: list[subprocess.Popen]) -> int:
+        """Which launcher's node serves the membership service: the newest lease's holder (its agent's pid)."""
+        folder = self.run_dir / "live" / "service"
+        newest = max(folder.glob("lease-*.json"))
+        holder = int(json.loads(newest.read_text())["holder"].split("-")[0])
+        (found,) = [i for i, p in enumerate(nodes) if holder in pdeath.descendants(p.pid)]
+        return found
+
+
+@pytest.mark.parametrize("victim", ["node 0 (the service's and the first store's host)", "node 1"])
+def test_the_default_command_lines_place_the_service_and_survive_either_nodes_loss(
+    run_library: RunLibrary, tmp_path: Path, victim: str
+) -> None:
+    """Two `--nnodes 1:2` launchers, nothing else given (issue #54): they number themselves from the run
+    dir and node 0's agent serves the membership service (node 0 hosts the first group's store too).
+    Node 0, or node 1, SIGKILLed whole at step 12: the survivor's process trains on alone to exit 0 (when its service was
+    lost, the survivor's agent takes the lease and serves), every step's samples are the uninterrupted
+    run's."""
+    reference = run_library.path("live")
+    job = PlacedJob(tmp_path, "1:2", "")
+    nodes = [job.start(0), job.start(1)]
+    wait_for("both nodes at the kill step", lambda: min(job.trace(0), job.trace(1)) >= live.KILL_AT, nodes)
+    host = job.service_host(nodes)
+    lost = host if victim.startswith("node 0") else 1 - host
+    pids = {rank: live.pid_of(job.run_dir, rank) for rank in (0, 1)}
+    kill_node(nodes[lost])
+    kept = nodes[1 - lost]
+    code, out = finish([kept])[0]
+    assert code == 0, out[-4000:]
+    node = int(re.search(r"launch: this node is node (\d) of --nnodes 1:2", out).group(1))  # type: ignore[union-attr]
+    assert node == (1 if lost == host else 0), "node 0 did not host the service: it takes the first lease"
+    assert "resumed from" not in out and live.pid_of(job.run_dir, node) == pids[node], "the survivor was restarted"
+    regrouped = [e for e in live.LiveRun(job.run_dir, 0, "", None).events() if e["event"] == "regrouped"]
+    assert [(e["world"], e["rank"], e["during"]) for e in regrouped] == [(1, 0, "step")], regrouped
+    if lost == host:
+        assert "live: this node serves the membership service" in out, out[-4000:]
+        assert len(list((job.run_dir / "live" / "service").glob("lease-*.json"))) == 2
+    assert step_samples(job.run_dir) == step_samples(reference)
+    st = status(job.run_dir)
+    assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 1), st
+    assert {r["rank"]: r["gone"] for r in st["ranks"]} == {node: False, 1 - node: True}, st["ranks"]

@@ -51,7 +51,8 @@ def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:
 
 
 def test_doctor_runs_the_preflight_in_each_task() -> None:
-    from torchlaunch.backends.slurm.launch import parse_args, task_argv
+    from torchlaunch.backends.slurm.launch import parse_args
+    from torchlaunch.backends.slurm.render import task_argv
 
     spec, options, _ = parse_args(
         ["--nodes", "2", "--tasks-per-node", "2", "--doctor", "--config", "configs/smoke.yaml"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.conftest import REPO
 from tests.unit.test_slurm_live import LIVE, spec, write_record
 from torchlaunch import contract
-from torchlaunch.backends.slurm.launch import executor_parameters
+from torchlaunch.backends.slurm.render import executor_parameters
 from torchlaunch.exit_codes import FAILURE, OK
 
 

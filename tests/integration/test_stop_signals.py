@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import pdeath, stop_signals
-from torchlaunch.backends.slurm import launch as slurm_launch
+from torchlaunch.backends.slurm import render as slurm_render
 
 
 def blocked(status: str) -> set[int]:
@@ -117,7 +117,7 @@ def test_the_batch_shell_passes_a_stop_on_to_srun_and_waits(sent: str, seen: str
     )
     fake.chmod(0o755)
     script = tmp_path / "job.sh"
-    script.write_text("\n".join(slurm_launch.BATCH_SHELL_STOP) + '\nsrun --fake step\necho "srun said $?"\n')
+    script.write_text("\n".join(slurm_render.BATCH_SHELL_STOP) + '\nsrun --fake step\necho "srun said $?"\n')
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
     # slurmstepd starts the batch shell with every signal at its default; a test runner started in the
     # background of a non-interactive shell (nohup, `cmd &`) would hand bash SIGINT ignored, and bash

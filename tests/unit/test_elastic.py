@@ -16,6 +16,7 @@ from tests.conftest import REPO as ROOT
 from tests.unit.test_local_launcher import check_golden
 from torchlaunch import runlock
 from torchlaunch.backends.local.launch import NodePlacement, runs_without_agent, torchrun_argv
+from torchlaunch.backends.slurm.sbatch import sbatch_nodes
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import elastic, shape
 from torchlaunch.launch.spec import JobSpec
@@ -45,7 +46,7 @@ def test_node_ranges(text: str | int, want: tuple[int, int]) -> None:
     nodes = shape.parse_nodes("--nnodes", text)
     assert (nodes.min, nodes.max) == want
     assert nodes.elastic == (want[0] != want[1])
-    assert nodes.slurm() == (f"{want[0]}-{want[1]}" if nodes.elastic else str(want[1]))
+    assert sbatch_nodes(nodes) == (f"{want[0]}-{want[1]}" if nodes.elastic else str(want[1]))
 
 
 @pytest.mark.parametrize(
@@ -118,7 +119,7 @@ def test_an_elastic_job_is_refused_on_a_run_dir_another_launch_holds(tmp_path: P
 def test_elastic_sbatch_golden() -> None:
     """--nodes 1-2: one #SBATCH --nodes=1-2 (submitit's own count stays 2) and --requeue, so Slurm requeues
     the job after a node failure onto the nodes that are up; srun lays out the tasks (launch.elastic)."""
-    from torchlaunch.backends.slurm.launch import SlurmOptions, executor_parameters, sbatch_script
+    from torchlaunch.backends.slurm.render import SlurmOptions, executor_parameters, sbatch_script
 
     spec = JobSpec(config="configs/smoke.yaml", nodes=2, min_nodes=1, gpus_per_node=2, run_dir="/shared/runs/e")
     options = SlurmOptions(use_gpus=False, python="/opt/venv/bin/python", repo_root="/opt/repo")
@@ -157,7 +158,7 @@ def test_wait_follows_a_job_requeued_after_a_node_failure(tmp_path: Path, monkey
     """After a node failure sacct's last record is the failed allocation's NODE_FAIL while slurmctld has
     requeued the job (PENDING), and for a moment both say NODE_FAIL: --wait goes on until the requeued
     allocation ends."""
-    from torchlaunch.backends.slurm import operate as slurm
+    from torchlaunch.backends.slurm import follow as slurm
 
     class Job:
         job_id = "8"

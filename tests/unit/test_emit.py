@@ -1,4 +1,5 @@
-"""User text reaches sbatch scripts, manifests and argv lists only through torchlaunch.launch.emit.
+"""User text reaches sbatch scripts, manifests and argv lists only through torchlaunch.launch.emit (and
+torchlaunch.backends.slurm.sbatch for `#SBATCH` lines).
 
 The attacks: a newline in a program argument written into a `#` comment line of the sbatch script
 (the next line runs as a command), a newline in a `#SBATCH` value, `%` in a run dir that Slurm
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.slurm import sbatch
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import emit
 from torchlaunch.launch.spec import JobSpec
@@ -109,7 +111,7 @@ def run_script(script: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess
 @pytest.mark.parametrize("value", ["a\nb", "x\ntouch F\n#", "tab\there", "\x1b[31m", "ls\u2028x"])
 def test_sbatch_value_with_a_control_character_is_refused(value):
     with pytest.raises(BadInput) as caught:
-        emit.sbatch_value(value, "--job-name")
+        sbatch.sbatch_value(value, "--job-name")
     message = str(caught.value)
     assert len(message.splitlines()) == 1 and message.startswith("launch error: --job-name ")
     assert "single-line value" in message
@@ -117,37 +119,37 @@ def test_sbatch_value_with_a_control_character_is_refused(value):
 
 @pytest.mark.parametrize("value", ["train", "my job", "a.b-c_d", 4, True])
 def test_sbatch_value_carries_printable_values(value):
-    assert emit.sbatch_value(value, "--job-name") == value
+    assert sbatch.sbatch_value(value, "--job-name") == value
 
 
 @pytest.mark.parametrize("path", ["/runs/%x", "/runs/a%%b", "/runs/100%", "/runs/a\\b", "/runs/a\nb"])
 def test_sbatch_path_refuses_pattern_characters(path):
     with pytest.raises(BadInput) as caught:
-        emit.sbatch_path(path, "--run-dir")
+        sbatch.sbatch_path(path, "--run-dir")
     assert len(str(caught.value).splitlines()) == 1
     assert "--run-dir" in str(caught.value) and "choose a run dir" in str(caught.value)
 
 
 def test_sbatch_path_carries_ordinary_paths():
-    assert emit.sbatch_path("/shared/runs/exp-1_a.b", "--run-dir") == "/shared/runs/exp-1_a.b"
-    assert emit.sbatch_path("/shared/runs/with space", "--run-dir") == "/shared/runs/with space"
+    assert sbatch.sbatch_path("/shared/runs/exp-1_a.b", "--run-dir") == "/shared/runs/exp-1_a.b"
+    assert sbatch.sbatch_path("/shared/runs/with space", "--run-dir") == "/shared/runs/with space"
 
 
 @pytest.mark.parametrize("key", ["mail-type", "--mail-user", "exclusive"])
 def test_sbatch_key_accepts_option_names(key):
-    assert emit.sbatch_key(key) == key.lstrip("-")
+    assert sbatch.sbatch_key(key) == key.lstrip("-")
 
 
 @pytest.mark.parametrize("key", ["mail type", "x\ny", "Mail", "a=b", "", "-"])
 def test_sbatch_key_refuses_anything_else(key):
     with pytest.raises(BadInput, match="not an sbatch option name"):
-        emit.sbatch_key(key)
+        sbatch.sbatch_key(key)
 
 
 @pytest.mark.parametrize("path", ["/a:b", "/a,b"])
 def test_container_mount_refuses_separators(path):
     with pytest.raises(BadInput, match="container-mounts"):
-        emit.container_mount(path, "--run-dir")
+        sbatch.container_mount(path, "--run-dir")
 
 
 # ---- the manifests ------------------------------------------------------------------------------

@@ -183,12 +183,10 @@ def test_the_launchers_agent_command_carries_the_range_and_the_seat() -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--nnodes", "1:2", "--master-addr", "127.0.0.1", *LIVE], "give each node its own --node-rank 0..1"),
         (["--nnodes", "1:2", "--node-rank", "2", "--master-addr", "127.0.0.1", *LIVE], "--node-rank 2 outside 0..1"),
         (["--nnodes", "2:1", "--node-rank", "0", "--master-addr", "127.0.0.1", *LIVE], "MIN 2 is more than MAX 1"),
         (["--nnodes", "0:2", "--node-rank", "0", "--master-addr", "127.0.0.1", *LIVE], "--nnodes"),
         (["--nnodes", "1:2", "--node-rank", "0", *LIVE], "needs --master-addr HOST"),
-        (["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1", "recovery.live=true"], "lighthouse"),
         (
             [
                 "--nnodes",
@@ -264,3 +262,22 @@ def test_min_nodes_arrived_start_after_the_last_call_even_past_the_join_timeout(
     job = Launchers(tmp_path / "live")
     met = job.meeting(0, "a").meet(NodeRange(1, 2), last_call_s=0.2, join_timeout_s=0)
     assert met == fg.FirstSeat(0, 1, "10.0.0.1", (0,))
+
+
+class _Slot:
+    def __init__(self, slot: int | None) -> None:
+        self.slot = slot
+
+
+def test_a_node_without_node_rank_takes_its_run_dir_slot_and_a_given_one_is_kept() -> None:
+    import argparse
+
+    def args(given: bool) -> argparse.Namespace:
+        return argparse.Namespace(node_rank_given=given, node_range=NodeRange(1, 2), nnodes=2)
+
+    placement = NodePlacement(0, "127.0.0.1")
+    assert local.numbered(args(False), placement, _Slot(1)).node_rank == 1  # type: ignore[arg-type]
+    assert local.numbered(args(True), placement, _Slot(1)).node_rank == 0  # type: ignore[arg-type]
+    with pytest.raises(local.LaunchEnded) as ended:
+        local.numbered(args(False), placement, _Slot(2))  # type: ignore[arg-type]
+    assert ended.value.code == 1 and "retryable" in ended.value.line

@@ -65,6 +65,18 @@ def test_gpu_count_agrees_with_torch_here() -> None:
         assert fast == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
+def test_a_cap_on_the_cpu_instructions_is_part_of_the_precision_cache_key(monkeypatch) -> None:
+    """ONEDNN_MAX_CPU_ISA=AVX2 makes an AMX CPU train bf16 ~20x slower (issue 58's emulation of a CPU
+    without bf16): the uncapped CPU's cached answer must not be reused under the cap."""
+    for name in precision.ISA_CAP_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    shape = ("fastnet", 64, 10, 32, 32, True, 2)
+    plain = precision.cache_key(*shape)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    capped = precision.cache_key(*shape)
+    assert plain != capped and json.loads(capped)["isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def test_doctor_names_the_fast_cpu_precision() -> None:
     from torchlaunch.tools.doctor import _cpu_precision_finding
 

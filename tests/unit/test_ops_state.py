@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from torchlaunch.backends import JobState
-from torchlaunch.backends.slurm.operate import job_word as slurm_says
+from torchlaunch.backends.slurm.states import job_word as slurm_says
 from torchlaunch.jobs import cli, gather, progress, record, state
 from torchlaunch.jobs.progress import RankBeat
 from torchlaunch.jobs.record import JobRecord

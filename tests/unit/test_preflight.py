@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 from tests.conftest import REPO, launcher_argv
+from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.tools import preflight
 from torchlaunch.tools.doctor import FAIL, OK, WARN
+from torchlaunch.worker.lead_time import lead_time_warning
 
 
 def info(rank: int, **changes: object) -> preflight.RankInfo:
@@ -52,6 +57,24 @@ def test_lead_time_against_save_time() -> None:
     assert preflight.check_lead_time(90, 5.0, 2**30).level == OK
     unknown = preflight.check_lead_time(0, 5.0, 2**30)
     assert unknown.level == WARN and "preemption.lead_time_s" in unknown.fix
+
+
+def test_a_save_that_cannot_fit_the_grace_is_one_line_with_its_figure_and_the_bound(tmp_path: Path) -> None:
+    """Issue #53: when even the save cannot fit in the time a stop leaves, the start says so in one line,
+    with the save time it measured and the periodic checkpoint interval that bounds the loss; a save that
+    fits says nothing. The probe checkpoint is removed either way."""
+    state = {"format_version": ckpt.FORMAT_VERSION, "model": {"w": torch.zeros(1000)}}
+    probe = tmp_path / ".save-probe"
+    line = lead_time_warning(1e-6, probe, state, "the platform's grace", every_steps=200)
+    assert line is not None and "\n" not in line
+    assert "the platform's grace (1e-06 s for the ranks) is below 3x the measured save time (" in line
+    assert re.search(r"measured save time \(\d+\.\d\d s\)", line), line
+    assert "a stop then loses up to checkpoint.every_steps=200 steps" in line
+    unbounded = lead_time_warning(1e-6, probe, state, every_steps=0)
+    assert unbounded is not None and "preemption.lead_time_s=1e-06" in unbounded
+    assert "since the last epoch-end checkpoint (checkpoint.every_steps=0)" in unbounded
+    assert lead_time_warning(3600.0, probe, state, "the platform's grace", every_steps=200) is None
+    assert not probe.exists()
 
 
 def test_two_ranks_on_one_gpu_fail() -> None:

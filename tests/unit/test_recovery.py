@@ -226,9 +226,13 @@ def test_the_live_agent_gives_out_loopback_on_one_node() -> None:
     assert live_agent.store_host(live_agent.NodeSeat(2), "http://10.9.9.9:29510") == "127.0.0.1"
 
 
-def test_the_live_agent_refuses_nodes_without_a_service_apart() -> None:
+def test_the_live_agent_across_nodes_needs_a_service_apart_or_the_run_dir_to_place_one() -> None:
     with pytest.raises(SystemExit):
         live_agent.parse_args(["--nproc", "1", "--nnodes", "2", "--master-port", "29500", "--", "x"])
+    placed, _ = live_agent.parse_args(
+        ["--nproc", "1", "--nnodes", "2", "--master-port", "29500", "--run-dir", "/shared/run", "--", "x"]
+    )
+    assert (placed.run_dir, placed.lighthouse) == ("/shared/run", "")
     with pytest.raises(SystemExit):
         live_agent.parse_args(["--nproc", "1", "--nnodes", "1:2", "--lighthouse", "http://h:1", "--", "x"])
     args, program = live_agent.parse_args(
@@ -245,9 +249,10 @@ def test_live_mode_is_off_by_default_and_one_node_only() -> None:
     assert live_mode(on, spec, NodePlacement(), doctor=False)
     assert not live_mode(on, JobSpec(config="c.yaml", gpus_per_node=1), NodePlacement(), doctor=False)
     assert not live_mode(on, spec, NodePlacement(), doctor=True)  # the pre-flight runs as today
-    two_nodes = JobSpec(config="c.yaml", nodes=2, gpus_per_node=1)
-    with pytest.raises(BadInput, match=r"across nodes needs the membership service apart .*launch.lighthouse"):
-        live_mode(on, two_nodes, NodePlacement(master_addr="h"), False)
+    two_nodes = JobSpec(config="c.yaml", nodes=2, gpus_per_node=1, run_dir="/shared/run")
+    assert live_mode(on, two_nodes, NodePlacement(master_addr="h"), False)  # the agents place the service
+    placed = live_argv(two_nodes, 1.0, "tl-1", placement=NodePlacement(1, "node0"))
+    assert placed[placed.index("--run-dir") + 1] == "/shared/run" and "--lighthouse" not in placed
     apart = config_mod.load(None, ["recovery.live=true", "recovery.lighthouse=http://10.0.0.9:29510"])
     assert live_mode(apart, two_nodes, NodePlacement(1, master_addr="h"), False)
     ranged = JobSpec(config="c.yaml", nodes=2, min_nodes=1, gpus_per_node=1)  # live too (test_live_range.py)

@@ -290,6 +290,22 @@ def test_no_backend_imports_another_backends_modules() -> None:
     assert not found, "a backend importing another's modules:\n" + "\n".join(found)
 
 
+def test_one_module_runs_slurms_tools() -> None:
+    """squeue, sacct, scontrol, sinfo, sbatch and scancel run through backends/slurm/cluster.py alone (one
+    way to call, bounded, one error rule): no other module of the Slurm backend starts a process itself."""
+    found = []
+    for path in sorted((PACKAGE / "backends" / "slurm").glob("*.py")):
+        if path.name == "cluster.py":
+            continue
+        found += [
+            f"{path.relative_to(PACKAGE)}: {n}"
+            for n in imported_names(path)
+            if n.split(".")[0] == "subprocess" or n.startswith("torchlaunch.base.procs")
+        ]
+    assert "subprocess" in imported_names(PACKAGE / "backends" / "slurm" / "cluster.py")
+    assert not found, "Slurm's tools run outside backends/slurm/cluster.py:\n" + "\n".join(found)
+
+
 def test_nothing_outside_a_backend_names_its_private_parts() -> None:
     """Outside torchlaunch/backends/, a backend is reached through the registry or its launch module
     (the commands users type), never through a `_private` name of its modules."""
@@ -555,6 +571,16 @@ def test_no_circle_among_the_imports_a_module_runs_when_loaded() -> None:
 
 def all_imports() -> dict[str, set[str]]:
     return import_graph(everywhere=True)
+
+
+def test_no_circle_among_all_imports_of_modules() -> None:
+    """No two modules reach each other through any import, inside a function or under TYPE_CHECKING
+    too: an import deferred to break a circle at load time still ties the two into one (issue 56:
+    backends/slurm/operate.py <-> successor.py, each importing the other inside a function)."""
+    edges = all_imports()
+    assert "torchlaunch.backends.slurm.cluster" in edges["torchlaunch.backends.slurm.successor"]
+    circles = [sorted(c) for c in strongly_connected(edges) if len(c) > 1]
+    assert not circles, "module-level import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 
 def folder_circles(edges: dict[str, set[str]], folders: set[str] | None = None) -> list[list[str]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launcher_argv
-from torchlaunch.backends.slurm import launch as slurm_launch
-from torchlaunch.backends.slurm.launch import (
+from torchlaunch.backends.slurm import cluster as slurm_cluster
+from torchlaunch.backends.slurm.render import (
     SlurmOptions,
     executor_parameters,
     resolve_run_dir,
@@ -146,7 +146,8 @@ def test_exit_status_maps_slurm_states_to_project_codes(
 ) -> None:
     """The code travels as data: task 0's result record, never its exception's text."""
     from torchlaunch import rundir
-    from torchlaunch.backends.slurm.operate import exit_status, result_path
+    from torchlaunch.backends.slurm.follow import exit_status
+    from torchlaunch.backends.slurm.result import result_path
 
     if result is not None:
         rundir.write_json(result_path(tmp_path, "42"), {"code": result[0], "why": result[1]})
@@ -171,9 +172,9 @@ def test_a_shorter_partition_grace_time_is_the_workers_lead_time() -> None:
     """Issue #53: a preemption leaves the partition's GraceTime, not the --signal lead time; the worker
     warns against the shorter one. GraceTime comes from `scontrol show partition NAME -o`."""
     line = "PartitionName=low AllowGroups=ALL Default=YES GraceTime=30 Hidden=NO MaxNodes=UNLIMITED State=UP"
-    assert slurm_launch.grace_time_of(line) == 30
-    assert slurm_launch.grace_time_of(line.replace("GraceTime=30", "GraceTime=0")) is None  # none stated
-    assert slurm_launch.grace_time_of("PartitionName=x DefaultTime=NONE") is None
+    assert slurm_cluster.grace_time_of(line) == 30
+    assert slurm_cluster.grace_time_of(line.replace("GraceTime=30", "GraceTime=0")) is None  # none stated
+    assert slurm_cluster.grace_time_of("PartitionName=x DefaultTime=NONE") is None
     assert "preemption.lead_time_s=30" in worker_argv(full_spec(), "/r", grace_time_s=30)
     assert "preemption.lead_time_s=120" in worker_argv(full_spec(), "/r", grace_time_s=600)  # the signal's is shorter
 
@@ -198,7 +199,7 @@ def test_the_tasks_pythonpath_and_the_container_mount_are_the_checkouts() -> Non
     and workdir are the checkout, not the package folder inside it (tasks had imported torchlaunch only
     through the editable install)."""
     from torchlaunch import rankpath
-    from torchlaunch.backends.slurm.launch import SlurmOptions
+    from torchlaunch.backends.slurm.render import SlurmOptions
 
     root = Path(SlurmOptions().repo_root)
     assert (root / rankpath.FOLDER.name / "torchlaunch").is_dir()

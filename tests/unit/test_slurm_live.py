@@ -15,8 +15,8 @@ from tests.unit.test_user_programs import check_golden
 from torchlaunch import contract, rundir
 from torchlaunch.backends.slurm import launch as slurm_launch
 from torchlaunch.backends.slurm import live as slurm_live
-from torchlaunch.backends.slurm.launch import SlurmOptions, executor_parameters, sbatch_script
-from torchlaunch.backends.slurm.operate import result_path
+from torchlaunch.backends.slurm.render import SlurmOptions, executor_parameters, sbatch_script
+from torchlaunch.backends.slurm.result import result_path
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch.spec import JobSpec
 

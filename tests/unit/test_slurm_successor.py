@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import pytest
 
 from torchlaunch import contract, rundir, runlock
 from torchlaunch.backends import Step
-from torchlaunch.backends.slurm import operate
+from torchlaunch.backends.slurm import cluster as slurm_cluster
+from torchlaunch.backends.slurm import follow, operate
 from torchlaunch.backends.slurm import successor as chain
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.jobs import record
@@ -35,14 +35,14 @@ class Cluster:
         self.envs: list[dict[str, str]] = []
         self.cancelled: list[str] = []
         self.next_id = next_id
-        monkeypatch.setattr(chain, "_run", self.run)
+        monkeypatch.setattr(slurm_cluster, "run", self.run)
         monkeypatch.setattr(chain, "squeue_state", lambda job: self.states.get(job, "UNKNOWN"))
         monkeypatch.setattr(chain, "final_state", lambda job: self.states.get(job, "UNKNOWN"))
         monkeypatch.setattr(operate, "controller_state", lambda job: self.states.get(job, "UNKNOWN"))
         monkeypatch.setattr(operate, "state", lambda job: self.states.get(job))
         monkeypatch.setattr(operate.slurm_proof, "slurm_job", lambda job, run_dir: None)
 
-    def run(self, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: Sequence[str], timeout_s: float = 0, env: dict[str, str] | None = None) -> slurm_cluster.Answer:
         argv = list(argv)
         if argv[0] == "sbatch":
             self.submitted.append(argv)
@@ -50,14 +50,14 @@ class Cluster:
             job = str(self.next_id)
             self.next_id += 1
             self.states[job] = "PENDING"
-            return subprocess.CompletedProcess(argv, 0, f"{job}\n", "")
+            return slurm_cluster.Answer(0, f"{job}\n", "")
         if argv[0] == "scancel":
             self.cancelled.append(argv[1])
             self.states[argv[1]] = "CANCELLED"
-            return subprocess.CompletedProcess(argv, 0, "", "")
+            return slurm_cluster.Answer(0, "", "")
         if argv[:3] == ["scontrol", "show", "job"]:
             job = argv[-1]
-            return subprocess.CompletedProcess(argv, 0, f"JobId={job} Restarts={self.restarts.get(job, '0')}\n", "")
+            return slurm_cluster.Answer(0, f"JobId={job} Restarts={self.restarts.get(job, '0')}\n", "")
         raise AssertionError(f"unexpected command {argv}")
 
 
@@ -146,8 +146,8 @@ def test_a_refused_submission_leaves_the_job_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     Cluster(monkeypatch)
-    refused = subprocess.CompletedProcess(["sbatch"], 1, "", "sbatch: error: Batch job submission failed\n")
-    monkeypatch.setattr(chain, "_run", lambda argv, env=None: refused)
+    refused = slurm_cluster.Answer(1, "", "sbatch: error: Batch job submission failed\n")
+    monkeypatch.setattr(slurm_cluster, "run", lambda argv, timeout_s=0, env=None: refused)
     script = tmp_path / "s.sh"
     script.write_text(SCRIPT_TEXT)
     assert chain.start(str(tmp_path / "run"), str(script), env_of("500")) == 0
@@ -335,15 +335,15 @@ def test_wait_follows_the_successor_of_a_lost_job(tmp_path: Path, monkeypatch: p
         (folder / job / f"{job}_0_log.out").write_text(text)
     chain.write(run_dir, chain.Chain("500", successor="501", launch="500-0"))
     states = {"500": "FAILED", "501": "COMPLETED"}
-    monkeypatch.setattr(operate, "STATE_SOURCES", (lambda job: states[job],))
+    monkeypatch.setattr(follow, "STATE_SOURCES", (lambda job: states[job],))
     out, err = io.StringIO(), io.StringIO()
-    assert operate.follow(Job(folder, "500"), poll_s=0, out=out, err=err) == 0
+    assert follow.follow(Job(folder, "500"), poll_s=0, out=out, err=err) == 0
     assert out.getvalue() == "step 12\nresumed from step 10\n"
     assert "job 500 lost its batch host (FAILED); following its successor job 501" in err.getvalue()
     # A job whose batch script recorded its end (bad input) is not followed into anything.
     chain.write(run_dir, chain.Chain("500", successor="501", launch="500-0", code=2))
     states["500"] = "FAILED"
-    assert operate.successor_of(Job(folder, "500"), "FAILED") is None
+    assert follow.successor_of(Job(folder, "500"), "FAILED") is None
 
 
 def test_a_chain_record_is_untrusted_data(tmp_path: Path) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from torchlaunch import runlock
+from torchlaunch.backends.slurm import cluster as slurm_cluster
+from torchlaunch.backends.slurm import follow as slurm_follow
 from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.backends.slurm import operate as slurm_backend
 from torchlaunch.backends.slurm import task as slurm_task
@@ -61,7 +62,7 @@ def test_multi_line_sbatch_values_are_refused(submit_dir: Path, tmp_path: Path, 
 def test_a_bad_job_name_is_refused_before_anything_is_written(
     submit_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
+    monkeypatch.setattr(slurm, "have", lambda tool: True)  # as on a login node
     monkeypatch.setattr(slurm, "check_slurm_conf", lambda: None)
     monkeypatch.setattr(slurm, "cluster_partitions", lambda: None)
     monkeypatch.setattr(slurm, "_submit", lambda *a: pytest.fail("submitted"))
@@ -108,20 +109,18 @@ def test_wait_ends_when_scontrol_says_failed_although_sacct_says_unknown(
 
     asked: list[str] = []
     monkeypatch.setattr(
-        slurm_backend, "STATE_SOURCES", (lambda j: asked.append("sacct") or "UNKNOWN", lambda j: "FAILED")
+        slurm_follow, "STATE_SOURCES", (lambda j: asked.append("sacct") or "UNKNOWN", lambda j: "FAILED")
     )
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        assert slurm_backend.follow(Job(), poll_s=0, out=io.StringIO()) == FAILURE
+        assert slurm_follow.follow(Job(), poll_s=0, out=io.StringIO()) == FAILURE
     assert asked == ["sacct"] and "job 7 ended FAILED" in err.getvalue()
 
 
 def test_scontrol_state_reads_the_job_state(monkeypatch: pytest.MonkeyPatch) -> None:
     line = "JobId=7 JobName=train UserId=u(1) JobState=FAILED Reason=NonZeroExitCode Dependency=(null)\n"
-    monkeypatch.setattr(
-        slurm_backend.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=line, stderr="")
-    )
-    assert slurm_backend.scontrol_state("7") == "FAILED"
+    monkeypatch.setattr(slurm_cluster, "run", lambda *a, **k: slurm_cluster.Answer(0, line, ""))
+    assert slurm_cluster.scontrol_state("7") == "FAILED"
 
 
 def test_a_failed_job_shows_the_first_failing_rank_its_node_and_its_stderr(tmp_path: Path) -> None:
@@ -135,7 +134,7 @@ def test_a_failed_job_shows_the_first_failing_rank_its_node_and_its_stderr(tmp_p
         (folder / f"9_{task}_log.out").write_text(f"slurm task: rank {task}/3 local 0 master a:1 (x) on {host}\n")
         (folder / f"9_{task}_log.err").write_text(err)
         os.utime(folder / f"9_{task}_log.err", (1000 + task, 1000 + task))
-    report = slurm_backend.failure_report(folder, "9", "FAILED")
+    report = slurm_follow.failure_report(folder, "9", "FAILED")
     lines = report.splitlines()
     assert lines[0] == "job 9 ended FAILED"
     assert lines[1].startswith("first failing: rank 1 on node-b (1 more task(s) failed); last lines of ")
@@ -219,9 +218,7 @@ def test_a_hang_requeues_once_then_ends_the_hung_ranks(tmp_path: Path, monkeypat
     calls: list[list[str]] = []
     killed: list[object] = []
     monkeypatch.setattr(
-        slurm_task.subprocess,
-        "run",
-        lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""),
+        slurm_cluster, "run", lambda argv, *a, **k: calls.append(list(argv)) or slurm_cluster.Answer(0, "", "")
     )
     monkeypatch.setattr(slurm_task.SlurmTask, "_save_for_requeue", lambda self: None)
     monkeypatch.setattr(slurm_task.watchdog, "kill_ranks", lambda beats: killed.append(beats) or [])

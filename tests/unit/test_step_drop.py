@@ -57,6 +57,23 @@ def test_a_rank_that_leaves_tells_every_peer_through_the_store_before_the_step_s
     assert [d.agreed() for d in ranks] == [True, True]
 
 
+def test_a_peers_word_makes_a_rank_leave_at_its_next_micro_batch() -> None:
+    """A stop that reached one rank only (one pod deleted): its peers leave at their next micro-batch
+    instead of running the step's micro-batches to the end before the all-reduce tells them."""
+    store, flags = FakeStore(), [Flag(), Flag()]
+    ranks = [StepDrop(DistContext(rank=r, world_size=2, backend="gloo"), model(), flags[r], store) for r in (0, 1)]
+    for drop in ranks:
+        drop.begin(4)
+    assert [d.leave() for d in ranks] == [False, False]
+    flags[1].up = True
+    assert ranks[1].leave() and ranks[0].leave()  # rank 0's flag is down: rank 1's word in the store
+    assert [d.agreed() for d in ranks] == [True, True]
+    flags[1].up = False
+    for drop in ranks:
+        drop.begin(5)
+    assert [d.leave() for d in ranks] == [False, False]  # a word is one step's: the next one trains
+
+
 def test_a_flag_seen_only_after_the_sync_drops_no_step_on_any_rank() -> None:
     """A rank whose flag came while it was already in the all-reduce finishes the step like its peers."""
     store, flags = FakeStore(), [Flag(), Flag()]
@@ -131,10 +148,9 @@ def test_leaving_skips_the_micro_batches_left_but_the_synchronised_one_on_two_sa
     assert whole.sizes == [8, 8, 8, 8]
 
 
-def test_the_drop_applies_on_gloo_and_alone_not_on_nccl_nor_live() -> None:
-    assert applies(DistContext(), live=False) and applies(DistContext(backend="gloo"), live=False)
-    assert not applies(DistContext(backend="nccl"), live=False)
-    assert not applies(DistContext(backend="gloo"), live=True)
+def test_the_drop_applies_on_gloo_and_alone_not_on_nccl() -> None:
+    assert applies(DistContext()) and applies(DistContext(backend="gloo"))
+    assert not applies(DistContext(backend="nccl"))
 
 
 def test_a_resume_on_fewer_ranks_cuts_the_absent_ranks_trace_past_the_checkpoint(tmp_path: Path) -> None:

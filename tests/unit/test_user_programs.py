@@ -246,7 +246,7 @@ def assert_only_torchlaunch_importable(seen: list[dict[str, str | None]]) -> Non
 
 
 def test_sbatch_script_of_a_program_golden() -> None:
-    from torchlaunch.backends.slurm.launch import SlurmOptions, sbatch_script, task_argv
+    from torchlaunch.backends.slurm.render import SlurmOptions, sbatch_script, task_argv
 
     spec = JobSpec(
         program=("/opt/code/train.py", "--epochs", "3"),

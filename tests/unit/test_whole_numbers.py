@@ -62,7 +62,8 @@ def test_patterns_that_read_numbers_take_ascii_digits_only() -> None:
     """Python's \\d matches every script's digits: '\u0665\u0660\u0661' passed as a Slurm job id (then
     scancel's argv), 'step-\u0661\u0660' as a checkpoint folder, '--nnodes \u0661:\u0662' as a node range."""
     from torchlaunch.backends.k8s import validate
-    from torchlaunch.backends.slurm.operate import SLURM_ID, TASK_LINE
+    from torchlaunch.backends.slurm.follow import TASK_LINE
+    from torchlaunch.backends.slurm.states import SLURM_ID
     from torchlaunch.core.checkpoint.store import STEP_DIR
     from torchlaunch.core.recovery.group import JOIN_NAME
     from torchlaunch.jobs.ranklog import NAME

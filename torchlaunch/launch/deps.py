@@ -26,10 +26,12 @@ PACKAGES = {
     "submitit": "submitit",
     "tqdm": "tqdm",
     "xxhash": "xxhash",
+    "torchft": "torchft",
 }
 """Import name -> distribution, pyproject.toml's `dependencies` (a unit test keeps the two the same)."""
-TRAINING = tuple(name for name in PACKAGES if name != "submitit")
-"""What a rank of the built-in worker or of a user's program imports (launch.local starts them)."""
+TRAINING = tuple(name for name in PACKAGES if name not in ("submitit", "torchft"))
+"""What a rank of the built-in worker or of a user's program imports (launch.local starts them); torchft
+only in live mode, checked where it is chosen (require_live_extra)."""
 SUBMIT = ("yaml", "submitit")
 """launch.slurm on this host: the ranks' packages are the nodes' (a pyxis container's image may hold
 them where the login node has none); one missing at submission is still the one line (run_module)."""

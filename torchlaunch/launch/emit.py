@@ -7,10 +7,7 @@ line naming the value and the fix. Nothing here formats user text into a script 
   newline included, so only NUL (which no argv can carry) is refused.
 - `comment`: a `#` line. A newline ends a shell or YAML comment, so line breaks and every other
   control or format character are escaped (`\\n`, `\\x1b`, `\\u2028`), never passed through.
-- `sbatch_value` / `sbatch_key` / `sbatch_path`: `#SBATCH` directives, which sbatch reads line by line
-  before the shell runs: no control characters at all, and paths free of the filename-pattern
-  characters `%` (Slurm and submitit expand `%j`, `%x`...) and `\\` (Slurm stops expanding a pattern
-  that holds one, so submitit's `%j` log names would never be filled in).
+- `refuse_control`: one printable line (a Slurm `#SBATCH` value, torchlaunch.backends.slurm.sbatch).
 - `argv_item` / `argv_items`: an exec argv element (torchrun, the single worker): verbatim, NUL refused.
 - `to_yaml`: YAML only through PyYAML's safe emitter, header lines only through `comment`.
 
@@ -19,7 +16,6 @@ Torch-free and scheduler-free, so every launcher can import it.
 
 from __future__ import annotations
 
-import re
 import shlex
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -29,11 +25,10 @@ from torchlaunch.exit_codes import BadInput
 
 PREFIX = "launch error: "
 
-_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 _BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 
-def _shown(value: str, limit: int = 60) -> str:
+def shown(value: str, limit: int = 60) -> str:
     """The value as the error line shows it: repr (so control characters are visible), shortened."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"
@@ -72,7 +67,7 @@ def command_comment(label: str, argv: Sequence[str], marker: str = "#") -> str:
 def refuse_nul(value: str, what: str) -> str:
     if "\0" in value:
         raise BadInput(
-            f"{PREFIX}{what} {_shown(value)} holds a NUL character, which no command line can carry; remove it"
+            f"{PREFIX}{what} {shown(value)} holds a NUL character, which no command line can carry; remove it"
         )
     return value
 
@@ -101,58 +96,8 @@ def refuse_control(value: str, what: str, fix: str = "remove it") -> str:
     """`value` unchanged when it is one printable line; BadInput naming the character otherwise."""
     for char in value:
         if _unsafe(char):
-            raise BadInput(f"{PREFIX}{what} {_shown(value)} holds the control character {char!r}; {fix}")
+            raise BadInput(f"{PREFIX}{what} {shown(value)} holds the control character {char!r}; {fix}")
     return value
-
-
-def sbatch_value(value: Any, what: str) -> Any:
-    """A `#SBATCH --key=value` value: sbatch reads it line by line, so it must be one printable line.
-
-    Booleans and numbers pass through (submitit renders True as a bare flag)."""
-    if isinstance(value, bool | int | float):
-        return value
-    text = str(value)
-    refuse_control(text, what, "sbatch reads each #SBATCH directive as one line: pass a single-line value")
-    if not text.strip():
-        raise BadInput(f"{PREFIX}{what} is empty; pass a value or leave the option out")
-    return value
-
-
-def sbatch_key(key: str) -> str:
-    """An extra `#SBATCH --KEY`: an option name (lowercase letters, digits, '-'), nothing else."""
-    name = key.lstrip("-")
-    if not _SBATCH_KEY.match(name):
-        raise BadInput(
-            f"{PREFIX}--sbatch key {_shown(key)} is not an sbatch option name "
-            f"(lowercase letters, digits, '-'; e.g. --sbatch mail-type=END)"
-        )
-    return name
-
-
-def sbatch_path(path: str, what: str) -> str:
-    """A path that becomes a Slurm filename pattern (--output, --error, submitit's folder).
-
-    Slurm expands `%j`, `%x`, `%N`... in it (and `%%` to `%`), and submitit substitutes `%j` in the
-    same string in Python, so no escaping keeps both readers agreeing: `%` is refused. A backslash
-    makes Slurm skip the expansion of the whole pattern (the logs would be named `%j_0_log.out`
-    literally), so it is refused too."""
-    refuse_control(path, what, "choose a run dir whose name is one printable line")
-    for char, why in (("%", "Slurm expands %j, %x... in log paths"), ("\\", "Slurm then expands no %j in log paths")):
-        if char in path:
-            raise BadInput(f"{PREFIX}{what} {_shown(path)} holds {char!r} ({why}); choose a run dir without it")
-    return path
-
-
-def container_mount(path: str, what: str) -> str:
-    """A path in pyxis' `--container-mounts SRC:DST[,SRC:DST]`: ':' and ',' would split it."""
-    refuse_control(path, what, "choose a path whose name is one printable line")
-    for char in (":", ","):
-        if char in path:
-            raise BadInput(
-                f"{PREFIX}{what} {_shown(path)} holds {char!r}, which splits pyxis' --container-mounts; "
-                f"choose a path without it"
-            )
-    return path
 
 
 def to_yaml(objects: Sequence[Any], header: Sequence[str] = ()) -> str:

@@ -69,10 +69,6 @@ class NodeRange:
         """torchrun's --nnodes value."""
         return f"{self.min}:{self.max}" if self.elastic else str(self.max)
 
-    def slurm(self) -> str:
-        """sbatch's --nodes value (Slurm's own range spelling)."""
-        return f"{self.min}-{self.max}" if self.elastic else str(self.max)
-
 
 RANGE = re.compile(r"^\s*(\d+)\s*(?:([:-])\s*(\d+)\s*)?$", re.ASCII)
 

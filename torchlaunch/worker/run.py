@@ -176,6 +176,7 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     from torchlaunch.core.recovery.lighthouse import LighthouseMembership
     from torchlaunch.core.recovery.membership import replica_id_of
     from torchlaunch.core.recovery.minimum import from_env as minimum_from_env
+    from torchlaunch.core.recovery.placement import Follow
     from torchlaunch.core.recovery.pulse import Pulse
     from torchlaunch.core.recovery.runkey import load as load_run_key
 
@@ -190,8 +191,9 @@ def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001
     launched = attempt or contract.get(contract.LIVE_FIRST_GROUP)
     rank = int(contract.get(contract.RANK, "0") or 0) if launched else ctx.rank
     key = load_run_key(cfg.run_dir)  # only the run's own ranks are seated (core/recovery/runkey.py)
+    follow = Follow(cfg.run_dir) if contract.get(contract.LIVE_PLACED) == "1" else None
     membership = LighthouseMembership(
-        address, replica_id_of(rank, attempt, key.tag), cfg.recovery.heartbeat_timeout_s, key.presence_key
+        address, replica_id_of(rank, attempt, key.tag), cfg.recovery.heartbeat_timeout_s, key.presence_key, follow
     )
     pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
     fd = whole(pulse_fd, 6)

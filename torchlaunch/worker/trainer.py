@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, grace, rundir
+from torchlaunch import contract, grace, rundir, status
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import (
@@ -344,7 +344,7 @@ class Trainer:
 
     def _step_drop(self) -> StepDrop | None:
         """How a stop mid-step drops the step in flight (core/step_drop.py), where it can."""
-        if not applies(self.ctx, self.live is not None):
+        if not applies(self.ctx):
             return None
         from torchlaunch import compat
 
@@ -549,15 +549,15 @@ class Trainer:
                 self.scaler,
                 self.autocast,
                 leave=drop.leave if drop is not None else None,
-                sync_last=self.ctx.distributed,
+                sync_last=self.ctx.distributed and self.live is None,  # DDP's collectives are in the last one
             )
+            if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
+                assert self.flat_grads is not None
+                live_ops().average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
             if drop is not None and drop.agreed():  # every rank alike: nothing of the step is applied
                 drop.restore()
                 self.zero_gradients()
                 raise StepDropped
-            if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
-                assert self.flat_grads is not None
-                live_ops().average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
         if self.cfg.train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
@@ -852,6 +852,7 @@ class Trainer:
         assert self.live is not None
         p = self.progress
         self.gradient_path = self._live_gradient_path()
+        self.step_drop = self._step_drop()  # the new group's store: a lost peer's word stays in the old one
         self.plan = replan(self.plan, self.ctx.rank, self.ctx.world_size)
         self.loader.plan = self.plan
         self.world = WorldSize.of(self.ctx)
@@ -1047,6 +1048,7 @@ class Trainer:
             return PREEMPTED
         self._surviving(log, "checkpoint", lambda: self.save(synchronous=True))
         if self.ctx.is_main:
+            status.note_committed(self.progress.global_step)  # the launcher's word for it, read without torch
             waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
             since = f", {waited:.1f} s after the signal" if waited is not None else ""
             log.line(

@@ -71,12 +71,18 @@ def regroups(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "victim", [pytest.param(1, id="kill-node1", marks=pytest.mark.extended), pytest.param(0, id="kill-node0")]
-)  # node 0 (the store host) in CI; node 1's loss is also CI's on loopback (test_live_recovery.py) and Slurm
+    ("victim", "placed"),
+    [
+        pytest.param(1, False, id="kill-node1", marks=pytest.mark.extended),
+        pytest.param(0, False, id="kill-node0-service-apart", marks=pytest.mark.extended),
+        pytest.param(0, True, id="kill-node0"),
+    ],
+)  # node 0 (the store host and, placed, the service's: issue #54's default command line) in CI; node 1's
+# loss is also CI's on loopback (test_live_range.py, test_live_recovery.py) and Slurm
 def test_a_whole_node_killed_costs_a_regroup_whichever_node(
-    reference: live.LiveRun, victim: int, tmp_path: Path
+    reference: live.LiveRun, victim: int, placed: bool, tmp_path: Path
 ) -> None:
-    done = live_nodes.run(tmp_path, 2, [victim])
+    done = live_nodes.run(tmp_path, 2, [victim], placed=placed)
     run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
     assert codes[1 - victim] == 0, out
     done = regroups(run_dir)
@@ -84,6 +90,9 @@ def test_a_whole_node_killed_costs_a_regroup_whichever_node(
     assert done[0]["step"] >= live.KILL_AT
     check_exact(run_dir, reference, out)
     check_status(run_dir, 1, {victim})
+    if placed:  # node 0's agent served first; the survivor's took the lease over
+        leases = sorted((run_dir / "live" / "service").glob("lease-*.json"))
+        assert len(leases) == 2 and "live: this node serves the membership service" in out, out[-3000:]
 
 
 def test_two_nodes_of_four_killed_at_once(reference: live.LiveRun, tmp_path: Path) -> None:
@@ -97,22 +106,24 @@ def test_two_nodes_of_four_killed_at_once(reference: live.LiveRun, tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("fault", "victim"),
+    ("fault", "victim", "placed"),
     [
-        pytest.param("freeze", 1, id="freeze-node1", marks=pytest.mark.extended),
-        pytest.param("freeze", 0, id="freeze-node0"),
-        pytest.param("cut", 1, id="cut-node1"),
+        pytest.param("freeze", 1, False, id="freeze-node1", marks=pytest.mark.extended),
+        pytest.param("freeze", 0, False, id="freeze-node0"),
+        pytest.param("cut", 1, False, id="cut-node1"),
+        pytest.param("freeze", 0, True, id="freeze-node0-placed", marks=pytest.mark.extended),
     ],
-)  # a frozen node 0 and a cut node 1 in CI; a frozen node 1 is the extended tier's
+)  # a frozen node 0 and a cut node 1 in CI; a frozen node 1, and node 0 frozen with the service it hosts
+# (the default command line: its lease lapses and node 1's agent serves), are the extended tier's
 def test_a_whole_node_silent_is_judged_by_the_others(
-    reference: live.LiveRun, fault: str, victim: int, tmp_path: Path
+    reference: live.LiveRun, fault: str, victim: int, placed: bool, tmp_path: Path
 ) -> None:
     """SIGSTOP of every process of a node (its agent too: nobody on it fences its rank), or its link
     taken down. No transport error comes (its sockets stay open, or nothing reaches it); the survivor's
     peer watch finds it silent (no echo within the bound while training stalls), leaves the group, and
     regroups once the service has dropped it. A node cut off never trains on alone beside the group:
     the service is out of its reach too, so it forms no group of its own."""
-    done = live_nodes.run(tmp_path, 2, [victim], fault=fault)
+    done = live_nodes.run(tmp_path, 2, [victim], fault=fault, placed=placed)
     run_dir, codes, out = done.run.run_dir, done.codes, done.run.stderr
     assert codes[1 - victim] == 0, out
     assert "gave no answer within 1 s while this rank waited" in out and "taken for silent" in out, out

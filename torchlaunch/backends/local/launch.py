@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -198,16 +199,11 @@ def launch_argv(spec: JobSpec, placement: NodePlacement, module: str, doctor: bo
 
 def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
     """Whether this launch runs its ranks under the live agent (recovery.live, several ranks in all).
-    Across nodes (--nnodes N, or MIN:MAX: first_group.py) the membership service must run apart
-    (recovery.lighthouse: a service inside one node would die with it); else one line."""
+    Across nodes (--nnodes N, or MIN:MAX: first_group.py) the agents place the membership service on
+    one of the job's nodes through the run dir (core/recovery/placement.py), unless recovery.lighthouse
+    names one of the user's own."""
     if not cfg.recovery.live or doctor:
         return False
-    if (spec.nodes != 1 or placement.master_addr is not None) and not cfg.recovery.lighthouse:
-        raise cli.error(
-            "recovery.live=true across nodes needs the membership service apart from them: start "
-            "`python -m launch.lighthouse --secret-file RUN_DIR/live/secret` on a host of its own (the secret file "
-            "where it shares the run dir) and set recovery.lighthouse=http://HOST:29510"
-        )
     return spec.nodes * spec.gpus_per_node > 1
 
 
@@ -241,6 +237,8 @@ def live_argv(
     met) the agent starts a first group of every node."""
     placement = placement or NodePlacement()
     across = ["--lighthouse", lighthouse] if lighthouse else []
+    if not lighthouse and (spec.nodes > 1 or placement.master_addr is not None):
+        across = ["--run-dir", spec.run_dir or ""]  # the agents place the service (core/recovery/placement.py)
     if join_attempt:
         across += ["--join-attempt", str(join_attempt)]
     if spec.nodes > 1 or placement.master_addr is not None:
@@ -347,6 +345,16 @@ def live_start(
     return meet_first_group(lock, cfg, spec, placement)
 
 
+def road_line(live: bool) -> str:
+    """The one line that says which road a multi-rank run of the built-in worker takes."""
+    if live:
+        return "launch: road: live (a lost rank or node costs a regroup in place; recovery.live=false: the restart)"
+    return (
+        "launch: road: restart (recovery.live=false): a lost rank stops every rank; torchrun's --max-restarts or "
+        "the same command again resumes from the newest checkpoint"
+    )
+
+
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -395,6 +403,22 @@ def meet_first_group(
         "ranks join it with a peer's state"
     )
     return fence.current() + 1, None
+
+
+def numbered(args: argparse.Namespace, placement: NodePlacement, lock: runlock.RunLock | None) -> NodePlacement:
+    """A live --nnodes MIN:MAX node launched without --node-rank takes its number from the run dir: its
+    launcher's node slot (runlock: the lowest slot no live launcher of the job holds, created O_EXCL), as
+    torchrun's elastic launch numbers nodes without being told."""
+    if args.node_rank_given or lock is None or lock.slot is None or not args.node_range.elastic:
+        return placement
+    if lock.slot >= args.nnodes:
+        raise LaunchEnded(  # 1, retryable: a lost node's slot frees once its lock does (NFS: the server's lease)
+            FAILURE,
+            f"--nnodes {args.node_range.torchrun()}: every node number of this job is held by a launcher "
+            "(a lost node's is freed with its lock); nothing started (exit 1, retryable), or give --node-rank",
+        )
+    say(f"launch: this node is node {lock.slot} of --nnodes {args.node_range.torchrun()} (its slot in the run dir)")
+    return dataclasses.replace(placement, node_rank=lock.slot)
 
 
 def rendezvous_id(spec: JobSpec, placement: NodePlacement) -> str:
@@ -562,11 +586,6 @@ def check_range(args: argparse.Namespace, live: bool) -> None:
                 "the job would end with it; pass --max-restarts K (e.g. 3)"
             )
         return
-    if not args.node_rank_given:
-        raise cli.error(
-            f"--nnodes {spelled} with recovery.live=true numbers its nodes: give each node its own "
-            f"--node-rank 0..{nodes.max - 1}"
-        )
     for key, _ in elastic.parse_rdzv_conf(args.rdzv_conf):
         if key not in LIVE_RDZV_KEYS:
             raise cli.error(
@@ -867,11 +886,12 @@ def launch(argv: Sequence[str]) -> int:
             return OK  # torchlaunch.launch.finished: nothing started, nothing written
         if live:  # after the config is settled: a refused launch records nothing in RUN_DIR/live
             try:
-                joins, first = live_start(lock, cfg, spec, planned.placement)
+                placement = numbered(args, planned.placement, lock)
+                joins, first = live_start(lock, cfg, spec, placement)
             except LaunchEnded as ended:
                 print(f"launch: {ended.line}", file=sys.stderr, flush=True)
                 return ended.code
-            options = live_options(cfg, planned.placement)
+            options = live_options(cfg, placement)
             argv_out = live_argv(
                 spec, cfg.recovery.heartbeat_timeout_s, rdzv, **options, join_attempt=joins, first=first
             )
@@ -882,6 +902,8 @@ def launch(argv: Sequence[str]) -> int:
             env["CUDA_VISIBLE_DEVICES"] = ""
         op = operation(args, cfg.run_dir, attempt, spec.gpus_per_node, lock)
         env.update(op.rank_env())
+        if spec.nodes * spec.gpus_per_node > 1 and not args.doctor:
+            say(road_line(live))
         print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
         code = run(
             argv_out,
@@ -1182,8 +1204,9 @@ def run(
     code = combine_exit_codes(child_code, codes, ranks, signalled=bool(forwarded), records=found)
     reason = next((r.reason for r in found if r.code == code and code != OK), "")
     lost = (0, None)
+    said = max((r.committed for r in found if r.committed is not None), default=None)
     if code == PREEMPTED and op is not None and run_dir is not None:
-        lost = steps_lost(run_dir, op.launch_id)
+        lost = steps_lost(run_dir, op.launch_id, said)
         if lost[0]:  # 75 says "nothing lost, run it again"; this stop lost steps: a failure, honestly
             code = FAILURE
             reason = lost_line(lost, forwarded)
@@ -1197,8 +1220,8 @@ def run(
     if code == BAD_INPUT:
         reason = next((r.reason for r in found if r.code == BAD_INPUT), "bad input")
         print(f"launch: workers stopped on bad input (exit 2, not retried): {reason}", file=sys.stderr)
-    elif code == PREEMPTED:
-        step, new = new_checkpoint(run_dir, started - 1.0)  # the marker's mtime: a file system's clock
+    elif code == PREEMPTED:  # a rank's word that it committed, else what verifies (the marker's mtime)
+        step, new = (said, True) if said is not None else new_checkpoint(run_dir, started - 1.0)
         print(f"launch: {preempted_line(found, forwarded, step, new, run_dir)}", file=sys.stderr)
     elif code == exit_codes.CANCELLED:
         step, _ = new_checkpoint(run_dir, started - 1.0)
@@ -1218,15 +1241,17 @@ def run(
     return code
 
 
-def steps_lost(run_dir: Path, launch_id: str) -> tuple[int, int | None]:
+def steps_lost(run_dir: Path, launch_id: str, said: int | None = None) -> tuple[int, int | None]:
     """(steps this launch's ranks trained past the newest committed checkpoint, that checkpoint's step)
     after a stop: what a stop killed before its checkpoint committed lost. Read from the ranks' heartbeats
-    of this launch (a lower bound: a beat may be a second behind) and the newest checkpoint that verifies."""
+    of this launch (a lower bound: a beat may be a second behind) and `said`, the step a rank said it
+    committed (status.note_committed), else the newest checkpoint that verifies. Why a rank's word first:
+    verifying imports torch, 5-7 s on a loaded 2-core box, which docker stop's 10 s grace did not leave."""
     from torchlaunch.jobs import progress
 
     beats, _ = progress.read_all(progress.folder(run_dir))
     trained = max((b.step for b in beats if b.launch == launch_id and b.step is not None), default=0)
-    step, _ = new_checkpoint(run_dir, 0.0)
+    step = said if said is not None else new_checkpoint(run_dir, 0.0)[0]
     return max(0, trained - (step or 0)), step
 
 

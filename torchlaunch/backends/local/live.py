@@ -39,11 +39,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from torchlaunch import contract
+from torchlaunch import contract, rundir
 from torchlaunch.backends import live_shared
 from torchlaunch.backends.live_shared import LOOPBACK, job_code
 from torchlaunch.base import procs
-from torchlaunch.core.recovery import minimum, presence
+from torchlaunch.base.untrusted import whole
+from torchlaunch.core.recovery import minimum, placement, presence
 from torchlaunch.core.recovery.pulse import Watch
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.launch import elastic, shape
@@ -69,6 +70,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--master-addr", default=LOOPBACK, help="node 0's address: the first group's store")
     shape.add(parser, "master_port", help="node 0's port for the first group's store (default: a free one)")
     parser.add_argument("--lighthouse", default="", help="the membership service apart (http://HOST:PORT)")
+    parser.add_argument(
+        "--run-dir",
+        default="",
+        help="across nodes without --lighthouse: the run dir whose lease places the service on one of the "
+        "job's nodes (core/recovery/placement.py)",
+    )
     parser.add_argument(
         "--join-attempt",
         type=int,
@@ -101,8 +108,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     why = first_group_problem(args)
     if why:
         parser.error(why)
-    if args.nnodes > 1 and not (args.lighthouse and args.master_port):
-        parser.error("--nnodes above 1 needs --lighthouse and --master-port (the service runs apart)")
+    if args.nnodes > 1 and not ((args.lighthouse or args.run_dir) and args.master_port):
+        parser.error("--nnodes above 1 needs --master-port, and --run-dir (the service placed) or --lighthouse")
     return args, argv[cut + 1 :]
 
 
@@ -144,21 +151,21 @@ def store_host(seat: NodeSeat, lighthouse: str) -> str:
     return live_shared.store_host(seat.nnodes, seat.master_addr, lighthouse)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def free_port_pair(tries: int = 64) -> int:
-    """A free loopback port whose next one is free too: the service's Lighthouse and its presence."""
+def free_port_pair(tries: int = 64, host: str = LOOPBACK) -> int:
+    """A free port on `host` whose next one is free too: the service's Lighthouse and its presence."""
     for _ in range(tries):
-        port = free_port()
+        port = free_port(host)
         if port >= 65535:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind(("127.0.0.1", presence.port_of(port)))
+                s.bind((host, presence.port_of(port)))
             except OSError:
                 continue
         return port
@@ -272,6 +279,64 @@ class Service:
                 self.proc.wait()
 
 
+class Placed:
+    """The membership service of a job across nodes, placed on one of its nodes by the run dir's lease
+    (core/recovery/placement.py): every node's agent holds a Lighthouse in standby and the lease's holder
+    serves; when the holder's lease lapses (its node lost) another agent takes it and serves instead."""
+
+    def __init__(self, lease: placement.Lease, standby: placement.Standby, nodes: int, nproc: int) -> None:
+        self.lease, self.standby, self.nodes, self.nproc = lease, standby, nodes, nproc
+
+    @classmethod
+    def start(cls, args: argparse.Namespace, seat: NodeSeat, host: str) -> Placed:
+        bind = f"[{host}]" if ":" in host else host
+        port = free_port_pair(host=host)
+        secret = str(rundir.live(args.run_dir) / "secret")  # the ranks make it; the service reads it when due
+        log = rundir.logs(args.run_dir) / f"membership-node{seat.node_rank}.log"
+        standby = placement.Standby(f"{bind}:{port}", args.heartbeat_timeout_ms, secret, log)
+        standby.start()
+        placed = cls(None, standby, seat.nnodes, seat.nproc)  # type: ignore[arg-type]
+        placed.lease = placement.Lease(
+            args.run_dir,
+            f"{os.getpid()}-{secrets.token_hex(6)}",
+            f"http://{bind}:{port}",
+            args.heartbeat_timeout_ms / 1000,
+            placed.serve,
+            standby.stop,
+            extra={"nproc": seat.nproc},
+            patience_s=0.0 if seat.node_rank == 0 else args.heartbeat_timeout_ms / 1000,
+        )
+        return placed
+
+    def serve(self, previous: dict) -> None:
+        """This agent took the lease: serve, first awaiting the ranks left once the previous holder's
+        node is gone (every node's ranks but its own; the first lease awaits one, as a service apart)."""
+        lost = whole(str(previous.get("nproc", "")), 6)
+        taken_over = lost is not None and not previous.get("released")
+        awaited = max(1, self.nodes * self.nproc - lost) if taken_over and lost is not None else 1
+        print(f"live: this node serves the membership service at {self.lease.address}", file=sys.stderr, flush=True)
+        self.standby.serve(awaited)
+
+    def wait_for_service(self) -> str:
+        """The service's address once one serves (this node's, or another's seen renewing its lease)."""
+        deadline = time.monotonic() + SERVICE_START_S + 2 * self.lease.lease_s
+        while not self.lease.live:
+            if time.monotonic() > deadline:
+                raise SystemExit("live: no membership service came up on any node of the job")
+            self.tick()
+            time.sleep(POLL_S)
+        return self.lease.live
+
+    def tick(self) -> None:
+        self.lease.tick()
+        if self.lease.held and self.standby.keep_up(self.nodes * self.nproc):
+            print("live: the membership service on this node exited; started again", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.lease.release()
+        self.standby.close()
+
+
 def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subprocess.Popen:
     """A rank in a session of its own (its loader workers share its process group), holding the write
     end of its pulse pipe."""
@@ -303,7 +368,8 @@ def fence_silent(ranks: list[subprocess.Popen], watch: Watch, fenced: dict[int, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, program = parse_args(sys.argv[1:] if argv is None else argv)
-    service = None if args.lighthouse else Service(free_port_pair(), args.heartbeat_timeout_ms)
+    across = args.nnodes > 1  # the service apart (--lighthouse) or placed by the run dir's lease (Placed)
+    service = None if args.lighthouse or across else Service(free_port_pair(), args.heartbeat_timeout_ms)
     if service is not None:  # the service and the ranks inherit it; a stranger's presence hello cannot prove it
         os.environ[contract.LIVE_PRESENCE_KEY] = secrets.token_hex(32)
     lighthouse = args.lighthouse or (service.address if service is not None else "")
@@ -318,6 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.first_nodes,
     )
     host = store_host(seat, lighthouse)
+    placed = Placed.start(args, seat, host) if across and not args.lighthouse else None
+    if placed is not None:
+        try:
+            lighthouse = placed.wait_for_service()
+        except BaseException:
+            placed.close()
+            raise
     ranks: list[subprocess.Popen] = []
     watch = Watch(args.heartbeat_timeout_ms / 1000)
     fenced: dict[int, str] = {}
@@ -339,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_fd, write_fd = os.pipe()
         watch.add(rank, read_fd)
         env = rank_env(dict(os.environ), rank, seat, lighthouse, args.run_id, write_fd, host)
+        if placed is not None:  # the service may move to another node: the rank follows the run dir's lease
+            env[contract.LIVE_PLACED] = "1"
         if joiner(rank):  # it forms no first group: it joins the live one
             env[contract.LIVE_JOIN] = str(joiner.attempt(rank))
             env.pop(contract.LIVE_FIRST_GROUP, None)
@@ -353,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         while any(proc.poll() is None for proc in ranks):
             if service is not None:
                 service.keep_up(ranks, lambda r: not joiner(r) or r in watch.joined)
+            if placed is not None:
+                placed.tick()
             fence_silent(ranks, watch, fenced)
             if not stopping:
                 rejoin(ranks, restarts, args.rejoin, fenced, replaced, start)
@@ -368,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 proc.wait()
         if service is not None:
             service.stop()
+        if placed is not None:
+            placed.close()
     codes = [proc.returncode for proc in ranks]
     lost = [rank for rank, code in enumerate(codes) if code < 0]
     kept = [c for r, c in enumerate(codes) if r not in abandoned]

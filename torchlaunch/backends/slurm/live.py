@@ -20,7 +20,7 @@ What Slurm must be told, the env each task adds, and the job's outcome. Measured
   FAILED although the survivors finished. So the script passes srun's code through `verdict` below,
   which reads what every task recorded (task.write_result) and decides as the live agent does
   (backends/live_shared.job_code, as the local live agent): tasks that left no record were lost; the others' codes are the job's.
-- `--nodes MIN-MAX`: the allocation is as many nodes as are up in the range (launch.elastic_parameters),
+- `--nodes MIN-MAX`: the allocation is as many nodes as are up in the range (render.elastic_parameters),
   so the verdict counts the tasks at run time (SLURM_NNODES x tasks per node), and each task passes MIN
   to its rank (minimum_env). A loss that leaves fewer than MIN nodes' worth of ranks makes them commit a
   checkpoint and exit 75 (core/recovery/minimum.py owns that rule), which rank 0 requeues as it does a
@@ -47,7 +47,7 @@ from torchlaunch.exit_codes import BadInput
 SRUN_ARGS = ("--no-kill", "--kill-on-bad-exit=0")
 """srun's side: a lost task or node ends neither the step nor the other tasks (see the module doc)."""
 STEP_FUNCTION = "srun_forwarding_stops"
-"""The batch script's stop-forwarding wrapper of srun (launch.batch_shell_stop), under this name in live
+"""The batch script's stop-forwarding wrapper of srun (render.batch_shell_stop), under this name in live
 mode: the script's `srun` is then the verdict wrapper around it."""
 LOST = -9
 """A task that left no outcome record: lost (SIGKILLed with its node), as the live agent sees a signal."""
@@ -140,7 +140,7 @@ def job_code(srun_code: int, codes: Sequence[int | None]) -> int:
 def recorded_codes(folder: Path, job_id: str, launch_id: str, tasks: int) -> list[int | None]:
     """Each task's code in this allocation (task.write_result's record); None where it left none. A
     record of an earlier allocation of the job (before a requeue) does not count."""
-    from torchlaunch.backends.slurm.operate import result_path
+    from torchlaunch.backends.slurm.result import result_path
 
     codes: list[int | None] = []
     for task in range(tasks):

@@ -11,13 +11,14 @@ record forged in a parent folder of V (or of any job's output) would otherwise "
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from torchlaunch import rundir
+from torchlaunch.backends.slurm import cluster
 from torchlaunch.jobs.proof import digest
 
-QUERY_TIMEOUT_S = 20
+CLAIM_TIMEOUT_S = 10.0
+"""The claim runs as the job starts: a controller that does not answer delays it by at most this, twice."""
 
 
 def slurm_comment(run_dir: str | os.PathLike[str]) -> str:
@@ -28,39 +29,18 @@ def slurm_comment(run_dir: str | os.PathLike[str]) -> str:
 def claim_slurm_job(job_id: str, run_dir: str | os.PathLike[str]) -> None:
     """From inside the job: set its comment to slurm_comment(run_dir), best effort (a job whose output
     is under the run dir is proven without it; a user's own --comment is kept)."""
-    try:
-        seen = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-O", "Comment:4096"], capture_output=True, text=True, timeout=10
-        )
-        if seen.returncode != 0 or seen.stdout.strip() not in ("", "(null)"):
-            return
-        subprocess.run(
-            ["scontrol", "update", f"JobId={job_id}", f"Comment={slurm_comment(run_dir)}"],
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    seen = cluster.owner_fields(job_id, CLAIM_TIMEOUT_S)
+    if seen is None or seen[1] not in ("", "(null)"):
+        return
+    cluster.set_comment(job_id, slurm_comment(run_dir), CLAIM_TIMEOUT_S)
 
 
 def slurm_job(job_id: str, run_dir: str | os.PathLike[str]) -> str | None:
     """None when Slurm says job `job_id` names `run_dir` (its output inside it, or its comment), else why not."""
-    try:
-        done = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-O", "StdOut:4096,Comment:4096"],
-            capture_output=True,
-            text=True,
-            timeout=QUERY_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"squeue cannot say whose job it is ({e})"
-    out = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not out:
-        return "squeue does not know the job (ended, or not this cluster's)"
-    line = out[0]
-    return proven(job_id, line[:4096].strip(), line[4096:].strip(), run_dir)
+    seen = cluster.owner_fields(job_id)
+    if seen is None:
+        return "squeue cannot say whose job it is (no answer, or the job ended or is not this cluster's)"
+    return proven(job_id, *seen, run_dir)
 
 
 JOB_FOLDER_PATTERNS = ("%j", "%A")

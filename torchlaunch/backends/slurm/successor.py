@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from torchlaunch import contract, rundir
+from torchlaunch.backends.slurm import cluster
 from torchlaunch.base import files
 from torchlaunch.base.untrusted import whole
 
@@ -58,7 +58,6 @@ LOST_STATES = ("FAILED", "NODE_FAIL")
 """Slurm's end states of a job whose batch host was lost (measured: FAILED; NODE_FAIL when slurmctld
 ends the job for its node first). CANCELLED, TIMEOUT, PREEMPTED, OUT_OF_MEMORY and COMPLETED are not."""
 DEPENDENCY = "afternotok"
-QUERY_TIMEOUT_S = 30
 PREFIX = "slurm successor: "
 KEEP_ENV = ("SLURM_CONF",)
 """The only SLURM_* variable the successor's sbatch keeps: the others are this job's, and a job started
@@ -174,34 +173,20 @@ def requeued(restarts_now: str | None, restarts_before: str) -> bool:
 # ---- the cluster -----------------------------------------------------------------------------------
 
 
-def _run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False, env=dict(env or os.environ)
-    )
-
-
 def squeue_state(job: str) -> str:
     """slurmctld's state of the job (UNKNOWN when it cannot say or no longer knows the job)."""
-    from torchlaunch.backends.slurm.operate import controller_state
-
-    return controller_state(job)
+    return cluster.controller_state(job)
 
 
 def final_state(job: str) -> str:
     """The job's end as slurmctld remembers it, else accounting's (UNKNOWN when neither says)."""
-    from torchlaunch.backends.slurm.operate import job_state, scontrol_state
-
-    said = scontrol_state(job)
-    return said if said != "UNKNOWN" else job_state(job)
+    said = cluster.scontrol_state(job)
+    return said if said != "UNKNOWN" else cluster.job_state(job)
 
 
 def restarts(job: str) -> str | None:
     """slurmctld's restart count of the job (`scontrol show job`), None when it cannot say."""
-    try:
-        out = _run(["scontrol", "show", "job", "-o", job]).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return next((w.partition("=")[2] for w in out.split() if w.startswith("Restarts=")), None)
+    return (cluster.job_fields(job) or {}).get("Restarts")
 
 
 def pickle_path(run_dir: str | os.PathLike[str], job: str) -> Path:
@@ -223,21 +208,11 @@ def submit(run_dir: str | os.PathLike[str], job: str, script: str, env: Mapping[
     """Submit the successor of `job` (sbatch_argv, from this job's environment `env`) and make it
     startable: its folder (Slurm opens its log files there), its record naming `job`, and the task's
     pickle. Its job id; RuntimeError when sbatch refuses."""
-    done = _run(sbatch_argv(job, script), env=submit_env(env))
-    successor = done.stdout.strip().split(";")[0]
-    if done.returncode != 0 or whole(successor, 20) is None:
-        raise RuntimeError((done.stderr.strip().splitlines() or [f"sbatch exited {done.returncode}"])[-1])
+    successor = cluster.sbatch(sbatch_argv(job, script), submit_env(env))
     (rundir.slurm(run_dir) / successor).mkdir(parents=True, exist_ok=True)
     write(run_dir, Chain(job=successor, predecessor=job))
     copy_pickle(run_dir, job, successor)
     return successor
-
-
-def cancel(job: str) -> bool:
-    try:
-        return _run(["scancel", job]).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 def cancel_asked(run_dir: str | os.PathLike[str], job: str) -> bool:
@@ -349,7 +324,7 @@ def start(run_dir: str, script: str, env: Mapping[str, str] | None = None) -> in
                 "batch host is lost",
                 flush=True,
             )
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        except (OSError, RuntimeError) as error:
             print(f"{PREFIX}no successor submitted ({error}): losing the first node ends the run", flush=True)
             waiting = None
     write(run_dir, replace(mine, successor=waiting))
@@ -376,7 +351,7 @@ def end(run_dir: str, code: int, env: Mapping[str, str] | None = None) -> int:
     if why is not None:
         print(f"{PREFIX}job {mine.successor} left alone: recorded as job {job}'s successor, but {why}", flush=True)
         return 0
-    if cancel(mine.successor):
+    if cluster.scancel(mine.successor):
         ended = "finished" if code == 0 else f"ended with code {code}, its batch host alive"
         print(f"{PREFIX}job {mine.successor} cancelled: job {job} {ended}", flush=True)
     return 0

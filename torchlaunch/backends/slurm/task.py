@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,9 +24,10 @@ from typing import Any, NoReturn
 
 from torchlaunch import compat, contract, rundir, runlock
 from torchlaunch import runner as program_mod
+from torchlaunch.backends.slurm import cluster, successor
 from torchlaunch.backends.slurm import live as slurm_live
-from torchlaunch.backends.slurm import successor
-from torchlaunch.backends.slurm.operate import controller_state, job_state, result_path
+from torchlaunch.backends.slurm.cluster import controller_state, job_state
+from torchlaunch.backends.slurm.result import result_path
 from torchlaunch.base.untrusted import whole
 from torchlaunch.core.recovery import minimum as live_minimum
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
@@ -288,10 +288,10 @@ class SlurmTask:
             self.hangs += 1
             self.history.append(f"hang after {verdict.reason}")
             self._save_for_requeue()
-            requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+            requeue = cluster.requeue(job_id)
             print(
                 f"slurm task: hang: job {job_id} requeued ({self.hangs}/{self.max_hang_requeues}) "
-                f"{requeue.stderr.strip()}",
+                f"{requeue.err.strip() if requeue is not None else 'scontrol requeue gave no answer'}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -344,9 +344,10 @@ class SlurmTask:
         # GraceTime ends; a job whose tasks exit earlier would just complete. Requeueing now also
         # frees the nodes at once. If Slurm's own requeue won the race, ours is refused: fine.
         # Leaving without a result pickle is what keeps submitit waiting for the next allocation.
-        requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-        if requeue.returncode != 0:
-            print(f"slurm task: scontrol requeue: {requeue.stderr.strip()} (state {job_state(job_id)})", flush=True)
+        requeue = cluster.requeue(job_id)
+        if requeue is None or requeue.code != 0:
+            said = requeue.err.strip() if requeue is not None else "no answer"
+            print(f"slurm task: scontrol requeue: {said} (state {job_state(job_id)})", flush=True)
         said = program_mod.last_reason
         what = said if program_mod.stopped_by_runner(said) else "checkpoint committed"
         print(

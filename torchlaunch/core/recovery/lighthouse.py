@@ -37,6 +37,10 @@ HEARTBEATS_PER_TIMEOUT = 10
 CONNECT_TIMEOUT_S = 10.0
 RETRY_S = 0.05
 """Pause between quorum requests to a service that did not answer (being restarted)."""
+MOVED_QUORUM_S = 3.0
+"""The shortest bound of one quorum request to a placed service (see quorum)."""
+MOVE_CONNECT_S = 1.0
+"""How long a member waits to connect to the service's new address (it listens before it is published)."""
 
 
 def _torchft():  # noqa: ANN202 - the module itself
@@ -57,9 +61,18 @@ class LighthouseMembership:
     quorum requests."""
 
     def __init__(
-        self, address: str, replica_id: str, heartbeat_timeout_s: float, presence_key: bytes | None = None
+        self,
+        address: str,
+        replica_id: str,
+        heartbeat_timeout_s: float,
+        presence_key: bytes | None = None,
+        follow: Callable[[], str] | None = None,
     ) -> None:
         self.address, self.replica_id = address, replica_id
+        self._follow = follow
+        """Where the service is now ('' unknown), when a node agent hosts it (placement.Follow): read when
+        the service stops answering, since the node that hosted it may be the one lost."""
+        self._moving = threading.Lock()
         self.interval_s = heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
         self._client = _torchft().LighthouseClient(address, timedelta(seconds=CONNECT_TIMEOUT_S))
         self._presence = presence.Presence(
@@ -91,25 +104,49 @@ class LighthouseMembership:
             self._presence.beat()
             try:
                 self._client.heartbeat(self.replica_id, timedelta(seconds=max(1.0, self.interval_s * 5)))
-            except Exception:  # the service is restarting: the next beat reaches the new one
+            except Exception:  # the service is restarting (the next beat reaches the new one) or moved
+                self.follow()
                 continue
+
+    def follow(self) -> None:
+        """The service did not answer: if a node agent hosts it and it moved to another node, use that
+        one from now on (its client, and the presence connection)."""
+        if self._follow is None or not self._moving.acquire(blocking=False):
+            return
+        try:
+            moved = self._follow()
+            if not moved or moved == self.address:
+                return
+            try:
+                client = _torchft().LighthouseClient(moved, timedelta(seconds=MOVE_CONNECT_S))
+            except Exception:  # not serving yet: asked again at the next failure
+                return
+            self._client, self.address = client, moved
+            self._presence.move(moved)
+            self._wake.set()
+        finally:
+            self._moving.release()
 
     def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum:
         """Ask until the service answers or `timeout_s` has passed: a service being restarted refuses
         connections for a moment, and the client's first call after a restart fails once while it
-        reconnects (measured, torchft 0.2.0)."""
+        reconnects (measured, torchft 0.2.0). A service a node agent hosts (placement.py) may vanish with
+        its machine, sending nothing (no reset): each request is then bounded by a few heartbeat bounds
+        and asked again, of the service the run dir names by then."""
         deadline = time.monotonic() + timeout_s
+        cap = max(MOVED_QUORUM_S, 3 * self.interval_s * HEARTBEATS_PER_TIMEOUT) if self._follow else timeout_s
         while True:
             left = deadline - time.monotonic()
             try:
                 found = self._client.quorum(
                     replica_id=self.replica_id,
-                    timeout=timedelta(seconds=max(left, 0.1)),
+                    timeout=timedelta(seconds=max(min(left, cap), 0.1)),
                     store_address=store_address,
                     step=step,
                 )
                 break
             except Exception as e:  # unreachable (retried) or timed out
+                self.follow()
                 if time.monotonic() + RETRY_S >= deadline:
                     raise TimeoutError(f"no live group within {timeout_s:g} s from {self.address}: {e}") from None
                 time.sleep(RETRY_S)
@@ -188,6 +225,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=bounded_whole(1, 1_000_000, "ranks"),
         default=None,
         help=argparse.SUPPRESS,  # a restarted service of a group of N (backends/local/live.py): Service
+    )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help=argparse.SUPPRESS,  # placed by a node agent (core/recovery/placement.py): serve on its word
     )
     args = parser.parse_args(argv)
     if args.join_timeout_ms is None:
@@ -316,12 +358,34 @@ class Service:
             self._server.shutdown()
 
 
+def stand_by(args: argparse.Namespace) -> bool:
+    """--standby (placement.Standby): import torchft now, then wait for the node agent's word, a line
+    with the count of ranks to await, before binding; False when the agent left first. From then on the
+    service ends with its agent: its end of the pipe closes when the agent dies, however it died."""
+    _torchft()
+    line = sys.stdin.readline()
+    if not line:
+        return False
+    count = whole(line.strip(), 7)
+    args.await_ranks = max(1, count or 1)
+
+    def with_agent() -> None:
+        while sys.stdin.readline():
+            pass
+        os._exit(0)
+
+    threading.Thread(target=with_agent, name="torchlaunch-agent-watch", daemon=True).start()
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; the state is soft, so a restart on the same address is a new service
     that the ranks' next heartbeats and quorum requests fill again. Bad arguments or an address it
     cannot listen on: one line, exit 2."""
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.standby and not stand_by(args):
+            return 0
         try:
             server = Service(args)
         except (RuntimeError, OSError) as e:

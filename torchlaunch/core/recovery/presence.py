@@ -349,6 +349,13 @@ class Presence:
             except OSError:
                 self._close()
 
+    def move(self, lighthouse: str) -> None:
+        """The service moved (placement.py): the next beat connects to its new address."""
+        with self._lock:
+            self.address = address_of(lighthouse)
+            if self._sock is not None:
+                self._close()
+
     def leave(self) -> None:
         with self._lock:
             self._wanted = False
