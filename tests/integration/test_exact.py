@@ -97,8 +97,8 @@ def test_a_live_loss_and_rejoin_2_to_1_to_2_ends_as_the_1_rank_run(tmp_path: Pat
     """recovery.rejoin=1: rank 1 SIGKILLed, the survivor trains alone, rank 1 started again joins with its
     state; the model is the 1-rank run's, bit for bit (without the grid it differs: test_live_recovery).
     The survivor is not slowed (bench.slow_node): on this box a slowed survivor is fenced (fd7ac1b); the
-    grid's 8 micro-batches a step keep it training well past a rank's start-up. Run once with 16 epochs
-    (2026-12-07, load ~12): regrouped [step -> 1, rejoin -> 2], model equal."""
+    grid's 8 micro-batches a step keep it training well past a rank's start-up (passed in 429 s at load
+    ~12)."""
     alone = tmp_path / "alone"
     alone.mkdir()
     recipe = tmp_path / "alone.yaml"
