@@ -84,9 +84,13 @@ def _bindings_alone():  # noqa: ANN202 - the module, or None: the caller imports
             spec = importlib.util.spec_from_file_location(BINDINGS, path, loader=loader)
             if spec is None:
                 return None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[BINDINGS] = module
-            loader.exec_module(module)
+            try:
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[BINDINGS] = module
+                loader.exec_module(module)
+            except ImportError:
+                sys.modules.pop(BINDINGS, None)  # the package's own import says what is wrong
+                return None
             return module
     return None
 
