@@ -54,21 +54,29 @@ def engine_answers() -> bool:
         return False
 
 
+_BUILT: list[str] = []
+"""The image once built in this session. Each module that imports `image` gets a session fixture of its own
+(pytest keys a fixture by where it is defined for that module), so without this the build script ran once
+per importing module: four times in CI's serial stage, ~10-40 s each with every layer cached."""
+
+
 @pytest.fixture(scope="session")
 def image() -> str:
-    """The image, built (or confirmed up to date: cached layers, seconds) by the CI build script."""
+    """The image, built (or confirmed up to date: cached layers, seconds) by the CI build script, once."""
     if not engine_answers():
         pytest.skip("no Docker engine answers: start one with docker/engine.sh up")
     if os.geteuid() != 0:
         pytest.skip("needs root: the shared volume is handed to the image's uid like fsGroup does")
-    result = subprocess.run(
-        [str(ROOT / "docker" / "build-image.sh"), "--local", IMAGE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    if not _BUILT:
+        result = subprocess.run(
+            [str(ROOT / "docker" / "build-image.sh"), "--local", IMAGE],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        _BUILT.append(IMAGE)
     return IMAGE
 
 

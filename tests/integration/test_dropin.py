@@ -280,8 +280,17 @@ HANDLER_EXITS_0 = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("gpus", [1, 2])
-@pytest.mark.parametrize("end", ["", "0"])
+@pytest.mark.parametrize(
+    ("end", "gpus"),
+    [
+        pytest.param("", 1, id="-1"),
+        pytest.param("0", 2, id="0-2"),
+        # each ending (sys.exit() and sys.exit(0): both status 0 to the launcher) and each start (no agent,
+        # torchrun) once in CI; the two other pairs repeat them
+        pytest.param("", 2, id="-2", marks=pytest.mark.extended),
+        pytest.param("0", 1, id="0-1", marks=pytest.mark.extended),
+    ],
+)
 def test_a_signalled_program_ending_0_is_rerun(gpus: int, end: str, tmp_path: Path) -> None:
     prog = tmp_path / "p.py"
     prog.write_text(HANDLER_EXITS_0.replace("END", end))

@@ -386,3 +386,29 @@ def test_a_service_given_the_runs_secret_file_counts_only_the_runs_ranks_once_it
         assert events.seen == []
     finally:
         server.close()
+
+
+def test_the_service_process_serves_without_loading_torch(tmp_path: Path) -> None:
+    """The service's process loads torchft's bindings alone (lighthouse._torchft): torchft's package imports
+    torch, which cost the service 2 s of CPU and ~600 MB resident at every start and restart while a live
+    launcher waited for it to listen before starting the ranks. No torch library is mapped once it serves."""
+    port = free_port_pair()
+    log = tmp_path / "lighthouse.log"
+    argv = [sys.executable, "-m", "torchlaunch.core.recovery.lighthouse", "--bind", f"127.0.0.1:{port}"]
+    with open(log, "w") as out:  # torchft logs every tick: a file, never an unread pipe
+        proc = subprocess.Popen(argv, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "lighthouse: serving" not in log.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        mapped = {line.split()[-1] for line in Path(f"/proc/{proc.pid}/maps").read_text().splitlines()}
+        assert not [m for m in mapped if "libtorch" in m or "libc10" in m], sorted(mapped)
+        socket.create_connection(("127.0.0.1", port), timeout=BOUND_S).close()  # and it listens
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=BOUND_S) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -101,8 +101,18 @@ def test_runner_reports_for_the_launcher_and_stops_after_a_restart_on_bad_input(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("gpus", [1, 2])
-@pytest.mark.parametrize(("program_code", "launch_code"), [(0, OK), (2, BAD_INPUT), (75, PREEMPTED), (3, FAILURE)])
+@pytest.mark.parametrize(
+    ("program_code", "launch_code", "gpus"),
+    [
+        *[(code, launched, 1) for code, launched in ((0, OK), (2, BAD_INPUT), (75, PREEMPTED), (3, FAILURE))],
+        (0, OK, 2),
+        (75, PREEMPTED, 2),
+        # two ranks' bad input and failure, in CI's tier: test_bad_input_is_one_line_and_not_rerun_by_restarts
+        # (the same line, exit 2) and test_restart_after_a_crash (its second launch: exit 1)
+        pytest.param(2, BAD_INPUT, 2, marks=pytest.mark.extended),
+        pytest.param(3, FAILURE, 2, marks=pytest.mark.extended),
+    ],
+)
 def test_exit_codes_through_the_launcher(gpus: int, program_code: int, launch_code: int, tmp_path: Path) -> None:
     out = tmp_path / "out"
     rc, _, err = run_launcher(["--gpus", str(gpus), *CPU, "--", EXIT_WITH, str(program_code), str(out)], timeout=120)

@@ -87,8 +87,9 @@ SERVICE_MODULE = "torchlaunch.core.recovery.lighthouse"
 PER_INDEX_BACKOFF = 3
 """Failures tolerated per index when --backoff-limit is not given: the fixed-size Job's 3 per node."""
 RESOURCES = {"cpu": "500m", "memory": "1Gi"}
-"""Measured: the service holds 606 MB resident (torchft's bindings import torch) and idles between
-quorums; requests = limits, so it is the last pod a node under memory pressure evicts."""
+"""Measured: the service held 606 MB resident while torchft's package (torch) was imported; ~25 MB since it
+loads the bindings alone (core/recovery/lighthouse.py), left as it was; it idles between quorums;
+requests = limits, so it is the last pod a node under memory pressure evicts."""
 
 
 @dataclass(frozen=True)
