@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env, free_port_pair
-from torchlaunch.core.recovery import lighthouse, presence
+from torchlaunch.core.recovery import front, lighthouse, presence
 
 BOUND_S = 10.0
 """Every wait here is bounded by this; none is a sleep standing in for synchronisation."""
@@ -46,6 +46,12 @@ def say(port: int, *lines: str) -> socket.socket:
     for line in lines:
         sock.sendall(line.encode("utf-8", "surrogateescape") + b"\n")
     return sock
+
+
+def member_client(port: int, key: bytes | None = None):  # noqa: ANN201 - torchft's LighthouseClient
+    """torchft's client as a member makes it: through its own relay to the service's front."""
+    relay = front.connect(key, f"http://127.0.0.1:{port}")
+    return lighthouse._torchft().LighthouseClient(relay.address, timedelta(seconds=5))
 
 
 def counted(server: presence.PresenceServer, alive: int) -> None:
@@ -177,7 +183,7 @@ def test_a_lone_survivor_gets_its_group_as_soon_as_the_lost_ranks_connection_end
     args = lighthouse.parse_args(["--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "60000"])
     service = lighthouse.Service(args)
     try:
-        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        client = member_client(port)
         survivor = say(port + 1, "hello rank000000")
         lost = say(port + 1, "hello rank000001")
         client.heartbeat("rank000001")  # the member about to be lost: its last beat
@@ -215,7 +221,7 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
     ids = ["1a2b3c4d-rank000000", "1a2b3c4d-rank000001"]
 
     def beat() -> None:  # the ranks' heartbeats, as their heartbeat thread sends them, and the stranger's
-        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        client = member_client(port)
         while not stop.is_set():
             for replica_id in ("00000000-rank000000", *ids):  # the stranger's sorts first; it never asks
                 client.heartbeat(replica_id)
@@ -227,7 +233,7 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
     def ask(replica_id: str) -> None:
         """As the membership asks: a smaller group than the ranks present (one asked before the other)
         is asked for again, until the group of both forms or the test's bound has passed."""
-        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        client = member_client(port)
         deadline = time.monotonic() + BOUND_S
         while time.monotonic() < deadline and sorted(found.get(replica_id, [])) != ids:
             left = max(deadline - time.monotonic(), 0.1)
@@ -239,7 +245,7 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
 
     try:
         beating.start()
-        lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))  # it listens
+        member_client(port)  # it listens
         askers = [threading.Thread(target=ask, args=(i,), daemon=True) for i in ids]
         started = time.monotonic()
         for thread in askers:

@@ -18,6 +18,7 @@ DDP wrapper and sampler are not: the trainer keeps its own exact plan and gradie
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import sys
@@ -28,7 +29,7 @@ from datetime import timedelta
 
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
-from torchlaunch.core.recovery import presence
+from torchlaunch.core.recovery import front, presence
 from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members, started_as
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
@@ -61,10 +62,10 @@ class LighthouseMembership:
     ) -> None:
         self.address, self.replica_id = address, replica_id
         self.interval_s = heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
-        self._client = _torchft().LighthouseClient(address, timedelta(seconds=CONNECT_TIMEOUT_S))
-        self._presence = presence.Presence(
-            address, replica_id, presence.key_from_env() or presence_key, speaks=started_as(replica_id) == 0
-        )
+        key = presence.key_from_env() or presence_key
+        self._relay = front.connect(key, address)  # the service admits only proven connections
+        self._client = _torchft().LighthouseClient(self._relay.address, timedelta(seconds=CONNECT_TIMEOUT_S))
+        self._presence = presence.Presence(address, replica_id, key, speaks=started_as(replica_id) == 0)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,6 +125,7 @@ class LighthouseMembership:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
         self._presence.leave()
+        self._relay.close()
 
 
 DEFAULT_BIND = "0.0.0.0:29510"
@@ -138,6 +140,17 @@ def bind_address(text: str) -> str:
             f"--bind must be HOST:PORT with a port in 1..65534 (presence takes the next), not {quote(text)}"
         )
     return text
+
+
+def loopback(bind: str) -> bool:
+    """Whether `bind` (HOST:PORT) listens on loopback only: no other host reaches it."""
+    host = bind.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 def bounded_whole(low: int, high: int, unit: str = "ms") -> Callable[[str], int]:
@@ -190,6 +203,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=argparse.SUPPRESS,  # a restarted service of a group of N (backends/local/live.py): Service
     )
     args = parser.parse_args(argv)
+    if args.secret_file is None and presence.key_from_env() is None and not loopback(args.bind):
+        raise BadInput(
+            f"lighthouse error: --bind {quote(args.bind)} is reachable from other hosts, and without the run's key "
+            "anyone there is admitted: give --secret-file RUN_DIR/live/secret (this host must share the run dir), "
+            "or bind 127.0.0.1"
+        )
     if args.join_timeout_ms is None:
         args.join_timeout_ms = join_timeout_ms(args.heartbeat_timeout_ms)
     return args
@@ -230,6 +249,9 @@ def secret_file_key(path: str | None) -> Callable[[], bytes | None] | None:
     return key
 
 
+BACKEND_HOST = "127.0.0.1"
+"""torchft's Lighthouse listens here only, on a port of its own: the service's address is its front
+(core/recovery/front.py), which admits a connection only once it proved the run's key."""
 REBIND_S = 5.0
 """How long a restart may wait for the address its previous server is releasing (measured: 1-2 ms)."""
 
@@ -248,34 +270,45 @@ class Service:
         self._lock = threading.Lock()
         self.restarts = 0
         self._min = max(args.min_ranks, args.await_ranks or 0)
+        key = presence.key_from_env() or secret_file_key(args.secret_file)
         self._server = self._bind(self._min)
         self._since = time.monotonic()
         """When the server last (re)started: the ranks are given the bound to be present again."""
         host, _, port = args.bind.rpartition(":")
+        host = host.strip("[]")
         try:
-            self.presence = presence.PresenceServer(
-                host.strip("[]"),
-                presence.port_of(int(port)),
-                args.heartbeat_timeout_ms / 1000,
-                self._changed,
-                key=presence.key_from_env() or secret_file_key(args.secret_file),
-            )
+            self.front = front.serve(key, (host, int(port)), self._target)
         except OSError:
             self._server.shutdown()
             raise
+        try:
+            self.presence = presence.PresenceServer(
+                host, presence.port_of(int(port)), args.heartbeat_timeout_ms / 1000, self._changed, key=key
+            )
+        except OSError:
+            self.front.close()
+            self._server.shutdown()
+            raise
         self.presence.start()
+
+    def _target(self) -> tuple[str, int]:
+        """Where the front relays a proven connection: the Lighthouse now serving, on loopback."""
+        with self._lock:
+            return BACKEND_HOST, self._port
 
     def _bind(self, min_ranks: int):  # noqa: ANN202 - torchft's LighthouseServer
         deadline = time.monotonic() + REBIND_S
         while True:
             try:
-                return _torchft().LighthouseServer(
-                    bind=self.args.bind,
+                server = _torchft().LighthouseServer(
+                    bind=f"{BACKEND_HOST}:0",
                     min_replicas=min_ranks,
                     join_timeout_ms=self.args.join_timeout_ms,
                     quorum_tick_ms=self.args.tick_ms,
                     heartbeat_timeout_ms=self.args.heartbeat_timeout_ms,
                 )
+                self._port = int(server.address().rpartition(":")[2])
+                return server
             except (RuntimeError, OSError):
                 if not getattr(self, "_server", None) or time.monotonic() > deadline:
                     raise  # the first bind reports at once; a restart waits for the old listener to close
@@ -312,6 +345,7 @@ class Service:
 
     def shutdown(self) -> None:
         self.presence.close()
+        self.front.close()
         with self._lock:
             self._server.shutdown()
 
