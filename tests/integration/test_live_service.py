@@ -392,3 +392,88 @@ def test_a_service_given_the_runs_secret_file_counts_only_the_runs_ranks_once_it
         assert events.seen == []
     finally:
         server.close()
+
+
+def test_the_front_admits_only_connections_that_prove_the_key_and_the_relay_only_its_own_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: anything that reached torchft's Lighthouse could heartbeat forged ids (every new quorum
+    then waited) and read the status page. The service's port is now its front: a connection that says
+    anything but the answer to its own challenge under the run's key is closed before a byte reaches
+    the Lighthouse (a wrong answer, another connection's answer, torchft's own client, a line too long);
+    a member's relay proves it for its own process's client only: another process that finds the relay's
+    port is closed unanswered and opens nothing at the front."""
+    key = bytes(range(32))
+    monkeypatch.setenv(presence.KEY_ENV, key.hex())
+    port = free_port_pair()
+    service = lighthouse.Service(
+        lighthouse.parse_args(["--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "60000"])
+    )
+
+    def greeting(sock: socket.socket) -> str:
+        line = b""
+        while not line.endswith(b"\n"):
+            data = sock.recv(128)
+            assert data, "closed before its greeting"
+            line += data
+        found = front.GREETING.fullmatch(line.decode().strip())
+        assert found and found.group(2) == " keyed", line
+        return found.group(1)
+
+    try:
+        with say(port) as wrong, say(port) as proven, say(port) as copied, say(port) as long:
+            wrong.sendall(f"prove {front.answer(bytes(32), greeting(wrong))}\n".encode())
+            nonce = greeting(proven)
+            assert greeting(copied) != nonce  # a fresh challenge per connection
+            greeting(long)
+            copied.sendall(f"prove {front.answer(key, nonce)}\n".encode())  # `proven`'s answer, not its own
+            long.sendall(b"prove " + b"0" * 200)
+            proven.sendall(f"prove {front.answer(key, nonce)}\n".encode() + PREFACE)
+            assert proven.recv(9)[3:4] == b"\x04", "no HTTP/2 SETTINGS from the Lighthouse behind the front"
+            for sock in (wrong, copied, long):
+                assert closed(sock), "an unproven connection was kept"
+            assert service.front.admitted == 1
+        with pytest.raises(Exception):  # noqa: B017, PT011 - torchft's client, straight at the front
+            lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=1)).heartbeat(
+                "00000000-rank000000", timedelta(seconds=1)
+            )
+        with pytest.raises(Exception):  # noqa: B017, PT011 - a relay with another key
+            member_client(port, bytes(32)).heartbeat("00000000-rank000000", timedelta(seconds=1))
+        assert service.front.admitted == 1 and service.front.refused >= 5
+        relay = front.connect(key, f"http://127.0.0.1:{port}")
+        client = lighthouse._torchft().LighthouseClient(relay.address, timedelta(seconds=5))
+        client.heartbeat("1a2b3c4d-rank000000")  # the member's own: answered
+        admitted = service.front.admitted
+        assert admitted == 2
+        other = subprocess.run(  # another process at the relay's port: closed unanswered
+            [sys.executable, "-c", PROBE, relay.address.rpartition(":")[2]],
+            capture_output=True,
+            text=True,
+            timeout=BOUND_S * 3,
+        )
+        assert other.stdout.strip() == "closed", other.stdout + other.stderr
+        assert relay.refused == 1 and service.front.admitted == admitted
+        relay.close()
+    finally:
+        service.shutdown()
+
+
+def closed(sock: socket.socket) -> bool:
+    """Whether the other end closed `sock` (a reset too: it closed with our bytes unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""What an HTTP/2 client (torchft's) sends first; the server answers with its SETTINGS frame."""
+PROBE = """
+import socket, sys
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+sock.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n")
+try:
+    print("closed" if sock.recv(1) == b"" else "answered")
+except ConnectionResetError:
+    print("closed")
+"""

@@ -7,6 +7,10 @@ and keeps only soft state, so it can run anywhere and be restarted. It runs in a
 node; `python -m launch.lighthouse` on a host of its own for a job across nodes), never inside a
 training rank, so the loss of any rank or node, the first included, leaves it up.
 
+It checks nothing, so it listens on loopback only (BACKEND_HOST, a port of its own), and the service's
+address is a front (core/recovery/front.py) that admits a connection only once it proved the run's key;
+each rank reaches it through a relay in its own process (LighthouseMembership).
+
 What it lacks is written here: it hears of a lost rank only when its heartbeats lapse. Beside it, on
 the next port, the service takes each seated rank's presence (core/recovery/presence.py): a rank's
 connection that ends is a rank gone, and the service forgets it at once (Service, below).
@@ -257,7 +261,8 @@ REBIND_S = 5.0
 
 
 class Service:
-    """torchft's LighthouseServer on one address, restartable in place, and the ranks' presence on the
+    """torchft's LighthouseServer on loopback behind the front on --bind (front.serve: what a launcher that
+    places the service calls, through this class), restartable in place, and the ranks' presence on the
     next port. A restart is how a rank's loss is told to the Lighthouse: torchft 0.2.0 has no call to
     drop a member, and while the dead rank's last heartbeat is fresh it forms no group of half or fewer
     of those heartbeating, nor one that leaves a heartbeating rank out before join_timeout_ms, so the
@@ -371,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         f"lighthouse: serving {args.bind}, presence on port {server.presence.port} "
         f"(heartbeat timeout {args.heartbeat_timeout_ms} ms, join timeout {args.join_timeout_ms} ms); "
         + (
-            "presence counted only with the run's key"
+            "connections and presence admitted only with the run's key"
             if keyed
-            else "presence ids taken at their word: a stranger can hold a regroup up; give --secret-file "
-            "RUN_DIR/live/secret where this host shares the run dir"
+            else "connections admitted and presence ids taken at their word: a stranger on this host can hold "
+            "a regroup up; give --secret-file RUN_DIR/live/secret where this host shares the run dir"
         ),
         file=sys.stderr,
         flush=True,
