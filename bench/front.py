@@ -34,6 +34,18 @@ def per_call_us(call: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - started) / calls * 1e6
 
 
+def after_restart_ms(service: lighthouse.Service, client: object) -> float:
+    """The service restarted (as on a rank's loss) -> the first quorum answered, asked as
+    LighthouseMembership.quorum asks (the first call after a restart may fail while it reconnects)."""
+    service.restart(1)
+    started = time.perf_counter()
+    lighthouse.asked_until(
+        lambda left: client.quorum(replica_id="bench-rank000000", timeout=timedelta(seconds=left)),  # type: ignore[attr-defined]
+        10.0,
+    )
+    return (time.perf_counter() - started) * 1e3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.front", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -53,11 +65,16 @@ def main(argv: list[str] | None = None) -> int:
             "front": lighthouse._torchft().LighthouseClient(relay.address, timedelta(seconds=5)),
         }
         quorum_calls = max(1, args.calls // 4)
-        figures: dict[str, dict[str, list[float]]] = {k: {"heartbeat": [], "quorum": []} for k in clients}
+        figures: dict[str, dict[str, list[float]]] = {
+            k: {"heartbeat": [], "quorum": [], "restart": []} for k in clients
+        }
         for round_ in range(args.rounds + 1):  # round 0 warms both up and is not counted
             order = list(clients) if round_ % 2 else list(reversed(clients))
             for side in order:
                 client = clients[side]
+                lighthouse.asked_until(  # its connection may have ended with the other side's restart
+                    lambda left, c=client: c.heartbeat("bench-rank000000", timedelta(seconds=left)), 10.0
+                )
                 beat = per_call_us(lambda c=client: c.heartbeat("bench-rank000000"), args.calls)
                 asked = per_call_us(
                     lambda c=client: c.quorum(replica_id="bench-rank000000", timeout=timedelta(seconds=5)),
@@ -66,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 if round_:
                     figures[side]["heartbeat"].append(beat)
                     figures[side]["quorum"].append(asked)
+                    figures[side]["restart"].append(after_restart_ms(service, client))
         for what in ("heartbeat", "quorum"):
             ratios = [f / d for f, d in zip(figures["front"][what], figures["direct"][what], strict=True)]
             print(
@@ -73,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"direct {statistics.median(figures['direct'][what]):.0f} us per call; "
                 f"front ÷ direct {statistics.median(ratios):.2f} (median of {args.rounds} rounds, "
                 f"{args.calls if what == 'heartbeat' else quorum_calls} calls each; load {os.getloadavg()[0]:.1f})"
+            )
+        for what in ("restart",):
+            ratios = [f / d for f, d in zip(figures["front"][what], figures["direct"][what], strict=True)]
+            print(
+                f"service restarted -> first quorum answered: through the front "
+                f"{statistics.median(figures['front'][what]):.1f} ms, direct "
+                f"{statistics.median(figures['direct'][what]):.1f} ms; front ÷ direct {statistics.median(ratios):.2f}"
             )
         relay.close()
     finally:

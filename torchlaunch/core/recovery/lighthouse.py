@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
@@ -37,6 +38,7 @@ from torchlaunch.core.recovery import front, presence
 from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members, started_as
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
+T = TypeVar("T")
 HEARTBEATS_PER_TIMEOUT = 10
 """Heartbeats sent per heartbeat timeout: a live rank is never taken for lost by one late beat."""
 CONNECT_TIMEOUT_S = 10.0
@@ -55,6 +57,25 @@ def _torchft():  # noqa: ANN202 - the module itself
             "recovery.live", "needs torchft, which is not installed", "pip install 'torchlaunch[live]'"
         ) from None
     return _torchft
+
+
+def asked_until(call: Callable[[float], T], timeout_s: float) -> T:
+    """`call(seconds left)` until it answers, or TimeoutError (its last error) once `timeout_s` passed.
+    A service being restarted refuses connections for a moment, and the client's first call after a
+    restart fails while it reconnects (measured, torchft 0.2.0; through the front the old connection's
+    end takes two relays to reach the client, so it is met more often): the first failure is asked
+    again at once, later ones after RETRY_S."""
+    deadline = time.monotonic() + timeout_s
+    failed = 0
+    while True:
+        try:
+            return call(max(deadline - time.monotonic(), 0.1))
+        except Exception as e:  # unreachable (retried) or timed out
+            failed += 1
+            if time.monotonic() + RETRY_S >= deadline:
+                raise TimeoutError(str(e)) from None
+            if failed > 1:
+                time.sleep(RETRY_S)
 
 
 class LighthouseMembership:
@@ -100,24 +121,16 @@ class LighthouseMembership:
                 continue
 
     def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum:
-        """Ask until the service answers or `timeout_s` has passed: a service being restarted refuses
-        connections for a moment, and the client's first call after a restart fails once while it
-        reconnects (measured, torchft 0.2.0)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                found = self._client.quorum(
-                    replica_id=self.replica_id,
-                    timeout=timedelta(seconds=max(left, 0.1)),
-                    store_address=store_address,
-                    step=step,
-                )
-                break
-            except Exception as e:  # unreachable (retried) or timed out
-                if time.monotonic() + RETRY_S >= deadline:
-                    raise TimeoutError(f"no live group within {timeout_s:g} s from {self.address}: {e}") from None
-                time.sleep(RETRY_S)
+        """Ask until the service answers or `timeout_s` has passed (asked_until)."""
+        try:
+            found = asked_until(
+                lambda left: self._client.quorum(
+                    replica_id=self.replica_id, timeout=timedelta(seconds=left), store_address=store_address, step=step
+                ),
+                timeout_s,
+            )
+        except TimeoutError as e:
+            raise TimeoutError(f"no live group within {timeout_s:g} s from {self.address}: {e}") from None
         members = [Member(p.replica_id, p.store_address, int(p.step)) for p in found.participants]
         created = found.created
         token = f"{found.quorum_id}-{created.seconds}.{created.nanos:09d}"
@@ -306,7 +319,7 @@ class Service:
         while True:
             try:
                 server = _torchft().LighthouseServer(
-                    bind=f"{BACKEND_HOST}:0",
+                    bind=f"{BACKEND_HOST}:{getattr(self, '_port', 0)}",  # a restart: the same port again
                     min_replicas=min_ranks,
                     join_timeout_ms=self.args.join_timeout_ms,
                     quorum_tick_ms=self.args.tick_ms,
