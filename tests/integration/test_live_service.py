@@ -477,3 +477,39 @@ try:
 except ConnectionResetError:
     print("closed")
 """
+
+
+def test_the_services_lighthouse_listens_on_a_loopback_no_other_process_reaches(tmp_path: Path) -> None:
+    """Behind the front, torchft's Lighthouse listened on the host's loopback, where any process of the
+    host that found its port (a scan) could heartbeat forged ids at it. `python -m launch.lighthouse`
+    now runs it in a network namespace of its own (core/recovery/private_net.py): the port it listens on
+    there refuses this process, and a member's quorum through the front is answered."""
+    port = free_port_pair()
+    log = tmp_path / "lighthouse.log"
+    env = child_env({presence.KEY_ENV: bytes(range(32)).hex()})
+    argv = [sys.executable, "-m", "launch.lighthouse", "--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "1000"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + BOUND_S * 3
+        while "lighthouse: serving" not in log.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        said = next(line for line in log.read_text().splitlines() if "lighthouse: serving" in line)
+        if "on this host's loopback" in said:
+            pytest.skip(f"this host gives the service no network namespace: {said[-200:]}")
+        assert "Lighthouse on a loopback of its own" in said, said
+        rows = Path(f"/proc/{proc.pid}/net/tcp").read_text().splitlines()[1:]  # its main thread's namespace
+        inside = {int(row.split()[1].rpartition(":")[2], 16) for row in rows if row.split()[3] == "0A"}
+        assert inside and port not in inside, inside  # the front listens in the host's namespace
+        for backend in inside:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", backend), timeout=BOUND_S).close()
+        client = member_client(port, bytes(range(32)))
+        found = lighthouse.asked_until(
+            lambda left: client.quorum(replica_id="1a2b3c4d-rank000000", timeout=timedelta(seconds=left)), BOUND_S
+        )
+        assert [p.replica_id for p in found.participants] == ["1a2b3c4d-rank000000"]
+    finally:
+        proc.kill()
+        proc.wait()

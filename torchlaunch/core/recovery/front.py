@@ -12,10 +12,13 @@ anything else, is closed and never reaches the Lighthouse.
 torchft's client speaks TCP only (0.2.0: no `unix:` addresses; measured), so a member reaches the front
 through a relay of its own: a loopback listener, in the member's own process, that admits only
 connections made by this same process (the peer socket is found in /proc/net/tcp and must be one of
-this process's descriptors), proves the key on their behalf and relays. Another user's process on the
-member's host that finds the port is closed unanswered.
+this process's descriptors), proves the key on their behalf and relays. Any other process on the
+member's host (its own user's too) that finds the port is closed unanswered.
 
-The API (what a launcher that places the service needs):
+The API (what a launcher that places the service needs): the service is a process,
+`python -m torchlaunch.core.recovery.lighthouse --bind HOST:PORT --secret-file RUN_DIR/live/secret` (or
+with the launch's key in TORCHLAUNCH_LIVE_PRESENCE_KEY), whose address http://HOST:PORT is its front;
+the ranks' LighthouseMembership connects through it by itself. Inside, in-process:
   - serve(key, bind, target) -> Front: the front on `bind` (host, port) for the service at `target()`
     (host, port; asked per connection, so a restarted Lighthouse on a new port is found). `Front.port`
     is the address to give the members.
@@ -118,7 +121,8 @@ class Front:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2.0)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=2.0)
         for conn, *_ in self._pending.values():
             conn.close()
         with self._lock:

@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
-from torchlaunch.core.recovery import front, presence
+from torchlaunch.core.recovery import front, presence, private_net
 from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members, started_as
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
@@ -283,30 +283,35 @@ class Service:
     ranks that beat or ask after it started; it is started waiting for every rank still present (never
     fewer than --min-ranks), so it does not form a group of the first rank to ask back."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, private: bool = False) -> None:
+        """`private`: the Lighthouse in a network namespace of its own (private_net.move: this thread and
+        the threads it starts); only for the service's own process, never one that serves anything else."""
         self.args = args
         self._lock = threading.Lock()
         self.restarts = 0
         self._min = max(args.min_ranks, args.await_ranks or 0)
         key = presence.key_from_env() or secret_file_key(args.secret_file)
-        self._server = self._bind(self._min)
-        self._since = time.monotonic()
-        """When the server last (re)started: the ranks are given the bound to be present again."""
         host, _, port = args.bind.rpartition(":")
         host = host.strip("[]")
-        try:
-            self.front = front.serve(key, (host, int(port)), self._target)
-        except OSError:
-            self._server.shutdown()
-            raise
+        self.front = front.Front(key, (host, int(port)), self._target)  # listening, in the host's namespace
         try:
             self.presence = presence.PresenceServer(
                 host, presence.port_of(int(port)), args.heartbeat_timeout_ms / 1000, self._changed, key=key
             )
         except OSError:
             self.front.close()
-            self._server.shutdown()
             raise
+        self.shared_loopback = private_net.move() if private else "not asked for"
+        """Why the Lighthouse listens on the host's loopback (None: on a loopback of its own)."""
+        try:
+            self._server = self._bind(self._min)
+        except (RuntimeError, OSError):
+            self.front.close()
+            self.presence.close()
+            raise
+        self._since = time.monotonic()
+        """When the server last (re)started: the ranks are given the bound to be present again."""
+        self.front.start()
         self.presence.start()
 
     def _target(self) -> tuple[str, int]:
@@ -375,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         try:
-            server = Service(args)
+            server = Service(args, private=True)
         except (RuntimeError, OSError) as e:
             raise BadInput(f"lighthouse error: cannot listen on {quote(args.bind)}: {quote(str(e))}") from None
     except BadInput as problem:
@@ -390,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
         f"(heartbeat timeout {args.heartbeat_timeout_ms} ms, join timeout {args.join_timeout_ms} ms); "
         + (
             "connections and presence admitted only with the run's key"
+            + (
+                ", torchft's Lighthouse on a loopback of its own"
+                if server.shared_loopback is None
+                else f", torchft's Lighthouse on this host's loopback ({server.shared_loopback}): a process on this "
+                "host that finds its port can hold quorums up"
+            )
             if keyed
             else "connections admitted and presence ids taken at their word: a stranger on this host can hold "
             "a regroup up; give --secret-file RUN_DIR/live/secret where this host shares the run dir"

@@ -192,7 +192,8 @@ class PresenceServer:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2.0)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=2.0)
         for key in list(self._selector.get_map().values()):
             with contextlib.suppress(OSError):
                 key.fileobj.close()  # type: ignore[union-attr]
