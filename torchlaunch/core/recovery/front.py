@@ -25,8 +25,8 @@ the ranks' LighthouseMembership connects through it by itself. Inside, in-proces
   - connect(key, address) -> Relay: the member side, for the front at `address` (http://HOST:PORT);
     `Relay.address` (http://127.0.0.1:PORT) is what torchft's LighthouseClient is given.
 `key` is the presence key (core/recovery/presence.py: the launch's, or the run secret's derivation); a
-service given none (loopback only, lighthouse.py refuses it elsewhere) admits every connection. What
-remains: the Lighthouse's loopback port can be reached by another user on the service's own host.
+service given none (loopback only, lighthouse.py refuses it elsewhere) admits every connection. Behind it,
+the Lighthouse's loopback is the service's own where the host allows (core/recovery/private_net.py).
 Torch-free and torchft-free.
 """
 
