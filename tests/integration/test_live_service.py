@@ -338,14 +338,15 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     leave it out (issue 52: it overwrote the answer): the answer's name is derived from the secret."""
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key
+    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key, store_with_echo
     from torchlaunch.core.recovery.membership import Member, Quorum, replica_id_of, sorted_members
     from torchlaunch.core.recovery.runkey import RunKey
 
     key, token = RunKey(b"k" * 32), "5-1.000000001"
     ids = [replica_id_of(r, run=key.tag) for r in range(5)]
-    stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(4)]
-    addresses = [f"127.0.0.1:{s.port}" for s in stores] + [f"127.0.0.1:{free_port_pair()}"]  # rank 4: nobody there
+    made = [store_with_echo(key.presence_key) for _ in range(4)]  # each member's store behind its front
+    stores: list[dist.TCPStore] = [store for _, store, _ in made]
+    addresses = [f"127.0.0.1:{f.port}" for _, _, f in made] + [f"127.0.0.1:{free_port_pair()}"]  # 4: nobody
     stores[1].set(answer_key(key, token, ids[1]), key.proof(token, ids[1], addresses[1], 9))  # a member of the run
     for name in (f"{PROOF_KEY}/{token}", f"{PROOF_KEY}/{token}/{ids[1]}", f"{PROOF_KEY}/{ids[1]}"):
         stores[1].set(name, "0" * 64)  # a stranger's writes into member 1's store, at the names it can know
@@ -353,6 +354,7 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     stores[3].set(answer_key(key, token, ids[3]), RunKey(b"x" * 32).proof(token, ids[3], addresses[3], 9))  # no secret
     group = LiveGroup.__new__(LiveGroup)  # the proof step only: this rank's store and key, no process group
     group.key, group.store, group.store_address = key, stores[0], addresses[0]
+    group.store_key = key.presence_key
     group.membership = type("Seat", (), {"replica_id": ids[0]})()  # type: ignore[assignment]
     quorum = Quorum(5, token, sorted_members([Member(i, a, 9) for i, a in zip(ids, addresses, strict=True)]))
     started = time.monotonic()
@@ -360,6 +362,9 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     assert [m.replica_id for m in proven.members] == ids[:2]
     assert time.monotonic() - started < 1 + BOUND_S / 2, "the checks run at once, each within the bound"
     assert stores[0].get(answer_key(key, token, ids[0])).decode() == key.proof(token, ids[0], addresses[0], 9)
+    for echo, _, way_in in made:
+        echo.close()
+        way_in.close()
 
 
 def test_a_service_given_the_runs_secret_file_counts_only_the_runs_ranks_once_it_exists(tmp_path: Path) -> None:

@@ -229,6 +229,10 @@ def serve(key: Key, bind: tuple[str, int], target: Callable[[], tuple[str, int]]
     return Front(key, bind, target).start()
 
 
+V4_MAPPED = "0000000000000000FFFF0000"
+"""::ffff:0:0/96 as /proc/net/tcp6 writes its first three 32-bit words (the fourth is the IPv4 address)."""
+
+
 def _kernel_hex(host: str) -> str:
     """An IPv4 address as /proc/net/tcp writes it (the raw 32-bit word in the host's byte order)."""
     return f"{struct.unpack('=I', socket.inet_aton(host))[0]:08X}"
@@ -236,17 +240,24 @@ def _kernel_hex(host: str) -> str:
 
 def made_here(conn: socket.socket) -> bool:
     """Whether the peer of `conn`, an accepted loopback IPv4 connection, is a socket of this process: its
-    row in /proc/net/tcp names its inode, which must be one of this process's descriptors."""
+    row in /proc/net/tcp (or tcp6, for a dual-stack client's v4-mapped socket: torch's) names its inode,
+    which must be one of this process's descriptors."""
     (peer_host, peer_port), (host, port) = conn.getpeername()[:2], conn.getsockname()[:2]
-    row = f"{_kernel_hex(peer_host)}:{peer_port:04X} {_kernel_hex(host)}:{port:04X}"
+    rows = {
+        "/proc/net/tcp": f"{_kernel_hex(peer_host)}:{peer_port:04X} {_kernel_hex(host)}:{port:04X}",
+        "/proc/net/tcp6": f"{V4_MAPPED}{_kernel_hex(peer_host)}:{peer_port:04X} {V4_MAPPED}{_kernel_hex(host)}:{port:04X}",
+    }
     inode = None
     try:
-        with open("/proc/net/tcp", encoding="ascii") as table:
-            for line in table:
-                fields = line.split()
-                if len(fields) > 9 and f"{fields[1]} {fields[2]}" == row:
-                    inode = fields[9]
-                    break
+        for path, row in rows.items():
+            with open(path, encoding="ascii") as table:
+                for line in table:
+                    fields = line.split()
+                    if len(fields) > 9 and f"{fields[1]} {fields[2]}" == row:
+                        inode = fields[9]
+                        break
+            if inode is not None:
+                break
         if inode is None or inode == "0":
             return False
         wanted = f"socket:[{inode}]"
@@ -271,8 +282,12 @@ class Relay:
         self._thread = threading.Thread(target=self._serve, name="torchlaunch-front-relay", daemon=True)
 
     @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    @property
     def address(self) -> str:
-        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Relay:
         self._thread.start()
