@@ -518,3 +518,30 @@ def test_the_services_lighthouse_listens_on_a_loopback_no_other_process_reaches(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_ranks_store_admits_only_the_runs_ranks() -> None:
+    """Issue 52: the status page gave every rank's store address, and a stranger wrote 400 MB into rank
+    0's store (torch's TCPStore takes any client and bounds nothing). The store now listens on loopback
+    only, behind a front on its given port: torch's own client straight at that port is refused and
+    writes nothing; a peer of the run, through its relay, sets and reads keys."""
+    import torch.distributed as dist
+
+    from torchlaunch.core.recovery.group import peer_relay, store_with_echo
+    from torchlaunch.core.recovery.runkey import RunKey
+
+    key = RunKey(b"s" * 32).presence_key
+    echo, store, way_in = store_with_echo(key)
+    try:
+        before = store.num_keys()
+        with pytest.raises(Exception):  # noqa: B017, PT011 - torch's error for a connection closed on it
+            dist.TCPStore("127.0.0.1", way_in.port, is_master=False, timeout=timedelta(seconds=2)).set("x", "y" * 1000)
+        assert store.num_keys() == before and way_in.admitted == 0 and way_in.refused >= 1
+        relay = peer_relay(key, f"127.0.0.1:{way_in.port}")
+        peer = dist.TCPStore("127.0.0.1", relay.port, is_master=False, timeout=timedelta(seconds=BOUND_S))
+        peer.set("from-a-peer", "1")
+        assert store.get("from-a-peer") == b"1" and way_in.admitted >= 1
+        relay.close()
+    finally:
+        echo.close()
+        way_in.close()
