@@ -96,8 +96,9 @@ class LighthouseMembership:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """One heartbeat now (the service knows this rank before start() returns), then a thread."""
-        self._client.heartbeat(self.replica_id)
+        """One heartbeat now (the service knows this rank before start() returns; asked again, as a quorum
+        is, when the service restarted under it), then a thread."""
+        asked_until(lambda left: self._client.heartbeat(self.replica_id, timedelta(seconds=left)), CONNECT_TIMEOUT_S)
         self._thread = threading.Thread(target=self._beat, name="torchlaunch-heartbeat", daemon=True)
         self._thread.start()
 
@@ -274,9 +275,8 @@ REBIND_S = 5.0
 
 
 class Service:
-    """torchft's LighthouseServer on loopback behind the front on --bind (front.serve: what a launcher that
-    places the service calls, through this class), restartable in place, and the ranks' presence on the
-    next port. A restart is how a rank's loss is told to the Lighthouse: torchft 0.2.0 has no call to
+    """torchft's LighthouseServer on loopback behind the front on --bind (front.Front), restartable in
+    place, and the ranks' presence on the next port. A restart is how a rank's loss is told to the Lighthouse: torchft 0.2.0 has no call to
     drop a member, and while the dead rank's last heartbeat is fresh it forms no group of half or fewer
     of those heartbeating, nor one that leaves a heartbeating rank out before join_timeout_ms, so the
     survivors would wait out the heartbeat timeout. Its state is soft, so a new server knows only the
