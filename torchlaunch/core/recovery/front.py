@@ -99,7 +99,10 @@ class Front:
         self.admitted = 0
         self.refused = 0
         """Connections closed unproven (for tests and the service's log)."""
-        self._listener = socket.create_server(bind, reuse_port=False)
+        family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(bind)  # listening from start() on: a launcher that waits for the port waits for it
         self._listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
@@ -116,6 +119,7 @@ class Front:
         return int(self._listener.getsockname()[1])
 
     def start(self) -> Front:
+        self._listener.listen(socket.SOMAXCONN)
         self._thread.start()
         return self
 
