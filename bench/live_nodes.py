@@ -34,6 +34,7 @@ from bench import live
 from faults import netns, progress
 from faults.job import REPO, node_env
 from faults.netns import Cluster, Node
+from torchlaunch.core.recovery import runkey
 
 PORT = 29510
 DEADLINE_S = 300.0
@@ -63,10 +64,12 @@ class NodesRun:
         return all(code == 0 for code in self.codes.values() if code is not None)
 
 
-def start_lighthouse(cluster: Cluster, node: Node, log: Path, heartbeat_timeout_s: float) -> str:
-    """`python -m launch.lighthouse` on `node`; returns its address once it serves."""
+def start_lighthouse(cluster: Cluster, node: Node, log: Path, heartbeat_timeout_s: float, run_dir: Path) -> str:
+    """`python -m launch.lighthouse` on `node`, given the run's secret file (a service reachable from other
+    hosts must be); returns its address once it serves."""
     ms = str(round(heartbeat_timeout_s * 1000))
     argv = [sys.executable, "-m", "launch.lighthouse", "--bind", f"0.0.0.0:{PORT}", "--heartbeat-timeout-ms", ms]
+    argv += ["--secret-file", runkey.secret_file(run_dir)]
     popen = cluster.start(node, argv, log, env=node_env(), cwd=REPO)
 
     def exited() -> str | None:
@@ -103,7 +106,9 @@ def run(
     with Cluster(nodes=training_nodes + 1) as cluster:
         *nodes, service_node = cluster.nodes
         lighthouse = (
-            "" if placed else start_lighthouse(cluster, service_node, work / "lighthouse.log", heartbeat_timeout_s)
+            ""
+            if placed
+            else start_lighthouse(cluster, service_node, work / "lighthouse.log", heartbeat_timeout_s, run_dir)
         )
         recipe.write_text(
             live.config_text(run_dir, heartbeat_timeout_s=heartbeat_timeout_s, epochs=epochs)

@@ -75,7 +75,13 @@ class LiveJob(DockerJob):
         name = deployment["metadata"]["name"]
         argv = ["run", "-d", "--name", f"{self.prefix}-{name}", "--network", self.network]
         argv += ["--network-alias", name, "--user", f"{sc['runAsUser']}:{sc['runAsGroup']}", "--cap-drop", "ALL"]
-        argv += ["--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp:rw,mode=1777"]
+        argv += ["--security-opt", "no-new-privileges", "--read-only"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for mount in c["volumeMounts"]:  # the workers' claim read-only (the run's secret), a tmpfs /tmp
+            if "persistentVolumeClaim" in volumes[mount["name"]]:
+                argv += ["-v", f"{self.shared}:{mount['mountPath']}:ro"]
+            else:
+                argv += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
         for env in c.get("env", []):
             argv += ["-e", f"{env['name']}={env['value']}"]
         argv += ["--entrypoint", c["command"][0], c["image"], *c["command"][1:], *c["args"]]

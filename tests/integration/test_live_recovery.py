@@ -408,18 +408,21 @@ def test_a_rejoin_that_fails_half_way_costs_the_survivor_nothing(run_library: Ru
 
 
 class Stranger:
-    """A process that reaches the membership service but is no rank of the run (issue 52): it heartbeats
-    and asks for every quorum with an id that sorts before every rank's, the newest step there could be,
-    and a store of its own, which records whether any rank came to form a group on it."""
+    """A process that reaches the membership service's port but is no rank of the run (issue 52): it
+    heartbeats as many forged ids as the run has ranks, each sorting before every rank's (torchft forms
+    no group of half or fewer of those heartbeating), and asks for every quorum with the newest step
+    there could be and a store of its own, which records whether any rank came to form a group on it."""
 
-    ID = "!stranger"
+    IDS = ("!stranger0", "!stranger1")
 
     def __init__(self) -> None:
         import torch.distributed as dist
 
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.keys_before = self.store.num_keys()
-        self.quorums: list[int] = []
+        self.tries = 0
+        self.answered = 0
+        """Calls the service answered: torchft's Lighthouse answers a heartbeat whoever sends it."""
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._ask, daemon=True)
 
@@ -443,23 +446,30 @@ class Stranger:
             try:
                 if client is None:  # the service's process is found before it listens: ask until it does
                     client = _torchft().LighthouseClient(address, timedelta(seconds=1))
-                client.heartbeat(self.ID)
-                found = client.quorum(
-                    replica_id=self.ID,
+                self.tries += 1
+                for forged in self.IDS:
+                    client.heartbeat(forged, timedelta(seconds=1))
+                    self.answered += 1
+                client.quorum(
+                    replica_id=self.IDS[0],
                     timeout=timedelta(seconds=1),
                     store_address=f"127.0.0.1:{self.store.port}",
                     step=10**9,
                 )
-                self.quorums.append(int(found.quorum_id))
-            except Exception:  # not listening yet, restarting, or no quorum within the second: ask again
+                self.answered += 1
+            except Exception:  # refused, not listening yet, or restarting: ask again
                 self.stop.wait(0.05)
 
 
-def test_a_stranger_at_the_membership_service_is_never_seated(tmp_path: Path) -> None:
-    """Before: the stranger was seated as rank 0 of the first group (the job ended in one line: a group
-    of 3 for 2 ranks) or, at a regroup, as the group's rank 0 and its state source (its pickles then ran
-    in the survivor). Now its entry carries no address sealed under the run's secret and it proves
-    nothing: the ranks form their groups without it, train the plan and regroup once on the kill."""
+def test_a_stranger_at_the_membership_service_is_refused_and_holds_no_regroup(tmp_path: Path) -> None:
+    """Before: the stranger was seated as rank 0 of the first group or, at a regroup, as the group's
+    rank 0 and its state source (its pickles then ran in the survivor), and its forged heartbeats held
+    each new quorum until the join timeout. Now the service's port is its front (core/recovery/front.py):
+    a connection that does not prove the run's key never reaches torchft's Lighthouse, so every call of
+    the stranger's fails, the ranks train the plan, and the regroup on the kill forms within the forming
+    bound that the stranger's heartbeats could hold it to before."""
+    from torchlaunch.core.recovery.membership import forming_bound_s
+
     stranger = Stranger()
     stranger.thread.start()
     try:
@@ -469,9 +479,12 @@ def test_a_stranger_at_the_membership_service_is_never_seated(tmp_path: Path) ->
         stranger.thread.join(timeout=10)
     out = result.stderr
     assert result.code == 0, out[-3000:]
-    assert stranger.quorums, "the stranger was never in a quorum: the test tried nothing"
+    assert stranger.tries > 10, "the stranger hardly tried: the test tried nothing"
+    assert stranger.answered == 0, f"the service answered a stranger {stranger.answered} times"
     regrouped = [e for e in result.events() if e["event"] == "regrouped"]
     assert len(regrouped) == 1 and regrouped[0]["world"] == 1 and regrouped[0]["rank"] == 0, regrouped
+    took = result.regroup_s()
+    assert took is not None and took < forming_bound_s(1.0), f"the regroup took {took} s"
     assert stranger.store.num_keys() == stranger.keys_before, "a rank formed a group on the stranger's store"
     assert_trains_the_plan(result.run_dir, live.STEPS)
     secret = result.run_dir / "live" / "secret"

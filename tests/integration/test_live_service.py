@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env, free_port_pair
-from torchlaunch.core.recovery import lighthouse, presence
+from torchlaunch.core.recovery import front, lighthouse, presence
 
 BOUND_S = 10.0
 """Every wait here is bounded by this; none is a sleep standing in for synchronisation."""
@@ -46,6 +46,12 @@ def say(port: int, *lines: str) -> socket.socket:
     for line in lines:
         sock.sendall(line.encode("utf-8", "surrogateescape") + b"\n")
     return sock
+
+
+def member_client(port: int, key: bytes | None = None):  # noqa: ANN201 - torchft's LighthouseClient
+    """torchft's client as a member makes it: through its own relay to the service's front."""
+    relay = front.connect(key, f"http://127.0.0.1:{port}")
+    return lighthouse._torchft().LighthouseClient(relay.address, timedelta(seconds=5))
 
 
 def counted(server: presence.PresenceServer, alive: int) -> None:
@@ -177,7 +183,7 @@ def test_a_lone_survivor_gets_its_group_as_soon_as_the_lost_ranks_connection_end
     args = lighthouse.parse_args(["--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "60000"])
     service = lighthouse.Service(args)
     try:
-        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        client = member_client(port)
         survivor = say(port + 1, "hello rank000000")
         lost = say(port + 1, "hello rank000001")
         client.heartbeat("rank000001")  # the member about to be lost: its last beat
@@ -215,7 +221,7 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
     ids = ["1a2b3c4d-rank000000", "1a2b3c4d-rank000001"]
 
     def beat() -> None:  # the ranks' heartbeats, as their heartbeat thread sends them, and the stranger's
-        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        client = member_client(port)
         while not stop.is_set():
             for replica_id in ("00000000-rank000000", *ids):  # the stranger's sorts first; it never asks
                 client.heartbeat(replica_id)
@@ -227,7 +233,7 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
     def ask(replica_id: str) -> None:
         """As the membership asks: a smaller group than the ranks present (one asked before the other)
         is asked for again, until the group of both forms or the test's bound has passed."""
-        client = lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        client = member_client(port)
         deadline = time.monotonic() + BOUND_S
         while time.monotonic() < deadline and sorted(found.get(replica_id, [])) != ids:
             left = max(deadline - time.monotonic(), 0.1)
@@ -239,7 +245,7 @@ def test_a_stranger_that_only_heartbeats_holds_a_quorum_for_the_forming_bound_at
 
     try:
         beating.start()
-        lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))  # it listens
+        member_client(port)  # it listens
         askers = [threading.Thread(target=ask, args=(i,), daemon=True) for i in ids]
         started = time.monotonic()
         for thread in askers:
@@ -332,14 +338,15 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     leave it out (issue 52: it overwrote the answer): the answer's name is derived from the secret."""
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key
+    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key, store_with_echo
     from torchlaunch.core.recovery.membership import Member, Quorum, replica_id_of, sorted_members
     from torchlaunch.core.recovery.runkey import RunKey
 
     key, token = RunKey(b"k" * 32), "5-1.000000001"
     ids = [replica_id_of(r, run=key.tag) for r in range(5)]
-    stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(4)]
-    addresses = [f"127.0.0.1:{s.port}" for s in stores] + [f"127.0.0.1:{free_port_pair()}"]  # rank 4: nobody there
+    made = [store_with_echo(key.presence_key) for _ in range(4)]  # each member's store behind its front
+    stores: list[dist.TCPStore] = [store for _, store, _ in made]
+    addresses = [f"127.0.0.1:{f.port}" for _, _, f in made] + [f"127.0.0.1:{free_port_pair()}"]  # 4: nobody
     stores[1].set(answer_key(key, token, ids[1]), key.proof(token, ids[1], addresses[1], 9))  # a member of the run
     for name in (f"{PROOF_KEY}/{token}", f"{PROOF_KEY}/{token}/{ids[1]}", f"{PROOF_KEY}/{ids[1]}"):
         stores[1].set(name, "0" * 64)  # a stranger's writes into member 1's store, at the names it can know
@@ -347,6 +354,7 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     stores[3].set(answer_key(key, token, ids[3]), RunKey(b"x" * 32).proof(token, ids[3], addresses[3], 9))  # no secret
     group = LiveGroup.__new__(LiveGroup)  # the proof step only: this rank's store and key, no process group
     group.key, group.store, group.store_address = key, stores[0], addresses[0]
+    group.store_key = key.presence_key
     group.membership = type("Seat", (), {"replica_id": ids[0]})()  # type: ignore[assignment]
     quorum = Quorum(5, token, sorted_members([Member(i, a, 9) for i, a in zip(ids, addresses, strict=True)]))
     started = time.monotonic()
@@ -354,6 +362,9 @@ def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_
     assert [m.replica_id for m in proven.members] == ids[:2]
     assert time.monotonic() - started < 1 + BOUND_S / 2, "the checks run at once, each within the bound"
     assert stores[0].get(answer_key(key, token, ids[0])).decode() == key.proof(token, ids[0], addresses[0], 9)
+    for echo, _, way_in in made:
+        echo.close()
+        way_in.close()
 
 
 def test_a_service_given_the_runs_secret_file_counts_only_the_runs_ranks_once_it_exists(tmp_path: Path) -> None:
@@ -412,3 +423,151 @@ def test_the_service_process_serves_without_loading_torch(tmp_path: Path) -> Non
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_front_admits_only_connections_that_prove_the_key_and_the_relay_only_its_own_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: anything that reached torchft's Lighthouse could heartbeat forged ids (every new quorum
+    then waited) and read the status page. The service's port is now its front: a connection that says
+    anything but the answer to its own challenge under the run's key is closed before a byte reaches
+    the Lighthouse (a wrong answer, another connection's answer, torchft's own client, a line too long);
+    a member's relay proves it for its own process's client only: another process that finds the relay's
+    port is closed unanswered and opens nothing at the front."""
+    key = bytes(range(32))
+    monkeypatch.setenv(presence.KEY_ENV, key.hex())
+    port = free_port_pair()
+    service = lighthouse.Service(
+        lighthouse.parse_args(["--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "60000"])
+    )
+
+    def greeting(sock: socket.socket) -> str:
+        line = b""
+        while not line.endswith(b"\n"):
+            data = sock.recv(128)
+            assert data, "closed before its greeting"
+            line += data
+        found = front.GREETING.fullmatch(line.decode().strip())
+        assert found and found.group(2) == " keyed", line
+        return found.group(1)
+
+    try:
+        with say(port) as wrong, say(port) as proven, say(port) as copied, say(port) as long:
+            wrong.sendall(f"prove {front.answer(bytes(32), greeting(wrong))}\n".encode())
+            nonce = greeting(proven)
+            assert greeting(copied) != nonce  # a fresh challenge per connection
+            greeting(long)
+            copied.sendall(f"prove {front.answer(key, nonce)}\n".encode())  # `proven`'s answer, not its own
+            long.sendall(b"prove " + b"0" * 200)
+            proven.sendall(f"prove {front.answer(key, nonce)}\n".encode() + PREFACE)
+            assert proven.recv(9)[3:4] == b"\x04", "no HTTP/2 SETTINGS from the Lighthouse behind the front"
+            for sock in (wrong, copied, long):
+                assert closed(sock), "an unproven connection was kept"
+            assert service.front.admitted == 1
+        with pytest.raises(Exception):  # noqa: B017, PT011 - torchft's client, straight at the front
+            lighthouse._torchft().LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=1)).heartbeat(
+                "00000000-rank000000", timedelta(seconds=1)
+            )
+        with pytest.raises(Exception):  # noqa: B017, PT011 - a relay with another key
+            member_client(port, bytes(32)).heartbeat("00000000-rank000000", timedelta(seconds=1))
+        assert service.front.admitted == 1 and service.front.refused >= 5
+        relay = front.connect(key, f"http://127.0.0.1:{port}")
+        client = lighthouse._torchft().LighthouseClient(relay.address, timedelta(seconds=5))
+        client.heartbeat("1a2b3c4d-rank000000")  # the member's own: answered
+        admitted = service.front.admitted
+        assert admitted == 2
+        other = subprocess.run(  # another process at the relay's port: closed unanswered
+            [sys.executable, "-c", PROBE, relay.address.rpartition(":")[2]],
+            capture_output=True,
+            text=True,
+            timeout=BOUND_S * 3,
+        )
+        assert other.stdout.strip() == "closed", other.stdout + other.stderr
+        assert relay.refused == 1 and service.front.admitted == admitted
+        relay.close()
+    finally:
+        service.shutdown()
+
+
+def closed(sock: socket.socket) -> bool:
+    """Whether the other end closed `sock` (a reset too: it closed with our bytes unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""What an HTTP/2 client (torchft's) sends first; the server answers with its SETTINGS frame."""
+PROBE = """
+import socket, sys
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+sock.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n")
+try:
+    print("closed" if sock.recv(1) == b"" else "answered")
+except ConnectionResetError:
+    print("closed")
+"""
+
+
+def test_the_services_lighthouse_listens_on_a_loopback_no_other_process_reaches(tmp_path: Path) -> None:
+    """Behind the front, torchft's Lighthouse listened on the host's loopback, where any process of the
+    host that found its port (a scan) could heartbeat forged ids at it. `python -m launch.lighthouse`
+    now runs it in a network namespace of its own (core/recovery/private_net.py): the port it listens on
+    there refuses this process, and a member's quorum through the front is answered."""
+    port = free_port_pair()
+    log = tmp_path / "lighthouse.log"
+    env = child_env({presence.KEY_ENV: bytes(range(32)).hex()})
+    argv = [sys.executable, "-m", "launch.lighthouse", "--bind", f"127.0.0.1:{port}", "--heartbeat-timeout-ms", "1000"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + BOUND_S * 3
+        while "lighthouse: serving" not in log.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        said = next(line for line in log.read_text().splitlines() if "lighthouse: serving" in line)
+        if "on this host's loopback" in said:
+            pytest.skip(f"this host gives the service no network namespace: {said[-200:]}")
+        assert "Lighthouse on a loopback of its own" in said, said
+        rows = Path(f"/proc/{proc.pid}/net/tcp").read_text().splitlines()[1:]  # its main thread's namespace
+        inside = {int(row.split()[1].rpartition(":")[2], 16) for row in rows if row.split()[3] == "0A"}
+        assert inside and port not in inside, inside  # the front listens in the host's namespace
+        for backend in inside:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", backend), timeout=BOUND_S).close()
+        client = member_client(port, bytes(range(32)))
+        found = lighthouse.asked_until(
+            lambda left: client.quorum(replica_id="1a2b3c4d-rank000000", timeout=timedelta(seconds=left)), BOUND_S
+        )
+        assert [p.replica_id for p in found.participants] == ["1a2b3c4d-rank000000"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_ranks_store_admits_only_the_runs_ranks() -> None:
+    """Issue 52: the status page gave every rank's store address, and a stranger wrote 400 MB into rank
+    0's store (torch's TCPStore takes any client and bounds nothing). The store now listens on loopback
+    only, behind a front on its given port: torch's own client straight at that port is refused and
+    writes nothing; a peer of the run, through its relay, sets and reads keys."""
+    import torch.distributed as dist
+
+    from torchlaunch.core.recovery.group import peer_relay, store_with_echo
+    from torchlaunch.core.recovery.runkey import RunKey
+
+    key = RunKey(b"s" * 32).presence_key
+    echo, store, way_in = store_with_echo(key)
+    try:
+        before = store.num_keys()
+        with pytest.raises(Exception):  # noqa: B017, PT011 - torch's error for a connection closed on it
+            dist.TCPStore("127.0.0.1", way_in.port, is_master=False, timeout=timedelta(seconds=2)).set("x", "y" * 1000)
+        assert store.num_keys() == before and way_in.admitted == 0 and way_in.refused >= 1
+        relay = peer_relay(key, f"127.0.0.1:{way_in.port}")
+        peer = dist.TCPStore("127.0.0.1", relay.port, is_master=False, timeout=timedelta(seconds=BOUND_S))
+        peer.set("from-a-peer", "1")
+        assert store.get("from-a-peer") == b"1" and way_in.admitted >= 1
+        relay.close()
+    finally:
+        echo.close()
+        way_in.close()

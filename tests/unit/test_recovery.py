@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from torchlaunch import config as config_mod
+from torchlaunch import contract
 from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.backends.local import live as live_agent
 from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
@@ -1007,3 +1008,23 @@ def test_a_service_reads_the_runs_secret_only_once_made_and_only_when_safe(tmp_p
         runkey.existing(path)
     assert lighthouse.secret_file_key(str(path))() is None  # type: ignore[misc]
     assert lighthouse.parse_args(["--secret-file", str(path)]).secret_file == str(path)
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:29510", "10.1.2.3:29510", "[::]:29510", "node7:29510"])
+def test_a_service_reachable_from_other_hosts_without_the_runs_key_is_refused(
+    bind: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52: a service started apart without --secret-file admitted anyone who reached it (forged
+    presence ids were counted, only warned). Where another host can reach it, the run's key is required:
+    exit 2 and one line, before it listens; on loopback it may still run without (the ranks warn)."""
+    from torchlaunch.core.recovery import lighthouse
+
+    monkeypatch.delenv(contract.LIVE_PRESENCE_KEY, raising=False)
+    code = lighthouse.main(["--bind", bind])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--secret-file" in err, err
+    for local in ("127.0.0.1:29510", "[::1]:29510", "localhost:29510"):
+        assert lighthouse.parse_args(["--bind", local]).secret_file is None
+    assert lighthouse.parse_args(["--bind", bind, "--secret-file", "/x/live/secret"]).bind == bind
+    monkeypatch.setenv(contract.LIVE_PRESENCE_KEY, "ab" * 32)  # the local agent's service: keyed by the launch
+    assert lighthouse.parse_args(["--bind", bind]).bind == bind

@@ -44,6 +44,6 @@ def check(lighthouse: str, timeout_s: float = REACH_TIMEOUT_S, env: Mapping[str,
             why = "nothing answered" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
             raise BadInput(
                 f"launch error: recovery.lighthouse={lighthouse}: {what} at {host}:{each} cannot be reached "
-                f"({why}; {timeout_s:g} s): start `python -m launch.lighthouse --bind 0.0.0.0:{port}` there, or fix the "
+                f"({why}; {timeout_s:g} s): start `python -m launch.lighthouse --bind 0.0.0.0:{port} --secret-file RUN_DIR/live/secret` there, or fix the "
                 "address"
             ) from None

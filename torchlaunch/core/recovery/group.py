@@ -4,7 +4,10 @@ place (the process, model, optimizer and loaders stay as they are).
 Why every rank hosts a TCP store of its own: the group's store lives with its rank 0, and a store
 hosted by one rank dies with it. After a loss the new rank 0 (the first survivor by id) offers its own
 store, already running, so no rank's loss takes the group's meeting place with it. Keys are prefixed
-with the quorum's token, so a regroup never reads a previous group's keys.
+with the quorum's token, so a regroup never reads a previous group's keys. Each store listens on
+loopback only, behind a front of its own (core/recovery/front.py: a connection proves the run's key
+first), and its peers reach it through relays in their own processes (store_with_echo, peer_relay):
+torch's TCPStore takes any client and bounds nothing, and a stranger filled one's memory (issue 52).
 
 Why a broken group's connections are shut down: a member that lost no direct peer (3+ ranks) may
 still wait in the broken collective on a live one; it learns of the loss only when the live one's gloo
@@ -37,6 +40,7 @@ import gc
 import hashlib
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -50,7 +54,7 @@ import torch.distributed as dist
 
 from torchlaunch import rundir
 from torchlaunch.core.dist import DistContext, PeerValueError, broadcast_json
-from torchlaunch.core.recovery import sockets, state_wire
+from torchlaunch.core.recovery import front, sockets, state_wire
 from torchlaunch.core.recovery.fence import Fence, FenceBusy
 from torchlaunch.core.recovery.membership import (
     JOINING_STEP,
@@ -108,8 +112,12 @@ class LiveGroup:
         it trains on down to one rank."""
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.quorum_timeout_s = quorum_timeout_s
-        self.echo, self.store = store_with_echo(host)
-        self.store_address = f"{host}:{self.store.port}"
+        self.store_key = key.presence_key if key is not None else None
+        """What a connection to a member's store proves at its front (front.py; None: admitted unproven)."""
+        self.echo, self.store, self.store_front = store_with_echo(self.store_key)
+        self.store_address = f"{host}:{self.store_front.port}"
+        self._relays: list[front.Relay] = []
+        """This rank's ways to the current group's store (its rank 0's front), open while the group is."""
         self.forming = datetime.timedelta(seconds=min(timeout_s, forming_bound_s(heartbeat_timeout_s or 5.0)))
         """How long a new quorum's members wait for each other to form its group: they all left the
         service's quorum at once, so one missing for twice the heartbeat bound is gone (a rank started
@@ -333,9 +341,12 @@ class LiveGroup:
         """Whether `member`'s store holds its answer to `token`'s challenge (waited for up to `forming`)."""
         assert self.key is not None
         try:
-            host, port = member.store_address.rsplit(":", 1)
-            peer = dist.TCPStore(host, int(port), is_master=False, timeout=forming)
-            answer = peer.get(answer_key(self.key, token, member.replica_id))
+            relay = peer_relay(self.store_key, member.store_address)
+            try:
+                peer = dist.TCPStore("127.0.0.1", relay.port, is_master=False, timeout=forming)
+                answer = peer.get(answer_key(self.key, token, member.replica_id))
+            finally:
+                relay.close()
         except Exception:  # unreachable, a bad address, no answer in time: not proven
             return False
         return self.key.proves(answer, token, member.replica_id, member.store_address, member.step)
@@ -358,11 +369,15 @@ class LiveGroup:
             if self.key is not None
             else hashlib.blake2b("\x00".join(ids).encode(), digest_size=8).hexdigest()
         )
+        for relay in self._relays:  # the previous group's
+            relay.close()
+        self._relays = []
         if rank == 0:
             store: dist.Store = self.store
         else:
-            host, port = leader.store_address.rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), is_master=False, timeout=forming)
+            relay = peer_relay(self.store_key, leader.store_address)
+            self._relays.append(relay)  # open while the group is: torch may connect again (a store's clone)
+            store = dist.TCPStore("127.0.0.1", relay.port, is_master=False, timeout=forming)
         dist.init_process_group(
             "gloo",
             store=dist.PrefixStore(f"torchlaunch/live/{quorum.token}/{seated}", store),
@@ -407,6 +422,9 @@ class LiveGroup:
         if self.peers is not None:
             self.peers.stop()
         self.echo.close()
+        self.store_front.close()
+        for relay in self._relays:
+            relay.close()
         if self.pulse is not None:
             self.pulse.stop()
 
@@ -443,17 +461,38 @@ def answer_key(key: RunKey, token: str, replica_id: str) -> str:
 PROVE_THREADS = 32
 
 
-def store_with_echo(host: str) -> tuple[Echo, dist.TCPStore]:
-    """This rank's store (TCP) and echo (UDP) on one port number, so a member's store address also
-    says where to probe it: a free UDP port first, then the store on that number (tried again on
-    another when the TCP port is taken)."""
+def store_with_echo(key: bytes | None) -> tuple[Echo, dist.TCPStore, front.Front]:
+    """This rank's store and echo (UDP) on one port number, so a member's store address also says where
+    to probe it: a free UDP port first, then the store's front (TCP, every interface) on that number
+    (tried again on another when the TCP port is taken). The store itself listens on loopback only (a
+    socket of ours, given to torch): torch's TCPStore takes any client and bounds no key or value, so a
+    stranger who found its port filled its memory (issue 52); the front admits only connections that
+    prove `key`, which its peers make through their own relays (peer_relay)."""
+    inner = socket.create_server(("127.0.0.1", 0))
+    port = inner.getsockname()[1]
+    try:
+        store = dist.TCPStore(
+            "127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=inner.fileno()
+        )
+    except Exception:
+        inner.close()
+        raise
+    inner.detach()  # the listening socket is torch's now (it listens on this descriptor, not a copy)
+    target = ("127.0.0.1", store.port)
     for _ in range(STORE_PORT_TRIES):
         echo = Echo()
         try:
-            return echo, dist.TCPStore(host, echo.port, is_master=True, wait_for_workers=False)
-        except Exception:  # the TCP port of that number is taken
+            return echo, store, front.serve(key, ("", echo.port), lambda: target)
+        except OSError:  # the TCP port of that number is taken
             echo.close()
     raise BadInput(f"live error: no port free for both this rank's store and its echo in {STORE_PORT_TRIES} tries")
+
+
+def peer_relay(key: bytes | None, address: str) -> front.Relay:
+    """This process's way to the store whose front is at `address` (HOST:PORT): torch's client is given
+    the relay's loopback port."""
+    host, _, port = address.rpartition(":")
+    return front.Relay(key, (host.strip("[]"), int(port))).start()
 
 
 class FlatGradients:

@@ -7,6 +7,10 @@ and keeps only soft state, so it can run anywhere and be restarted. It runs in a
 node; `python -m launch.lighthouse` on a host of its own for a job across nodes), never inside a
 training rank, so the loss of any rank or node, the first included, leaves it up.
 
+It checks nothing, so it listens on loopback only (BACKEND_HOST, a port of its own), and the service's
+address is a front (core/recovery/front.py) that admits a connection only once it proved the run's key;
+each rank reaches it through a relay in its own process (LighthouseMembership).
+
 What it lacks is written here: it hears of a lost rank only when its heartbeats lapse. Beside it, on
 the next port, the service takes each seated rank's presence (core/recovery/presence.py): a rank's
 connection that ends is a rank gone, and the service forgets it at once (Service, below).
@@ -18,6 +22,7 @@ DDP wrapper and sampler are not: the trainer keeps its own exact plan and gradie
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import sys
@@ -25,13 +30,15 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
-from torchlaunch.core.recovery import presence
+from torchlaunch.core.recovery import front, presence, private_net
 from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members, started_as
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
 
+T = TypeVar("T")
 HEARTBEATS_PER_TIMEOUT = 10
 """Heartbeats sent per heartbeat timeout: a live rank is never taken for lost by one late beat."""
 CONNECT_TIMEOUT_S = 10.0
@@ -99,6 +106,25 @@ def _bindings_alone():  # noqa: ANN202 - the module, or None: the caller imports
     return None
 
 
+def asked_until(call: Callable[[float], T], timeout_s: float) -> T:
+    """`call(seconds left)` until it answers, or TimeoutError (its last error) once `timeout_s` passed.
+    A service being restarted refuses connections for a moment, and the client's first call after a
+    restart fails while it reconnects (measured, torchft 0.2.0; through the front the old connection's
+    end takes two relays to reach the client, so it is met more often): the first failure is asked
+    again at once, later ones after RETRY_S."""
+    deadline = time.monotonic() + timeout_s
+    failed = 0
+    while True:
+        try:
+            return call(max(deadline - time.monotonic(), 0.1))
+        except Exception as e:  # unreachable (retried) or timed out
+            failed += 1
+            if time.monotonic() + RETRY_S >= deadline:
+                raise TimeoutError(str(e)) from None
+            if failed > 1:
+                time.sleep(RETRY_S)
+
+
 class LighthouseMembership:
     """This rank's heartbeats to the Lighthouse and its presence beside it (a daemon thread), and its
     quorum requests."""
@@ -117,17 +143,18 @@ class LighthouseMembership:
         the service stops answering, since the node that hosted it may be the one lost."""
         self._moving = threading.Lock()
         self.interval_s = heartbeat_timeout_s / HEARTBEATS_PER_TIMEOUT
-        self._client = _torchft().LighthouseClient(address, timedelta(seconds=CONNECT_TIMEOUT_S))
-        self._presence = presence.Presence(
-            address, replica_id, presence.key_from_env() or presence_key, speaks=started_as(replica_id) == 0
-        )
+        key = self._key = presence.key_from_env() or presence_key
+        self._relay = front.connect(key, address)  # the service admits only proven connections
+        self._client = _torchft().LighthouseClient(self._relay.address, timedelta(seconds=CONNECT_TIMEOUT_S))
+        self._presence = presence.Presence(address, replica_id, key, speaks=started_as(replica_id) == 0)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """One heartbeat now (the service knows this rank before start() returns), then a thread."""
-        self._client.heartbeat(self.replica_id)
+        """One heartbeat now (the service knows this rank before start() returns; asked again, as a quorum
+        is, when the service restarted under it), then a thread."""
+        asked_until(lambda left: self._client.heartbeat(self.replica_id, timedelta(seconds=left)), CONNECT_TIMEOUT_S)
         self._thread = threading.Thread(target=self._beat, name="torchlaunch-heartbeat", daemon=True)
         self._thread.start()
 
@@ -160,39 +187,42 @@ class LighthouseMembership:
             moved = self._follow()
             if not moved or moved == self.address:
                 return
+            relay = front.connect(self._key, moved)  # the moved service admits only proven connections too
             try:
-                client = _torchft().LighthouseClient(moved, timedelta(seconds=MOVE_CONNECT_S))
+                client = _torchft().LighthouseClient(relay.address, timedelta(seconds=MOVE_CONNECT_S))
             except Exception:  # not serving yet: asked again at the next failure
+                relay.close()
                 return
+            old, self._relay = self._relay, relay
             self._client, self.address = client, moved
+            old.close()
             self._presence.move(moved)
             self._wake.set()
         finally:
             self._moving.release()
 
     def quorum(self, step: int, store_address: str, timeout_s: float) -> Quorum:
-        """Ask until the service answers or `timeout_s` has passed: a service being restarted refuses
-        connections for a moment, and the client's first call after a restart fails once while it
-        reconnects (measured, torchft 0.2.0). A service a node agent hosts (placement.py) may vanish with
-        its machine, sending nothing (no reset): each request is then bounded by a few heartbeat bounds
-        and asked again, of the service the run dir names by then."""
-        deadline = time.monotonic() + timeout_s
+        """Ask until the service answers or `timeout_s` has passed (asked_until). A service a node agent
+        hosts (placement.py) may vanish with its machine, sending nothing (no reset): each request is then
+        bounded by a few heartbeat bounds and asked again, of the service the run dir names by then."""
         cap = max(MOVED_QUORUM_S, 3 * self.interval_s * HEARTBEATS_PER_TIMEOUT) if self._follow else timeout_s
-        while True:
-            left = deadline - time.monotonic()
+
+        def ask(left: float):  # noqa: ANN202 - torchft's quorum answer
             try:
-                found = self._client.quorum(
+                return self._client.quorum(
                     replica_id=self.replica_id,
                     timeout=timedelta(seconds=max(min(left, cap), 0.1)),
                     store_address=store_address,
                     step=step,
                 )
-                break
-            except Exception as e:  # unreachable (retried) or timed out
+            except Exception:
                 self.follow()
-                if time.monotonic() + RETRY_S >= deadline:
-                    raise TimeoutError(f"no live group within {timeout_s:g} s from {self.address}: {e}") from None
-                time.sleep(RETRY_S)
+                raise
+
+        try:
+            found = asked_until(ask, timeout_s)
+        except TimeoutError as e:
+            raise TimeoutError(f"no live group within {timeout_s:g} s from {self.address}: {e}") from None
         members = [Member(p.replica_id, p.store_address, int(p.step)) for p in found.participants]
         created = found.created
         token = f"{found.quorum_id}-{created.seconds}.{created.nanos:09d}"
@@ -204,6 +234,7 @@ class LighthouseMembership:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
         self._presence.leave()
+        self._relay.close()
 
 
 DEFAULT_BIND = "0.0.0.0:29510"
@@ -218,6 +249,17 @@ def bind_address(text: str) -> str:
             f"--bind must be HOST:PORT with a port in 1..65534 (presence takes the next), not {quote(text)}"
         )
     return text
+
+
+def loopback(bind: str) -> bool:
+    """Whether `bind` (HOST:PORT) listens on loopback only: no other host reaches it."""
+    host = bind.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 def bounded_whole(low: int, high: int, unit: str = "ms") -> Callable[[str], int]:
@@ -275,6 +317,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=argparse.SUPPRESS,  # placed by a node agent (core/recovery/placement.py): serve on its word
     )
     args = parser.parse_args(argv)
+    if args.secret_file is None and presence.key_from_env() is None and not loopback(args.bind):
+        raise BadInput(
+            f"lighthouse error: --bind {quote(args.bind)} is reachable from other hosts, and without the run's key "
+            "anyone there is admitted: give --secret-file RUN_DIR/live/secret (this host must share the run dir), "
+            "or bind 127.0.0.1"
+        )
     if args.join_timeout_ms is None:
         args.join_timeout_ms = join_timeout_ms(args.heartbeat_timeout_ms)
     return args
@@ -315,52 +363,71 @@ def secret_file_key(path: str | None) -> Callable[[], bytes | None] | None:
     return key
 
 
+BACKEND_HOST = "127.0.0.1"
+"""torchft's Lighthouse listens here only, on a port of its own: the service's address is its front
+(core/recovery/front.py), which admits a connection only once it proved the run's key."""
 REBIND_S = 5.0
 """How long a restart may wait for the address its previous server is releasing (measured: 1-2 ms)."""
 
 
 class Service:
-    """torchft's LighthouseServer on one address, restartable in place, and the ranks' presence on the
-    next port. A restart is how a rank's loss is told to the Lighthouse: torchft 0.2.0 has no call to
+    """torchft's LighthouseServer on loopback behind the front on --bind (front.Front), restartable in
+    place, and the ranks' presence on the next port. A restart is how a rank's loss is told to the Lighthouse: torchft 0.2.0 has no call to
     drop a member, and while the dead rank's last heartbeat is fresh it forms no group of half or fewer
     of those heartbeating, nor one that leaves a heartbeating rank out before join_timeout_ms, so the
     survivors would wait out the heartbeat timeout. Its state is soft, so a new server knows only the
     ranks that beat or ask after it started; it is started waiting for every rank still present (never
     fewer than --min-ranks), so it does not form a group of the first rank to ask back."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, private: bool = False) -> None:
+        """`private`: the Lighthouse in a network namespace of its own (private_net.move: this thread and
+        the threads it starts); only for the service's own process, never one that serves anything else."""
         self.args = args
         self._lock = threading.Lock()
         self.restarts = 0
         self._min = max(args.min_ranks, args.await_ranks or 0)
-        self._server = self._bind(self._min)
-        self._since = time.monotonic()
-        """When the server last (re)started: the ranks are given the bound to be present again."""
+        key = presence.key_from_env() or secret_file_key(args.secret_file)
         host, _, port = args.bind.rpartition(":")
+        host = host.strip("[]")
+        self.front = front.Front(key, (host, int(port)), self._target)  # listening, in the host's namespace
         try:
             self.presence = presence.PresenceServer(
-                host.strip("[]"),
-                presence.port_of(int(port)),
-                args.heartbeat_timeout_ms / 1000,
-                self._changed,
-                key=presence.key_from_env() or secret_file_key(args.secret_file),
+                host, presence.port_of(int(port)), args.heartbeat_timeout_ms / 1000, self._changed, key=key
             )
         except OSError:
-            self._server.shutdown()
+            self.front.close()
             raise
+        self.shared_loopback = private_net.move() if private else "not asked for"
+        """Why the Lighthouse listens on the host's loopback (None: on a loopback of its own)."""
+        try:
+            self._server = self._bind(self._min)
+        except (RuntimeError, OSError):
+            self.front.close()
+            self.presence.close()
+            raise
+        self._since = time.monotonic()
+        """When the server last (re)started: the ranks are given the bound to be present again."""
+        self.front.start()
         self.presence.start()
+
+    def _target(self) -> tuple[str, int]:
+        """Where the front relays a proven connection: the Lighthouse now serving, on loopback."""
+        with self._lock:
+            return BACKEND_HOST, self._port
 
     def _bind(self, min_ranks: int):  # noqa: ANN202 - torchft's LighthouseServer
         deadline = time.monotonic() + REBIND_S
         while True:
             try:
-                return _torchft().LighthouseServer(
-                    bind=self.args.bind,
+                server = _torchft().LighthouseServer(
+                    bind=f"{BACKEND_HOST}:{getattr(self, '_port', 0)}",  # a restart: the same port again
                     min_replicas=min_ranks,
                     join_timeout_ms=self.args.join_timeout_ms,
                     quorum_tick_ms=self.args.tick_ms,
                     heartbeat_timeout_ms=self.args.heartbeat_timeout_ms,
                 )
+                self._port = int(server.address().rpartition(":")[2])
+                return server
             except (RuntimeError, OSError):
                 if not getattr(self, "_server", None) or time.monotonic() > deadline:
                     raise  # the first bind reports at once; a restart waits for the old listener to close
@@ -397,6 +464,7 @@ class Service:
 
     def shutdown(self) -> None:
         self.presence.close()
+        self.front.close()
         with self._lock:
             self._server.shutdown()
 
@@ -430,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.standby and not stand_by(args):
             return 0
         try:
-            server = Service(args)
+            server = Service(args, private=True)
         except (RuntimeError, OSError) as e:
             raise BadInput(f"lighthouse error: cannot listen on {quote(args.bind)}: {quote(str(e))}") from None
     except BadInput as problem:
@@ -444,10 +512,16 @@ def main(argv: list[str] | None = None) -> int:
         f"lighthouse: serving {args.bind}, presence on port {server.presence.port} "
         f"(heartbeat timeout {args.heartbeat_timeout_ms} ms, join timeout {args.join_timeout_ms} ms); "
         + (
-            "presence counted only with the run's key"
+            "connections and presence admitted only with the run's key"
+            + (
+                ", torchft's Lighthouse on a loopback of its own"
+                if server.shared_loopback is None
+                else f", torchft's Lighthouse on this host's loopback ({server.shared_loopback}): a process on this "
+                "host that finds its port can hold quorums up"
+            )
             if keyed
-            else "presence ids taken at their word: a stranger can hold a regroup up; give --secret-file "
-            "RUN_DIR/live/secret where this host shares the run dir"
+            else "connections admitted and presence ids taken at their word: a stranger on this host can hold "
+            "a regroup up; give --secret-file RUN_DIR/live/secret where this host shares the run dir"
         ),
         file=sys.stderr,
         flush=True,

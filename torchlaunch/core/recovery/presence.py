@@ -28,11 +28,10 @@ Why a proof: anything that reaches the port could say hello with any id, and the
 service at will). A service given the key (TORCHLAUNCH_LIVE_PRESENCE_KEY in its environment, which only
 its owner can read: the local agent makes one per launch for the service it runs and its ranks) counts
 only hellos that prove it; a forged one is closed and is nobody's loss. A service without a key (one
-started apart, `python -m launch.lighthouse`, without `--secret-file`) takes the id at its word, as before:
-a rank holding a key that meets one says so in one line (the launch's rank 0 only), as a stranger's ids
-can then make a regroup wait for ranks that do not exist. It is not refused: a service whose host does not
-share the run dir has no way to the key, and presence only shortens a loss's detection. Torch-free and
-torchft-free.
+started apart, `python -m launch.lighthouse`, without `--secret-file`: on loopback only, lighthouse.py
+refuses it elsewhere) takes the id at its word: a rank holding a key that meets one says so in one line
+(the launch's rank 0 only), as a stranger's ids can then make a regroup wait for ranks that do not exist.
+Torch-free and torchft-free.
 """
 
 from __future__ import annotations
@@ -193,7 +192,8 @@ class PresenceServer:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2.0)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=2.0)
         for key in list(self._selector.get_map().values()):
             with contextlib.suppress(OSError):
                 key.fileobj.close()  # type: ignore[union-attr]
