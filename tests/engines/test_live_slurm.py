@@ -41,7 +41,9 @@ from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wai
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
 from tests.integration.test_live_recovery import step_samples
 from tests.library import RunLibrary
+from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm import successor
+from torchlaunch.core.recovery import placement
 from torchlaunch.exit_codes import CANCELLED
 
 cluster = dev_cluster
@@ -99,11 +101,13 @@ def kill_node(job_id: str, node: str) -> list[int]:
     return killed
 
 
-def launch_live(tmp_path: Path, lighthouse: str, nodes: str) -> tuple[Path, Launch]:
-    """The live recipe (bench/live.py's, the service here) submitted on `--nodes nodes` x 1 task."""
+def launch_live(tmp_path: Path, nodes: str, lighthouse: str = "") -> tuple[Path, Launch]:
+    """The live recipe (bench/live.py's) submitted on `--nodes nodes` x 1 task: by default as a user
+    writes it, with no recovery.lighthouse (the job's nodes place the service through the run dir);
+    else with the service given (started here)."""
     run_dir = tmp_path / "run"
     recipe = tmp_path / "live.yaml"
-    recipe.write_text(live.config_text(run_dir) + f"  lighthouse: {lighthouse}\n")
+    recipe.write_text(live.config_text(run_dir) + (f"  lighthouse: {lighthouse}\n" if lighthouse else ""))
     return run_dir, Launch(run_dir, "--nodes", nodes, "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
 
 
@@ -143,9 +147,11 @@ def status_of(run_dir: Path) -> dict:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("nodes", ["2", "1-2"])
 def test_a_lost_node_costs_a_regroup_and_the_job_completes(
-    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path, nodes: str
+    cluster: str, reference: live.LiveRun, tmp_path: Path, nodes: str
 ) -> None:
-    run_dir, launch = launch_live(tmp_path, lighthouse, nodes)
+    """The default command line: no recovery.lighthouse, nothing started by hand. n1 (node 0) places the
+    service; losing n2 costs a regroup in place."""
+    run_dir, launch = launch_live(tmp_path, nodes)
     try:
         survivor = lose_n2(run_dir, launch)
         code = launch.finish(300)
@@ -158,6 +164,9 @@ def test_a_lost_node_costs_a_regroup_and_the_job_completes(
     allocations = requeue_records(launch.job_id)
     assert allocations[-1] == "COMPLETED" and set(allocations) <= {"RESIZING", "COMPLETED"}, allocations
     assert "task(s) 1 lost (no outcome recorded); the others finished" in out, out[-3000:]
+    assert slurm_live.road_line(True) in out, out[-3000:]
+    # n1 placed the service (the first lease) and kept it: no takeover was needed, none happened
+    assert placement.newest(placement.folder_of(run_dir)) == 1, sorted(os.listdir(placement.folder_of(run_dir)))
     assert "resumed from" not in out, "the job was restarted"
     assert live.pid_of(run_dir, 0) == survivor, "the survivor's process changed"
     events = [
@@ -175,7 +184,7 @@ def test_a_lost_node_costs_a_regroup_and_the_job_completes(
 def test_a_loss_below_the_node_ranges_minimum_checkpoints_requeues_and_resumes_exactly(
     cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
 ) -> None:
-    run_dir, launch = launch_live(tmp_path, lighthouse, "2-3")
+    run_dir, launch = launch_live(tmp_path, "2-3", lighthouse)
     try:
         survivor = lose_n2(run_dir, launch)
         stopped = wait_until(
@@ -230,7 +239,7 @@ def test_a_whole_job_preempted_from_outside_checkpoints_requeues_and_resumes_exa
     """A preemption of the whole job is not a node loss: `scancel --signal=USR2 --full` reaches every
     process of the job (both tasks, the batch shell); the ranks agree on a step, commit it, exit 75, the
     job is requeued once and resumes on both nodes from that step: nothing regroups, every step exact."""
-    run_dir, launch = launch_live(tmp_path, lighthouse, "1-2")
+    run_dir, launch = launch_live(tmp_path, "1-2", lighthouse)
     wait_until(
         lambda: live.traced_step(run_dir / "trace" / "rank1.jsonl") >= live.KILL_AT or launch.proc.poll() is not None,
         240,
