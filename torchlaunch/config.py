@@ -237,15 +237,15 @@ class PreemptionConfig:
 
 LIVE_BY_DEFAULT = False
 """recovery.live's default: the one switch that makes live recovery every multi-rank run's road (issue
-#54). Not flipped yet: Slurm and Kubernetes still need recovery.lighthouse across nodes, which only
-launch.local's node agents place by themselves (core/recovery/placement.py)."""
+#54). Not flipped yet: Kubernetes still needs recovery.lighthouse (or its rendered Deployment) across
+nodes, which launch.local's node agents and Slurm's tasks place by themselves (backends/placed.py)."""
 
 
 @dataclass
 class RecoveryConfig:
     live: bool = LIVE_BY_DEFAULT
-    """Live recovery (launch.local: one node, or several, the membership service placed on one of them
-    through the run dir; Slurm and Kubernetes with recovery.lighthouse): when a rank's process
+    """Live recovery (launch.local and Slurm: one node, or several, the membership service placed on one
+    of them through the run dir; Kubernetes with its rendered service or recovery.lighthouse): when a rank's process
     or a whole node is lost, the others keep their processes and state, re-form the group in place and
     re-run the interrupted step on the ranks left (same samples, same augmentation). Off: a lost rank fails the job, which resumes from a checkpoint.
     docs/live.md."""

@@ -1,6 +1,7 @@
 """Live recovery on Slurm (slurm/dev-cluster.sh, two slurmd nodes on this host): `launch.slurm --nodes 2
---tasks-per-node 1 recovery.live=true recovery.lighthouse=...` with the membership service started here
-on loopback (`python -m launch.lighthouse`). Once node n2's rank has traced step KILL_AT, every process
+--tasks-per-node 1 recovery.live=true`, the default command line: no recovery.lighthouse, the job's nodes
+place the membership service through the run dir's lease (one test names a service started here, the way
+out that stays). Once node n2's rank has traced step KILL_AT, every process
 of the job on n2 is SIGKILLed (found by SLURM_JOB_ID and SLURMD_NODENAME in /proc/PID/environ) and n2
 is set DOWN, as slurmctld marks a node that stopped answering: with sbatch and srun --no-kill the job
 keeps n1, whose rank regroups in place and trains every step to the end in the same process.
@@ -41,7 +42,9 @@ from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wai
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
 from tests.integration.test_live_recovery import step_samples
 from tests.library import RunLibrary
+from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm import successor
+from torchlaunch.core.recovery import placement
 from torchlaunch.exit_codes import CANCELLED
 
 cluster = dev_cluster
@@ -99,11 +102,13 @@ def kill_node(job_id: str, node: str) -> list[int]:
     return killed
 
 
-def launch_live(tmp_path: Path, lighthouse: str, nodes: str) -> tuple[Path, Launch]:
-    """The live recipe (bench/live.py's, the service here) submitted on `--nodes nodes` x 1 task."""
+def launch_live(tmp_path: Path, nodes: str, lighthouse: str = "") -> tuple[Path, Launch]:
+    """The live recipe (bench/live.py's) submitted on `--nodes nodes` x 1 task: by default as a user
+    writes it, with no recovery.lighthouse (the job's nodes place the service through the run dir);
+    else with the service given (started here)."""
     run_dir = tmp_path / "run"
     recipe = tmp_path / "live.yaml"
-    recipe.write_text(live.config_text(run_dir) + f"  lighthouse: {lighthouse}\n")
+    recipe.write_text(live.config_text(run_dir) + (f"  lighthouse: {lighthouse}\n" if lighthouse else ""))
     return run_dir, Launch(run_dir, "--nodes", nodes, "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
 
 
@@ -151,9 +156,11 @@ def status_of(run_dir: Path) -> dict:
     ],
 )
 def test_a_lost_node_costs_a_regroup_and_the_job_completes(
-    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path, nodes: str
+    cluster: str, reference: live.LiveRun, tmp_path: Path, nodes: str
 ) -> None:
-    run_dir, launch = launch_live(tmp_path, lighthouse, nodes)
+    """The default command line: no recovery.lighthouse, nothing started by hand. n1 (node 0) places the
+    service; losing n2 costs a regroup in place."""
+    run_dir, launch = launch_live(tmp_path, nodes)
     try:
         survivor = lose_n2(run_dir, launch)
         code = launch.finish(300)
@@ -166,6 +173,9 @@ def test_a_lost_node_costs_a_regroup_and_the_job_completes(
     allocations = requeue_records(launch.job_id)
     assert allocations[-1] == "COMPLETED" and set(allocations) <= {"RESIZING", "COMPLETED"}, allocations
     assert "task(s) 1 lost (no outcome recorded); the others finished" in out, out[-3000:]
+    assert slurm_live.road_line(True) in out, out[-3000:]
+    # n1 placed the service (the first lease) and kept it: no takeover was needed, none happened
+    assert placement.newest(placement.folder_of(run_dir)) == 1, sorted(os.listdir(placement.folder_of(run_dir)))
     assert "resumed from" not in out, "the job was restarted"
     assert live.pid_of(run_dir, 0) == survivor, "the survivor's process changed"
     events = [
@@ -181,9 +191,9 @@ def test_a_lost_node_costs_a_regroup_and_the_job_completes(
 
 @pytest.mark.timeout(600)
 def test_a_loss_below_the_node_ranges_minimum_checkpoints_requeues_and_resumes_exactly(
-    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
+    cluster: str, reference: live.LiveRun, tmp_path: Path
 ) -> None:
-    run_dir, launch = launch_live(tmp_path, lighthouse, "2-3")
+    run_dir, launch = launch_live(tmp_path, "2-3")
     try:
         survivor = lose_n2(run_dir, launch)
         stopped = wait_until(
@@ -233,12 +243,12 @@ def test_a_loss_below_the_node_ranges_minimum_checkpoints_requeues_and_resumes_e
 
 @pytest.mark.timeout(600)
 def test_a_whole_job_preempted_from_outside_checkpoints_requeues_and_resumes_exactly(
-    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path
+    cluster: str, reference: live.LiveRun, tmp_path: Path
 ) -> None:
     """A preemption of the whole job is not a node loss: `scancel --signal=USR2 --full` reaches every
     process of the job (both tasks, the batch shell); the ranks agree on a step, commit it, exit 75, the
     job is requeued once and resumes on both nodes from that step: nothing regroups, every step exact."""
-    run_dir, launch = launch_live(tmp_path, lighthouse, "1-2")
+    run_dir, launch = launch_live(tmp_path, "1-2")
     wait_until(
         lambda: live.traced_step(run_dir / "trace" / "rank1.jsonl") >= live.KILL_AT or launch.proc.poll() is not None,
         240,
@@ -345,7 +355,7 @@ def over(job_id: str) -> bool:
     "nodes", ["1-2", pytest.param("2", marks=pytest.mark.extended)]
 )  # the same successor; with a fixed count it waits for the node back: the extended tier's
 def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
-    cluster: str, lighthouse: str, reference: live.LiveRun, tmp_path: Path, nodes: str
+    cluster: str, reference: live.LiveRun, tmp_path: Path, nodes: str
 ) -> None:
     """Issue #37's "any node" on Slurm: the first node (the batch host, rank 0) of a live job lost whole at
     step ~12 (every process of the job on n1 SIGKILLed, n1 DOWN and DRAINed so that it stays out). The job
@@ -358,7 +368,8 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
     run_dir = tmp_path / "run"
     recipe = tmp_path / "live.yaml"
     # Checkpoints every 4 steps: what the successor resumes from when the rank left could not commit its own.
-    recipe.write_text(live.config_text(run_dir, every_steps=4) + f"  lighthouse: {lighthouse}\n")
+    # No recovery.lighthouse: the service on n1 is lost with it; the successor's nodes take the next lease.
+    recipe.write_text(live.config_text(run_dir, every_steps=4))
     launch = Launch(run_dir, "--nodes", nodes, "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
     first = launch.job_id
     rank0 = run_dir / "trace" / "rank0.jsonl"
@@ -422,6 +433,8 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
     assert samples_across_jobs(run_dir, lost, step) == step_samples(reference.run_dir)
     st = status_of(run_dir)
     assert (st["state"], st["step"], st["job_id"]) == ("finished", live.STEPS, second), st
+    leases = placement.folder_of(run_dir)
+    assert placement.newest(leases) >= 2, sorted(os.listdir(leases))  # the successor's, after the lost job's
     survivor = (run_dir / "slurm" / first / f"{first}_1_log.out").read_text()
     committed = re.search(r"preempted: checkpoint committed at global step (\d+)", survivor)
     print(

@@ -571,3 +571,43 @@ def test_a_ranks_store_admits_only_the_runs_ranks() -> None:
     finally:
         echo.close()
         way_in.close()
+
+
+def test_a_slurm_nodes_first_task_places_the_service_its_other_tasks_read_it_and_its_end_releases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """backends.slurm.live.place_service as a task of node 0 runs it: local rank 0 takes the run dir's
+    first lease and serves from a standby Lighthouse; local rank 1 reads the same address without taking
+    a lease; the task's end releases the lease and ends the Lighthouse, and a lease left so is never
+    read as a service that serves (a later launch's tasks wait for a renewed one)."""
+    from torchlaunch import contract
+    from torchlaunch.backends.placed import await_service
+    from torchlaunch.backends.slurm.live import place_service
+    from torchlaunch.core.recovery import placement
+
+    monkeypatch.setenv(contract.SLURM_NODEID, "0")
+    monkeypatch.setenv(contract.SLURM_NNODES, "1")
+    run_dir = tmp_path / "run"
+    address, end = place_service(str(run_dir), 1000, 0, 2, "127.0.0.1")
+    port = int(address.rsplit(":", 1)[1])
+    try:
+        assert address.startswith("http://127.0.0.1:"), address
+        assert await_service(str(run_dir), BOUND_S) == address  # local rank 1: the same service
+        deadline = time.monotonic() + BOUND_S
+        while not listening(port):
+            assert time.monotonic() < deadline, f"the placed Lighthouse never listened on {port}"
+            time.sleep(0.05)
+        assert placement.newest(placement.folder_of(run_dir)) == 1  # the reader took no lease
+    finally:
+        end()
+    lease = placement.fields(placement.read(placement.folder_of(run_dir), 1))
+    assert lease.get("released") is True and not lease.get("address"), lease
+    assert not listening(port), "the Lighthouse outlived its task"
+    with pytest.raises(SystemExit, match="no membership service came up"):
+        await_service(str(run_dir), 1.0)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -76,12 +76,13 @@ def test_who_runs_live() -> None:
     assert decide(live=False) == ""
     assert decide(nodes=1, ranks_per_node=1) == ""  # one rank: nobody to regroup with
     assert decide(nodes=1, ranks_per_node=2) == SERVICE
+    assert decide(lighthouse="") == slurm_live.PLACED  # no service named: the job's nodes place it
+    assert decide(lighthouse="", nodes=1, ranks_per_node=1) == ""
 
 
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"lighthouse": ""}, "needs the membership service apart"),
         ({"rejoin": 2}, "recovery.rejoin=2 needs the local live agent"),
         ({"image": True}, "with --image is not built yet"),
     ],
@@ -103,6 +104,11 @@ def test_task_env_names_the_service_and_the_store_host() -> None:
         contract.LIVE_STORE_HOST: "10.0.0.3",
         contract.LIVE_MIN_NODES: "2",
         contract.LIVE_NODE_RANGE: "--nodes 2-3",
+    }
+    assert slurm_live.task_env(SERVICE, "10.0.0.3", placed=True) == {
+        contract.LIGHTHOUSE: SERVICE,
+        contract.LIVE_STORE_HOST: "10.0.0.3",
+        contract.LIVE_PLACED: "1",  # the service may move: the rank follows the run dir's lease
     }
     assert slurm_live.minimum_env(None, 2) == {}  # a fixed --nodes N trains on down to one rank
     assert slurm_live.node_store_host(SERVICE, 1, "n1") == "127.0.0.1"  # one node: loopback
@@ -136,17 +142,22 @@ def test_a_record_of_an_earlier_allocation_does_not_count(tmp_path: Path) -> Non
     assert slurm_live.recorded_codes(rundir.slurm(tmp_path) / "7", "7", "7-1", 2) == [OK, None]
 
 
-def test_launch_slurm_refuses_live_without_a_service_before_writing(
+def test_launch_slurm_places_the_service_without_one_named_and_says_its_road(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """recovery.live=true with no recovery.lighthouse: nothing to start by hand, the job runs live (its
+    sbatch keeps the job and step alive and judges srun) and the launch says so in one line."""
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "run"
     argv = ["--nodes", "2", "--gpus-per-node", "1", "--dry-run", "--config", "configs/smoke.yaml"]
-    assert slurm_launch.main([*argv, f"run_dir={run_dir}", "recovery.live=true"]) == BAD_INPUT
+    assert slurm_launch.main([*argv, f"run_dir={run_dir}", "recovery.live=true"]) == OK
     out, err = capsys.readouterr()
-    assert out == "" and len(err.strip().splitlines()) == 1, err
-    assert "needs the membership service apart" in err
+    assert "#SBATCH --no-kill" in out and "srun_forwarding_stops" in out, out
+    assert err.strip().splitlines() == [slurm_live.road_line(True)], err
     assert not run_dir.exists()
+    assert slurm_launch.main([*argv, f"run_dir={run_dir}", "recovery.live=false"]) == OK
+    out, err = capsys.readouterr()
+    assert "--no-kill" not in out and err.strip().splitlines() == [slurm_live.road_line(False)], err
 
 
 def test_one_task_requeues_a_group_stopped_below_the_minimum() -> None:

@@ -32,19 +32,18 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from torchlaunch import contract, rundir
+from torchlaunch import contract
 from torchlaunch.backends import live_shared
 from torchlaunch.backends.live_shared import LOOPBACK, job_code
+from torchlaunch.backends.placed import Placed, free_port, free_port_pair
 from torchlaunch.base import procs
-from torchlaunch.base.untrusted import whole
-from torchlaunch.core.recovery import minimum, placement, presence
+from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.pulse import Watch
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.launch import elastic, shape
@@ -149,27 +148,6 @@ class NodeSeat:
 def store_host(seat: NodeSeat, lighthouse: str) -> str:
     """The address this node's ranks give their stores (backends/live_shared.py)."""
     return live_shared.store_host(seat.nnodes, seat.master_addr, lighthouse)
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def free_port_pair(tries: int = 64, host: str = LOOPBACK) -> int:
-    """A free port on `host` whose next one is free too: the service's Lighthouse and its presence."""
-    for _ in range(tries):
-        port = free_port(host)
-        if port >= 65535:
-            continue
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, presence.port_of(port)))
-            except OSError:
-                continue
-        return port
-    raise SystemExit("live: found no two free ports in a row on loopback for the membership service")
 
 
 def rank_env(
@@ -279,64 +257,6 @@ class Service:
                 self.proc.wait()
 
 
-class Placed:
-    """The membership service of a job across nodes, placed on one of its nodes by the run dir's lease
-    (core/recovery/placement.py): every node's agent holds a Lighthouse in standby and the lease's holder
-    serves; when the holder's lease lapses (its node lost) another agent takes it and serves instead."""
-
-    def __init__(self, lease: placement.Lease, standby: placement.Standby, nodes: int, nproc: int) -> None:
-        self.lease, self.standby, self.nodes, self.nproc = lease, standby, nodes, nproc
-
-    @classmethod
-    def start(cls, args: argparse.Namespace, seat: NodeSeat, host: str) -> Placed:
-        bind = f"[{host}]" if ":" in host else host
-        port = free_port_pair(host=host)
-        secret = str(rundir.live(args.run_dir) / "secret")  # the ranks make it; the service reads it when due
-        log = rundir.logs(args.run_dir) / f"membership-node{seat.node_rank}.log"
-        standby = placement.Standby(f"{bind}:{port}", args.heartbeat_timeout_ms, secret, log)
-        standby.start()
-        placed = cls(None, standby, seat.nnodes, seat.nproc)  # type: ignore[arg-type]
-        placed.lease = placement.Lease(
-            args.run_dir,
-            f"{os.getpid()}-{secrets.token_hex(6)}",
-            f"http://{bind}:{port}",
-            args.heartbeat_timeout_ms / 1000,
-            placed.serve,
-            standby.stop,
-            extra={"nproc": seat.nproc},
-            patience_s=0.0 if seat.node_rank == 0 else args.heartbeat_timeout_ms / 1000,
-        )
-        return placed
-
-    def serve(self, previous: dict) -> None:
-        """This agent took the lease: serve, first awaiting the ranks left once the previous holder's
-        node is gone (every node's ranks but its own; the first lease awaits one, as a service apart)."""
-        lost = whole(str(previous.get("nproc", "")), 6)
-        taken_over = lost is not None and not previous.get("released")
-        awaited = max(1, self.nodes * self.nproc - lost) if taken_over and lost is not None else 1
-        print(f"live: this node serves the membership service at {self.lease.address}", file=sys.stderr, flush=True)
-        self.standby.serve(awaited)
-
-    def wait_for_service(self) -> str:
-        """The service's address once one serves (this node's, or another's seen renewing its lease)."""
-        deadline = time.monotonic() + SERVICE_START_S + 2 * self.lease.lease_s
-        while not self.lease.live:
-            if time.monotonic() > deadline:
-                raise SystemExit("live: no membership service came up on any node of the job")
-            self.tick()
-            time.sleep(POLL_S)
-        return self.lease.live
-
-    def tick(self) -> None:
-        self.lease.tick()
-        if self.lease.held and self.standby.keep_up(self.nodes * self.nproc):
-            print("live: the membership service on this node exited; started again", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        self.lease.release()
-        self.standby.close()
-
-
 def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subprocess.Popen:
     """A rank in a session of its own (its loader workers share its process group), holding the write
     end of its pulse pipe."""
@@ -384,7 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.first_nodes,
     )
     host = store_host(seat, lighthouse)
-    placed = Placed.start(args, seat, host) if across and not args.lighthouse else None
+    placed = (
+        Placed.start(args.run_dir, args.heartbeat_timeout_ms, seat.node_rank, seat.nnodes, seat.nproc, host)
+        if across and not args.lighthouse
+        else None
+    )
     if placed is not None:
         try:
             lighthouse = placed.wait_for_service()

@@ -153,6 +153,7 @@ def _submit(spec: JobSpec, options: SlurmOptions, run_dir: str) -> Any:
         hang_timeout=options.hang_timeout,
         console_env=options.console.env(),
         lighthouse=options.lighthouse,
+        heartbeat_timeout_ms=options.heartbeat_timeout_ms,
         live_minimum=slurm_live.minimum_env(spec.min_nodes, spec.nodes) if options.lighthouse else {},
     )
     return submit_task(submitit_folder(run_dir), task_python(spec, options), options.max_timeouts, parameters, task)
@@ -308,6 +309,8 @@ def launch(argv: list[str]) -> int:
         options = with_live(options, cfg, spec)
         if not options.doctor:
             settle_config(cfg, args.reconfigure, write=False)  # refused before anything is written or printed
+        if not options.doctor and spec.nodes * spec.gpus_per_node > 1:
+            print(slurm_live.road_line(bool(options.lighthouse)), file=sys.stderr, flush=True)
     if args.dry_run:
         print(sbatch_script(spec, options), end="")
         return OK
@@ -358,7 +361,8 @@ def with_live(options: SlurmOptions, cfg: config_mod.RunConfig, spec: JobSpec) -
             "recovery.live=true needs torchft in the tasks' interpreter: pip install 'torchlaunch[live]' "
             "(make install-live), or set recovery.live=false"
         )
-    return dataclasses.replace(options, lighthouse=lighthouse)
+    heartbeat_ms = round(cfg.recovery.heartbeat_timeout_s * 1000)
+    return dataclasses.replace(options, lighthouse=lighthouse, heartbeat_timeout_ms=heartbeat_ms)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
-"""Live recovery on Slurm (recovery.live=true with recovery.lighthouse): one owner for what it takes.
+"""Live recovery on Slurm (recovery.live=true): one owner for what it takes.
 
-    python -m launch.slurm --nodes 2 --gpus-per-node 8 --config configs/cifar10.yaml \\
-        recovery.live=true recovery.lighthouse=http://lighthouse-host:29510
+    python -m launch.slurm --nodes 2 --gpus-per-node 8 --config configs/cifar10.yaml recovery.live=true
+
+The membership service is placed on one of the job's nodes by the run dir's lease (backends/placed.py,
+core/recovery/placement.py): on each node the task of local rank 0 (SLURM_LOCALID 0) runs the node's
+agent in a thread (a standby Lighthouse, the lease), which dies with the task; node 0 (SLURM_NODEID)
+takes the first lease, another node's agent takes over when it lapses. `recovery.lighthouse=URL` names
+a service of the user's own instead.
 
 What Slurm must be told, the env each task adds, and the job's outcome. Measured on the dev cluster
 (Slurm 22.05, docs/SLURM.md "Live recovery"):
@@ -35,15 +40,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torchlaunch import contract, rundir
 from torchlaunch.backends import live_shared
 from torchlaunch.base import files
 from torchlaunch.base.untrusted import whole
+from torchlaunch.core.recovery import placement
 from torchlaunch.exit_codes import BadInput
 
+PLACED = "placed"
+"""SlurmOptions.lighthouse / SlurmTask.lighthouse of a live job whose nodes place the service themselves
+(no URL: recovery.lighthouse is an http:// address)."""
 SRUN_ARGS = ("--no-kill", "--kill-on-bad-exit=0")
 """srun's side: a lost task or node ends neither the step nor the other tasks (see the module doc)."""
 STEP_FUNCTION = "srun_forwarding_stops"
@@ -54,21 +63,15 @@ LOST = -9
 
 
 def lighthouse_of(live: bool, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, image: bool) -> str:
-    """The membership service's address when this Slurm job runs live, '' when it does not (pure).
+    """The membership service's address when this Slurm job runs live (PLACED: its nodes place it
+    through the run dir, without recovery.lighthouse), '' when it does not (pure).
 
-    Bad input, one line: the service inside the job (no agent runs one here, and a service on a node of
-    the job would die with that node: the single point of failure live mode removes), recovery.rejoin
-    (no agent on the node to start a lost task again), a container image (the batch script's verdict
-    runs on the host, outside the image). One rank in all has nobody to regroup with. A node range is
-    live too: its MIN reaches the ranks (minimum_env), below which they stop for a requeue."""
+    Bad input, one line: recovery.rejoin (no agent on the node to start a lost task again), a container
+    image (the batch script's verdict runs on the host, outside the image). One rank in all has nobody
+    to regroup with. A node range is live too: its MIN reaches the ranks (minimum_env), below which they
+    stop for a requeue."""
     if not live:
         return ""
-    if not lighthouse:
-        raise BadInput(
-            "recovery.live=true on Slurm needs the membership service apart from the job's nodes: start "
-            "`python -m launch.lighthouse --secret-file RUN_DIR/live/secret` on a host of its own (the secret file "
-            "where it shares the run dir) and set recovery.lighthouse=http://HOST:29510"
-        )
     if rejoin:
         raise BadInput(
             f"recovery.rejoin={rejoin} needs the local live agent (it starts a lost rank again); a Slurm task "
@@ -76,7 +79,20 @@ def lighthouse_of(live: bool, lighthouse: str, rejoin: int, *, nodes: int, ranks
         )
     if image:
         raise BadInput("recovery.live=true with --image is not built yet: run without --image, or recovery.live=false")
-    return lighthouse if nodes * ranks_per_node > 1 else ""
+    return (lighthouse or PLACED) if nodes * ranks_per_node > 1 else ""
+
+
+def road_line(live: bool) -> str:
+    """The one line that says which road a multi-rank Slurm run of the built-in worker takes."""
+    if live:
+        return (
+            "launch: road: live (a lost node costs a regroup in place, the batch host's a successor job that "
+            "resumes; recovery.live=false: the requeue)"
+        )
+    return (
+        "launch: road: requeue (recovery.live=false): a lost node ends the allocation; the job resumes from the "
+        "newest checkpoint when requeued or submitted again"
+    )
 
 
 def minimum_env(min_nodes: int | None, max_nodes: int) -> dict[str, str]:
@@ -115,11 +131,47 @@ def batch_lines(python: str, run_dir: str, tasks_per_node: int) -> list[str]:
     ]
 
 
-def task_env(lighthouse: str, store_host: str, minimum: dict[str, str] | None = None) -> dict[str, str]:
+def task_env(
+    lighthouse: str, store_host: str, minimum: dict[str, str] | None = None, placed: bool = False
+) -> dict[str, str]:
     """What a live rank needs beyond torchrun's contract (submitit exported that): the service's
-    address, the address the other nodes reach this node's stores on, and a node range's minimum
-    (minimum_env)."""
-    return {contract.LIGHTHOUSE: lighthouse, contract.LIVE_STORE_HOST: store_host, **(minimum or {})}
+    address, the address the other nodes reach this node's stores on, a node range's minimum
+    (minimum_env), and for a placed service the word to follow it in the run dir when it moves."""
+    follow = {contract.LIVE_PLACED: "1"} if placed else {}
+    return {contract.LIGHTHOUSE: lighthouse, contract.LIVE_STORE_HOST: store_host, **(minimum or {}), **follow}
+
+
+def place_service(
+    run_dir: str, heartbeat_timeout_ms: int, local_rank: int, nproc: int, host: str
+) -> tuple[str, Callable[[], None]]:
+    """In a task of a live job with the service PLACED: its address, and what ends this task's part.
+    Local rank 0 runs its node's agent (backends/placed.py) in a daemon thread, so that it ends with
+    the task whatever ends it (the standby Lighthouse sees its pipe close); the node's other tasks
+    read the lease. Node number and count from Slurm (SLURM_NODEID, SLURM_NNODES): none is asked for."""
+    import threading
+
+    from torchlaunch.backends import placed as agent
+
+    if local_rank != 0:
+        bound = placement.SERVICE_START_S + 2 * heartbeat_timeout_ms / 1000
+        return agent.await_service(run_dir, bound), lambda: None
+    node = whole(contract.get(contract.SLURM_NODEID, "0") or "0", 6) or 0
+    nodes = whole(contract.get(contract.SLURM_NNODES, "1") or "1", 6) or 1
+    here = agent.Placed.start(run_dir, heartbeat_timeout_ms, node, nodes, nproc, host)
+    try:
+        address = here.wait_for_service()
+    except BaseException:
+        here.close()
+        raise
+    done = threading.Event()
+    thread = threading.Thread(target=here.keep, args=(done,), name="torchlaunch-placed-service", daemon=True)
+    thread.start()
+
+    def end() -> None:
+        done.set()
+        thread.join(timeout=10)
+
+    return address, end
 
 
 def node_store_host(lighthouse: str, nnodes: int, master_addr: str) -> str:

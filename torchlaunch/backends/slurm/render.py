@@ -58,8 +58,11 @@ class SlurmOptions:
     command: tuple[str, ...] = ()
     """The submitting command line, kept in the job record."""
     lighthouse: str = ""
-    """Live recovery (recovery.live): the membership service apart from the job's nodes; '' when the job
-    is not live (backends.slurm.live.lighthouse_of decides)."""
+    """Live recovery (recovery.live): the membership service's address, or backends.slurm.live.PLACED
+    (the job's own nodes place it through the run dir); '' when the job is not live
+    (backends.slurm.live.lighthouse_of decides)."""
+    heartbeat_timeout_ms: int = 1000
+    """recovery.heartbeat_timeout_s, for the placed service's Lighthouse and its lease (PLACED)."""
     grace_time_s: int | None = None
     """The partition's GraceTime (a preempted job's time between the signal and SIGKILL), where scontrol
     said it at submission: the worker's lead time is the shorter of it and the --signal lead time."""

@@ -18,6 +18,7 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -190,6 +191,8 @@ class SlurmTask:
     """ranklog.Console's environment for the ranks (their console is the task's output file)."""
     lighthouse: str = ""
     """Live recovery (recovery.live): the membership service's address; '' when the job is not live."""
+    heartbeat_timeout_ms: int = 1000
+    """recovery.heartbeat_timeout_s of a live job whose nodes place the service (slurm_live.PLACED)."""
     live_minimum: dict[str, str] = field(default_factory=dict)
     """A live job on --nodes MIN-MAX: MIN for its ranks (backends.slurm.live.minimum_env); below it they
     checkpoint and exit 75, which rank 0 requeues as a preemption."""
@@ -216,14 +219,14 @@ class SlurmTask:
             f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions}) on {socket.gethostname()}",
             flush=True,
         )
-        if self.lighthouse:
-            nnodes = int(contract.get(contract.SLURM_NNODES, "1") or "1")
-            host = slurm_live.node_store_host(self.lighthouse, nnodes, dist_env.master_addr)
-            os.environ.update(slurm_live.task_env(self.lighthouse, host, getattr(self, "live_minimum", {})))
+        end_service = self._live_env(dist_env.local_rank, dist_env.local_world_size, dist_env.master_addr)
         op = self._operation(dist_env.local_rank, dist_env.local_world_size)
         if self.cwd:
             os.chdir(self.cwd)
-        code = program = program_mod.main(list(self.argv))  # the one runner, as in every launcher
+        try:
+            code = program = program_mod.main(list(self.argv))  # the one runner, as in every launcher
+        finally:
+            end_service()  # this node's part of a placed service: its lease released, its Lighthouse ended
         # The program restored submitit's handlers; from here on a late USR2/TERM must not make
         # submitit requeue a second time.
         for sig in STOP_SIGNALS:
@@ -247,6 +250,21 @@ class SlurmTask:
         if code == BAD_INPUT:
             raise WorkerExit(code, "bad input, not requeued; fix the config and submit again")
         raise WorkerExit(code, "worker failed; see this task's log")
+
+    def _live_env(self, local_rank: int, local_world_size: int, master_addr: str) -> Callable[[], None]:
+        """A live task's env (backends.slurm.live.task_env); with the service PLACED, this node's part
+        of it started first (place_service). Returns what ends that part (nothing to end otherwise)."""
+        if not self.lighthouse:
+            return lambda: None
+        nnodes = int(contract.get(contract.SLURM_NNODES, "1") or "1")
+        placed = self.lighthouse == slurm_live.PLACED
+        host = slurm_live.node_store_host("" if placed else self.lighthouse, nnodes, master_addr)
+        address, end = self.lighthouse, lambda: None
+        if placed and self.run_dir:
+            hb_ms = getattr(self, "heartbeat_timeout_ms", 1000)
+            address, end = slurm_live.place_service(self.run_dir, hb_ms, local_rank, local_world_size, host)
+        os.environ.update(slurm_live.task_env(address, host, getattr(self, "live_minimum", {}), placed=placed))
+        return end
 
     def launch_id(self) -> str:
         """This allocation of the job: the same on every node, new after each requeue."""
