@@ -74,6 +74,30 @@ def test_a_peers_word_makes_a_rank_leave_at_its_next_micro_batch() -> None:
     assert [d.leave() for d in ranks] == [False, False]  # a word is one step's: the next one trains
 
 
+class LostStore(FakeStore):
+    """A store whose host is gone (live mode: the group's store is its rank 0's, lost with its node)."""
+
+    def set(self, key: str, value: bytes) -> None:
+        raise torch.distributed.DistNetworkError("Failed to recv, got 0 bytes")
+
+    def check(self, keys: list[str]) -> bool:
+        raise torch.distributed.DistNetworkError("Failed to recv, got 0 bytes")
+
+
+def test_a_lost_store_is_no_failure_of_the_check_the_steps_collective_decides() -> None:
+    """Node 0 SIGKILLed in live mode took the group's store along: the survivor's check before its next
+    micro-batch raised DistNetworkError out of the step (the job ended) instead of letting the step's
+    all-reduce fail and the group re-form. The check now says no drop and drops the store for good."""
+    flag = Flag()
+    drop = StepDrop(DistContext(rank=1, world_size=2, backend="gloo"), model(), flag, LostStore())
+    drop.begin(3)
+    assert drop.leave() is False and drop.store is None
+    assert drop.agreed() is False
+    flag.up = True
+    drop.begin(4)
+    assert drop.leave() is True and drop.agreed() is True  # its own flag still drops the step
+
+
 def test_a_flag_seen_only_after_the_sync_drops_no_step_on_any_rank() -> None:
     """A rank whose flag came while it was already in the all-reduce finishes the step like its peers."""
     store, flags = FakeStore(), [Flag(), Flag()]

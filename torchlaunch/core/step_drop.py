@@ -101,20 +101,30 @@ class StepDrop:
         micro-batches left, a whole step at worst. One store check, ~35-60 us on loopback."""
         if not self.leaving and (self.requested() or self._peer_left()):
             self.leaving = True
-            if self.store is not None:
-                self.store.set(self._key(), b"1")
+            self._ask(lambda store: store.set(self._key(), b"1"))
         return self.leaving
 
     def _peer_left(self) -> bool:
-        return self.store is not None and bool(self.store.check([self._key()]))
+        return bool(self._ask(lambda store: store.check([self._key()])))
+
+    def _ask(self, call: Callable[[Any], Any]) -> Any:
+        """`call(store)`, or None once the store failed: it is then dropped for good. Its host was lost (in
+        live mode the group's store is its rank 0's own, which a node's loss takes along); the step's
+        collective fails too, and that failure, not this check, decides what happens (live: a regroup,
+        which builds a new StepDrop on the new group's store; static: the job's failure)."""
+        if self.store is None:
+            return None
+        try:
+            return call(self.store)
+        except RuntimeError:  # torch.distributed.DistNetworkError / DistStoreError
+            self.store = None
+            return None
 
     def agreed(self) -> bool:
         """After the step's gradient all-reduce: whether every rank drops this step (the same answer on each)."""
-        if self.store is None:
-            return self.leaving
         if self.leaving:
             return True
-        return bool(self.store.check([self._key()]))
+        return bool(self._ask(lambda store: store.check([self._key()])))
 
     def restore(self) -> None:
         """Put back the buffers and RNG states of the step's start (the step's BatchNorm statistics and
