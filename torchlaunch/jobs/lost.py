@@ -1,8 +1,9 @@
 """Steps a stop lost: what a launch's ranks trained past the newest committed checkpoint, and its one line.
 
 The one owner of "steps lost" for every launcher: launch.local after a stop whose checkpoint never
-committed, and a Slurm task, at its own end and at the start of the allocation after one that was
-killed (SIGKILL at the end of Slurm's GraceTime leaves no process to say it). Steps trained are read
+committed, a Slurm task at its own end, and, for an allocation that was killed (SIGKILL at the end of
+Slurm's GraceTime leaves no process to say it), the next allocation at its start or `status` while the
+requeued job waits for it. Steps trained are read
 from the ranks' heartbeats (torchlaunch.jobs.progress), which the trainer flushes when a stop arrives.
 """
 
@@ -12,7 +13,9 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+from torchlaunch import rundir
 from torchlaunch.jobs import progress
+from torchlaunch.jobs.record import JobRecord
 
 Lost = tuple[int, int | None]
 """(steps lost, the step of the checkpoint they count from; None: no checkpoint)."""
@@ -34,11 +37,19 @@ def steps_lost(run_dir: Path, launch_id: str, said: int | None = None) -> Lost:
 
 
 def newest_step(run_dir: Path) -> int | None:
-    """The step of the newest checkpoint that verifies (imports torch: only when some step was trained)."""
-    from torchlaunch.jobs import gather
+    """The step of the newest checkpoint that verifies (the store's latest_valid, which `status` shows
+    too); imports torch, so only when some step was trained. A checkpoint folder that cannot be read
+    counts as none: every step trained is then reported lost, never fewer."""
+    root = rundir.checkpoints(run_dir)
+    if not root.is_dir():
+        return None
+    try:
+        from torchlaunch.core import checkpoint as ckpt
 
-    found, _ = gather.newest_checkpoint(run_dir)
-    return found.step if found is not None else None
+        path = ckpt.latest_valid(root)
+    except (OSError, ValueError, ModuleNotFoundError):  # a Python without torch (`status`): none verified
+        return None
+    return ckpt.parse_step(path.name) if path is not None else None
 
 
 def lost_line(lost: Lost, forwarded: Sequence[int] = (), stop: str = "", then: str = "") -> str:
@@ -51,3 +62,15 @@ def lost_line(lost: Lost, forwarded: Sequence[int] = (), stop: str = "", then: s
     since = f"checkpoint of step {step}" if step is not None else "beginning (no checkpoint)"
     then = then or "the same command again resumes from there"
     return f"{stop} before its checkpoint committed: at least {count} step(s) trained since the {since} are lost (exit 1); {then}"
+
+
+def unrecorded(run_dir: Path, rec: JobRecord, then: str, newest: int | None = None) -> str:
+    """The line for the allocation `rec`, which ended without recording an outcome (its processes were
+    killed), when its ranks had trained past the newest checkpoint (`newest`'s step where the caller
+    verified it already); '' when it lost nothing."""
+    lost = steps_lost(run_dir, rec.launch_id, newest)
+    if not lost[0]:
+        return ""
+    job = f" of job {rec.job_id}" if rec.job_id else ""
+    killed = "ended without a word (killed: its grace, time limit or node ran out)"
+    return lost_line(lost, stop=f"allocation {rec.launch_id}{job} {killed}", then=then)

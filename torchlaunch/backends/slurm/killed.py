@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torchlaunch.exit_codes import FAILURE
 from torchlaunch.jobs import record
-from torchlaunch.jobs.lost import lost_line, steps_lost
+from torchlaunch.jobs.lost import unrecorded
 
 
 def killed_before(run_dir: str | Path, job_id: str, launch_id: str) -> str:
@@ -27,14 +27,9 @@ def killed_before(run_dir: str | Path, job_id: str, launch_id: str) -> str:
         return ""
     if previous.launch_id == launch_id or previous.outcome is not None:
         return ""
-    lost = steps_lost(Path(run_dir), previous.launch_id)
-    if not lost[0]:
+    line = unrecorded(Path(run_dir), previous, then="this allocation resumes from there")
+    if not line:
         return ""
-    line = lost_line(
-        lost,
-        stop=f"allocation {previous.launch_id} of job {job_id} ended without a word (killed: its grace, time limit or node ran out)",
-        then="this allocation resumes from there",
-    )
     try:
         record.finish(run_dir, previous, FAILURE, "failed", line)
     except OSError:  # the line still goes out; this allocation's own record comes next either way
