@@ -286,3 +286,39 @@ def test_a_slurm_task_whose_stop_did_not_commit_says_the_steps_lost(
     status.note_committed(6)
     user = SlurmTask(argv=["train.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
     assert user._lost(0, PREEMPTED) == ""
+
+
+def test_a_stop_that_lost_steps_is_requeued_and_its_task_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #53: rank 0 of a stop that lost steps requeues the job as any stop (the next allocation
+    resumes from the checkpoint), says no checkpoint was committed, and its task exits 1; where the
+    job is ending (COMPLETING), the task's recorded code is 1 with the lost line, not 75."""
+    from torchlaunch.backends.slurm import task as task_mod
+    from torchlaunch.exit_codes import FAILURE
+
+    class Left(Exception):
+        pass
+
+    class Accepted:
+        code, err = 0, ""
+
+    def leave(code: int) -> None:
+        raise Left(code)
+
+    requeued: list[str] = []
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setattr(task_mod, "leave", leave)
+    monkeypatch.setattr(task_mod, "controller_state", lambda job: "RUNNING")
+    monkeypatch.setattr(task_mod.cluster, "requeue", lambda job: requeued.append(job) or Accepted())
+    monkeypatch.setattr(task_mod.SlurmTask, "_save_for_requeue", lambda self: None)
+    task = task_mod.SlurmTask(argv=["-m", "torchlaunch.worker"], time_min=60, signal_delay_s=90)
+    with pytest.raises(Left) as left:
+        task._requeue(0, 10.0, "stopped before its checkpoint committed: at least 3 step(s) ... are lost (exit 1)")
+    assert left.value.args == (FAILURE,) and requeued == ["77"]
+    assert "preemption: steps lost, job 77 requeued" in capsys.readouterr().out
+    monkeypatch.setattr(task_mod, "controller_state", lambda job: "COMPLETING")
+    monkeypatch.setattr(task_mod, "scancelled", lambda job, state: False)
+    with pytest.raises(task_mod.WorkerExit) as ended:
+        task._requeue(0, 10.0, "stopped ... are lost (exit 1)")
+    assert ended.value.code == FAILURE and "COMPLETING, not requeued; stopped ... are lost (exit 1)" in ended.value.why
