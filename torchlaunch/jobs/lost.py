@@ -3,8 +3,8 @@
 The one owner of "steps lost" for every launcher: launch.local after a stop whose checkpoint never
 committed, a Slurm task at its own end, and, for an allocation that was killed (SIGKILL at the end of
 Slurm's GraceTime leaves no process to say it), the next allocation at its start or `status` while the
-requeued job waits for it. Steps trained are read
-from the ranks' heartbeats (torchlaunch.jobs.progress), which the trainer flushes when a stop arrives.
+requeued job waits for it. Steps trained are read from the ranks' heartbeats (torchlaunch.jobs.progress),
+which the trainer flushes when a stop arrives.
 """
 
 from __future__ import annotations
