@@ -67,15 +67,17 @@ import sys
 from torchlaunch.backends.slurm.task import SlurmTask
 
 task = SlurmTask(argv=["-m", "torchlaunch.worker"], time_min=60, signal_delay_s=90, run_dir=sys.argv[1], hang_timeout=0)
-task._operation(local_rank=0, local_world_size=1)
+task._operation(local_rank=0, local_world_size=2)
 """
 
 
 def test_the_next_allocation_says_what_a_killed_one_lost_before_it_records_itself(tmp_path: Path) -> None:
     """Issue #53 (honest codes): a run dir as an allocation SIGKILLed mid-save leaves it (no outcome,
-    beats at step 9, checkpoint of step 4); the next allocation's task start (a real process, as srun
-    starts it) says the loss in one line, then records itself: the line needs no process of the
-    killed one. No Slurm tool is reachable (PATH): the job's claim is best effort."""
+    beats at step 9, checkpoint of step 4), with rank 1 of the next allocation started first (its first
+    heartbeat replaced its beat, as on the dev cluster); rank 0's task start (a real process, with the
+    env srun and submitit give it) says the loss in one line before its own first heartbeat replaces
+    its beat, then records itself. No Slurm tool is reachable (PATH): the job's claim is best effort."""
+    import json
     import os
     import subprocess
     import sys
@@ -85,7 +87,10 @@ def test_the_next_allocation_says_what_a_killed_one_lost_before_it_records_itsel
     from torchlaunch.jobs import record
 
     _killed_allocation(tmp_path, "999999977-0", "999999977", trained=9, checkpoint=4)
+    started = {"rank": 1, "launch": "999999977-1", "step": None}  # rank 1's first beat of this allocation
+    (tmp_path / "progress" / "rank-1.json").write_text(json.dumps(started))
     slurm = {"SLURM_JOB_ID": "999999977", "SLURM_RESTART_COUNT": "1", "SLURM_NODEID": "0", "SLURM_NNODES": "1"}
+    slurm |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     env = {**os.environ, **slurm, "PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [sys.executable, "-c", ALLOCATION_START, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120

@@ -4,8 +4,10 @@ Slurm SIGKILLs a job's tasks when its GraceTime (or the time limit's KillWait) r
 while its ranks were saving leaves no process to say that steps were lost, and Slurm requeues the job:
 the next allocation resumes from the last committed checkpoint. What is left is the run dir: node 0's
 job record of that allocation without an outcome, and its ranks' heartbeats (flushed at the stop).
-The next allocation's node 0 reads them before it records itself, says the loss in one line and
-records that allocation's outcome as the README's code for a stop that lost work (exit 1).
+The next allocation's rank 0 reads them before it records itself or beats (the other tasks start at
+the same time and replace their own beats: rank 0's is the one sure to be left, and every rank beat
+the agreed stop step), says the loss in one line and records that allocation's outcome as the
+README's code for a stop that lost work (exit 1).
 """
 
 from __future__ import annotations

@@ -288,13 +288,16 @@ class SlurmTask:
             # A live job's successor (backends.slurm.successor), for `status` and `cancel`.
             extra=successor.record_extra(self.run_dir, job) if self.lighthouse and whole(job, 20) is not None else None,
         )
+        if local_rank == 0 and node_rank == 0:
+            # Before this allocation replaces that one's record, and this rank's beat (prepare_rank's first
+            # heartbeat): the other tasks start at once, so their beats may be this allocation's already.
+            killed = killed_before(self.run_dir, job, self.launch_id())
+            if killed:
+                say(f"slurm task: {killed}")
         os.environ.update(op.rank_env())
         prepare_rank()
         if local_rank != 0:
             return None
-        killed = killed_before(self.run_dir, job, self.launch_id()) if node_rank == 0 else ""
-        if killed:  # before this allocation's record replaces that allocation's
-            say(f"slurm task: {killed}")
         op.start(on_hang=lambda verdict, folder, beats: self._on_hang(verdict, folder, beats, op))
         return op
 
