@@ -109,6 +109,30 @@ def test_pending_and_requeued_from_the_scheduler() -> None:
     assert decide(records=[hung], scheduler_state=slurm_says("FAILED")).state == "hung"
 
 
+def test_status_says_what_a_killed_allocation_of_a_requeued_job_lost(tmp_path: Path) -> None:
+    """Issue #53 (honest codes): Slurm killed an allocation mid-save (GraceTime ran out) and requeued the
+    job: no process recorded an outcome, so `status`, reading the run before the next allocation does,
+    says the steps its ranks trained past the newest checkpoint; not once the allocation has an outcome
+    or while it runs."""
+    import dataclasses
+
+    record.start(tmp_path, scheduler="slurm", command=["launch.slurm"], launch_id="42-0", job_id="42")
+    progress.folder(tmp_path).mkdir(parents=True)
+    (progress.folder(tmp_path) / "rank-0.json").write_text(json.dumps({"rank": 0, "launch": "42-0", "step": 9}))
+    nodes, _ = record.read_all(tmp_path)
+    newest = state.Checkpoint(4, str(tmp_path / "checkpoints" / "step-000000004"), None)
+    pending = slurm_says("PENDING")
+    lost = gather.requeued_loss(tmp_path, nodes, pending, newest)
+    assert "allocation 42-0 of job 42 ended without a word" in lost, lost
+    assert "at least 5 step(s) trained since the checkpoint of step 4 are lost (exit 1)" in lost, lost
+    st = decide(records=nodes, scheduler_state=pending, lost=lost)
+    assert st.state == "pending" and st.reason == f"scheduler says {pending.said}; {lost}"
+    assert gather.requeued_loss(tmp_path, nodes, slurm_says("RUNNING"), newest) == ""
+    ended = [dataclasses.replace(nodes[0], outcome="preempted", code=75)]
+    assert gather.requeued_loss(tmp_path, ended, pending, newest) == ""
+    assert gather.requeued_loss(tmp_path, nodes, pending, state.Checkpoint(9, "step-000000009", None)) == ""
+
+
 def test_a_schedulers_note_is_printed_beside_the_state() -> None:
     """A backend's note (a live Slurm job's successor waiting behind it) reaches `status` as a note line;
     the state is still decided from the word and the heartbeats."""
@@ -308,7 +332,8 @@ def test_scheduler_from_the_launchers_environment() -> None:
 def test_ops_modules_import_neither_torch_nor_the_top_level_commands() -> None:
     import ast
 
-    allowed_lazy = {("gather.py", "torchlaunch.core")}  # checkpoint verification, only with checkpoints
+    # checkpoint verification: `status` only with checkpoints, steps lost only when steps were trained
+    allowed_lazy = {("gather.py", "torchlaunch.core"), ("lost.py", "torchlaunch.core")}
     for path in sorted((Path(__file__).resolve().parents[2] / "torchlaunch" / "jobs").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

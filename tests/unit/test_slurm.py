@@ -204,3 +204,121 @@ def test_the_tasks_pythonpath_and_the_container_mount_are_the_checkouts() -> Non
     root = Path(SlurmOptions().repo_root)
     assert (root / rankpath.FOLDER.name / "torchlaunch").is_dir()
     assert (root / "torchlaunch" / "__init__.py").is_file()
+
+
+def _killed_allocation(run: Path, launch: str, job: str, trained: int, checkpoint: int | None) -> None:
+    """A run dir as a Slurm allocation SIGKILLed mid-save leaves it: node 0's record without an outcome,
+    its ranks' heartbeats flushed at the stop, and the newest checkpoint that did commit."""
+    import json
+
+    from torchlaunch.jobs import progress, record
+
+    record.start(run, scheduler="slurm", command=["launch.slurm"], launch_id=launch, job_id=job)
+    beats = progress.folder(run)
+    beats.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        (beats / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "launch": launch, "step": trained}))
+    if checkpoint is not None:
+        import torch
+
+        from torchlaunch.core import checkpoint as ckpt
+
+        state = {"format_version": ckpt.FORMAT_VERSION, "w": torch.zeros(2)}
+        ckpt.write_checkpoint(run / "checkpoints", checkpoint, state, {})
+
+
+def test_the_allocation_after_a_killed_one_says_the_steps_lost_and_records_exit_1(tmp_path: Path) -> None:
+    """Issue #53 (honest codes): Slurm SIGKILLs tasks still saving when GraceTime runs out and requeues;
+    the next allocation's node 0 says how many steps were lost since which checkpoint, and records that
+    allocation's outcome as a stop that lost work (exit 1), once."""
+    from torchlaunch.backends.slurm.killed import killed_before
+    from torchlaunch.jobs import record
+
+    _killed_allocation(tmp_path, "77-0", "77", trained=9, checkpoint=4)
+    line = killed_before(tmp_path, "77", "77-1")
+    assert line.startswith("allocation 77-0 of job 77 ended without a word"), line
+    assert "at least 5 step(s) trained since the checkpoint of step 4 are lost (exit 1)" in line, line
+    (node0,), _ = record.read_all(tmp_path)
+    assert (node0.launch_id, node0.outcome, node0.code, node0.reason) == ("77-0", "failed", 1, line)
+    assert killed_before(tmp_path, "77", "77-1") == ""  # said once: the allocation has its outcome now
+
+
+@pytest.mark.parametrize(
+    ("job", "launch", "trained"),
+    [("78", "77-1", 9), ("77", "77-0", 9), ("77", "77-1", 4), ("77", "77-1", 0)],
+    ids=["another job", "this allocation", "nothing past the checkpoint", "nothing trained"],
+)
+def test_an_allocation_that_lost_nothing_or_is_not_the_one_before_is_not_reported(
+    tmp_path: Path, job: str, launch: str, trained: int
+) -> None:
+    from torchlaunch.backends.slurm.killed import killed_before
+    from torchlaunch.jobs import record
+
+    _killed_allocation(tmp_path, "77-0", "77", trained=trained, checkpoint=4)
+    assert killed_before(tmp_path, job, launch) == ""
+    (node0,), _ = record.read_all(tmp_path)
+    assert node0.outcome is None
+
+
+def test_a_slurm_task_whose_stop_did_not_commit_says_the_steps_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #53: a built-in trainer's exit 75 on Slurm, where its ranks trained past the checkpoint rank
+    0 said it committed (or past the newest one), is rank 0's lost line (the task then exits 1), as
+    launch.local says it; a user's program, another rank, or a stop that committed its step is not."""
+    from torchlaunch import status
+    from torchlaunch.backends.slurm.task import SlurmTask
+    from torchlaunch.exit_codes import PREEMPTED
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setattr(status, "_committed", None)
+    _killed_allocation(tmp_path, "77-0", "77", trained=9, checkpoint=None)
+    builtin = SlurmTask(argv=["-m", "torchlaunch.worker", "--config", "c.yaml"], time_min=60, signal_delay_s=90)
+    builtin.run_dir = str(tmp_path)
+    line = builtin._lost(0, PREEMPTED)
+    assert "at least 9 step(s) trained since the beginning (no checkpoint) are lost (exit 1)" in line, line
+    status.note_committed(6)
+    assert "at least 3 step(s) trained since the checkpoint of step 6" in builtin._lost(0, PREEMPTED)
+    assert builtin._lost(1, PREEMPTED) == "" and builtin._lost(0, 1) == ""
+    status.note_committed(9)
+    assert builtin._lost(0, PREEMPTED) == ""
+    status.note_committed(6)
+    user = SlurmTask(argv=["train.py"], time_min=60, signal_delay_s=90, run_dir=str(tmp_path))
+    assert user._lost(0, PREEMPTED) == ""
+
+
+def test_a_stop_that_lost_steps_is_requeued_and_its_task_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #53: rank 0 of a stop that lost steps requeues the job as any stop (the next allocation
+    resumes from the checkpoint), says no checkpoint was committed, and its task exits 1; where the
+    job is ending (COMPLETING), the task's recorded code is 1 with the lost line, not 75."""
+    from torchlaunch.backends.slurm import task as task_mod
+    from torchlaunch.exit_codes import FAILURE
+
+    class Left(Exception):
+        pass
+
+    class Accepted:
+        code, err = 0, ""
+
+    def leave(code: int) -> None:
+        raise Left(code)
+
+    requeued: list[str] = []
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setattr(task_mod, "leave", leave)
+    monkeypatch.setattr(task_mod, "controller_state", lambda job: "RUNNING")
+    monkeypatch.setattr(task_mod.cluster, "requeue", lambda job: requeued.append(job) or Accepted())
+    monkeypatch.setattr(task_mod.SlurmTask, "_save_for_requeue", lambda self: None)
+    task = task_mod.SlurmTask(argv=["-m", "torchlaunch.worker"], time_min=60, signal_delay_s=90)
+    with pytest.raises(Left) as left:
+        task._requeue(0, 10.0, "stopped before its checkpoint committed: at least 3 step(s) ... are lost (exit 1)")
+    assert left.value.args == (FAILURE,) and requeued == ["77"]
+    assert "preemption: steps lost, job 77 requeued" in capsys.readouterr().out
+    monkeypatch.setattr(task_mod, "controller_state", lambda job: "COMPLETING")
+    monkeypatch.setattr(task_mod, "scancelled", lambda job, state: False)
+    with pytest.raises(task_mod.WorkerExit) as ended:
+        task._requeue(0, 10.0, "stopped ... are lost (exit 1)")
+    assert ended.value.code == FAILURE and "COMPLETING, not requeued; stopped ... are lost (exit 1)" in ended.value.why

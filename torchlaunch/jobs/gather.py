@@ -17,6 +17,7 @@ from torchlaunch import rundir
 from torchlaunch.base import procs
 from torchlaunch.base.files import as_int, read_json, read_range
 from torchlaunch.jobs import progress, record, schedulers
+from torchlaunch.jobs.lost import unrecorded
 from torchlaunch.jobs.state import WORLD_EVENT, Checkpoint, Facts, LiveRegroup, WorldChange, current_launch
 
 METRICS_TAIL_BYTES = 64 << 20
@@ -157,6 +158,7 @@ def facts(
     cancel_launch, _ = record.cancel_request(run_dir)
     nodes = current_launch(records)
     launch = nodes[0].launch_id if nodes else None
+    said = scheduler_state(nodes[0]) if nodes and ask_scheduler else None
     return Facts(
         records=records,
         alive={r.node_rank: r.launcher_alive() for r in nodes},
@@ -165,11 +167,31 @@ def facts(
         rank_codes=rank_codes(run_dir, launch) if launch else (),
         beats=beats,
         checkpoint=checkpoint,
-        scheduler_state=scheduler_state(nodes[0]) if nodes and ask_scheduler else None,
+        scheduler_state=said,
         hang_timeout=hang_timeout,
         now=time.time(),
         problems=[*problems, *beat_problems, *skipped],
         world_change=last_world_change(run_dir),
         gone_ranks=gone_ranks(beats),
         regroups=live_regroups(run_dir),
+        lost=requeued_loss(run_dir, nodes, said, checkpoint) if checkpoints else "",
     )
+
+
+def requeued_loss(
+    run_dir: Path, nodes: list[record.JobRecord], said: schedulers.JobState | None, newest: Checkpoint | None
+) -> str:
+    """While the scheduler says a job was preempted or requeued and its last allocation recorded no
+    outcome (its processes were killed, as Slurm does when GraceTime runs out), what that allocation
+    lost: `status` may read the run before the next allocation does (which says and records it,
+    backends.slurm.killed). Counted from `newest`, the checkpoint `status` verified already."""
+    if (
+        said is None
+        or said.word not in ("pending", "requeued", "preempted")
+        or not nodes
+        or any(r.outcome for r in nodes)
+    ):
+        return ""
+    node0 = min(nodes, key=lambda r: r.node_rank)
+    step = newest.step if newest is not None else None
+    return unrecorded(run_dir, node0, then="the job resumes from there when it runs again", newest=step)

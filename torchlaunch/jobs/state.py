@@ -118,6 +118,9 @@ class Facts:
     live regroup (recovery.live) the run trains on without them, and their last beat is history."""
     regroups: tuple[LiveRegroup, ...] = ()
     """A live run's regroups, oldest first (gather.live_regroups)."""
+    lost: str = ""
+    """The line of steps lost by an allocation that ended without an outcome while its scheduler says the
+    job was preempted or requeued (gather.requeued_loss); '' when none."""
 
 
 @dataclass(frozen=True)
@@ -269,7 +272,7 @@ def _state(
     if word in ("finished", "cancelled", "failed", "preempted") and not any(
         facts.alive.get(r.node_rank) for r in nodes
     ):
-        return word, f"scheduler says {said}"
+        return word, f"scheduler says {said}" + (f"; {facts.lost}" if facts.lost else "")
     fewer = degraded(facts, [*nodes, *left], left)
     if fewer is not None:
         return "running", fewer + ("; cancel requested" if cancel else "")
@@ -283,7 +286,7 @@ def _state(
             return "preempted", "ranks reported a committed checkpoint (exit 75); the launcher ended without a record"
         return "failed", f"launcher pid {gone[0].launcher_pid} on {host} ended without recording an outcome"
     if word in ("pending", "requeued"):
-        return word, f"scheduler says {said}"
+        return word, f"scheduler says {said}" + (f"; {facts.lost}" if facts.lost else "")
     timeout = watchdog.resolve_timeout(facts.hang_timeout, [b.step_time for b in beats])
     seen = [watchdog.Seen(b.rank, b.time or 0.0, b.step, b.host) for b in beats]
     verdict = watchdog.decide(seen, facts.now, timeout)

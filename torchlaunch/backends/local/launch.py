@@ -59,6 +59,7 @@ from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import record, watchdog
 from torchlaunch.jobs.launcher import Operation
+from torchlaunch.jobs.lost import lost_line, steps_lost
 from torchlaunch.jobs.progress import RankBeat
 from torchlaunch.launch import cli, elastic, emit, finished, precheck, shape
 from torchlaunch.launch.relay import StderrRelay
@@ -1239,31 +1240,6 @@ def run(
             file=sys.stderr,
         )
     return code
-
-
-def steps_lost(run_dir: Path, launch_id: str, said: int | None = None) -> tuple[int, int | None]:
-    """(steps this launch's ranks trained past the newest committed checkpoint, that checkpoint's step)
-    after a stop: what a stop killed before its checkpoint committed lost. Read from the ranks' heartbeats
-    of this launch (a lower bound: a beat may be a second behind) and `said`, the step a rank said it
-    committed (status.note_committed), else the newest checkpoint that verifies. Why a rank's word first:
-    verifying imports torch, 5-7 s on a loaded 2-core box, which docker stop's 10 s grace did not leave."""
-    from torchlaunch.jobs import progress
-
-    beats, _ = progress.read_all(progress.folder(run_dir))
-    trained = max((b.step for b in beats if b.launch == launch_id and b.step is not None), default=0)
-    step = said if said is not None else new_checkpoint(run_dir, 0.0)[0]
-    return max(0, trained - (step or 0)), step
-
-
-def lost_line(lost: tuple[int, int | None], forwarded: Sequence[int]) -> str:
-    """The one line of a stop that lost steps (exit 1: README's exit codes)."""
-    count, step = lost
-    by = f" after {signal.Signals(forwarded[0]).name}" if forwarded else ""
-    since = f"checkpoint of step {step}" if step is not None else "beginning (no checkpoint)"
-    return (
-        f"stopped{by} before its checkpoint committed: at least {count} step(s) trained since the {since} are lost "
-        f"(exit 1); the same command again resumes from there"
-    )
 
 
 def preempted_line(

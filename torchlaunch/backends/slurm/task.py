@@ -23,17 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torchlaunch import compat, contract, rundir, runlock
+from torchlaunch import compat, contract, rundir, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.slurm import cluster, successor
 from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm.cluster import controller_state, job_state
+from torchlaunch.backends.slurm.killed import killed_before
 from torchlaunch.backends.slurm.result import result_path
 from torchlaunch.base.untrusted import whole
 from torchlaunch.core.recovery import minimum as live_minimum
-from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, OK, PREEMPTED
+from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
 from torchlaunch.jobs.launcher import Operation, prepare_rank
+from torchlaunch.jobs.lost import lost_line, steps_lost
 from torchlaunch.stop_signals import STOP_SIGNALS, hold_early_stops
 
 DEFAULT_MAX_TIMEOUTS = 3
@@ -231,8 +233,11 @@ class SlurmTask:
         # submitit requeue a second time.
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        lost = self._lost(rank, code)
+        if lost:
+            say(f"slurm task: {lost}")
         if op is not None:
-            code = op.finish(code)
+            code = op.finish(FAILURE if lost else code, lost)
         if self.lighthouse:  # every task's code, for the batch script's verdict (a lost task leaves none)
             write_result(code, program_mod.last_reason or "")
         if code == OK:
@@ -244,9 +249,9 @@ class SlurmTask:
             atexit.register(leave, OK)
             return OK
         if code == CANCELLED:
-            end_cancelled(contract.get(contract.SLURM_JOB_ID, "") or "", LAUNCH_CANCEL, program)
-        if code == PREEMPTED:
-            self._requeue(rank, time.time() - started)
+            end_cancelled(contract.get(contract.SLURM_JOB_ID, "") or "", LAUNCH_CANCEL, FAILURE if lost else program)
+        if code == PREEMPTED or lost:
+            self._requeue(rank, time.time() - started, lost)
         if code == BAD_INPUT:
             raise WorkerExit(code, "bad input, not requeued; fix the config and submit again")
         raise WorkerExit(code, "worker failed; see this task's log")
@@ -270,19 +275,30 @@ class SlurmTask:
         """This allocation of the job: the same on every node, new after each requeue."""
         return f"{contract.get(contract.SLURM_JOB_ID, '0')}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
 
+    def _lost(self, rank: int, code: int) -> str:
+        """Rank 0's line for a stop of the built-in trainer that ended 75 while its ranks had trained past
+        the checkpoint it committed (or past the newest one, when it said none), as launch.local says
+        it; '' otherwise. Only the built-in trainer's run dir holds the checkpoints this counts from."""
+        builtin = self.argv[:2] == ["-m", program_mod.BUILTIN_WORKER]
+        if code != PREEMPTED or rank != 0 or not self.run_dir or not builtin:
+            return ""
+        lost = steps_lost(Path(self.run_dir), self.launch_id(), status.committed_step())
+        return lost_line(lost, then="a rerun resumes from there") if lost[0] else ""
+
     def _operation(self, local_rank: int, local_world_size: int) -> Operation | None:
         """Rank env and per-rank logs for this task; the node's local rank 0 also records the node's
         launch and runs its hang watchdog. None without a run dir (nothing to record into)."""
         if not self.run_dir:
             return None
         job = contract.get(contract.SLURM_JOB_ID, "") or ""
+        node_rank = int(contract.get(contract.SLURM_NODEID, "0") or "0")
         op = Operation(
             self.run_dir,
             scheduler="slurm",
             command=self.command or list(self.argv),
             launch_id=self.launch_id(),
             job_id=contract.get(contract.SLURM_JOB_ID),
-            node_rank=int(contract.get(contract.SLURM_NODEID, "0") or "0"),
+            node_rank=node_rank,
             nnodes=int(contract.get(contract.SLURM_NNODES, "1") or "1"),
             local_ranks=local_world_size,
             hang_timeout=self.hang_timeout,
@@ -290,6 +306,12 @@ class SlurmTask:
             # A live job's successor (backends.slurm.successor), for `status` and `cancel`.
             extra=successor.record_extra(self.run_dir, job) if self.lighthouse and whole(job, 20) is not None else None,
         )
+        if local_rank == 0 and node_rank == 0:
+            # Before this allocation replaces that one's record, and this rank's beat (prepare_rank's first
+            # heartbeat): the other tasks start at once, so their beats may be this allocation's already.
+            killed = killed_before(self.run_dir, job, self.launch_id())
+            if killed:
+                say(f"slurm task: {killed}")
         os.environ.update(op.rank_env())
         prepare_rank()
         if local_rank != 0:
@@ -323,35 +345,36 @@ class SlurmTask:
         )
         watchdog.kill_ranks(beats)
 
-    def _requeue(self, rank: int, elapsed_s: float) -> None:
+    def _requeue(self, rank: int, elapsed_s: float, lost: str = "") -> None:
         """Rank 0 requeues once; every rank leaves without a result so submitit waits for the rerun. A live
         group that fell below --nodes MIN-MAX's minimum stopped by itself: neither a timeout nor a
         preemption, and said as such. A cancelled job is never requeued: every task ends with one line
-        and exit 3 (end_cancelled)."""
+        and exit 3 (end_cancelled). A stop that `lost` steps (rank 0's line, already said) is requeued
+        the same way, and its task exits 1 (README's exit codes), claiming no checkpoint."""
+        program = FAILURE if lost else PREEMPTED
+        committed = lost or "a checkpoint is committed"
         below = bool(live_minimum.last_stop)
         timed_out = not below and is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
         job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
         if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
-            end_cancelled(job_id, LAUNCH_CANCEL)  # every task: the mark is a file, not a question to slurmctld
+            end_cancelled(job_id, LAUNCH_CANCEL, program)  # every task: the mark is a file, not a question to slurmctld
         if not requeues(rank, live_minimum.first_at_stop):
             say("slurm task: checkpoint committed; rank 0 requeues the job unless it is ending (scancel, time limit)")
             leave(PREEMPTED)
         job_id = contract.require(contract.SLURM_JOB_ID)
         live_state = controller_state(job_id)
         if live_state != "RUNNING" and scancelled(job_id, live_state):
-            end_cancelled(job_id, SCANCEL)
+            end_cancelled(job_id, SCANCEL, program)
         if live_state != "RUNNING":
             # scancel (or the hard time limit) got here first: the job is ending for good.
             raise WorkerExit(
-                PREEMPTED,
-                f"job {job_id} is {live_state}, not requeued; a checkpoint is "
-                "committed: submit the same command again to resume",
+                program, f"job {job_id} is {live_state}, not requeued; {committed}: submit the same command again"
             )
         if timed_out and self.timeouts >= self.max_timeouts:
             raise WorkerExit(
-                PREEMPTED,
-                f"timed out {self.timeouts + 1} times (limit {self.max_timeouts}); "
-                "a checkpoint is committed: submit the same command again to resume",
+                program,
+                f"timed out {self.timeouts + 1} times (limit {self.max_timeouts}); {committed}: "
+                "submit the same command again",
             )
         self.timeouts += timed_out
         self.preemptions += not timed_out and not below
@@ -367,13 +390,13 @@ class SlurmTask:
             said = requeue.err.strip() if requeue is not None else "no answer"
             print(f"slurm task: scontrol requeue: {said} (state {job_state(job_id)})", flush=True)
         said = program_mod.last_reason
-        what = said if program_mod.stopped_by_runner(said) else "checkpoint committed"
+        what = said if program_mod.stopped_by_runner(said) else "steps lost" if lost else "checkpoint committed"
         print(
             f"slurm task: {kind}: {what}, job {job_id} requeued "
             f"(timeouts {self.timeouts}/{self.max_timeouts}, preemptions {self.preemptions})",
             flush=True,
         )
-        leave(PREEMPTED)
+        leave(program)
 
     def _save_for_requeue(self) -> None:
         """Rewrite the submitted pickle so the next allocation sees the updated counters."""
