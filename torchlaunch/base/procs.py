@@ -75,3 +75,16 @@ def tool_output(argv: list[str], timeout: float = TOOL_TIMEOUT_S) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def end(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
+    """SIGTERM a child that still runs, SIGKILL it after grace_s, and reap it: the membership services the
+    node agents start (a standby or a serving Lighthouse) end so, whoever ends them."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -248,13 +248,7 @@ class Service:
             self.start()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        procs.end(self.proc)
 
 
 def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subprocess.Popen:

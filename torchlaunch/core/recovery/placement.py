@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchlaunch import rundir
+from torchlaunch.base import procs
 
 FOLDER = "service"
 """RUN_DIR/live/service: the leases."""
@@ -270,13 +271,7 @@ class Standby:
         self.start()
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        procs.end(self.proc)
         self.serving = False
 
 
