@@ -904,7 +904,7 @@ def launch(argv: Sequence[str]) -> int:
         op = operation(args, cfg.run_dir, attempt, spec.gpus_per_node, lock)
         env.update(op.rank_env())
         if spec.nodes * spec.gpus_per_node > 1 and not args.doctor:
-            say(road_line(live))
+            print(road_line(live), flush=True)  # stdout: news, not a problem (stderr's one line is bad input's)
         print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
         code = run(
             argv_out,
