@@ -303,6 +303,7 @@ def launch(argv: list[str]) -> int:
     if spec.program and args.reconfigure:
         raise cli.error("--reconfigure changes the built-in worker's RUN_DIR/config.yaml; a program after -- has none")
     cfg: config_mod.RunConfig | None = None
+    road = ""
     if not spec.program:
         cfg = config_mod.load(spec.config, spec.overrides)
         precheck.check(cfg, on_cpu=not options.use_gpus, local=False, doctor=options.doctor)
@@ -310,8 +311,10 @@ def launch(argv: list[str]) -> int:
         if not options.doctor:
             settle_config(cfg, args.reconfigure, write=False)  # refused before anything is written or printed
         if not options.doctor and spec.nodes * spec.gpus_per_node > 1:
-            print(slurm_live.road_line(bool(options.lighthouse)), file=sys.stderr, flush=True)
+            road = slurm_live.road_line(bool(options.lighthouse))
     if args.dry_run:
+        if road:
+            print(road, file=sys.stderr, flush=True)  # stdout is the script
         print(sbatch_script(spec, options), end="")
         return OK
     if not have("sbatch"):
@@ -336,6 +339,8 @@ def launch(argv: list[str]) -> int:
     print(f"  follow:     tail -F {log}")
     print(f"  status:     sacct -j {job.job_id}")
     print(f"  cancel:     scancel {job.job_id}", flush=True)
+    if road:  # news once submitted, on stdout: a refusal before it stays bad input's one line on stderr
+        print(road, flush=True)
     if not args.wait:
         return OK
     return follow(job)
