@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchlaunch.core.recovery.presence import KEYED, LINE_MAX, connection_cap
+from torchlaunch.core.recovery.presence import KEYED, LINE_MAX, connection_cap, read_line
 
 PROVE_WITHIN_S = 5.0
 """A connection that has not proved the key by then is closed: a silent one holds no descriptor long."""
@@ -326,13 +326,7 @@ class Relay:
         except OSError:
             return None
         try:
-            line = b""
-            while not line.endswith(b"\n"):
-                data = far.recv(LINE_MAX - len(line))
-                if not data or len(line) + len(data) >= LINE_MAX:
-                    raise OSError("no greeting from the front")
-                line += data
-            found = GREETING.fullmatch(line.decode("ascii", "replace").strip())
+            found = GREETING.fullmatch(read_line(far, "no greeting from the front"))
             if found is None:
                 raise OSError("not a membership service's front")
             proof = answer(self.key, found.group(1)) if self.key is not None else "-"

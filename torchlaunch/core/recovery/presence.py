@@ -411,14 +411,20 @@ def read_challenge(sock: socket.socket) -> str | None:
     return read_greeting(sock)[0]
 
 
-def read_greeting(sock: socket.socket) -> tuple[str | None, bool]:
-    """The service's `challenge <nonce>[ keyed]` line (within the socket's timeout, at most LINE_MAX
-    bytes): the nonce, or None when it sends another line, and whether it counts only proven hellos."""
+def read_line(sock: socket.socket, missing: str) -> str:
+    """One line the far side says first (within the socket's timeout, under LINE_MAX bytes), stripped;
+    OSError(missing) when it closes or says more: the presence port's challenge and the front's greeting."""
     line = b""
     while not line.endswith(b"\n"):
         data = sock.recv(LINE_MAX - len(line))
         if not data or len(line) + len(data) >= LINE_MAX:
-            raise OSError("no challenge from the presence port")
+            raise OSError(missing)
         line += data
-    found = CHALLENGE.fullmatch(line.decode("ascii", "replace").strip())
+    return line.decode("ascii", "replace").strip()
+
+
+def read_greeting(sock: socket.socket) -> tuple[str | None, bool]:
+    """The service's `challenge <nonce>[ keyed]` line (within the socket's timeout, at most LINE_MAX
+    bytes): the nonce, or None when it sends another line, and whether it counts only proven hellos."""
+    found = CHALLENGE.fullmatch(read_line(sock, "no challenge from the presence port"))
     return (found.group(1), bool(found.group(2))) if found else (None, False)
