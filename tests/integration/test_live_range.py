@@ -78,14 +78,18 @@ class Job:
     def recipe(self) -> Path:
         return self.work / "run.yaml"
 
+    def numbered(self, node: int) -> tuple[list[str], list[str]]:
+        """How this node is numbered and which service it names (PlacedJob: neither)."""
+        return ["--node-rank", str(node)], [f"recovery.lighthouse={self.lighthouse}"]
+
     def start(self, node: int) -> subprocess.Popen:
         """This node's command, as its user types it (one CPU rank; a 1 s last call after MIN)."""
+        number, service = self.numbered(node)
         argv = launcher_argv(
             "launch.local",
             "--nnodes",
             self.nodes,
-            "--node-rank",
-            str(node),
+            *number,
             "--master-addr",
             "127.0.0.1",
             "--master-port",
@@ -98,7 +102,7 @@ class Job:
             "cpu",
             "--config",
             str(self.recipe),
-            f"recovery.lighthouse={self.lighthouse}",
+            *service,
         )
         env = child_env({"OMP_NUM_THREADS": "1"})  # as the reference's 2 ranks on 2 cores: the same sums
         return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -249,26 +253,8 @@ class PlacedJob(Job):
     """The issue's default command line: no --node-rank (each node takes its slot in the run dir) and no
     recovery.lighthouse (the node agents place the membership service through the run dir's lease)."""
 
-    def start(self, node: int) -> subprocess.Popen:
-        argv = launcher_argv(
-            "launch.local",
-            "--nnodes",
-            self.nodes,
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(self.master_port),
-            "--rdzv-conf",
-            "last_call_timeout=1",
-            "--gpus",
-            "1",
-            "--device",
-            "cpu",
-            "--config",
-            str(self.recipe),
-        )
-        env = child_env({"OMP_NUM_THREADS": "1"})
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    def numbered(self, node: int) -> tuple[list[str], list[str]]:
+        return [], []
 
     def service_host(self, nodes: list[subprocess.Popen]) -> int:
         """Which launcher's node serves the membership service: the newest lease's holder (its agent's pid)."""
