@@ -14,6 +14,7 @@ from tests.conftest import REPO
 from torchlaunch.backends.local import launch as local
 from torchlaunch.backends.local.launch import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
+from torchlaunch.jobs import lost
 from torchlaunch.launch.spec import JobSpec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -262,11 +263,17 @@ def test_a_stop_that_lost_steps_counts_them_from_this_launchs_heartbeats(tmp_pat
     beats.mkdir()
     for rank, (launch_id, step) in enumerate([("this", 7), ("this", 6), ("earlier", 40)]):
         (beats / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "launch": launch_id, "step": step}))
-    assert local.steps_lost(tmp_path, "this") == (7, None)
-    assert local.steps_lost(tmp_path, "another") == (0, None)
-    assert "at least 7 step(s) trained since the beginning (no checkpoint) are lost (exit 1)" in local.lost_line(
+    assert lost.steps_lost(tmp_path, "this") == (7, None)
+    assert lost.steps_lost(tmp_path, "another") == (0, None)
+    assert "at least 7 step(s) trained since the beginning (no checkpoint) are lost (exit 1)" in lost.lost_line(
         (7, None), []
     )
+    # CI at ccda0fd: the stop's window ran out, rank 0 was killed first and rank 1 failed on its closed
+    # connection (exit 1, a worker's RuntimeError): still the stop's loss, said as such, not "training failed".
+    assert lost.lost_by_stop(FAILURE, True, tmp_path, "this", None) == (7, None)
+    assert lost.lost_by_stop(PREEMPTED, True, tmp_path, "this", None) == (7, None)
+    assert lost.lost_by_stop(FAILURE, False, tmp_path, "this", None) == (0, None)  # no stop: a failure's own
+    assert lost.lost_by_stop(BAD_INPUT, True, tmp_path, "this", None) == (0, None)
 
 
 def test_a_stop_other_than_sigterm_is_named_when_passed_on_as_sigterm(capfd: pytest.CaptureFixture[str]) -> None:

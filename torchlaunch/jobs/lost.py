@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchlaunch import rundir
+from torchlaunch.exit_codes import FAILURE, PREEMPTED
 from torchlaunch.jobs import progress
 from torchlaunch.jobs.record import JobRecord
 
@@ -34,6 +35,16 @@ def steps_lost(run_dir: Path, launch_id: str, said: int | None = None) -> Lost:
         return 0, said
     step = said if said is not None else newest_step(run_dir)
     return max(0, trained - (step or 0)), step
+
+
+def lost_by_stop(code: int, stopped: bool, run_dir: Path, launch_id: str, said: int | None) -> Lost:
+    """What a launch that ended with `code` lost to a stop (`stopped`: it passed one on to its ranks).
+    75 is a stop by definition; so is 1 after a stop: a window that ran out kills the ranks one by one,
+    and a survivor may first fail on its killed peer's closed connection. Any other end lost nothing
+    to a stop."""
+    if code == PREEMPTED or (code == FAILURE and stopped):
+        return steps_lost(run_dir, launch_id, said)
+    return 0, None
 
 
 def newest_step(run_dir: Path) -> int | None:

@@ -59,7 +59,7 @@ from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import record, watchdog
 from torchlaunch.jobs.launcher import Operation
-from torchlaunch.jobs.lost import lost_line, steps_lost
+from torchlaunch.jobs.lost import lost_by_stop, lost_line
 from torchlaunch.jobs.progress import RankBeat
 from torchlaunch.launch import cli, elastic, emit, finished, precheck, shape
 from torchlaunch.launch.relay import StderrRelay
@@ -1206,8 +1206,8 @@ def run(
     reason = next((r.reason for r in found if r.code == code and code != OK), "")
     lost = (0, None)
     said = max((r.committed for r in found if r.committed is not None), default=None)
-    if code == PREEMPTED and op is not None and run_dir is not None:
-        lost = steps_lost(run_dir, op.launch_id, said)
+    if op is not None and run_dir is not None:
+        lost = lost_by_stop(code, bool(forwarded), run_dir, op.launch_id, said)
         if lost[0]:  # 75 says "nothing lost, run it again"; this stop lost steps: a failure, honestly
             code = FAILURE
             reason = lost_line(lost, forwarded)
