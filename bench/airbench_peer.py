@@ -268,7 +268,7 @@ def run_project(
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "1",
         "--config",

@@ -275,7 +275,7 @@ def preemption(model: str, batch: int, max_steps: int, timeout_s: float = 600) -
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "2",
         "--device",

@@ -54,7 +54,7 @@ def _node(run_dir: Path, port: int, epochs: int, log: Path) -> subprocess.Popen:
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--device",
         "cpu",
         "--nnodes",

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from torchlaunch import contract
-from torchlaunch.backends.local.live import free_port_pair
+from torchlaunch.agent.live import free_port_pair
 from torchlaunch.core.recovery import front, lighthouse
 
 

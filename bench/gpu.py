@@ -91,7 +91,7 @@ def time_to_accuracy(data_root: str, goal: float, overrides: list[str], timeout_
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "1",
         "--config",

@@ -165,7 +165,7 @@ def rank_pids(launcher_pid: int) -> list[int]:
     from torchlaunch import pdeath
 
     below = pdeath.descendants(launcher_pid)
-    agents = [pid for pid in below if b"torchlaunch.backends.local.live" in _argv(pid)]
+    agents = [pid for pid in below if b"torchlaunch.agent.live" in _argv(pid)]
     found = []
     for pid in below:
         try:

@@ -151,7 +151,7 @@ def run(
                 [
                     sys.executable,
                     "-m",
-                    "torchlaunch.backends.local.launch",
+                    "torchlaunch.agent",
                     "--gpus",
                     str(procs),
                     "--device",

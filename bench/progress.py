@@ -4,7 +4,7 @@ reporting costs < 1% of step time).
 
     python -m bench.run --only progress     # or: python -m bench.progress [--quick]
 
-Both sides run the identical command, `python -m torchlaunch.backends.local.launch --gpus 2 --device cpu
+Both sides run the identical command, `python -m torchlaunch.agent --gpus 2 --device cpu
 --config configs/smoke.yaml` with the same overrides (synthetic data, one epoch, no periodic
 checkpoints), OMP_NUM_THREADS=1 per rank and a fresh run dir each round. The training phase is timed
 by rank 0 itself: metrics.jsonl's `elapsed_s` at its training records (every 10 steps), a run's figure
@@ -112,7 +112,7 @@ def one_run(run_dir: Path, steps: int, *, on: bool, off_path: Path, timeout_s: f
         PYTHONPATH=os.pathsep.join(filter(None, paths)),
     )
     env.pop(ops_progress.PROGRESS_DIR_ENV, None)
-    argv = [sys.executable, "-m", "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu"]
+    argv = [sys.executable, "-m", "torchlaunch.agent", "--gpus", "2", "--device", "cpu"]
     argv += [] if on else ["--hang-timeout", "0"]
     argv += ["--config", CONFIG, *overrides(run_dir, steps)]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)

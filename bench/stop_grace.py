@@ -51,7 +51,7 @@ LONG_STEP_MICRO_BATCHES = 40
 def argv(run_dir: Path, long_step: bool) -> list[str]:
     slow = ["model.name=tests.programs.slow_model:net", "train.micro_batch_size=2", "train.batch_size=160"]
     return [
-        sys.executable, "-m", "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu",
+        sys.executable, "-m", "torchlaunch.agent", "--gpus", "2", "--device", "cpu",
         "--config", "configs/smoke.yaml", f"run_dir={run_dir}", "checkpoint.every_steps=1000",
         *(slow if long_step else ["train.epochs=30"]),  # smoke: never done before the signal lands
     ]  # fmt: skip
@@ -130,7 +130,7 @@ def one_container_stop(work: Path, pod: bool, timeout_s: float = 600) -> float:
     env = ["-e", "OMP_NUM_THREADS=1", "-e", "PYTHONPATH=/code", "-e", f"TORCHLAUNCH_TEST_FORWARD_S={SLOW_FORWARD_S}"]
     if pod:  # what the kubelet and the rendered manifest give a pod's container
         env += ["-e", "KUBERNETES_SERVICE_HOST=10.0.0.1", "-e", f"TORCHLAUNCH_GRACE_S={POD_GRACE_S}"]
-    command = argv(Path("/shared/run"), True)[1:]  # -m torchlaunch.backends.local.launch ...
+    command = argv(Path("/shared/run"), True)[1:]  # -m torchlaunch.agent ...
     run = ["run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--shm-size", "256m"]
     run += ["-v", f"{shared}:/shared", "-v", f"{model}:/code/tests/programs/slow_model.py:ro", *env]
     started = docker(*run, IMAGE, "python", *command)

@@ -32,7 +32,7 @@ def run_full(work: Path | None = None, overrides: tuple[str, ...] = (), record: 
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "2",
         "--device",

@@ -66,7 +66,7 @@ def run(quick: bool = False, rounds: int = 7, epochs: int = 24) -> Result:
     launcher = [
         sys.executable,
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "2",
         "--device",

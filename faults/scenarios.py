@@ -62,7 +62,7 @@ def launcher_argv(
     `options` are more launcher options (e.g. --hang-timeout), kept by the rerun: the same command."""
     config = [f"{run_dir}/config.yaml"] if rerun else [CONFIG, f"run_dir={run_dir}", *SMALL, *overrides]
     return [
-        sys.executable, "-m", "torchlaunch.backends.local.launch", "--nnodes", "2", "--node-rank", str(node.index),
+        sys.executable, "-m", "torchlaunch.agent", "--nnodes", "2", "--node-rank", str(node.index),
         "--master-addr", "node0", "--gpus", "1", "--device", "cpu", "--max-restarts", str(max_restarts),
         *options, "--config", *config,
     ]  # fmt: skip

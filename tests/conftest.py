@@ -97,7 +97,7 @@ def run_cmd(
 def launcher_argv(module: str, *args: str, python: str = sys.executable) -> list[str]:
     """`python -m MODULE ARGS`: the one spelling of a launcher's command line in the tests, whether it
     runs to completion (run_cmd, run_launcher) or in the background (Popen, to be signalled). MODULE is
-    the launcher's module (torchlaunch.backends.local.launch|slurm|k8s|torchrun), or the command a user types
+    the launcher's module (torchlaunch.agent|slurm|k8s|torchrun), or the command a user types
     (launch.local, launch.slurm, `launch` for status|logs|cancel|list) where a test checks that spelling."""
     return [python, "-m", module, *args]
 
@@ -111,7 +111,7 @@ def free_port() -> int:
 
 def free_port_pair() -> int:
     """A free loopback port whose next one is free too: a membership service's and its presence's."""
-    from torchlaunch.backends.local.live import free_port_pair as pair
+    from torchlaunch.agent.live import free_port_pair as pair
 
     return pair()
 
@@ -142,7 +142,7 @@ def run_launcher(
     args: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
 ) -> tuple[int, str, str]:
     """`python -m launch.local ARGS` from the repository root: (returncode, stdout, stderr)."""
-    return run_cmd(launcher_argv("torchlaunch.backends.local.launch", *args), timeout=timeout, env=env)
+    return run_cmd(launcher_argv("torchlaunch.agent", *args), timeout=timeout, env=env)
 
 
 def run_module(

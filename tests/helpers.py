@@ -20,7 +20,7 @@ def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None =
     """`python -m launch.local ARGS` from the repo root, as a CompletedProcess: conftest.run_launcher (the
     one launcher helper: its own process group, killed whole and the test failed on timeout)."""
     code, out, err = run_launcher(args, timeout=timeout, env=env)
-    return subprocess.CompletedProcess(launcher_argv("torchlaunch.backends.local.launch", *args), code, out, err)
+    return subprocess.CompletedProcess(launcher_argv("torchlaunch.agent", *args), code, out, err)
 
 
 def final_state(run_dir: Path) -> dict:

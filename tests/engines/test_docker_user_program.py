@@ -120,7 +120,7 @@ def host_reference(tmp_path_factory) -> Path:
     """The same script as 2 CPU ranks under launch.local on this machine: the weights to match."""
     run_dir = tmp_path_factory.mktemp("host") / "run"
     argv = launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "2",
         "--device",

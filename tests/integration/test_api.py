@@ -58,9 +58,7 @@ def test_bad_input_under_launch_local_is_reported_once(tmp_path: Path) -> None:
     script.write_text(
         f"from torchlaunch import api\nwith api.setup():\n    api.Checkpointer({str(blocker / 'run')!r})\n"
     )
-    rc, out, err = run_cmd(
-        launcher_argv("torchlaunch.backends.local.launch", "--gpus", "2", "--", str(script)), timeout=180
-    )
+    rc, out, err = run_cmd(launcher_argv("torchlaunch.agent", "--gpus", "2", "--", str(script)), timeout=180)
     assert rc == api.BAD_INPUT, err[-2000:]
     assert err.count("api error: Checkpointer run_dir: cannot write") == 1, err[-2000:]
     assert "Traceback" not in err
@@ -118,7 +116,7 @@ def test_preemption_requested_answers_two_calls_later_on_every_rank(tmp_path: Pa
     waiting and read 2 calls later (the Trainer's lag), the same call on every rank."""
     script = tmp_path / "lagged.py"
     script.write_text(LAGGED)
-    argv = launcher_argv("torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--")
+    argv = launcher_argv("torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--")
     rc, _, err = run_cmd([*argv, str(script), str(tmp_path)], timeout=180)
     assert rc == api.PREEMPTED, err[-2000:]
     for rank in (0, 1):
@@ -133,7 +131,7 @@ def test_a_late_rank_joins_and_the_timeout_bounds_collectives_after_the_start(tm
     it waited)."""
     script = tmp_path / "slow_start.py"
     script.write_text(SLOW_START)
-    argv = launcher_argv("torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--hang-timeout", "0")
+    argv = launcher_argv("torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--hang-timeout", "0")
     rc, out, err = run_cmd([*argv, "--", str(script)], timeout=180)
     text = out + err
     assert "rank 0 joined: 2" in text and "rank 1 joined: 2" in text, text[-3000:]

@@ -47,7 +47,7 @@ def test_second_local_launch_on_a_run_dir_is_refused_before_writing(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         launch = subprocess.run(
             launcher_argv(
-                "torchlaunch.backends.local.launch",
+                "torchlaunch.agent",
                 "--device",
                 "cpu",
                 "--config",
@@ -81,7 +81,7 @@ def test_sigkilled_local_launcher_leaves_no_rank_running(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     launcher = subprocess.Popen(
-        launcher_argv("torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--", str(script)),
+        launcher_argv("torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--", str(script)),
         cwd=ROOT,
         env=env(),
         stdout=subprocess.PIPE,
@@ -121,7 +121,7 @@ def test_a_programs_run_dir_is_owned_too(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         launch = subprocess.run(
             launcher_argv(
-                "torchlaunch.backends.local.launch",
+                "torchlaunch.agent",
                 "--device",
                 "cpu",
                 "--run-dir",

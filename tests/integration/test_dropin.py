@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import REPO as ROOT
 from tests.conftest import launcher_argv
 from tests.helpers import REPO
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import node
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 
 PEERS = Path(os.environ.get("TORCHLAUNCH_PEERS_PYTHON", REPO / "bench" / ".venv-peers" / "bin" / "python"))
@@ -35,7 +35,7 @@ VARYING = {"MASTER_PORT", "TORCHELASTIC_RUN_ID"}
 def call(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = local.main(argv)
+        code = node.main(argv)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -112,7 +112,7 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
     stale = {"RANK": "7", "WORLD_SIZE": "9", "LOCAL_RANK": "3", "TORCHELASTIC_RUN_ID": "stale", "GROUP_RANK": "5"}
     done = run_dump(
         launcher_argv(
-            "torchlaunch.backends.local.launch",
+            "torchlaunch.agent",
             "--device",
             "cpu",
             "--gpus",
@@ -167,7 +167,7 @@ def test_one_worker_can_init_process_group_from_env(tmp_path: Path) -> None:
         "dist.destroy_process_group()\n"
     )
     done = subprocess.run(
-        launcher_argv("torchlaunch.backends.local.launch", "--device", "cpu", "--gpus", "1", "--", str(prog)),
+        launcher_argv("torchlaunch.agent", "--device", "cpu", "--gpus", "1", "--", str(prog)),
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
@@ -183,7 +183,7 @@ def test_a_failing_single_worker_is_named_as_the_worker(tmp_path: Path) -> None:
     prog = tmp_path / "crash.py"
     prog.write_text("def deep():\n    raise RuntimeError('boom')\n\n\ndeep()\n")
     done = subprocess.run(
-        launcher_argv("torchlaunch.backends.local.launch", "--device", "cpu", "--", str(prog)),
+        launcher_argv("torchlaunch.agent", "--device", "cpu", "--", str(prog)),
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
@@ -228,7 +228,7 @@ def test_a_program_without_a_handler_is_stopped_by_the_runner_and_its_forks_neve
     prog.write_text(NO_HANDLER_FORKS)
     proc = subprocess.Popen(
         launcher_argv(
-            "torchlaunch.backends.local.launch",
+            "torchlaunch.agent",
             "--device",
             "cpu",
             "--gpus",
@@ -296,7 +296,7 @@ def test_a_signalled_program_ending_0_is_rerun(gpus: int, end: str, tmp_path: Pa
     prog.write_text(HANDLER_EXITS_0.replace("END", end))
     proc = subprocess.Popen(
         launcher_argv(
-            "torchlaunch.backends.local.launch",
+            "torchlaunch.agent",
             "--device",
             "cpu",
             "--gpus",
@@ -351,7 +351,7 @@ def test_lightning_sigterm_exits_75_and_the_same_command_resumes(gpus: int, tmp_
     argv = [
         str(PEERS),
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--device",
         "cpu",
         "--gpus",
@@ -387,7 +387,7 @@ def test_lightning_sigterm_exits_75_and_the_same_command_resumes(gpus: int, tmp_
 def test_accelerate_sigterm_exits_75_and_the_same_command_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     argv = launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--device",
         "cpu",
         "--nproc_per_node",

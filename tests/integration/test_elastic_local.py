@@ -57,7 +57,7 @@ def listening(port: int) -> bool:
 def start_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
     """One "node": a launcher in a process group of its own (so the whole node can be SIGKILLed)."""
     argv = launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--device",
         "cpu",
         "--nnodes",

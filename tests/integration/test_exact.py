@@ -63,7 +63,7 @@ def test_any_world_size_trains_the_one_rank_bits(tmp_path: Path, one_rank: Path,
 
 
 def test_a_stop_from_outside_on_2_ranks_resumed_on_3_ends_as_1_rank(tmp_path: Path, one_rank: Path) -> None:
-    with Launch(launcher_argv("torchlaunch.backends.local.launch", *args(tmp_path, 2)), env=SLOW) as launch:
+    with Launch(launcher_argv("torchlaunch.agent", *args(tmp_path, 2)), env=SLOW) as launch:
         launch.wait_for_step(tmp_path, 3)
         launch.deliver("pid", signal.SIGTERM)
         code, _, err = launch.finish()

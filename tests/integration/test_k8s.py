@@ -19,7 +19,7 @@ def test_pod_script_waits_for_pod_zero_on_other_pods_only(tmp_path):
     spec, opts = spec_opts()
     spec = spec.replace(overrides=("data.root=a dir/with space",))
     first = run_pod_script(tmp_path, 0, spec, opts)
-    assert len(first) == 1 and first[0].startswith("-m torchlaunch.backends.local.launch --nnodes 3 --node-rank 0 ")
+    assert len(first) == 1 and first[0].startswith("-m torchlaunch.agent --nnodes 3 --node-rank 0 ")
     assert "--master-addr run-0.run --master-port 29500 --gpus 4 --config /config/smoke.yaml" in first[0]
     assert first[0].endswith("run_dir=/shared/runs/run data.root=a dir/with space")
     second = run_pod_script(tmp_path, 2, spec, opts)

@@ -38,7 +38,7 @@ def test_fp16_on_cpu_is_refused_by_every_launcher_in_every_mode(
 def test_local_run_refuses_fp16_on_cpu_before_torchrun(tmp_path: Path) -> None:
     """The real command: exit 2 with the same line, before the launch line, torchrun or even torch."""
     probe = (
-        "import sys; from torchlaunch.backends.local import launch as local; code = local.main(sys.argv[1:]); "
+        "import sys; from torchlaunch.agent import node; code = node.main(sys.argv[1:]); "
         "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
     )
     r = subprocess.run(
@@ -109,14 +109,14 @@ def test_a_lighthouse_nobody_serves_is_refused_at_launch_in_one_line(
     import time
 
     from tests.conftest import free_port_pair
-    from torchlaunch.backends.local import launch as local
+    from torchlaunch.agent import node
 
     port = free_port_pair()
     run_dir = tmp_path / "run"
     start = time.monotonic()
     argv = ["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--device", "cpu"]
     overrides = ["recovery.live=true", f"recovery.lighthouse=http://127.0.0.1:{port}", f"run_dir={run_dir}"]
-    code = local.main([*argv, "--config", SMOKE, *overrides])
+    code = node.main([*argv, "--config", SMOKE, *overrides])
     err = capsys.readouterr().err.splitlines()
     assert code == BAD_INPUT and len(err) == 1, err
     assert f"its Lighthouse at 127.0.0.1:{port} cannot be reached (Connection refused" in err[0]
@@ -127,7 +127,7 @@ def test_a_lighthouse_not_up_yet_is_not_refused_inside_a_kubernetes_pod() -> Non
     """A pod may start before the service's pod is ready, and exit 2 there is final: no look there."""
     from tests.conftest import free_port_pair
     from torchlaunch import contract
-    from torchlaunch.backends import lighthouse_reach
+    from torchlaunch.agent import lighthouse_reach
     from torchlaunch.exit_codes import BadInput
 
     nowhere = f"http://127.0.0.1:{free_port_pair()}"

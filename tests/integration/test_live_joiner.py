@@ -28,7 +28,7 @@ import pytest
 from bench import live
 from tests.conftest import REPO, child_env, free_port, launcher_argv, run_launcher
 from torchlaunch import runlock
-from torchlaunch.backends.local import launch as local_launch
+from torchlaunch.agent import commands, live_start
 from torchlaunch.core.recovery.fence import Fence
 from torchlaunch.launch import elastic
 
@@ -51,11 +51,11 @@ class Job:
         self.recipe.write_text(live.config_text(self.run_dir))
         self.port = free_port()  # nobody listens: a joiner never asks node 0's store
         self.lighthouse = f"http://127.0.0.1:{self._held_ports()}"  # nor does this test run a service
-        self.key = elastic.job_key(local_launch.run_id(str(self.run_dir)), addr, self.port)
+        self.key = elastic.job_key(commands.run_id(str(self.run_dir)), addr, self.port)
 
     def _held_ports(self) -> int:
         """A port pair that accepts connections (the kernel's backlog; nobody answers) for the job's life:
-        the launcher's one look at the service's two ports (backends/lighthouse_reach.py) finds them
+        the launcher's one look at the service's two ports (agent/lighthouse_reach.py) finds them
         there, and these tests stop before a rank asks the service anything."""
         for _ in range(20):
             first, second = socket.socket(), socket.socket()
@@ -91,7 +91,7 @@ def trained(tmp_path: Path) -> Iterator[Job]:
     job = Job(tmp_path)
     founder, peer = job.lock(), job.lock()
     try:
-        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        assert live_start.replaces_a_lost_node(founder, str(job.run_dir)) == 0
         Fence(job.run_dir).advance()  # the first group formed
         founder.release()  # node 0 lost, and its name with it
         yield job
@@ -106,7 +106,7 @@ def started_ranks(proc: subprocess.Popen) -> tuple[list[str], int | None]:
     lines = []
     for line in proc.stdout:
         lines.append(line.rstrip("\n"))
-        if line.startswith("launch: ") and "torchlaunch.backends.local.live" in line:
+        if line.startswith("launch: ") and "torchlaunch.agent.live" in line:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
             return lines, None
@@ -117,7 +117,7 @@ def started_ranks(proc: subprocess.Popen) -> tuple[list[str], int | None]:
 def test_a_replacement_of_node_1_joins_while_node_0s_name_does_not_resolve(trained: Job, wait: tuple[str, ...]) -> None:
     """With --master-wait-s 600 too (what launch.k8s renders): a replacement never looks node 0's name up,
     so it never waits for it."""
-    argv = launcher_argv("torchlaunch.backends.local.launch", *trained.args(1, *wait))
+    argv = launcher_argv("torchlaunch.agent", *trained.args(1, *wait))
     start = time.monotonic()
     proc = subprocess.Popen(
         argv,
@@ -159,7 +159,7 @@ def test_a_first_group_node_with_an_unresolvable_node_0_is_bad_input(tmp_path: P
     job = Job(tmp_path)
     founder = job.lock()
     try:
-        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        assert live_start.replaces_a_lost_node(founder, str(job.run_dir)) == 0
         code, _, err = run_launcher(job.args(1), timeout=120)
     finally:
         founder.release()
@@ -178,7 +178,7 @@ def test_a_first_group_node_whose_wait_runs_out_ends_1_in_one_line_and_records_n
     job = Job(tmp_path)
     founder = job.lock()
     try:
-        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        assert live_start.replaces_a_lost_node(founder, str(job.run_dir)) == 0
         start = time.monotonic()
         code, _, err = run_launcher(job.args(1, "--master-wait-s", "2"), timeout=120)
         took = time.monotonic() - start
@@ -216,8 +216,8 @@ def test_a_first_group_node_waits_for_node_0s_name_and_starts_once_it_resolves(t
     hosts.write_text(Path("/etc/hosts").read_text())
     founder = job.lock()
     try:
-        assert local_launch.replaces_a_lost_node(founder, str(job.run_dir)) == 0
-        argv = launcher_argv("torchlaunch.backends.local.launch", *job.args(1, "--master-wait-s", "60"))
+        assert live_start.replaces_a_lost_node(founder, str(job.run_dir)) == 0
+        argv = launcher_argv("torchlaunch.agent", *job.args(1, "--master-wait-s", "60"))
         start = time.monotonic()
         proc = subprocess.Popen(
             in_own_hosts(hosts, argv),

@@ -581,7 +581,7 @@ def test_a_slurm_nodes_first_task_places_the_service_its_other_tasks_read_it_and
     a lease; the task's end releases the lease and ends the Lighthouse, and a lease left so is never
     read as a service that serves (a later launch's tasks wait for a renewed one)."""
     from torchlaunch import contract
-    from torchlaunch.backends.placed import await_service
+    from torchlaunch.agent.placed import await_service
     from torchlaunch.backends.slurm.live import place_service
     from torchlaunch.core.recovery import placement
 

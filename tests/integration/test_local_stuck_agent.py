@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from torchlaunch import pdeath
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import ranks, watch
 from torchlaunch.exit_codes import FAILURE
 
 STUCK = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(300)\n"
@@ -64,7 +64,7 @@ def test_a_stuck_agent_is_ended_after_the_grace_with_one_line(cleanup):
     err = io.StringIO()
     began = time.monotonic()
     # The child counts as the killed rank: a rank that is not gone yet is no restart.
-    assert local.end_stuck_agent(agent, [worker], grace_s=0.5, err=err) is True
+    assert watch.end_stuck_agent(agent, [worker], grace_s=0.5, err=err) is True
     assert 0.5 <= time.monotonic() - began < 5
     assert agent.wait(timeout=10) == -9
     deadline = time.monotonic() + 10
@@ -79,7 +79,7 @@ def test_an_agent_that_exits_in_the_grace_is_left_alone(cleanup):
     agent = start("import time; time.sleep(0.3)")
     cleanup.append(agent)
     err = io.StringIO()
-    assert local.end_stuck_agent(agent, [], grace_s=30, err=err) is False
+    assert watch.end_stuck_agent(agent, [], grace_s=30, err=err) is False
     assert agent.wait(timeout=10) == 0 and err.getvalue() == ""
 
 
@@ -89,11 +89,11 @@ def test_an_agent_that_restarted_its_workers_is_left_alone(cleanup):
     worker = int(agent.stdout.readline())
     err = io.StringIO()
     began = time.monotonic()
-    assert local.end_stuck_agent(agent, [], grace_s=30, err=err) is False  # `worker` is a new one
+    assert watch.end_stuck_agent(agent, [], grace_s=30, err=err) is False  # `worker` is a new one
     assert time.monotonic() - began < 5 and agent.poll() is None and alive(worker)
     assert err.getvalue() == ""
-    assert local.restarted_workers(agent.pid, []) == [worker]
-    assert local.restarted_workers(agent.pid, [worker]) == []
+    assert watch.restarted_workers(agent.pid, []) == [worker]
+    assert watch.restarted_workers(agent.pid, [worker]) == []
 
 
 class HangingOp:
@@ -111,9 +111,9 @@ class HangingOp:
 
 
 def test_run_ends_a_stuck_agent_after_a_hang_and_exits_1(tmp_path, monkeypatch, capfd):
-    monkeypatch.setattr(local, "AGENT_GRACE_S", 0.5)
+    monkeypatch.setattr(watch, "AGENT_GRACE_S", 0.5)
     began = time.monotonic()
-    code = local.run([sys.executable, "-c", STUCK], dict(os.environ), tmp_path, "a1", op=HangingOp(), agent=True)
+    code = ranks.run([sys.executable, "-c", STUCK], dict(os.environ), tmp_path, "a1", op=HangingOp(), agent=True)
     assert code == FAILURE and time.monotonic() - began < 30
     err = capfd.readouterr().err
     assert "neither exited nor restarted the ranks" in err and "torchrun exit -9" in err, err

@@ -146,7 +146,7 @@ def local_argv(how: str) -> list[str]:
     if how == "command":  # what users type: the thin top-level command module
         return launcher_argv("launch.local")
     if how == "module":
-        return launcher_argv("torchlaunch.backends.local.launch")
+        return launcher_argv("torchlaunch.agent")
     script = Path(sys.executable).parent / "torchlaunch-local"
     if not script.is_file():
         pytest.skip(f"no console script next to {sys.executable} (pip install -e . installs it)")

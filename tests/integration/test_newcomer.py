@@ -32,7 +32,7 @@ def closed_port() -> int:
 def launch_in_process(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, list[str], bool]:
     """Run launch.local's main in a fresh interpreter: (exit code, stderr lines, torch imported?)."""
     script = (
-        "import sys; from torchlaunch.backends.local import launch as local; code = local.main(sys.argv[1:]); "
+        "import sys; from torchlaunch.agent import node; code = node.main(sys.argv[1:]); "
         "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
     )
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
@@ -255,7 +255,7 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
     def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
         run_env = {**env, "TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else env
         return subprocess.run(
-            launcher_argv("torchlaunch.backends.local.launch", *common, *extra),
+            launcher_argv("torchlaunch.agent", *common, *extra),
             cwd=REPO,
             env=run_env,
             capture_output=True,
@@ -290,7 +290,7 @@ def test_preflight_needs_no_data(tmp_path: Path) -> None:
     """`launch.local --doctor` trains nothing, so a missing dataset must not stop it before it starts."""
     r = subprocess.run(
         launcher_argv(
-            "torchlaunch.backends.local.launch",
+            "torchlaunch.agent",
             "--doctor",
             "--dry-run",
             "--gpus",

@@ -57,7 +57,7 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(
     # The recipe of the session's "resume" library run (test_resume.run): its weights are the reference.
     reference, run_dir = run_library.path("resume"), tmp_path / "run"
     recipe = ["--gpus", "2", "--max-restarts", "0", "--config", "configs/smoke.yaml", f"run_dir={run_dir}", *SMALL]
-    argv = launcher_argv("torchlaunch.backends.local.launch", *recipe)
+    argv = launcher_argv("torchlaunch.agent", *recipe)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -109,7 +109,7 @@ def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_pa
     run_dir = tmp_path / "run"
     # Long enough that the run is still training when the rank is stopped, however loaded the host.
     recipe = [a if a != "train.epochs=8" else "train.epochs=24" for a in RECIPE]
-    argv = launcher_argv("torchlaunch.backends.local.launch", *recipe, f"run_dir={run_dir}", "--hang-timeout", "5")
+    argv = launcher_argv("torchlaunch.agent", *recipe, f"run_dir={run_dir}", "--hang-timeout", "5")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -146,7 +146,7 @@ def test_a_data_plugin_blocking_on_rank_1_ends_as_hung_with_the_blocking_line(tm
     run_dir = tmp_path / "run"
     data = ["data.name=tests.programs.blocking_data:blobs", "data.loader=pil", "data.num_workers=0"]
     argv = launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         *RECIPE,
         *data,
         f"run_dir={run_dir}",

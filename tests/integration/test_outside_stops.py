@@ -59,11 +59,11 @@ def data_args(path: str, folders: Path, shards: Path) -> list[str]:
 def argv(path: str, run_dir: Path, folders: Path, shards: Path) -> list[str]:
     if path == "user script":
         return launcher_argv(
-            "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--run-dir", str(run_dir), "--",
+            "torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--run-dir", str(run_dir), "--",
             USER_SCRIPT, "--run-dir", str(run_dir), "--epochs", EPOCHS,
         )  # fmt: skip
     return launcher_argv(
-        "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
+        "torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
         f"run_dir={run_dir}", "data.image_size=32", "train.batch_size=32", f"train.epochs={EPOCHS}",
         "checkpoint.every_steps=1000", *data_args(path, folders, shards),
     )  # fmt: skip
@@ -182,7 +182,7 @@ def long_step_overrides(data_root: str) -> list[str]:
 
 def long_step_argv(run_dir: Path, shards: Path, live: bool = False) -> list[str]:
     return launcher_argv(
-        "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
+        "torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
         *long_step_overrides(str(shards)), f"run_dir={run_dir}", *(["recovery.live=true"] if live else []),
     )  # fmt: skip
 
@@ -259,7 +259,7 @@ def test_a_stop_whose_checkpoint_never_commits_is_exit_1_with_the_steps_lost(tmp
     stall = {"TORCHLAUNCH_FAULT_SAVE_STALL_S": "600", "TORCHLAUNCH_FAULT_SAVE_STALL_FROM_STEP": "1"}
     env = {**ENV, **stall, "TORCHLAUNCH_GRACE_S": "4"}  # the start-up probe (step 0) is not stalled
     argv = launcher_argv(
-        "torchlaunch.backends.local.launch", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
+        "torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml",
         f"run_dir={run_dir}", "checkpoint.every_steps=1000", "checkpoint.every_epochs=0",  # no save but the stop's
         "train.epochs=50",  # still training when the signal lands, on any box
     )  # fmt: skip

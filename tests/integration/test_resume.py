@@ -104,7 +104,7 @@ def test_signal_then_rerun_equals_uninterrupted(tmp_path: Path, reference: Path,
 def sigterm_launcher_mid_run(run_dir: Path, gpus: int) -> None:
     """Start launch.local, send SIGTERM to it once rank 0 has logged 3 metrics lines, expect exit 75."""
     args = launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         str(gpus),
         "--config",
@@ -172,7 +172,7 @@ def test_world_size_change_continues_global_order(tmp_path: Path, reference: Pat
 def test_kill_9_mid_checkpoint_write_then_rerun_matches(tmp_path: Path, reference: Path) -> None:
     """The whole job dies (SIGKILL to every process) while rank 0 is provably inside a save."""
     args = launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "2",
         "--config",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import ranks
 from torchlaunch.exit_codes import BAD_INPUT, BadInput
 from torchlaunch.launch import elastic
 
@@ -58,6 +58,6 @@ def test_the_agent_reports_another_runs_store_as_bad_input_before_joining(
 
 
 def test_no_store_listening_is_this_launchers_to_host() -> None:
-    free = local.free_port()
+    free = ranks.free_port()
     assert not elastic.listening("127.0.0.1", free)
     elastic.check_store("127.0.0.1", free, "tl-any", wait_s=0.5)

@@ -138,7 +138,7 @@ def test_module_from_the_working_directory_on_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
     rc, _, err = run_cmd(
         launcher_argv(
-            "torchlaunch.backends.local.launch",
+            "torchlaunch.agent",
             "--gpus",
             "2",
             *CPU,
@@ -209,7 +209,7 @@ def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path)
     out = tmp_path / "ready"
     proc = subprocess.Popen(
         launcher_argv(
-            "torchlaunch.backends.local.launch",
+            "torchlaunch.agent",
             "--gpus",
             str(gpus),
             *CPU,

@@ -10,9 +10,9 @@ from torchlaunch.exit_codes import BAD_INPUT
 
 
 def test_local_refuses_a_nul_in_a_program_argument(tmp_path):
-    from torchlaunch.backends.local import launch as local
+    from torchlaunch.agent import node
 
     (tmp_path / "s.py").write_text("")
-    code, out, err = call(local.main, ["--dry-run", "--", str(tmp_path / "s.py"), "a\0b"])
+    code, out, err = call(node.main, ["--dry-run", "--", str(tmp_path / "s.py"), "a\0b"])
     assert code == BAD_INPUT and out == "" and len(err.strip().splitlines()) == 1
     assert "holds a NUL character" in err

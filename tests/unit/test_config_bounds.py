@@ -161,9 +161,9 @@ def test_dataclass_fields_have_no_unbounded_numbers_in_lists() -> None:
 
 
 def _local(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
-    from torchlaunch.backends.local import launch as local
+    from torchlaunch.agent import node
 
-    rc = local.main([*argv, "--device", "cpu", "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={tmp_path}"])
+    rc = node.main([*argv, "--device", "cpu", "--config", str(REPO / "configs/smoke.yaml"), f"run_dir={tmp_path}"])
     return rc, capsys.readouterr().err.strip().splitlines()
 
 

@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import node
 from torchlaunch.data import registry, section
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
 from torchlaunch.launch import precheck
@@ -109,9 +109,9 @@ def test_the_launcher_asks_the_registry_and_refuses_in_one_line_with_exit_2(
     entry, and an unknown data.name is exit 2 with one line naming the registered formats."""
     smoke = ["--device", "cpu", "--config", str(REPO / "configs" / "smoke.yaml"), "--dry-run", f"run_dir={tmp_path}"]
     fake.missing = True
-    assert local.main([*smoke, f"data.name={FAKE}", f"data.root={tmp_path}"]) == BAD_INPUT
+    assert node.main([*smoke, f"data.name={FAKE}", f"data.root={tmp_path}"]) == BAD_INPUT
     assert capsys.readouterr().err.splitlines() == [f"data error: no fake set under {tmp_path} (make one)"]
-    assert local.main([*smoke, "data.name=nosuch"]) == BAD_INPUT
+    assert node.main([*smoke, "data.name=nosuch"]) == BAD_INPUT
     (line,) = capsys.readouterr().err.splitlines()
     assert "data.name: unknown value 'nosuch'" in line and f"shards, synthetic, {FAKE}, pkg.module:factory" in line
 

@@ -15,7 +15,7 @@ from tests.integration.test_dropin import (
     call,
     script,  # noqa: F401 (fixtures, used by name)
 )
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import outcome
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 
 
@@ -151,9 +151,9 @@ def test_combine_after_a_signal() -> None:
 
     undeclared = [Record(0, OK, "finished", False), Record(1, OK, "finished", False)]
     declared = [Record(0, OK, "finished", True), Record(1, OK, "finished", True)]
-    assert local.combine_exit_codes(1, [0, 0], 2, signalled=True, records=undeclared) == PREEMPTED
-    assert local.combine_exit_codes(0, [0, 0], 2, signalled=True, records=declared) == OK
-    assert local.combine_exit_codes(0, [0, 0], 2, signalled=False, records=undeclared) == OK
-    assert local.combine_exit_codes(1, [0], 2, signalled=True, records=undeclared[:1]) == FAILURE
-    assert local.combine_exit_codes(-15, [], 2, signalled=True) == PREEMPTED  # stopped during start-up
-    assert local.combine_exit_codes(1, [], 2, signalled=False) == FAILURE
+    assert outcome.combine_exit_codes(1, [0, 0], 2, signalled=True, records=undeclared) == PREEMPTED
+    assert outcome.combine_exit_codes(0, [0, 0], 2, signalled=True, records=declared) == OK
+    assert outcome.combine_exit_codes(0, [0, 0], 2, signalled=False, records=undeclared) == OK
+    assert outcome.combine_exit_codes(1, [0], 2, signalled=True, records=undeclared[:1]) == FAILURE
+    assert outcome.combine_exit_codes(-15, [], 2, signalled=True) == PREEMPTED  # stopped during start-up
+    assert outcome.combine_exit_codes(1, [], 2, signalled=False) == FAILURE

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import REPO as ROOT
 from tests.unit.test_local_launcher import check_golden
 from torchlaunch import runlock
-from torchlaunch.backends.local.launch import NodePlacement, runs_without_agent, torchrun_argv
+from torchlaunch.agent.commands import NodePlacement, runs_without_agent, torchrun_argv
 from torchlaunch.backends.slurm.sbatch import sbatch_nodes
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import elastic, shape

@@ -17,7 +17,7 @@ from tests import workdir
 from tests.conftest import REPO, stage
 from torchlaunch import config as config_mod
 from torchlaunch import rundir
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import node
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
 from torchlaunch.launch import deps, finished
@@ -35,7 +35,7 @@ def test_a_users_runs_folder_is_not_the_suites(tmp_path: Path, capsys: pytest.Ca
     (users / "configs").mkdir()
     workdir.build(users, tmp_path / "stage")
     assert sorted(p.name for p in (tmp_path / "stage").iterdir()) == ["configs"]  # runs/ is never linked
-    code = local.main(["--device", "cpu", "--config", "configs/smoke.yaml", "seed=7", "--dry-run"])
+    code = node.main(["--device", "cpu", "--config", "configs/smoke.yaml", "seed=7", "--dry-run"])
     assert code == OK, capsys.readouterr().err
 
 
@@ -65,7 +65,7 @@ def test_a_python_without_the_packages_gets_one_line_naming_the_venv(
     assert deps.missing(["torch", "yaml"], find=lambda name: None) == ["torch", "pyyaml"]
     monkeypatch.setattr(deps, "missing", lambda names: ["torch"])
     with pytest.raises(SystemExit) as ended:
-        deps.run_module("torchlaunch.backends.local.launch", "launch.local", deps.TRAINING)
+        deps.run_module("torchlaunch.agent", "launch.local", deps.TRAINING)
     lines = capsys.readouterr().err.splitlines()
     assert ended.value.code == BAD_INPUT and len(lines) == 1
     assert lines[0].startswith("env error:") and ".venv/bin/python -m launch.local" in lines[0]
@@ -104,7 +104,7 @@ def test_a_finished_runs_rerun_exits_0_before_anything_starts(
     run = tmp_path / "run"
     job = finished_run(run)
     kept = job.read_bytes()
-    assert local.main(["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={run}"]) == OK
+    assert node.main(["--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={run}"]) == OK
     assert "finished already: nothing to train (exit 0)" in capsys.readouterr().err
     assert job.read_bytes() == kept
 

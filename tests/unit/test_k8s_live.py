@@ -17,9 +17,9 @@ from tests.unit.test_k8s import by_kind, render
 from tests.unit.test_k8s_elastic import golden
 from tests.unit.test_k8s_wiring import EVIL, kinds
 from torchlaunch import config as config_mod
+from torchlaunch.agent import options
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
-from torchlaunch.backends.local import launch as local_launch
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput
 from torchlaunch.launch.spec import JobSpec
 
@@ -242,7 +242,7 @@ def test_a_first_launchs_pod_waits_for_pod_0s_name_in_its_launcher_bounded_by_wa
     later = shlex.split(script_of(by_kind(rendered([*LIVE, "--wait-timeout-s", "90"]))["Job"]).splitlines()[2])
     assert later[later.index("--master-wait-s") + 1] == "90"
     assert "--master-wait-s" not in script_of(by_kind(rendered(LIVE[:-1]))["Job"])  # not live: --wait-for
-    assert k8s.WAIT_TIMEOUT_MAX_S == local_launch.MASTER_WAIT_MAX_S  # what a pod is given, it accepts
+    assert k8s.WAIT_TIMEOUT_MAX_S == options.MASTER_WAIT_MAX_S  # what a pod is given, it accepts
     code, out, err = render([*LIVE, "--wait-timeout-s", str(k8s.WAIT_TIMEOUT_MAX_S + 1)])
     assert code == BAD_INPUT and not out and err.strip().count("\n") == 0
     assert f"--wait-timeout-s must be at most {k8s.WAIT_TIMEOUT_MAX_S}" in err, err

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from torchlaunch.agent import node
 from torchlaunch.backends.k8s import launch as k8s
-from torchlaunch.backends.local import launch as local
 from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.launch import cli
@@ -37,10 +37,10 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing may be submitted or started: the policy must stop the launcher before that."""
     monkeypatch.setattr(slurm, "submit", never)
     monkeypatch.setattr(slurm, "check_slurm_conf", never)
-    monkeypatch.setattr(local, "run", never)
+    monkeypatch.setattr(node, "run", never)
 
 
-MAINS: dict[str, Callable[[list[str]], int]] = {"local": local.main, "slurm": slurm.main, "k8s": k8s.main}
+MAINS: dict[str, Callable[[list[str]], int]] = {"local": node.main, "slurm": slurm.main, "k8s": k8s.main}
 
 
 IN_PROCESS = [(launcher, mode) for launcher in MAINS for mode in MODES if (launcher, mode) != ("local", "run")]

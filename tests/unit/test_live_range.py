@@ -1,5 +1,5 @@
 """launch.local --nnodes MIN:MAX in live mode, its pure and file-level parts: the first group's
-rendezvous in the run dir (backends/local/first_group.py), the live agent's range and first seat, the
+rendezvous in the run dir (agent/first_group.py), the live agent's range and first seat, the
 launcher's refusals, the rank's first-group contract and what `status` reads. The processes are
 tests/integration/test_live_range.py's."""
 
@@ -12,10 +12,11 @@ import pytest
 
 from tests.conftest import REPO
 from torchlaunch import contract
-from torchlaunch.backends.local import first_group as fg
-from torchlaunch.backends.local import launch as local
-from torchlaunch.backends.local import live as live_agent
-from torchlaunch.backends.local.launch import NodePlacement, live_argv
+from torchlaunch.agent import first_group as fg
+from torchlaunch.agent import live as live_agent
+from torchlaunch.agent import live_start, outcome
+from torchlaunch.agent import node as agent_node
+from torchlaunch.agent.commands import NodePlacement, live_argv
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput
 from torchlaunch.jobs.state import RankBeat, WorldChange, _world_size
 from torchlaunch.launch.shape import NodeRange
@@ -224,7 +225,7 @@ def test_bad_range_input_is_one_line_and_exit_2_before_anything_is_written(
     options = [a for a in args if not a.startswith("recovery.")]
     overrides = [a for a in args if a.startswith("recovery.")]
     run_dir = tmp_path / "run"
-    rc = local.main([*options, "--device", "cpu", "--config", SMOKE, f"run_dir={run_dir}", *overrides])
+    rc = agent_node.main([*options, "--device", "cpu", "--config", SMOKE, f"run_dir={run_dir}", *overrides])
     err = capsys.readouterr().err.splitlines()
     assert rc == BAD_INPUT and len(err) == 1 and words in err[0], err
     assert not run_dir.exists(), "nothing written before the refusal"
@@ -234,9 +235,9 @@ def test_a_live_range_dry_run_prints_the_agent_with_the_range(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["--nnodes", "1:2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--rdzv-conf", "last_call_timeout=3"]
-    rc = local.main([*argv, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}", *LIVE])
+    rc = agent_node.main([*argv, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}", *LIVE])
     out = capsys.readouterr().out
-    assert rc == OK and "torchlaunch.backends.local.live" in out and "--nnodes 1:2 --node-rank 1" in out, out
+    assert rc == OK and "torchlaunch.agent.live" in out and "--nnodes 1:2 --node-rank 1" in out, out
 
 
 def test_a_rank_reads_its_first_group_seat_and_refuses_a_malformed_one() -> None:
@@ -276,8 +277,8 @@ def test_a_node_without_node_rank_takes_its_run_dir_slot_and_a_given_one_is_kept
         return argparse.Namespace(node_rank_given=given, node_range=NodeRange(1, 2), nnodes=2)
 
     placement = NodePlacement(0, "127.0.0.1")
-    assert local.numbered(args(False), placement, _Slot(1)).node_rank == 1  # type: ignore[arg-type]
-    assert local.numbered(args(True), placement, _Slot(1)).node_rank == 0  # type: ignore[arg-type]
-    with pytest.raises(local.LaunchEnded) as ended:
-        local.numbered(args(False), placement, _Slot(2))  # type: ignore[arg-type]
+    assert live_start.numbered(args(False), placement, _Slot(1)).node_rank == 1  # type: ignore[arg-type]
+    assert live_start.numbered(args(True), placement, _Slot(1)).node_rank == 0  # type: ignore[arg-type]
+    with pytest.raises(outcome.LaunchEnded) as ended:
+        live_start.numbered(args(False), placement, _Slot(2))  # type: ignore[arg-type]
     assert ended.value.code == 1 and "retryable" in ended.value.line

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from torchlaunch.backends.local import launch as local
-from torchlaunch.backends.local.launch import NodePlacement, combine_exit_codes, torchrun_argv, worker_threads
+from torchlaunch.agent import commands, node, options, outcome, ranks, stops
+from torchlaunch.agent.commands import NodePlacement, torchrun_argv
+from torchlaunch.agent.outcome import combine_exit_codes
+from torchlaunch.agent.ranks import worker_threads
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.jobs import lost
 from torchlaunch.launch.spec import JobSpec
@@ -57,9 +59,9 @@ def test_multi_node_needs_master_addr() -> None:
 
 
 def test_run_id_is_stable_per_run_dir() -> None:
-    assert local.run_id("runs/a") == local.run_id(os.path.abspath("runs/a"))
-    assert local.run_id("runs/a") != local.run_id("runs/b")
-    assert local.run_id("runs/a").startswith("tl-")
+    assert commands.run_id("runs/a") == commands.run_id(os.path.abspath("runs/a"))
+    assert commands.run_id("runs/a") != commands.run_id("runs/b")
+    assert commands.run_id("runs/a").startswith("tl-")
 
 
 @pytest.mark.parametrize(
@@ -99,17 +101,17 @@ def test_combine_exit_codes(torchrun: int, workers: list[int], expected: int) ->
 
 def test_launch_env() -> None:
     spec = JobSpec(config="c.yaml", gpus_per_node=2)
-    env = local.launch_env(spec, {"PATH": "/bin"}, cores=8, attempt="abc")
+    env = ranks.launch_env(spec, {"PATH": "/bin"}, cores=8, attempt="abc")
     assert env["OMP_NUM_THREADS"] == "4"
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    assert env[local.ATTEMPT_ENV] == "abc" and env["PATH"] == "/bin"
-    assert local.launch_env(spec, {"OMP_NUM_THREADS": "3"}, 8, "a")["OMP_NUM_THREADS"] == "3"  # user's wins
+    assert env[ranks.ATTEMPT_ENV] == "abc" and env["PATH"] == "/bin"
+    assert ranks.launch_env(spec, {"OMP_NUM_THREADS": "3"}, 8, "a")["OMP_NUM_THREADS"] == "3"  # user's wins
 
 
 def test_attempt_env_matches_the_runner() -> None:
     from torchlaunch import status
 
-    assert local.ATTEMPT_ENV == status.ATTEMPT_ENV  # what the runner reads to report each rank
+    assert ranks.ATTEMPT_ENV == status.ATTEMPT_ENV  # what the runner reads to report each rank
 
 
 def test_read_worker_codes_takes_only_this_attempt(tmp_path: Path) -> None:
@@ -119,7 +121,7 @@ def test_read_worker_codes_takes_only_this_attempt(tmp_path: Path) -> None:
     (status / "a1-rank1.json").write_text(json.dumps({"code": 0, "reason": "finished", "rank": 1}))
     (status / "a1-rank2.json").write_text("{not json")
     (status / "other-rank0.json").write_text(json.dumps({"code": 75}))
-    codes, reasons = local.read_worker_codes(tmp_path, "a1")
+    codes, reasons = outcome.read_worker_codes(tmp_path, "a1")
     assert codes == [2, 0] and reasons == ["data error: x", "finished"]
     assert sorted(p.name for p in status.iterdir()) == ["other-rank0.json"]  # consumed, others untouched
 
@@ -128,7 +130,7 @@ def test_read_worker_codes_takes_only_this_attempt(tmp_path: Path) -> None:
 def test_one_worker_without_restarts_skips_the_agent(
     extra: list[str], direct: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = local.main(
+    rc = node.main(
         ["--gpus", "1", *extra, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}", "seed=3"]
     )
     argv = shlex.split(capsys.readouterr().out)
@@ -154,8 +156,8 @@ def test_more_gpus_than_visible(
 ) -> None:
     # No GPU exists on the CI machines, so the visible-GPU count is faked in-process; everything
     # else (argument parsing, config loading, the check itself) is the real launcher code.
-    monkeypatch.setattr(local, "visible_gpus", lambda: visible)
-    rc = local.main(["--gpus", str(gpus), "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
+    monkeypatch.setattr(options, "visible_gpus", lambda: visible)
+    rc = node.main(["--gpus", str(gpus), "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
     captured = capsys.readouterr()
     assert rc == code
     if code == BAD_INPUT:
@@ -177,15 +179,15 @@ def test_more_gpus_than_visible(
         (["--nnodes", "2"], "--master-addr is required"),
         (["--master-wait-s", "-1"], "--master-wait-s must be >= 0"),
         (
-            ["--master-wait-s", str(local.MASTER_WAIT_MAX_S + 1)],
-            f"--master-wait-s must be at most {local.MASTER_WAIT_MAX_S}",
+            ["--master-wait-s", str(options.MASTER_WAIT_MAX_S + 1)],
+            f"--master-wait-s must be at most {options.MASTER_WAIT_MAX_S}",
         ),
     ],
 )
 def test_bad_launcher_arguments(
     args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = local.main([*args, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
+    rc = node.main([*args, "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={tmp_path}"])
     err = capsys.readouterr().err.splitlines()
     assert rc == BAD_INPUT and len(err) == 1 and words in err[0], err
 
@@ -199,45 +201,45 @@ class FlakyDns:
     def __call__(self, host: str, *rest: object) -> list:
         self.calls += 1
         if self.calls <= self.misses:
-            raise local.socket.gaierror(-2, "Name or service not known")
+            raise ranks.socket.gaierror(-2, "Name or service not known")
         return [(2, 1, 6, "", ("10.0.0.7", 0))]
 
 
 def test_master_wait_asks_again_until_the_name_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
     dns = FlakyDns(misses=3)
-    monkeypatch.setattr(local.shape.socket, "getaddrinfo", dns)
-    monkeypatch.setattr(local, "MASTER_POLL_S", 0.01)
-    local.resolve_master_addr("lv-0.lv", 60)  # returns once the record is there
+    monkeypatch.setattr(options.shape.socket, "getaddrinfo", dns)
+    monkeypatch.setattr(options, "MASTER_POLL_S", 0.01)
+    options.resolve_master_addr("lv-0.lv", 60)  # returns once the record is there
     assert dns.calls == 4
 
 
 def test_master_wait_zero_refuses_at_once_as_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
     dns = FlakyDns(misses=3)
-    monkeypatch.setattr(local.shape.socket, "getaddrinfo", dns)
+    monkeypatch.setattr(options.shape.socket, "getaddrinfo", dns)
     with pytest.raises(BadInput, match="--master-addr 'lv-0.lv' does not resolve"):
-        local.resolve_master_addr("lv-0.lv", 0)
+        options.resolve_master_addr("lv-0.lv", 0)
     assert dns.calls == 1
 
 
 def test_master_wait_that_runs_out_is_exit_1_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the wait it is node 0 or DNS that is missing, not the input: retryable (exit 1)."""
     dns = FlakyDns(misses=10**6)
-    monkeypatch.setattr(local.shape.socket, "getaddrinfo", dns)
-    monkeypatch.setattr(local, "MASTER_POLL_S", 0.01)
+    monkeypatch.setattr(options.shape.socket, "getaddrinfo", dns)
+    monkeypatch.setattr(options, "MASTER_POLL_S", 0.01)
     clock = iter(range(0, 10**6))  # each monotonic() read is one second later
-    monkeypatch.setattr(local.time, "monotonic", lambda: float(next(clock)))
-    with pytest.raises(local.LaunchEnded) as ended:
-        local.resolve_master_addr("lv-0.lv", 5)
+    monkeypatch.setattr(options.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(outcome.LaunchEnded) as ended:
+        options.resolve_master_addr("lv-0.lv", 5)
     assert ended.value.code == FAILURE and "\n" not in ended.value.line
     assert "--master-addr 'lv-0.lv' still does not resolve after --master-wait-s 5" in ended.value.line
     assert 1 < dns.calls <= 6
 
 
 def test_a_stop_while_waiting_for_node_0s_name_is_exit_75(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local.shape.socket, "getaddrinfo", FlakyDns(misses=10**6))
-    monkeypatch.setattr(local, "_EARLY_SIGNALS", [local.signal.SIGTERM])
-    with pytest.raises(local.LaunchEnded) as ended:
-        local.resolve_master_addr("lv-0.lv", 600)
+    monkeypatch.setattr(options.shape.socket, "getaddrinfo", FlakyDns(misses=10**6))
+    monkeypatch.setattr(stops, "EARLY_SIGNALS", [stops.signal.SIGTERM])
+    with pytest.raises(outcome.LaunchEnded) as ended:
+        options.resolve_master_addr("lv-0.lv", 600)
     assert ended.value.code == PREEMPTED and "SIGTERM while waiting for --master-addr 'lv-0.lv'" in ended.value.line
 
 
@@ -247,13 +249,13 @@ def test_the_ranks_window_comes_from_the_platforms_grace() -> None:
     is stated (or it is not a number of seconds), the platform's default: 10 s in a container, 30 s in a
     pod, torch's 30 s where no platform is seen."""
     window = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-    assert local.stop_env({}, container=True) == {"TORCHLAUNCH_GRACE_S": "10", window: "8"}
-    assert local.stop_env({}, container=False) == {"TORCHLAUNCH_GRACE_S": "30", window: "28"}
-    assert local.stop_env({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, container=True)[window] == "28"
-    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "120"}, container=True)[window] == "118"
-    assert local.stop_env({"TORCHLAUNCH_GRACE_S": "2.5"}, container=True)[window] == "1"
+    assert stops.stop_env({}, container=True) == {"TORCHLAUNCH_GRACE_S": "10", window: "8"}
+    assert stops.stop_env({}, container=False) == {"TORCHLAUNCH_GRACE_S": "30", window: "28"}
+    assert stops.stop_env({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, container=True)[window] == "28"
+    assert stops.stop_env({"TORCHLAUNCH_GRACE_S": "120"}, container=True)[window] == "118"
+    assert stops.stop_env({"TORCHLAUNCH_GRACE_S": "2.5"}, container=True)[window] == "1"
     for junk in ("nan", "-5", "0", "1e400", "ten"):
-        assert local.stop_env({"TORCHLAUNCH_GRACE_S": junk}, container=True)[window] == "8", junk
+        assert stops.stop_env({"TORCHLAUNCH_GRACE_S": junk}, container=True)[window] == "8", junk
 
 
 def test_a_stop_that_lost_steps_counts_them_from_this_launchs_heartbeats(tmp_path: Path) -> None:
@@ -281,7 +283,7 @@ def test_a_stop_other_than_sigterm_is_named_when_passed_on_as_sigterm(capfd: pyt
     relay keeps SIGTERM (the stop every program handles, a user's script included) and names what came."""
     import signal
 
-    from torchlaunch.backends.local.launch import StopRelay
+    from torchlaunch.agent.stops import StopRelay
 
     class Child:
         pid = 0

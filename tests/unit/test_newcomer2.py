@@ -20,7 +20,7 @@ from PIL import Image
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
 from torchlaunch import status as status_mod
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import node
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput, ConfigError
 from torchlaunch.jobs import cli as jobs_cli
@@ -36,7 +36,7 @@ SMOKE = str(REPO / "configs" / "smoke.yaml")
 
 def dry_run(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, list[str]]:
     """launch.local --dry-run in this process: (exit code, stdout, stderr lines)."""
-    code = local.main(["--device", "cpu", "--dry-run", *args, f"run_dir={tmp_path / 'run'}"])
+    code = node.main(["--device", "cpu", "--dry-run", *args, f"run_dir={tmp_path / 'run'}"])
     out, err = capsys.readouterr()
     return code, out, [ln for ln in err.splitlines() if ln.strip()]
 

@@ -202,7 +202,7 @@ def run_preflight_alone(*args: str) -> subprocess.CompletedProcess:
 def run_local_launcher(config: Path, *overrides: str) -> subprocess.CompletedProcess:
     """launch.local with the pre-flight module: what `launch.local --doctor` runs."""
     cmd = launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "2",
         "--device",

@@ -168,9 +168,9 @@ def test_every_launcher_takes_the_same_operation_options() -> None:
         args = parse(["--rank-prefix", "--console-ranks", "none", "--hang-timeout", "0"])
         assert cli.console_of(args) == ranklog.Console(prefix=True, ranks=frozenset())
         assert args.hang_timeout == 0
-    from torchlaunch.backends.local import launch as local
+    from torchlaunch.agent import options as agent_options
 
-    args = local.parse_args(["--rank-prefix", "--console-ranks", "none", "--hang-timeout", "0", "--", "x.py"])
+    args = agent_options.parse_args(["--rank-prefix", "--console-ranks", "none", "--hang-timeout", "0", "--", "x.py"])
     assert isinstance(args, argparse.Namespace) and cli.console_of(args).ranks == frozenset()
 
 

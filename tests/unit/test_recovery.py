@@ -15,9 +15,10 @@ import torch
 
 from torchlaunch import config as config_mod
 from torchlaunch import contract
-from torchlaunch.backends.local import launch as local_launch
-from torchlaunch.backends.local import live as live_agent
-from torchlaunch.backends.local.launch import NodePlacement, live_argv, live_mode
+from torchlaunch.agent import live as live_agent
+from torchlaunch.agent import live_rejoin, live_start
+from torchlaunch.agent.commands import NodePlacement, live_argv
+from torchlaunch.agent.live_start import live_mode
 from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, is_peer_lost, minimum, seat
 from torchlaunch.core.recovery.membership import behind, replica_id_of, sorted_members, source
 from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch
@@ -268,7 +269,7 @@ def test_live_mode_is_off_by_default_and_one_node_only() -> None:
         "29500",
     ]
     argv = live_argv(spec, 0.5, "tl-1")
-    assert argv[:3] == ["python", "-m", "torchlaunch.backends.local.live"]
+    assert argv[:3] == ["python", "-m", "torchlaunch.agent.live"]
     assert argv[argv.index("--heartbeat-timeout-ms") + 1] == "500" and argv[argv.index("--") + 1 :][:2] == [
         "-m",
         "torchlaunch.runner",
@@ -276,9 +277,9 @@ def test_live_mode_is_off_by_default_and_one_node_only() -> None:
 
 
 def test_live_mode_without_torchft_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local_launch.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(live_start.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(BadInput, match=r"needs torchft .*torchlaunch\[live\]"):
-        local_launch.require_live_extra()
+        live_start.require_live_extra()
 
 
 def test_the_generation_is_never_read_or_written_through_a_link(tmp_path: Path) -> None:
@@ -438,17 +439,17 @@ def test_the_agent_starts_a_lost_rank_again_only_while_another_trains_and_within
 
     ranks = [_Proc(None), _Proc(-9), _Proc(2)]  # rank 1 lost to SIGKILL; rank 2 exited by itself (not lost)
     restarts, replaced = [0, 0, 0], []
-    live_agent.rejoin(ranks, restarts, 1, {1: "silent 1.0 s"}, replaced, start)  # type: ignore[arg-type]
+    live_rejoin.rejoin(ranks, restarts, 1, {1: "silent 1.0 s"}, replaced, start)  # type: ignore[arg-type]
     assert started == [1] and restarts == [0, 1, 0] and replaced == ["rank 1 (SIGKILL, silent 1.0 s; started again)"]
     ranks[1] = _Proc(-9)  # lost again: the limit (1) is reached
-    live_agent.rejoin(ranks, restarts, 1, {}, replaced, start)  # type: ignore[arg-type]
+    live_rejoin.rejoin(ranks, restarts, 1, {}, replaced, start)  # type: ignore[arg-type]
     assert started == [1]
     alone = [_Proc(0), _Proc(-9)]  # nobody left to join
-    live_agent.rejoin(alone, [0, 0], 3, {}, [], start)  # type: ignore[arg-type]
+    live_rejoin.rejoin(alone, [0, 0], 3, {}, [], start)  # type: ignore[arg-type]
     assert started == [1]
-    assert live_agent.stop_after_a_failure([_Proc(None), _Proc(75)], None) is None  # a preemption is not a failure
-    first = live_agent.stop_after_a_failure([_Proc(None), _Proc(1)], None)
-    assert first is not None and live_agent.stop_after_a_failure([_Proc(None), _Proc(1)], first) == first
+    assert live_rejoin.stop_after_a_failure([_Proc(None), _Proc(75)], None) is None  # a preemption is not a failure
+    first = live_rejoin.stop_after_a_failure([_Proc(None), _Proc(1)], None)
+    assert first is not None and live_rejoin.stop_after_a_failure([_Proc(None), _Proc(1)], first) == first
 
 
 def test_a_broken_groups_connections_are_cut_and_nothing_else() -> None:
@@ -538,15 +539,15 @@ def test_a_rank_started_again_that_fails_before_joining_leaves_the_others_traini
     the others are not stopped and the job's code stays theirs; once joined, a failure is the job's."""
     ranks = [_Proc(None), _Proc(1)]
     abandoned: set[int] = set()
-    live_agent.abandon_failed_joiners(ranks, live_agent.Joiners(0, [0, 1]), set(), abandoned)
+    live_rejoin.abandon_failed_joiners(ranks, live_rejoin.Joiners(0, [0, 1]), set(), abandoned)
     assert abandoned == {1}
-    assert live_agent.stop_after_a_failure(ranks, None, abandoned) is None  # rank 0 is not stopped
+    assert live_rejoin.stop_after_a_failure(ranks, None, abandoned) is None  # rank 0 is not stopped
     ranks[0].returncode = 0
     assert live_agent.job_code([c for r, c in enumerate([0, 1]) if r not in abandoned]) == OK
     given_up: set[int] = set()
-    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], live_agent.Joiners(0, [0, 1]), {1}, given_up)
+    live_rejoin.abandon_failed_joiners([_Proc(None), _Proc(1)], live_rejoin.Joiners(0, [0, 1]), {1}, given_up)
     assert given_up == set(), "a rank that joined and then failed fails the job"
-    live_agent.abandon_failed_joiners([_Proc(None), _Proc(1)], live_agent.Joiners(0, [0, 0]), set(), given_up)
+    live_rejoin.abandon_failed_joiners([_Proc(None), _Proc(1)], live_rejoin.Joiners(0, [0, 0]), set(), given_up)
     assert given_up == set(), "a first-start rank's failure is the job's"
 
 
@@ -568,10 +569,10 @@ def test_a_launcher_that_joins_before_the_founder_recorded_its_run_is_not_a_repl
     second = runlock.RunLock(tmp_path, job=job).acquire()
     try:
         assert first.founded and not second.founded
-        founder = threading.Timer(0.3, local_launch.replaces_a_lost_node, (first, str(tmp_path)))
+        founder = threading.Timer(0.3, live_start.replaces_a_lost_node, (first, str(tmp_path)))
         founder.start()  # the founder settles its config, then records
         try:
-            assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0, "read the earlier launch's record"
+            assert live_start.replaces_a_lost_node(second, str(tmp_path)) == 0, "read the earlier launch's record"
         finally:
             founder.join()
         assert Fence(tmp_path).founder() == first.holder.token == second.holder.incarnation
@@ -583,7 +584,7 @@ def test_a_launcher_that_joins_before_the_founder_recorded_its_run_is_not_a_repl
     first.release()  # the founder was refused (say, its config) and left without recording
     try:
         Fence(tmp_path).advance()
-        assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0
+        assert live_start.replaces_a_lost_node(second, str(tmp_path)) == 0
         assert Fence(tmp_path).founder() == second.holder.incarnation and not Fence(tmp_path).formed_since_founded()
     finally:
         second.release()
@@ -592,14 +593,14 @@ def test_a_launcher_that_joins_before_the_founder_recorded_its_run_is_not_a_repl
     first = runlock.RunLock(tmp_path, job=job).acquire()
     second = runlock.RunLock(tmp_path, job=job).acquire()
     try:
-        assert local_launch.replaces_a_lost_node(first, str(tmp_path)) == 0
+        assert live_start.replaces_a_lost_node(first, str(tmp_path)) == 0
         Fence(tmp_path).advance()  # the first group
         first.release()  # node 0 lost
         replacement = runlock.RunLock(tmp_path, job=job).acquire()
         try:
             assert not replacement.founded and replacement.holder.incarnation == first.holder.token
             generation = Fence(tmp_path).current()
-            assert local_launch.replaces_a_lost_node(replacement, str(tmp_path)) == generation + 1
+            assert live_start.replaces_a_lost_node(replacement, str(tmp_path)) == generation + 1
         finally:
             replacement.release()
     finally:
@@ -617,19 +618,19 @@ def test_a_launcher_that_joins_a_job_whose_group_formed_replaces_a_lost_node(tmp
     second = runlock.RunLock(tmp_path, job=job).acquire()
     try:
         assert first.founded and not second.founded
-        assert local_launch.replaces_a_lost_node(first, str(tmp_path)) == 0
-        assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 0, "no group yet: a first launch"
+        assert live_start.replaces_a_lost_node(first, str(tmp_path)) == 0
+        assert live_start.replaces_a_lost_node(second, str(tmp_path)) == 0, "no group yet: a first launch"
         fence = Fence(tmp_path)
         fence.advance()  # the first group formed
         fence.advance()  # and a regroup after a loss
-        assert local_launch.replaces_a_lost_node(second, str(tmp_path)) == 3
-        assert local_launch.replaces_a_lost_node(None, str(tmp_path)) == 0, "one node: nothing shared"
+        assert live_start.replaces_a_lost_node(second, str(tmp_path)) == 3
+        assert live_start.replaces_a_lost_node(None, str(tmp_path)) == 0, "one node: nothing shared"
     finally:
         second.release()
         first.release()
     again = runlock.RunLock(tmp_path, job=job).acquire()  # every launcher gone: the next one starts the job
     try:
-        assert again.founded and local_launch.replaces_a_lost_node(again, str(tmp_path)) == 0
+        assert again.founded and live_start.replaces_a_lost_node(again, str(tmp_path)) == 0
         assert not Fence(tmp_path).formed_since_founded(), "the new run starts from the generation it found"
     finally:
         again.release()
@@ -645,14 +646,14 @@ def test_a_replacement_nodes_ranks_all_join_and_wait_for_peers_on_other_nodes() 
     later goes on from there); with every rank of a node waiting to join, the ones it waits for train
     on other nodes, so the agent does not end them as orphans. The command carries the attempt."""
     restarts = [0, 0]
-    joiners = live_agent.Joiners(4, restarts)
+    joiners = live_rejoin.Joiners(4, restarts)
     assert joiners(0) and joiners(1) and joiners.attempt(1) == 4
     restarts[1] = 1
     assert joiners.attempt(1) == 5
-    first_start = live_agent.Joiners(0, [0, 1])
+    first_start = live_rejoin.Joiners(0, [0, 1])
     assert not first_start(0) and first_start(1) and first_start.attempt(1) == 1
     waiting = [_Proc(None), _Proc(None)]
-    live_agent.end_orphan_joiners(waiting, joiners, set())  # type: ignore[arg-type]
+    live_rejoin.end_orphan_joiners(waiting, joiners, set())  # type: ignore[arg-type]
     assert all(p.returncode is None for p in waiting)
     spec = JobSpec(nodes=2, gpus_per_node=1, master_port=29500, config="c.yaml")
     argv = live_argv(spec, 1.0, "rid", placement=NodePlacement(node_rank=1, master_addr="node0"),

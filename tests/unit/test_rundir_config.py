@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
 from torchlaunch import rundir, runlock
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import commands, node
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
 from torchlaunch.launch import elastic, shape
 
@@ -41,7 +41,7 @@ def test_a_rerun_with_other_overrides_is_refused_naming_them_and_writes_nothing(
     """Before: the rerun rewrote config.yaml with optim.lr=0.5, and the resume used the checkpoint's lr."""
     run_dir = tmp_path / "run"
     before = started(run_dir, "optim.lr=0.02")
-    code = local.main(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.5", "train.epochs=5", "--device", "cpu"])
+    code = node.main(["--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.5", "train.epochs=5", "--device", "cpu"])
     line = one_refusal(capsys)
     assert code == BAD_INPUT and line.startswith("config error: run_dir: "), line
     assert "optim.lr 0.02 -> 0.5" in line and "train.epochs 3 -> 5" in line and "--reconfigure" in line, line
@@ -92,7 +92,7 @@ def test_the_pre_flight_checks_its_own_copy_and_never_rewrites_the_runs_config(
     run_dir = tmp_path / "run"
     before = started(run_dir, "optim.lr=0.02")
     argv = ["--config", SMOKE, f"run_dir={run_dir}", "--device", "cpu", "--doctor", "--dry-run", "optim.lr=0.5"]
-    assert local.main(argv) == 0
+    assert node.main(argv) == 0
     printed = capsys.readouterr().out  # the dry run prints the recipe as typed (runnable as printed)
     assert "optim.lr=0.5" in printed and "config.yaml " not in printed
     assert (run_dir / "config.yaml").read_text() == before
@@ -140,14 +140,14 @@ def test_a_launcher_joining_a_running_elastic_job_with_another_config_is_refused
     run_dir = tmp_path / "run"
     before = started(run_dir, "optim.lr=0.02")
     port = 29731
-    job = elastic.job_key(local.run_id(str(run_dir)), "127.0.0.1", port)
+    job = elastic.job_key(commands.run_id(str(run_dir)), "127.0.0.1", port)
     member = runlock.acquire(run_dir, job=job)
     try:
         argv = ["--config", SMOKE, f"run_dir={run_dir}", "--device", "cpu", "--nnodes", "1:2"]
         argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "1"]
-        assert local.main([*argv, "optim.lr=0.9"]) == BAD_INPUT
+        assert node.main([*argv, "optim.lr=0.9"]) == BAD_INPUT
         assert "optim.lr 0.02 -> 0.9" in one_refusal(capsys)
-        assert local.main([*argv, "optim.lr=0.9", "--reconfigure"]) == BAD_INPUT
+        assert node.main([*argv, "optim.lr=0.9", "--reconfigure"]) == BAD_INPUT
         assert "--reconfigure while 1 other launcher(s)" in one_refusal(capsys)
         assert (run_dir / rundir.CONFIG).read_text() == before
         assert sorted(p.name for p in (run_dir / rundir.LOCK_NODES).iterdir()) == ["node-0.json"]
@@ -170,7 +170,7 @@ def test_a_host_with_a_line_break_is_refused_quoted_on_one_line(addr: str) -> No
 def test_the_launcher_refuses_a_master_addr_with_a_newline_in_one_quoted_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = local.main(["--config", SMOKE, "--nnodes", "2", "--master-addr", "127.0.0.1\n", "--device", "cpu"])
+    code = node.main(["--config", SMOKE, "--nnodes", "2", "--master-addr", "127.0.0.1\n", "--device", "cpu"])
     line = one_refusal(capsys)
     assert code == BAD_INPUT and line == (
         "launch error: --master-addr '127.0.0.1\\n' is not a host name or address "
@@ -307,7 +307,7 @@ def test_launch_k8s_carries_reconfigure_to_each_pods_launcher() -> None:
     from tests.unit.test_k8s import render
 
     code, out, err = render(["--config", "configs/smoke.yaml", "--reconfigure"])
-    assert code == 0 and "torchlaunch.backends.local.launch" in out and " --reconfigure " in out, err
+    assert code == 0 and "torchlaunch.agent" in out and " --reconfigure " in out, err
     code, out, _ = render(["--config", "configs/smoke.yaml"])
     assert code == 0 and "--reconfigure" not in out
     code, out, err = render(["--reconfigure", "--", "script.py"])

@@ -26,10 +26,10 @@ def test_storage_words_every_errno_with_its_fix(tmp_path: Path) -> None:
 
 
 def test_a_run_dir_starting_with_a_dash_is_not_read_as_an_option() -> None:
-    from torchlaunch.backends.local import launch as local
+    from torchlaunch.agent import commands
 
-    assert local.not_an_option("-run/config.yaml") == "./-run/config.yaml"
-    assert local.not_an_option("/abs/-run/config.yaml") == "/abs/-run/config.yaml"
+    assert commands.not_an_option("-run/config.yaml") == "./-run/config.yaml"
+    assert commands.not_an_option("/abs/-run/config.yaml") == "/abs/-run/config.yaml"
 
 
 def test_a_log_symlinked_elsewhere_is_not_printed_and_the_tee_does_not_write_through_it(tmp_path: Path) -> None:

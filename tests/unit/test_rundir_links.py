@@ -17,7 +17,7 @@ from PIL import Image
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
 from torchlaunch import rundir, runlock
-from torchlaunch.backends.local import launch as local
+from torchlaunch.agent import node
 from torchlaunch.data.shards.cli import main as shards_main
 from torchlaunch.exit_codes import BAD_INPUT, BadInput
 
@@ -62,7 +62,7 @@ def test_a_launch_refuses_a_linked_run_dir_folder_before_writing(
     tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir, outside, files = linked_run_dir(tmp_path, name)
-    code = local.main(["--config", SMOKE, f"run_dir={run_dir}", "--device", "cpu"])
+    code = node.main(["--config", SMOKE, f"run_dir={run_dir}", "--device", "cpu"])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == BAD_INPUT and len(lines) == 1, err

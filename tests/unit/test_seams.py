@@ -235,13 +235,13 @@ def test_machine_shape_options_are_declared_only_through_shape() -> None:
 def test_every_launcher_checks_the_shape_options_it_declares() -> None:
     """A bound in shape.OPTIONS holds on every launcher that takes the option: the same value is refused
     in the same words by launch.local, launch.slurm and launch.k8s."""
+    from torchlaunch.agent import options
     from torchlaunch.backends.k8s import launch as k8s
-    from torchlaunch.backends.local import launch as local
     from torchlaunch.backends.slurm import launch as slurm_launcher
     from torchlaunch.launch import shape
 
     refused = {
-        "local": lambda argv: local.check_placement(local.parse_args([*argv, "--config", "configs/smoke.yaml"])),
+        "local": lambda argv: options.check_placement(options.parse_args([*argv, "--config", "configs/smoke.yaml"])),
         "slurm": lambda argv: slurm_launcher.parse_args([*argv, "--config", "configs/smoke.yaml"]),
         "k8s": lambda argv: k8s.plan(k8s.parse_args([*argv, "--config", "configs/smoke.yaml"])),
     }
@@ -401,7 +401,7 @@ def test_the_rank_side_imports_nothing_from_the_launchers_or_the_tools() -> None
 
 
 LAUNCHER_MODULES = {
-    "torchlaunch.backends.local.launch",
+    "torchlaunch.agent",
     "torchlaunch.backends.slurm.launch",
     "torchlaunch.backends.k8s.launch",
     "torchlaunch.launch.torchrun",
@@ -413,7 +413,7 @@ LAUNCHER_MODULES = {
 
 
 def test_the_tests_spell_a_launchers_command_line_only_through_launcher_argv() -> None:
-    """`[sys.executable, "-m", "torchlaunch.backends.local.launch", ...]` in a test is a second spelling of what
+    """`[sys.executable, "-m", "torchlaunch.agent", ...]` in a test is a second spelling of what
     tests/conftest.launcher_argv builds (the one launcher helper, for runs to completion and Popen alike)."""
     found = []
     for path in sorted((REPO / "tests").rglob("*.py")):
@@ -719,7 +719,7 @@ def test_the_live_agent_starts_without_importing_torch() -> None:
     """The live agent (one per node) starts before its ranks, and a replacement node's whole start-up
     is on the clock (issue #37: restart -> takes part <= 5 s): importing torch there cost ~2 s. Every
     module it loads, and each of their packages, is torch-free at load time."""
-    seen = loaded_with("torchlaunch.backends.local.live")
+    seen = loaded_with("torchlaunch.agent.live")
     assert "torchlaunch.core.recovery.pulse" in seen
     assert not [m for m in sorted(seen) if loads_torch(m)], "the live agent loads torch through these"
 

@@ -19,8 +19,8 @@ import pytest
 
 from tests.conftest import REPO, child_env, launcher_argv, run_cmd
 from torchlaunch import runner as program_mod
-from torchlaunch.backends.local import launch as local
-from torchlaunch.backends.local.launch import NodePlacement, torchrun_argv
+from torchlaunch.agent import commands, node, outcome
+from torchlaunch.agent.commands import NodePlacement, torchrun_argv
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch.spec import JobSpec
 
@@ -109,13 +109,13 @@ def test_torchrun_argv_of_a_program_golden() -> None:
 def test_a_teardown_abort_after_every_rank_finished_is_a_finish(
     torchrun: int, codes: list[int], ranks: int | None, expected: int
 ) -> None:
-    assert local.combine_exit_codes(torchrun, codes, ranks) == expected
+    assert outcome.combine_exit_codes(torchrun, codes, ranks) == expected
 
 
 def test_program_rendezvous_id_is_the_same_on_every_node() -> None:
-    a = local.program_id(["train.py", "x"], NodePlacement(0, "node0"), 29500)
-    assert a == local.program_id(["train.py", "x"], NodePlacement(1, "node0"), 29500)
-    assert a != local.program_id(["train.py", "y"], NodePlacement(0, "node0"), 29500)
+    a = commands.program_id(["train.py", "x"], NodePlacement(0, "node0"), 29500)
+    assert a == commands.program_id(["train.py", "x"], NodePlacement(1, "node0"), 29500)
+    assert a != commands.program_id(["train.py", "y"], NodePlacement(0, "node0"), 29500)
 
 
 @pytest.mark.parametrize(
@@ -161,7 +161,7 @@ def test_dry_run_prints_the_exact_command(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(REPO)
-    rc = local.main([*launcher_args, *CPU, "--dry-run", "--", EXIT_WITH, "0", "a b"])
+    rc = node.main([*launcher_args, *CPU, "--dry-run", "--", EXIT_WITH, "0", "a b"])
     out = capsys.readouterr().out
     assert rc == OK and len(out.splitlines()) == 1
     argv = shlex.split(out)
@@ -175,7 +175,7 @@ def test_dry_run_of_a_module_and_of_the_doctor(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(PROGRAMS)
-    assert local.main([*CPU, "--dry-run", "--", "-m", "userpkg.main", "0", "out"]) == OK
+    assert node.main([*CPU, "--dry-run", "--", "-m", "userpkg.main", "0", "out"]) == OK
     assert shlex.split(capsys.readouterr().out) == [
         sys.executable,
         "-m",
@@ -185,7 +185,7 @@ def test_dry_run_of_a_module_and_of_the_doctor(
         "0",
         "out",
     ]
-    assert local.main([*CPU, "--doctor", "--dry-run", "--", "-m", "userpkg.main"]) == OK
+    assert node.main([*CPU, "--doctor", "--dry-run", "--", "-m", "userpkg.main"]) == OK
     argv = shlex.split(capsys.readouterr().out)
     assert argv[1:3] == ["-m", "torchlaunch.launch.torchrun"] and argv[-4:-1] == [
         "-m",
@@ -211,7 +211,7 @@ def test_bad_program_arguments_are_one_line_and_exit_2(
     args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    rc = local.main([*CPU, *args])
+    rc = node.main([*CPU, *args])
     captured = capsys.readouterr()
     assert rc == BAD_INPUT and captured.out == ""
     assert len(captured.err.splitlines()) == 1 and words in captured.err, captured.err
@@ -380,9 +380,9 @@ def test_k8s_pod_command_is_accepted_by_launch_local(
     for var, value in (("JOB_COMPLETION_INDEX", "1"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29511")):
         line = line.replace(f'"${var}"', value)
     argv = shlex.split(line)
-    assert argv[:4] == ["exec", "python", "-m", "torchlaunch.backends.local.launch"]
+    assert argv[:4] == ["exec", "python", "-m", "torchlaunch.agent"]
     monkeypatch.chdir(REPO)
-    assert local.main(["--dry-run", *argv[4:]]) == OK
+    assert node.main(["--dry-run", *argv[4:]]) == OK
     printed = shlex.split(capsys.readouterr().out)
     assert printed[printed.index("--rdzv-endpoint") + 1] == "node0:29511" and "--node-rank" in printed
     assert printed[-5:] == ["-m", "torchlaunch.runner", EXIT_WITH, "0", "o d"]
@@ -415,7 +415,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def custom_loop_launch(run_dir: Path, epochs: str = CUSTOM_EPOCHS) -> list[str]:
     return launcher_argv(
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         "--gpus",
         "2",
         *CPU,

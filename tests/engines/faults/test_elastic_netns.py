@@ -39,7 +39,7 @@ DEADLINE_S = 240.0
 
 def argv(run_dir: Path) -> list[str]:
     return launcher_argv(
-        "torchlaunch.backends.local.launch", "--nnodes", "1:2", "--master-addr", "node0",
+        "torchlaunch.agent", "--nnodes", "1:2", "--master-addr", "node0",
         "--device", "cpu", "--max-restarts", "3", "--rdzv-conf", RDZV, "--hang-timeout", str(HANG_TIMEOUT_S),
         *RECIPE, f"run_dir={run_dir}",
     )  # fmt: skip

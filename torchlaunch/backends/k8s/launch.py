@@ -176,7 +176,7 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
     launcher = [
         "python",
         "-m",
-        "torchlaunch.backends.local.launch",
+        "torchlaunch.agent",
         *(k8s_elastic.nodes_args(spec) if opts.live is None else k8s_live.nodes_args(spec)),
         "--master-addr",
         '"$MASTER_ADDR"',

@@ -28,7 +28,7 @@ What live mode changes in the rendering, and why:
   replacement pod joins through the service and a live peer's store, so a replacement of pod 1 after
   pod 0 was lost, or of pod 0 itself, starts at once. Its launcher never looks pod 0's name up (a lost
   pod's DNS record goes with it): launch.local checks that --master-addr resolves only on a launcher
-  that starts in the first group (torchlaunch.backends.local.launch.meets_at_node_0_first), and a
+  that starts in the first group (torchlaunch.agent.options.meets_at_node_0_first), and a
   replacement's is not one. A first launch's pods start in any order: a first-group pod whose launcher
   runs before pod 0's name has a DNS record waits for it (`--master-wait-s`, the rendering's
   --wait-timeout-s, 600 s by default; then exit 1, counted against its index) instead of being refused.

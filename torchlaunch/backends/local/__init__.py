@@ -1,5 +1,5 @@
-"""The local backend: one node's ranks under torchrun (or the single worker) on this host.
+"""The local backend: one node's ranks under the node agent (torchlaunch.agent) on this host.
 
-launch: JobSpec -> torchrun argv, the foreground run and its stop relay (`python -m launch.local`);
+launch: the registry's render and submit, both the agent's (`python -m launch.local`);
 operate: a job is its launcher process on a host (alive while the pid runs; cancel = SIGTERM to it).
 """

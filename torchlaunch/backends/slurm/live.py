@@ -2,7 +2,7 @@
 
     python -m launch.slurm --nodes 2 --gpus-per-node 8 --config configs/cifar10.yaml recovery.live=true
 
-The membership service is placed on one of the job's nodes by the run dir's lease (backends/placed.py,
+The membership service is placed on one of the job's nodes by the run dir's lease (agent/placed.py,
 core/recovery/placement.py): on each node the task of local rank 0 (SLURM_LOCALID 0) runs the node's
 agent in a thread (a standby Lighthouse, the lease), which dies with the task; node 0 (SLURM_NODEID)
 takes the first lease, another node's agent takes over when it lapses. `recovery.lighthouse=URL` names
@@ -24,7 +24,7 @@ What Slurm must be told, the env each task adds, and the job's outcome. Measured
 - srun exits 137 once any task was SIGKILLed, and the batch script's code is the job's: Slurm would say
   FAILED although the survivors finished. So the script passes srun's code through `verdict` below,
   which reads what every task recorded (task.write_result) and decides as the live agent does
-  (backends/live_shared.job_code, as the local live agent): tasks that left no record were lost; the others' codes are the job's.
+  (agent/live_shared.job_code, as the local live agent): tasks that left no record were lost; the others' codes are the job's.
 - `--nodes MIN-MAX`: the allocation is as many nodes as are up in the range (render.elastic_parameters),
   so the verdict counts the tasks at run time (SLURM_NNODES x tasks per node), and each task passes MIN
   to its rank (minimum_env). A loss that leaves fewer than MIN nodes' worth of ranks makes them commit a
@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torchlaunch import contract, rundir
-from torchlaunch.backends import live_shared
+from torchlaunch.agent import live_shared
 from torchlaunch.base import files
 from torchlaunch.base.untrusted import whole
 from torchlaunch.core.recovery import placement
@@ -145,12 +145,12 @@ def place_service(
     run_dir: str, heartbeat_timeout_ms: int, local_rank: int, nproc: int, host: str
 ) -> tuple[str, Callable[[], None]]:
     """In a task of a live job with the service PLACED: its address, and what ends this task's part.
-    Local rank 0 runs its node's agent (backends/placed.py) in a daemon thread, so that it ends with
+    Local rank 0 runs its node's agent (agent/placed.py) in a daemon thread, so that it ends with
     the task whatever ends it (the standby Lighthouse sees its pipe close); the node's other tasks
     read the lease. Node number and count from Slurm (SLURM_NODEID, SLURM_NNODES): none is asked for."""
     import threading
 
-    from torchlaunch.backends import placed as agent
+    from torchlaunch.agent import placed as agent
 
     if local_rank != 0:
         bound = placement.SERVICE_START_S + 2 * heartbeat_timeout_ms / 1000

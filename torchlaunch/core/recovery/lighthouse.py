@@ -309,7 +309,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--await-ranks",
         type=bounded_whole(1, 1_000_000, "ranks"),
         default=None,
-        help=argparse.SUPPRESS,  # a restarted service of a group of N (backends/local/live.py): Service
+        help=argparse.SUPPRESS,  # a restarted service of a group of N (agent/live.py): Service
     )
     parser.add_argument(
         "--standby",

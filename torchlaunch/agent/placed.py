@@ -1,5 +1,5 @@
 """A node agent's side of the membership service placed by the run dir (core/recovery/placement.py),
-shared by launch.local's live agent (backends/local/live.py) and a Slurm job's tasks (the task of each
+shared by launch.local's live agent (agent/live.py) and a Slurm job's tasks (the task of each
 node's local rank 0: backends/slurm/live.py): a Lighthouse in standby on this node, and the lease that
 says whether it serves. Why in backends/ itself: two backends run it, and neither imports the other.
 """
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from torchlaunch import rundir
-from torchlaunch.backends.live_shared import LOOPBACK
+from torchlaunch.agent.live_shared import LOOPBACK
 from torchlaunch.base.untrusted import whole
 from torchlaunch.core.recovery import placement, presence
 

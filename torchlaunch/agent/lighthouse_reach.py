@@ -16,9 +16,9 @@ import os
 import socket
 from collections.abc import Mapping
 
-from torchlaunch import backends
 from torchlaunch.base import rules
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.jobs import schedulers
 
 REACH_TIMEOUT_S = 3.0
 """Per port: a refused connection answers at once; a service behind a host that drops packets never
@@ -27,11 +27,11 @@ does, and this bounds that wait."""
 
 def check(lighthouse: str, timeout_s: float = REACH_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     """BadInput (one line) unless both of the service's ports at `lighthouse` (http://HOST:PORT) accept
-    a TCP connection within `timeout_s` each. Only outside a scheduler's job (backends.detect of `env`,
-    this process's by default, says local): a Kubernetes pod may start before the service's own pod is
+    a TCP connection within `timeout_s` each. Only outside a scheduler's job (schedulers.detect of `env`,
+    this process's by default, finds no job): a Kubernetes pod may start before the service's own pod is
     ready, and exit 2 there is final (the podFailurePolicy never retries bad input)."""
-    if backends.detect(os.environ if env is None else env).scheduler != "local":
-        return
+    if schedulers.detect(os.environ if env is None else env).job_id is not None:
+        return  # inside a scheduler's job
     found = rules.service_address(lighthouse, ports=2)
     if found is None:
         raise BadInput(f"launch error: recovery.lighthouse={lighthouse[:80]!r} is not http://HOST:PORT, PORT <= 65534")

@@ -1,9 +1,9 @@
-"""The local launcher's agent in live mode (recovery.live): the membership service and one node's ranks.
+"""The node agent in live mode (recovery.live): the membership service and one node's ranks.
 
-    python -m torchlaunch.backends.local.live --nproc 2 --heartbeat-timeout-ms 1000 -- -m torchlaunch.runner ...
-    python -m torchlaunch.backends.local.live --nproc 2 --nnodes 3 --node-rank 1 --master-addr node0 \
+    python -m torchlaunch.agent.live --nproc 2 --heartbeat-timeout-ms 1000 -- -m torchlaunch.runner ...
+    python -m torchlaunch.agent.live --nproc 2 --nnodes 3 --node-rank 1 --master-addr node0 \
         --master-port 29500 --lighthouse http://lighthouse:29510 -- -m torchlaunch.runner ...
-    python -m torchlaunch.backends.local.live --nproc 2 --nnodes 1:3 --node-rank 2 --first-seat 1 \
+    python -m torchlaunch.agent.live --nproc 2 --nnodes 1:3 --node-rank 2 --first-seat 1 \
         --first-nodes 2 --master-addr node0 ...   # MIN:MAX: the launcher's first group (first_group.py)
 
 Why not torchrun's agent: it ends every rank of the group when one fails and starts them all again,
@@ -39,13 +39,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torchlaunch import contract
-from torchlaunch.backends import live_shared
-from torchlaunch.backends.live_shared import LOOPBACK, job_code
-from torchlaunch.backends.placed import Placed, free_port, free_port_pair
+from torchlaunch.agent import live_shared
+from torchlaunch.agent.live_rejoin import (
+    Joiners,
+    abandon_failed_joiners,
+    end_orphan_joiners,
+    rejoin,
+    stop_after_a_failure,
+)
+from torchlaunch.agent.live_shared import LOOPBACK, job_code
+from torchlaunch.agent.placed import Placed, free_port, free_port_pair
 from torchlaunch.base import procs
 from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.pulse import Watch
-from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
+from torchlaunch.exit_codes import OK, BadInput
 from torchlaunch.launch import elastic, shape
 
 POLL_S = 0.05
@@ -57,9 +64,9 @@ STOP_GRACE_S = 30.0
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     if "--" not in argv:
-        raise SystemExit("usage: python -m torchlaunch.backends.local.live --nproc N [...] -- PROGRAM...")
+        raise SystemExit("usage: python -m torchlaunch.agent.live --nproc N [...] -- PROGRAM...")
     cut = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m torchlaunch.backends.local.live")
+    parser = argparse.ArgumentParser(prog="python -m torchlaunch.agent.live")
     parser.add_argument("--nproc", type=int, required=True)
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
     parser.add_argument("--run-id", default="torchlaunch-live")
@@ -146,7 +153,7 @@ class NodeSeat:
 
 
 def store_host(seat: NodeSeat, lighthouse: str) -> str:
-    """The address this node's ranks give their stores (backends/live_shared.py)."""
+    """The address this node's ranks give their stores (agent/live_shared.py)."""
     return live_shared.store_host(seat.nnodes, seat.master_addr, lighthouse)
 
 
@@ -378,121 +385,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = "the others finished" if code == OK else f"exit {code}"
         print(f"live: lost {names}; {outcome}", file=sys.stderr, flush=True)
     return code
-
-
-class Joiners:
-    """Which of this node's ranks join a group that trains (rather than form the first one), and with
-    which attempt number (its replica id: membership.replica_id_of): a rank started again by this agent
-    (recovery.rejoin), and every rank of a node that replaces a lost one (`base`, from the launcher).
-    Attempts grow from `base`, so a replacement's ids differ from those its lost node used."""
-
-    def __init__(self, base: int, restarts: list[int]) -> None:
-        self.base, self.restarts = base, restarts
-
-    def __call__(self, rank: int) -> bool:
-        return bool(self.base or self.restarts[rank])
-
-    def attempt(self, rank: int) -> int:
-        return self.base + self.restarts[rank]
-
-
-def rejoin(
-    ranks: list[subprocess.Popen],
-    restarts: list[int],
-    limit: int,
-    fenced: dict[int, str],
-    replaced: list[str],
-    start: Callable[[int], subprocess.Popen],
-) -> None:
-    """Start each rank lost to a signal again (recovery.rejoin times at most), while another rank trains:
-    the new process joins the live group at the others' next check point, with a peer's state."""
-    for rank, proc in enumerate(ranks):
-        code = proc.poll()
-        if code is None or code >= 0 or restarts[rank] >= limit:
-            continue
-        if not any(p.poll() is None for r, p in enumerate(ranks) if r != rank):
-            continue  # nobody left to join: the job's outcome is the others'
-        why = signal.Signals(-code).name + (", " + fenced.pop(rank) if rank in fenced else "")
-        replaced.append(f"rank {rank} ({why}; started again)")
-        restarts[rank] += 1
-        print(
-            f"live: rank {rank} lost ({why}); started again to rejoin the others (attempt {restarts[rank]} of {limit})",
-            file=sys.stderr,
-            flush=True,
-        )
-        ranks[rank] = start(rank)
-
-
-FAILURE_GRACE_S = 10.0
-"""How long the other ranks get to leave by themselves after one failed (they usually fail alike)."""
-
-
-def stop_after_a_failure(
-    ranks: list[subprocess.Popen], failed_at: float | None, abandoned: set[int] | frozenset[int] = frozenset()
-) -> float | None:
-    """A rank that exited by itself with a failure or bad input (not a loss, not a preemption) makes
-    the job's outcome: as under torchrun, the others are stopped (SIGKILL after FAILURE_GRACE_S) rather
-    than left waiting in their next collective for dist.timeout_s. Returns when the first failure was
-    seen. `abandoned` ranks (started again, failed before joining) are no failure of the job's."""
-    failed = [
-        r
-        for r, p in enumerate(ranks)
-        if r not in abandoned and p.poll() not in (None, OK, PREEMPTED) and (p.returncode or 0) > 0
-    ]
-    if not failed:
-        return failed_at
-    now = time.monotonic()
-    if failed_at is None:
-        return now
-    if now - failed_at >= FAILURE_GRACE_S:
-        for rank, proc in enumerate(ranks):
-            if proc.poll() is None:
-                print(
-                    f"live: rank {failed[0]} exited {ranks[failed[0]].returncode}; stopping rank {rank}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return failed_at
-
-
-def abandon_failed_joiners(
-    ranks: list[subprocess.Popen], joiner: Callable[[int], bool], joined: set[int], abandoned: set[int]
-) -> None:
-    """A rank started again that exits non-zero before it joined (no group formed for it in
-    recovery.quorum_timeout_s, no state to take) never trained in the live group: the others train on
-    and the job's outcome stays theirs, where a failure would stop them all (stop_after_a_failure)."""
-    for rank, proc in enumerate(ranks):
-        code = proc.poll()
-        if rank in abandoned or not joiner(rank) or rank in joined or code is None or code <= 0:
-            continue
-        abandoned.add(rank)
-        print(
-            f"live: rank {rank} was started again but failed before it joined (exit {code}); the others train on",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def end_orphan_joiners(ranks: list[subprocess.Popen], joiner: Callable[[int], bool], joined: set[int]) -> None:
-    """A rank started again that has not joined yet, once every other rank of this node has ended, has
-    nobody to join: it is stopped (its peers' outcome is the job's), rather than waiting out
-    recovery.quorum_timeout_s. Where every rank of this node is such a joiner (a node of one rank, a
-    replacement node), the ranks it would join train on other nodes: nothing here says they ended, and
-    the joiner's own quorum timeout bounds its wait."""
-    waiting = [r for r, p in enumerate(ranks) if joiner(r) and r not in joined and p.poll() is None]
-    if not waiting:
-        return
-    others = [p for r, p in enumerate(ranks) if r not in waiting]
-    if not others or any(p.poll() is None for p in others):
-        return
-    for rank in waiting:
-        print(f"live: rank {rank} was started again, but the others finished first", file=sys.stderr, flush=True)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(ranks[rank].pid, signal.SIGKILL)
-        ranks[rank].wait()
 
 
 if __name__ == "__main__":
