@@ -293,6 +293,3 @@ def doctor_config(private: Path, run_dir: str) -> str:
     path = private / "doctor.yaml"
     path.write_text(f"run_dir: {json.dumps(os.path.abspath(run_dir))}\ndata:\n  name: synthetic\n")
     return str(path)
-
-
-REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -168,7 +168,7 @@ def recipe_key(spec: JobSpec) -> str:
 
 
 def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
-    """The pod's shell program: wait for pod 0 (pods > 0 only), then exec the local launcher.
+    """The pod's shell program: wait for pod 0 (pods > 0 only), then exec the node agent.
 
     exec keeps the launcher as tini's direct child, so SIGTERM from the kubelet reaches it, and it
     forwards it to torchrun and the workers (checkpoint, exit 75).
