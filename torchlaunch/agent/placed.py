@@ -1,7 +1,7 @@
 """A node agent's side of the membership service placed by the run dir (core/recovery/placement.py),
 shared by launch.local's live agent (agent/live.py) and a Slurm job's tasks (the task of each
 node's local rank 0: backends/slurm/live.py): a Lighthouse in standby on this node, and the lease that
-says whether it serves. Why in backends/ itself: two backends run it, and neither imports the other.
+says whether it serves. Why in agent/: it is live mode's node side; a Slurm task, one floor up, runs it too.
 """
 
 from __future__ import annotations
