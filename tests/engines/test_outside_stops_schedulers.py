@@ -49,13 +49,17 @@ def test_slurm_stop_from_outside_mid_step_requeues_and_resumes_exactly(
     from tests.engines.test_slurm_cluster import requeue_records, slurm, wait_until
 
     expected = long_step_reference(shards, tmp_path_factory)
-    monkeypatch.setenv("TORCHLAUNCH_TEST_FORWARD_S", "0.5")  # sbatch passes the submitter's environment on
+    # sbatch passes the submitter's environment on, and the requeued job keeps it: the seconds are in a file
+    forward_s = tmp_path / "forward_s"
+    forward_s.write_text("0.5")
+    monkeypatch.setenv("TORCHLAUNCH_TEST_FORWARD_S", f"@{forward_s}")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     run_dir = tmp_path / "run"
     args = ["--config", "configs/smoke.yaml", *long_step_overrides(str(shards))]
     launch = SlurmLaunch(run_dir, "--nodes", "2", "--tasks-per-node", "1", "--time", "30", *args)
     wait_until(lambda: beat_step(run_dir) >= 1, 240, "the first step")  # step 2 has ~8 s of micro-batches ahead
     slurm("scancel", *scancel, launch.job_id)
+    forward_s.write_text("0")  # the ranks stopped have their model; the resumed ones train fast (same numbers)
     wait_until(lambda: "REQUEUED" in requeue_records(launch.job_id), 120, "the requeue")
     assert launch.finish(300) == OK, launch.text()[-3000:]
     logs = "".join(p.read_text() for p in (run_dir / "slurm" / launch.job_id).glob("*_log.*"))
@@ -191,6 +195,7 @@ def test_pod_deleted_mid_long_step_commits_within_the_default_grace_and_the_job_
     assert step >= 1 and f"stop: dropped step {step + 1} in flight" in log, log[-3000:]
     assert after <= LONG_STEP_MAX_S, log[-3000:]  # the peer left at its next micro-batch, not the step's end
     print(f"pod deletion (30 s): step {step} committed {after} s after the signal, pod exit 75 after {took:.1f} s")
+    dj.extra = long_step_container(shards, tmp_path, 0)  # the replaced pods train fast (the same numbers)
     dj.run_until_complete(running)
     assert dj.failures == 0, f"a preemption must not count against backoffLimit: {dj.history}"
     log = (dj.run_dir / "logs" / "rank-0.log").read_text()
