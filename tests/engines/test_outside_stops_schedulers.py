@@ -36,7 +36,11 @@ pytestmark = pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("cluster")
-@pytest.mark.parametrize("scancel", SLURM_CASES, ids=[" ".join(c) for c in SLURM_CASES])
+@pytest.mark.parametrize(
+    "scancel",
+    [pytest.param(c, id=" ".join(c), marks=[pytest.mark.extended] if "--full" in c else []) for c in SLURM_CASES],
+)  # --full in CI: every process of a job signalled, the job requeued once and resumed exactly is test_live_slurm.py's
+# whole job preempted from outside; the step in flight dropped, with the stop passed on by the batch shell: --batch
 def test_slurm_stop_from_outside_mid_step_requeues_and_resumes_exactly(
     scancel: tuple[str, ...], shards: Path, tmp_path: Path, tmp_path_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
