@@ -124,7 +124,7 @@ def slurm_custom_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("cluster")
-@pytest.mark.extended  # in CI: the custom loop preempted on launch.local (test_api_exit_paths.py), a user program on Slurm
+@pytest.mark.extended  # in CI: the custom loop preempted on launch.local (test_api_end_to_end.py), a user program on Slurm
 def test_custom_loop_preempted_on_slurm_resumes_bitwise(slurm_custom_reference: Path, tmp_path: Path) -> None:
     from tests.engines.test_slurm_cluster import requeue_records, slurm, wait_until
     from tests.helpers import assert_models_equal

@@ -291,7 +291,7 @@ def test_slurm_bad_program_arguments(args: list[str], words: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # one stop and rerun of the custom loop: test_api_exit_paths.py, in CI's tier
+@pytest.mark.extended  # one stop and rerun of the custom loop: test_api_end_to_end.py, in CI's tier
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("seed", [14])
 def test_custom_loop_sigterm_twice_then_bitwise_equal(custom_reference: Path, seed: int, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""test_api_exit_paths: the tests on the integration floor (they start processes on this machine: launchers, torchrun, subprocesses, loopback).
+"""test_api_end_to_end: the tests on the integration floor (they start processes on this machine: launchers, torchrun, subprocesses, loopback).
 
 The rest of them, and the helpers both halves share, are in tests/unit/test_api.py.
 """
