@@ -106,6 +106,6 @@ def run(
         project_label="dist.pin_cpus=true, dist.shared_memory_reduce=true (defaults)",
         baseline_label="both false: unpinned ranks, gloo's TCP ring all-reduce",
         rounds=adopted_rounds,
-        notes=f"{setup}; same bits either way (tests/integration/test_gradient_paths.py)",
+        notes=f"{setup}; same bits either way (tests/integration/test_gradient_paths_shm.py)",
     )
     return [scaling, adopted]

@@ -450,6 +450,9 @@ def wait_for_checkpoint(dj: DockerJob, min_step: int, timeout_s: float = 300) ->
     "stopped",
     [pytest.param(1, marks=pytest.mark.extended, id="pod1"), pytest.param(0, id="pod0-rendezvous-host")],
 )  # the rendezvous host is the harder stop; stopping the other pod is the extended tier's
+@pytest.mark.extended  # in CI: the rendezvous host's pod stopped mid-step within its grace, exit 75, not counted
+# against backoffLimit, the job resumed exactly (test_outside_stops_schedulers.py's pod deletion, a long step too);
+# a pod of the default rendering stopped within its rendered grace (test_docker_user_program.py's stopped pod)
 def test_stopped_pod_checkpoints_within_grace_and_the_job_resumes_exactly(make_job, uninterrupted, stopped):
     dj = make_job(f"stop{stopped}")
     running = dj.start_all()

@@ -285,7 +285,7 @@ def timeline(dj: LiveJob, index: int) -> str:
     return f"sealed {(sealed - start).total_seconds():.1f} s after its start, ended {(end - sealed).total_seconds():.1f} s later"
 
 
-@pytest.mark.scanners  # no image, no engine: tests/engines/test_k8s_live.py checks the fixed count's so
+@pytest.mark.scanners  # no image, no engine: tests/engines/test_k8s_live_schemas.py checks the fixed count's so
 def test_the_range_rendering_passes_the_kubernetes_1_31_schemas(tmp_path: Path) -> None:
     report = validate(tmp_path, [d for d in yaml.safe_load_all(rendered([*RANGE, "--backoff-limit", "2"])) if d])
     for kind in ("deployment/lv-lighthouse", "service/lv-lighthouse", "networkpolicy/lv-lighthouse", "job/lv"):

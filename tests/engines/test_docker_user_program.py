@@ -32,9 +32,9 @@ from tests.engines.test_docker_job import (  # noqa: F401 - image is a fixture u
     shared_folder,
 )
 from tests.helpers import assert_models_equal
-from tests.integration.test_namespace import PROGRAMS as PROGRAMS_DIR
-from tests.integration.test_namespace import PROJECTS as USER_PROJECTS
-from tests.integration.test_namespace import assert_user_world
+from tests.integration.test_namespace_fresh_interpreters import PROGRAMS as PROGRAMS_DIR
+from tests.integration.test_namespace_fresh_interpreters import PROJECTS as USER_PROJECTS
+from tests.integration.test_namespace_fresh_interpreters import assert_user_world
 from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -238,9 +238,9 @@ def test_a_failed_pod_shows_its_ranks_error(make_program_job) -> None:
 
 @pytest.mark.parametrize(
     "kind", [pytest.param(k, marks=[pytest.mark.extended] if k == "pkg" else []) for k in sorted(USER_PROJECTS)]
-)  # CI: the script in pods; the package in CI on launch.local and Slurm (test_namespace.py)
+)  # CI: the script in pods; the package in CI on launch.local and Slurm (test_namespace_fresh_interpreters.py, test_namespace_on_slurm.py)
 def test_user_project_with_its_own_train_runs_in_pods(make_program_job, kind: str) -> None:
-    """tests/integration/test_namespace.py's user projects (their own train.py / train/ package, utils, models) as
+    """tests/integration/test_namespace_fresh_interpreters.py's user projects (their own train.py / train/ package, utils, models) as
     the pods' code: each pod runs it from /shared/code, imports the project's modules, finds nothing of
     ours under their names, and the two pods train together."""
     program, _ = USER_PROJECTS[kind]

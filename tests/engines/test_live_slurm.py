@@ -150,7 +150,7 @@ def status_of(run_dir: Path) -> dict:
     "nodes",
     [
         "2",
-        # the range's node loss with nothing below its minimum: CI proves it on launch.local (test_live_range.py,
+        # the range's node loss with nothing below its minimum: CI proves it on launch.local (test_live_range_two_nodes.py,
         # 1:2, node 1 lost) and a range on Slurm through the batch host's loss and the whole-job preemption
         pytest.param("1-2", marks=pytest.mark.extended),
     ],

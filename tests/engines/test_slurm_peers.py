@@ -99,7 +99,7 @@ def test_peer_framework_preempted_is_requeued_and_resumes(cluster: str, tmp_path
 
 
 @pytest.mark.timeout(500)
-@pytest.mark.extended  # the runner stopping a handler-less program: test_dropin.py, in CI's tier
+@pytest.mark.extended  # the runner stopping a handler-less program: test_dropin_torchrun.py, in CI's tier
 def test_trainer_script_without_a_handler_is_stopped_by_the_runner_and_requeued(cluster: str, tmp_path: Path) -> None:
     """A real `Trainer` script installs no signal handler and forks DataLoader workers. submitit's
     handler used to run in the rank and in the workers (`A temporary saved file already exists`, a

@@ -8,7 +8,7 @@ The job around the launcher under test is its run dir and its run-dir lock, as t
 leave them: node 0 founded the run and left (lost), node 2's launcher holds the job's lock, and a group
 has formed since the founding (RUN_DIR/live/generation past RUN_DIR/live/founded). The replacement is
 stopped once it has started its ranks as joiners: what they do next is tests/integration/
-test_live_range.py's and tests/engines/test_docker_live.py's (a real group to join).
+test_live_range_two_nodes.py's and tests/engines/test_docker_live.py's (a real group to join).
 """
 
 from __future__ import annotations

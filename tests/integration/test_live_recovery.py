@@ -92,7 +92,7 @@ def test_the_uninterrupted_run_trains_the_plan(reference: live.LiveRun) -> None:
     "victim",
     [
         # rank 1 SIGKILLed from outside, survived by rank 0, in CI's tier: the refused-checkpoint test below
-        # (victim 1, same plan and samples) and test_live_range.py's node 1 loss
+        # (victim 1, same plan and samples) and test_live_range_two_nodes.py's node 1 loss
         pytest.param(1, id="kill-rank1", marks=pytest.mark.extended),
         pytest.param(0, id="kill-rank0"),  # the first group's store host: the harder loss
     ],
@@ -294,7 +294,7 @@ def test_a_peer_lost_during_the_stops_checkpoint_costs_a_regroup_and_the_checkpo
 
 
 # A third proof of the minimum, through the environment a launcher sets; CI's tier proves it through the
-# launchers that set it: test_live_range.py (launch.local --nnodes 2:3) and test_live_slurm.py (--nodes MIN-MAX)
+# launchers that set it: test_live_range_two_nodes.py (launch.local --nnodes 2:3) and test_live_slurm.py (--nodes MIN-MAX)
 @pytest.mark.extended
 def test_a_loss_below_the_launchers_minimum_checkpoints_and_the_same_command_resumes_exactly(
     reference: live.LiveRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -140,7 +140,7 @@ def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_pa
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.extended  # in CI: a hang's dump names the blocking line (test_ops_launcher.py), a hung launch
+@pytest.mark.extended  # in CI: a hang's dump names the blocking line (test_ops_launcher_hang.py), a hung launch
 # is recorded and its rerun resumes (the SIGSTOP test above)
 def test_a_data_plugin_blocking_on_rank_1_ends_as_hung_with_the_blocking_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

@@ -4,7 +4,7 @@ final checkpoint, and ends bit for bit where the uninterrupted run ends.
 The per-step agreement is read two steps late or at the next check point, so a signal in the last
 steps of a run is agreed exactly at its last step (a check point): the case this covers. A signal
 seen while the last step is in flight drops that step instead (core/step_drop.py: the stop commits
-the step before; test_outside_stops covers it), so the signal comes once the last step has trained.
+the step before; test_outside_stops_local covers it), so the signal comes once the last step has trained.
 """
 
 from __future__ import annotations

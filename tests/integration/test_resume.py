@@ -123,7 +123,7 @@ def sigterm_launcher_mid_run(run_dir: Path, gpus: int) -> None:
     assert proc.returncode == 75, out[-2000:]
 
 
-@pytest.mark.extended  # SIGTERM to the launcher's PID, then an exact rerun: test_outside_stops.py, in CI's tier
+@pytest.mark.extended  # SIGTERM to the launcher's PID, then an exact rerun: test_outside_stops_local.py, in CI's tier
 def test_external_sigterm_to_launcher(tmp_path: Path, reference: Path) -> None:
     sigterm_launcher_mid_run(tmp_path, gpus=2)
     second = run(tmp_path)

@@ -93,7 +93,7 @@ def test_resume_on_another_world_size_draws_the_same_crops(
     assert resumed == reference  # every global step: the same samples, boxes and flips
 
 
-@pytest.mark.extended  # resized crops on shards resume bit for bit in CI's tier: test_outside_stops.py
+@pytest.mark.extended  # resized crops on shards resume bit for bit in CI's tier: test_outside_stops_local.py
 def test_resume_on_the_same_world_size_is_bit_exact(tmp_path: Path, jpegs: Path, reference_dir: Path) -> None:
     """3 ranks interrupted mid-epoch with 1 DataLoader worker each, resumed on 3 with 2: the final weights,
     optimizer and scaler equal the uninterrupted 3-rank run's (0 workers) bit for bit. The crops are a

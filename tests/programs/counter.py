@@ -1,6 +1,7 @@
 """`counter.py STATE_DIR STEPS`: a resumable job without torch. Each rank counts to STEPS, one step
 per 0.1 s, keeping its count in STATE_DIR; SIGTERM, SIGUSR1 or SIGUSR2 (what Slurm and Kubernetes
-send) make it save the count and exit 75, and the next run continues from it."""
+send) make it save the count and exit 75, and the next run continues from it, ten times faster: only
+the first run has to be still counting when the stop comes."""
 
 import json
 import os
@@ -35,11 +36,12 @@ if __name__ == "__main__":
         starts.write(f"{count} of {os.environ.get('WORLD_SIZE')} cwd {os.getcwd()}\n")
     with open(os.path.join(state_dir, f"importable-rank{rank}.json"), "w") as seen:
         seen.write(json.dumps(importable()))
+    step_s = 0.1 if count == 0 else 0.01
     while count < steps:
         if stop["signal"]:
             print(f"rank {rank}: signal {stop['signal']} at {count}: saved, exit 75", flush=True)
             sys.exit(75)
-        time.sleep(0.1)  # one step of work
+        time.sleep(step_s)  # one step of work
         count += 1
         save(path, count)
     print(f"rank {rank}: finished {count} steps", flush=True)

@@ -1,6 +1,6 @@
 """test_airbench_peer: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_airbench_peer.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_airbench_peer_cpu_run.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench import airbench_peer
-from tests.integration.test_airbench_peer import CLASSES
+from tests.integration.test_airbench_peer_cpu_run import CLASSES
 from tests.unit.test_data import write_folder
 from torchlaunch.config import DataConfig
 from torchlaunch.worker.data import load_bundle

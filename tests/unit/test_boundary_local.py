@@ -1,11 +1,11 @@
 """test_boundary_local: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_boundary_local.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_local_launch_boundaries.py.
 """
 
 from __future__ import annotations
 
-from tests.integration.test_boundary_local import call
+from tests.integration.test_local_launch_boundaries import call
 from torchlaunch.exit_codes import BAD_INPUT
 
 

@@ -1,6 +1,6 @@
 """test_dropin: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_dropin.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_dropin_torchrun.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_dropin import (
+from tests.integration.test_dropin_torchrun import (
     call,
     script,  # noqa: F401 (fixtures, used by name)
 )

@@ -163,7 +163,7 @@ RECIPE = [
     "checkpoint.every_steps=4",
     "checkpoint.every_epochs=1",
 ]
-"""Also run, interrupted and resumed, by test_fast_recipe.test_a_fast_recipe_resumes_bit_for_bit[fast93]."""
+"""Also run, interrupted and resumed, by test_fast_recipe_resume.test_a_fast_recipe_resumes_bit_for_bit[fast93]."""
 
 
 def test_cutout_changes_training_batches() -> None:

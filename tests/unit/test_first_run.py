@@ -1,7 +1,7 @@
 """What a new user's first commands met (issue 51, items 1, 3, 4, 5, 8 and part of 10), one test per
 cause: the suite read the runs/ the quick start leaves, README examples shared a run dir with other
 configs, and the commands' own words outside .venv. In-process; their subprocess halves are in
-tests/integration/test_first_run.py."""
+tests/integration/test_first_run_commands.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """test_gradient_paths: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_gradient_paths.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_gradient_paths_shm.py.
 """
 
 from __future__ import annotations

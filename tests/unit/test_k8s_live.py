@@ -1,7 +1,7 @@
 """launch.k8s with recovery.live=true (torchlaunch.backends.k8s.live): the golden rendering, each decision
 as a pure function, the refusals (exit 2, one line, nothing printed) and hostile service addresses.
 
-No API server runs here: the schemas are checked on the engines floor (tests/engines/test_k8s_live.py,
+No API server runs here: the schemas are checked on the engines floor (tests/engines/test_k8s_live_schemas.py,
 kubernetes-validate --strict and checkov), the pod script under a real shell on the integration floor."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """launch.local --nnodes MIN:MAX in live mode, its pure and file-level parts: the first group's
 rendezvous in the run dir (agent/first_group.py), the live agent's range and first seat, the
 launcher's refusals, the rank's first-group contract and what `status` reads. The processes are
-tests/integration/test_live_range.py's."""
+tests/integration/test_live_range_two_nodes.py's."""
 
 from __future__ import annotations
 

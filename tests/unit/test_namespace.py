@@ -1,6 +1,6 @@
 """test_namespace: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_namespace.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_namespace_fresh_interpreters.py.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.integration.test_namespace import OURS, PACKAGE, top_level_imports
+from tests.integration.test_namespace_fresh_interpreters import OURS, PACKAGE, top_level_imports
 
 
 def test_top_level_imports_sees_every_form(tmp_path: Path) -> None:

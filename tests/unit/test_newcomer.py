@@ -1,6 +1,6 @@
 """test_newcomer: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_newcomer.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_newcomer_before_spawn.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """test_ops_launcher: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_ops_launcher.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_ops_launcher_hang.py.
 """
 
 from __future__ import annotations

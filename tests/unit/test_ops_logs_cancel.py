@@ -1,6 +1,6 @@
 """test_ops_logs_cancel: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_ops_logs_cancel.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_ops_logs_follow_and_cancel.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_ops_logs_cancel import HOST, fake_tools, logs, slurm_record, write_log
+from tests.integration.test_ops_logs_follow_and_cancel import HOST, fake_tools, logs, slurm_record, write_log
 from torchlaunch.jobs import cli, ranklog, record
 
 

@@ -1,6 +1,6 @@
 """test_ops_watchdog: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_ops_watchdog.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_ops_watchdog_dumps.py.
 """
 
 from __future__ import annotations

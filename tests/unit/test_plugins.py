@@ -1,6 +1,6 @@
 """test_plugins: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_plugins.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_plugins_runs.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.test_plugins import DATA, MODEL
+from tests.integration.test_plugins_runs import DATA, MODEL
 from torchlaunch import config as config_mod
 from torchlaunch.config import ConfigError
 from torchlaunch.exit_codes import BadInput

@@ -1,11 +1,11 @@
 """test_premove_checkpoint: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_premove_checkpoint.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_premove_checkpoint_resume.py.
 """
 
 from __future__ import annotations
 
-from tests.integration.test_premove_checkpoint import CHECKPOINT, EXPECTED, pickled_modules
+from tests.integration.test_premove_checkpoint_resume import CHECKPOINT, EXPECTED, pickled_modules
 from torchlaunch.core import checkpoint as ckpt
 
 

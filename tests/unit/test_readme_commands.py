@@ -214,7 +214,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         r"^(mount |.*/mnt/t\b)",
         "skip",
-        "docs/RELIABILITY.md's session on a 64 KB tmpfs mounted as root; tests/integration/test_rundir_faults.py and "
+        "docs/RELIABILITY.md's session on a 64 KB tmpfs mounted as root; tests/integration/test_rundir_faults_os.py and "
         "tests/unit/test_shards_forged.py cover full and read-only storage without root",
     ),
     Rule(
@@ -305,7 +305,7 @@ RULES: tuple[Rule, ...] = (
         r"^python -m bench\.gpu ",
         "skip",
         "needs a CUDA GPU (bench/gpu_session.sh on a lent H200; "
-        "tests/integration/test_airbench_peer.py runs its CPU-testable parts)",
+        "tests/integration/test_airbench_peer_cpu_run.py runs its CPU-testable parts)",
     ),
     Rule(
         r"^make train-local .*data\.name=imagefolder",

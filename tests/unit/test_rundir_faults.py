@@ -1,6 +1,6 @@
 """test_rundir_faults: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_rundir_faults.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_rundir_faults_os.py.
 """
 
 from __future__ import annotations

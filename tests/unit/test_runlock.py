@@ -1,6 +1,6 @@
 """test_runlock: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_runlock.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_runlock_processes.py.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-from tests.integration.test_runlock import refusal
+from tests.integration.test_runlock_processes import refusal
 from torchlaunch import runlock
 
 

@@ -1,6 +1,6 @@
 """test_scheduler_render: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_scheduler_render.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_scheduler_render_imports.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_scheduler_render import render_purely, specs
+from tests.integration.test_scheduler_render_imports import render_purely, specs
 
 
 @pytest.mark.parametrize("name", ["local", "slurm", "k8s"])

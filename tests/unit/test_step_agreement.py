@@ -1,6 +1,6 @@
 """test_step_agreement: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_step_agreement.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_step_agreement_gloo.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """test_stop_signals: the tests on the unit floor (in-process only: no process started, no network).
 
-The rest of them, and the helpers both halves share, are in tests/integration/test_stop_signals.py.
+The rest of them, and the helpers both halves share, are in tests/integration/test_stop_signals_processes.py.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def regroups(run_dir: Path) -> list[dict]:
         pytest.param(0, True, id="kill-node0"),
     ],
 )  # node 0 (the store host and, placed, the service's: issue #54's default command line) in CI; node 1's
-# loss is also CI's on loopback (test_live_range.py, test_live_recovery.py) and Slurm
+# loss is also CI's on loopback (test_live_range_two_nodes.py, test_live_recovery.py) and Slurm
 def test_a_whole_node_killed_costs_a_regroup_whichever_node(
     reference: live.LiveRun, victim: int, placed: bool, tmp_path: Path
 ) -> None:

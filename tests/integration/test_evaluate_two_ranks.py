@@ -1,0 +1,76 @@
+"""test_evaluate_two_ranks: the tests on the integration floor (they start processes on this machine: launchers, torchrun, subprocesses, loopback).
+
+The rest of them, and the helpers both halves share, are in tests/unit/test_evaluate.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cmd
+from tests.unit.test_evaluate import (
+    run_eval,
+    setup,  # noqa: F401 (fixtures, used by name)
+)
+
+
+@pytest.mark.slow
+def test_two_ranks_count_every_sample_once(setup: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun each rank evaluates a contiguous shard (11 + 10 of 21): same numbers as one process."""
+    rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"])], capsys)
+    single = json.loads(out)
+    rc, out, err = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "torchlaunch.worker.evaluate",
+            "--run-dir",
+            str(setup["run"]),
+            "--data-root",
+            str(setup["data"]),
+            "--batch-size",
+            "4",
+        ],
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 1, out  # only rank 0 prints
+    report = json.loads(lines[0])
+    assert report["samples"] == 21
+    assert report["accuracy"] == pytest.approx(single["accuracy"], abs=1e-9)
+    assert report["loss"] == pytest.approx(single["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_bad_input(setup: dict, tmp_path: Path) -> None:
+    rc, out, err = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "torchlaunch.worker.evaluate",
+            "--run-dir",
+            str(setup["run"]),
+            "--data-root",
+            str(tmp_path / "missing"),
+        ],
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert rc != 0 and out == ""
+    assert sum("does not exist" in ln for ln in err.splitlines()) == 1  # printed once, by rank 0
