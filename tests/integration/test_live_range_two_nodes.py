@@ -42,13 +42,6 @@ LATE_EPOCHS = LIVE_LONG_EPOCHS
 (SURVIVOR_SHARE) until node 1 has joined, so the late node's start-up (~4 s here) is short against
 node 0's steps on any box, as it is against a GPU job's."""
 
-SLOWED_SURVIVOR_FENCED = pytest.mark.extended(
-    reason="the survivor held to SURVIVOR_SHARE by SIGSTOP turns (bench.slow_node) stops beating for the whole "
-    "heartbeat bound on an Intel Xeon box and its agent fences it (0cbbab9 too, 2 of 2; with a 2 s bound "
-    "too): the harness or the survivor, not yet known; in the extended tier until its cause is found"
-)
-"""Where the slowed survivor's tests run: the extended tier (make test-extended), not CI's."""
-
 
 @pytest.fixture
 def lighthouse(tmp_path: Path) -> Iterator[str]:
@@ -188,7 +181,6 @@ def test_both_nodes_form_the_first_group_and_node_1_lost_leaves_node_0_training(
     assert {r["rank"]: r["gone"] for r in st["ranks"]} == {0: False, 1: True}, st["ranks"]
 
 
-@SLOWED_SURVIVOR_FENCED
 def test_a_node_started_after_the_first_group_formed_joins_it(
     run_library: RunLibrary, lighthouse: str, tmp_path: Path
 ) -> None:

@@ -37,13 +37,6 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 mean summed in another order. Measured: the largest difference is 1.2e-7 (an eighth of atol), killing
 either rank."""
 
-SLOWED_SURVIVOR_FENCED = pytest.mark.extended(
-    reason="the survivor held to SURVIVOR_SHARE by SIGSTOP turns (bench.slow_node) stops beating for the whole "
-    "heartbeat bound on an Intel Xeon box and its agent fences it (0cbbab9 too, 2 of 2; with a 2 s bound "
-    "too): the harness or the survivor, not yet known; in the extended tier until its cause is found"
-)
-"""Where the slowed survivor's tests run: the extended tier (make test-extended), not CI's."""
-
 
 def step_samples(run_dir: Path) -> dict[int, dict[int, tuple[int, int, bool]]]:
     """global step -> {sample index: (dy, dx, flip)} from the trace records of each step's last group;
@@ -190,7 +183,6 @@ def test_a_rank_lost_during_validation_costs_the_validation_again_not_the_job(tm
     assert (result.run_dir / "checkpoints" / f"step-{48:09d}").is_dir()
 
 
-@SLOWED_SURVIVOR_FENCED
 def test_a_lost_rank_started_again_rejoins_with_a_live_peers_state(run_library: RunLibrary, tmp_path: Path) -> None:
     """recovery.rejoin=1: rank 1 SIGKILLed from outside; the survivor trains on alone while the agent
     starts rank 1 again, which builds its model and loaders, asks to join, and is admitted at the
@@ -377,7 +369,6 @@ def test_a_broken_group_is_destroyed_at_once_though_a_posted_collective_never_en
         peer.communicate(timeout=60)
 
 
-@SLOWED_SURVIVOR_FENCED
 def test_a_rejoin_that_fails_half_way_costs_the_survivor_nothing(run_library: RunLibrary, tmp_path: Path) -> None:
     """recovery.rejoin=2: rank 1 SIGKILLed, started again, and its replacement SIGKILLed too once it has
     asked to join (waiting in the quorum, forming the group or taking the state: wherever it is). The

@@ -5,9 +5,11 @@ The processes, sockets and the membership service are tests/integration/test_liv
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import socket
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,9 @@ from torchlaunch.agent import live_rejoin, live_start
 from torchlaunch.agent.commands import NodePlacement, live_argv
 from torchlaunch.agent.live_start import live_mode
 from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, is_peer_lost, minimum, seat
+from torchlaunch.core.recovery.group import settle_heap
 from torchlaunch.core.recovery.membership import behind, replica_id_of, sorted_members, source
-from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch
+from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch, main_thread_cpu_s
 from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
@@ -331,6 +334,62 @@ def test_a_rank_that_stops_beating_is_silent_after_the_bound_and_only_then() -> 
     watch.close()
     for pulse in (beating, frozen, starting):
         pulse.stop()  # the agent's ends are closed: the rank's goodbye is dropped without an error
+
+
+def test_a_rank_whose_main_thread_runs_is_slow_not_silent_and_a_frozen_one_is_silent_at_the_bound() -> None:
+    """Beats stop while a call holds the GIL: a regroup's full gc.collect() on a survivor held to a fifth
+    of a loaded CPU ran past the bound and its agent killed it. The main thread's CPU time (read through
+    `cpu_s`, passed in here with the clock) tells that slow rank from a frozen one."""
+    ran = {10: 5.0, 11: 5.0, 12: 5.0}
+    watch = Watch(bound_s=1.0, cpu_s=ran.get)
+    slow, frozen, waiting, unknown = (pulse_pipe(watch, rank) for rank in range(4))
+    for rank, pid in ((0, 10), (1, 11), (2, 12)):  # rank 3's process is not known: beats alone judge it
+        watch.follow(rank, pid)
+    for pulse in (slow, frozen, waiting, unknown):
+        pulse._write(BEAT)
+    assert watch.silent(now=100.0) == {}
+    judged = {}
+    for tick in range(1, 31):  # 3 s without a beat, read every 0.1 s
+        ran[10] += 0.002  # 2% of the time: a slow rank's gc.collect, holding the GIL
+        ran[12] += 0.00005  # 0.05%: a thread that only waits for the GIL wakes every 5 ms
+        for rank, seconds in watch.silent(now=100.0 + tick / 10).items():
+            judged.setdefault(rank, (tick / 10, seconds))
+    assert 0 not in judged, "running, though not beating: slow, not silent"
+    assert {rank: round(at, 1) for rank, (at, _) in judged.items()} == {1: 1.1, 2: 1.1, 3: 1.1}, judged
+    watch.close()
+    for pulse in (slow, frozen, waiting, unknown):
+        pulse.stop()
+
+
+def test_the_main_threads_cpu_time_is_read_from_proc_and_none_for_a_process_gone() -> None:
+    """The agent's reader, on this process (a unit test starts none: a stopped rank's standing still is
+    test_live_recovery's SIGSTOP test, fenced at the bound)."""
+    first = main_thread_cpu_s(os.getpid())
+    mine = time.thread_time()
+    while time.thread_time() - mine < 0.05:
+        pass
+    assert first is not None and main_thread_cpu_s(os.getpid()) >= first + 0.04
+    assert main_thread_cpu_s(2**22 + 1) is None, "no such process (above pid_max's ceiling): beats alone judge it"
+
+
+def test_after_the_heap_is_settled_a_collection_scans_only_what_was_made_since() -> None:
+    """A leave's gc.collect() holds the GIL: it must not scan torch's modules again (the survivor's
+    beats stopped past the bound while it did), and must still free a group's cycles made later."""
+
+    class Held:
+        me: object = None
+
+    try:
+        settle_heap()
+        assert len(gc.get_objects()) < 1_000, "everything alive at the start is out of the collector's reach"
+        made = Held()
+        made.me = made  # a cycle: only a collection frees it
+        gone = weakref.ref(made)
+        del made
+        gc.collect()
+        assert gone() is None, "made after the start: collected"
+    finally:
+        gc.unfreeze()  # this test process's heap back as it was
 
 
 def test_a_rank_that_says_goodbye_or_dies_is_no_longer_watched() -> None:

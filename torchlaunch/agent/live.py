@@ -342,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if joiner(rank):  # it forms no first group: it joins the live one
             env[contract.LIVE_JOIN] = str(joiner.attempt(rank))
             env.pop(contract.LIVE_FIRST_GROUP, None)
-        return start_rank(program, env, write_fd)
+        proc = start_rank(program, env, write_fd)
+        watch.follow(rank, proc.pid)  # a rank whose main thread runs is slow, not silent (pulse.py)
+        return proc
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
