@@ -206,7 +206,7 @@ class Trainer:
         if cfg.model.compile:
             self.net = torch.compile(self.net)
         self.grid_step = (
-            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, keep_grads=not self.group.reduces_in_backward)
+            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, keep_grads=self.group.keeps_grad_views)
             if self.grid
             else None
         )

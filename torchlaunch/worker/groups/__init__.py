@@ -77,6 +77,8 @@ class TrainingGroup(Protocol):
     """The rank that names this rank's files (None: its rank in the group)."""
     reduces_in_backward: bool
     """Whether gradients are averaged inside backward (DDP's last micro-batch), not after it."""
+    keeps_grad_views: bool
+    """Whether each .grad is a view of a buffer the group keeps (zeroed after a step, never let go)."""
 
     @property
     def generation(self) -> int | None:

@@ -36,6 +36,7 @@ class FixedGroup:
     joined: dict[str, Any] | None = None
     started_as: int | None = None
     reduces_in_backward = True
+    keeps_grad_views = False
     generation: int | None = None
 
     def form(self, host: Host) -> tuple[nn.Module, str]:

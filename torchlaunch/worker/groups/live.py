@@ -68,6 +68,7 @@ class LiveTrainingGroup:
     the rank's training."""
 
     reduces_in_backward = False
+    keeps_grad_views = True  # one flat buffer (FlatGradients)
 
     def __init__(self, seat: LiveGroup) -> None:
         self.seat = seat
