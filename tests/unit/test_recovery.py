@@ -567,6 +567,26 @@ def test_the_peer_watch_probes_only_a_stalled_group_and_cuts_once_for_a_silent_p
     assert watch.check() is None and cuts == [1]
 
 
+def test_the_fixed_group_leaves_a_lost_peer_to_the_launcher_and_the_live_group_names_it() -> None:
+    """A transport error is the run's in torchrun's fixed group (the launcher restarts the ranks from
+    the last checkpoint) and a regroup's cue in the live one; a timeout is the run's in both."""
+    from torchlaunch.worker.groups import FixedGroup
+    from torchlaunch.worker.groups.live import LiveTrainingGroup
+
+    lost = RuntimeError("[gloo/transport] Connection closed by peer [127.0.0.1]:4321\nmore")
+    fixed = FixedGroup()
+    assert fixed.lost(lost) is None
+
+    def attempt() -> None:
+        raise lost
+
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        fixed.surviving(None, None, "checkpoint", attempt)  # type: ignore[arg-type]
+    live = LiveTrainingGroup(None)  # type: ignore[arg-type] - lost() reads no seat
+    assert live.lost(lost) == "[gloo/transport] Connection closed by peer [127.0.0.1]:4321"
+    assert live.lost(RuntimeError("Timed out waiting 300000ms for recv operation")) is None
+
+
 def test_a_state_taken_mid_fit_moves_every_holder_of_the_progress(tmp_path: Path) -> None:
     """A live rank a step behind loads a peer's state in the middle of fit, whose loops hold the
     progress in locals: loading must move that same object (a new one left fit on the old position:
@@ -574,7 +594,8 @@ def test_a_state_taken_mid_fit_moves_every_holder_of_the_progress(tmp_path: Path
     from torchlaunch.core.dist import DistContext
     from torchlaunch.core.preemption import PreemptionWatcher
     from torchlaunch.worker.data import load_bundle
-    from torchlaunch.worker.trainer import SHARED_STATE_WORLD, Trainer
+    from torchlaunch.worker.groups.live import SHARED_STATE_WORLD
+    from torchlaunch.worker.trainer import Trainer
 
     overrides = [
         f"run_dir={tmp_path / 'run'}",
@@ -586,7 +607,7 @@ def test_a_state_taken_mid_fit_moves_every_holder_of_the_progress(tmp_path: Path
     cfg = config_mod.load("configs/smoke.yaml", overrides)
     trainer = Trainer(cfg, DistContext(), load_bundle(cfg.data), PreemptionWatcher([]))
     held = trainer.progress  # what fit's `p` is
-    state = {**trainer.state_dict(), "world_size": SHARED_STATE_WORLD}  # what _share_state sends
+    state = {**trainer.state_dict(), "world_size": SHARED_STATE_WORLD}  # what LiveTrainingGroup._share_state sends
     state["progress"] = {**state["progress"], "global_step": 13, "step_in_epoch": 1, "val_pending": True}
     trainer.load_state_dict(state)
     assert trainer.progress is held

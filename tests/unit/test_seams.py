@@ -510,6 +510,22 @@ def test_the_floors_below_the_worker_never_import_it() -> None:
     assert not found, "imports of the worker from a lower floor:\n" + "\n".join(found)
 
 
+def test_the_trainer_never_asks_which_training_group_it_has() -> None:
+    """The trainer talks to one training-group interface (worker/groups/) and never branches on the road
+    (../shared/ARCHITECTURE.md, "Live recovery: one road"): it reads no `live` attribute or recovery.live,
+    and imports neither the live group nor core/recovery's seat, so a road's steps live behind the seam."""
+    path = PACKAGE / "worker" / "trainer.py"
+    found = [
+        f"{where(path, node)}: {ast.unparse(node)}"
+        for node in ast.walk(parsed(path))
+        if isinstance(node, ast.Attribute) and node.attr == "live"
+    ]
+    behind = ("torchlaunch.worker.groups.live", "torchlaunch.core.recovery.group", "torchlaunch.core.recovery.replan")
+    found += [f"{path.relative_to(REPO)}: import {n}" for n in imported_names(path) if n.startswith(behind)]
+    assert not found, "the trainer branches on its group's kind:\n" + "\n".join(found)
+    assert "self.group.lost(e)" in path.read_text(encoding="utf-8")  # the seam is what it calls instead
+
+
 def test_the_ground_floor_imports_only_itself_and_the_exit_codes() -> None:
     """base/ (guarded reads, /proc, storage errors, bounded parsing) is imported from every floor, so it
     imports nothing of the project above it: a change upstairs can never make the ground floor circular."""

@@ -119,6 +119,6 @@ class StepAgreement:
 
     def forget(self) -> None:
         """Let go of every posting of a broken group (live mode, before it regroups): each holds its
-        collective, which holds the group's connections open (trainer.loss_line). A stop asked for
+        collective, which holds the group's connections open (worker/groups/live.loss_line). A stop asked for
         meanwhile is not lost: the watcher's flag stays set and is posted again on the new group."""
         self._pending.clear()

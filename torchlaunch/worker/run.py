@@ -97,6 +97,7 @@ def _run(
     from torchlaunch.core.checkpoint import latest_valid
     from torchlaunch.core.dist import agreed
     from torchlaunch.core.preemption import PreemptionWatcher
+    from torchlaunch.worker import groups
     from torchlaunch.worker.data import load_bundle
     from torchlaunch.worker.debug import anomaly_detection, describe_oom, is_oom
     from torchlaunch.worker.plugins import check_early
@@ -106,10 +107,9 @@ def _run(
     attempt = rejoin_attempt(cfg)
     ctx = dist.setup(cfg.dist.timeout_s, cfg.dist.backend, cfg.dist.pin_cpus, alone=attempt > 0)
     clean = False
-    live = None
+    group = None
     try:
-        if cfg.recovery.live and (ctx.distributed or attempt):
-            live = agreed(ctx, lambda: join_live(cfg, ctx, attempt))
+        group = groups.form(cfg, ctx, attempt)  # the launcher's group, or live (recovery.live)
         agreed(ctx, lambda: check_early(cfg))  # plug-ins import, init_from exists: before any data work
         if not attempt:  # a rank started again finds the run's config already written
             agreed(ctx, lambda: settle_config(cfg, reconfigure, write=True) if ctx.is_main else None)
@@ -127,11 +127,11 @@ def _run(
                 agreed(ctx, lambda: None)
         model_what = f"the model (model.name={cfg.model.name}, model.width={cfg.model.width})"
         with phase(f"building {model_what}, its optimizer and loaders"):
-            trainer = agreed(ctx, lambda: allocating(model_what, lambda: Trainer(cfg, ctx, bundle, watcher, live)))
+            trainer = agreed(ctx, lambda: allocating(model_what, lambda: Trainer(cfg, ctx, bundle, watcher, group)))
         try:
             with anomaly_detection(cfg.debug.detect_anomaly):
                 code = trainer.fit()
-            ctx = trainer.ctx  # live mode: the group may have been re-formed with fewer ranks
+            ctx = trainer.ctx  # a live group may have been re-formed with fewer ranks
         except Exception as e:
             if not is_oom(e):
                 raise
@@ -153,8 +153,8 @@ def _run(
     finally:  # bad input too leaves without the barrier: it may be this rank's alone (dist.teardown)
         watcher.restore()
         dist.teardown(ctx, clean=clean)
-        if live is not None:
-            live.close()
+        if group is not None:
+            group.close()
 
 
 def rejoin_attempt(cfg: config_mod.RunConfig) -> int:
@@ -163,59 +163,6 @@ def rejoin_attempt(cfg: config_mod.RunConfig) -> int:
 
     value = contract.get(contract.LIVE_JOIN, "") or ""
     return (whole(value, 6) or 0) if cfg.recovery.live else 0
-
-
-def join_live(cfg: config_mod.RunConfig, ctx, attempt: int = 0):  # noqa: ANN001, ANN201 - DistContext -> LiveGroup
-    """This rank's seat in the live group (recovery.live): the launcher's membership service, heartbeats,
-    the first quorum (every rank of the launch) and the run dir's group generation. A rank started
-    again (`attempt`) only gets its seat ready: it enters the group in Trainer.fit, once its model and
-    loaders are built, so the others never wait for its start-up."""
-    from torchlaunch import contract
-    from torchlaunch.core.recovery.fence import Fence
-    from torchlaunch.core.recovery.group import STORE_HOST, LiveGroup
-    from torchlaunch.core.recovery.lighthouse import LighthouseMembership
-    from torchlaunch.core.recovery.membership import replica_id_of
-    from torchlaunch.core.recovery.minimum import from_env as minimum_from_env
-    from torchlaunch.core.recovery.placement import Follow
-    from torchlaunch.core.recovery.pulse import Pulse
-    from torchlaunch.core.recovery.runkey import load as load_run_key
-
-    address = contract.get(contract.LIGHTHOUSE)
-    if not address:
-        raise ConfigError(
-            "recovery.live",
-            "no membership service: this launcher does not run one",
-            "launch with `python -m launch.local --gpus N` on one node, or set recovery.live=false",
-        )
-    # the rank the launcher started it as: a joiner's and a --nnodes MIN:MAX rank's differ from its seat
-    launched = attempt or contract.get(contract.LIVE_FIRST_GROUP)
-    rank = int(contract.get(contract.RANK, "0") or 0) if launched else ctx.rank
-    key = load_run_key(cfg.run_dir)  # only the run's own ranks are seated (core/recovery/runkey.py)
-    follow = Follow(cfg.run_dir) if contract.get(contract.LIVE_PLACED) == "1" else None
-    membership = LighthouseMembership(
-        address, replica_id_of(rank, attempt, key.tag), cfg.recovery.heartbeat_timeout_s, key.presence_key, follow
-    )
-    pulse_fd = contract.get(contract.LIVE_PULSE_FD, "")
-    fd = whole(pulse_fd, 6)
-    pulse = Pulse.for_bound(fd, cfg.recovery.heartbeat_timeout_s) if fd is not None else None
-    host = contract.get(contract.LIVE_STORE_HOST) or STORE_HOST
-    group = LiveGroup(
-        membership,
-        Fence(cfg.run_dir),
-        cfg.dist.timeout_s,
-        cfg.recovery.quorum_timeout_s,
-        host=host,
-        pulse=pulse,
-        heartbeat_timeout_s=cfg.recovery.heartbeat_timeout_s,
-        minimum=minimum_from_env(ctx.local_world_size),
-        key=key,
-    )
-    group.started_as = rank
-    if attempt:
-        group.joining = True
-    else:
-        group.join(ctx, step=0)
-    return group
 
 
 if __name__ == "__main__":

@@ -17,37 +17,23 @@ import contextlib
 import math
 import os
 import random
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch import config as config_mod
 from torchlaunch import contract, grace, rundir, status
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
-from torchlaunch.core.dist import (
-    DistContext,
-    all_reduce_sum_,
-    broadcast_buffers,
-    broadcast_json,
-    gather_json,
-    ordered_allreduce_hook,
-)
+from torchlaunch.core.dist import DistContext, all_reduce_sum_, broadcast_buffers
 from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.recovery import minimum
-from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.sampler import BatchPlan
-from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
 from torchlaunch.core.step_drop import StepDrop, StepDropped, applies
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
 from torchlaunch.jobs import progress as progress_beat
@@ -59,7 +45,8 @@ from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoade
 from torchlaunch.worker.data.augment import val_resize_for
 from torchlaunch.worker.debug import check_model_io
 from torchlaunch.worker.faults import FaultSignal
-from torchlaunch.worker.grid import GridStep, broadcast_model, grid_size, pin_threads
+from torchlaunch.worker.grid import GridStep, grid_size, pin_threads
+from torchlaunch.worker.groups import FixedGroup, TrainingGroup
 from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead
 from torchlaunch.worker.metrics import RunLog, WorldSize, require_tensorboard
@@ -72,31 +59,11 @@ from torchlaunch.worker.precision import (
 from torchlaunch.worker.schedule import LoopSchedule
 from torchlaunch.worker.state_check import worker_state_problem
 
-if TYPE_CHECKING:
-    from torchlaunch.core.recovery.group import FlatGradients, LiveGroup
-    from torchlaunch.core.recovery.replan import Regroup
-
-
-def live_ops() -> ModuleType:
-    """core/recovery/group.py (the process group re-formed in place, gradient averaging without DDP),
-    imported when a run is live: live mode is off by default, and a worker that does not train live
-    does not pay for its imports at start-up (`python -m bench.startup`)."""
-    from torchlaunch.core.recovery import group
-
-    return group
-
-
 VERSION = "0.1.0"
 
 AGREEMENT_LAG = 2
 """Steps between posting a preemption flag and reading the agreed value between check points: the
 host never waits for the step it just queued, and a stop comes at most this many steps late."""
-
-
-T = TypeVar("T")
-SHARED_STATE_WORLD = -1
-"""The world size a state sent to a joining rank carries: no rank's RNG streams are restored from it
-(the joining rank seeds fresh ones, as after any world size change)."""
 
 
 class Admitted(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -162,15 +129,6 @@ class LossWindow:
         self.steps += 1
 
 
-def loss_line(error: BaseException) -> str:
-    """The first line of a peer's loss, kept while the error itself is let go. Why the regroup runs
-    after the handler, not in it: the error's traceback holds the failed collective's frames, and they
-    hold the broken process group, whose gloo connections stay open while anything refers to it. A
-    member still waiting in that collective on a live peer (3+ ranks: it lost no direct peer) learns
-    of the loss only when those connections close: measured, it otherwise waits out dist.timeout_s."""
-    return str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-
-
 class Trainer:
     """Builds model, optimizer, schedule and loaders for one rank, and runs fit()."""
 
@@ -180,11 +138,12 @@ class Trainer:
         ctx: DistContext,
         data: DataBundle,
         watcher: PreemptionWatcher,
-        live: LiveGroup | None = None,
+        group: TrainingGroup | None = None,
     ) -> None:
-        """`live` (recovery.live with a process group): a lost rank makes the others regroup in place
-        (self._recover) instead of failing; gradients are then averaged by core.recovery.group, not DDP."""
-        self.cfg, self.ctx, self.data, self.watcher, self.live = cfg, ctx, data, watcher, live
+        """`group`: the training group this rank trains in (worker/groups/), the launcher's fixed group
+        unless given; every collective decision that depends on the group's kind is the group's."""
+        self.cfg, self.ctx, self.data, self.watcher = cfg, ctx, data, watcher
+        self.group: TrainingGroup = group if group is not None else FixedGroup()
         self.device = ctx.device
         if cfg.train.tensorboard:
             require_tensorboard()  # fail on every rank together, before any collective
@@ -243,34 +202,13 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, model, self.device)
         self.scheduler = build_scheduler(cfg, self.optimizer, self.plan.steps_per_epoch, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.net: nn.Module = model
-        self.gradient_path = "local"
-        self.live_reducer: SharedMemoryReducer | None = None
-        self.flat_grads: FlatGradients | None = None
-        if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
-            if not live.joining:  # a rank started again takes a peer's whole state instead (fit)
-                live_ops().broadcast_parameters(model)
-            if not live_ops().FlatGradients.fits(model.parameters()):
-                raise BadInput(
-                    "live error: recovery.live needs every trainable parameter on one device in one dtype "
-                    "(one flat gradient buffer); set recovery.live=false for this model"
-                )
-            self.flat_grads = live_ops().FlatGradients(model.parameters())
-            self.gradient_path = self._live_gradient_path()
-        elif ctx.distributed and self.grid:  # no DDP: the grid sums its gradients itself
-            broadcast_model(model)
-            self.gradient_path = f"exact grid, {self.grid} x {self.plan.micro} samples, fixed-point all-reduce"
-        elif ctx.distributed:
-            self.net = DistributedDataParallel(
-                model,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                gradient_as_bucket_view=True,
-            )
-            self.gradient_path = self._choose_gradient_path(self.net, model)
+        self.net, self.gradient_path = self.group.form(self)
         if cfg.model.compile:
             self.net = torch.compile(self.net)
         self.grid_step = (
-            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, keep_grads=live is not None) if self.grid else None
+            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, keep_grads=self.group.keeps_grad_views)
+            if self.grid
+            else None
         )
         self.lookahead = (
             Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay, self.total_steps)
@@ -295,52 +233,17 @@ class Trainer:
         self.world = WorldSize.of(ctx)
         self.saved_world: WorldSize | None = None  # what the loaded checkpoint was written on
         # a rank started again (recovery.rejoin) never fires the fault hook its first process fired
-        self.fault = FaultSignal.from_env(ctx.rank) if live is None or not live.joining else FaultSignal(None, 0)
-        self._joined: dict[str, Any] | None = None
-        """A rank started again: its joining record, written once its log exists (fit)."""
+        self.fault = FaultSignal(None, 0) if self.group.joining else FaultSignal.from_env(ctx.rank)
         self.writer = ckpt.AsyncWriter()
         self.snapshots = ckpt.SnapshotBuffers()  # reused between async saves (no fresh pages per save)
         self.last_saved: tuple[int, int, bool] | None = None
         self.save_point: int | None = None
-        """The step of the last save asked for: after a regroup, rank 0 checks it was committed."""
+        """The step of the last save asked for: after a regroup, the group checks it was committed."""
         self.save_seconds: float | None = None
         self.agreement: StepAgreement | None = None
         self.step_drop = self._step_drop()
-        self.regroups: list[Regroup] = []
-        self._since_regroup: Regroup | None = None
-        """Set by a regroup until the first step on the new group is done (its time is recorded)."""
 
     # ------------------------------------------------------------------ start-up checks
-
-    def _choose_gradient_path(self, net: DistributedDataParallel, model: nn.Module) -> str:
-        """How DDP averages gradients. gloo on one machine: through shared memory (train/shm_reduce.py);
-        gloo across machines: its all-reduce, in rank order above two ranks (bit-exact resume at any
-        world size); NCCL: its own all-reduce. Every rank decides together (a collective)."""
-        ctx = self.ctx
-        if ctx.backend != "gloo":
-            return ctx.backend or "local"
-        if self.cfg.dist.shared_memory_reduce and 1 < ctx.world_size == ctx.local_world_size:
-            reducer = build_reducer(model)
-            if reducer is not None:
-                net.register_comm_hook(reducer, shared_memory_hook)
-                return "shared memory"
-        if ctx.world_size > 2:  # two ranks sum a+b in any order: already exact
-            net.register_comm_hook(None, ordered_allreduce_hook)
-            return "gloo, rank order"
-        return "gloo"
-
-    def _live_gradient_path(self) -> str:
-        """Live mode's gradient averaging on the current group: through shared memory when every rank
-        is on this machine (built again after each regroup: a collective of the new group), else one
-        flat gloo all-reduce (core/recovery/group.average_gradients). Every member decides alike, from
-        the group's store hosts (a rank started again, before it joins, is a group of one)."""
-        ctx = self.ctx
-        self.live_reducer = None
-        shared = self.cfg.dist.shared_memory_reduce and ctx.backend == "gloo"
-        if ctx.world_size > 1 and shared and self.live is not None and self.live.one_host():
-            self.live_reducer = build_reducer(self.model)
-        how = "shared memory" if self.live_reducer is not None else "one flat gloo all-reduce"
-        return f"live: {how}, group re-formed on a lost rank"
 
     def _step_drop(self) -> StepDrop | None:
         """How a stop mid-step drops the step in flight (core/step_drop.py), where it can."""
@@ -492,8 +395,7 @@ class Trainer:
         replace = self.last_saved is not None and self.last_saved[0] == p.global_step
         self.last_saved = position
         self.save_point = p.global_step
-        if self.live is not None:  # a rank outside the live group never commits (core/recovery/fence.py)
-            self.live.check_fence()
+        guard = self.group.fence_commit()  # a rank outside a re-formed group never commits
         meta = {
             "epoch": p.epoch,
             "step_in_epoch": p.step_in_epoch,
@@ -517,7 +419,7 @@ class Trainer:
             synchronous=not (background or (final and self.cfg.checkpoint.async_save)),
             final=final,
             replace=replace,
-            commit_guard=self.live.commit_guard() if self.live is not None else None,
+            commit_guard=guard,
         )
         if info is not None:
             self.save_seconds = info.seconds
@@ -549,11 +451,9 @@ class Trainer:
                 self.scaler,
                 self.autocast,
                 leave=drop.leave if drop is not None else None,
-                sync_last=self.ctx.distributed and self.live is None,  # DDP's collectives are in the last one
+                sync_last=self.ctx.distributed and self.group.reduces_in_backward,  # DDP's are in the last one
             )
-            if self.live is not None:  # fails here, before the optimizer step, when a peer is lost
-                assert self.flat_grads is not None
-                live_ops().average_gradients(self.flat_grads, self.ctx.world_size, self.live_reducer)
+            self.group.reduce_gradients(self.ctx.world_size)  # a lost peer fails it before the optimizer step
             if drop is not None and drop.agreed():  # every rank alike: nothing of the step is applied
                 drop.restore()
                 self.zero_gradients()
@@ -576,7 +476,7 @@ class Trainer:
         grid = self.grid_step
         assert grid is not None
         first = self.plan.grid_range().start
-        grid.distributed = self.ctx.distributed  # live mode: the group re-formed, of any size
+        grid.distributed = self.ctx.distributed  # a group re-formed in place may be of any size
         leave = drop.leave if drop is not None else None
         total = grid.run(
             micro_batches, first, self.progress.global_step + 1, self.criterion, self.scaler.scale, self.autocast, leave
@@ -591,11 +491,28 @@ class Trainer:
         return total * (self.ctx.world_size / self.grid)
 
     def zero_gradients(self) -> None:
-        """After a step: live mode zeroes its flat buffer (the .grad views stay); else .grad = None."""
-        if self.flat_grads is not None:
-            self.flat_grads.zero()
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
+        """After a step, the group's way (.grad = None, or a flat buffer zeroed whose views stay)."""
+        self.group.zero_gradients(self.optimizer)
+
+    def abandon_step(self) -> None:
+        """A peer was lost mid-step or mid-save: the step's partial gradients and posted stop flags go,
+        and the last save is not known to be committed (the next save of that step writes it)."""
+        self.last_saved = None
+        self.zero_gradients()
+        assert self.agreement is not None
+        self.agreement.forget()
+
+    def group_changed(self, plan: BatchPlan, window: LossWindow | None) -> None:
+        """A new group formed (a loss, or a rank admitted): its stop-dropping store, the plan's shares on
+        it, the loader's plan and the agreement on it. The loss window restarts (its sum held the old
+        group's shares)."""
+        self.step_drop = self._step_drop()  # the new group's store: a lost peer's word stays in the old one
+        self.plan = plan
+        self.loader.plan = plan
+        self.world = WorldSize.of(self.ctx)
+        self.agreement = StepAgreement(self.ctx)
+        if window is not None:
+            window.reset(self.progress.global_step)
 
     def evaluate(self, tta: str = "none") -> dict[str, float] | None:
         """Loss and top-1 over the validation set, each sample counted once; None if preempted."""
@@ -633,7 +550,7 @@ class Trainer:
     def fit(self) -> int:
         """Train to the end (OK, model.pt written) or to an agreed preemption (PREEMPTED, checkpoint
         committed). Every rank runs the same decisions (self.schedule), so collectives line up."""
-        resumed = self.resume() if self.live is None or not self.live.joining else self._enter_live()
+        resumed = self.group.start(self)  # a checkpoint's path, or None (fresh, or a peer's state)
         p = self.progress
         log = RunLog(
             self.run_dir,
@@ -643,21 +560,14 @@ class Trainer:
             total_steps=self.total_steps,
             global_batch=self.plan.global_batch,
             start_step=p.global_step,
-            resume_step=p.global_step if resumed or self._joined else None,  # a joiner appends
+            resume_step=p.global_step if resumed or self.group.joined else None,  # a joiner appends
             tensorboard=self.cfg.train.tensorboard,
             trace=self.cfg.debug.trace_batches,
-            started_as=self.live.started_as if self.live is not None else None,  # names this rank's files
+            started_as=self.group.started_as,  # names this rank's files
             world_size=self.ctx.world_size if resumed else None,  # a joiner leaves the others' files alone
         )
         try:
-            if self._joined is not None:  # a rank started again: its own record of taking a peer's state
-                log.event(self._joined)
-                print(
-                    f"live: joined the group at global step {p.global_step} as rank {self.ctx.rank} of "
-                    f"{self.ctx.world_size} (state from rank {self._joined['source']}, digest checked)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            self.group.opened(log)
             log.line(self._opening_line(resumed))
             if self.loader.worker_note and self.ctx.is_main:
                 log.line(self.loader.worker_note)
@@ -677,13 +587,10 @@ class Trainer:
                     p.val_pending = True
                 if not self._validate(log):
                     return self._preempted(log)
-            if self.live is None:
-                self._publish_final_model(log)
-            else:
-                self._surviving(log, "checkpoint", lambda: self._publish_with_peers(log))
+            self.group.finish(self, log)
             return OK
-        except minimum.BelowMinimum as below:
-            return self._below_minimum(log, below)
+        except minimum.BelowMinimum as below:  # raised only by a group that shrinks
+            return self.group.below_minimum(self, log, below)
         finally:
             try:
                 self.writer.wait()
@@ -691,9 +598,9 @@ class Trainer:
                 log.close()
 
     def _train_epoch(self, log: RunLog, window: LossWindow, first_step: bool) -> bool:
-        """The epoch's remaining training steps; False when the ranks agreed to stop (preemption). In
-        live mode a lost peer's transport error makes the ranks left regroup and go on from the step
-        that was interrupted (its optimizer step was never taken: _recover)."""
+        """The epoch's remaining training steps; False when the ranks agreed to stop (preemption). A
+        peer's loss that the group goes on after (group.lost) makes it regroup; the steps go on from the
+        one that was interrupted (its optimizer step was never taken)."""
         while True:
             try:
                 return self._train_steps(log, window, first_step)
@@ -701,183 +608,11 @@ class Trainer:
                 first_step = False
                 continue
             except Exception as e:
-                if self.live is None or not is_peer_lost(e):
+                why = self.group.lost(e)
+                if why is None:
                     raise
-                why = loss_line(e)
-            self._recover(log, why, window)  # outside the handler: see loss_line
-            self._save_again_if_lost(log)
+            self.group.recover_step(self, log, why, window)  # outside the handler: worker/groups/live.loss_line
             first_step = False
-
-    def _surviving(self, log: RunLog, during: str, attempt: Callable[[], T]) -> T:
-        """`attempt()`, run again on the ranks left after each loss of a peer (live mode). Validation
-        only reads the model, so it runs again whole; a checkpoint is saved again (write_checkpoint
-        keeps a step already committed); an interrupted optimizer step is _train_epoch's."""
-        while True:
-            try:
-                return attempt()
-            except Exception as e:
-                if self.live is None or not is_peer_lost(e):
-                    raise
-                why = loss_line(e)
-            self._recover(log, why, during=during)  # outside the handler: see loss_line
-
-    def _recover(self, log: RunLog, why: str, window: LossWindow | None = None, during: str = "step") -> None:
-        """Regroup in place: new quorum, new process group, the plan's new shares; the loader, model and
-        optimizer are kept. The loss window restarts (its sum held the lost ranks' shares). A save
-        interrupted on any rank is not known to be committed: the next save of that step writes it."""
-        assert self.live is not None
-        lost_at = time.time()
-        old = self.ctx
-        self.last_saved = None
-        self.zero_gradients()  # the interrupted step's partial gradients
-        self.agreement.forget()
-        self.live_reducer = None  # built again on the new group (_regrouped)
-        self.ctx = self.live.regroup(old, self.progress.global_step)
-        if self.ctx.is_main:  # a commit in flight was refused if it reached the fence after the regroup
-            from torchlaunch.core.recovery.fence import Fenced
-
-            self.writer.settle(drop=Fenced)
-        if self.live.needs_state():  # a rank started again, or a survivor a step behind another
-            healed = self.live.is_behind()
-            self._share_state()
-            if healed:
-                why += f"; this rank was a step behind: took rank {self.live.source()}'s state, checked"
-        self._regrouped(log, old, window, during, lost_at, why)
-        self.live.check_minimum()  # below the launcher's minimum: BelowMinimum, handled by fit
-
-    def _below_minimum(self, log: RunLog, below: minimum.BelowMinimum) -> int:
-        """A loss left the live group below the launcher's minimum (core/recovery/minimum.py): the ranks
-        left train no further step; they commit a checkpoint of the last whole step (a save that a further
-        loss interrupts is taken again on the ranks left, who are still below it) and stop with 75, which
-        the launcher requeues. A failed save leaves the previous checkpoint the newest."""
-        while True:
-            try:
-                self._surviving(log, "checkpoint", lambda: self.save(synchronous=True))
-                break
-            except minimum.BelowMinimum as again:
-                below = again
-        p = self.progress
-        line = below.committed(p.global_step)
-        log.line(line)
-        assert self.live is not None
-        log.event(
-            {
-                "event": "below_minimum",
-                "time": time.time(),
-                "step": p.global_step,
-                "world": self.ctx.world_size,
-                "generation": self.live.generation,
-            }
-        )
-        minimum.last_stop, minimum.first_at_stop = line, self.ctx.is_main
-        return PREEMPTED
-
-    def _save_again_if_lost(self, log: RunLog) -> None:
-        """After a loss mid-epoch: the last save point's checkpoint may never have been committed (rank
-        0 lost while writing it, or its background commit refused by the fence: the group re-formed
-        before it reached it). The new rank 0 looks for it among the committed ones and, where it is
-        missing, every member saves the step it is at now (agreed by a broadcast), so a whole-job stop
-        later resumes from here rather than from the save point before."""
-        point = self.save_point
-        newest = -1
-        if self.ctx.is_main and point is not None:
-            committed = ckpt.newest_committed(self.ckpt_root)
-            newest = ckpt.parse_step(committed.name) or 0 if committed is not None else 0
-        missing = broadcast_json(self.ctx, point is not None and 0 <= newest < point, kinds=(bool,))
-        if not missing:
-            return
-        log.line(
-            f"live: the checkpoint of step {point} was not committed before the group re-formed; "
-            f"saving step {self.progress.global_step} now"
-        )
-        self._surviving(log, "checkpoint", lambda: self.save(synchronous=False))
-
-    def _admit(self, log: RunLog, window: LossWindow) -> None:
-        """A rank started again joins at this check point: a new group with it, this run's state sent
-        to it from the first rank at the newest step (checked on every member), the plan's new shares."""
-        assert self.live is not None
-        asked_at, old = time.time(), self.ctx
-        if self.ctx.is_main:  # a commit in flight ends under this group's generation, not refused by the next
-            self.writer.settle()
-        self.ctx = self.live.regroup(old, self.progress.global_step, broken=False)
-        if self.ctx.is_main:
-            self.live.clear_join_requests()
-        if not self.live.needs_state():  # a stale or forged request: the same ranks, nothing to send
-            self._regrouped(None, old, window, "rejoin", asked_at, "")
-            return
-        self._share_state()
-        self._regrouped(log, old, window, "rejoin", asked_at, "a rank started again joined")
-
-    def _enter_live(self) -> None:
-        """A rank started again (recovery.rejoin): join the live group at the others' next check point
-        and take a peer's whole state (model, optimizer, scheduler, scaler, position), checked; the
-        loader follows the plan from there. Nothing is read from a checkpoint."""
-        assert self.live is not None
-        started = time.time()
-        self.ctx = self.live.enter(self.ctx)
-        source = self.live.source()
-        self._share_state()
-        self._regrouped(None, self.ctx, None, "rejoin", started, "")
-        self._joined = {
-            "event": "joined",
-            "time": time.time(),
-            "started": started,
-            "step": self.progress.global_step,
-            "rank": self.ctx.rank,
-            "world": self.ctx.world_size,
-            "source": source,
-            "generation": self.live.generation,
-        }
-
-    def _share_state(self) -> None:
-        """Every member of the new group: the source sends its state, each joining rank loads it, and
-        all compare a digest of their model, so a rank never trains on a state that differs."""
-        assert self.live is not None
-        src = self.live.source()
-        mine = {**self.state_dict(), "world_size": SHARED_STATE_WORLD} if self.ctx.rank == src else None
-        state = live_ops().share_state(self.ctx, src, mine)
-        if self.live.joining or self.live.is_behind():
-            self.load_state_dict(state)
-            self.live.joining = False
-        digests = gather_json(self.ctx, live_ops().state_digest(self.model), kinds=(str,))
-        if len(set(digests)) != 1:
-            raise BadInput(f"live error: the members' models differ after a rank took rank {src}'s state")
-
-    def _regrouped(
-        self, log: RunLog | None, old: DistContext, window: LossWindow | None, during: str, since: float, why: str
-    ) -> None:
-        """After a new group formed: averaging path, plan, loader and agreement for it, and the record."""
-        from torchlaunch.core.recovery.replan import Regroup, replan
-
-        assert self.live is not None
-        p = self.progress
-        self.gradient_path = self._live_gradient_path()
-        self.step_drop = self._step_drop()  # the new group's store: a lost peer's word stays in the old one
-        self.plan = replan(self.plan, self.ctx.rank, self.ctx.world_size)
-        self.loader.plan = self.plan
-        self.world = WorldSize.of(self.ctx)
-        self.agreement = StepAgreement(self.ctx)
-        if window is not None:
-            window.reset(p.global_step)
-        if log is None:  # a rank started again (the others' logs say it), or a regroup that changed nothing
-            return
-        if self.ctx.is_main and not old.is_main:
-            log.promote(p.global_step)
-        log.world_changed(p.global_step, p.epoch, self.world, WorldSize.of(old), self.plan)  # `status` reads it
-        regroup = Regroup(
-            p.global_step + 1,
-            old.rank,
-            old.world_size,
-            self.ctx.rank,
-            self.ctx.world_size,
-            self.live.generation,
-            time.time() - since,
-            during,
-        )
-        self.regroups.append(regroup)
-        self._since_regroup = regroup
-        log.line(f"{regroup.line()} ({why})")
-        log.event({"event": "regrouped", "time": time.time(), "error_at": since, **regroup.__dict__})
 
     def _train_steps(self, log: RunLog, window: LossWindow, first_step: bool) -> bool:
         p = self.progress
@@ -887,7 +622,7 @@ class Trainer:
         for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
             if perm is not None:  # debug.trace_batches: host-side indices, no device read
                 indices = self.plan.rank_step(perm, p.epoch, step)[0].tolist()
-                generation = self.live.generation if self.live is not None else None
+                generation = self.group.generation
                 log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices, self.loader.step_trace, generation)
             started = time.perf_counter() if first_step else 0.0
             try:
@@ -896,11 +631,7 @@ class Trainer:
                 log.line(f"stop: dropped step {p.global_step + 1} in flight; committing step {p.global_step}")
                 return False
             p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
-            if self.live is not None:
-                self.live.stepped()
-            if self._since_regroup is not None:  # the first step on the new group: the recovery figure
-                log.event({"event": "stepped", "time": time.time(), "step": p.global_step})
-                self._since_regroup = None
+            self.group.stepped(log, p.global_step)
             heartbeat(p.global_step, total=self.total_steps, epoch=p.epoch, samples_per_step=self.plan.per_rank)
             if self.lookahead is not None:
                 self.lookahead.after_step(p.global_step)
@@ -932,7 +663,7 @@ class Trainer:
                 if agreement.drain():  # a stop posted meanwhile wins: the joiner is stopped with the job
                     p.val_pending = plan.epoch_end
                     return False
-                self._admit(log, window)
+                self.group.admit(self, log, window)
                 raise Admitted
         return True
 
@@ -941,7 +672,7 @@ class Trainer:
         False when the ranks agreed to stop during it."""
         p = self.progress
         tta = self.cfg.train.tta if self.schedule.final_validation(p.epoch, p.global_step, p.step_in_epoch) else "none"
-        val = self._surviving(log, "validation", lambda: self.evaluate(tta))
+        val = self.group.surviving(self, log, "validation", lambda: self.evaluate(tta))
         if val is None:
             return False
         if tta != "none":
@@ -955,20 +686,13 @@ class Trainer:
         if end.finished_epoch:
             p.epoch, p.step_in_epoch = p.epoch + 1, 0
         if end.done:
-            self._surviving(log, "checkpoint", lambda: self.save(synchronous=True, validated=True, final=True))
+            self.group.surviving(
+                self, log, "checkpoint", lambda: self.save(synchronous=True, validated=True, final=True)
+            )
         elif end.save:
-            self._surviving(log, "checkpoint", lambda: self.save(synchronous=False, validated=True))
+            self.group.surviving(self, log, "checkpoint", lambda: self.save(synchronous=False, validated=True))
             self.fault("save", p.global_step)
         return True
-
-    def _publish_with_peers(self, log: RunLog) -> None:
-        """Live mode's end: model.pt out, then a barrier, so that a rank 0 lost before its final commit
-        or model.pt is noticed by the others (they regroup; the new rank 0 saves the final checkpoint,
-        kept as is if it was committed, and publishes model.pt) rather than ending without either."""
-        if self.last_saved is None:  # a regroup since the final save: it may not have been committed
-            self.save(synchronous=True, validated=True, final=True)
-        self._publish_final_model(log)
-        torch.distributed.barrier()
 
     def _publish_final_model(self, log: RunLog) -> None:
         """model.pt appears only once the final checkpoint is committed; written while it commits."""
@@ -1014,9 +738,9 @@ class Trainer:
     def _agreed_loss_sum(self, window_loss: torch.Tensor, window_from: int) -> tuple[float, bool]:
         """Every rank's loss sum over the window, added up on the device and read once; a NaN/inf on
         any rank makes the sum non-finite, so every rank raises together (NAN_CHECK_BOUND says when).
-        The same all-reduce carries live mode's vote: whether any rank saw a rank started again ask to
+        The same all-reduce carries the group's vote: whether any rank saw a rank started again ask to
         join (recovery.rejoin), so every rank admits it at the same step."""
-        asks = 1.0 if self.live is not None and self.live.join_requested() else 0.0
+        asks = 1.0 if self.group.asks_to_join() else 0.0
         both = torch.stack([window_loss.detach().float().reshape(()), torch.full((), asks, device=window_loss.device)])
         total, join = (float(v) for v in all_reduce_sum_(self.ctx, both).tolist())
         if not math.isfinite(total):
@@ -1036,7 +760,7 @@ class Trainer:
         return process_age_s()
 
     def _preempted(self, log: RunLog) -> int:
-        """The agreed stop's checkpoint. In live mode a peer lost during it (a node's end reaches its
+        """The agreed stop's checkpoint. In a group that survives losses (live), a peer lost during it (a node's end reaches its
         ranks at different moments: on Slurm the batch host's loss ends the job, and the rank left is
         told to stop while its peer's death is still on the way) makes the ranks left regroup and save
         again, rather than leave without it (exit 1, the steps since the last checkpoint trained again)."""
@@ -1046,7 +770,7 @@ class Trainer:
             if self.ctx.is_main:
                 log.line("preempted before the first step finished: nothing to save; run the same command again")
             return PREEMPTED
-        self._surviving(log, "checkpoint", lambda: self.save(synchronous=True))
+        self.group.surviving(self, log, "checkpoint", lambda: self.save(synchronous=True))
         if self.ctx.is_main:
             status.note_committed(self.progress.global_step)  # the launcher's word for it, read without torch
             waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
