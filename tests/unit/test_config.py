@@ -11,6 +11,7 @@ import yaml
 
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
+from torchlaunch.base.rules import Bound, interval
 from torchlaunch.config import ConfigError, RunConfig
 from torchlaunch.exit_codes import BadInput
 
@@ -277,7 +278,7 @@ def test_every_rule_lives_in_its_fields_metadata() -> None:
 
 def test_every_number_field_has_a_bound() -> None:
     numbers = {key for key, (_, tp) in leaf_fields().items() if tp in (int, float)}
-    bounded = {key for key, rule in config_mod.rules() if isinstance(rule, config_mod.Bound)}
+    bounded = {key for key, rule in config_mod.rules() if isinstance(rule, Bound)}
     assert numbers - bounded == set()
 
 
@@ -301,7 +302,7 @@ def test_every_rule_rejects_with_one_line_through_config_error(key: str) -> None
     [("[)", [0, 0.5], [1, -0.1]), ("[]", [0, 1], [1.1, -0.1]), ("(]", [0.5, 1], [0, 1.5])],
 )
 def test_interval_ends(ends: str, inside: list[float], outside: list[float]) -> None:
-    rule = config_mod.interval(0, 1, ends, "fix")["bound"]
+    rule = interval(0, 1, ends, "fix")["bound"]
     assert rule.requirement == f"must be in {ends[0]}0, 1{ends[1]}"
     assert all(rule.ok(v) for v in inside) and not any(rule.ok(v) for v in outside)
 
