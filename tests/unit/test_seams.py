@@ -740,16 +740,6 @@ def test_the_live_agent_starts_without_importing_torch() -> None:
     assert not [m for m in sorted(seen) if loads_torch(m)], "the live agent loads torch through these"
 
 
-def test_the_config_and_every_section_load_without_torch() -> None:
-    """The launchers build and validate the whole config before any rank starts, without torch: each
-    section lives beside its component (core/checkpoint/, core/recovery/, ...), so every module the
-    config loads, and each of their packages (core/checkpoint/__init__.py too), is torch-free at load."""
-    seen = loaded_with("torchlaunch.config")
-    assert {"torchlaunch.core.checkpoint.section", "torchlaunch.core.recovery.section"} <= seen
-    assert not [m for m in sorted(seen) if loads_torch(m)], "the config loads torch through these"
-    assert not [m for m in seen if m.startswith("torchlaunch.worker.")], "the config loads the worker"
-
-
 def test_a_worker_that_does_not_train_live_loads_neither_the_live_group_nor_the_shard_reader() -> None:
     """Every rank's start-up is on the clock (issue #36: start-up no worse than before the redesign):
     live mode is off by default and most runs read no shards, so the worker's modules load the live

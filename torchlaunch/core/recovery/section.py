@@ -13,7 +13,7 @@ from torchlaunch.base.rules import at_least, bound, service_address
 LIVE_BY_DEFAULT = False
 """recovery.live's default: the one switch that makes live recovery every multi-rank run's road (issue
 #54). Not flipped yet: Kubernetes still needs recovery.lighthouse (or its rendered Deployment) across
-nodes, which launch.local's node agents and Slurm's tasks place by themselves (backends/placed.py)."""
+nodes, which launch.local's node agents and Slurm's tasks place by themselves (agent/placed.py)."""
 
 
 @dataclass
