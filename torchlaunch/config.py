@@ -1,4 +1,4 @@
-"""The run's configuration: nested dataclasses, YAML + dotted overrides, validation with clear errors.
+"""The run's configuration: the tree of sections, YAML + dotted overrides, validation with clear errors.
 
 Launchers resolve defaults + YAML + overrides once and write RUN_DIR/config.yaml; every rank and every
 requeue reads that one file. It is written once, when the run dir has none: a later launch that resolves
@@ -7,22 +7,21 @@ settle_resolved), which says from which step the new values apply and which ones
 This module never reads environment variables and never imports torch, so launchers can validate a
 config before anything is started.
 
-Each field carries its own rule in its metadata, next to its default and its docstring:
-`field(default=0.1, metadata=above(0, MAX_LR, "e.g. optim.lr=0.1"))` or `metadata=choice(("sgd", "adamw"))`;
-`rules()` lists them and `validate` checks them, then the rules that tie two fields together. Every
-problem is one ConfigError line: `config error: KEY: PROBLEM (FIX)`.
+Each section lives beside its component (checkpoint: torchlaunch.core.checkpoint.section, recovery:
+torchlaunch.core.recovery.section, dist and preemption: torchlaunch.core, data: torchlaunch.data.section,
+model, optim, train and debug: torchlaunch.trainer_sections), each field with its rule in its metadata
+next to its default and its docstring: `field(default=0.1, metadata=above(0, MAX_LR, "e.g. optim.lr=0.1"))`
+(torchlaunch.base.rules). `rules()` lists them and `validate` checks them, then the rules that tie two
+fields together. Every problem is one ConfigError line: `config error: KEY: PROBLEM (FIX)`.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
-import inspect
 import math
 import os
 import re
-import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,254 +31,28 @@ from typing import Any
 import yaml
 
 from torchlaunch import rundir, suggest
-from torchlaunch.base.rules import (  # noqa: F401 - the rule vocabulary, named here too for its readers
-    SEED_LIMIT,
-    Bound,
-    Choice,
-    above,
-    at_least,
-    bound,
-    choice,
-    interval,
-    seed_bound,
-    service_address,
-)
-from torchlaunch.base.untrusted import DepthGuard, TooComplex, check_yaml, quote
+from torchlaunch.base.rules import PLUGIN_PATTERN, Bound, Choice, is_plugin, seed_bound
+from torchlaunch.base.untrusted import TooComplex, quote
+from torchlaunch.base.yaml_file import MAX_CONFIG_BYTES, load_text, read_yaml
+from torchlaunch.core.checkpoint.section import CheckpointConfig
+from torchlaunch.core.dist_section import DistConfig
+from torchlaunch.core.preemption_section import PreemptionConfig
+from torchlaunch.core.recovery.section import RecoveryConfig
 from torchlaunch.data import section
-from torchlaunch.exit_codes import BadInput, ConfigError
-from torchlaunch.stop_signals import STOP_SIGNAL_NAMES
-
-MAX_TIMEOUT_S = 30 * 86400.0
-"""The longest process-group timeout: finite (a timedelta and torch's milliseconds must hold it)."""
-
-
-MAX_WIDTH = 8192
-"""Base channel width of the built-in models."""
-MAX_LR = 1e30
-"""A learning rate is no machine resource: the cap keeps it a number; a diverging one is the loss
-check's to report (non-finite loss, exit 2)."""
-MAX_EPOCHS = 10**6
-MAX_STEPS = 10**12
-MAX_BATCH = 2**24
-MAX_LEAD_TIME_S = 7 * 86400.0
-MIN_TIMEOUT_S = 10.0
-"""The shortest process-group timeout: below it a healthy collective (a checkpoint gather, the first
-NCCL set-up) fails for want of time, not because a peer is lost."""
-
+from torchlaunch.exit_codes import ConfigError
+from torchlaunch.trainer_sections import (
+    SIMPLE_CNN_SIZES,
+    TORCHVISION_PREFIX,
+    DebugConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+)
 
 DataConfig = section.data_config()
 """The data section: the keys every format shares (torchlaunch.data.section.SharedData) and each
 registered format's own section (DataFormat.options), flat under `data.`; composed by the data floor,
-which owns the formats (a format registered later joins at the next load: `_hints`)."""
-
-
-SIMPLE_CNN_SIZES = range(32, 40)
-"""Image sides simple_cnn (torchlaunch.worker.models) takes: three 2x max-pools must leave 4x4 for its
-linear classifier. Checked here, before any rank starts, not at the first forward pass."""
-TORCHVISION_PREFIX = "torchvision."
-"""model.name=torchvision.<name> builds torchvision's model <name>; torchlaunch.worker.models checks the
-name when it builds the model (this module never imports torch)."""
-KNOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGCONT")
-
-
-@dataclass
-class ModelConfig:
-    name: str = field(
-        default="simple_cnn",
-        metadata=choice(
-            ("simple_cnn", "resnet18", "fastnet", "fastnet93"), open_prefix=TORCHVISION_PREFIX, plugin=True
-        ),
-    )
-    """`simple_cnn`, `resnet18` (CIFAR stem), `fastnet` (airbench-style fast CIFAR net whose first
-    layer is a fixed patch-whitening filter computed from the training images), `fastnet93` (fastnet wider
-    and deeper, a residual third conv per group: configs/fast93.yaml), or `torchvision.<name>`:
-    any torchvision classification model as published, untrained, e.g. `torchvision.resnet18` (ImageNet
-    stem; torchvision.models.list_models names them; model.width=0), or your own as an import path
-    `pkg.module:factory`, called as factory(num_classes=N), plus width=W when model.width is set
-    (imported from the run's working directory or PYTHONPATH; see examples/my_models.py)."""
-    width: int = field(default=0, metadata=at_least(0, MAX_WIDTH, "use 0 for the model's default width"))
-    """Base channel width (0 = the model's default)."""
-    compile: bool = False
-    """torch.compile the model (slow first steps; helps long GPU runs)."""
-    init_from: str = ""
-    """Start a fresh run from these weights: a run folder (its newest valid checkpoint, else its
-    model.pt), a checkpoint folder (step-...), or a .pt file holding a state_dict or a checkpoint's
-    state.pt; loaded with weights_only on CPU. Ignored (and logged) when the run resumes from its own
-    checkpoint. Empty = the model's own initialisation."""
-    init_strict: bool = True
-    """init_from must match the model exactly (missing, unexpected or differently shaped tensors are
-    exit 2). false: load what fits, keep the fresh init for the rest (e.g. a new classifier head for
-    another class count) and list every skipped tensor in one block."""
-
-
-@dataclass
-class OptimConfig:
-    name: str = field(default="sgd", metadata=choice(("sgd", "adamw")))
-    """`sgd` or `adamw`."""
-    lr: float = field(default=0.1, metadata=above(0, MAX_LR, "use a positive learning rate such as optim.lr=0.1"))
-    """Peak learning rate for the global batch."""
-    momentum: float = field(default=0.9, metadata=interval(0, 1, "[)", "e.g. optim.momentum=0.9"))
-    """SGD momentum."""
-    nesterov: bool = True
-    """SGD Nesterov momentum."""
-    weight_decay: float = field(default=5e-4, metadata=at_least(0, 10, "e.g. optim.weight_decay=5e-4"))
-    """Decoupled for AdamW, L2 for SGD."""
-    betas: list[float] = field(
-        default_factory=lambda: [0.9, 0.999],
-        metadata=bound(
-            lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v),
-            "must be two numbers in [0, 1)",
-            "e.g. optim.betas=[0.9,0.999]",
-        ),
-    )
-    """AdamW betas."""
-    schedule: str = field(default="cosine", metadata=choice(("cosine", "linear", "step", "constant")))
-    """`cosine`, `linear` (straight down to min_lr_ratio), `step` or `constant` after warmup."""
-    warmup_epochs: float = field(default=0.0, metadata=at_least(0, MAX_EPOCHS, "use 0 for no warmup"))
-    """Linear warmup length in epochs (fractions allowed)."""
-    warmup_start_ratio: float = field(default=0.0, metadata=interval(0, 1, "[]", "e.g. 0.2"))
-    """LR at the first warmup step as a fraction of `lr` (0 = ramp from lr/warmup_steps)."""
-    norm_lr_scale: float = field(default=1.0, metadata=above(0, 1000, "use 1 for the same LR as the other weights"))
-    """LR multiplier for BatchNorm parameters; their weight decay is divided by it, so the decay per step
-    is unchanged (airbench's "bias scaler": BatchNorm biases learn much faster than conv weights)."""
-    lookahead_every: int = field(default=0, metadata=at_least(0, MAX_STEPS, "use 0 to turn lookahead off, e.g. 5"))
-    """Every N steps pull the weights toward a slow exponential average and copy it back; the run ends
-    on the average (0 = off). Smooths the end of short, high-LR runs."""
-    lookahead_decay: float = field(default=0.7738, metadata=interval(0, 1, "[)", "e.g. 0.7738, that is 0.95**5"))
-    """Lookahead: weight of the average at the end of the run; it rises as decay * progress^3."""
-    step_epochs: int = field(default=30, metadata=at_least(1, MAX_EPOCHS, "e.g. optim.step_epochs=30"))
-    """`step` schedule: epochs between decays."""
-    step_gamma: float = field(default=0.1, metadata=interval(0, 1, "(]", "e.g. optim.step_gamma=0.1"))
-    """`step` schedule: decay factor."""
-    min_lr_ratio: float = field(default=0.0, metadata=interval(0, 1, "[]", "e.g. 0.0"))
-    """`cosine` schedule: final LR as a fraction of `lr`."""
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = field(default=10, metadata=at_least(1, MAX_EPOCHS, "e.g. train.epochs=10"))
-    """Passes over the training set."""
-    batch_size: int = field(default=256, metadata=at_least(1, MAX_BATCH, "e.g. train.batch_size=256"))
-    """Global batch per optimizer step, summed over all ranks; kept on any world size from 1 to it (ranks'
-    shares differ by at most one sample when the world size does not divide it)."""
-    micro_batch_size: int = field(default=0, metadata=at_least(0, MAX_BATCH, "use 0 for batch_size / world size"))
-    """At most this many samples per rank per forward pass (0 = the rank's whole share of the batch):
-    every rank accumulates ceil(largest share / this) micro-batches per step; any value works."""
-    exact: bool = False
-    """The exact grid (docs/contracts.md): the model's bits do not depend on the world size nor on a
-    failure, resume or regroup; fixed micro-batches of train.grid_micro_batches, summed in fixed point."""
-    grid_micro_batches: int = field(default=0, metadata=at_least(0, MAX_BATCH, "use 0 for auto"))
-    """train.exact: micro-batches per global step, a divisor of batch_size at least the largest world
-    size (0 = the smallest divisor >= 8). Each is batch_size / this samples; train.micro_batch_size is
-    not used."""
-    precision: str = field(default="auto", metadata=choice(("auto", "fp32", "bf16", "fp16")))
-    """`fp32`, `bf16`, `fp16` (with GradScaler) or `auto` (bf16 where supported, else fp32)."""
-    channels_last: bool = True
-    """Use the channels_last memory format (faster convolutions with bf16)."""
-    clip_grad_norm: float = field(default=0.0, metadata=at_least(0, 1e6, "use 0 to disable clipping"))
-    """Clip the global gradient norm to this value (0 = off)."""
-    label_smoothing: float = field(default=0.0, metadata=interval(0, 1, "[)", "e.g. 0.1"))
-    """CrossEntropy label smoothing."""
-    log_every_steps: int = field(default=20, metadata=at_least(1, MAX_STEPS, "e.g. train.log_every_steps=20"))
-    """Progress line and metrics.jsonl record every N steps."""
-    max_steps: int = field(default=0, metadata=at_least(0, MAX_STEPS, "use 0 to run all epochs"))
-    """Stop after this many optimizer steps in total (0 = run all epochs)."""
-    tensorboard: bool = False
-    """Also write TensorBoard event files to RUN_DIR/tb (needs the tensorboard package)."""
-    tta: str = field(default="none", metadata=choice(("none", "flip", "flip_translate")))
-    """Test-time augmentation of the final validation: `none`, `flip` (mean of the image and its mirror)
-    or `flip_translate` (also 1-pixel shifts, 6 passes). Earlier epochs validate without it."""
-
-
-@dataclass
-class CheckpointConfig:
-    every_steps: int = field(default=0, metadata=at_least(0, MAX_STEPS, "use 0 for epoch-end checkpoints only"))
-    """Checkpoint every N optimizer steps (0 = only at epoch ends)."""
-    every_epochs: int = field(default=1, metadata=at_least(0, MAX_EPOCHS, "e.g. checkpoint.every_epochs=1"))
-    """Checkpoint at the end of every N epochs (0 = never at epoch ends)."""
-    keep: int = field(default=2, metadata=at_least(2, 10_000, "keep at least 2 so a corrupt newest one has a fallback"))
-    """Newest checkpoints kept (>= 2); the best by validation accuracy is kept too."""
-    resume: str = "auto"
-    """`auto` (newest checkpoint that verifies), `never`, or the path of a checkpoint folder."""
-    async_save: bool = True
-    """Write periodic checkpoints in the background; the preemption save is always synchronous."""
-
-
-@dataclass
-class DistConfig:
-    timeout_s: float = field(
-        default=300.0,
-        metadata=bound(
-            lambda v: MIN_TIMEOUT_S <= v <= MAX_TIMEOUT_S,
-            f"must be at least {MIN_TIMEOUT_S:.0f} and at most {MAX_TIMEOUT_S:.0f} (30 days)",
-            "e.g. 300",
-        ),
-    )
-    """Process-group timeout: a lost peer fails the collective after this many seconds. The group's
-    start (every rank arriving) waits at least 300 s (torchlaunch.core.dist.START_WAIT_S)."""
-    backend: str = field(default="auto", metadata=choice(("auto", "nccl", "gloo")))
-    """`auto` (nccl on CUDA, gloo on CPU), `nccl` or `gloo`."""
-    pin_cpus: bool = True
-    """CPU workers sharing a machine: each local rank runs on its own slice of the cores it may use."""
-    shared_memory_reduce: bool = True
-    """CPU jobs on one machine: average gradients through /dev/shm instead of gloo's TCP ring (same
-    numbers, bit for bit; falls back to gloo by itself where /dev/shm is missing or too small)."""
-
-
-@dataclass
-class PreemptionConfig:
-    signals: list[str] = field(default_factory=lambda: list(STOP_SIGNAL_NAMES), metadata=choice(KNOWN_SIGNALS))
-    """Signals that mean "checkpoint and stop": the handler only sets a flag."""
-    lead_time_s: float = field(default=0.0, metadata=at_least(0, MAX_LEAD_TIME_S, "use 0 when unknown"))
-    """Seconds between the signal and the hard kill (Slurm signal delay, k8s grace); 0 = unknown.
-    A warning is printed when it is below 3x the measured save time."""
-
-
-LIVE_BY_DEFAULT = False
-"""recovery.live's default: the one switch that makes live recovery every multi-rank run's road (issue
-#54). Not flipped yet: Kubernetes still needs recovery.lighthouse (or its rendered Deployment) across
-nodes, which launch.local's node agents and Slurm's tasks place by themselves (backends/placed.py)."""
-
-
-@dataclass
-class RecoveryConfig:
-    live: bool = LIVE_BY_DEFAULT
-    """Live recovery (launch.local and Slurm: one node, or several, the membership service placed on one
-    of them through the run dir; Kubernetes with its rendered service or recovery.lighthouse): when a rank's process
-    or a whole node is lost, the others keep their processes and state, re-form the group in place and
-    re-run the interrupted step on the ranks left (same samples, same augmentation). Off: a lost rank fails the job, which resumes from a checkpoint.
-    docs/live.md."""
-    heartbeat_timeout_s: float = field(default=1.0, metadata=at_least(0.2, 600, "e.g. 1"))
-    """How long the membership service waits for a silent rank's heartbeat before it forms a group
-    without it: the bound on noticing a lost rank (heartbeats go every tenth of it)."""
-    quorum_timeout_s: float = field(default=60.0, metadata=at_least(1, 3600, "e.g. 60"))
-    """How long a survivor waits for the new group to form before it gives up (exit 1)."""
-    rejoin: int = field(default=0, metadata=at_least(0, 100, "e.g. 3"))
-    """How many times the live agent starts a lost rank again to rejoin the group (0: never). The new
-    process builds its model and loaders, waits for the others' next check point (train.log_every_steps)
-    and takes its state from a live peer, checked; the others pause about one regroup."""
-    lighthouse: str = field(
-        default="",
-        metadata=bound(
-            lambda v: v == "" or service_address(v, ports=2) is not None,
-            "must be empty or the membership service's http://HOST:PORT, PORT at most 65534 (PORT+1 is its presence port)",
-            "e.g. recovery.lighthouse=http://10.0.0.9:29510, where `python -m launch.lighthouse` serves on a host of its own",
-        ),
-    )
-    """The membership service's address when it runs apart from the training nodes, a service of your
-    own. Empty: launch.local places one, beside the ranks of its one node, or across nodes on one of
-    the job's nodes through a lease in the run dir (moved when that node is lost)."""
-
-
-@dataclass
-class DebugConfig:
-    detect_anomaly: bool = False
-    """torch.autograd anomaly detection: finds the op that made a NaN, but is slow."""
-    check_model: bool = True
-    """Push one fake batch through the model at start-up for clear shape/device errors."""
-    trace_batches: bool = False
-    """Write each rank's sample indices per step to RUN_DIR/trace/rank<r>.jsonl: an audit of the data
-    order across resumes and world-size changes."""
+which owns the formats (a format registered later joins at the next load: `hints`)."""
 
 
 @dataclass
@@ -299,15 +72,6 @@ class RunConfig:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
 
-PLUGIN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
-"""module.path:attr — checked here without importing anything; the worker imports it."""
-
-
-def is_plugin(name: str) -> bool:
-    """A `model.name` / `data.name` given as an import path (anything with a colon)."""
-    return ":" in str(name)
-
-
 @functools.cache
 def _declared_hints(cls: type) -> dict[str, Any]:
     """typing.get_type_hints of a section, once per class: it evaluates every annotation's string
@@ -315,7 +79,7 @@ def _declared_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
     """A section's field types, with the data section as the formats registered now compose it."""
     return {
         name: section.data_config() if section.is_data_section(tp) else tp for name, tp in _declared_hints(cls).items()
@@ -325,7 +89,7 @@ def _hints(cls: type) -> dict[str, Any]:
 def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
     """Every dotted leaf key, for error suggestions and docs."""
     keys: list[str] = []
-    for name, tp in _hints(cls).items():
+    for name, tp in hints(cls).items():
         if dataclasses.is_dataclass(tp):
             keys.extend(all_keys(tp, prefix + name + "."))
         else:
@@ -333,65 +97,13 @@ def all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring: the string literal under it in the class's source, the one place a
-    key's meaning is written (Python keeps no attribute docstrings at run time, so it is read back here).
-    A composed section (the data section) has no source of its own: its fields' docstrings are read
-    from the classes it names in `__sections__`, each format's section from its own module."""
-    docs: dict[str, str] = {}
-    for source in getattr(cls, section.SECTIONS, (cls,)):
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(source)))
-        except (OSError, TypeError, SyntaxError):  # no source (a frozen install): keys without meanings
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, after in zip(body, body[1:], strict=False):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                    docs[node.target.id] = " ".join(str(after.value.value).split())
-    return docs
-
-
-def first_sentence(text: str, limit: int = 160) -> str:
-    """The meaning's first sentence (not cut at "e.g."), at most `limit` characters."""
-    found = re.match(r"(.*?(?<!e\.g)(?<!i\.e)\.)(\s|$)", text)
-    short = found.group(1) if found else text
-    return short if len(short) <= limit else short[: limit - 3] + "..."
-
-
-def _default_text(f: dataclasses.Field) -> str:
-    value = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    return text.removesuffix("...").strip()
-
-
-def key_help(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default as written in YAML, first sentence of its docstring) of every leaf, in
-    field order: what `python -m train --help-config` prints."""
-    found: list[tuple[str, str, str]] = []
-    hints, docs = _hints(cls), field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            found.extend(key_help(hints[f.name], prefix + f.name + "."))
-        else:
-            found.append((prefix + f.name, _default_text(f), first_sentence(docs.get(f.name, ""))))
-    return found
-
-
-def help_config() -> str:
-    """Every key as `key=DEFAULT  # meaning`, aligned: the text of `--help-config`."""
-    rows = [(f"{key}={default}", meaning) for key, default, meaning in key_help()]
-    width = min(max(len(left) for left, _ in rows), 48)
-    return "\n".join(f"{left:<{width}}  # {meaning}" if meaning else left for left, meaning in rows)
-
-
 def rules(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, Bound | Choice]]:
     """(dotted key, rule) of every field that carries a bound or a choice in its metadata, in field order."""
     found: list[tuple[str, Bound | Choice]] = []
-    hints = _hints(cls)
+    typed = hints(cls)
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            found.extend(rules(hints[f.name], prefix + f.name + "."))
+        if dataclasses.is_dataclass(typed[f.name]):
+            found.extend(rules(typed[f.name], prefix + f.name + "."))
         found.extend(
             (prefix + f.name, rule)
             for rule in (f.metadata.get("bound"), f.metadata.get("ceiling"), f.metadata.get("choice"))
@@ -410,24 +122,6 @@ def known_paths() -> frozenset[str]:
 
 CHOICES: dict[str, tuple[str, ...]] = {key: rule.allowed() for key, rule in rules() if isinstance(rule, Choice)}
 """Each choice field's named values (a view of the field metadata, which owns them)."""
-
-
-def fp16_on_cpu_message() -> str:
-    return str(
-        ConfigError(
-            "train.precision",
-            "fp16 on CPU is emulated, ~17x slower than bf16",
-            "use train.precision=bf16, or train.precision=fp32 where bf16 is slow: "
-            "`make doctor` measures both on this machine",
-        )
-    )
-
-
-def refuse_fp16_on_cpu(precision: str, on_cpu: bool) -> None:
-    """BadInput for fp16 on CPU. A rule of the config that needs the device, so it lives here: launchers
-    check it before spawning and the worker at start, and neither imports the other."""
-    if on_cpu and precision == "fp16":
-        raise BadInput(fp16_on_cpu_message())
 
 
 def _describe(tp: Any) -> str:
@@ -503,7 +197,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
             f"expected a mapping, got {quote(data)}",
             "indent the section's keys under it",
         )
-    hints = _hints(cls)
+    typed = hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for k in data:
         if k not in names:
@@ -512,7 +206,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     for f in dataclasses.fields(cls):
         if f.name not in data:
             continue
-        tp = hints[f.name]
+        tp = typed[f.name]
         key = prefix + f.name
         if dataclasses.is_dataclass(tp):
             kwargs[f.name] = _build(tp, data[f.name], key + ".")
@@ -530,7 +224,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(text, "override has no key", "write key.sub=value")
     try:
-        value = _load_yaml_text(raw, yaml.SafeLoader) if raw.strip() else ""
+        value = load_text(raw) if raw.strip() else ""
     except TooComplex as e:
         raise ConfigError(key, f"the value {e}", f"write a plain value, e.g. {key}=10") from None
     except yaml.YAMLError:
@@ -554,96 +248,6 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
             raise _unknown_key(key)
         node = child
     node[parts[-1]] = value
-
-
-MAX_CONFIG_BYTES = 256 * 1024
-"""Larger config files are refused unread: a config is a few kilobytes, and a huge one would take
-minutes and gigabytes to parse before its first error."""
-
-
-class _SafeLoader(DepthGuard, yaml.SafeLoader):
-    """yaml.safe_load with the nesting guard (overrides)."""
-
-
-def _load_yaml_text(text: str, loader: type) -> Any:
-    """YAML text -> value; TooComplex before composing when it nests too deep or its aliases expand to
-    too many values (an anchor bomb), so nothing downstream (errors included) sees the expansion."""
-    check_yaml(text)
-    if loader is yaml.SafeLoader:
-        loader = _SafeLoader
-    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
-
-
-class DuplicateKey(yaml.YAMLError):
-    """A mapping names the same key twice: PyYAML would keep the last one without a word."""
-
-
-class _UniqueKeyLoader(DepthGuard, yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping, and nesting deeper than any config."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                if key in seen:
-                    raise DuplicateKey(f"key {quote(key)} appears twice (lines {seen[key]} and {line})")
-            except TypeError:
-                continue  # an unhashable key: SafeLoader reports it
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a YAML mapping, turning a missing file or bad syntax into one clear line."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(
-            "--config", f"file not found: {p}", "pass an existing YAML file, e.g. --config configs/smoke.yaml"
-        )
-    try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(
-            "--config", f"cannot read {p}: {e.strerror or type(e).__name__}", "pass a readable YAML file"
-        ) from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            "--config",
-            f"{p} is larger than {MAX_CONFIG_BYTES // 1024} KiB",
-            "a config holds a few sections of key: value pairs; pass the YAML config, not data",
-        )
-    try:
-        data = _load_yaml_text(raw.decode("utf-8"), _UniqueKeyLoader)
-    except TooComplex as e:
-        raise ConfigError(
-            "--config", f"{p} {e}", "write `section:` blocks of `key: value` pairs, without anchors that expand"
-        ) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            "--config", f"{p} is not UTF-8 text (byte {e.start})", "save the file as UTF-8 (plain YAML text)"
-        ) from None
-    except DuplicateKey as e:
-        raise ConfigError("--config", f"{p}: {e}", "keep one of the two entries") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(
-            "--config",
-            f"{p} is not valid YAML{where}",
-            "fix the syntax, e.g. `key: value` pairs with consistent indentation",
-        ) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            "--config",
-            f"{p} must hold a mapping of keys, got {type(data).__name__}",
-            "write `section:` blocks of `key: value` pairs",
-        )
-    return data
 
 
 def validate(cfg: RunConfig) -> RunConfig:

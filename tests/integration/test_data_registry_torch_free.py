@@ -20,4 +20,4 @@ def test_the_launch_side_precheck_imports_neither_torch_nor_the_worker() -> None
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     loaded = json.loads(out.stdout)
-    assert loaded == [], loaded  # fp16-on-CPU's rule is the config's (torchlaunch.config.refuse_fp16_on_cpu)
+    assert loaded == [], loaded  # fp16-on-CPU's rule is the config's (torchlaunch.trainer_sections.refuse_fp16_on_cpu)

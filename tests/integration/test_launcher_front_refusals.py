@@ -20,8 +20,8 @@ from tests.unit.test_launcher_front import (
     cpu_args,
     no_cluster,  # noqa: F401 (fixtures, used by name)
 )
-from torchlaunch import config
 from torchlaunch.exit_codes import BAD_INPUT, OK
+from torchlaunch.trainer_sections import fp16_on_cpu_message
 
 
 @pytest.mark.parametrize(("launcher", "mode"), IN_PROCESS)
@@ -31,7 +31,7 @@ def test_fp16_on_cpu_is_refused_by_every_launcher_in_every_mode(
     code = MAINS[launcher]([*MODES[mode], *cpu_args(launcher, tmp_path)])
     out, err = capsys.readouterr()
     assert code == BAD_INPUT and out == ""
-    assert err.splitlines() == [config.fp16_on_cpu_message()]
+    assert err.splitlines() == [fp16_on_cpu_message()]
     assert not (tmp_path / "run").exists()
 
 
@@ -50,7 +50,7 @@ def test_local_run_refuses_fp16_on_cpu_before_torchrun(tmp_path: Path) -> None:
         timeout=60,
     )
     assert r.returncode == BAD_INPUT
-    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [config.fp16_on_cpu_message()]
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [fp16_on_cpu_message()]
     assert r.stdout.strip() == "TORCH False"  # nothing was started: no torchrun, no worker
     assert not (tmp_path / "run").exists()
 

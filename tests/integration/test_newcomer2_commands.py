@@ -17,6 +17,7 @@ import torch
 from tests.conftest import REPO
 from tests.unit.test_newcomer2 import SMOKE, dry_run, write_images
 from torchlaunch import config as config_mod
+from torchlaunch.base.yaml_file import read_yaml
 from torchlaunch.exit_codes import OK
 
 
@@ -68,5 +69,5 @@ def test_the_dry_run_command_runs_as_printed(tmp_path: Path, capsys: pytest.Capt
         timeout=150,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    resolved = config_mod.from_dict(config_mod.read_yaml(tmp_path / "run" / "config.yaml"))
+    resolved = config_mod.from_dict(read_yaml(tmp_path / "run" / "config.yaml"))
     assert resolved.train.max_steps == 2 and (tmp_path / "run" / "model.pt").is_file()

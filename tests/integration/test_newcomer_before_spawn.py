@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launcher_argv
-from torchlaunch import config
 from torchlaunch.config import DataConfig
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.trainer_sections import fp16_on_cpu_message
 from torchlaunch.worker import precision
 from torchlaunch.worker.datacheck import check_data, unreachable_reason
 
@@ -184,7 +184,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
         timeout=60,
     )
     assert k8s.returncode == 2 and k8s.stdout == ""
-    assert k8s.stderr.strip() == config.fp16_on_cpu_message()
+    assert k8s.stderr.strip() == fp16_on_cpu_message()
     if shutil.which("sbatch") is None:
         return
     slurm = subprocess.run(
@@ -206,7 +206,7 @@ def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path
         timeout=60,
     )
     assert slurm.returncode == 2
-    assert slurm.stderr.strip() == config.fp16_on_cpu_message()  # the worker's own line, as on every launcher
+    assert slurm.stderr.strip() == fp16_on_cpu_message()  # the worker's own line, as on every launcher
 
 
 def test_doctor_json_reports_both_rates() -> None:

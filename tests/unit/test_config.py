@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.unit.test_seams import loaded_with, loads_torch
 from torchlaunch import config as config_mod
+from torchlaunch.base.rules import Bound, interval
 from torchlaunch.config import ConfigError, RunConfig
 from torchlaunch.exit_codes import BadInput
 
@@ -277,7 +279,7 @@ def test_every_rule_lives_in_its_fields_metadata() -> None:
 
 def test_every_number_field_has_a_bound() -> None:
     numbers = {key for key, (_, tp) in leaf_fields().items() if tp in (int, float)}
-    bounded = {key for key, rule in config_mod.rules() if isinstance(rule, config_mod.Bound)}
+    bounded = {key for key, rule in config_mod.rules() if isinstance(rule, Bound)}
     assert numbers - bounded == set()
 
 
@@ -301,7 +303,7 @@ def test_every_rule_rejects_with_one_line_through_config_error(key: str) -> None
     [("[)", [0, 0.5], [1, -0.1]), ("[]", [0, 1], [1.1, -0.1]), ("(]", [0.5, 1], [0, 1.5])],
 )
 def test_interval_ends(ends: str, inside: list[float], outside: list[float]) -> None:
-    rule = config_mod.interval(0, 1, ends, "fix")["bound"]
+    rule = interval(0, 1, ends, "fix")["bound"]
     assert rule.requirement == f"must be in {ends[0]}0, 1{ends[1]}"
     assert all(rule.ok(v) for v in inside) and not any(rule.ok(v) for v in outside)
 
@@ -330,3 +332,13 @@ def test_every_config_message_is_raised_as_config_error() -> None:
                 offending.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert offending == []
     assert config_mod.ConfigError is __import__("torchlaunch.exit_codes").exit_codes.ConfigError
+
+
+def test_the_config_and_every_section_load_without_torch() -> None:
+    """The launchers build and validate the whole config before any rank starts, without torch: each
+    section lives beside its component (core/checkpoint/, core/recovery/, ...), so every module the
+    config loads, and each of their packages (core/checkpoint/__init__.py too), is torch-free at load."""
+    seen = loaded_with("torchlaunch.config")
+    assert {"torchlaunch.core.checkpoint.section", "torchlaunch.core.recovery.section"} <= seen
+    assert not [m for m in sorted(seen) if loads_torch(m)], "the config loads torch through these"
+    assert not [m for m in seen if m.startswith("torchlaunch.worker.")], "the config loads the worker"

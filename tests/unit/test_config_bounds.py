@@ -13,18 +13,26 @@ import pytest
 
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
+from torchlaunch.base.rules import Bound
 from torchlaunch.base.untrusted import QUOTE_LIMIT, TooComplex, check_yaml, load_json, quote
+from torchlaunch.core.checkpoint.section import CheckpointConfig
+from torchlaunch.core.dist_section import DistConfig
+from torchlaunch.core.preemption_section import PreemptionConfig
+from torchlaunch.core.recovery.section import RecoveryConfig
 from torchlaunch.exit_codes import BAD_INPUT, ConfigError
+from torchlaunch.trainer_sections import DebugConfig, ModelConfig, OptimConfig, TrainConfig
 
 ONE_LINE = re.compile(r"^config error: (?P<key>[^\s:]+): (?P<what>.+) \((?P<fix>[^()]+)\)$")
 SECTIONS = (
     config_mod.DataConfig,
-    config_mod.ModelConfig,
-    config_mod.OptimConfig,
-    config_mod.TrainConfig,
-    config_mod.CheckpointConfig,
-    config_mod.DistConfig,
-    config_mod.PreemptionConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    CheckpointConfig,
+    DistConfig,
+    PreemptionConfig,
+    RecoveryConfig,
+    DebugConfig,
 )
 PREFIX = {cls: name for name, cls in typing.get_type_hints(config_mod.RunConfig).items() if cls in SECTIONS}
 
@@ -55,7 +63,7 @@ def test_every_number_is_bounded_and_finite(key: str, value: str) -> None:
 
 
 def test_every_numeric_field_carries_a_bound() -> None:
-    bounded = {key for key, rule in config_mod.rules() if isinstance(rule, config_mod.Bound)}
+    bounded = {key for key, rule in config_mod.rules() if isinstance(rule, Bound)}
     assert set(numeric_keys()) <= bounded
 
 
@@ -152,7 +160,7 @@ def test_yaml_scan_counts_alias_expansion() -> None:
 
 
 def test_dataclass_fields_have_no_unbounded_numbers_in_lists() -> None:
-    for f in dataclasses.fields(config_mod.OptimConfig):
+    for f in dataclasses.fields(OptimConfig):
         if f.name == "betas":
             assert "bound" in f.metadata
 

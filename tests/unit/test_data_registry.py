@@ -13,7 +13,9 @@ import torch
 
 from tests.conftest import REPO
 from torchlaunch import config as config_mod
+from torchlaunch import config_help
 from torchlaunch.agent import node
+from torchlaunch.base.rules import at_least
 from torchlaunch.data import registry, section
 from torchlaunch.exit_codes import BAD_INPUT, BadInput, ConfigError
 from torchlaunch.launch import precheck
@@ -135,7 +137,7 @@ def test_the_built_in_formats_are_registered_once_each() -> None:
 class FakeOptions:
     """fakefmt's own keys."""
 
-    fake_depth: int = dataclasses.field(default=3, metadata=config_mod.at_least(1, 10, "e.g. data.fake_depth=3"))
+    fake_depth: int = dataclasses.field(default=3, metadata=at_least(1, 10, "e.g. data.fake_depth=3"))
     """fakefmt only: how deep the fake set nests."""
 
 
@@ -151,7 +153,7 @@ def test_a_format_brings_its_own_config_section_flat_under_data(fake: FakeFormat
         assert config_mod.from_dict(config_mod.to_dict(cfg)).data.fake_depth == 7  # the resolved file reads back
         with pytest.raises(ConfigError, match=r"^config error: data.fake_depth: must be at most 10"):
             config_mod.load(None, ["data.fake_depth=11"])
-        (line,) = [row for row in config_mod.help_config().splitlines() if row.startswith("data.fake_depth=3 ")]
+        (line,) = [row for row in config_help.help_config().splitlines() if row.startswith("data.fake_depth=3 ")]
         assert line.endswith("# fakefmt only: how deep the fake set nests."), line
     finally:
         registry.unregister(FAKE)

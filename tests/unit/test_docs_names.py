@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.unit.test_readme_commands import documentation_pages
-from torchlaunch.config import TrainConfig
+from torchlaunch.trainer_sections import TrainConfig
 
 CODE = re.compile(r"```.*?```|`[^`\n]+`|^(?: {4}|\t).*$", re.S | re.M)
 NAME = re.compile(r"(?<![\w./:-])((?:torchlaunch|train|launch)(?:\.[A-Za-z_]\w*)+)(?![\w/-]|\.\w)(.?)")

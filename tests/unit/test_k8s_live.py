@@ -20,6 +20,7 @@ from torchlaunch import config as config_mod
 from torchlaunch.agent import options
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
+from torchlaunch.core.recovery.section import RecoveryConfig
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput
 from torchlaunch.launch.spec import JobSpec
 
@@ -334,7 +335,7 @@ def test_an_ipv6_service_address_stays_one_quoted_word() -> None:
 # ---- the pure decisions -------------------------------------------------------------------------------
 
 
-def recovery(**values: object) -> config_mod.RecoveryConfig:
+def recovery(**values: object) -> RecoveryConfig:
     return config_mod.load(None, [f"recovery.{k}={v}" for k, v in values.items()]).recovery
 
 

@@ -18,10 +18,11 @@ from torchlaunch.jobs import ranklog
 
 def test_one_definition_of_the_stop_signals() -> None:
     assert set(ranklog.TEE_IGNORES) == set(stop_signals.STOP_SIGNALS)  # the tee imports the stdlib only
-    from torchlaunch import api, config, runner
+    from torchlaunch import api, runner
+    from torchlaunch.core.preemption_section import PreemptionConfig
 
     assert runner.PREEMPTION_SIGNALS == stop_signals.STOP_SIGNALS
-    assert tuple(api.SIGNALS) == tuple(config.PreemptionConfig().signals) == stop_signals.STOP_SIGNAL_NAMES
+    assert tuple(api.SIGNALS) == tuple(PreemptionConfig().signals) == stop_signals.STOP_SIGNAL_NAMES
 
 
 def test_a_second_sigint_ends_at_once_and_other_repeats_are_the_same_stop() -> None:

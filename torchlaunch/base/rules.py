@@ -47,6 +47,11 @@ def bound(ok: typing.Callable[[Any], bool], requirement: str, fix: str) -> dict[
     return {"bound": Bound(ok, requirement, fix)}
 
 
+MAX_EPOCHS = 10**6
+MAX_STEPS = 10**12
+"""Caps of the epoch and step counts that several sections bound (optim, train, checkpoint)."""
+
+
 def _ceiling(high: float, fix: str) -> dict[str, Bound]:
     """Every number has an upper bound a real machine can meet, checked after its lower bound."""
     return {"ceiling": Bound(lambda v: v <= high, f"must be at most {high:g}", fix)}
@@ -105,3 +110,13 @@ def service_address(value: object, ports: int = 1) -> tuple[str, int] | None:
     if match is None or not HOST.fullmatch(match["host"]) or not 0 < int(match["port"]) <= 65536 - ports:
         return None
     return match["host"].strip("[]"), int(match["port"])
+
+
+PLUGIN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+"""module.path:attr, the import path a Choice with `plugin` accepts: checked without importing anything;
+the worker imports it."""
+
+
+def is_plugin(name: str) -> bool:
+    """A `model.name` / `data.name` given as an import path (anything with a colon)."""
+    return ":" in str(name)

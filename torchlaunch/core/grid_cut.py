@@ -9,7 +9,7 @@ from torchlaunch.exit_codes import ConfigError
 
 
 class TrainKeys(Protocol):
-    """The train.* keys the cut reads (config.TrainConfig; core does not import config)."""
+    """The train.* keys the cut reads (torchlaunch.trainer_sections.TrainConfig: core names no section of the trainer)."""
 
     exact: bool
     batch_size: int

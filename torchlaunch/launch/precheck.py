@@ -17,9 +17,10 @@ import os
 from pathlib import Path
 
 from torchlaunch.base.untrusted import whole
-from torchlaunch.config import RunConfig, refuse_fp16_on_cpu
+from torchlaunch.config import RunConfig
 from torchlaunch.core.grid_cut import check_grid
 from torchlaunch.data.checks import check_data
+from torchlaunch.trainer_sections import refuse_fp16_on_cpu
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))

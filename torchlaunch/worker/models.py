@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from torchlaunch import suggest
-from torchlaunch.config import TORCHVISION_PREFIX, ConfigError, is_plugin
+from torchlaunch.base.rules import is_plugin
+from torchlaunch.config import ConfigError
+from torchlaunch.trainer_sections import TORCHVISION_PREFIX
 
 
 def simple_cnn(num_classes: int, width: int = 0) -> nn.Module:

@@ -44,7 +44,8 @@ from typing import Any
 
 from torchlaunch import rundir, suggest
 from torchlaunch.base import bounded
-from torchlaunch.config import PLUGIN_PATTERN, ConfigError, is_plugin
+from torchlaunch.base.rules import PLUGIN_PATTERN, is_plugin
+from torchlaunch.config import ConfigError
 from torchlaunch.exit_codes import BadInput
 
 __all__ = [

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchlaunch import compat, rundir
-from torchlaunch.config import refuse_fp16_on_cpu
 from torchlaunch.exit_codes import ConfigError
+from torchlaunch.trainer_sections import refuse_fp16_on_cpu
 
 if TYPE_CHECKING:
     import torch

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torchlaunch import config as config_mod
+from torchlaunch import config_help
 from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import OK, ArgumentParser, BadInput, ConfigError
 from torchlaunch.worker.folder_cache import finish_prefetch, start_prefetch
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     """Train one rank; the exit code (BadInput and failures escape to the runner)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.help_config:
-        print(config_mod.help_config())
+        print(config_help.help_config())
         return OK
     if not args.config:
         raise ConfigError("--config", "missing", "pass a recipe, e.g. --config configs/smoke.yaml")

@@ -71,7 +71,7 @@ from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
 
 if TYPE_CHECKING:
-    from torchlaunch.config import RecoveryConfig
+    from torchlaunch.core.recovery.section import RecoveryConfig
 
 Manifest = dict[str, Any]
 

@@ -92,7 +92,7 @@ def resolve_run_dir(spec: JobSpec) -> str:
 
 
 def _yaml_run_dir(config: str) -> str | None:
-    from torchlaunch.config import read_yaml  # the one bounded reader of config files
+    from torchlaunch.base.yaml_file import read_yaml  # the one bounded reader of config files
 
     value = read_yaml(config).get("run_dir")
     return str(value) if value else None
