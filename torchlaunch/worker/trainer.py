@@ -47,7 +47,13 @@ from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
 from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.sampler import BatchPlan
-from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer, shared_memory_hook
+from torchlaunch.core.shm_reduce import (
+    SharedMemoryReducer,
+    SharedSum,
+    build_reducer,
+    build_shared_sum,
+    shared_memory_hook,
+)
 from torchlaunch.core.step_drop import StepDrop, StepDropped, applies
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
 from torchlaunch.jobs import progress as progress_beat
@@ -247,6 +253,7 @@ class Trainer:
         self.gradient_path = "local"
         self.live_reducer: SharedMemoryReducer | None = None
         self.flat_grads: FlatGradients | None = None
+        grid_shared: SharedSum | None = None
         if live is not None:  # no DDP: its reducer dies with the group (core/recovery/group.py)
             if not live.joining:  # a rank started again takes a peer's whole state instead (fit)
                 live_ops().broadcast_parameters(model)
@@ -259,7 +266,9 @@ class Trainer:
             self.gradient_path = self._live_gradient_path()
         elif ctx.distributed and self.grid:  # no DDP: the grid sums its gradients itself
             broadcast_model(model)
-            self.gradient_path = f"exact grid, {self.grid} x {self.plan.micro} samples, fixed-point all-reduce"
+            grid_shared = self._grid_shared_sum(model)
+            how = "shared memory" if grid_shared is not None else "all-reduce"
+            self.gradient_path = f"exact grid, {self.grid} x {self.plan.micro} samples, fixed-point {how}"
         elif ctx.distributed:
             self.net = DistributedDataParallel(
                 model,
@@ -270,7 +279,9 @@ class Trainer:
         if cfg.model.compile:
             self.net = torch.compile(self.net)
         self.grid_step = (
-            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, keep_grads=live is not None) if self.grid else None
+            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, live is not None, grid_shared)
+            if self.grid
+            else None
         )
         self.lookahead = (
             Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay, self.total_steps)
@@ -328,6 +339,15 @@ class Trainer:
             net.register_comm_hook(None, ordered_allreduce_hook)
             return "gloo, rank order"
         return "gloo"
+
+    def _grid_shared_sum(self, model: nn.Module) -> SharedSum | None:
+        """train.exact's sum over ranks through shared memory when every rank is on this CPU machine
+        (the same bits as gloo's all-reduce, core/shm_reduce.SharedSum); decided together."""
+        ctx = self.ctx
+        local = self.device.type == "cpu" and 1 < ctx.world_size == ctx.local_world_size
+        if not (self.cfg.dist.shared_memory_reduce and ctx.backend == "gloo" and local):
+            return None
+        return build_shared_sum(model)
 
     def _live_gradient_path(self) -> str:
         """Live mode's gradient averaging on the current group: through shared memory when every rank
