@@ -51,23 +51,26 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(  # CI keeps 3 (uneven, BatchNorm on each rank); make test-extended the others
-    "world", [pytest.param(2, marks=pytest.mark.extended), 3, pytest.param(4, marks=pytest.mark.extended)]
+    "world", [3, *(pytest.param(w, marks=pytest.mark.extended) for w in (2, 4, 6, 8))]
 )
 def test_any_world_size_trains_the_one_rank_bits(tmp_path: Path, one_rank: Path, world: int) -> None:
-    """3 ranks take 3/3/2 micro-batches: uneven, and a BatchNorm step on each."""
-    done = launcher(args(tmp_path, world))
+    """3 ranks take 3/3/2 micro-batches: uneven, and a BatchNorm step on each; 6 take 2/2/1/1/1/1."""
+    done = launcher(args(tmp_path, world), timeout=900)
     assert done.returncode == OK, done.stderr[-3000:]
-    assert "gradients: exact grid, 8 x 8 samples" in done.stdout + done.stderr
+    assert "gradients: exact grid, 8 x 8 samples, fixed-point shared memory" in done.stdout + done.stderr
     assert_states_equal(final_state(one_rank), final_state(tmp_path))
     assert_models_equal(one_rank / "model.pt", tmp_path / "model.pt")
 
 
 def test_a_stop_from_outside_on_2_ranks_resumed_on_3_ends_as_1_rank(tmp_path: Path, one_rank: Path) -> None:
-    with Launch(launcher_argv("torchlaunch.backends.local.launch", *args(tmp_path, 2)), env=SLOW) as launch:
+    """The 2 ranks sum over gloo's all-reduce (as ranks on several machines do), the 3 through shared memory."""
+    gloo = [*args(tmp_path, 2), "dist.shared_memory_reduce=false"]
+    with Launch(launcher_argv("torchlaunch.backends.local.launch", *gloo), env=SLOW) as launch:
         launch.wait_for_step(tmp_path, 3)
         launch.deliver("pid", signal.SIGTERM)
-        code, _, err = launch.finish()
+        code, out, err = launch.finish()
     assert code == PREEMPTED, err[-3000:]
+    assert "fixed-point all-reduce" in out + err
     assert final_state(tmp_path)["progress"]["global_step"] < 24  # stopped mid-run
     done = launcher(args(tmp_path, 3))
     assert done.returncode == OK, done.stderr[-3000:]
