@@ -2,8 +2,8 @@
 torchrun and the project's Trainer (bench/ddp_worker.py), the same global batch, runs alternating.
 Today's path: DDP, one forward/backward of the rank's whole share, gradients through shared memory.
 The grid: 8 micro-batches of batch/8 per step (4 per rank), each gradient kept, summed in fixed point
-over gloo (two all-reduces a step). Two models: the smoke recipe's (simple_cnn, width 16) and
-resnet18, both at 32 px, fp32."""
+through shared memory (a MAX all-reduce of the scales and one barrier a step). Two models: the smoke
+recipe's (simple_cnn, width 16) and resnet18, both at 32 px, fp32."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def run(
                 goal=0.97,
                 higher_is_better=True,
                 command=COMMAND,
-                project_label="train.exact=true: 8 micro-batches, fixed-point sums",
+                project_label="train.exact=true: 8 micro-batches, fixed-point sums in shared memory",
                 baseline_label="train.exact=false: DDP, gradients through shared memory",
                 rounds=per_round,
                 notes=f"real torchrun --standalone, global batch {2 * per_rank}, fp32, {steps} timed steps after 2 "

@@ -51,23 +51,26 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(  # CI keeps 3 (uneven, BatchNorm on each rank); make test-extended the others
-    "world", [pytest.param(2, marks=pytest.mark.extended), 3, pytest.param(4, marks=pytest.mark.extended)]
+    "world", [3, *(pytest.param(w, marks=pytest.mark.extended) for w in (2, 4, 6, 8))]
 )
 def test_any_world_size_trains_the_one_rank_bits(tmp_path: Path, one_rank: Path, world: int) -> None:
-    """3 ranks take 3/3/2 micro-batches: uneven, and a BatchNorm step on each."""
-    done = launcher(args(tmp_path, world))
+    """3 ranks take 3/3/2 micro-batches: uneven, and a BatchNorm step on each; 6 take 2/2/1/1/1/1."""
+    done = launcher(args(tmp_path, world), timeout=900)
     assert done.returncode == OK, done.stderr[-3000:]
-    assert "gradients: exact grid, 8 x 8 samples" in done.stdout + done.stderr
+    assert "gradients: exact grid, 8 x 8 samples, fixed-point shared memory" in done.stdout + done.stderr
     assert_states_equal(final_state(one_rank), final_state(tmp_path))
     assert_models_equal(one_rank / "model.pt", tmp_path / "model.pt")
 
 
 def test_a_stop_from_outside_on_2_ranks_resumed_on_3_ends_as_1_rank(tmp_path: Path, one_rank: Path) -> None:
-    with Launch(launcher_argv("torchlaunch.agent", *args(tmp_path, 2)), env=SLOW) as launch:
+    """The 2 ranks sum over gloo's all-reduce (as ranks on several machines do), the 3 through shared memory."""
+    gloo = [*args(tmp_path, 2), "dist.shared_memory_reduce=false"]
+    with Launch(launcher_argv("torchlaunch.agent", *gloo), env=SLOW) as launch:
         launch.wait_for_step(tmp_path, 3)
         launch.deliver("pid", signal.SIGTERM)
-        code, _, err = launch.finish()
+        code, out, err = launch.finish()
     assert code == PREEMPTED, err[-3000:]
+    assert "fixed-point all-reduce" in out + err
     assert final_state(tmp_path)["progress"]["global_step"] < 24  # stopped mid-run
     done = launcher(args(tmp_path, 3))
     assert done.returncode == OK, done.stderr[-3000:]
@@ -112,3 +115,38 @@ def test_a_live_loss_and_rejoin_2_to_1_to_2_ends_as_the_1_rank_run(tmp_path: Pat
     regrouped = [(e["during"], e["world"]) for e in result.events() if e["event"] == "regrouped"]
     assert regrouped == [("step", 1), ("rejoin", 2)], regrouped
     assert_models_equal(alone / "model.pt", result.run_dir / "model.pt")
+
+
+@pytest.mark.extended  # resnet18 on 1 CPU thread per rank: two runs of 4 steps
+def test_resnet18_trains_the_same_bits_on_1_and_2_ranks(tmp_path: Path) -> None:
+    """resnet18 at 32 px (BatchNorm in every block, 11 M parameters in 62 tensors): 4 steps of 8
+    micro-batches of 4 samples, the 2-rank run's model and optimizer state are the 1-rank run's."""
+    runs = {}
+    for world in (1, 2):
+        run_dir = tmp_path / f"w{world}"
+        done = launcher(
+            [
+                "--gpus",
+                str(world),
+                "--device",
+                "cpu",
+                f"run_dir={run_dir}",
+                "--config",
+                "configs/smoke.yaml",
+                "model.name=resnet18",
+                "model.width=0",
+                "data.synthetic_train_size=128",
+                "data.synthetic_val_size=32",
+                "train.batch_size=32",
+                "train.epochs=1",
+                "train.exact=true",
+                "checkpoint.every_steps=4",
+            ],
+            timeout=900,
+        )
+        assert done.returncode == OK, done.stderr[-3000:]
+        assert world == 1 or "exact grid, 8 x 4 samples" in done.stdout + done.stderr
+        runs[world] = run_dir
+    assert final_state(runs[1])["progress"]["global_step"] == 4
+    assert_states_equal(final_state(runs[1]), final_state(runs[2]))
+    assert_models_equal(runs[1] / "model.pt", runs[2] / "model.pt")

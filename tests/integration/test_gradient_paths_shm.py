@@ -18,9 +18,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from tests.helpers import REPO, assert_models_equal, launcher, leave_spawned_rank
+from torchlaunch.core import fixed_point
 from torchlaunch.core.affinity import core_slice
 from torchlaunch.core.dist import rank_order_mean
-from torchlaunch.core.shm_reduce import build_reducer
+from torchlaunch.core.shm_reduce import build_reducer, build_shared_sum
 
 # ------------------------------------------------------------------ affinity (pure)
 
@@ -73,11 +74,45 @@ def _probe_rank(rank: int, world: int, store_file: str, shm_dir: str, out_dir: s
             dist.all_gather(everyone, flat)
             reducer.average_flat(flat)
             result["flat_equal"] = bool(torch.equal(flat, rank_order_mean(everyone, out=torch.empty(100))))
+        result["exact"] = _exact_sums(model, rank, world, shm_dir)
         Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
         dist.barrier()
     finally:
         dist.destroy_process_group()
     leave_spawned_rank()
+
+
+def _exact_sums(model: nn.Module, rank: int, world: int, shm_dir: str) -> list[bool] | None:
+    """train.exact's sum through shared memory (build_shared_sum) against gloo's all-reduce and against
+    one rank holding every part: rank r holds r parts (rank 0 none), magnitudes 1e0 .. 1e-3."""
+    shared = build_shared_sum(model, shm_dir=shm_dir)
+    if shared is None:
+        return None
+    like = [p.detach() for p in model.parameters()]
+
+    def parts_of(r: int) -> list[list[torch.Tensor]]:
+        g = torch.Generator().manual_seed(r)
+        return [[torch.randn(t.shape, generator=g) * 10.0 ** -(r + j) for t in like] for j in range(r)]
+
+    everyone = [part for r in range(world) for part in parts_of(r)]
+    alone = fixed_point.exact_mean(
+        everyone,
+        like,
+        fixed_point.local_max(everyone, 2, torch.device("cpu")),
+        len(everyone),
+        fixed_point.LocalSum(False),
+    )
+    mine = parts_of(rank)
+    maxima = fixed_point.agree_max(fixed_point.local_max(mine, 2, torch.device("cpu")), True)
+    gloo = fixed_point.LocalSum(True)
+    equal = []
+    for _ in range(3):  # both parities, then the first one again
+        via_shm = fixed_point.exact_mean(mine, like, maxima, len(everyone), shared)
+        via_gloo = fixed_point.exact_mean(mine, like, maxima, len(everyone), gloo)
+        equal.append(
+            all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(via_shm, via_gloo, alone, strict=True))
+        )
+    return equal
 
 
 def _probe(tmp_path: Path, world: int, shm_dir: str) -> list[dict]:
@@ -99,12 +134,13 @@ def test_shared_memory_average_is_the_rank_order_mean_and_leaves_no_file(tmp_pat
     results = _probe(tmp_path, 3, str(shm))
     assert all(r["reducer"] for r in results)
     assert all(r["equal"] == [True, True, True] and r["flat_equal"] for r in results), results
+    assert all(r["exact"] == [True, True, True] for r in results), results  # train.exact's sums, same bits
     assert list(shm.iterdir()) == []  # unlinked as soon as every rank had mapped it
 
 
 def test_every_rank_falls_back_to_gloo_together_when_shm_is_unusable(tmp_path: Path) -> None:
     results = _probe(tmp_path, 2, str(tmp_path / "no-such-dir"))
-    assert [r["reducer"] for r in results] == [False, False]
+    assert [(r["reducer"], r["exact"]) for r in results] == [(False, None), (False, None)]
 
 
 # ------------------------------------------------------------------ real runs: same bits either way

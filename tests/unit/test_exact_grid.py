@@ -59,15 +59,16 @@ def parts(count: int, seed: int = 0) -> list[list[torch.Tensor]]:
 def mean(ps: list[list[torch.Tensor]], total: int) -> list[torch.Tensor]:
     like = ps[0]
     maxima = fixed_point.local_max(ps, len(like), torch.device("cpu"))
-    return fixed_point.exact_mean(ps, like, maxima, total, distributed=False)
+    return fixed_point.exact_mean(ps, like, maxima, total, fixed_point.LocalSum(False))
 
 
-def test_the_fixed_point_mean_has_the_same_bits_in_any_order_and_is_float32_close() -> None:
-    ps = parts(8)
-    want = mean(ps, 8)
-    got = mean(list(reversed(ps)), 8)
+@pytest.mark.parametrize("total", [8, 6])  # 6: the division by G is not folded into the scale
+def test_the_fixed_point_mean_has_the_same_bits_in_any_order_and_is_float32_close(total: int) -> None:
+    ps = parts(total)
+    want = mean(ps, total)
+    got = mean(list(reversed(ps)), total)
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
-    naive = [sum(p[k].double() for p in ps) / 8 for k in range(2)]
+    naive = [sum(p[k].double() for p in ps) / total for k in range(2)]
     for a, b in zip(want, naive, strict=True):
         assert torch.allclose(a.double(), b, rtol=1e-6, atol=1e-12)
     # a float32 sum in another order does differ in its bits: what the grid is for
@@ -83,12 +84,25 @@ def test_tiny_values_take_the_float64_scale_and_keep_their_bits_in_any_order() -
     assert torch.allclose(want[0].double(), naive, rtol=1e-6, atol=0)
 
 
-def test_a_non_finite_value_makes_its_tensor_nan_and_only_it() -> None:
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_a_non_finite_value_makes_its_tensor_nan_and_only_it(bad: float) -> None:
     ps = parts(4)
-    ps[2][0][1, 1] = math.inf
+    ps[2][0][1, 1] = bad
+    assert fixed_point.local_max(ps, 2, torch.device("cpu"))[0] == math.inf
     out = mean(ps, 4)
     assert out[0].isnan().all()
     assert out[1].isfinite().all()
+
+
+def test_the_maxima_are_the_largest_magnitudes_and_a_rank_without_parts_adds_zero() -> None:
+    ps = parts(3)
+    want = torch.stack([max(p[k].abs().max() for p in ps) for k in range(2)])
+    assert torch.equal(fixed_point.local_max(ps, 2, torch.device("cpu")), want)
+    assert torch.equal(fixed_point.local_max([], 2, torch.device("cpu")), torch.zeros(2))
+    sums = fixed_point.LocalSum(False)
+    sums.target(19, torch.device("cpu")).fill_(7.0)  # what an earlier step left in the kept buffer
+    out = fixed_point.exact_mean([], ps[0], want, 3, sums)
+    assert all(torch.equal(t, torch.zeros_like(t)) for t in out)
 
 
 class BatchNormNet(nn.Module):

@@ -132,12 +132,16 @@ def _made_here(path: str, shm_dir: str) -> bool:
 
 
 def build_reducer(
-    model: nn.Module, shm_dir: str = SHM_DIR, bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES
+    model: nn.Module,
+    shm_dir: str = SHM_DIR,
+    bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES,
+    nbytes: int | None = None,
 ) -> SharedMemoryReducer | None:
     """Collective over the default group: every rank returns a reducer, or every rank returns None
-    (then the caller keeps gloo). Call only when every rank runs on this machine."""
+    (then the caller keeps gloo). Call only when every rank runs on this machine. `nbytes`: a slot's
+    size (else slot_bytes's for DDP's buckets)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    nbytes = slot_bytes(model, bucket_cap_bytes)
+    nbytes = slot_bytes(model, bucket_cap_bytes) if nbytes is None else -(-nbytes // 64) * 64
     path, error = None, ""
     if rank == 0:
         path = os.path.join(shm_dir, f"ddp-grads-{os.getpid()}-{secrets.token_hex(6)}")
@@ -168,3 +172,41 @@ def build_reducer(
     if failed.item() or slots is None:
         return None
     return SharedMemoryReducer(rank=rank, world_size=world, slots=slots)
+
+
+class SharedSum:
+    """train.exact's sum over ranks (core/fixed_point.RankSum) when every rank is on this machine: each
+    rank rounds its parts straight into its own slot, one tiny gloo all-reduce is the barrier, and every
+    rank adds the slots. The slots hold fixed-point integers, so any order gives the same bits as gloo's
+    all-reduce: a run may move between one machine and several without a bit changing. Double-buffered
+    by call parity as SharedMemoryReducer.average is."""
+
+    def __init__(self, reducer: SharedMemoryReducer) -> None:
+        self.reducer = reducer
+        self._out: torch.Tensor | None = None
+
+    def target(self, numel: int, device: torch.device) -> torch.Tensor:
+        r = self.reducer
+        return r.slots[r.calls % 2, r.rank, : numel * 8].view(torch.float64)
+
+    def total(self, local: torch.Tensor) -> torch.Tensor:
+        r = self.reducer
+        parity, nbytes = r.calls % 2, local.numel() * 8
+        r.calls += 1
+        dist.all_reduce(r.barrier_flag, group=r.group)  # every rank's slot is written
+        views = [r.slots[parity, k, :nbytes].view(torch.float64) for k in range(r.world_size)]
+        if self._out is None or self._out.numel() != local.numel():
+            self._out = torch.empty_like(local)
+        torch.add(views[0], views[1], out=self._out)
+        for view in views[2:]:
+            self._out.add_(view)
+        return self._out
+
+
+def build_shared_sum(model: nn.Module, shm_dir: str = SHM_DIR) -> SharedSum | None:
+    """Collective like build_reducer: slots for the float64 sums of the model's trainable parameters and
+    floating buffers (worker/grid.py's parts), or None on every rank (then gloo's all-reduce)."""
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    numel += sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    reducer = build_reducer(model, shm_dir, nbytes=max(8, numel * 8))
+    return SharedSum(reducer) if reducer is not None else None

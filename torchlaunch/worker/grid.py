@@ -8,14 +8,15 @@ on any world size, whichever rank computed which micro-batch and whatever happen
   depend on which micro-batches ran before it on that rank.
 - The step's gradient is the mean of the G micro-batch gradients, the new buffers the mean of the G
   buffer states (what the momentum update gives from the mean of the batch statistics), both summed in
-  fixed point (core/fixed_point.py: integers in float64), so the sum's order does not matter. Integer buffers
+  fixed point (core/fixed_point.py: integers in float64), so the sum's order does not matter (across ranks:
+  through shared memory on one machine, core/shm_reduce.SharedSum, else gloo). Integer buffers
   (num_batches_tracked) move once per step, as each micro-batch moved them from the same start.
 - On CPU the intra-op thread count is pinned to 1 (pin_threads): a convolution's weight gradient is
   summed over the batch in per-thread pieces, so its bits depend on the thread count (measured: torch
   2.14 CPU, with and without oneDNN), and ranks get different counts at different world sizes.
 
 Memory: a rank holds the gradients of each of its micro-batches until the step's sum (ceil(G/W) x the
-parameters in float32), plus their buffers.
+parameters in float32), plus their buffers, and two float64 buffers of the parameters' size for the sums.
 """
 
 from __future__ import annotations
@@ -45,10 +46,22 @@ class GridStep:
     run() computes; agree() is the step's first collective (a step drop is decided after it:
     core/step_drop.py); finish() sums and writes the gradients into .grad and the buffers in place."""
 
-    def __init__(self, model: nn.Module, grid: int, seed: int, distributed: bool, keep_grads: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        grid: int,
+        seed: int,
+        distributed: bool,
+        keep_grads: bool = False,
+        shared: fixed_point.RankSum | None = None,
+    ) -> None:
         """`keep_grads`: .grad tensors are views the caller keeps (live mode's flat buffer): copy and zero
-        them instead of taking them."""
+        them instead of taking them. `shared`: the sum over ranks through shared memory (one machine),
+        else gloo's all-reduce while `distributed`."""
         self.model, self.grid, self.seed, self.distributed, self.keep_grads = model, grid, seed, distributed, keep_grads
+        self.shared = shared
+        self._local = fixed_point.LocalSum(distributed)
+        self._scratch: torch.Tensor | None = None
         self.params = [p for p in model.parameters() if p.requires_grad]
         buffers = list(model.buffers())
         self.floats = [b for b in buffers if b.is_floating_point()]
@@ -102,7 +115,12 @@ class GridStep:
         """The step's gradients (mean over the grid) into .grad, and its buffers, the same bits on every rank."""
         assert self._maxima is not None
         like = self._like()
-        means = fixed_point.exact_mean(self._parts, like, self._maxima, self.grid, self.distributed)
+        self._local.distributed = self.distributed  # live mode: the group re-formed, of any size
+        numel = sum(t.numel() for t in like)
+        if len(self._parts) > 1 and (self._scratch is None or self._scratch.numel() < numel):
+            self._scratch = torch.empty(numel, dtype=torch.float64, device=like[0].device)
+        ranks = self.shared if self.shared is not None and self.distributed else self._local
+        means = fixed_point.exact_mean(self._parts, like, self._maxima, self.grid, ranks, self._scratch)
         self._parts, self._maxima = [], None
         n = len(self.params)
         with torch.no_grad():

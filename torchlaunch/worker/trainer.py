@@ -206,7 +206,14 @@ class Trainer:
         if cfg.model.compile:
             self.net = torch.compile(self.net)
         self.grid_step = (
-            GridStep(self.net, self.grid, cfg.seed, ctx.distributed, keep_grads=self.group.keeps_grad_views)
+            GridStep(
+                self.net,
+                self.grid,
+                cfg.seed,
+                ctx.distributed,
+                keep_grads=self.group.keeps_grad_views,
+                shared=self.group.grid_sum,
+            )
             if self.grid
             else None
         )

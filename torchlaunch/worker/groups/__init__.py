@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from torchlaunch.config import RunConfig
     from torchlaunch.core import checkpoint as ckpt
     from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.fixed_point import RankSum
     from torchlaunch.core.recovery.minimum import BelowMinimum
     from torchlaunch.core.sampler import BatchPlan
     from torchlaunch.worker.metrics import RunLog, WorldSize
@@ -79,6 +80,9 @@ class TrainingGroup(Protocol):
     """Whether gradients are averaged inside backward (DDP's last micro-batch), not after it."""
     keeps_grad_views: bool
     """Whether each .grad is a view of a buffer the group keeps (zeroed after a step, never let go)."""
+    grid_sum: RankSum | None
+    """train.exact's sum over ranks when the group has a faster one than gloo's all-reduce (shared
+    memory on one machine), formed by form(); None: the grid sums over gloo (or alone)."""
 
     @property
     def generation(self) -> int | None:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlaunch.core.dist import ordered_allreduce_hook
-from torchlaunch.core.shm_reduce import build_reducer, shared_memory_hook
+from torchlaunch.core.shm_reduce import SharedSum, build_reducer, build_shared_sum, shared_memory_hook
 from torchlaunch.worker.grid import broadcast_model
 
 if TYPE_CHECKING:
@@ -38,12 +38,15 @@ class FixedGroup:
     reduces_in_backward = True
     keeps_grad_views = False
     generation: int | None = None
+    grid_sum: SharedSum | None = None
 
     def form(self, host: Host) -> tuple[nn.Module, str]:
         ctx, model = host.ctx, host.model
         if ctx.distributed and host.grid:  # no DDP: the grid sums its gradients itself
             broadcast_model(model)
-            return model, f"exact grid, {host.grid} x {host.plan.micro} samples, fixed-point all-reduce"
+            self.grid_sum = self._grid_shared_sum(host)
+            how = "shared memory" if self.grid_sum is not None else "all-reduce"
+            return model, f"exact grid, {host.grid} x {host.plan.micro} samples, fixed-point {how}"
         if not ctx.distributed:
             return model, "local"
         net = DistributedDataParallel(
@@ -52,6 +55,16 @@ class FixedGroup:
             gradient_as_bucket_view=True,
         )
         return net, self._gradient_path(host, net)
+
+    @staticmethod
+    def _grid_shared_sum(host: Host) -> SharedSum | None:
+        """train.exact's sum over ranks through shared memory when every rank is on this CPU machine
+        (the same bits as gloo's all-reduce, core/shm_reduce.SharedSum); decided together."""
+        ctx = host.ctx
+        local = host.device.type == "cpu" and 1 < ctx.world_size == ctx.local_world_size
+        if not (host.cfg.dist.shared_memory_reduce and ctx.backend == "gloo" and local):
+            return None
+        return build_shared_sum(host.model)
 
     @staticmethod
     def _gradient_path(host: Host, net: DistributedDataParallel) -> str:

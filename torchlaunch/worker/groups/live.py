@@ -69,6 +69,7 @@ class LiveTrainingGroup:
 
     reduces_in_backward = False
     keeps_grad_views = True  # one flat buffer (FlatGradients)
+    grid_sum = None  # the grid sums over gloo: shared memory is formed per group, not per run
 
     def __init__(self, seat: LiveGroup) -> None:
         self.seat = seat
