@@ -34,6 +34,8 @@ def newest_checkpoint(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
         return None, []
     try:
         from torchlaunch.core import checkpoint as ckpt
+
+        ckpt.latest_valid  # noqa: B018  the package loads its submodules (torch) on first use: here, in the try
     except ModuleNotFoundError as missing:  # a Python without the project's packages: status goes on
         return None, [f"checkpoints not verified: this Python lacks {missing.name} (use .venv/bin/python)"]
 
