@@ -252,9 +252,14 @@ class Cluster:
     def freeze_node(self, node: Node) -> list[int]:
         """SIGSTOP everything on the node (a whole machine hung: its agent frozen with its ranks);
         returns the pids stopped. Cluster.close (or kill_node) ends them."""
-        pids = [p.pid for p in node.processes()]
-        procs.signal_all(pids, signal.SIGSTOP)
-        return pids
+        stopped: list[int] = []
+        for _ in range(10):  # again until a sweep finds none new: a process forked during one is stopped too
+            new = [p.pid for p in node.processes() if p.pid not in stopped]
+            if not new:
+                break
+            procs.signal_all(new, signal.SIGSTOP)
+            stopped += new
+        return stopped
 
     def set_link(self, node: Node, up: bool) -> None:
         """Take the node's eth0 down or up: down cuts its veth pair's carrier, so the node is off the

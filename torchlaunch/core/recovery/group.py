@@ -139,7 +139,6 @@ class LiveGroup:
         """Enter the service with the group the launcher formed (every rank of the launch). Each rank
         heartbeats before the barrier, so the service waits for all of them in the first quorum; from here
         on its agent takes a silence past the bound for a frozen rank."""
-        settle_heap()
         if self.pulse is not None:
             self.pulse.start()
         if self.peers is not None:
@@ -210,7 +209,6 @@ class LiveGroup:
         the others look for at their check points), and wait in the service's quorum until they ask too;
         then this rank is a member of the live group (its state still to be taken from a peer). The
         request is written again every JOIN_RETRY_S: the others clear requests after each admission."""
-        settle_heap()
         if self.pulse is not None:
             self.pulse.start()
         if self.peers is not None:
@@ -429,16 +427,6 @@ class LiveGroup:
             relay.close()
         if self.pulse is not None:
             self.pulse.stop()
-
-
-def settle_heap() -> None:
-    """Collect once, then keep every object alive now (torch's modules, the model, the loaders: ~190,000
-    in a worker) out of later collections (gc.freeze). Why: a collection holds the GIL throughout, and
-    each leave's gc.collect() scanned them all (~80 ms of CPU; past the 1 s bound on a rank held to a
-    fifth of a loaded CPU), so the rank's heartbeats to the service stopped and the service formed a
-    joiner's group without it. A group's own objects are made later, so a leave still frees them."""
-    gc.collect()
-    gc.freeze()
 
 
 def restart_group_names() -> None:
