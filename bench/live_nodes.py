@@ -130,7 +130,7 @@ def run(
             """Each node's log (its last `tail` characters; None: whole, for the checks: a C++ warning of
             a few KB after a regroup must not push the line a test looks for out of sight)."""
             return "\n".join(
-                f"--- {p.name}\n{p.read_text(errors='replace')[-tail if tail else 0:]}" for p in logs if p.exists()
+                f"--- {p.name}\n{p.read_text(errors='replace')[-tail if tail else 0 :]}" for p in logs if p.exists()
             )
 
         def early() -> str | None:

@@ -104,6 +104,8 @@ def beat(run_dir: Path, rank: int) -> dict:
         return {}
 
 
+@pytest.mark.extended  # CI's budget: the watchdog's dump and retry stay in CI on Slurm (test_slurm_ops_cluster's
+# test_a_hang_is_dumped_requeued_once_and_resumed) and across netns nodes (faults' link-cut test)
 @pytest.mark.timeout(600)
 def test_a_sigstopped_rank_ends_as_hung_with_stacks_and_the_rerun_resumes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
