@@ -73,6 +73,7 @@ ALL = (
     "peers",
     "proposals",
     "tta",
+    "tta_nobf16",
 )
 DOCS = REPO / "docs"
 NO_CPU = "not recorded (measured before 2026-12-01)"
@@ -170,13 +171,34 @@ def run_selected(
     tta_result = None
     if "tta" in names and full:
         tta_result = record("tta", lambda: tta.run_full(work))
-    return results, preempt, {"timings_s": timings, "tta": tta_result}
+    no_bf16 = record("tta_nobf16", lambda: tta.run_no_bf16(work)) if "tta_nobf16" in names and full else None
+    return results, preempt, {"timings_s": timings, "tta": tta_result, "tta_nobf16": no_bf16}
 
 
 def fmt(v: float, unit: str) -> str:
     if unit == "s":
         return f"{v:.3g} s"
     return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+
+
+def no_bf16_lines(n: dict | None, bf16: dict | None) -> list[str]:
+    """Issue 58's row: the same recipe on a CPU without bf16 (ISA capped), against the bf16 record."""
+    lines = ["### The same recipe on a CPU without bf16", ""]
+    if not n:
+        return [*lines, f"Not recorded yet: run `{tta.NO_BF16_COMMAND}`.", ""]
+    caps = " ".join(f"{k}={v}" for k, v in (n.get("isa_caps") or {}).items())
+    ratio = f", {n['wall_s'] / bf16['wall_s']:.1f}x the bf16 record's {bf16['wall_s']:.0f} s" if bf16 else ""
+    curve = " | ".join(f"{c['epoch']}: {100 * c['val_acc']:.2f}% @ {c['elapsed_s']:.0f} s" for c in n["curve"])
+    return [
+        f"- `{n['command']}`: `{caps}` hides bf16 from oneDNN and ATen (emulated, as on a CPU without bf16 "
+        f"instructions), recorded {n['recorded_at']}, CPU {n['cpu']}, load average {n['load_average_before']} "
+        f"before / {n['load_average_after']} after",
+        f"- the recipe's `train.precision: auto` chose **{n['precision']}** ({n.get('precision_why')})",
+        f"- wall time {n['wall_s']:.0f} s{ratio}; median {n['median_images_per_s']:.0f} images/s over 2 "
+        f"processes; final validation top-1 **{100 * n['final_val_acc']:.2f}%**",
+        f"- per epoch: {curve}",
+        "",
+    ]
 
 
 def render(doc: dict) -> str:
@@ -286,6 +308,7 @@ def render(doc: dict) -> str:
         ]
     else:
         lines += ["Not recorded yet: run `python -m bench.run --full --only tta`.", ""]
+    lines += no_bf16_lines(doc.get("tta_nobf16"), t)
     dp, fused, xxh3 = res.get("datapath"), res.get("proposal_fused_sgd"), res.get("adopted_xxh3")
     pl = res.get("peers_lightning") if "project-1x2" in res.get("peers_lightning", {}).get("extra", {}) else None
     lines += ["## Fast paths adopted in train/ after measuring them here", ""]
@@ -518,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     if preempt:
         doc["preemption"] = {**preempt, "cpu": cpu_model()}
     doc["tta"] = more["tta"] or tta.recorded(args.docs / "bench-tta.json") or doc.get("tta")
+    doc["tta_nobf16"] = more["tta_nobf16"] or tta.recorded(args.docs / tta.NO_BF16_RECORD.name) or doc.get("tta_nobf16")
     doc["machine"] = (
         f"{cpu_model()}, {platform.machine()} Linux, {len(__import__('os').sched_getaffinity(0))} cores, torch "
         f"{torch.__version__}, Python {platform.python_version()}"
