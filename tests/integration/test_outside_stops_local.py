@@ -34,7 +34,7 @@ epoch's first batch) leaves its stacks in RUN_DIR/hangs, which the failure messa
 
 def stacks(run_dir: Path) -> str:
     """The watchdog's stack dumps of a hung run, for the failure message."""
-    dumps = sorted((run_dir / "hangs").glob("*")) if (run_dir / "hangs").is_dir() else []
+    dumps = sorted((run_dir / "hangs").rglob("*.txt")) if (run_dir / "hangs").is_dir() else []
     return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in dumps if p.is_file())
 
 
