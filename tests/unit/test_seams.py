@@ -743,11 +743,14 @@ def test_the_live_agent_starts_without_importing_torch() -> None:
 def test_a_worker_that_does_not_train_live_loads_neither_the_live_group_nor_the_shard_reader() -> None:
     """Every rank's start-up is on the clock (issue #36: start-up no worse than before the redesign):
     live mode is off by default and most runs read no shards, so the worker's modules load the live
-    group (core/recovery/group.py and the pulse and peers it brings) and the shard reader only when a
-    run uses them, not when they are imported."""
+    group (core/recovery/group.py, its stores, grads and handover, and the pulse and peers they bring)
+    and the shard reader only when a run uses them, not when they are imported."""
     seen = loaded_with("torchlaunch.worker.run", "torchlaunch.worker.trainer", "torchlaunch.worker.data")
     assert "torchlaunch.core.recovery.minimum" in seen  # the walk reaches the package
-    heavy = ("torchlaunch.core.recovery.group", "torchlaunch.core.recovery.fence", "torchlaunch.data.shards.reader")
+    heavy = (
+        *(f"torchlaunch.core.recovery.{m}" for m in ("group", "stores", "grads", "handover", "fence")),
+        "torchlaunch.data.shards.reader",
+    )
     assert not [m for m in heavy if m in seen], sorted(m for m in seen if m.startswith(heavy))
 
 
