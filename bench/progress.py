@@ -27,7 +27,7 @@ that the on side left both ranks' heartbeat files and the off side none.
 
 No host synchronisation: the trainer reports `p.global_step`, `self.total_steps`, `p.epoch` and
 `self.plan.per_rank`, all Python ints it keeps on the host; the step's loss stays a device tensor in
-the LossWindow and is read only at the log points (torchlaunch/worker/trainer.py `_train_epoch`).
+the LossWindow and is read only at the log points (torchlaunch/worker/loop.py `_train_epoch`).
 Heartbeat.beat does arithmetic on those ints and the clock only. tests/unit/test_host_sync.py runs fit()
 with a heartbeat writing on every step and fails on any device read outside the check points; its
 negative control shows that a heartbeat fed a tensor step would be caught. The API's per-step call

@@ -119,7 +119,7 @@ def docker_ready() -> str | None:
 def one_container_stop(work: Path, pod: bool, timeout_s: float = 600) -> float:
     """Seconds from `docker stop` to the container's exit 75: the long-step launch in the image, stopped
     mid step 2 with docker's default 10 s, or as a pod's container with its 30 s (`pod`)."""
-    from torchlaunch.backends.k8s.launch import RUN_AS
+    from torchlaunch.backends.k8s.hardening import RUN_AS
 
     shared = work / "shared"
     shutil.rmtree(shared, ignore_errors=True)

@@ -28,7 +28,9 @@ import torch
 
 from tests.conftest import REPO as ROOT
 from tests.conftest import launcher_argv
-from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.k8s import hardening
+from torchlaunch.backends.k8s import manifest as k8s_manifest
+from torchlaunch.backends.k8s import options as k8s_opts
 from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
 from torchlaunch.launch.spec import JobSpec
 
@@ -36,7 +38,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 IMAGE = os.environ.get("TORCHLAUNCH_IMAGE", "torchlaunch:dev")
-RUN_AS = k8s.RUN_AS
+RUN_AS = hardening.RUN_AS
 EPOCHS = 4  # 64 steps at world size 2: long enough to stop in the middle, short enough for CI
 JOB_TIMEOUT_S = 600
 
@@ -357,9 +359,9 @@ def make_job(image, tmp_path_factory):
             image=image,
             overrides=(f"train.epochs={EPOCHS}", *overrides),
         )
-        opts = k8s.K8sOptions(**{"name": name, "cpu_only": True, "save_time_s": 20, "step_time_s": 10, **options})
+        opts = k8s_opts.K8sOptions(**{"name": name, "cpu_only": True, "save_time_s": 20, "step_time_s": 10, **options})
         recipe = (ROOT / "configs" / "smoke.yaml").read_text()
-        job = next(m for m in k8s.manifests(spec, opts, recipe) if m["kind"] == "Job")
+        job = next(m for m in k8s_manifest.manifests(spec, opts, recipe) if m["kind"] == "Job")
         folder = tmp_path_factory.mktemp(name)
         recipe_dir = folder / "recipe"
         recipe_dir.mkdir()

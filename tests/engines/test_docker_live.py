@@ -31,8 +31,9 @@ from tests.integration.test_live_recovery import step_samples
 from tests.unit.test_k8s_elastic import validate
 from tests.unit.test_k8s_live import RANGE, rendered
 from torchlaunch import config as config_mod
-from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
+from torchlaunch.backends.k8s import manifest as k8s_manifest
+from torchlaunch.backends.k8s import options as k8s_opts
 from torchlaunch.exit_codes import OK, PREEMPTED
 from torchlaunch.launch.spec import JobSpec
 
@@ -162,11 +163,11 @@ class LiveJob(DockerJob):
 def live_job_of(image: str, tmp_path: Path, spec: JobSpec) -> Iterator[LiveJob]:
     """The live rendering of `spec` (the smoke recipe) on a Docker network, its Lighthouse serving."""
     cfg = config_mod.load(str(ROOT / "configs" / "smoke.yaml"), list(spec.overrides))
-    opts = k8s.K8sOptions(
+    opts = k8s_opts.K8sOptions(
         name="lv", cpu_only=True, save_time_s=20, step_time_s=10, live=k8s_live.from_config(cfg.recovery, False)
     )
     recipe = (ROOT / "configs" / "smoke.yaml").read_text()
-    objects = k8s.manifests(spec, opts, recipe)
+    objects = k8s_manifest.manifests(spec, opts, recipe)
     job = next(m for m in objects if m["kind"] == "Job")
     deployment = next(m for m in objects if m["kind"] == "Deployment")
     recipe_dir = tmp_path / "recipe"

@@ -12,6 +12,7 @@ import time
 from tests.unit.test_k8s import render, run_pod_script, spec_opts
 from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
+from torchlaunch.backends.k8s import manifest as k8s_manifest
 from torchlaunch.exit_codes import FAILURE
 
 
@@ -64,7 +65,9 @@ def test_live_pod_script_waits_for_the_service_on_every_pod_and_passes_its_addre
         calls = tmp_path / f"calls-{index}"
         env = {"PATH": f"{fake}:/usr/bin:/bin", "JOB_COMPLETION_INDEX": str(index), "CALLS": str(calls)}
         env |= {"MASTER_ADDR": "run-0.run", "MASTER_PORT": "29500"}
-        subprocess.run(["/bin/sh", "-c", k8s.pod_script(spec, opts)], env=env, cwd=tmp_path, check=True, timeout=30)
+        subprocess.run(
+            ["/bin/sh", "-c", k8s_manifest.pod_script(spec, opts)], env=env, cwd=tmp_path, check=True, timeout=30
+        )
         wait, launch, _ = calls.read_text().split("---\n")
         assert wait.splitlines() == [
             "-m",
@@ -79,4 +82,4 @@ def test_live_pod_script_waits_for_the_service_on_every_pod_and_passes_its_addre
         assert [w for w in words if w.startswith("recovery.lighthouse=")] == [f"recovery.lighthouse={own}"]
     rendered_service = k8s_live.Live()
     spec, opts = spec_opts(live=rendered_service)
-    assert f"recovery.lighthouse={k8s_live.address('run', rendered_service)}" in k8s.pod_script(spec, opts)
+    assert f"recovery.lighthouse={k8s_live.address('run', rendered_service)}" in k8s_manifest.pod_script(spec, opts)

@@ -332,15 +332,16 @@ def test_a_rank_with_the_runs_key_says_once_that_the_service_takes_ids_at_their_
 
 def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_the_bound() -> None:
     """Before a group forms, each member reads every other's answer to the quorum's token from that
-    member's own store (core/recovery/group.py): a member whose store answers for another quorum, holds
+    member's own store (core/recovery/stores.py): a member whose store answers for another quorum, holds
     a wrong answer or is not there is left out after the forming bound, and the group forms of the rest.
     A stranger who writes into a member's store (found by a port scan) at every name it can know does not
     leave it out (issue 52: it overwrote the answer): the answer's name is derived from the secret."""
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key, store_with_echo
+    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key
     from torchlaunch.core.recovery.membership import Member, Quorum, replica_id_of, sorted_members
     from torchlaunch.core.recovery.runkey import RunKey
+    from torchlaunch.core.recovery.stores import store_with_echo
 
     key, token = RunKey(b"k" * 32), "5-1.000000001"
     ids = [replica_id_of(r, run=key.tag) for r in range(5)]
@@ -553,8 +554,8 @@ def test_a_ranks_store_admits_only_the_runs_ranks() -> None:
     writes nothing; a peer of the run, through its relay, sets and reads keys."""
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.group import peer_relay, store_with_echo
     from torchlaunch.core.recovery.runkey import RunKey
+    from torchlaunch.core.recovery.stores import peer_relay, store_with_echo
 
     key = RunKey(b"s" * 32).presence_key
     echo, store, way_in = store_with_echo(key)

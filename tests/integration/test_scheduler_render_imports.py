@@ -19,6 +19,8 @@ import pytest
 from torchlaunch import backends
 from torchlaunch.agent import commands
 from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.k8s import manifest as k8s_manifest
+from torchlaunch.backends.k8s import options as k8s_opts
 from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.launch.spec import JobSpec
 
@@ -47,12 +49,12 @@ def specs(tmp_path: Path) -> dict[str, tuple[JobSpec, Any, Callable[[], str]]]:
     builtin = JobSpec(config="configs/smoke.yaml", run_dir=run_dir, nodes=2, gpus_per_node=4)
     placement = commands.NodePlacement(node_rank=1, master_addr="node0")
     slurm_options = slurm.SlurmOptions(python="/opt/venv/bin/python", repo_root="/opt/repo", cwd="/code")
-    k8s_options = (k8s.K8sOptions(name="run"), "seed: 0\n")
+    k8s_options = (k8s_opts.K8sOptions(name="run"), "seed: 0\n")
     in_pod = program.replace(run_dir="/shared/runs/a")  # a pod's run dir is on the shared volume
     return {
         "local": (builtin, placement, lambda: " ".join(commands.render(builtin, placement))),
         "slurm": (program, slurm_options, lambda: slurm.sbatch_script(program, slurm_options)),
-        "k8s": (in_pod, k8s_options, lambda: k8s.to_yaml(k8s.manifests(in_pod, *k8s_options))),
+        "k8s": (in_pod, k8s_options, lambda: k8s.to_yaml(k8s_manifest.manifests(in_pod, *k8s_options))),
     }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from torchlaunch.tools import doctor
+from torchlaunch.tools import doctor, machine_checks
 
 
 def cpu_machine() -> dict:
@@ -72,20 +72,20 @@ def gpu_machine(visible: int = 2, driver_gpus: int = 2) -> dict:
     return facts
 
 
-def failures(facts: dict) -> list[doctor.Finding]:
-    return [f for f in doctor.check_facts(facts) if f.level == doctor.FAIL]
+def failures(facts: dict) -> list[machine_checks.Finding]:
+    return [f for f in machine_checks.check_facts(facts) if f.level == machine_checks.FAIL]
 
 
 def test_healthy_cpu_machine_passes() -> None:
-    findings = doctor.check_facts(cpu_machine())
-    assert [f for f in findings if f.level != doctor.OK] == []
-    assert doctor.exit_code(findings) == 0
+    findings = machine_checks.check_facts(cpu_machine())
+    assert [f for f in findings if f.level != machine_checks.OK] == []
+    assert machine_checks.exit_code(findings) == 0
     assert any("CPU training on gloo" in f.message for f in findings)
 
 
 def test_healthy_gpu_machine_passes() -> None:
-    findings = doctor.check_facts(gpu_machine())
-    assert doctor.exit_code(findings) == 0
+    findings = machine_checks.check_facts(gpu_machine())
+    assert machine_checks.exit_code(findings) == 0
     assert any("2 of 2 GPU(s) visible" in f.message for f in findings)
 
 
@@ -97,7 +97,7 @@ def test_cpu_only_torch_on_gpu_machine_names_the_fix() -> None:
     assert fail.check == "torch-build"
     assert "CPU-only build" in fail.message and "2 GPU(s)" in fail.message
     assert "CUDA build of torch" in fail.fix
-    assert doctor.exit_code(doctor.check_facts(facts)) == 2
+    assert machine_checks.exit_code(machine_checks.check_facts(facts)) == 2
 
 
 @pytest.mark.parametrize("value", ["", "-1", "none", "7"])
@@ -165,10 +165,10 @@ def test_failed_smoke_test_names_the_device() -> None:
 def test_gpu_without_bf16_warns_with_fp16_advice() -> None:
     facts = gpu_machine(visible=1, driver_gpus=1)
     facts["devices"][1].update(bf16=False, name="Tesla V100")
-    findings = doctor.check_facts(facts)
-    [warn] = [f for f in findings if f.level == doctor.WARN]
+    findings = machine_checks.check_facts(facts)
+    [warn] = [f for f in findings if f.level == machine_checks.WARN]
     assert "no bf16" in warn.message and "train.precision=fp16" in warn.fix
-    assert doctor.exit_code(findings) == 0
+    assert machine_checks.exit_code(findings) == 0
 
 
 def test_old_python_and_unimportable_torch() -> None:
@@ -181,14 +181,14 @@ def test_old_python_and_unimportable_torch() -> None:
 def test_checks_do_not_mutate_facts() -> None:
     facts = gpu_machine()
     before = copy.deepcopy(facts)
-    doctor.check_facts(facts)
+    machine_checks.check_facts(facts)
     assert facts == before
 
 
 def test_table_lists_devices_and_fixes() -> None:
     facts = gpu_machine(visible=0)
     facts["env"]["CUDA_VISIBLE_DEVICES"] = ""
-    table = doctor.render_table(facts, doctor.check_facts(facts))
+    table = doctor.render_table(facts, machine_checks.check_facts(facts))
     assert "cuDNN                 9.24.0" in table
     assert "fix: unset CUDA_VISIBLE_DEVICES" in table
     assert table.endswith("doctor: FAILED")

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.k8s import manifest as k8s_manifest
+from torchlaunch.backends.k8s import options as k8s_opts
 from torchlaunch.backends.slurm import sbatch
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import emit
@@ -157,7 +158,7 @@ def test_container_mount_refuses_separators(path):
 
 def hostile_manifests(hostile: str) -> list[dict]:
     spec = JobSpec(program=("train.py", "--note", hostile), nodes=2, gpus_per_node=1, image="reg.example/t:1")
-    return k8s.manifests(spec, k8s.K8sOptions(name="run", cpu_only=True), "")
+    return k8s_manifest.manifests(spec, k8s_opts.K8sOptions(name="run", cpu_only=True), "")
 
 
 def header_for(argv: list[str]) -> list[str]:

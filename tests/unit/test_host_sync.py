@@ -28,7 +28,7 @@ from torchlaunch.core.dist import DistContext
 from torchlaunch.core.preemption import PreemptionWatcher
 from torchlaunch.exit_codes import OK
 from torchlaunch.jobs import progress
-from torchlaunch.worker import trainer as trainer_mod
+from torchlaunch.worker import loop
 from torchlaunch.worker.data import load_bundle
 from torchlaunch.worker.trainer import Trainer
 
@@ -173,12 +173,12 @@ def test_a_heartbeat_that_reads_the_device_is_caught(
     """The negative control: a trainer that reported a device tensor (a step counter or the loss kept
     on the device) would make Heartbeat.beat's int() wait for the device on every step."""
     trainer = _trainer(tmp_path / "run", torch.device("cpu"))
-    real = trainer_mod.heartbeat
+    real = loop.heartbeat
 
     def on_device(step: int, **fields: int | None) -> None:
         real(torch.tensor(step, device=trainer.device), **fields)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(trainer_mod, "heartbeat", on_device)
+    monkeypatch.setattr(loop, "heartbeat", on_device)
     recorder = Recorder()
     with recorder.patched(monkeypatch):
         assert trainer.fit() == OK

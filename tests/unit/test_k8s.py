@@ -13,6 +13,8 @@ import yaml
 
 from tests.conftest import REPO as ROOT
 from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.k8s import manifest as k8s_manifest
+from torchlaunch.backends.k8s import options as k8s_opts
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.launch.spec import JobSpec
 
@@ -70,14 +72,14 @@ def test_four_nodes_of_eight_gpus_matches_golden():
     assert out == (GOLDEN / "k8s_4x8.yaml").read_text()
 
 
-def spec_opts(**opts) -> tuple[JobSpec, k8s.K8sOptions]:
+def spec_opts(**opts) -> tuple[JobSpec, k8s_opts.K8sOptions]:
     spec = JobSpec(config="configs/smoke.yaml", nodes=3, gpus_per_node=4, image="r/i:1", overrides=("seed=3",))
-    return spec, k8s.K8sOptions(name="run", **opts)
+    return spec, k8s_opts.K8sOptions(name="run", **opts)
 
 
 def test_indexed_job_pods_find_each_other_through_the_headless_service():
     spec, opts = spec_opts()
-    objs = {m["kind"]: m for m in k8s.manifests(spec, opts, "seed: 0\n")}
+    objs = {m["kind"]: m for m in k8s_manifest.manifests(spec, opts, "seed: 0\n")}
     job, svc = objs["Job"]["spec"], objs["Service"]
     assert job["completionMode"] == "Indexed"
     assert job["parallelism"] == job["completions"] == 3
@@ -95,7 +97,7 @@ def test_indexed_job_pods_find_each_other_through_the_headless_service():
 
 def test_failure_policy_retries_preemption_and_fails_fast_on_bad_input():
     spec, opts = spec_opts(save_time_s=100, step_time_s=20)
-    job = k8s.job(spec, opts)["spec"]
+    job = k8s_manifest.job(spec, opts)["spec"]
     rules = job["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]}} in rules
     assert {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}} in rules
@@ -108,7 +110,7 @@ def test_failure_policy_retries_preemption_and_fails_fast_on_bad_input():
 
 def test_least_privilege_and_resources():
     spec, opts = spec_opts()
-    pod = k8s.pod_spec(spec, opts)
+    pod = k8s_manifest.pod_spec(spec, opts)
     c = pod["containers"][0]
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
@@ -118,12 +120,12 @@ def test_least_privilege_and_resources():
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-    cpu_pod = k8s.pod_spec(spec, k8s.K8sOptions(cpu_only=True))
+    cpu_pod = k8s_manifest.pod_spec(spec, k8s_opts.K8sOptions(cpu_only=True))
     assert "nvidia.com/gpu" not in cpu_pod["containers"][0]["resources"]["limits"]
     assert "tolerations" not in cpu_pod
 
 
-def run_pod_script(tmp_path: Path, index: int, spec: JobSpec, opts: k8s.K8sOptions) -> list[str]:
+def run_pod_script(tmp_path: Path, index: int, spec: JobSpec, opts: k8s_opts.K8sOptions) -> list[str]:
     """Run the pod's real shell program with `python` replaced by a recorder of its argv."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
@@ -136,7 +138,7 @@ def run_pod_script(tmp_path: Path, index: int, spec: JobSpec, opts: k8s.K8sOptio
         "MASTER_ADDR": "run-0.run",
         "MASTER_PORT": "29500",
     }
-    subprocess.run(["/bin/sh", "-c", k8s.pod_script(spec, opts)], env=env, check=True, timeout=30)
+    subprocess.run(["/bin/sh", "-c", k8s_manifest.pod_script(spec, opts)], env=env, check=True, timeout=30)
     return log.read_text().splitlines()
 
 

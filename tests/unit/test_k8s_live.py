@@ -18,8 +18,9 @@ from tests.unit.test_k8s_elastic import golden
 from tests.unit.test_k8s_wiring import EVIL, kinds
 from torchlaunch import config as config_mod
 from torchlaunch.agent import options
-from torchlaunch.backends.k8s import launch as k8s
 from torchlaunch.backends.k8s import live as k8s_live
+from torchlaunch.backends.k8s import manifest as k8s_manifest
+from torchlaunch.backends.k8s import options as k8s_opts
 from torchlaunch.core.recovery.section import RecoveryConfig
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput
 from torchlaunch.launch.spec import JobSpec
@@ -243,10 +244,10 @@ def test_a_first_launchs_pod_waits_for_pod_0s_name_in_its_launcher_bounded_by_wa
     later = shlex.split(script_of(by_kind(rendered([*LIVE, "--wait-timeout-s", "90"]))["Job"]).splitlines()[2])
     assert later[later.index("--master-wait-s") + 1] == "90"
     assert "--master-wait-s" not in script_of(by_kind(rendered(LIVE[:-1]))["Job"])  # not live: --wait-for
-    assert k8s.WAIT_TIMEOUT_MAX_S == options.MASTER_WAIT_MAX_S  # what a pod is given, it accepts
-    code, out, err = render([*LIVE, "--wait-timeout-s", str(k8s.WAIT_TIMEOUT_MAX_S + 1)])
+    assert k8s_opts.WAIT_TIMEOUT_MAX_S == options.MASTER_WAIT_MAX_S  # what a pod is given, it accepts
+    code, out, err = render([*LIVE, "--wait-timeout-s", str(k8s_opts.WAIT_TIMEOUT_MAX_S + 1)])
     assert code == BAD_INPUT and not out and err.strip().count("\n") == 0
-    assert f"--wait-timeout-s must be at most {k8s.WAIT_TIMEOUT_MAX_S}" in err, err
+    assert f"--wait-timeout-s must be at most {k8s_opts.WAIT_TIMEOUT_MAX_S}" in err, err
 
 
 def test_a_service_of_the_users_own_is_used_and_none_rendered() -> None:
@@ -379,8 +380,8 @@ def test_nodes_args_and_master_addr_of_a_count_and_a_range() -> None:
 
 def test_the_job_transform_keeps_everything_else() -> None:
     spec = JobSpec(config="configs/smoke.yaml", nodes=3, gpus_per_node=2, image="r/i:1")
-    plain = k8s.job(spec, k8s.K8sOptions(name="run"))
-    live = k8s.job(spec, k8s.K8sOptions(name="run", live=k8s_live.Live()))
+    plain = k8s_manifest.job(spec, k8s_opts.K8sOptions(name="run"))
+    live = k8s_manifest.job(spec, k8s_opts.K8sOptions(name="run", live=k8s_live.Live()))
     assert list(live["spec"]) == [
         "completionMode",
         "completions",

@@ -11,9 +11,11 @@ import yaml
 
 from tests.conftest import scanner
 from tests.unit.test_k8s import render
-from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.k8s import manifest as k8s_manifest
+from torchlaunch.backends.k8s import options as k8s_opts
 from torchlaunch.exit_codes import BAD_INPUT
 from torchlaunch.jobs import record
+from torchlaunch.launch.spec import JobSpec
 
 EVIL = "x\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: evil\n#"
 
@@ -52,8 +54,8 @@ def strict_validate(text: str, tmp_path: Path) -> None:
 
 
 def test_the_pods_know_their_job_and_namespace_for_launch_status() -> None:
-    spec = k8s.JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=1)
-    env = {e["name"]: e for e in k8s.container(spec, k8s.K8sOptions(name="run"))["env"]}
+    spec = JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=1)
+    env = {e["name"]: e for e in k8s_manifest.container(spec, k8s_opts.K8sOptions(name="run"))["env"]}
     assert env[record.K8S_JOB_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.labels['batch.kubernetes.io/job-name']"
     )
@@ -61,5 +63,5 @@ def test_the_pods_know_their_job_and_namespace_for_launch_status() -> None:
 
 
 def test_the_run_dir_is_normalised_onto_the_shared_volume() -> None:
-    spec = k8s.JobSpec(config="configs/smoke.yaml", run_dir="/shared/runs/../runs/a/./b")
-    assert k8s.run_dir(spec, k8s.K8sOptions()) == "/shared/runs/a/b"
+    spec = JobSpec(config="configs/smoke.yaml", run_dir="/shared/runs/../runs/a/./b")
+    assert k8s_opts.run_dir(spec, k8s_opts.K8sOptions()) == "/shared/runs/a/b"

@@ -78,7 +78,7 @@ def test_a_cap_on_the_cpu_instructions_is_part_of_the_precision_cache_key(monkey
 
 
 def test_doctor_names_the_fast_cpu_precision() -> None:
-    from torchlaunch.tools.doctor import _cpu_precision_finding
+    from torchlaunch.tools.machine_checks import _cpu_precision_finding
 
     finding = _cpu_precision_finding(
         {"model": "fastnet", "batch": 16, "fp32": 259.0, "bf16": 182.0, "auto_picks": "fp32"}

@@ -16,7 +16,7 @@ import torch
 from tests.conftest import REPO, launcher_argv
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.tools import preflight
-from torchlaunch.tools.doctor import FAIL, OK, WARN
+from torchlaunch.tools.machine_checks import FAIL, OK, WARN
 from torchlaunch.worker.lead_time import lead_time_warning
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import REPO, launcher_argv
 from torchlaunch.backends.k8s import launch as k8s
+from torchlaunch.backends.k8s import manifest as k8s_manifest
 from torchlaunch.backends.slurm import launch as slurm
 from torchlaunch.jobs import ranklog
 from torchlaunch.launch import cli
@@ -142,9 +143,9 @@ def test_k8s_pods_inner_launcher_gets_the_console_and_hang_options() -> None:
         ["--cpu-only", "--hang-timeout", "45", "--rank-prefix", "--console-ranks", "0,2-3", "--", "train.py"]
     )
     spec, opts, _ = k8s.plan(args)
-    script = k8s.pod_script(spec, opts)
+    script = k8s_manifest.pod_script(spec, opts)
     assert "--hang-timeout 45 --rank-prefix --console-ranks 0,2,3 -- train.py" in script
-    default = k8s.pod_script(*k8s.plan(k8s.parse_args(["--cpu-only", "--", "train.py"]))[:2])
+    default = k8s_manifest.pod_script(*k8s.plan(k8s.parse_args(["--cpu-only", "--", "train.py"]))[:2])
     assert "--hang-timeout" not in default and "--rank-prefix" not in default and "--console-ranks" not in default
 
 

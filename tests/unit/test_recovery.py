@@ -398,7 +398,7 @@ def test_the_gradients_live_in_one_flat_buffer_that_backward_fills_in_place() ->
     (channels_last included), backward accumulates into it, and an unused parameter adds zeros."""
     from torch import nn
 
-    from torchlaunch.core.recovery.group import FlatGradients
+    from torchlaunch.core.recovery.grads import FlatGradients
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))

@@ -513,17 +513,24 @@ def test_the_floors_below_the_worker_never_import_it() -> None:
 def test_the_trainer_never_asks_which_training_group_it_has() -> None:
     """The trainer talks to one training-group interface (worker/groups/) and never branches on the road
     (../shared/ARCHITECTURE.md, "Live recovery: one road"): it reads no `live` attribute or recovery.live,
-    and imports neither the live group nor core/recovery's seat, so a road's steps live behind the seam."""
-    path = PACKAGE / "worker" / "trainer.py"
-    found = [
-        f"{where(path, node)}: {ast.unparse(node)}"
-        for node in ast.walk(parsed(path))
-        if isinstance(node, ast.Attribute) and node.attr == "live"
-    ]
+    and imports neither the live group nor core/recovery's seat, so a road's steps live behind the seam.
+    The trainer is class Trainer's modules: trainer.py and the parts it is built of (its bases)."""
+    from torchlaunch.worker.trainer import Trainer
+
+    paths = sorted({PACKAGE.parent / f"{c.__module__.replace('.', '/')}.py" for c in Trainer.__mro__[:-1]})
+    assert PACKAGE / "worker" / "loop.py" in paths, paths  # the bases are read
+    found = []
     behind = ("torchlaunch.worker.groups.live", "torchlaunch.core.recovery.group", "torchlaunch.core.recovery.replan")
-    found += [f"{path.relative_to(REPO)}: import {n}" for n in imported_names(path) if n.startswith(behind)]
+    for path in paths:
+        found += [
+            f"{where(path, node)}: {ast.unparse(node)}"
+            for node in ast.walk(parsed(path))
+            if isinstance(node, ast.Attribute) and node.attr == "live"
+        ]
+        found += [f"{path.relative_to(REPO)}: import {n}" for n in imported_names(path) if n.startswith(behind)]
     assert not found, "the trainer branches on its group's kind:\n" + "\n".join(found)
-    assert "self.group.lost(e)" in path.read_text(encoding="utf-8")  # the seam is what it calls instead
+    loop = (PACKAGE / "worker" / "loop.py").read_text(encoding="utf-8")
+    assert "self.group.lost(e)" in loop  # the seam is what it calls instead
 
 
 def test_the_ground_floor_imports_only_itself_and_the_exit_codes() -> None:
@@ -743,11 +750,14 @@ def test_the_live_agent_starts_without_importing_torch() -> None:
 def test_a_worker_that_does_not_train_live_loads_neither_the_live_group_nor_the_shard_reader() -> None:
     """Every rank's start-up is on the clock (issue #36: start-up no worse than before the redesign):
     live mode is off by default and most runs read no shards, so the worker's modules load the live
-    group (core/recovery/group.py and the pulse and peers it brings) and the shard reader only when a
-    run uses them, not when they are imported."""
+    group (core/recovery/group.py, its stores, grads and handover, and the pulse and peers they bring)
+    and the shard reader only when a run uses them, not when they are imported."""
     seen = loaded_with("torchlaunch.worker.run", "torchlaunch.worker.trainer", "torchlaunch.worker.data")
     assert "torchlaunch.core.recovery.minimum" in seen  # the walk reaches the package
-    heavy = ("torchlaunch.core.recovery.group", "torchlaunch.core.recovery.fence", "torchlaunch.data.shards.reader")
+    heavy = (
+        *(f"torchlaunch.core.recovery.{m}" for m in ("group", "stores", "grads", "handover", "fence")),
+        "torchlaunch.data.shards.reader",
+    )
     assert not [m for m in heavy if m in seen], sorted(m for m in seen if m.startswith(heavy))
 
 

@@ -27,7 +27,7 @@ from torchlaunch.data.shards.cli import main as shards_main
 from torchlaunch.data.shards.index import ALIGN, INDEX_SUFFIX, MAGIC, PREAMBLE, SET_INDEX, load, pack
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import precheck
-from torchlaunch.tools.doctor import plugin_facts
+from torchlaunch.tools.machine_facts import plugin_facts
 from torchlaunch.worker.datacheck import check_shards
 
 pytestmark = pytest.mark.timeout(120)

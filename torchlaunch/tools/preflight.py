@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import exit_codes
-from torchlaunch.tools.doctor import FAIL, OK, WARN, Finding
+from torchlaunch.tools.machine_checks import FAIL, OK, WARN, Finding
 
 BYTES_PER_PARAM = 4
 """fp32 master weights."""

@@ -1,23 +1,19 @@
-"""One rank's training: the model, optimizer and loaders it builds, the step, and the loop.
+"""One rank's training: the model, optimizer and loaders it builds, and the state a checkpoint holds.
 
-The loop's decisions (log, save, validate, check, stop) come from worker/schedule.py; the optimizer
-and LR schedule from worker/optim.py, the precision from worker/precision.py, the run's outputs go
-through worker/metrics.py and its checkpoints through core/checkpoint.py.
+The class's other parts are modules of their own, each read against what Trainer.__init__ builds: the
+optimizer step (worker/steps.py), the loop and its agreed stop (worker/loop.py), and each epoch's
+validation (worker/validation.py). The loop's decisions (log, save, validate, check, stop) come from
+worker/schedule.py; the optimizer and LR schedule from worker/optim.py, the precision from
+worker/precision.py, the run's outputs go through worker/metrics.py and its checkpoints through
+core/checkpoint.py.
 
-No step waits for the device except at check points (log points, saves, epoch ends, the last step
-and an agreed preemption): the loss stays on the device in a running sum, and each step's preemption
-flag is all-reduced without waiting and read a few steps later (core/preemption.py StepAgreement),
-the same step on every rank. At a check point the all-reduced loss sum is read: a non-finite sum on
-any rank stops every rank together (Trainer.NAN_CHECK_BOUND).
+No step waits for the device except at check points (worker/loop.py says which, and why).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,21 +23,15 @@ import torch
 from torch import nn
 
 from torchlaunch import config as config_mod
-from torchlaunch import contract, grace, rundir, status
+from torchlaunch import contract, grace, rundir
 from torchlaunch.config import RunConfig
 from torchlaunch.core import checkpoint as ckpt
-from torchlaunch.core.dist import DistContext, all_reduce_sum_, broadcast_buffers
-from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement, agree
-from torchlaunch.core.recovery import minimum
+from torchlaunch.core.dist import DistContext
+from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement
 from torchlaunch.core.sampler import BatchPlan
-from torchlaunch.core.step_drop import StepDrop, StepDropped, applies
-from torchlaunch.exit_codes import OK, PREEMPTED, BadInput, ConfigError
-from torchlaunch.jobs import progress as progress_beat
-from torchlaunch.jobs.progress import heartbeat
-from torchlaunch.startup import process_age_s
-from torchlaunch.worker import eval_loop
-from torchlaunch.worker.accumulate import backward_share
-from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoader, eval_batches
+from torchlaunch.core.step_drop import StepDrop, applies
+from torchlaunch.exit_codes import BadInput, ConfigError
+from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoader
 from torchlaunch.worker.data.augment import val_resize_for
 from torchlaunch.worker.debug import check_model_io
 from torchlaunch.worker.faults import FaultSignal
@@ -49,6 +39,7 @@ from torchlaunch.worker.grid import GridStep, grid_size, pin_threads
 from torchlaunch.worker.groups import FixedGroup, TrainingGroup
 from torchlaunch.worker.lead_time import lead_time_warning
 from torchlaunch.worker.lookahead import Lookahead
+from torchlaunch.worker.loop import TrainingLoop
 from torchlaunch.worker.metrics import RunLog, WorldSize, require_tensorboard
 from torchlaunch.worker.models import build_model
 from torchlaunch.worker.optim import build_optimizer, build_scheduler
@@ -58,21 +49,14 @@ from torchlaunch.worker.precision import (
 )
 from torchlaunch.worker.schedule import LoopSchedule
 from torchlaunch.worker.state_check import worker_state_problem
+from torchlaunch.worker.steps import Steps
+from torchlaunch.worker.validation import Validation
 
 VERSION = "0.1.0"
 
 AGREEMENT_LAG = 2
 """Steps between posting a preemption flag and reading the agreed value between check points: the
 host never waits for the step it just queued, and a stop comes at most this many steps late."""
-
-
-class Admitted(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """The group grew at a check point (a rank started again joined): the epoch's steps go on from
-    the same position with the new shares (_train_epoch catches it)."""
-
-
-class NonFiniteLoss(BadInput):
-    """The loss became NaN/inf; a deterministic rerun would hit it again, so it counts as bad input."""
 
 
 @dataclass
@@ -112,24 +96,7 @@ def whitening_sample(images: ImageSet, normalize: Normalizer, image_size: int, l
     return normalize(batch.to(normalize.scale.device)).contiguous()
 
 
-class LossWindow:
-    """The running loss sum of the steps since the last log point, on the device (float64: the same
-    sums, bit for bit, as adding the losses up as Python floats). Read only at check points."""
-
-    def __init__(self, device: torch.device, start_step: int) -> None:
-        self.device = device
-        self.reset(start_step)
-
-    def reset(self, start_step: int) -> None:
-        self.total = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.start_step, self.steps = start_step, 0  # the window holds the steps after start_step
-
-    def add(self, loss: torch.Tensor) -> None:
-        self.total += loss
-        self.steps += 1
-
-
-class Trainer:
+class Trainer(TrainingLoop, Validation, Steps):
     """Builds model, optimizer, schedule and loaders for one rank, and runs fit()."""
 
     def __init__(
@@ -431,276 +398,6 @@ class Trainer:
         if info is not None:
             self.save_seconds = info.seconds
 
-    # ------------------------------------------------------------------ steps
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
-
-    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One optimizer step over this rank's micro-batches; returns the rank's weighted loss sum (its
-        share's mean loss x share x W / B, worker/accumulate.py) as a 0-d float32 tensor on the device,
-        unread: reading it would wait for the step, so the loop adds it to a running sum on the device
-        that it reads only at check points. Summed over the ranks it is W x the global batch's mean."""
-        self.net.train()
-        drop = self.step_drop
-        if drop is not None:
-            drop.begin(self.progress.global_step + 1)
-        if self.grid_step is not None:  # train.exact: summed already, the same bits on any world size
-            total = self._grid_share(micro_batches, drop)
-        else:
-            total = backward_share(
-                self.net,
-                micro_batches,
-                self.criterion,
-                self.plan,
-                self.scaler,
-                self.autocast,
-                leave=drop.leave if drop is not None else None,
-                sync_last=self.ctx.distributed and self.group.reduces_in_backward,  # DDP's are in the last one
-            )
-            self.group.reduce_gradients(self.ctx.world_size)  # a lost peer fails it before the optimizer step
-            if drop is not None and drop.agreed():  # every rank alike: nothing of the step is applied
-                drop.restore()
-                self.zero_gradients()
-                raise StepDropped
-        if self.cfg.train.clip_grad_norm:
-            self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.zero_gradients()
-        self.scheduler.step()
-        return total
-
-    def _grid_share(
-        self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], drop: StepDrop | None
-    ) -> torch.Tensor:
-        """train.exact's step (worker/grid.py): this rank's micro-batches, then the grid's sums. A stop is
-        agreed after the first collective, as backward_share's is after DDP's (core/step_drop.py).
-        Returns the local loss sum x W / G, which the ranks' sums add up to W x the global mean."""
-        grid = self.grid_step
-        assert grid is not None
-        first = self.plan.grid_range().start
-        grid.distributed = self.ctx.distributed  # a group re-formed in place may be of any size
-        leave = drop.leave if drop is not None else None
-        total = grid.run(
-            micro_batches, first, self.progress.global_step + 1, self.criterion, self.scaler.scale, self.autocast, leave
-        )
-        grid.agree()
-        if drop is not None and drop.agreed():
-            grid.discard()
-            drop.restore()
-            self.zero_gradients()
-            raise StepDropped
-        grid.finish()
-        return total * (self.ctx.world_size / self.grid)
-
-    def zero_gradients(self) -> None:
-        """After a step, the group's way (.grad = None, or a flat buffer zeroed whose views stay)."""
-        self.group.zero_gradients(self.optimizer)
-
-    def abandon_step(self) -> None:
-        """A peer was lost mid-step or mid-save: the step's partial gradients and posted stop flags go,
-        and the last save is not known to be committed (the next save of that step writes it)."""
-        self.last_saved = None
-        self.zero_gradients()
-        assert self.agreement is not None
-        self.agreement.forget()
-
-    def group_changed(self, plan: BatchPlan, window: LossWindow | None) -> None:
-        """A new group formed (a loss, or a rank admitted): its stop-dropping store, the plan's shares on
-        it, the loader's plan and the agreement on it. The loss window restarts (its sum held the old
-        group's shares)."""
-        self.step_drop = self._step_drop()  # the new group's store: a lost peer's word stays in the old one
-        self.plan = plan
-        self.loader.plan = plan
-        self.world = WorldSize.of(self.ctx)
-        self.agreement = StepAgreement(self.ctx)
-        if window is not None:
-            window.reset(self.progress.global_step)
-
-    def evaluate(self, tta: str = "none") -> dict[str, float] | None:
-        """Loss and top-1 over the validation set, each sample counted once; None if preempted."""
-        self.net.eval()
-        broadcast_buffers(self.ctx, self.model)  # evaluate exactly the model a checkpoint holds
-        batch = max(self.plan.micro, 256)
-        batches = eval_batches(
-            self.data.val,
-            self.ctx.rank,
-            self.ctx.world_size,
-            batch,
-            self.normalize,
-            self.device,
-            self.data.image_size,
-            0,
-            self.val_resize,
-        )
-        n_batches = math.ceil(max(1, len(self.data.val) // self.ctx.world_size + 1) / batch)
-
-        def stop(i: int) -> bool:  # one agreement round per batch, the same number on every rank
-            if agree(self.ctx, self.watcher.requested)[0]:
-                return True
-            if i == 0:
-                self.fault("val", self.progress.epoch)
-            return False
-
-        result = eval_loop.evaluate(self.model, batches, self.ctx, self.autocast, tta, n_batches + 1, stop)
-        if result is None:
-            return None
-        count = result["samples"]
-        return {"val_loss": result["loss"], "val_acc": result["correct"] / count, "val_samples": count}
-
-    # ------------------------------------------------------------------ the loop
-
-    def fit(self) -> int:
-        """Train to the end (OK, model.pt written) or to an agreed preemption (PREEMPTED, checkpoint
-        committed). Every rank runs the same decisions (self.schedule), so collectives line up."""
-        resumed = self.group.start(self)  # a checkpoint's path, or None (fresh, or a peer's state)
-        p = self.progress
-        log = RunLog(
-            self.run_dir,
-            self.ctx.rank,
-            epochs=self.cfg.train.epochs,
-            steps_per_epoch=self.plan.steps_per_epoch,
-            total_steps=self.total_steps,
-            global_batch=self.plan.global_batch,
-            start_step=p.global_step,
-            resume_step=p.global_step if resumed or self.group.joined else None,  # a joiner appends
-            tensorboard=self.cfg.train.tensorboard,
-            trace=self.cfg.debug.trace_batches,
-            started_as=self.group.started_as,  # names this rank's files
-            world_size=self.ctx.world_size if resumed else None,  # a joiner leaves the others' files alone
-        )
-        try:
-            self.group.opened(log)
-            log.line(self._opening_line(resumed))
-            if self.loader.worker_note and self.ctx.is_main:
-                log.line(self.loader.worker_note)
-            if resumed and self.saved_world is not None and self.saved_world != self.world:
-                log.world_changed(p.global_step, p.epoch, self.world, self.saved_world, self.plan)
-            if self.ctx.is_main:
-                ckpt.clean_stale(self.ckpt_root)
-            self._warn_lead_time(log)
-            log.begin()
-            window, self.agreement = LossWindow(self.device, p.global_step), StepAgreement(self.ctx)
-            first_step = True
-            while self.schedule.training(p.epoch, p.global_step, p.val_pending):
-                if not p.val_pending:
-                    if not self._train_epoch(log, window, first_step):
-                        return self._preempted(log)
-                    first_step = False
-                    p.val_pending = True
-                if not self._validate(log):
-                    return self._preempted(log)
-            self.group.finish(self, log)
-            return OK
-        except minimum.BelowMinimum as below:  # raised only by a group that shrinks
-            return self.group.below_minimum(self, log, below)
-        finally:
-            try:
-                self.writer.wait()
-            finally:
-                log.close()
-
-    def _train_epoch(self, log: RunLog, window: LossWindow, first_step: bool) -> bool:
-        """The epoch's remaining training steps; False when the ranks agreed to stop (preemption). A
-        peer's loss that the group goes on after (group.lost) makes it regroup; the steps go on from the
-        one that was interrupted (its optimizer step was never taken)."""
-        while True:
-            try:
-                return self._train_steps(log, window, first_step)
-            except Admitted:  # the group grew at a check point: the steps go on with the new shares
-                first_step = False
-                continue
-            except Exception as e:
-                why = self.group.lost(e)
-                if why is None:
-                    raise
-            self.group.recover_step(self, log, why, window)  # outside the handler: worker/groups/live.loss_line
-            first_step = False
-
-    def _train_steps(self, log: RunLog, window: LossWindow, first_step: bool) -> bool:
-        p = self.progress
-        agreement = self.agreement
-        assert agreement is not None
-        perm = self.plan.permutation(p.epoch) if log.tracing else None
-        for step, micro in self.loader.epoch(p.epoch, p.step_in_epoch):
-            if perm is not None:  # debug.trace_batches: host-side indices, no device read
-                indices = self.plan.rank_step(perm, p.epoch, step)[0].tolist()
-                generation = self.group.generation
-                log.trace(p.global_step + 1, p.epoch, self.ctx.world_size, indices, self.loader.step_trace, generation)
-            started = time.perf_counter() if first_step else 0.0
-            try:
-                window.add(self.train_step(micro))
-            except StepDropped:
-                log.line(f"stop: dropped step {p.global_step + 1} in flight; committing step {p.global_step}")
-                return False
-            p.step_in_epoch, p.global_step = step + 1, p.global_step + 1
-            self.group.stepped(log, p.global_step)
-            heartbeat(p.global_step, total=self.total_steps, epoch=p.epoch, samples_per_step=self.plan.per_rank)
-            if self.lookahead is not None:
-                self.lookahead.after_step(p.global_step)
-            if first_step:  # one device sync, once per process: the start-up figure
-                log.startup(p.global_step, p.epoch, self._startup_seconds(), time.perf_counter() - started)
-                first_step = False
-            log.stepped()
-            self.fault("step", p.global_step)
-            agreement.post(p.global_step, self.watcher.requested)
-            plan = self.schedule.after_step(p.global_step, p.step_in_epoch)
-            stop = agreement.read(self.schedule.agreement_through(p.global_step, plan.check))
-            if plan.check or stop:  # before any log line, checkpoint or validation (NAN_CHECK_BOUND)
-                stop = agreement.read(p.global_step) or stop
-                loss_sum, join = self._agreed_loss_sum(window.total, window.start_step)
-            if plan.log:
-                lr = self.scheduler.get_last_lr()[0]
-                mean = loss_sum / (window.steps * self.ctx.world_size)
-                log.train(p.global_step, p.epoch, p.step_in_epoch, window.steps, mean, lr)
-                window.reset(p.global_step)
-            if stop:  # after the epoch's (or run's) last step its validation is what remains
-                p.val_pending = plan.epoch_end or plan.last
-                return False
-            if plan.save:
-                self.save(synchronous=False)
-                self.fault("save", p.global_step)
-            if plan.last:
-                break
-            if plan.check and join:  # a rank started again waits to join (recovery.rejoin)
-                if agreement.drain():  # a stop posted meanwhile wins: the joiner is stopped with the job
-                    p.val_pending = plan.epoch_end
-                    return False
-                self.group.admit(self, log, window)
-                raise Admitted
-        return True
-
-    def _validate(self, log: RunLog) -> bool:
-        """The pending validation of this epoch, then the epoch's end (periodic or final checkpoint);
-        False when the ranks agreed to stop during it."""
-        p = self.progress
-        tta = self.cfg.train.tta if self.schedule.final_validation(p.epoch, p.global_step, p.step_in_epoch) else "none"
-        val = self.group.surviving(self, log, "validation", lambda: self.evaluate(tta))
-        if val is None:
-            return False
-        if tta != "none":
-            val["tta"] = tta
-        p.last_val = {k: v for k, v in val.items() if k not in ("val_samples", "tta")}
-        if p.best_val_acc is None or val["val_acc"] > p.best_val_acc:
-            p.best_val_acc = val["val_acc"]
-        log.validation(p.global_step, p.epoch, val)
-        p.val_pending = False
-        end = self.schedule.after_validation(p.epoch, p.global_step, p.step_in_epoch)
-        if end.finished_epoch:
-            p.epoch, p.step_in_epoch = p.epoch + 1, 0
-        if end.done:
-            self.group.surviving(
-                self, log, "checkpoint", lambda: self.save(synchronous=True, validated=True, final=True)
-            )
-        elif end.save:
-            self.group.surviving(self, log, "checkpoint", lambda: self.save(synchronous=False, validated=True))
-            self.fault("save", p.global_step)
-        return True
-
     def _publish_final_model(self, log: RunLog) -> None:
         """model.pt appears only once the final checkpoint is committed; written while it commits."""
         staged = self._stage_final_model() if self.ctx.is_main else None
@@ -717,76 +414,6 @@ class Trainer:
                 f"finished: {p.global_step} steps, final validation top-1 "
                 f"{p.last_val.get('val_acc', float('nan')):.4f}; model saved to {rundir.model(self.run_dir)}"
             )
-
-    def _opening_line(self, resumed: Path | None) -> str:
-        p = self.progress
-        if resumed:  # epochs counted from 1, as the progress lines count them
-            return (
-                f"resumed from {resumed} at epoch {p.epoch + 1}/{self.cfg.train.epochs} step {p.step_in_epoch}/"
-                f"{self.plan.steps_per_epoch} (global step {p.global_step})"
-            )
-        size = self.cfg.data.image_size
-        return (
-            f"starting {self.cfg.model.name} on {self.ctx.world_size} x {self.device.type} "
-            f"({self.precision}) at {size}x{size} px (data.image_size), "
-            f"{self.plan.steps_per_epoch} steps/epoch x {self.cfg.train.epochs} "
-            f"epochs, global batch {self.plan.global_batch} ({self.plan.shares_text()}, accumulation "
-            f"{self.plan.accumulation}), "
-            f"gradients: {self.gradient_path}"
-        )
-
-    NAN_CHECK_BOUND = (
-        "a non-finite training loss stops the run (exit 2) at the first check point after it: "
-        "the next log point (every train.log_every_steps steps), checkpoint, preemption or end of "
-        "the epoch, whichever comes first; never after a checkpoint or validation of that state"
-    )
-    """The finite check reads the running loss sum, which waits for the device: only at check points."""
-
-    def _agreed_loss_sum(self, window_loss: torch.Tensor, window_from: int) -> tuple[float, bool]:
-        """Every rank's loss sum over the window, added up on the device and read once; a NaN/inf on
-        any rank makes the sum non-finite, so every rank raises together (NAN_CHECK_BOUND says when).
-        The same all-reduce carries the group's vote: whether any rank saw a rank started again ask to
-        join (recovery.rejoin), so every rank admits it at the same step."""
-        asks = 1.0 if self.group.asks_to_join() else 0.0
-        both = torch.stack([window_loss.detach().float().reshape(()), torch.full((), asks, device=window_loss.device)])
-        total, join = (float(v) for v in all_reduce_sum_(self.ctx, both).tolist())
-        if not math.isfinite(total):
-            p = self.progress
-            raise NonFiniteLoss(
-                f"training error: non-finite loss in global steps {window_from + 1}-{p.global_step} (epoch {p.epoch + 1}, "
-                f"step {p.step_in_epoch}); likely causes: learning rate too high (optim.lr={self.cfg.optim.lr}), "
-                f"fp16 overflow, or bad input values; rerun with debug.detect_anomaly=true to find the op; the "
-                f"last good checkpoint is kept in {self.ckpt_root}"
-            )
-        return total, join > 0
-
-    def _startup_seconds(self) -> float:
-        """Process start -> this process's first training step done (one device sync, once)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return process_age_s()
-
-    def _preempted(self, log: RunLog) -> int:
-        """The agreed stop's checkpoint. In a group that survives losses (live), a peer lost during it (a node's end reaches its
-        ranks at different moments: on Slurm the batch host's loss ends the job, and the rank left is
-        told to stop while its peer's death is still on the way) makes the ranks left regroup and save
-        again, rather than leave without it (exit 1, the steps since the last checkpoint trained again)."""
-        start = time.perf_counter()
-        progress_beat.flush()  # the step reached, on disk: what the launcher counts as lost if the save never commits
-        if self.progress.global_step == 0:  # the first step was dropped: nothing trained, nothing to save
-            if self.ctx.is_main:
-                log.line("preempted before the first step finished: nothing to save; run the same command again")
-            return PREEMPTED
-        self.group.surviving(self, log, "checkpoint", lambda: self.save(synchronous=True))
-        if self.ctx.is_main:
-            status.note_committed(self.progress.global_step)  # the launcher's word for it, read without torch
-            waited = (time.monotonic() - self.watcher.received_at) if self.watcher.received_at else None
-            since = f", {waited:.1f} s after the signal" if waited is not None else ""
-            log.line(
-                f"preempted: checkpoint committed at global step {self.progress.global_step} in "
-                f"{time.perf_counter() - start:.2f} s{since}; run the same command again to resume"
-            )
-        return PREEMPTED
 
     def _warn_lead_time(self, log: RunLog) -> None:
         """At start, one line when a checkpoint would not fit in the time a stop leaves: the configured

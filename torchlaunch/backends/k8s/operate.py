@@ -2,7 +2,7 @@
 
 `state` asks kubectl when it is installed (in Slurm's words: COMPLETED, FAILED, RUNNING, PENDING);
 `cancel` prints the exact `kubectl delete job` for the user to run where the cluster's credentials
-are, since the run dir's host need not have them. The manifest is torchlaunch.backends.k8s.launch's.
+are, since the run dir's host need not have them. The manifest is torchlaunch.backends.k8s.manifest's.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ The pieces, one job each:
   not here, so the live agent, which imports this package for its pulse watch, starts without torch)
 - fence: the run dir's group generation; only the live group's ranks may commit a checkpoint
 - minimum: the fewest ranks a group trains on (a launcher's node range); below it, checkpoint and exit 75
-- group: this rank's store, the process group re-formed in place, gradient averaging without DDP
+- group: this rank's seat: the quorum, and the process group re-formed in place
+- stores: this rank's own store behind its front, and its relay to a peer's
+- grads: gradient averaging (and the first broadcast) without DDP
+- handover: a peer's state to a rank that has none, and the digest that shows they agree
 - lighthouse: the torchft-backed Membership, and the membership service's own process
 - pulse: a rank's beats to its agent, and the agent's watch that fences a silent rank
 """

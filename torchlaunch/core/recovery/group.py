@@ -1,13 +1,8 @@
 """This rank's seat in the live group: its own store, the quorum, and the process group re-formed in
 place (the process, model, optimizer and loaders stay as they are).
 
-Why every rank hosts a TCP store of its own: the group's store lives with its rank 0, and a store
-hosted by one rank dies with it. After a loss the new rank 0 (the first survivor by id) offers its own
-store, already running, so no rank's loss takes the group's meeting place with it. Keys are prefixed
-with the quorum's token, so a regroup never reads a previous group's keys. Each store listens on
-loopback only, behind a front of its own (core/recovery/front.py: a connection proves the run's key
-first), and its peers reach it through relays in their own processes (store_with_echo, peer_relay):
-torch's TCPStore takes any client and bounds nothing, and a stranger filled one's memory (issue 52).
+Each rank's own store is core/recovery/stores.py's; the gradients, averaged by hand rather than by DDP,
+core/recovery/grads.py's; a peer's state handed to a joining rank, core/recovery/handover.py's.
 
 Why a broken group's connections are shut down: a member that lost no direct peer (3+ ranks) may
 still wait in the broken collective on a live one; it learns of the loss only when the live one's gloo
@@ -26,10 +21,6 @@ Why the default process group is re-formed (destroy + init) rather than a wrappe
 collective of the worker (preemption agreement, loss sums, checkpoint, evaluation) goes through the
 default group, so re-forming it re-forms all of them, and nothing else needs to know. gloo lets a
 process destroy a group whose peer died and create a new one at once (measured: < 1 ms).
-
-Gradients are averaged here rather than by DDP: DDP's reducer fails inside autograd when a peer dies
-mid-step, and its state is then lost with the group; a flat all-reduce after backward fails in this
-rank's own call, before the optimizer step, so the step can run again unchanged.
 """
 
 from __future__ import annotations
@@ -40,21 +31,18 @@ import gc
 import hashlib
 import os
 import re
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from torchlaunch import rundir
-from torchlaunch.core.dist import DistContext, PeerValueError, broadcast_json
-from torchlaunch.core.recovery import front, sockets, state_wire
+from torchlaunch.core.dist import DistContext, broadcast_json
+from torchlaunch.core.recovery import front, sockets
 from torchlaunch.core.recovery.fence import Fence, FenceBusy
 from torchlaunch.core.recovery.membership import (
     JOINING_STEP,
@@ -70,10 +58,10 @@ from torchlaunch.core.recovery.membership import (
     twin,
 )
 from torchlaunch.core.recovery.minimum import Minimum, below_minimum
-from torchlaunch.core.recovery.peers import Echo, PeerWatch
+from torchlaunch.core.recovery.peers import PeerWatch
 from torchlaunch.core.recovery.pulse import Pulse
 from torchlaunch.core.recovery.runkey import RunKey
-from torchlaunch.core.shm_reduce import SharedMemoryReducer
+from torchlaunch.core.recovery.stores import peer_relay, store_with_echo
 from torchlaunch.exit_codes import BadInput
 
 STORE_HOST = "127.0.0.1"
@@ -447,7 +435,6 @@ def let_go(held: list[object]) -> None:
         threading.Thread(target=held.clear, name="torchlaunch-let-go", daemon=True).start()
 
 
-STORE_PORT_TRIES = 20
 PROOF_KEY = "torchlaunch/proof"
 
 
@@ -461,100 +448,6 @@ def answer_key(key: RunKey, token: str, replica_id: str) -> str:
 PROVE_THREADS = 32
 
 
-def store_with_echo(key: bytes | None) -> tuple[Echo, dist.TCPStore, front.Front]:
-    """This rank's store and echo (UDP) on one port number, so a member's store address also says where
-    to probe it: a free UDP port first, then the store's front (TCP, every interface) on that number
-    (tried again on another when the TCP port is taken). The store itself listens on loopback only (a
-    socket of ours, given to torch): torch's TCPStore takes any client and bounds no key or value, so a
-    stranger who found its port filled its memory (issue 52); the front admits only connections that
-    prove `key`, which its peers make through their own relays (peer_relay)."""
-    inner = socket.create_server(("127.0.0.1", 0))
-    port = inner.getsockname()[1]
-    try:
-        store = dist.TCPStore(
-            "127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=inner.fileno()
-        )
-    except Exception:
-        inner.close()
-        raise
-    inner.detach()  # the listening socket is torch's now (it listens on this descriptor, not a copy)
-    target = ("127.0.0.1", store.port)
-    for _ in range(STORE_PORT_TRIES):
-        echo = Echo()
-        try:
-            return echo, store, front.serve(key, ("", echo.port), lambda: target)
-        except OSError:  # the TCP port of that number is taken
-            echo.close()
-    raise BadInput(f"live error: no port free for both this rank's store and its echo in {STORE_PORT_TRIES} tries")
-
-
-def peer_relay(key: bytes | None, address: str) -> front.Relay:
-    """This process's way to the store whose front is at `address` (HOST:PORT): torch's client is given
-    the relay's loopback port."""
-    host, _, port = address.rpartition(":")
-    return front.Relay(key, (host.strip("[]"), int(port))).start()
-
-
-class FlatGradients:
-    """Every trainable parameter's .grad is a view into one flat buffer (what DDP's
-    gradient_as_bucket_view does for its buckets): backward accumulates into it in place, the ranks
-    average the buffer itself with no gather or scatter copy, and zeroing it is one fill. Each view has
-    its parameter's strides (channels_last too), so autograd accumulates without a layout change.
-    Every rank averages the whole buffer every step, whatever its share: a rank with no samples in a
-    step, or a parameter unused in it, adds zeros rather than leaving its peers' all-reduce short."""
-
-    def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
-        self.params = [p for p in params if p.requires_grad]
-        first = self.params[0]
-        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=first.dtype, device=first.device)
-        self.attach()
-
-    @staticmethod
-    def fits(params: Iterable[torch.nn.Parameter]) -> bool:
-        """One dtype and device, each parameter dense (its elements tile a block of memory exactly)."""
-        trainable = [p for p in params if p.requires_grad]
-        if not trainable:
-            return False
-        kinds = {(p.dtype, p.device) for p in trainable}
-        return len(kinds) == 1 and all(p.is_contiguous() or _dense(p) for p in trainable)
-
-    def attach(self) -> None:
-        """(Re)make each .grad the parameter's view of the buffer (after anything set it to None)."""
-        offset = 0
-        for p in self.params:
-            p.grad = self.flat.as_strided(p.shape, p.stride(), offset)
-            offset += p.numel()
-
-    def zero(self) -> None:
-        self.flat.zero_()
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether `t`'s strides are a permutation of a contiguous layout's (channels_last is)."""
-    order = sorted(range(t.dim()), key=lambda d: t.stride(d))
-    expected = 1
-    for d in order:
-        if t.size(d) != 1 and t.stride(d) != expected:
-            return False
-        expected *= t.size(d)
-    return True
-
-
-def average_gradients(grads: FlatGradients, world_size: int, reducer: SharedMemoryReducer | None = None) -> None:
-    """The mean of every rank's gradients, in place, on the flat buffer: through shared memory when the
-    ranks share a machine (`reducer`; its barrier is a gloo collective, so a lost peer fails it the
-    same way), else one gloo all-reduce (sum) then / world_size. Either way the result is bit-identical
-    on every rank (a/2 + b/2 == (a + b)/2 for two ranks; rank order above). Why shared memory: a gloo
-    all-reduce of even a few KB costs ~1.5-2 ms on loopback here, its 1-float barrier ~0.25 ms."""
-    if world_size == 1:
-        return
-    if reducer is not None:
-        reducer.average_flat(grads.flat)
-    else:
-        dist.all_reduce(grads.flat)
-        grads.flat.div_(world_size)
-
-
 def join_requests(folder: Path) -> list[str]:
     """The join requests in RUN_DIR/live: files named join-rejoinNNN-rankNNNNNN (nothing else counts)."""
     try:
@@ -562,46 +455,3 @@ def join_requests(folder: Path) -> list[str]:
             return [e.name for e in entries if JOIN_NAME.fullmatch(e.name)]
     except OSError:
         return []
-
-
-def share_state(ctx: DistContext, src: int, state: dict[str, Any] | None) -> dict[str, Any]:
-    """`src`'s training state on every member (a joining rank takes it; the others return their own): a
-    JSON skeleton (broadcast_json, bounded) and one buffer of its tensors' bytes (core/recovery/
-    state_wire.py), the buffer's length and digest checked before any tensor is built. Nothing a peer
-    sends is unpickled. BadInput (PeerValueError) when what arrives is not a state pack() made."""
-    if ctx.rank == src:
-        assert state is not None
-        skeleton, blob = state_wire.pack(state)
-    else:
-        skeleton, blob = None, b""
-    got = broadcast_json(ctx, skeleton, src=src, max_bytes=state_wire.MAX_SKELETON_BYTES, kinds=(dict,))
-    try:
-        size = state_wire.buffer_size(got)
-    except state_wire.StateWireError as e:
-        raise PeerValueError(f"live error: the state announced by rank {src} is refused ({e})") from None
-    if ctx.rank == src and blob:
-        payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    else:
-        payload = torch.empty(size, dtype=torch.uint8)
-    if size:
-        dist.broadcast(payload, src=src)
-    if ctx.rank == src:
-        return state  # type: ignore[return-value]
-    try:
-        return state_wire.unpack(got, payload.numpy().tobytes())  # type: ignore[arg-type]
-    except state_wire.StateWireError as e:
-        raise PeerValueError(f"live error: the state taken from rank {src} is refused ({e})") from None
-
-
-def state_digest(module: torch.nn.Module) -> str:
-    """A digest of a module's parameters and buffers: equal on every member after a rank took its state."""
-    h = hashlib.blake2b(digest_size=16)
-    for tensor in [*module.parameters(), *module.buffers()]:
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def broadcast_parameters(module: torch.nn.Module) -> None:
-    """Rank 0's parameters and buffers on every rank (what DDP does when it is built)."""
-    for tensor in [*module.parameters(), *module.buffers()]:
-        dist.broadcast(tensor.data, src=0)

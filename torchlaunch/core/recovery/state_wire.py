@@ -1,5 +1,5 @@
 """A training state (nested dicts, lists, tuples, numbers, strings and tensors) as a JSON skeleton and
-one byte buffer of its tensors, and back: how a joiner takes a live peer's state (group.share_state).
+one byte buffer of its tensors, and back: how a joiner takes a live peer's state (handover.share_state).
 
 Why not torch.save's bytes: they are a pickle, and loading them, even with weights_only=True, runs an
 unpickler over what a peer chose to send; a member of a live group is the run's own rank only once it

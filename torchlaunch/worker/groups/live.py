@@ -6,7 +6,7 @@ wire are core/recovery's (group.LiveGroup, this rank's seat); what this module a
 does to the rank's training: the step in flight dropped, the state shared and checked, the plan's new
 shares, the commit a loss may have cost saved again, and the record of each regroup.
 
-Gradients are averaged after backward over one flat buffer (core/recovery/group.FlatGradients), not by
+Gradients are averaged after backward over one flat buffer (core/recovery/grads.FlatGradients), not by
 DDP: DDP's reducer fails inside autograd when a peer dies mid-step, and its state is lost with the group.
 """
 
@@ -30,14 +30,9 @@ from torchlaunch.core.dist import DistContext, broadcast_json, gather_json
 from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.recovery.fence import Fenced
-from torchlaunch.core.recovery.group import (
-    FlatGradients,
-    LiveGroup,
-    average_gradients,
-    broadcast_parameters,
-    share_state,
-    state_digest,
-)
+from torchlaunch.core.recovery.grads import FlatGradients, average_gradients, broadcast_parameters
+from torchlaunch.core.recovery.group import LiveGroup
+from torchlaunch.core.recovery.handover import share_state, state_digest
 from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer
 from torchlaunch.exit_codes import PREEMPTED, BadInput, ConfigError
@@ -111,7 +106,7 @@ class LiveTrainingGroup:
 
     def _gradient_path(self, host: Host) -> str:
         """Through shared memory when every member is on this machine (built again after each regroup: a
-        collective of the new group), else one flat gloo all-reduce (core/recovery/group.average_gradients).
+        collective of the new group), else one flat gloo all-reduce (core/recovery/grads.average_gradients).
         Every member decides alike, from the group's store hosts (a rank started again, before it joins,
         is a group of one)."""
         ctx = host.ctx
