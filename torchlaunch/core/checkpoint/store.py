@@ -153,6 +153,8 @@ class CommitInfo:
 
 CommitGuard = Callable[[], "contextlib.AbstractContextManager[None]"]
 """Entered around a commit's renames and marker; may refuse with BadInput (write_checkpoint)."""
+WriteShares = Callable[[Path, str], dict[str, Any]]
+"""write_shares(pinned temp folder, its name under the root): the marker fields (write_checkpoint)."""
 
 
 def write_checkpoint(
@@ -164,6 +166,7 @@ def write_checkpoint(
     replace: bool = False,
     format_name: str | None = None,
     commit_guard: CommitGuard | None = None,
+    write_shares: WriteShares | None = None,
 ) -> CommitInfo:
     """Commit `state` as step `step` under `root`; raise CheckpointError and keep the previous on failure.
 
@@ -173,7 +176,8 @@ def write_checkpoint(
     files are the checkpoint format's (formats.py; `format_name`, default the single state.pt).
     `commit_guard()` is entered around the renames and the marker (live mode: the group's fence, held
     so that a superseded group never commits); a BadInput it raises leaves nothing but the previous
-    checkpoints.
+    checkpoints. `write_shares(folder, temp_name)`: writes the state in the temp folder instead of the
+    format's `write` (a sharded format's collective write, shares.py), returning the marker fields.
     """
     fmt = get_format(format_name)
     start = time.perf_counter()
@@ -190,7 +194,9 @@ def write_checkpoint(
     except OSError as e:
         raise _save_failed(e, root, final, step) from None
     try:
-        marker = _commit(root, held, tmp, final, step, state, meta, run_id, before_commit, fmt, commit_guard)
+        marker = _commit(
+            root, held, tmp, final, step, state, meta, run_id, before_commit, fmt, commit_guard, write_shares
+        )
     except BadInput:  # the commit guard refused (a superseded live group): nothing was committed
         _remove(tmp.name, held)
         raise
@@ -220,6 +226,7 @@ def _commit(
     before_commit: Callable[[Path], None] | None,
     fmt: CheckpointFormat,
     commit_guard: CommitGuard | None = None,
+    write_shares: WriteShares | None = None,
 ) -> dict[str, Any]:
     """write_checkpoint's steps, each relative to `held` (RUN_DIR/checkpoints opened O_NOFOLLOW at the
     save's start) and each folder opened O_NOFOLLOW, with `root` re-checked right before every rename and
@@ -229,7 +236,8 @@ def _commit(
     os.mkdir(tmp.name, dir_fd=held)
     folder = rundir.open_folder(tmp.name, dir_fd=held)
     try:
-        fields = fmt.write(_format_folder(root, held, tmp, folder), state)
+        pinned = _format_folder(root, held, tmp, folder)
+        fields = fmt.write(pinned, state) if write_shares is None else write_shares(pinned, tmp.name)
     finally:
         os.close(folder)
     if before_commit is not None:
