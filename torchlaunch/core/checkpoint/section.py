@@ -26,5 +26,5 @@ class CheckpointConfig:
     async_save: bool = True
     """Write periodic checkpoints in the background; the preemption save is always synchronous."""
     format: str = field(default="single_file", metadata=choice(("single_file", "dcp")))
-    """How saves lay the state out: `single_file` (rank 0 writes state.pt) or `dcp`
-    (torch.distributed.checkpoint: each rank writes its share, synchronously); a resume reads either."""
+    """`single_file` (rank 0 writes state.pt) or `dcp` (torch.distributed.checkpoint, each rank its share).
+    dcp saves are synchronous; a resume reads the format each checkpoint's marker names."""
