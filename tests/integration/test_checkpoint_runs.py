@@ -253,7 +253,6 @@ def test_a_dcp_share_that_fails_on_one_rank_fails_the_save_on_every_rank(tmp_pat
     for rank in (0, 1):
         assert f"rank {rank}: raised CheckpointStorageError: checkpoint error: storage: no space left on device" in out
         assert f"rank {rank} loaded step 1 same=True" in out, out
-    assert "rank 1 could not write its share: OSError: [Errno 28]" in out
     assert [s for s, _ in ckpt.candidates(root)] == [1] and not list(root.glob(".tmp-*"))
     marker = ckpt.read_marker(root / "step-000000001")
     assert marker["format"] == "dcp" and marker["shares"] == 2
