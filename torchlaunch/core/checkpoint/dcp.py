@@ -39,6 +39,7 @@ import xxhash
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 
+from torchlaunch import rundir
 from torchlaunch.core.checkpoint.formats import (
     CHECKSUM,
     InvalidCheckpoint,
@@ -266,11 +267,7 @@ class DistributedCheckpoint:
                     raise ValueError(f"rank {rank}'s share names a file {str(name)[:80]!r} it does not own")
                 files[name] = entry
         _marker_files({"files": files})
-        fd = os.open(tmp_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)  # the share files' names are durable before the folder is renamed into place
-        finally:
-            os.close(fd)
+        rundir.fsync_dir(tmp_dir)  # the share files' names are durable before the folder is renamed into place
         total = sum(entry[0] for entry in files.values())
         return {"checksum": _combined(files), "bytes": total, "files": files, "shares": len(shares)}
 
