@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from torchlaunch import rundir
+from torchlaunch.core.checkpoint.discovery import TMP_PREFIX
 from torchlaunch.core.checkpoint.formats import ShardedFormat
-from torchlaunch.core.checkpoint.store import TMP_PREFIX
 from torchlaunch.core.dist import DistContext, broadcast_json, gather_json
 
 
