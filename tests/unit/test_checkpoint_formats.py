@@ -17,6 +17,7 @@ import xxhash
 
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.checkpoint import dcp
+from torchlaunch.core.dist import DistContext
 
 FAKE = "two_json_parts"
 
@@ -270,3 +271,17 @@ def test_a_forged_dcp_metadata_is_refused_without_executing_code(tmp_path: Path)
     skipped: list[str] = []
     assert ckpt.find_latest(root, on_skip=skipped.append)[0] == good
     assert not canary.exists() and "nothing executed" in skipped[0]
+
+
+def test_the_checkpointer_saves_dcp_synchronously_and_any_checkpointer_loads_it(tmp_path: Path) -> None:
+    """One process (no group): the collective write degenerates to rank 0's share; the save commits
+    before it returns (dcp saves are synchronous); a Checkpointer set to the single file loads it."""
+    state = trained_state(5)
+    payload = {k: v for k, v in state.items() if k != "rng"}
+    saver = ckpt.Checkpointer(DistContext(), tmp_path / "checkpoints", 2, "formats-test", format_name="dcp")
+    assert saver.wants_payload
+    info = saver.save(5, payload)  # not asked to be synchronous
+    assert info is not None and ckpt.read_marker(info.path)["format"] == "dcp"
+    loaded = ckpt.Checkpointer(DistContext(), tmp_path / "checkpoints", 2, "formats-test").load_latest(restore=False)
+    assert loaded is not None and loaded.step == 5
+    assert_same_state({k: loaded.state[k] for k in payload}, payload)
