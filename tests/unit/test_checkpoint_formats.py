@@ -246,6 +246,16 @@ def test_a_link_planted_in_a_dcp_folder_is_not_followed(tmp_path: Path) -> None:
     assert not target.exists()
 
 
+def forge_metadata(folder: Path, data: bytes) -> None:
+    """Replace the folder's __0.metadata with `data` and forge its marker to match (checksums, sizes)."""
+    (folder / "__0.metadata").write_bytes(data)
+    marker = ckpt.read_marker(folder)
+    marker["files"]["__0.metadata"] = [len(data), ckpt.file_checksum(folder / "__0.metadata")]
+    marker["checksum"], marker["bytes"] = dcp._combined(marker["files"]), sum(s for s, _ in marker["files"].values())
+    (folder / ckpt.MARKER_FILE).write_text(json.dumps(marker))
+    ckpt.store._VERIFIED.clear()
+
+
 def test_a_forged_dcp_metadata_is_refused_without_executing_code(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
     good = dcp_commit(root, 1)
@@ -256,21 +266,23 @@ def test_a_forged_dcp_metadata_is_refused_without_executing_code(tmp_path: Path)
         def __reduce__(self) -> tuple[Any, ...]:
             return (os.system, (f"touch {canary}",))
 
-    (evil / "__0.metadata").write_bytes(pickle.dumps(Exploit()))
-    marker = ckpt.read_marker(evil)  # forged consistently: checksums and sizes of the evil bytes
-    marker["files"]["__0.metadata"] = [
-        (evil / "__0.metadata").stat().st_size,
-        ckpt.file_checksum(evil / "__0.metadata"),
-    ]
-    marker["checksum"], marker["bytes"] = dcp._combined(marker["files"]), sum(s for s, _ in marker["files"].values())
-    (evil / ckpt.MARKER_FILE).write_text(json.dumps(marker))
-    ckpt.store._VERIFIED.clear()
+    forge_metadata(evil, pickle.dumps(Exploit()))
     assert ckpt.verify(evil) is None  # the bytes match the (forged) marker: only the unpickler stands
     with pytest.raises(ckpt.InvalidCheckpoint, match=r"__0.metadata refused, nothing executed: posix.system"):
         ckpt.load_state(evil)
     skipped: list[str] = []
     assert ckpt.find_latest(root, on_skip=skipped.append)[0] == good
     assert not canary.exists() and "nothing executed" in skipped[0]
+
+
+def test_a_dcp_metadata_pointing_outside_its_shares_is_refused(tmp_path: Path) -> None:
+    path = dcp_commit(tmp_path / "checkpoints", 1)
+    meta = pickle.loads((path / "__0.metadata").read_bytes())  # this test's own file: trusted
+    for where in meta.storage_data.values():
+        where.relative_path = "../../../etc/hostname"
+    forge_metadata(path, pickle.dumps(meta))
+    with pytest.raises(ckpt.InvalidCheckpoint, match="points at data outside the checkpoint's share files"):
+        ckpt.load_state(path)
 
 
 def test_the_checkpointer_saves_dcp_synchronously_and_any_checkpointer_loads_it(tmp_path: Path) -> None:

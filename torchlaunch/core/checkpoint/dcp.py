@@ -37,7 +37,7 @@ import torch
 import torch.distributed.checkpoint as torch_dcp
 import xxhash
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter, _StorageInfo
 
 from torchlaunch import rundir
 from torchlaunch.core.checkpoint.formats import (
@@ -148,7 +148,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
 
 
-def _read_metadata(directory: Path, name: str, expected: str) -> dcp_metadata.Metadata:
+def _read_metadata(directory: Path, name: str, expected: str, shared_files: set[str]) -> dcp_metadata.Metadata:
     """One share's .metadata: its bytes checked against the marker's checksum, then unpickled restricted."""
     with _open_nofollow(directory / name) as fh:
         raw = fh.read()
@@ -167,6 +167,15 @@ def _read_metadata(directory: Path, name: str, expected: str) -> dcp_metadata.Me
             raise InvalidCheckpoint(f"{name}: entry {str(key)[:80]!r} is not a tensor (refused unread)")
     if not isinstance(meta.storage_data, dict):
         raise InvalidCheckpoint(f"{name} holds no storage map")
+    for where in meta.storage_data.values():  # DCP opens FOLDER / relative_path: only this share's files
+        if not (
+            isinstance(where, _StorageInfo)
+            and isinstance(where.relative_path, str)
+            and where.relative_path in shared_files
+            and type(where.offset) is int
+            and type(where.length) is int
+        ):
+            raise InvalidCheckpoint(f"{name} points at data outside the checkpoint's share files")
     return meta
 
 
@@ -327,7 +336,7 @@ class DistributedCheckpoint:
             return rest
         merged = dcp_metadata.Metadata(state_dict_metadata={}, planner_data={}, storage_data={})
         for name in sorted(n for n in files if n.endswith(".metadata")):
-            meta = _read_metadata(directory, name, files[name][1])
+            meta = _read_metadata(directory, name, files[name][1], {n for n in files if n.endswith(".distcp")})
             merged.state_dict_metadata.update(meta.state_dict_metadata)
             merged.storage_data.update(meta.storage_data)
         targets: dict[str, torch.Tensor] = {}
