@@ -5,7 +5,8 @@ checkpoint format's (formats.py: write / check / verify / load_into), by default
 (single_file.py). A checkpoint is valid only when its marker exists and the format says its files
 match it. One name for three modules, each with one job: commit.py (the commit protocol), discovery.py
 (markers, verification, which checkpoint a path means, the newest valid one, quarantine) and
-retention.py (what is kept); callers and tests import them from here.
+retention.py (what is kept); callers and tests import them from here, with the format names the
+store has always given (STATE_FILE, InvalidCheckpoint, ...).
 """
 
 from __future__ import annotations
@@ -54,12 +55,30 @@ from torchlaunch.core.checkpoint.discovery import (
     verify,
     warn,
 )
+from torchlaunch.core.checkpoint.formats import (
+    DEFAULT_FORMAT,
+    CheckpointFormat,
+    InvalidCheckpoint,
+    expected_checksum,
+    get_format,
+    marker_format,
+    unknown_format,
+)
 from torchlaunch.core.checkpoint.retention import (
     apply_retention,
     retain,
 )
+from torchlaunch.core.checkpoint.single_file import STATE_FILE
 
 __all__ = [
+    "DEFAULT_FORMAT",
+    "STATE_FILE",
+    "CheckpointFormat",
+    "InvalidCheckpoint",
+    "expected_checksum",
+    "get_format",
+    "marker_format",
+    "unknown_format",
     "CheckpointError",
     "CheckpointStorageError",
     "CommitGuard",
