@@ -389,6 +389,7 @@ OPERATIONAL = frozenset(
         "train.tensorboard",
         "checkpoint.keep",
         "checkpoint.async_save",
+        "checkpoint.format",
         "dist.timeout_s",
         "dist.backend",
         "dist.pin_cpus",

@@ -205,3 +205,55 @@ def test_a_failed_commit_on_rank_0_raises_on_every_rank(tmp_path: Path) -> None:
         for mode in ("sync", "async"):
             assert f"rank {rank} {mode}: raised: checkpoint error: injected failure on rank 0" in out, out
     assert [s for s, _ in ckpt.candidates(tmp_path / "checkpoints")] == [1]
+
+
+SHARES = textwrap.dedent("""
+    import errno
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from torchlaunch.core import checkpoint as ckpt
+    from torchlaunch.core import dist
+    from torchlaunch.core.checkpoint import dcp
+
+    ctx = dist.setup()
+    root = Path(sys.argv[1])
+    checkpointer = ckpt.Checkpointer(ctx, root, 2, "shares-test", format_name="dcp")
+    state = {"a": torch.arange(300.0), "b": torch.full((200,), 2.0), "c": torch.ones(100), "note": "kept by rank 0"}
+    checkpointer.save(1, state)  # dcp saves are synchronous on every rank
+    if ctx.rank == 1:
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device (injected on rank 1)")
+        dcp.DistributedCheckpoint.write_share = full
+    try:
+        checkpointer.save(2, {**state, "a": torch.zeros(300)})
+        outcome = "saved"
+    except ckpt.CheckpointError as e:
+        outcome = f"raised {type(e).__name__}: {e}"
+    print(f"rank {ctx.rank}: {outcome}", flush=True)
+    loaded = checkpointer.load_latest(restore=False)
+    same = all(torch.equal(loaded.state[k], state[k]) for k in "abc") and loaded.state["note"] == state["note"]
+    print(f"rank {ctx.rank} loaded step {loaded.step} same={same}", flush=True)
+    dist.teardown(ctx)
+""")
+
+
+def test_a_dcp_share_that_fails_on_one_rank_fails_the_save_on_every_rank(tmp_path: Path) -> None:
+    """checkpoint.format=dcp on 2 ranks: each writes its share of the tensors; a full disk on rank 1
+    during its share is a storage error on both ranks, nothing of step 2 is committed or left behind,
+    and both ranks load step 1."""
+    script = tmp_path / "shares.py"
+    script.write_text(SHARES)
+    root = tmp_path / "checkpoints"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    rc, out, err = run_cmd([*argv, str(script), str(root)], timeout=240)
+    assert rc == 0, err[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: raised CheckpointStorageError: checkpoint error: storage: no space left on device" in out
+        assert f"rank {rank} loaded step 1 same=True" in out, out
+    assert [s for s, _ in ckpt.candidates(root)] == [1] and not list(root.glob(".tmp-*"))
+    marker = ckpt.read_marker(root / "step-000000001")
+    assert marker["format"] == "dcp" and marker["shares"] == 2
+    assert {"__0.metadata", "__0_0.distcp", "__1.metadata", "__1_0.distcp", "rest.pt"} == set(marker["files"])

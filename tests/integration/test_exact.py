@@ -7,6 +7,7 @@ On main 0cbbab9 (no grid) 20 of the 23 model tensors differed from the 1-rank ru
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tests.conftest import launcher_argv
 from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
 from tests.library import LIVE_LONG_EPOCHS
 from tests.stops import Launch
+from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.exit_codes import OK, PREEMPTED
 
 pytestmark = pytest.mark.slow
@@ -77,6 +79,33 @@ def test_a_stop_from_outside_on_2_ranks_resumed_on_3_ends_as_1_rank(tmp_path: Pa
     assert "resumed from" in done.stdout + done.stderr
     assert_states_equal(final_state(one_rank), final_state(tmp_path))
     assert_models_equal(one_rank / "model.pt", tmp_path / "model.pt")
+
+
+def test_a_dcp_checkpoint_saved_on_2_ranks_resumes_bit_exact_on_2_and_on_3(tmp_path: Path, one_rank: Path) -> None:
+    """checkpoint.format=dcp, each of 2 ranks writing its share, stopped by SIGTERM from outside; resumed
+    on 2 ranks (the key left at single_file: the resume reads the marker's format) and, from a copy of
+    the run dir, on 3 (still dcp: 3 shares). Both end on the 1-rank run's bits, which are those of the
+    uninterrupted 2- and 3-rank runs and of the single-file stop-resume (the tests above)."""
+    first, copy = tmp_path / "w2", tmp_path / "w3"
+    with Launch(launcher_argv("torchlaunch.agent", *args(first, 2), "checkpoint.format=dcp"), env=SLOW) as launch:
+        launch.wait_for_step(first, 3)
+        launch.deliver("pid", signal.SIGTERM)
+        code, out, err = launch.finish()
+    assert code == PREEMPTED, err[-3000:]
+    saved = ckpt.latest_valid(first / "checkpoints")
+    marker = ckpt.read_marker(saved)
+    assert marker["format"] == "dcp" and marker["shares"] == 2 and not (saved / ckpt.STATE_FILE).exists()
+    assert {"__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp", "rest.pt"} == set(marker["files"])
+    assert final_state(first)["progress"]["global_step"] < 24  # stopped mid-run
+    shutil.copytree(first, copy, symlinks=True)
+    for run_dir, world, extra in ((first, 2, []), (copy, 3, ["checkpoint.format=dcp"])):
+        done = launcher([*args(run_dir, world), *extra])
+        assert done.returncode == OK, done.stderr[-3000:]
+        assert f"resumed from {run_dir / 'checkpoints' / saved.name} " in done.stdout + done.stderr
+        assert_states_equal(final_state(one_rank), final_state(run_dir))
+        assert_models_equal(one_rank / "model.pt", run_dir / "model.pt")
+    assert ckpt.read_marker(ckpt.latest_valid(copy / "checkpoints"))["shares"] == 3
+    assert "format" not in ckpt.read_marker(ckpt.latest_valid(first / "checkpoints"))  # single file again
 
 
 def test_a_live_regroup_2_to_1_ends_as_the_1_rank_run(tmp_path: Path) -> None:

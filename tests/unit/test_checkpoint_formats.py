@@ -5,14 +5,19 @@ with a fake two-file JSON format defined here."""
 from __future__ import annotations
 
 import json
+import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import xxhash
 
 from torchlaunch.core import checkpoint as ckpt
+from torchlaunch.core.checkpoint import dcp
+from torchlaunch.core.dist import DistContext
 
 FAKE = "two_json_parts"
 
@@ -128,3 +133,167 @@ def test_the_single_file_is_the_default_format_and_its_markers_name_none(tmp_pat
     assert (path / ckpt.STATE_FILE).is_file() and "format" not in ckpt.read_marker(path)  # markers as before
     with pytest.raises(ValueError, match="already registered"):
         ckpt.register_format(ckpt.SingleFile())
+
+
+# ---------------------------------------------------------------------------------------------
+# dcp (torchlaunch/core/checkpoint/dcp.py): torch.distributed.checkpoint, each rank its share
+
+
+def trained_state(step: int) -> dict[str, Any]:
+    """A worker-like state: a model and AdamW state (tensors, shared), RNG states and progress (rank 0's)."""
+    torch.manual_seed(step)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 6)).sum().backward()
+    optimizer.step()
+    return {
+        "format_version": ckpt.FORMAT_VERSION,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "progress": {"global_step": step, "last_val": {}},
+        "rng": [{"torch": torch.get_rng_state(), "python": [3, [1, 2], None]}],
+    }
+
+
+def assert_same_state(a: Any, b: Any) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same_state(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same_state(x, y)
+    else:
+        assert a == b
+
+
+def dcp_commit(root: Path, step: int) -> Path:
+    return ckpt.write_checkpoint(root, step, trained_state(step), {}, format_name="dcp").path
+
+
+def test_dcp_writes_every_file_checksummed_and_loads_the_state_bit_for_bit(tmp_path: Path) -> None:
+    path = dcp_commit(tmp_path / "checkpoints", 3)
+    marker = ckpt.read_marker(path)
+    assert marker["format"] == "dcp" and marker["shares"] == 1
+    assert sorted(marker["files"]) == ["__0.metadata", "__0_0.distcp", "rest.pt"]
+    assert sorted(p.name for p in path.iterdir()) == sorted([*marker["files"], ckpt.MARKER_FILE])
+    assert marker["bytes"] == sum(size for size, _ in marker["files"].values())
+    ckpt.store._VERIFIED.clear()
+    assert ckpt.verify(path) is None
+    assert_same_state(ckpt.load_state(path), trained_state(3))
+
+
+def test_dcp_splits_the_tensors_over_the_ranks_by_size_and_any_world_size_loads_them(tmp_path: Path) -> None:
+    state = trained_state(4)
+    _, leaves = dcp._shared(state)
+    assert [k for k, _ in leaves][:2] == ["model/0.weight", "model/0.bias"]  # rng stays in rest.pt
+    for world in (2, 3):
+        owner = dcp.owners(leaves, world)
+        load = [sum(t.nbytes for (_, t), r in zip(leaves, owner, strict=True) if r == rank) for rank in range(world)]
+        assert max(load) - min(load) <= max(t.nbytes for _, t in leaves)  # ~1/N each
+    fmt = ckpt.get_format("dcp")
+    folder = tmp_path / "step-000000004"
+    folder.mkdir()
+    shares = [fmt.write_share(folder, state, rank, 3) for rank in range(3)]  # 3 ranks, each its share
+    fields = fmt.finish(folder, state, shares)
+    assert fields["shares"] == 3 and {n for n in fields["files"] if n.endswith(".metadata")} == {
+        "__0.metadata",
+        "__1.metadata",
+        "__2.metadata",
+    }
+    assert_same_state(fmt.load_into(folder, fields, {}, "cpu"), state)  # one process reads all 3 shares
+    wrong = dict(shares[1], tensors="0")
+    with pytest.raises(ValueError, match="rank 1 wrote other tensors"):
+        fmt.finish(tmp_path, state, [shares[0], wrong, shares[2]])
+
+
+def test_a_corrupted_dcp_share_is_quarantined_and_the_previous_resumed(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    older, newer = dcp_commit(root, 1), dcp_commit(root, 2)
+    share = newer / "__0_0.distcp"
+    data = bytearray(share.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a bit flip: same size
+    share.write_bytes(bytes(data))
+    ckpt.store._VERIFIED.clear()
+    assert ckpt.verify(newer) == f"{ckpt.CHECKSUM_MISMATCH} in __0_0.distcp"
+    skipped: list[str] = []
+    path, state = ckpt.find_latest(root, on_skip=skipped.append, move_invalid=True)
+    assert path == older and state["progress"]["global_step"] == 1
+    assert not newer.exists() and (root / ckpt.QUARANTINE_DIR / newer.name / "__0_0.distcp").is_file()
+    assert "checksum mismatch (corrupted bytes) in __0_0.distcp" in skipped[0]
+
+
+def test_a_link_planted_in_a_dcp_folder_is_not_followed(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    path = dcp_commit(root, 1)
+    outside = tmp_path / "elsewhere.distcp"
+    (path / "__0_0.distcp").rename(outside)
+    (path / "__0_0.distcp").symlink_to(outside)  # the same bytes, behind a link
+    ckpt.store._VERIFIED.clear()
+    assert ckpt.verify(path) == "__0_0.distcp is not a regular file (a link?)"
+    with pytest.raises(ckpt.InvalidCheckpoint, match="not a regular file"):
+        ckpt.load_state(path)
+    fmt = ckpt.get_format("dcp")
+    folder = tmp_path / "tmp-folder"
+    folder.mkdir()
+    target = tmp_path / "target"
+    (folder / "__0_0.distcp").symlink_to(target)  # planted before the write: refused, nothing written there
+    with pytest.raises(OSError):
+        fmt.write(folder, trained_state(1))
+    assert not target.exists()
+
+
+def forge_metadata(folder: Path, data: bytes) -> None:
+    """Replace the folder's __0.metadata with `data` and forge its marker to match (checksums, sizes)."""
+    (folder / "__0.metadata").write_bytes(data)
+    marker = ckpt.read_marker(folder)
+    marker["files"]["__0.metadata"] = [len(data), ckpt.file_checksum(folder / "__0.metadata")]
+    marker["checksum"], marker["bytes"] = dcp._combined(marker["files"]), sum(s for s, _ in marker["files"].values())
+    (folder / ckpt.MARKER_FILE).write_text(json.dumps(marker))
+    ckpt.store._VERIFIED.clear()
+
+
+def test_a_forged_dcp_metadata_is_refused_without_executing_code(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    good = dcp_commit(root, 1)
+    evil = dcp_commit(root, 2)
+    canary = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, (f"touch {canary}",))
+
+    forge_metadata(evil, pickle.dumps(Exploit()))
+    assert ckpt.verify(evil) is None  # the bytes match the (forged) marker: only the unpickler stands
+    with pytest.raises(ckpt.InvalidCheckpoint, match=r"__0.metadata refused, nothing executed: posix.system"):
+        ckpt.load_state(evil)
+    skipped: list[str] = []
+    assert ckpt.find_latest(root, on_skip=skipped.append)[0] == good
+    assert not canary.exists() and "nothing executed" in skipped[0]
+
+
+def test_a_dcp_metadata_pointing_outside_its_shares_is_refused(tmp_path: Path) -> None:
+    path = dcp_commit(tmp_path / "checkpoints", 1)
+    meta = pickle.loads((path / "__0.metadata").read_bytes())  # this test's own file: trusted
+    for where in meta.storage_data.values():
+        where.relative_path = "../../../etc/hostname"
+    forge_metadata(path, pickle.dumps(meta))
+    with pytest.raises(ckpt.InvalidCheckpoint, match="points at data outside the checkpoint's share files"):
+        ckpt.load_state(path)
+
+
+def test_the_checkpointer_saves_dcp_synchronously_and_any_checkpointer_loads_it(tmp_path: Path) -> None:
+    """One process (no group): the collective write degenerates to rank 0's share; the save commits
+    before it returns (dcp saves are synchronous); a Checkpointer set to the single file loads it."""
+    state = trained_state(5)
+    payload = {k: v for k, v in state.items() if k != "rng"}
+    saver = ckpt.Checkpointer(DistContext(), tmp_path / "checkpoints", 2, "formats-test", format_name="dcp")
+    assert saver.wants_payload
+    info = saver.save(5, payload)  # not asked to be synchronous
+    assert info is not None and ckpt.read_marker(info.path)["format"] == "dcp"
+    loaded = ckpt.Checkpointer(DistContext(), tmp_path / "checkpoints", 2, "formats-test").load_latest(restore=False)
+    assert loaded is not None and loaded.step == 5
+    assert_same_state({k: loaded.state[k] for k in payload}, payload)

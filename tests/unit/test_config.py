@@ -112,6 +112,7 @@ def test_wrong_type(override: str, key: str, words: tuple[str, ...]) -> None:
         ("data.name=mnist", "data.name", ("unknown value 'mnist'", "cifar10")),
         ("train.precision=fp8", "train.precision", ("fp8", "bf16")),
         ("preemption.signals=[SIGFOO]", "preemption.signals", ("SIGFOO",)),
+        ("checkpoint.format=zarr", "checkpoint.format", ("unknown value 'zarr'", "single_file, dcp")),
     ],
 )
 def test_impossible_values(override: str, key: str, words: tuple[str, ...]) -> None:
@@ -236,7 +237,7 @@ def test_all_keys_lists_nested_leaves() -> None:
 # ------------------------------------------------------------------- bounds and choices beside their fields
 
 RULED_KEYS = {
-    "checkpoint.every_epochs", "checkpoint.every_steps", "checkpoint.keep", "data.crop_padding", "data.cutout",
+    "checkpoint.every_epochs", "checkpoint.every_steps", "checkpoint.format", "checkpoint.keep", "data.crop_padding", "data.cutout",
     "data.decode", "data.flip", "data.image_size", "data.loader", "data.max_train_samples", "data.max_val_samples", "data.name",
     "data.num_workers", "data.pad_mode", "data.shard_label", "data.split_seed", "data.synthetic_classes", "data.synthetic_train_size",
     "data.synthetic_val_size", "data.train_crop", "data.val_fraction", "data.val_resize", "dist.backend", "dist.timeout_s", "model.name", "model.width",

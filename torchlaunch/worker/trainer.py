@@ -384,11 +384,12 @@ class Trainer(TrainingLoop, Validation, Steps):
             ckpt.WORKER_KIND,
             writer=self.writer,
             snapshots=self.snapshots,
+            format_name=self.cfg.checkpoint.format,
         )
         background = self.cfg.checkpoint.async_save and not synchronous
         info = checkpointer.save(
             p.global_step,
-            self.state_dict() if self.ctx.is_main else {},  # only rank 0's payload is written
+            self.state_dict() if checkpointer.wants_payload else {},  # the ranks whose share is written
             meta,
             synchronous=not (background or (final and self.cfg.checkpoint.async_save)),
             final=final,

@@ -1,9 +1,11 @@
 """Checkpoints: the store (commit, verify, locate, latest_valid, retain), snapshots, and the Checkpointer.
 
-Import from here; the submodules each have one job (store.py: the commit protocol on disk; formats.py:
-the checkpoint-format seam and its registry; single_file.py: today's format, one state.pt; snapshot.py:
-copies for background saves and the writer thread; checkpointer.py: collective save/load over the store;
-section.py: the `checkpoint.*` config section, torch-free).
+Import from here; the submodules each have one job (store.py: the store's one name for commit.py, the
+commit protocol on disk, discovery.py, markers, verification and quarantine, and retention.py;
+formats.py: the checkpoint-format seam and its registry; single_file.py: the default format, one
+state.pt; dcp.py: torch.distributed.checkpoint, each rank its share; shares.py: the collective write
+of such a format; snapshot.py: copies for background saves and the writer thread; checkpointer.py:
+collective save/load over the store; section.py: the `checkpoint.*` config section, torch-free).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchlaunch.core.checkpoint import store
+from torchlaunch.core.checkpoint import shares, store
+from torchlaunch.core.checkpoint.formats import get_format, is_sharded
 from torchlaunch.core.checkpoint.snapshot import AsyncWriter, SnapshotBuffers
 from torchlaunch.core.checkpoint.store import CheckpointError, CommitInfo
 from torchlaunch.core.dist import DistContext, agreed, broadcast_json, gather_json
@@ -182,10 +183,14 @@ class Checkpointer:
         writer: AsyncWriter | None = None,
         snapshots: SnapshotBuffers | None = None,
         check_state: Callable[[dict[str, Any]], str | None] | None = None,
+        format_name: str | None = None,
     ) -> None:
         """`check_state(state)`: the owner's check of its payload (None: usable), so a checksum-valid
-        state that cannot be restored is skipped for the previous checkpoint like a corrupt one."""
+        state that cannot be restored is skipped for the previous checkpoint like a corrupt one.
+        `format_name`: the checkpoint format saves write (None: the single file); loads read whatever
+        format each folder's marker names."""
         self.ctx, self.root, self.keep, self.kind = ctx, Path(root), keep, kind
+        self.format_name = format_name
         self.check_state = check_state
         self.map_location, self.metric = map_location, metric
         self.writer = writer if writer is not None else AsyncWriter()
@@ -247,6 +252,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
 
+    @property
+    def wants_payload(self) -> bool:
+        """Whether this rank's save() needs the payload: rank 0 always, every rank for a sharded format
+        (each writes its share); the others may pass {}."""
+        return self.ctx.is_main or is_sharded(get_format(self.format_name))
+
     def save(
         self,
         step: int,
@@ -264,8 +275,13 @@ class Checkpointer:
         Otherwise a snapshot (reused buffers) is committed in the background; `final` commits the live
         tensors in the background without a snapshot (nothing changes them any more; the caller waits
         on self.writer). A background failure is raised on every rank at the next save. `commit_guard`:
-        store.write_checkpoint's (live mode's fence)."""
+        store.write_checkpoint's (live mode's fence). A sharded format (formats.ShardedFormat) saves
+        synchronously on every rank, each writing its share (shares.py): a collective cannot run on a
+        background thread beside training's."""
         ctx = self.ctx
+        fmt = get_format(self.format_name)
+        sharded = is_sharded(fmt)
+        synchronous = synchronous or sharded
         clash = sorted(set(payload) & set(ENVELOPE) - {"versions", "format_version"})
         if clash:
             raise ValueError(f"checkpoint payload keys {clash} are reserved for the envelope")
@@ -288,21 +304,25 @@ class Checkpointer:
             return None
         info: CommitInfo | None = None
         error: str | None = None
-        if ctx.is_main:
-            state = {
-                **payload,
-                "format_version": store.FORMAT_VERSION,
-                "kind": self.kind,
-                "step": int(step),
-                "world_size": ctx.world_size,
-                "rng": [r for r, _, _ in gathered],
-                "versions": _versions(payload.get("versions")),
-            }
+        if not ctx.is_main and sharded:  # a peer writes its share of the same state
+            try:
+                shares.follow(ctx, fmt, self.root, self._state(step, payload, [r for r, _, _ in gathered]))  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - agreed below with every rank
+                error = _message(e)
+        elif ctx.is_main:
+            state = self._state(step, payload, [r for r, _, _ in gathered])
             marker = dict(meta or {}, world_size=ctx.world_size, kind=self.kind)
 
-            def commit(snapshot: dict[str, Any]) -> CommitInfo:
+            def commit(snapshot: dict[str, Any], write_shares: store.WriteShares | None = None) -> CommitInfo:
                 done = store.write_checkpoint(
-                    self.root, int(step), snapshot, marker, replace=replace, commit_guard=commit_guard
+                    self.root,
+                    int(step),
+                    snapshot,
+                    marker,
+                    replace=replace,
+                    format_name=self.format_name,
+                    commit_guard=commit_guard,
+                    write_shares=write_shares,
                 )
                 store.retain(self.root, self.keep, done.path, self.metric)
                 return done
@@ -318,14 +338,30 @@ class Checkpointer:
                     snapshot.release()
                     raise
                 return None
+            lead = shares.Lead(ctx, fmt, state) if sharded else None  # type: ignore[arg-type]
             try:
-                info = commit(state)
+                info = commit(state, lead.write if lead is not None else None)
             except Exception as e:  # noqa: BLE001 - every rank raises it, none waits on a dead peer
                 error = _message(e)
+            finally:
+                if lead is not None:
+                    lead.close()
         errors = [m for m in gather_json(ctx, error, kinds=(str, type(None))) if m]
         if errors:
             raise store.checkpoint_error(str(errors[0]))
         return info
+
+    def _state(self, step: int, payload: dict[str, Any], rng: list[Any]) -> dict[str, Any]:
+        """The checkpoint's whole state: the payload in the envelope (every rank's RNG states)."""
+        return {
+            **payload,
+            "format_version": store.FORMAT_VERSION,
+            "kind": self.kind,
+            "step": int(step),
+            "world_size": self.ctx.world_size,
+            "rng": rng,
+            "versions": _versions(payload.get("versions")),
+        }
 
     def _settle(self) -> str | None:
         """Rank 0: wait for the background commit in flight; its failure as one message, or None."""

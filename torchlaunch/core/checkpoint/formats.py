@@ -9,11 +9,18 @@ The marker contract: `write` returns the fields the store records in COMMITTED.j
 "checksum" ("algorithm:hex") and "bytes" (the payload's size), plus whatever the format needs to check
 its files later; `check`, `verify` and `load_into` are handed that marker back. A marker without a
 "format" field was written by the single-file format (every marker before the seam).
+
+What each rank saves is the format's decision: a plain format (CheckpointFormat) is written by rank 0
+alone from the whole state; a sharded one (ShardedFormat, e.g. dcp.py) has every rank write its share
+into the same temp folder (write_share), then rank 0 adds its own part and the marker fields (finish).
+The Checkpointer runs that collectively (shares.py); the store's commit protocol is the same for both.
+Loading is per rank and needs no peer: every rank loads the whole state (DDP replicates it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import os
 from pathlib import Path
@@ -100,7 +107,29 @@ class CheckpointFormat(Protocol):
         ...
 
 
+class ShardedFormat(CheckpointFormat, Protocol):
+    """A format whose every rank writes a share of the state (`write` is the one-process case)."""
+
+    def write_share(self, tmp_dir: Path, state: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+        """Write this rank's share of `state` (every rank holds the same state) into the temp folder,
+        durably; JSON-safe fields describing its files, which rank 0 hands to `finish`."""
+        ...
+
+    def finish(self, tmp_dir: Path, state: dict[str, Any], shares: list[dict[str, Any]]) -> dict[str, Any]:
+        """Rank 0, once every rank's share is durable: write rank 0's own part, return the marker fields
+        (at least "checksum" and "bytes"); refuse (ValueError) shares that are not the format's files."""
+        ...
+
+
+def is_sharded(fmt: CheckpointFormat) -> bool:
+    """Whether every rank writes a share of this format's checkpoints (else rank 0 writes them)."""
+    return callable(getattr(fmt, "write_share", None))
+
+
 _FORMATS: dict[str, CheckpointFormat] = {}
+_ON_DEMAND = {"dcp": "torchlaunch.core.checkpoint.dcp"}
+"""Built-in formats registered when first named (torch.distributed.checkpoint takes ~1.5 s to import,
+which a run that never names the format should not pay at start-up)."""
 
 
 def register_format(fmt: CheckpointFormat) -> CheckpointFormat:
@@ -119,7 +148,10 @@ def unregister_format(name: str) -> None:
 
 def get_format(name: str | None = None) -> CheckpointFormat:
     """The registered format `name` (None: the default); KeyError when none is registered by that name."""
-    return _FORMATS[name or DEFAULT_FORMAT]
+    name = name or DEFAULT_FORMAT
+    if name not in _FORMATS and name in _ON_DEMAND:
+        importlib.import_module(_ON_DEMAND[name])
+    return _FORMATS[name]
 
 
 def marker_format(marker: dict[str, Any]) -> str:
@@ -131,6 +163,11 @@ def unknown_format(marker: dict[str, Any]) -> str | None:
     """Why this build cannot read a marker's format (not registered: a newer torchlaunch, or a package
     that registers it was not imported), or None. Such a folder is likely valid: never quarantined."""
     name = marker_format(marker)
-    if name in _FORMATS:
+    if name in _FORMATS or name in _ON_DEMAND:
         return None
-    return f"written in checkpoint format {name[:80]!r}, which this build does not know (known: {', '.join(_FORMATS)})"
+    return f"written in checkpoint format {name[:80]!r}, which this build does not know (known: {', '.join(known())})"
+
+
+def known() -> list[str]:
+    """Every format this build can read or write, registered or built in."""
+    return [*_FORMATS, *(name for name in _ON_DEMAND if name not in _FORMATS)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torchlaunch.base.rules import MAX_EPOCHS, MAX_STEPS, at_least
+from torchlaunch.base.rules import MAX_EPOCHS, MAX_STEPS, at_least, choice
 
 
 @dataclass
@@ -25,3 +25,6 @@ class CheckpointConfig:
     """`auto` (newest checkpoint that verifies), `never`, or the path of a checkpoint folder."""
     async_save: bool = True
     """Write periodic checkpoints in the background; the preemption save is always synchronous."""
+    format: str = field(default="single_file", metadata=choice(("single_file", "dcp")))
+    """`single_file` (rank 0 writes state.pt) or `dcp` (torch.distributed.checkpoint, each rank its share).
+    dcp saves are synchronous; a resume reads the format each checkpoint's marker names."""

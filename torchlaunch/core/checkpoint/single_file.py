@@ -51,7 +51,7 @@ class _HashingFile(io.RawIOBase):
         return f"{CHECKSUM}:{self.hash.hexdigest()}"
 
 
-def _write_hashed(path: Path, state: dict[str, Any]) -> tuple[int, str]:
+def write_hashed(path: Path, state: dict[str, Any]) -> tuple[int, str]:
     """torch.save straight to disk through a checksumming writer, then fsync; the file is created new,
     never through a link (create_new)."""
     with create_new(path) as raw:
@@ -87,7 +87,7 @@ def _in_thread(fn: Callable[..., str], *args: Any) -> Callable[[], str]:
     return result
 
 
-def _safe_load(file: Path, map_location: str | torch.device) -> Any:
+def safe_load(file: Path, map_location: str | torch.device) -> Any:
     """torch.load(weights_only=True), its refusals and read errors as InvalidCheckpoint."""
     try:
         return torch.load(file, map_location=map_location, weights_only=True)
@@ -105,7 +105,7 @@ class SingleFile:
     name = "single_file"
 
     def write(self, tmp_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
-        size, digest = _write_hashed(tmp_dir / STATE_FILE, state)
+        size, digest = write_hashed(tmp_dir / STATE_FILE, state)
         return {"checksum": digest, "bytes": size}
 
     def check(self, directory: Path, marker: dict[str, Any]) -> str | None:
@@ -141,7 +141,7 @@ class SingleFile:
         hasher(algorithm)  # an unknown algorithm fails before any work
         checksum = _in_thread(file_checksum, directory / STATE_FILE, algorithm)
         try:
-            loaded = _safe_load(directory / STATE_FILE, map_location)
+            loaded = safe_load(directory / STATE_FILE, map_location)
         except BaseException:
             if checksum() != expected:
                 raise InvalidCheckpoint(CHECKSUM_MISMATCH) from None
