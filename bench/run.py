@@ -190,12 +190,15 @@ def no_bf16_lines(n: dict | None, bf16: dict | None) -> list[str]:
     ratio = f", {n['wall_s'] / bf16['wall_s']:.1f}x the bf16 record's {bf16['wall_s']:.0f} s" if bf16 else ""
     curve = " | ".join(f"{c['epoch']}: {100 * c['val_acc']:.2f}% @ {c['elapsed_s']:.0f} s" for c in n["curve"])
     return [
+        *lines,
         f"- `{n['command']}`: `{caps}` hides bf16 from oneDNN and ATen (emulated, as on a CPU without bf16 "
         f"instructions), recorded {n['recorded_at']}, CPU {n['cpu']}, load average {n['load_average_before']} "
         f"before / {n['load_average_after']} after",
         f"- the recipe's `train.precision: auto` chose **{n['precision']}** ({n.get('precision_why')})",
         f"- wall time {n['wall_s']:.0f} s{ratio}; median {n['median_images_per_s']:.0f} images/s over 2 "
-        f"processes; final validation top-1 **{100 * n['final_val_acc']:.2f}%**",
+        f"processes; final validation top-1 **{100 * n['final_val_acc']:.2f}%**"
+        + (f"; {n['cpu_s']:.0f} CPU seconds in its processes (what the load does not change)" if n.get("cpu_s") else "")
+        + (f"; {n['conditions']}" if n.get("conditions") else ""),
         f"- per epoch: {curve}",
         "",
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -59,9 +60,11 @@ def run_full(
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", **(caps or {}))
     load_before = load_average()
+    cpu_before = children_cpu_s()
     start = time.perf_counter()
     out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    cpu_s = children_cpu_s() - cpu_before
     (work / "tta.log").write_text(out.stdout + out.stderr)
     if out.returncode != 0:
         raise RuntimeError(f"fast.yaml run failed (exit {out.returncode}): {(out.stdout + out.stderr)[-1500:]}")
@@ -82,6 +85,7 @@ def run_full(
         "isa_caps": caps or {},
         "argv": " ".join(["python", *argv[1:]]),
         "wall_s": wall,
+        "cpu_s": cpu_s,
         "curve": curve,
         "final_val_acc": curve[-1]["val_acc"] if curve else None,
         "goal": GOAL,
@@ -95,6 +99,13 @@ def run_full(
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def children_cpu_s() -> float:
+    """User + system seconds of this process's ended children (the run's launcher and ranks): a figure a
+    busy box does not inflate the way it does the wall time."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def run_no_bf16(work: Path | None = None) -> dict | None:
