@@ -16,10 +16,11 @@ import pytest
 
 from tests.conftest import REPO, launcher_argv
 from torchlaunch.config import DataConfig
+from torchlaunch.data.checks import check_data
+from torchlaunch.data.formats.cifar10 import unreachable_reason
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.trainer_sections import fp16_on_cpu_message
 from torchlaunch.worker import precision
-from torchlaunch.worker.datacheck import check_data, unreachable_reason
 
 
 def closed_port() -> int:
