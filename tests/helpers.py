@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import torch
 
-from tests.conftest import launcher_argv, run_launcher
+from tests.conftest import launcher_argv, run_proc
 from torchlaunch.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,8 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python -m launch.local ARGS` from the repo root, as a CompletedProcess: conftest.run_launcher (the
     one launcher helper: its own process group, killed whole and the test failed on timeout)."""
-    code, out, err = run_launcher(args, timeout=timeout, env=env)
-    return subprocess.CompletedProcess(launcher_argv("torchlaunch.agent", *args), code, out, err)
+    return run_proc(launcher_argv("torchlaunch.agent", *args), timeout=timeout, env=env)
 
 
 def final_state(run_dir: Path) -> dict:
