@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m launch.local ARGS` from the repo root, as a CompletedProcess: conftest.run_launcher (the
-    one launcher helper: its own process group, killed whole and the test failed on timeout)."""
+    """`python -m launch.local ARGS` from the repo root, as a CompletedProcess (conftest.run_proc: its own
+    process group, killed whole and the test failed on timeout)."""
     return run_proc(launcher_argv("torchlaunch.agent", *args), timeout=timeout, env=env)
 
 

@@ -428,7 +428,7 @@ def custom_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_until_step_then_sigterm(run_dir: Path, step: int) -> tuple[int, str]:
     """Start the launch, SIGTERM the launcher once rank 0 printed `step`; (exit code, stdout)."""
-    with Launch(custom_loop_launch(run_dir), env=ONE_THREAD) as launch:
+    with Launch(custom_loop_launch(run_dir), env=ONE_THREAD, timeout_s=400) as launch:
         seen = launch.read_until(f"step {step}/")  # the program prints every step
         launch.deliver("pid", signal.SIGTERM)
         code, out, err = launch.finish()
