@@ -59,7 +59,7 @@ elif what == "open-noset":
     n = len(ShardSet.open(root / "noset", remember=True))  # the first writes noset/shards.idx
 else:
     from torchlaunch.config import DataConfig
-    from torchlaunch.worker.datacheck import check_data
+    from torchlaunch.data.checks import check_data
     check_data(DataConfig(name="shards", root=str(root)), local=True)
     n = 0
 print("RESULT " + json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time() - c, "n": n}), flush=True)

@@ -64,6 +64,20 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO,
+    stdout: int | None = subprocess.PIPE,
+    stderr: int | None = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """Start argv in a session of its own, this checkout first on sys.path, text pipes: a test can
+    signal its process group as a terminal or scheduler would, and kill all of it when it fails."""
+    return subprocess.Popen(
+        list(argv), cwd=cwd, env=child_env(env), stdout=stdout, stderr=stderr, text=True, start_new_session=True
+    )
+
+
 def run_cmd(
     argv: Sequence[str],
     timeout: float = DEFAULT_TIMEOUT_S,
@@ -74,15 +88,7 @@ def run_cmd(
 
     On timeout the whole group (launcher, torchrun and its workers) is killed, so a hung test never
     leaves processes behind, and the test fails with what the command printed so far."""
-    proc = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env=child_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = spawn(argv, env=env, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -94,12 +100,26 @@ def run_cmd(
     return proc.returncode, out, err
 
 
+def run_proc(
+    argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """run_cmd's result as a CompletedProcess, for a test that reads .returncode, .stdout and .stderr."""
+    code, out, err = run_cmd(argv, timeout=timeout, env=env)
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 def launcher_argv(module: str, *args: str, python: str = sys.executable) -> list[str]:
     """`python -m MODULE ARGS`: the one spelling of a launcher's command line in the tests, whether it
     runs to completion (run_cmd, run_launcher) or in the background (Popen, to be signalled). MODULE is
     the launcher's module (torchlaunch.agent|slurm|k8s|torchrun), or the command a user types
     (launch.local, launch.slurm, `launch` for status|logs|cancel|list) where a test checks that spelling."""
     return [python, "-m", module, *args]
+
+
+def torchrun_argv(nproc: int, *args: str) -> list[str]:
+    """Plain torchrun on this machine, as a user runs it without the launcher:
+    `python -m torch.distributed.run --standalone --nproc-per-node N ARGS`."""
+    return launcher_argv("torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args)
 
 
 def free_port() -> int:

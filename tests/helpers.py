@@ -10,17 +10,16 @@ from typing import NoReturn
 
 import torch
 
-from tests.conftest import launcher_argv, run_launcher
+from tests.conftest import launcher_argv, run_proc
 from torchlaunch.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def launcher(args: list[str], timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m launch.local ARGS` from the repo root, as a CompletedProcess: conftest.run_launcher (the
-    one launcher helper: its own process group, killed whole and the test failed on timeout)."""
-    code, out, err = run_launcher(args, timeout=timeout, env=env)
-    return subprocess.CompletedProcess(launcher_argv("torchlaunch.agent", *args), code, out, err)
+    """`python -m launch.local ARGS` from the repo root, as a CompletedProcess (conftest.run_proc: its own
+    process group, killed whole and the test failed on timeout)."""
+    return run_proc(launcher_argv("torchlaunch.agent", *args), timeout=timeout, env=env)
 
 
 def final_state(run_dir: Path) -> dict:
@@ -47,11 +46,12 @@ def assert_states_equal(a: dict, b: dict) -> None:
 
 
 def assert_models_equal(path_a: Path, path_b: Path) -> None:
-    a = torch.load(path_a, weights_only=True)
-    b = torch.load(path_b, weights_only=True)
+    """Two saved models (model.pt) the same bit for bit, every tensor (loaded on the CPU)."""
+    a = torch.load(path_a, weights_only=True, map_location="cpu")
+    b = torch.load(path_b, weights_only=True, map_location="cpu")
     assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs"
+    different = [key for key in a if not torch.equal(a[key], b[key])]
+    assert not different, f"tensors differ between {path_a} and {path_b}: {different[:5]}"
 
 
 def leave_spawned_rank() -> NoReturn:

@@ -18,42 +18,63 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env
+from tests.conftest import spawn
 from torchlaunch import pdeath
 
 DELIVERIES = ("pid", "group", "every")
 
 
 class Launch:
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = 300) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 300,
+        stdout: int | None = subprocess.PIPE,
+        stderr: int | None = subprocess.PIPE,
+    ) -> None:
+        """stdout=None leaves a chatty program's output to the test's own (an unread pipe would fill)."""
         self.deadline = time.monotonic() + timeout_s
-        self.proc = subprocess.Popen(
-            list(argv),
-            cwd=REPO,
-            env=child_env(env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        self.proc = spawn(argv, env=env, stdout=stdout, stderr=stderr)
 
     def __enter__(self) -> Launch:
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
-            for pid in [self.proc.pid, *pdeath.descendants(self.proc.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self.kill()
             self.proc.communicate()
+
+    def kill(self) -> None:
+        """SIGKILL to the launcher and every process below it (a test that fails leaves none behind)."""
+        for pid in [self.proc.pid, *pdeath.descendants(self.proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def read_until(self, prefix: str) -> list[str]:
+        """stdout's lines up to the first that starts with `prefix`; the launch is killed at the deadline,
+        so one that never prints it ends the read and fails the test with what it printed."""
+        assert self.proc.stdout is not None
+        watchdog = threading.Timer(max(0.0, self.deadline - time.monotonic()), self.kill)
+        watchdog.start()
+        seen: list[str] = []
+        try:
+            for line in self.proc.stdout:
+                seen.append(line)
+                if line.startswith(prefix):
+                    return seen
+        finally:
+            watchdog.cancel()
+        pytest.fail(f"no line {prefix!r} from the launch ({self.proc.poll()}):\n{''.join(seen)[-3000:]}")
 
     def wait_for_step(self, run_dir: Path, step: int) -> int:
         """Until rank 0's heartbeat says `step` or later (polled: no event exists for it); the step seen."""
@@ -70,6 +91,16 @@ class Launch:
                 return seen
             time.sleep(0.05)
         pytest.fail(f"no step {step} within the deadline")
+
+    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+        """Until `ready()` (polled under the deadline: a rank's mark on disk has no event to wait on)."""
+        while not ready():
+            if self.proc.poll() is not None:
+                out, err = self.proc.communicate()
+                pytest.fail(f"the launch ended ({self.proc.returncode}) before {what}:\n{(err or '')[-3000:]}")
+            if time.monotonic() > self.deadline:
+                pytest.fail(f"no {what} within the deadline")
+            time.sleep(0.05)
 
     def wait_for_log(self, run_dir: Path, words: str) -> None:
         """Until rank 0's log holds `words` (polled under the deadline)."""

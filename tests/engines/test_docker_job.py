@@ -28,6 +28,7 @@ import torch
 
 from tests.conftest import REPO as ROOT
 from tests.conftest import launcher_argv
+from tests.helpers import assert_models_equal
 from torchlaunch.backends.k8s import hardening
 from torchlaunch.backends.k8s import manifest as k8s_manifest
 from torchlaunch.backends.k8s import options as k8s_opts
@@ -91,13 +92,6 @@ def shared_folder(path: Path) -> Path:
 
 def load_model(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    left, right = load_model(a), load_model(b)
-    assert left.keys() == right.keys()
-    different = [k for k in left if not torch.equal(left[k], right[k])]
-    assert not different, f"tensors differ from the uninterrupted run: {different[:5]}"
 
 
 # ---- the image ---------------------------------------------------------------------------------------
@@ -476,7 +470,7 @@ def test_stopped_pod_checkpoints_within_grace_and_the_job_resumes_exactly(make_j
     assert dj.failures == 0, f"a preemption must not count against backoffLimit: {dj.history}"
     resumed = wait_for_log_line(dj, "resumed from")
     assert f"step-{step:09d}" in resumed, resumed
-    assert_same_weights(dj.run_dir / "model.pt", uninterrupted.run_dir / "model.pt")
+    assert_models_equal(dj.run_dir / "model.pt", uninterrupted.run_dir / "model.pt")
 
 
 def test_bad_input_fails_the_job_without_retry(make_job):

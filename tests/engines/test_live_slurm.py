@@ -40,6 +40,7 @@ from tests.conftest import launcher_argv, lighthouse_serving, run_cmd
 from tests.engines.test_elastic_slurm import running_nodes
 from tests.engines.test_slurm_cluster import Launch, requeue_records, slurm, wait_until
 from tests.engines.test_slurm_cluster import cluster as dev_cluster  # the module fixture, shared
+from tests.helpers import assert_models_equal
 from tests.integration.test_live_recovery import step_samples
 from tests.library import RunLibrary
 from torchlaunch.backends.slurm import live as slurm_live
@@ -234,7 +235,7 @@ def test_a_loss_below_the_node_ranges_minimum_checkpoints_requeues_and_resumes_e
         ("below_minimum", 1),
     ], events
     assert step_samples(run_dir) == step_samples(reference.run_dir)
-    assert_same_weights(run_dir / "model.pt", reference.run_dir / "model.pt")
+    assert_models_equal(run_dir / "model.pt", reference.run_dir / "model.pt")
     st = status_of(run_dir)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 2), st
     assert not any(r["gone"] for r in st["ranks"]), st["ranks"]
@@ -267,7 +268,7 @@ def test_a_whole_job_preempted_from_outside_checkpoints_requeues_and_resumes_exa
     assert log.count("slurm task: rank 0/2 ") == 2, "one requeue: two allocations of 2 tasks"
     assert not (run_dir / "live" / "events-rank0.jsonl").exists(), "a live event: the stop was taken for a loss"
     assert step_samples(run_dir) == step_samples(reference.run_dir)
-    assert_same_weights(run_dir / "model.pt", reference.run_dir / "model.pt")
+    assert_models_equal(run_dir / "model.pt", reference.run_dir / "model.pt")
     st = status_of(run_dir)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 2), st
 
@@ -473,14 +474,3 @@ def test_a_users_cancel_cancels_the_successor_first(cluster: str, lighthouse: st
     assert never[0].startswith("CANCELLED") and never[1:] == ["00:00:00", "None assigned"], never  # never ran
     assert not (run_dir / "slurm" / second / f"{second}_0_log.out").exists()
     assert wait_until(lambda: status_of(run_dir)["state"] == "cancelled", 60, "state cancelled")
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    """Bit for bit: every step trained on 2 ranks, as in the uninterrupted run, and the resume is exact."""
-    import torch
-
-    left = torch.load(a, weights_only=True, map_location="cpu")
-    right = torch.load(b, weights_only=True, map_location="cpu")
-    assert left.keys() == right.keys()
-    for key in left:
-        assert torch.equal(left[key], right[key]), f"{key} differs"

@@ -20,18 +20,13 @@ from tests.integration.test_namespace_fresh_interpreters import PROJECTS, assert
 @pytest.mark.usefixtures("cluster")
 @pytest.mark.parametrize("kind", sorted(PROJECTS))
 def test_user_project_from_its_own_folder_on_slurm(kind: str, tmp_path: Path) -> None:
-    from tests.unit.test_user_programs import finish, launcher_text, slurm_launch
+    from tests.unit.test_user_programs import finish, launcher_text, one_task_per_node, slurm_launch
 
     project, out, run_dir = user_project(kind, tmp_path), tmp_path / "out", tmp_path / "run"
     proc = slurm_launch(
         run_dir,
         [*PROJECTS[kind][0], "--out", str(out)],
-        "--nodes",
-        "2",
-        "--tasks-per-node",
-        "1",
-        "--time",
-        "10",
+        *one_task_per_node(2, 10),
         cwd=project,
     )
     assert finish(proc, run_dir, 240) == 0, launcher_text(run_dir)[-3000:]

@@ -23,6 +23,7 @@ from torchlaunch.jobs import cli, record
 @pytest.mark.slurm
 @pytest.mark.timeout(120)
 def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, capsys) -> None:
+    from tests.engines.test_slurm_cluster import slurm
     from tests.engines.test_slurm_ops_cluster import cluster  # noqa: F401 - the fixture's skip rule
 
     dev = REPO / "slurm" / "dev-cluster.sh"
@@ -32,14 +33,7 @@ def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, 
     os.environ["SLURM_CONF"] = env_out.split("SLURM_CONF=", 1)[1].split()[0]
     other = tmp_path / "other"
     other.mkdir()
-    sub = subprocess.run(
-        ["sbatch", "--parsable", "-o", f"{other}/out-%j.txt", "--wrap", "sleep 300"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    job = sub.stdout.strip().split(";")[0]
+    job = slurm("sbatch", "--parsable", "-o", f"{other}/out-%j.txt", "--wrap", "sleep 300").strip().split(";")[0]
     try:
         run = tmp_path / "run"
         forged = record.JobRecord(launch_id="S9", scheduler="slurm", job_id=job, host="node1", started=time.time())
@@ -48,8 +42,7 @@ def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, 
         assert cli.main(["cancel", str(run)], out=io.StringIO()) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"Slurm job {job} is not proven this run's" in err[0]
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
-        assert state.stdout.strip() in ("PENDING", "RUNNING", "CONFIGURING")
+        assert slurm("squeue", "-h", "-j", job, "-o", "%T").strip() in ("PENDING", "RUNNING", "CONFIGURING")
         # Output merely below a folder proves nothing (issue 52): a record forged there names foreign jobs.
         assert "not to" in (slurm_proof.slurm_job(job, other) or "")
         # The chain's end step: a forged chain.json naming the foreign job as a successor scancels nothing.
@@ -57,7 +50,6 @@ def test_a_forged_slurm_job_id_of_another_job_is_not_scancelled(tmp_path: Path, 
         env = {"SLURM_JOB_ID": "1", "SLURM_CONF": os.environ["SLURM_CONF"], "PATH": os.environ["PATH"]}
         assert slurm_successor.end(str(run), 0, env) == 0
         assert f"job {job} left alone" in capsys.readouterr().out
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
-        assert state.stdout.strip() in ("PENDING", "RUNNING", "CONFIGURING")
+        assert slurm("squeue", "-h", "-j", job, "-o", "%T").strip() in ("PENDING", "RUNNING", "CONFIGURING")
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)

@@ -145,16 +145,6 @@ def assert_clean_cancel(run_dir: Path, job_id: str, tasks: int, how: str | None)
     return logs
 
 
-def assert_same_weights(a: Path, b: Path) -> None:
-    import torch
-
-    left = torch.load(a, weights_only=True, map_location="cpu")
-    right = torch.load(b, weights_only=True, map_location="cpu")
-    assert left.keys() == right.keys()
-    for key in left:
-        assert torch.equal(left[key], right[key]), f"{key} differs between {a} and {b}"
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Launch:
     """One uninterrupted 2 nodes x 2 tasks run, launched once for the module: the end-to-end test
@@ -210,7 +200,9 @@ def test_preemption_checkpoints_requeues_once_and_resumes_exactly(reference: Pat
     log = launch.rank0_log()
     assert log.count("preemption: checkpoint committed") == 1 and "timeout: checkpoint" not in log
     assert requeue_records(launch.job_id) == ["REQUEUED", "COMPLETED"]  # requeued exactly once
-    assert_same_weights(run_dir / "model.pt", reference / "model.pt")
+    from tests.helpers import assert_models_equal  # torch: loaded only by the tests that compare weights
+
+    assert_models_equal(run_dir / "model.pt", reference / "model.pt")
 
 
 @pytest.mark.timeout(600)
@@ -305,7 +297,9 @@ def test_plain_sbatch_script_two_nodes(reference: Path, tmp_path: Path) -> None:
     output = (run_dir / f"sbatch-{job_id}.out").read_text()
     assert final == ["COMPLETED"], output[-3000:]
     assert "workers exited 0" in output
-    assert_same_weights(run_dir / "model.pt", reference / "model.pt")
+    from tests.helpers import assert_models_equal  # torch: loaded only by the tests that compare weights
+
+    assert_models_equal(run_dir / "model.pt", reference / "model.pt")
 
 
 @pytest.mark.timeout(120)

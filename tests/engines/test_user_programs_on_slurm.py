@@ -23,8 +23,10 @@ from tests.unit.test_user_programs import (
     custom_loop_launch,
     finish,
     launcher_text,
+    one_task_per_node,
     records,
     slurm_launch,
+    submitted_job,
 )
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK
 
@@ -39,17 +41,12 @@ def test_slurm_preempted_program_is_requeued_and_finishes(tmp_path: Path) -> Non
     proc = slurm_launch(
         run_dir,
         ["tests/programs/counter.py", str(state), "150"],
-        "--nodes",
-        "2",
-        "--tasks-per-node",
-        "1",
-        "--time",
-        "30",
+        *one_task_per_node(2, 30),
     )
     wait_until(lambda: count(state, 0) >= 30 and count(state, 1) >= 30, 120, "both ranks to count to 30")
     slurm("sbatch", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1")
     assert finish(proc, run_dir, 300) == OK, launcher_text(run_dir)[-3000:]
-    job_id = launcher_text(run_dir).split("submitted job ", 1)[1].split(":", 1)[0]
+    job_id = submitted_job(run_dir)
     assert requeue_records(job_id) == ["REQUEUED", "COMPLETED"]  # requeued exactly once
     for rank in (0, 1):
         starts = (state / f"starts-rank{rank}").read_text().splitlines()
@@ -71,15 +68,10 @@ def test_slurm_bad_input_program_is_not_requeued(tmp_path: Path) -> None:
     proc = slurm_launch(
         run_dir,
         ["tests/programs/bad_input.py", str(tmp_path / "runs")],
-        "--nodes",
-        "2",
-        "--tasks-per-node",
-        "1",
-        "--time",
-        "10",
+        *one_task_per_node(2, 10),
     )
     assert finish(proc, run_dir, 150) == BAD_INPUT, launcher_text(run_dir)[-3000:]
-    job_id = launcher_text(run_dir).split("submitted job ", 1)[1].split(":", 1)[0]
+    job_id = submitted_job(run_dir)
     assert requeue_records(job_id) == ["FAILED"]
     assert len((tmp_path / "runs").read_text().splitlines()) == 2  # one start per task, no second allocation
 
@@ -92,12 +84,7 @@ def test_slurm_module_from_the_submission_directory(tmp_path: Path) -> None:
     proc = slurm_launch(
         run_dir,
         ["-m", "userpkg.main", "0", str(out)],
-        "--nodes",
-        "2",
-        "--tasks-per-node",
-        "1",
-        "--time",
-        "10",
+        *one_task_per_node(2, 10),
         cwd=PROGRAMS,
     )
     assert finish(proc, run_dir, 150) == OK, launcher_text(run_dir)[-3000:]
@@ -133,12 +120,7 @@ def test_custom_loop_preempted_on_slurm_resumes_bitwise(slurm_custom_reference: 
     proc = slurm_launch(
         run_dir,
         [CUSTOM_LOOP, "--run-dir", str(run_dir), "--epochs", SLURM_CUSTOM_EPOCHS],
-        "--nodes",
-        "2",
-        "--tasks-per-node",
-        "1",
-        "--time",
-        "30",
+        *one_task_per_node(2, 30),
     )
     job_id = wait_until(
         lambda: launcher_text(run_dir).partition("submitted job ")[2].partition(":")[0], 60, "the job id"
@@ -165,13 +147,13 @@ def test_slurm_wait_shows_stderr_and_ctrl_c_leaves_the_job_running_in_one_line(t
     script = tmp_path / "logs.py"
     script.write_text("import logging, time\nlogging.warning('to stderr via logging')\ntime.sleep(600)\n")
     run_dir = tmp_path / "run"
-    proc = slurm_launch(run_dir, [str(script)], "--nodes", "1", "--tasks-per-node", "1", "--time", "10")
+    proc = slurm_launch(run_dir, [str(script)], *one_task_per_node(1, 10))
     try:
         wait_until(lambda: "to stderr via logging" in launcher_text(run_dir), 120, "the program's stderr line")
         proc.send_signal(signal.SIGINT)
         code = finish(proc, run_dir, 60)
         text = launcher_text(run_dir)
-        job_id = text.split("submitted job ", 1)[1].split(":", 1)[0]
+        job_id = submitted_job(run_dir)
         assert code == 130 and "Traceback" not in text, text[-2000:]
         lines = [line for line in text.splitlines() if "stopped following" in line]
         assert lines == [
@@ -181,9 +163,8 @@ def test_slurm_wait_shows_stderr_and_ctrl_c_leaves_the_job_running_in_one_line(t
     finally:
         if proc.poll() is None:
             proc.kill()
-        text = launcher_text(run_dir)
-        if "submitted job " in text:
-            slurm("scancel", text.split("submitted job ", 1)[1].split(":", 1)[0])
+        if "submitted job " in launcher_text(run_dir):
+            slurm("scancel", submitted_job(run_dir))
 
 
 @pytest.mark.slurm

@@ -25,6 +25,11 @@ def problem_lines(stderr: str) -> list[str]:
     return [ln for ln in error_lines(stderr) if not ln.startswith(echo)]
 
 
+def on_smoke(run_dir: str | Path, *overrides: str) -> list[str]:
+    """The launcher's arguments for the smoke recipe on 2 ranks in run_dir, its keys overridden."""
+    return ["--gpus", "2", "--config", SMOKE, f"run_dir={run_dir}", *overrides]
+
+
 def assert_bad_input(args: list[str], *words: str, timeout: float = 120) -> str:
     rc, out, err = run_launcher(args, timeout=timeout)
     lines = problem_lines(err)
@@ -70,7 +75,7 @@ def test_malformed_yaml(tmp_path: Path) -> None:
 
 def test_unknown_key(tmp_path: Path) -> None:
     assert_bad_input(
-        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "optim.lrr=0.1"],
+        on_smoke(tmp_path, "optim.lrr=0.1"),
         "config error: optim.lrr: unknown key",
         "did you mean optim.lr?",
     )
@@ -78,7 +83,7 @@ def test_unknown_key(tmp_path: Path) -> None:
 
 def test_wrong_type(tmp_path: Path) -> None:
     assert_bad_input(
-        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "train.epochs=three"],
+        on_smoke(tmp_path, "train.epochs=three"),
         "config error: train.epochs: expected an integer",
         "'three'",
     )
@@ -86,7 +91,7 @@ def test_wrong_type(tmp_path: Path) -> None:
 
 def test_negative_learning_rate(tmp_path: Path) -> None:
     line = assert_bad_input(
-        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "optim.lr=-0.1"],
+        on_smoke(tmp_path, "optim.lr=-0.1"),
         "config error: optim.lr: must be > 0",
         "-0.1",
     )
@@ -95,48 +100,29 @@ def test_negative_learning_rate(tmp_path: Path) -> None:
 
 def test_an_exact_grid_that_does_not_divide_the_batch(tmp_path: Path) -> None:
     line = assert_bad_input(
-        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}", "train.exact=true", "train.grid_micro_batches=7"],
+        on_smoke(tmp_path, "train.exact=true", "train.grid_micro_batches=7"),
         "config error: train.grid_micro_batches: 7 micro-batches do not divide train.batch_size=128",
     )
     assert not (tmp_path / "config.yaml").exists(), line  # refused before anything was written or started
 
 
 @pytest.mark.slow
-def test_missing_data_root(tmp_path: Path) -> None:
-    missing = tmp_path / "no-such-folder"
-    assert_bad_input(
-        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=imagefolder", f"data.root={missing}"],
-        str(missing),
-        "does not exist",
-    )
+@pytest.mark.parametrize(
+    ("made", "words"), [(False, "does not exist"), (True, "no class folders")], ids=["missing", "empty"]
+)
+def test_a_missing_or_empty_image_folder(made: bool, words: str, tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    if made:
+        root.mkdir()
+    assert_bad_input(on_smoke(tmp_path / "run", "data.name=imagefolder", f"data.root={root}"), str(root), words)
 
 
 @pytest.mark.slow
 def test_missing_cifar10_offline(tmp_path: Path) -> None:
     assert_bad_input(
-        [
-            "--gpus",
-            "2",
-            "--config",
-            SMOKE,
-            f"run_dir={tmp_path}/run",
-            "data.name=cifar10",
-            f"data.root={tmp_path}",
-            "data.download=false",
-        ],
+        on_smoke(tmp_path / "run", "data.name=cifar10", f"data.root={tmp_path}", "data.download=false"),
         str(tmp_path / "cifar-10-batches-py"),
         "data.download=true",
-    )
-
-
-@pytest.mark.slow
-def test_empty_image_folder(tmp_path: Path) -> None:
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert_bad_input(
-        ["--gpus", "2", "--config", SMOKE, f"run_dir={tmp_path}/run", "data.name=imagefolder", f"data.root={empty}"],
-        str(empty),
-        "no class folders",
     )
 
 
@@ -147,17 +133,13 @@ def test_corrupt_image_is_named(tmp_path: Path) -> None:
     bad = root / "b" / "0007.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     assert_bad_input(
-        [
-            "--gpus",
-            "2",
-            "--config",
-            SMOKE,
-            f"run_dir={tmp_path}/run",
+        on_smoke(
+            tmp_path / "run",
             "data.name=imagefolder",
             f"data.root={root}",
             f"data.cache_dir={tmp_path}/cache",
             "train.batch_size=8",
-        ],
+        ),
         str(bad),
         "cannot decode image",
     )

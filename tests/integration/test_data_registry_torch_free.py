@@ -12,8 +12,7 @@ import sys
 
 def test_the_launch_side_precheck_imports_neither_torch_nor_the_worker() -> None:
     """A fresh interpreter (this one has torch loaded): the pre-check and the registry it asks load no
-    torch and none of the built-in worker's data, trainer or model modules (it used to import
-    torchlaunch.worker.datacheck, then torchlaunch.worker.precision)."""
+    torch and none of the built-in worker's data, trainer or model modules."""
     code = (
         "import json, sys; import torchlaunch.launch.precheck, torchlaunch.data; "
         "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torchlaunch.worker.'))))"

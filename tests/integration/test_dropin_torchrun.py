@@ -11,14 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO as ROOT
-from tests.conftest import launcher_argv
-from tests.helpers import REPO
+from tests.conftest import REPO, launcher_argv, run_proc
+from tests.stops import Launch
 from torchlaunch.agent import node
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 
@@ -39,9 +38,13 @@ def call(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    paths = [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1", **extra}
+CPU = ("--device", "cpu")
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def run(argv: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
+    """argv to completion from the checkout, one thread per rank (bounded, its group killed on timeout)."""
+    return run_proc(argv, timeout=timeout, env={**ONE_THREAD, **env})
 
 
 @pytest.fixture
@@ -57,20 +60,10 @@ def test_a_non_python_program_is_bad_input_not_a_syntax_error(launcher: str, tmp
     shell = tmp_path / "job.sh"
     shell.write_text("#!/bin/sh\necho hi\n")
     for program in ("/bin/echo", str(shell)):
-        proc = subprocess.run(
-            [sys.executable, "-m", f"launch.{launcher}", "--dry-run", "--", program, "hi"],
-            cwd=ROOT,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = run(launcher_argv(f"launch.{launcher}", "--dry-run", "--", program, "hi"), timeout=120)
         assert proc.returncode == BAD_INPUT, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "not a Python program" in proc.stderr, proc.stderr
-    runner = subprocess.run(
-        [sys.executable, "-m", "torchlaunch.runner", "/bin/echo"], env=child_env(), capture_output=True, text=True
-    )
+    runner = run(launcher_argv("torchlaunch.runner", "/bin/echo"))
     assert runner.returncode == BAD_INPUT and "not a Python program" in runner.stderr
 
 
@@ -91,9 +84,7 @@ def seen_env(out: Path) -> dict[str, dict[str, str | None]]:
 
 def run_dump(argv: list[str], out: Path, **env: str) -> subprocess.CompletedProcess[str]:
     out.mkdir()
-    return subprocess.run(
-        argv, cwd=ROOT, env=child_env(**env), capture_output=True, text=True, timeout=180, check=False
-    )
+    return run(argv, **env)
 
 
 @pytest.mark.slow
@@ -111,17 +102,7 @@ def test_every_worker_count_sees_torchruns_env_contract(gpus: int, tmp_path: Pat
     assert done.returncode == 0, done.stderr
     stale = {"RANK": "7", "WORLD_SIZE": "9", "LOCAL_RANK": "3", "TORCHELASTIC_RUN_ID": "stale", "GROUP_RANK": "5"}
     done = run_dump(
-        launcher_argv(
-            "torchlaunch.agent",
-            "--device",
-            "cpu",
-            "--gpus",
-            str(gpus),
-            "--",
-            str(prog),
-            str(ours),
-            keys,
-        ),
+        launcher_argv("torchlaunch.agent", *CPU, "--gpus", str(gpus), "--", str(prog), str(ours), keys),
         ours,
         **stale,
     )
@@ -154,7 +135,7 @@ def test_joining_is_counted_even_after_destroy_process_group() -> None:
         "assert not joined.joined(); d.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, "
         "world_size=1); d.destroy_process_group(); print(joined.joined())"
     )
-    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
+    done = run([sys.executable, "-c", code], timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
 
 
@@ -166,15 +147,7 @@ def test_one_worker_can_init_process_group_from_env(tmp_path: Path) -> None:
         "print('world', dist.get_world_size(), dist.get_rank())\n"
         "dist.destroy_process_group()\n"
     )
-    done = subprocess.run(
-        launcher_argv("torchlaunch.agent", "--device", "cpu", "--gpus", "1", "--", str(prog)),
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    done = run(launcher_argv("torchlaunch.agent", *CPU, "--gpus", "1", "--", str(prog)))
     assert done.returncode == 0, done.stderr
     assert "world 1 0" in done.stdout
 
@@ -182,15 +155,7 @@ def test_one_worker_can_init_process_group_from_env(tmp_path: Path) -> None:
 def test_a_failing_single_worker_is_named_as_the_worker(tmp_path: Path) -> None:
     prog = tmp_path / "crash.py"
     prog.write_text("def deep():\n    raise RuntimeError('boom')\n\n\ndeep()\n")
-    done = subprocess.run(
-        launcher_argv("torchlaunch.agent", "--device", "cpu", "--", str(prog)),
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run(launcher_argv("torchlaunch.agent", *CPU, "--", str(prog)), timeout=120)
     assert done.returncode == FAILURE
     assert "(worker exit 1" in done.stderr and "torchrun exit" not in done.stderr
     trace = done.stderr[done.stderr.index("Traceback (most recent call last):") :].splitlines()
@@ -226,40 +191,20 @@ def test_a_program_without_a_handler_is_stopped_by_the_runner_and_its_forks_neve
     Now the runner's own handler stops the rank (75) and says what happened; the fork ignores it."""
     prog = tmp_path / "p.py"
     prog.write_text(NO_HANDLER_FORKS)
-    proc = subprocess.Popen(
-        launcher_argv(
-            "torchlaunch.agent",
-            "--device",
-            "cpu",
-            "--gpus",
-            "2",
-            "--",
-            str(prog),
-            str(tmp_path),
-        ),
-        cwd=ROOT,
-        env=child_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("ready*"))) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+    with Launch(
+        launcher_argv("torchlaunch.agent", *CPU, "--gpus", "2", "--", str(prog), str(tmp_path)),
+        env=ONE_THREAD,
+        timeout_s=180,
+    ) as launch:
+        launch.wait_until(lambda: len(list(tmp_path.glob("ready*"))) >= 2, "both ranks ready")
         for rank in (0, 1):  # Slurm signals every process of the step, the workers too
             os.kill(int((tmp_path / f"child{rank}").read_text()), signal.SIGUSR2)
         (tmp_path / "go").touch()
-        while len(list(tmp_path.glob("child*-survived"))) < 2:
-            assert time.monotonic() < deadline, "a forked child died of the signal or ran the rank's stop"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == PREEMPTED, err
+        survived = "both forked children alive after the signal, neither running the rank's stop"
+        launch.wait_until(lambda: len(list(tmp_path.glob("child*-survived"))) >= 2, survived)
+        launch.deliver("pid", signal.SIGTERM)
+        code, _, err = launch.finish()
+    assert code == PREEMPTED, err
     assert f"{prog} had no SIGTERM handler and was stopped by it" in err and "run is requeued" in err, err
     line = [x for x in err.splitlines() if x.startswith("launch: preempted")]
     assert len(line) == 1 and "resume from its own checkpoint" not in line[0], err
@@ -294,34 +239,15 @@ HANDLER_EXITS_0 = textwrap.dedent(
 def test_a_signalled_program_ending_0_is_rerun(gpus: int, end: str, tmp_path: Path) -> None:
     prog = tmp_path / "p.py"
     prog.write_text(HANDLER_EXITS_0.replace("END", end))
-    proc = subprocess.Popen(
-        launcher_argv(
-            "torchlaunch.agent",
-            "--device",
-            "cpu",
-            "--gpus",
-            str(gpus),
-            "--",
-            str(prog),
-            str(tmp_path),
-        ),
-        cwd=ROOT,
-        env=child_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("ready*"))) < gpus:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == PREEMPTED, err
+    with Launch(
+        launcher_argv("torchlaunch.agent", *CPU, "--gpus", str(gpus), "--", str(prog), str(tmp_path)),
+        env=ONE_THREAD,
+        timeout_s=180,
+    ) as launch:
+        launch.wait_until(lambda: len(list(tmp_path.glob("ready*"))) >= gpus, "every rank's handler installed")
+        launch.deliver("pid", signal.SIGTERM)
+        code, _, err = launch.finish()
+    assert code == PREEMPTED, err
     assert "every rank reported a finish" not in err
     assert "without declaring the run finished" in err and "with a committed checkpoint" not in err
 
@@ -342,42 +268,30 @@ LIGHTNING_RACE = pytest.mark.xfail(
 )
 
 
+def sigterm_once(argv: list[str], ready: Callable[[], bool], what: str) -> tuple[int, str]:
+    """A framework's training under the launcher, SIGTERMed once `ready()`: (exit code, stderr). Its
+    stdout stays the test's own (a framework's progress lines would fill an unread pipe)."""
+    with Launch(argv, env=ONE_THREAD, timeout_s=720, stdout=None) as launch:
+        launch.wait_until(ready, what)
+        launch.deliver("pid", signal.SIGTERM)
+        code, _, err = launch.finish()
+    return code, err
+
+
 @needs_peers
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("gpus", [1, pytest.param(2, marks=[LIGHTNING_RACE, pytest.mark.extended])])
 def test_lightning_sigterm_exits_75_and_the_same_command_resumes(gpus: int, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    argv = [
-        str(PEERS),
-        "-m",
-        "torchlaunch.agent",
-        "--device",
-        "cpu",
-        "--gpus",
-        str(gpus),
-        "--",
-        "tests/programs/lightning_ddp.py",
-        str(run),
-        "--epochs",
-        "3",
-    ]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (run / "ckpt" / "last.ckpt").is_file():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == PREEMPTED, err[-3000:]
-    assert not (run / "result.json").exists()
-    done = subprocess.run(argv, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, check=False)
+    run_dir = tmp_path / "run"
+    argv = launcher_argv("torchlaunch.agent", *CPU, "--gpus", str(gpus), python=str(PEERS))
+    argv += ["--", "tests/programs/lightning_ddp.py", str(run_dir), "--epochs", "3"]
+    code, err = sigterm_once(argv, lambda: (run_dir / "ckpt" / "last.ckpt").is_file(), "Lightning's first checkpoint")
+    assert code == PREEMPTED, err[-3000:]
+    assert not (run_dir / "result.json").exists()
+    done = run(argv, timeout=600)
     assert done.returncode == OK, done.stderr[-3000:]
-    result = json.loads((run / "result.json").read_text())
+    result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed"] is True and result["epochs"] == 3
 
 
@@ -385,34 +299,16 @@ def test_lightning_sigterm_exits_75_and_the_same_command_resumes(gpus: int, tmp_
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_accelerate_sigterm_exits_75_and_the_same_command_resumes(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    argv = launcher_argv(
-        "torchlaunch.agent",
-        "--device",
-        "cpu",
-        "--nproc_per_node",
-        "2",
-        "--standalone",
-        python=str(PEERS),
-    )
-    argv += ["--", "tests/programs/accelerate_train.py", str(run), "--epochs", "3"]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (run / "progress.json").is_file():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == PREEMPTED, err[-3000:]
+    run_dir = tmp_path / "run"
+    argv = launcher_argv("torchlaunch.agent", *CPU, "--nproc_per_node", "2", "--standalone", python=str(PEERS))
+    argv += ["--", "tests/programs/accelerate_train.py", str(run_dir), "--epochs", "3"]
+    code, err = sigterm_once(argv, lambda: (run_dir / "progress.json").is_file(), "Accelerate's first progress mark")
+    assert code == PREEMPTED, err[-3000:]
     assert "preempted after SIGTERM: the program exited 75" in err  # no commit claimed it cannot see
-    assert not (run / "result.json").exists()
-    done = subprocess.run(argv, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert not (run_dir / "result.json").exists()
+    done = run(argv, timeout=600)
     assert done.returncode == OK, done.stderr[-3000:]
-    result = json.loads((run / "result.json").read_text())
+    result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed"] is True and result["step"] == 3 * 40
 
 

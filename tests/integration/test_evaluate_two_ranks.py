@@ -6,16 +6,21 @@ The rest of them, and the helpers both halves share, are in tests/unit/test_eval
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cmd
+from tests.conftest import run_cmd, torchrun_argv
 from tests.unit.test_evaluate import (
     run_eval,
     setup,  # noqa: F401 (fixtures, used by name)
 )
+
+
+def evaluate_on_two_ranks(*args: str) -> tuple[int, str, str]:
+    """`torchlaunch.worker.evaluate ARGS` under plain torchrun, 2 ranks of one thread each."""
+    argv = torchrun_argv(2, "-m", "torchlaunch.worker.evaluate", *args)
+    return run_cmd(argv, timeout=120, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.slow
@@ -23,25 +28,8 @@ def test_two_ranks_count_every_sample_once(setup: dict, capsys: pytest.CaptureFi
     """Under torchrun each rank evaluates a contiguous shard (11 + 10 of 21): same numbers as one process."""
     rc, out, err = run_eval(["--run-dir", str(setup["run"]), "--data-root", str(setup["data"])], capsys)
     single = json.loads(out)
-    rc, out, err = run_cmd(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "torchlaunch.worker.evaluate",
-            "--run-dir",
-            str(setup["run"]),
-            "--data-root",
-            str(setup["data"]),
-            "--batch-size",
-            "4",
-        ],
-        timeout=120,
-        env={"OMP_NUM_THREADS": "1"},
+    rc, out, err = evaluate_on_two_ranks(
+        "--run-dir", str(setup["run"]), "--data-root", str(setup["data"]), "--batch-size", "4"
     )
     assert rc == 0, err
     lines = out.splitlines()
@@ -54,23 +42,6 @@ def test_two_ranks_count_every_sample_once(setup: dict, capsys: pytest.CaptureFi
 
 @pytest.mark.slow
 def test_two_ranks_agree_on_bad_input(setup: dict, tmp_path: Path) -> None:
-    rc, out, err = run_cmd(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "torchlaunch.worker.evaluate",
-            "--run-dir",
-            str(setup["run"]),
-            "--data-root",
-            str(tmp_path / "missing"),
-        ],
-        timeout=120,
-        env={"OMP_NUM_THREADS": "1"},
-    )
+    rc, out, err = evaluate_on_two_ranks("--run-dir", str(setup["run"]), "--data-root", str(tmp_path / "missing"))
     assert rc != 0 and out == ""
     assert sum("does not exist" in ln for ln in err.splitlines()) == 1  # printed once, by rank 0

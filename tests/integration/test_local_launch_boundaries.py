@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO as ROOT
-from tests.conftest import launcher_argv
+from tests.conftest import REPO, child_env, launcher_argv, run_cmd
 from torchlaunch.exit_codes import BAD_INPUT
 
 
@@ -30,40 +31,32 @@ def call(main, argv: list[str]) -> tuple[int, str, str]:
 HOLDER = "import sys; from torchlaunch import runlock; runlock.acquire(sys.argv[1]); print('held', flush=True); sys.stdin.readline()"
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-
-
-def test_second_local_launch_on_a_run_dir_is_refused_before_writing(tmp_path):
-    run_dir = tmp_path / "run"
+@contextlib.contextmanager
+def held(run_dir: Path) -> Iterator[int]:
+    """Another process holds run_dir's lock (torchlaunch.runlock) while the block runs; its pid."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(run_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=env(),
+        env=child_env(),
     )
     try:
-        assert holder.stdout.readline().strip() == "held"
-        launch = subprocess.run(
-            launcher_argv(
-                "torchlaunch.agent",
-                "--device",
-                "cpu",
-                "--config",
-                "configs/smoke.yaml",
-                f"run_dir={run_dir}",
-            ),
-            cwd=ROOT,
-            env=env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder.pid
     finally:
         holder.communicate("\n")
-    assert launch.returncode == BAD_INPUT, launch.stderr
-    assert f"is in use by pid {holder.pid}" in launch.stderr
+
+
+def test_second_local_launch_on_a_run_dir_is_refused_before_writing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with held(run_dir) as holder:
+        argv = launcher_argv(
+            "torchlaunch.agent", "--device", "cpu", "--config", "configs/smoke.yaml", f"run_dir={run_dir}"
+        )
+        code, _, err = run_cmd(argv, timeout=300)
+    assert code == BAD_INPUT, err
+    assert f"is in use by pid {holder}" in err
     assert not (run_dir / "config.yaml").exists()
 
 
@@ -82,8 +75,8 @@ def test_sigkilled_local_launcher_leaves_no_rank_running(tmp_path):
     script.write_text(PROGRAM)
     launcher = subprocess.Popen(
         launcher_argv("torchlaunch.agent", "--gpus", "2", "--device", "cpu", "--", str(script)),
-        cwd=ROOT,
-        env=env(),
+        cwd=REPO,
+        env=child_env(),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -106,36 +99,12 @@ def test_sigkilled_local_launcher_leaves_no_rank_running(tmp_path):
             os.close(fd)
 
 
-def test_a_programs_run_dir_is_owned_too(tmp_path):
+def test_a_programs_run_dir_is_owned_too(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     script = tmp_path / "s.py"
     script.write_text("")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(run_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env(),
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        launch = subprocess.run(
-            launcher_argv(
-                "torchlaunch.agent",
-                "--device",
-                "cpu",
-                "--run-dir",
-                str(run_dir),
-                "--",
-                str(script),
-            ),
-            cwd=ROOT,
-            env=env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        holder.communicate("\n")
-    assert launch.returncode == BAD_INPUT, launch.stderr
-    assert len(launch.stderr.strip().splitlines()) == 1 and f"is in use by pid {holder.pid}" in launch.stderr
+    with held(run_dir) as holder:
+        argv = launcher_argv("torchlaunch.agent", "--device", "cpu", "--run-dir", str(run_dir), "--", str(script))
+        code, _, err = run_cmd(argv, timeout=120)
+    assert code == BAD_INPUT, err
+    assert len(err.strip().splitlines()) == 1 and f"is in use by pid {holder}" in err

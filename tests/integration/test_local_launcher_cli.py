@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import error_lines, launcher_argv, run_launcher, run_module
 from tests.unit.test_local_launcher import SMOKE
+from tests.unit.test_user_programs import torchrun_tail
 from torchlaunch.exit_codes import FAILURE, OK
 
 
@@ -24,23 +25,10 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
     )
     assert rc == 0, err
     assert len(out.splitlines()) == 1
+    # the recipe and overrides as typed: the command runs as printed (tests/unit/test_newcomer2.py)
+    program = ("-m", "torchlaunch.worker", "--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.01")
     assert shlex.split(out) == launcher_argv(
-        "torchlaunch.launch.torchrun",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "0",
-        "--standalone",
-        "-m",
-        "torchlaunch.runner",
-        "-m",
-        "torchlaunch.worker",
-        "--config",
-        SMOKE,  # the recipe and overrides as typed: the command runs as printed (tests/unit/test_newcomer2.py)
-        f"run_dir={run_dir}",
-        "optim.lr=0.01",
+        "torchlaunch.launch.torchrun", "--nnodes", "1", *torchrun_tail("2", "0", *program)
     )
     assert not run_dir.exists()
 

@@ -5,7 +5,6 @@ without torch), the dev cluster's missing SLURM_CONF is one line with the fix, t
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -14,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, launcher_argv
+from tests.conftest import launcher_argv, run_cmd, run_proc
 from torchlaunch.config import DataConfig
+from torchlaunch.data.checks import check_data
+from torchlaunch.data.formats.cifar10 import unreachable_reason
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.trainer_sections import fp16_on_cpu_message
 from torchlaunch.worker import precision
-from torchlaunch.worker.datacheck import check_data, unreachable_reason
 
 
 def closed_port() -> int:
@@ -29,18 +29,24 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+TWO_CPU = ("--gpus", "2", "--device", "cpu")
+
+
 def launch_in_process(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, list[str], bool]:
     """Run launch.local's main in a fresh interpreter: (exit code, stderr lines, torch imported?)."""
     script = (
         "import sys; from torchlaunch.agent import node; code = node.main(sys.argv[1:]); "
         "print('TORCH', 'torch' in sys.modules); sys.exit(code)"
     )
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    r = subprocess.run(
-        [sys.executable, "-c", script, *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=60
-    )
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    return r.returncode, lines, "TORCH True" in r.stdout
+    code, out, err = run_cmd([sys.executable, "-c", script, *args], timeout=60, env=env)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    return code, lines, "TORCH True" in out
+
+
+def worker_lines(args: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """The built-in worker (`python -m train ARGS`) alone, without a launcher: (exit code, stderr lines)."""
+    code, _, err = run_cmd([sys.executable, "-m", "train", *args], timeout=120, env=env)
+    return code, err.splitlines()
 
 
 # ------------------------------------------------------------------ 1. before spawning
@@ -78,28 +84,18 @@ def test_download_off_gives_the_workers_own_line(tmp_path: Path) -> None:
         f"data.root={tmp_path / 'data'}",
         "data.download=false",
     ]
-    code, lines, torch_loaded = launch_in_process(["--gpus", "2", "--device", "cpu", *args], {}, tmp_path)
+    code, lines, torch_loaded = launch_in_process([*TWO_CPU, *args], {}, tmp_path)
     assert code == 2 and len(lines) == 1 and not torch_loaded
-    worker = subprocess.run(
-        [sys.executable, "-m", "train", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert worker.returncode == 2
-    assert lines[0] in worker.stderr.splitlines()
+    worker_code, worker = worker_lines(args)
+    assert worker_code == 2
+    assert lines[0] in worker
 
 
 def test_empty_image_folder_stops_before_spawning(tmp_path: Path) -> None:
     (tmp_path / "images" / "cat").mkdir(parents=True)
     code, lines, torch_loaded = launch_in_process(
         [
-            "--gpus",
-            "2",
-            "--device",
-            "cpu",
+            *TWO_CPU,
             "--config",
             "configs/smoke.yaml",
             f"run_dir={tmp_path / 'run'}",
@@ -151,74 +147,36 @@ def test_remote_jobs_judge_only_what_this_host_sees(tmp_path: Path, monkeypatch:
 
 def test_fp16_on_cpu_stops_in_the_launcher_and_in_the_worker(tmp_path: Path) -> None:
     args = ["--config", "configs/smoke.yaml", f"run_dir={tmp_path / 'run'}", "train.precision=fp16"]
-    code, lines, torch_loaded = launch_in_process(["--gpus", "2", "--device", "cpu", *args], {}, tmp_path)
+    code, lines, torch_loaded = launch_in_process([*TWO_CPU, *args], {}, tmp_path)
     assert code == 2 and len(lines) == 1 and not torch_loaded
     assert "train.precision=bf16" in lines[0] and "train.precision=fp32" in lines[0]
-    worker = subprocess.run(
-        [sys.executable, "-m", "train", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert worker.returncode == 2
-    assert lines[0] in worker.stderr.splitlines()
+    worker_code, worker = worker_lines(args, {"CUDA_VISIBLE_DEVICES": ""})
+    assert worker_code == 2
+    assert lines[0] in worker
 
 
 def test_fp16_on_cpu_stops_slurm_and_k8s_doctor_before_submitting(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    k8s = subprocess.run(
-        launcher_argv(
-            "torchlaunch.backends.k8s.launch",
-            "--doctor",
-            "--cpu-only",
-            "--nodes",
-            "2",
-            "train.precision=fp16",
-        ),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    k8s = launcher_argv(
+        "torchlaunch.backends.k8s.launch", "--doctor", "--cpu-only", "--nodes", "2", "train.precision=fp16"
     )
-    assert k8s.returncode == 2 and k8s.stdout == ""
-    assert k8s.stderr.strip() == fp16_on_cpu_message()
+    code, out, err = run_cmd(k8s, timeout=60)
+    assert code == 2 and out == ""
+    assert err.strip() == fp16_on_cpu_message()
     if shutil.which("sbatch") is None:
         return
-    slurm = subprocess.run(
-        launcher_argv(
-            "torchlaunch.backends.slurm.launch",
-            "--nodes",
-            "1",
-            "--tasks-per-node",
-            "2",
-            "--config",
-            "configs/smoke.yaml",
-            f"run_dir={tmp_path}",
-            "train.precision=fp16",
-        ),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    slurm = launcher_argv(
+        "torchlaunch.backends.slurm.launch",
+        *("--nodes", "1", "--tasks-per-node", "2", "--config", "configs/smoke.yaml"),
+        *(f"run_dir={tmp_path}", "train.precision=fp16"),
     )
-    assert slurm.returncode == 2
-    assert slurm.stderr.strip() == fp16_on_cpu_message()  # the worker's own line, as on every launcher
+    code, _, err = run_cmd(slurm, timeout=60)
+    assert code == 2
+    assert err.strip() == fp16_on_cpu_message()  # the worker's own line, as on every launcher
 
 
 def test_doctor_json_reports_both_rates() -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "torchlaunch.tools.doctor", "--json", "--model", "simple_cnn"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    rates = json.loads(r.stdout)["facts"]["devices"][0]["rates"]
+    _, out, _ = run_cmd(launcher_argv("torchlaunch.tools.doctor", "--json", "--model", "simple_cnn"), timeout=120)
+    rates = json.loads(out)["facts"]["devices"][0]["rates"]
     assert rates["fp32"] > 0 and rates["bf16"] > 0 and rates["auto_picks"] in ("bf16", "fp32")
 
 
@@ -238,10 +196,7 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
 
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
     common = [
-        "--gpus",
-        "2",
-        "--device",
-        "cpu",
+        *TWO_CPU,
         "--config",
         "configs/smoke.yaml",
         f"data.cache_dir={cache}",
@@ -250,18 +205,10 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
         "data.synthetic_val_size=64",
         "model.width=4",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
-        run_env = {**env, "TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else env
-        return subprocess.run(
-            launcher_argv("torchlaunch.agent", *common, *extra),
-            cwd=REPO,
-            env=run_env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        argv = launcher_argv("torchlaunch.agent", *common, *extra)
+        return run_proc(argv, timeout=300, env={"TORCHLAUNCH_FAULT_SIGNAL": fault} if fault else None)
 
     first = launch(f"run_dir={run_dir}", "train.precision=auto", fault="at=step,n=2,rank=0")
     assert first.returncode == 75, first.stderr
@@ -288,26 +235,11 @@ def test_auto_on_cpu_is_recorded_and_a_resume_keeps_it_bit_for_bit(tmp_path: Pat
 
 def test_preflight_needs_no_data(tmp_path: Path) -> None:
     """`launch.local --doctor` trains nothing, so a missing dataset must not stop it before it starts."""
-    r = subprocess.run(
-        launcher_argv(
-            "torchlaunch.agent",
-            "--doctor",
-            "--dry-run",
-            "--gpus",
-            "2",
-            "--device",
-            "cpu",
-            "--config",
-            "configs/cifar10.yaml",
-            f"data.root={tmp_path / 'none'}",
-            "data.download=false",
-            f"run_dir={tmp_path / 'run'}",
-        ),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+    argv = launcher_argv(
+        "torchlaunch.agent",
+        *("--doctor", "--dry-run", "--gpus", "2", "--device", "cpu", "--config", "configs/cifar10.yaml"),
+        *(f"data.root={tmp_path / 'none'}", "data.download=false", f"run_dir={tmp_path / 'run'}"),
     )
-    assert r.returncode == 0, r.stderr
-    assert "torchlaunch.tools.preflight" in r.stdout
+    code, out, err = run_cmd(argv, timeout=60)
+    assert code == 0, err
+    assert "torchlaunch.tools.preflight" in out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, torchrun_argv
 from torchlaunch.exit_codes import FAILURE
 from torchlaunch.jobs import cli, launcher, record, watchdog
 
@@ -87,17 +87,7 @@ def test_a_hang_under_real_torchrun(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     env = {**os.environ, "PYTHONPATH": str(REPO), **op.rank_env(), "OMP_NUM_THREADS": "1"}
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "1",
-        str(script),
-    ]
+    argv = torchrun_argv(2, "--max-restarts", "1", str(script))
     child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         op.start(lambda verdict, folder, beats: watchdog.kill_ranks(beats))

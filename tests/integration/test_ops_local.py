@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launcher_argv
+from tests.conftest import launcher_argv, run_proc
 from tests.helpers import REPO, assert_models_equal
 from tests.integration.test_resume import SMALL
 from tests.library import RunLibrary
@@ -34,15 +34,7 @@ RECIPE = [
 
 
 def ops(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        launcher_argv("launch", *argv),
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_proc(launcher_argv("launch", *argv), timeout=120)
 
 
 def committed(run_dir: Path) -> bool:

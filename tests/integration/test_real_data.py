@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_launcher, run_module
+from tests.conftest import run_module
+from tests.integration.test_train_e2e import smoke_on_two_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]  # learning on real images: a quality check, not a launch promise
 
@@ -21,29 +22,23 @@ VAL_IMAGES = 2000
 
 def test_fastnet_learns_cifar10_and_evaluate_agrees(cifar_shared: Path, decode_cache_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    rc, out, err = run_launcher(
-        [
-            "--gpus",
-            "2",
-            "--config",
-            str(REPO / "configs/smoke.yaml"),
-            f"run_dir={run}",
-            "data.name=imagefolder",
-            f"data.root={cifar_shared}",
-            f"data.cache_dir={decode_cache_dir}",
-            "data.max_train_samples=4096",
-            f"data.max_val_samples={VAL_IMAGES}",
-            "model.name=fastnet",
-            "model.width=16",
-            "train.precision=bf16",
-            "train.channels_last=true",
-            "train.epochs=2",
-            "train.batch_size=128",
-            "optim.lr=2.0",
-            "optim.warmup_epochs=0.3",
-            "train.label_smoothing=0.1",
-            "checkpoint.every_steps=0",
-        ],
+    rc, out, err = smoke_on_two_ranks(
+        run,
+        "data.name=imagefolder",
+        f"data.root={cifar_shared}",
+        f"data.cache_dir={decode_cache_dir}",
+        "data.max_train_samples=4096",
+        f"data.max_val_samples={VAL_IMAGES}",
+        "model.name=fastnet",
+        "model.width=16",
+        "train.precision=bf16",
+        "train.channels_last=true",
+        "train.epochs=2",
+        "train.batch_size=128",
+        "optim.lr=2.0",
+        "optim.warmup_epochs=0.3",
+        "train.label_smoothing=0.1",
+        "checkpoint.every_steps=0",
         timeout=480,
     )
     assert rc == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import launcher_argv
+from tests.conftest import launcher_argv, run_proc
 from tests.unit.test_seams import (
     REPO,
     HostProcesses,
@@ -117,19 +117,11 @@ def test_status_answers_past_installed_backends_that_hang_exit_or_impersonate(tm
     (site / "impostor_backend.py").write_text(
         "class B:\n    name = 'slurm'\n    by_pid = False\n    launcher = 'x'\nBACKEND = B()\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     run = tmp_path / "run"
     record.start(run, scheduler="slurm", job_id="4242", command=["train"], launch_id="S1")
     start = time.monotonic()
-    status = subprocess.run(
-        launcher_argv("launch", "status", str(run), "--no-scheduler"),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    status = run_proc(launcher_argv("launch", "status", str(run), "--no-scheduler"), timeout=120, env=env)
     assert time.monotonic() - start < 60, "status waited for a plug-in"
     assert status.returncode == 0 and "state:" in status.stdout, status.stdout + status.stderr
     assert "scheduler:  slurm  job 4242" in status.stdout

@@ -16,9 +16,9 @@ import torch
 from tests.helpers import REPO, launcher
 from tests.unit.test_resized_crop import _traced_epoch, write_jpegs
 from torchlaunch.config import DataConfig
+from torchlaunch.data.formats.shards import check_shards
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.worker.data import Normalizer, ShardSamples, eval_batches, load_bundle
-from torchlaunch.worker.datacheck import check_shards
 from torchlaunch.worker.evaluate import detect_data_name
 
 

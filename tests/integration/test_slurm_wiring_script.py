@@ -5,13 +5,12 @@ The rest of them, and the helpers both halves share, are in tests/unit/test_slur
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.unit.test_emit import run_script
 from tests.unit.test_slurm_wiring import (
     HOSTILE,
     call,
@@ -24,16 +23,9 @@ from torchlaunch.exit_codes import OK
 def test_a_hostile_argument_runs_nothing_in_the_sbatch_script(submit_dir: Path, tmp_path: Path) -> None:
     code, script, err = call(["--dry-run", "--run-dir", str(tmp_path / "run"), "--", "script.py", HOSTILE])
     assert code == OK, err
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (stub / "srun").chmod(0o755)
-    path = tmp_path / "job.sh"
-    path.write_text(script)
-    assert subprocess.run(["bash", "-n", str(path)], timeout=60).returncode == 0
-    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"}
-    assert subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, timeout=60).returncode == 0
-    assert not (submit_dir / "F").exists() and not (tmp_path / "F").exists()
+    result, work = run_script(script, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not (submit_dir / "F").exists() and not (work / "F").exists() and not (tmp_path / "F").exists()
     assert "x\\ntouch F #" in script
 
 

@@ -15,6 +15,12 @@ from torchlaunch.core import checkpoint as ckpt
 pytestmark = pytest.mark.slow
 
 
+def smoke_on_two_ranks(run_dir: Path, *overrides: str, timeout: float = 240) -> tuple[int, str, str]:
+    """configs/smoke.yaml under launch.local on 2 CPU ranks, its keys overridden by OVERRIDES."""
+    recipe = str(REPO / "configs/smoke.yaml")
+    return run_launcher(["--gpus", "2", "--config", recipe, f"run_dir={run_dir}", *overrides], timeout=timeout)
+
+
 def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
@@ -72,18 +78,8 @@ def test_validation_counts_an_odd_set_exactly_once_on_two_ranks(tmp_path: Path, 
     """511 images over 2 ranks: shards of 255 and 256, no padding duplicates, nothing dropped.
     1 image: one rank has no validation batch at all, and must not hang the other."""
     run = tmp_path / "run"
-    rc, out, err = run_launcher(
-        [
-            "--gpus",
-            "2",
-            "--config",
-            str(REPO / "configs/smoke.yaml"),
-            f"run_dir={run}",
-            f"data.synthetic_val_size={val_size}",
-            "train.epochs=1",
-            "checkpoint.every_steps=0",
-        ],
-        timeout=240,
+    rc, out, err = smoke_on_two_ranks(
+        run, f"data.synthetic_val_size={val_size}", "train.epochs=1", "checkpoint.every_steps=0"
     )
     assert rc == 0, err[-3000:]
     _, val = read_metrics(run)

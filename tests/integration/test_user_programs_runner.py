@@ -6,16 +6,14 @@ The rest of them, and the helpers both halves share, are in tests/unit/test_user
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env, error_lines, launcher_argv, run_cmd, run_launcher, run_module
+from tests.conftest import REPO, error_lines, launcher_argv, run_cmd, run_launcher, run_module
+from tests.stops import Launch
 from tests.unit.test_user_programs import (
     CPU,
     CUSTOM_EPOCHS,
@@ -207,34 +205,14 @@ def test_restart_after_a_crash(tmp_path: Path) -> None:
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_launcher_sigterm_reaches_the_scripts_handler(gpus: int, tmp_path: Path) -> None:
     out = tmp_path / "ready"
-    proc = subprocess.Popen(
-        launcher_argv(
-            "torchlaunch.agent",
-            "--gpus",
-            str(gpus),
-            *CPU,
-            "--",
-            "tests/programs/wait_for_term.py",
-            str(out),
-        ),
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    argv = launcher_argv(
+        "torchlaunch.agent", "--gpus", str(gpus), *CPU, "--", "tests/programs/wait_for_term.py", str(out)
     )
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(out.glob("rank*.json"))) < gpus:  # every rank's handler is installed
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == PREEMPTED, err
+    with Launch(argv, timeout_s=180) as launch:
+        launch.wait_until(lambda: len(list(out.glob("rank*.json"))) >= gpus, "every rank's handler installed")
+        launch.deliver("pid", signal.SIGTERM)
+        code, _, err = launch.finish()
+    assert code == PREEMPTED, err
     assert "launch: preempted" in err
 
 

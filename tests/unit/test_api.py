@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, child_env, run_cmd
+from tests.conftest import REPO, run_cmd, torchrun_argv
+from tests.stops import Launch
 from torchlaunch import api
 from torchlaunch.core import checkpoint as ckpt
 
@@ -246,41 +246,17 @@ def run_example(run_dir: Path, epochs: int, torchrun: bool = False) -> tuple[int
 
 
 def example_argv(run_dir: Path, epochs: int, torchrun: bool) -> list[str]:
-    prefix = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        if torchrun
-        else [sys.executable]
-    )
-    return [*prefix, EXAMPLE, "--run-dir", str(run_dir), "--epochs", str(epochs)]
+    args = [EXAMPLE, "--run-dir", str(run_dir), "--epochs", str(epochs)]
+    return torchrun_argv(2, *args) if torchrun else [sys.executable, *args]
 
 
 def sigterm_at_step(run_dir: Path, epochs: int, step: int, torchrun: bool = False) -> tuple[int, str]:
     """Start the example, send SIGTERM to it (or to torchrun) when its output shows `step N/`."""
-    proc = subprocess.Popen(
-        example_argv(run_dir, epochs, torchrun),
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    watchdog = threading.Timer(300, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    watchdog.start()
-    seen: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith(f"step {step}/"):
-                proc.send_signal(signal.SIGTERM)
-                break
-        out = "".join(seen) + proc.stdout.read()
-        proc.wait()
-    finally:
-        watchdog.cancel()
-    assert any(ln.startswith(f"step {step}/") for ln in seen), out[-3000:]
-    return proc.returncode, out
+    with Launch(example_argv(run_dir, epochs, torchrun), stderr=subprocess.STDOUT) as launch:
+        seen = launch.read_until(f"step {step}/")
+        launch.deliver("pid", signal.SIGTERM)
+        code, out, _ = launch.finish()
+    return code, "".join(seen) + out
 
 
 def committed_steps(run_dir: Path) -> list[int]:

@@ -19,6 +19,14 @@ from torchlaunch.agent import outcome
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
 
 
+def same_command(script: str, spelling: list[str], reference: list[str]) -> str:
+    """The dry-run command of `spelling`, accepted and the same as `reference`'s."""
+    code, out, err = call(["--dry-run", "--device", "cpu", *spelling, "--", script])
+    assert code == OK, err
+    assert out == call(["--dry-run", "--device", "cpu", *reference, "--", script])[1]
+    return out
+
+
 @pytest.mark.parametrize(
     "alias",
     [
@@ -31,28 +39,23 @@ from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED
     ],
 )
 def test_torchrun_spellings_mean_ours(alias: list[str], script: str) -> None:
-    code, out, err = call(["--dry-run", "--device", "cpu", *alias, "--", script])
-    reference = call(["--dry-run", "--device", "cpu", "--gpus", "2", "--", script])
-    assert code == OK, err
-    assert out == reference[1] and "--nproc-per-node 2" in out
+    assert "--nproc-per-node 2" in same_command(script, alias, ["--gpus", "2"])
 
 
 def test_multi_node_spellings_mean_ours(script: str) -> None:
     ours = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "h0", "--master-port", "29511"]
     theirs = ["--nnodes=2", "--node_rank", "1", "--master_addr", "h0", "--master_port=29511"]
-    a = call(["--dry-run", "--device", "cpu", *ours, "--", script])
-    b = call(["--dry-run", "--device", "cpu", *theirs, "--", script])
-    assert a[0] == OK and a[1] == b[1] and "--rdzv-endpoint h0:29511" in a[1] and "--node-rank 1" in a[1]
+    out = same_command(script, ours, theirs)
+    assert "--rdzv-endpoint h0:29511" in out and "--node-rank 1" in out
 
 
 def test_elastic_spellings_mean_ours(script: str) -> None:
     """torchrun's elastic --nnodes MIN:MAX means the same here (launch.elastic): no --node-rank, no is_host."""
     ours = ["--nnodes", "1:2", "--master-addr", "h0", "--master-port", "29511", "--max-restarts", "3"]
     theirs = ["--nnodes=1:2", "--master_addr", "h0", "--master_port=29511", "--max_restarts", "3"]
-    a = call(["--dry-run", "--device", "cpu", *ours, "--", script])
-    b = call(["--dry-run", "--device", "cpu", *theirs, "--", script])
-    assert a[0] == OK and a[1] == b[1] and "--nnodes 1:2 " in a[1] and "--rdzv-endpoint h0:29511" in a[1]
-    assert "--node-rank" not in a[1] and "is_host" not in a[1]
+    out = same_command(script, ours, theirs)
+    assert "--nnodes 1:2 " in out and "--rdzv-endpoint h0:29511" in out
+    assert "--node-rank" not in out and "is_host" not in out
 
 
 @pytest.mark.parametrize(

@@ -102,10 +102,10 @@ def run_script(script: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess
     (stub / "srun").chmod(0o755)
     path = tmp_path / "job.sh"
     path.write_text(script)
-    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=60)
     assert syntax.returncode == 0, syntax.stderr
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "OUT": str(tmp_path / "argv")}
-    result = subprocess.run(["bash", str(path)], cwd=work, env=env, capture_output=True, text=True)
+    result = subprocess.run(["bash", str(path)], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     return result, work
 
 

@@ -94,20 +94,31 @@ def test_workers_hand_on_the_cpu_paths_boxes_flips_and_labels(name: str, sources
     assert kinds == {"RGB", "L", "cpu"}  # both decodable modes went to the GPU; CMYK, progressive, PNG did not
 
 
-def test_batched_crop_on_cpu_is_close_to_the_cpu_path(shard_root: Path, tmp_path: Path) -> None:
-    """to_batch with device=cpu (torchvision's CPU decode + the batched crop) against the CPU path's
-    images of the same boxes: the same decoded pixels, the resize in float then rounded (rounding
-    only); the evaluation's fractional boxes are rounded to whole pixels (half a pixel at most)."""
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def decoded_both_ways(shard_root: Path, tmp_path: Path, device: torch.device) -> tuple[Batch, Batch]:
+    """The same items' boxes through gpu_decode.to_batch on `device` and through the CPU path: each as
+    (images, labels, boxes)."""
     bundle = _bundle("shards", shard_root, tmp_path)
     files, labels = bundle.train.files, bundle.train.labels
     cpu = _BoxDataset(files, labels, SIZE, 36)
     gpu = gpu_decode.EncodedDataset(files, labels, SIZE, 36)
     items = _items(len(bundle.train))
-    images, got_labels, boxes = gpu_decode.to_batch(gpu_decode.collate([gpu[it] for it in items]), SIZE, CPU)
-    expected = torch.stack([cpu[it][0] for it in items])
+    images, got_labels, boxes = gpu_decode.to_batch(gpu_decode.collate([gpu[it] for it in items]), SIZE, device)
+    samples = [cpu[it] for it in items]
+    want = [torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])]
+    return (images, got_labels, boxes), (*want, torch.stack([s[2] for s in samples]))
+
+
+def test_batched_crop_on_cpu_is_close_to_the_cpu_path(shard_root: Path, tmp_path: Path) -> None:
+    """to_batch with device=cpu (torchvision's CPU decode + the batched crop) against the CPU path's
+    images of the same boxes: the same decoded pixels, the resize in float then rounded (rounding
+    only); the evaluation's fractional boxes are rounded to whole pixels (half a pixel at most)."""
+    (images, got_labels, boxes), (expected, labels, want_boxes) = decoded_both_ways(shard_root, tmp_path, CPU)
     assert images.shape == expected.shape and images.dtype == torch.uint8
-    assert torch.equal(got_labels, torch.tensor([cpu[it][1] for it in items]))
-    assert torch.equal(boxes, torch.stack([cpu[it][2] for it in items]))
+    assert torch.equal(got_labels, labels)
+    assert torch.equal(boxes, want_boxes)
     diff = (images.int() - expected.int()).abs()
     train = diff[:-3].float()  # a few large differences where the CPU path decoded at a JPEG draft scale
     assert train.mean() < 0.5 and (train > 4).float().mean() < 0.03, (train.mean(), (train > 4).float().mean())
@@ -130,16 +141,9 @@ def test_gpu_decode_without_cuda_is_a_config_error(shard_root: Path, tmp_path: P
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nvJPEG); none on this machine")
 def test_cuda_decode_matches_the_cpu_path(shard_root: Path, tmp_path: Path) -> None:
-    device = torch.device("cuda", 0)
-    bundle = _bundle("shards", shard_root, tmp_path)
-    files, labels = bundle.train.files, bundle.train.labels
-    cpu = _BoxDataset(files, labels, SIZE, 36)
-    gpu = gpu_decode.EncodedDataset(files, labels, SIZE, 36)
-    items = _items(len(bundle.train))
-    images, _, boxes = gpu_decode.to_batch(gpu_decode.collate([gpu[it] for it in items]), SIZE, device)
-    expected = torch.stack([cpu[it][0] for it in items])
+    (images, _, boxes), (expected, _, want_boxes) = decoded_both_ways(shard_root, tmp_path, torch.device("cuda", 0))
     assert images.device.type == "cuda"
-    assert torch.equal(boxes, torch.stack([cpu[it][2] for it in items]))
+    assert torch.equal(boxes, want_boxes)
     # nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's by a few levels per pixel
     assert (images.cpu().int() - expected.int()).abs()[:-3].float().mean() < 3.0
 

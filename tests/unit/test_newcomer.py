@@ -13,15 +13,15 @@ import torch
 
 from tests.conftest import REPO
 from torchlaunch.config import DataConfig
+from torchlaunch.data.checks import check_data
+from torchlaunch.data.formats import cifar10
+from torchlaunch.data.formats.cifar10 import probe_target, unreachable_reason
 from torchlaunch.launch import precheck
 from torchlaunch.worker import precision
-from torchlaunch.worker.datacheck import check_data, probe_target, unreachable_reason
 
 
 def test_probe_gives_up_on_a_lookup_that_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
-
-    from torchlaunch.worker import datacheck
 
     never = threading.Event()  # a resolver that hangs, as some offline machines' DNS does
 
@@ -29,7 +29,7 @@ def test_probe_gives_up_on_a_lookup_that_never_answers(monkeypatch: pytest.Monke
         never.wait()
         raise OSError("released by the test")
 
-    monkeypatch.setattr(datacheck.socket, "create_connection", hang)
+    monkeypatch.setattr(cifar10.socket, "create_connection", hang)
     reason = unreachable_reason("www.example.invalid", 443, timeout_s=0.2)
     never.set()
     assert reason is not None and "no answer" in reason

@@ -22,11 +22,11 @@ from torchlaunch import config as config_mod
 from torchlaunch import status as status_mod
 from torchlaunch.agent import node
 from torchlaunch.config import DataConfig
+from torchlaunch.data.checks import check_data
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput, ConfigError
 from torchlaunch.jobs import cli as jobs_cli
 from torchlaunch.jobs import progress, state
 from torchlaunch.launch import cli
-from torchlaunch.worker.datacheck import check_data
 
 README = (REPO / "README.md").read_text()
 USER_CODE = (REPO / "docs" / "user-code.md").read_text()

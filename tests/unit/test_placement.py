@@ -42,34 +42,37 @@ class Agent:
         self.stops += 1
 
 
-def test_the_first_agent_takes_the_lease_and_the_other_follows_its_renewals(tmp_path: Path) -> None:
+def tick(*agents: Agent) -> None:
+    for agent in agents:
+        agent.lease.tick()
+
+
+def ticked(run_dir: Path, names: str) -> tuple[Clock, list[Agent]]:
+    """An agent per letter of `names` on one clock, each ticked once in that order (the first holds)."""
     clock = Clock()
-    a, b = Agent(tmp_path, "a", clock), Agent(tmp_path, "b", clock)
-    a.lease.tick()
-    b.lease.tick()
+    agents = [Agent(run_dir, name, clock) for name in names]
+    tick(*agents)
+    return clock, agents
+
+
+def test_the_first_agent_takes_the_lease_and_the_other_follows_its_renewals(tmp_path: Path) -> None:
+    clock, (a, b) = ticked(tmp_path, "ab")
     assert (a.lease.held, b.lease.held, a.served) == (1, 0, [{}])
     assert placement.address(tmp_path) == "http://a:29510"
     assert b.lease.live == "", "a lease not yet seen renewed may be an earlier launch's"
     for _ in range(20):  # 4 s of renewals: never lapsed for b
         clock.now += 0.2
-        a.lease.tick()
-        b.lease.tick()
+        tick(a, b)
     assert (a.lease.held, b.lease.held, b.lease.live, b.served) == (1, 0, "http://a:29510", [])
 
 
 def test_a_lapsed_lease_is_taken_by_one_agent_with_the_previous_holders_fields(tmp_path: Path) -> None:
-    clock = Clock()
-    a, b, c = (Agent(tmp_path, n, clock) for n in "abc")
-    a.lease.tick()
-    b.lease.tick()
-    c.lease.tick()
+    clock, (a, b, c) = ticked(tmp_path, "abc")
     clock.now += 0.9  # a is lost: its lease stays as it was
-    b.lease.tick()
-    c.lease.tick()
+    tick(b, c)
     assert not b.served and not c.served, "taken before the lease lapsed"
     clock.now += 0.2
-    b.lease.tick()
-    c.lease.tick()
+    tick(b, c)
     assert (b.lease.held, c.lease.held) == (2, 0), "two holders of one generation"
     assert b.served[0]["holder"] == "a" and b.served[0]["nproc"] == 2
     assert placement.address(tmp_path) == "http://b:29510"
@@ -78,10 +81,7 @@ def test_a_lapsed_lease_is_taken_by_one_agent_with_the_previous_holders_fields(t
 def test_a_holder_steps_down_when_it_cannot_renew_before_any_reader_may_take_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = Clock()
-    a, b = Agent(tmp_path, "a", clock), Agent(tmp_path, "b", clock)
-    a.lease.tick()
-    b.lease.tick()
+    clock, (a, b) = ticked(tmp_path, "ab")
 
     def unreachable(*args: object, **kwargs: object) -> None:  # the run dir's server gone (root: no chmod)
         raise OSError(5, "Input/output error")
@@ -97,10 +97,7 @@ def test_a_holder_steps_down_when_it_cannot_renew_before_any_reader_may_take_ove
 
 
 def test_a_holder_that_sees_a_newer_lease_stops_serving(tmp_path: Path) -> None:
-    clock = Clock()
-    a, b = Agent(tmp_path, "a", clock), Agent(tmp_path, "b", clock)
-    a.lease.tick()
-    b.lease.tick()
+    clock, (a, b) = ticked(tmp_path, "ab")
     clock.now += 1.1  # a was frozen past the lease: b takes it
     b.lease.tick()
     assert b.lease.held == 2

@@ -20,6 +20,7 @@ from PIL import Image
 
 from tests.conftest import error_lines
 from torchlaunch import config as config_mod
+from torchlaunch.data.formats.shards import check_shards
 from torchlaunch.data.shards import ShardError, ShardSet
 from torchlaunch.data.shards import index as shard_index
 from torchlaunch.data.shards.bounds import MAX_CLASSES
@@ -28,7 +29,6 @@ from torchlaunch.data.shards.index import ALIGN, INDEX_SUFFIX, MAGIC, PREAMBLE, 
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import precheck
 from torchlaunch.tools.machine_facts import plugin_facts
-from torchlaunch.worker.datacheck import check_shards
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,11 +14,11 @@ from PIL import Image
 
 from torchlaunch import config as config_mod
 from torchlaunch.config import DataConfig
+from torchlaunch.data.checks import check_data
 from torchlaunch.data.shards import ShardError, ShardSet
 from torchlaunch.data.shards.cli import main as shards_main
 from torchlaunch.data.shards.index import WIDS_INDEX
 from torchlaunch.exit_codes import ConfigError
-from torchlaunch.worker.datacheck import check_data
 
 wds = pytest.importorskip("webdataset")
 pytestmark = pytest.mark.timeout(120)

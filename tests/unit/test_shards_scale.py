@@ -14,9 +14,9 @@ import pytest
 
 from bench.shards_scale import first_jpeg, write_split
 from torchlaunch.config import DataConfig
+from torchlaunch.data.checks import check_data
 from torchlaunch.data.shards import ShardError, ShardSet
 from torchlaunch.data.shards.index import INDEX_SUFFIX, SET_INDEX
-from torchlaunch.worker.datacheck import check_data
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -170,12 +170,18 @@ def lost_predecessor(run_dir: Path, cluster: Cluster) -> None:
     cluster.next_id = 502
 
 
-def test_the_successor_of_a_lost_job_takes_the_run_over(
-    tmp_path: Path, script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Cluster]:
+    """A run dir whose job 500 was lost while its successor 501 waited (lost_predecessor); the cluster."""
     cluster = Cluster(monkeypatch)
-    run_dir = tmp_path / "run"
-    lost_predecessor(run_dir, cluster)
+    lost_predecessor(tmp_path / "run", cluster)
+    return tmp_path / "run", cluster
+
+
+def test_the_successor_of_a_lost_job_takes_the_run_over(
+    lost: tuple[Path, Cluster], script: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, cluster = lost
     assert chain.start(str(run_dir), script, env_of("501")) == 0
     out = capsys.readouterr().out
     assert "job 500 was lost (its batch script ended without a word and Slurm says FAILED" in out
@@ -202,18 +208,15 @@ def test_the_successor_of_a_lost_job_takes_the_run_over(
     ],
 )
 def test_a_successor_whose_predecessor_was_not_lost_runs_nothing(
-    tmp_path: Path,
+    lost: tuple[Path, Cluster],
     script: str,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     ended: int | None,
     state: str,
     cancel: bool,
     why: str,
 ) -> None:
-    cluster = Cluster(monkeypatch)
-    run_dir = tmp_path / "run"
-    lost_predecessor(run_dir, cluster)
+    run_dir, cluster = lost
     chain.write(run_dir, chain.Chain("500", successor="501", launch="500-0", code=ended))
     cluster.states["500"] = state
     if cancel:
@@ -227,12 +230,10 @@ def test_a_successor_whose_predecessor_was_not_lost_runs_nothing(
 
 
 def test_a_successor_does_not_take_a_run_dir_another_live_job_holds(
-    tmp_path: Path, script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    lost: tuple[Path, Cluster], script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The run submitted again by hand after the loss owns the run dir: the successor leaves it alone."""
-    cluster = Cluster(monkeypatch)
-    run_dir = tmp_path / "run"
-    lost_predecessor(run_dir, cluster)
+    run_dir, cluster = lost
     rundir.lock(run_dir).unlink()
     runlock.acquire(run_dir, command=["by", "hand"]).hand_over("slurm", "600")
     cluster.states["600"] = "RUNNING"

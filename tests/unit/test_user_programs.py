@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env, launcher_argv, run_cmd
+from tests.stops import Launch
 from torchlaunch import runner as program_mod
 from torchlaunch.agent import commands, node, outcome
 from torchlaunch.agent.commands import NodePlacement, torchrun_argv
@@ -118,40 +119,17 @@ def test_program_rendezvous_id_is_the_same_on_every_node() -> None:
     assert a != commands.program_id(["train.py", "y"], NodePlacement(0, "node0"), 29500)
 
 
+def torchrun_tail(nproc: str, restarts: str, *program: str) -> list[str]:
+    """The end of the one-node torchrun command the launcher prints: its flags, the runner, the program."""
+    return ["--nproc-per-node", nproc, "--max-restarts", restarts, "--standalone", "-m", "torchlaunch.runner", *program]
+
+
 @pytest.mark.parametrize(
     ("launcher_args", "tail"),
     [
-        (
-            ["--gpus", "2"],
-            [
-                "--nproc-per-node",
-                "2",
-                "--max-restarts",
-                "0",
-                "--standalone",
-                "-m",
-                "torchlaunch.runner",
-                EXIT_WITH,
-                "0",
-                "a b",
-            ],
-        ),
+        (["--gpus", "2"], torchrun_tail("2", "0", EXIT_WITH, "0", "a b")),
         (["--gpus", "1"], None),  # one worker without restarts: no agent, the runner directly
-        (
-            ["--gpus", "1", "--max-restarts", "2"],
-            [
-                "--nproc-per-node",
-                "1",
-                "--max-restarts",
-                "2",
-                "--standalone",
-                "-m",
-                "torchlaunch.runner",
-                EXIT_WITH,
-                "0",
-                "a b",
-            ],
-        ),
+        (["--gpus", "1", "--max-restarts", "2"], torchrun_tail("1", "2", EXIT_WITH, "0", "a b")),
     ],
 )
 def test_dry_run_prints_the_exact_command(
@@ -279,6 +257,16 @@ def slurm_launch(run_dir: Path, program: list[str], *args: str, cwd: Path = REPO
         return _start_launcher(run_dir, program, args, cwd)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def one_task_per_node(nodes: int, minutes: int) -> tuple[str, ...]:
+    """launch.slurm's shape for a program on `nodes` nodes, one task each, within `minutes`."""
+    return ("--nodes", str(nodes), "--tasks-per-node", "1", "--time", str(minutes))
+
+
+def submitted_job(run_dir: Path) -> str:
+    """The job id launch.slurm printed when it submitted (its `submitted job ID:` line)."""
+    return launcher_text(run_dir).split("submitted job ", 1)[1].split(":", 1)[0]
 
 
 def _start_launcher(run_dir: Path, program: list[str], args: tuple[str, ...], cwd: Path) -> subprocess.Popen:
@@ -440,28 +428,11 @@ def custom_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_until_step_then_sigterm(run_dir: Path, step: int) -> tuple[int, str]:
     """Start the launch, SIGTERM the launcher once rank 0 printed `step`; (exit code, stdout)."""
-    proc = subprocess.Popen(
-        custom_loop_launch(run_dir),
-        cwd=REPO,
-        env=child_env(ONE_THREAD),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    seen: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:  # bounded by the test's timeout; the program prints every step
-            seen.append(line)
-            if line.startswith(f"step {step}/"):
-                proc.send_signal(signal.SIGTERM)
-                break
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return proc.returncode, "".join(seen) + out + "\n" + err
+    with Launch(custom_loop_launch(run_dir), env=ONE_THREAD, timeout_s=400) as launch:
+        seen = launch.read_until(f"step {step}/")  # the program prints every step
+        launch.deliver("pid", signal.SIGTERM)
+        code, out, err = launch.finish()
+    return code, "".join(seen) + out + "\n" + err
 
 
 def test_peer_bad_input_reads_only_this_attempts_other_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from torchlaunch import compat
 from torchlaunch.base.untrusted import load_json, quote
-from torchlaunch.contract import CONTRACT, live_first_group, read_env  # noqa: F401 - CONTRACT re-exported
+from torchlaunch.contract import live_first_group, read_env
 from torchlaunch.core.affinity import pin_local_rank
 from torchlaunch.exit_codes import BadInput, ConfigError
 

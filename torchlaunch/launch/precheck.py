@@ -8,7 +8,7 @@ line comes in well under a second: config (already loaded by the caller), data, 
                                  mode's rules are each launcher's own)
     training (run, --dry-run):   data present or downloadable, image folder non-empty
     local (launch.local):        GPUs visible; remote (launch.slurm, launch.k8s): only what this
-                                 host can see (see datacheck)
+                                 host can see (see torchlaunch.data.checks)
 """
 
 from __future__ import annotations
