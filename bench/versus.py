@@ -1,0 +1,98 @@
+"""This tree against another commit: start-up and training loop of the same command, interleaved.
+
+    python -m bench.versus --rev 0cbbab9            # 8 rounds, each tree once per round, order alternating
+
+Why: a refactor (issue 56: the node agent, the config split, the trainer split, the checkpoint seam) must
+not cost the user time, and "before" is another tree, not a flag. Both trees run the same command with
+the same interpreter and packages (the other tree checked out with `git worktree add --detach`, imported
+through PYTHONPATH): `python -m launch.local --gpus 2 --device cpu --config configs/smoke.yaml` on its
+synthetic data, 3 epochs (48 steps of 128 images), checkpoints every 8 steps. From each run's
+metrics.jsonl: start-up (the worker's `startup_s`: process start to first step done, every import
+included) and the loop (median images/s of its logged windows); the launcher's wall time beside them.
+Each figure is the median of the per-round ratios this tree / the other, so a change in host load hits
+both sides of a round alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import REPO, load_average
+
+COMMAND = "python -m bench.versus --rev REV"
+ARGS = ("--gpus", "2", "--device", "cpu", "--config", "configs/smoke.yaml", "train.epochs=3")
+
+
+def checkout(rev: str, where: Path) -> Path:
+    """A detached worktree of `rev` (the C extension of the JPEG decoder is not needed: synthetic data)."""
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev], check=True, capture_output=True
+    )
+    return where
+
+
+def one_run(tree: Path, work: Path) -> dict[str, float]:
+    """The command on `tree`; its start-up, loop images/s and wall time."""
+    run_dir = work / "run"
+    argv = [sys.executable, "-m", "launch.local", *ARGS, f"run_dir={run_dir}"]
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{tree}: exit {done.returncode}: {done.stderr[-1500:]}")
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    startup = next(r["startup_s"] for r in lines if "startup_s" in r)
+    rates = [r["images_per_s"] for r in lines if "images_per_s" in r]
+    return {"startup_s": startup, "images_per_s": statistics.median(rates), "wall_s": wall}
+
+
+def compare(rev: str, rounds: int) -> dict:
+    """`rounds` rounds, each tree once per round, the order alternating; per-round ratios and medians."""
+    with tempfile.TemporaryDirectory(prefix="bench-versus-") as tmp:
+        other = checkout(rev, Path(tmp) / "other")
+        try:
+            per_round: list[dict[str, float]] = []
+            load_before = load_average()
+            for k in range(rounds):
+                trees = [("this", REPO), ("other", other)]
+                got: dict[str, dict[str, float]] = {}
+                for name, tree in trees if k % 2 == 0 else trees[::-1]:
+                    with tempfile.TemporaryDirectory(dir=tmp) as work:
+                        got[name] = one_run(tree, Path(work))
+                ratios = {key: got["this"][key] / got["other"][key] for key in got["this"]}
+                per_round.append(ratios)
+                print(f"round {k}: " + ", ".join(f"{key} {v:.3f}" for key, v in ratios.items()), file=sys.stderr)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)], capture_output=True)
+    medians = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
+    return {
+        "rev": rev,
+        "rounds": rounds,
+        "command": " ".join(["python -m launch.local", *ARGS]),
+        "median_ratio_this_over_other": medians,
+        "per_round": per_round,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.versus", description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", required=True, help="the commit to compare against (e.g. 0cbbab9)")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds, each tree once per round (default 8)")
+    args = parser.parse_args(argv)
+    print(json.dumps(compare(args.rev, args.rounds), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
