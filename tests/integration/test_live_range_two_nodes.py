@@ -181,6 +181,9 @@ def test_both_nodes_form_the_first_group_and_node_1_lost_leaves_node_0_training(
     assert {r["rank"]: r["gone"] for r in st["ranks"]} == {0: False, 1: True}, st["ranks"]
 
 
+# CI's tier proves the same join (a node's command run after the group formed) on netns nodes:
+# tests/engines/faults/test_live_netns.py, replace-node0; this one (50 s) is the extended tier's.
+@pytest.mark.extended
 def test_a_node_started_after_the_first_group_formed_joins_it(
     run_library: RunLibrary, lighthouse: str, tmp_path: Path
 ) -> None:

@@ -101,7 +101,9 @@ CASES = [
     pytest.param(  # Slurm's --signal to every process, torchrun's agent included
         "shards", "every", signal.SIGUSR2, id="shards-every-SIGUSR2", marks=pytest.mark.extended
     ),
-    pytest.param("class folders", "every", signal.SIGTERM, id="class folders-every-SIGTERM"),  # scancel --signal=TERM
+    pytest.param(  # scancel --signal=TERM; another data path of the promise the shards and user-script cases prove
+        "class folders", "every", signal.SIGTERM, id="class folders-every-SIGTERM", marks=pytest.mark.extended
+    ),
     pytest.param("user script", "every", signal.SIGTERM, id="user script-every-SIGTERM"),
 ]
 """Each delivery and each data path at least once in CI; SIGUSR2 to every process is the extended tier's

@@ -157,7 +157,11 @@ def test_kill_9_of_one_rank_restarts_group_and_matches(tmp_path: Path, reference
     assert_states_equal(final_state(reference), final_state(tmp_path))
 
 
-@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+@pytest.mark.parametrize(
+    "before,after",
+    # 2 -> 1 is the extended tier's: CI's test_exact.py resumes 2 -> 3 bit-exact against the 1-rank run
+    [pytest.param(2, 1, marks=pytest.mark.extended), (1, 2)],
+)
 def test_world_size_change_continues_global_order(tmp_path: Path, reference: Path, before: int, after: int) -> None:
     first = run(tmp_path, gpus=before, env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=21,rank=0"})
     assert first.returncode == 75, first.stderr[-2000:]

@@ -53,6 +53,9 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
+# CI's tier: tests/integration/test_exact.py stops 2 ranks from outside and resumes on 3 bit-exact against
+# the 1-rank run, which holds every sample; this slower comparison of draws is the extended tier's.
+@pytest.mark.extended
 def test_interrupted_on_2_resumed_on_3_draws_the_same_and_ends_close(tmp_path: Path, reference: Path) -> None:
     first = run(tmp_path, gpus=2, extra=GN, env={"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=21,rank=0"})
     assert first.returncode == 75, first.stderr[-2000:]
