@@ -44,6 +44,7 @@ from bench import (
     proposals,
     shards,
     shards_scale,
+    soak,
     startup,
     stop_grace,
     tta,
@@ -72,6 +73,7 @@ ALL = (
     "progress",
     "peers",
     "proposals",
+    "soak",
     "tta",
     "tta_nobf16",
 )
@@ -166,6 +168,8 @@ def run_selected(
             keep(record("peers-cifar", lambda: peers.run(peers_py, work=work, cifar_stem=True)))
     if "proposals" in names:
         keep(record("proposals", lambda: proposals.run(quick=quick)))
+    if "soak" in names and full:  # 30 minutes and more: only with --full, as the time-to-accuracy runs
+        keep(record("soak", lambda: soak.run(minutes=2 if quick else 30)))
     if data_against and not quick:
         keep(record("data-against", lambda: against.run(data_against, work=work / "data-against")))
     tta_result = None

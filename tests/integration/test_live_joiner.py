@@ -250,3 +250,50 @@ def test_a_first_group_node_waits_for_node_0s_name_and_starts_once_it_resolves(t
     print(
         f"node 0's name appeared {appeared - start:.1f} s after node 1's launcher started; its ranks started {ranks_at - appeared:.1f} s later"
     )
+
+
+def test_a_rank_that_took_a_peers_state_holds_the_peers_last_save_not_the_loaded_step(tmp_path: Path) -> None:
+    """Found by bench.soak: a stop right at a joiner's admission hung both ranks until dist.timeout_s. The
+    joiner's load_state_dict marked the peer's step saved (true of a checkpoint, not of a live peer's
+    state), so its save() skipped that step while the source entered the save's gather. The member that
+    loads now holds the source's own record, so save() decides the same on every member."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from torchlaunch import config as config_mod
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.preemption import PreemptionWatcher
+    from torchlaunch.exit_codes import BadInput
+    from torchlaunch.worker.data import load_bundle
+    from torchlaunch.worker.groups.live import LiveTrainingGroup, saved_position
+    from torchlaunch.worker.trainer import Trainer
+
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "data.synthetic_train_size=64",
+        "data.synthetic_val_size=16",
+        "train.batch_size=16",
+        "model.width=4",
+    ]
+    cfg = config_mod.load("configs/smoke.yaml", overrides)
+    host = Trainer(cfg, DistContext(), load_bundle(cfg.data), PreemptionWatcher([]))
+    host.progress.global_step = 13
+    seat = SimpleNamespace(joining=True, source=lambda: 0, is_behind=lambda: False)
+    group = SimpleNamespace(seat=seat)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:  # the source and the joiner are this one rank: what it sends is what it loads
+        assert host.last_saved is None  # the source never saved
+        LiveTrainingGroup._share_state(group, host)  # type: ignore[arg-type]
+        assert host.last_saved is None, "the loaded step was taken for saved"
+        assert seat.joining is False
+        host.last_saved = (8, 0, False)
+        seat.joining = True
+        LiveTrainingGroup._share_state(group, host)  # type: ignore[arg-type]
+        assert host.last_saved == (8, 0, False)
+    finally:
+        torch.distributed.destroy_process_group()
+    assert saved_position([13, 1, True]) == (13, 1, True)
+    for forged in ([13, 1], ["13", 1, True], [13, 1, 1], {"step": 13}, "x" * 200):
+        with pytest.raises(BadInput, match="not \\[step, epoch, val_pending\\]"):
+            saved_position(forged)

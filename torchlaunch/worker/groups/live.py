@@ -311,8 +311,10 @@ class LiveTrainingGroup:
         src = self.seat.source()
         mine = {**host.state_dict(), "world_size": SHARED_STATE_WORLD} if host.ctx.rank == src else None
         state = share_state(host.ctx, src, mine)
+        saved = broadcast_json(host.ctx, host.last_saved, src=src, kinds=(list, type(None)))
         if self.seat.joining or self.seat.is_behind():
             host.load_state_dict(state)
+            host.last_saved = saved_position(saved)
             self.seat.joining = False
         digests = gather_json(host.ctx, state_digest(host.model), kinds=(str,))
         if len(set(digests)) != 1:
@@ -397,3 +399,23 @@ def join(cfg: config_mod.RunConfig, ctx: DistContext, attempt: int = 0) -> LiveT
     else:
         seat.join(ctx, step=0)
     return LiveTrainingGroup(seat)
+
+
+def saved_position(value: object) -> tuple[int, int, bool] | None:
+    """The source's last save (Trainer.last_saved) as a rank that took its state must hold it.
+
+    Why: save() skips a step already saved, and a checkpoint is a collective. load_state_dict marks the
+    loaded step saved, which is true of a checkpoint but not of a live peer's state: a joiner that
+    took it then skipped the save of that step (a stop right at its admission) while the others
+    entered the save's gather, and both waited until dist.timeout_s. With the source's own record, a
+    save of the step is one decision on every member."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(type(v) is int for v in value[:2])
+        and type(value[2]) is bool
+    ):
+        return (value[0], value[1], value[2])
+    raise BadInput(f"live error: a peer's last save {str(value)[:80]!r} is not [step, epoch, val_pending]")
