@@ -15,7 +15,8 @@ the job shares already (its lock, job records, the script's checkpoints), so the
 - RUN_DIR/rdzv/ID.INC.store: a c10d FileStore, the agents' per-round store (worker ranks, the address of
   the round's rank 0). The workers' own TCPStore is served by the worker of global rank 0 of the round
   (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, torch's own opt-out): after a loss that is a survivor, never the
-  node that is gone; torch's shared agent store would keep a cached address across rounds.
+  node that is gone (agent.ranks.launch_env sets it for every agent: torch's shared agent store keeps a
+  cached address across rounds, pytorch#135712).
 
 Why sealed: the handler unpickles whatever the backend returns, and unpickling runs code. Every state is
 written with an HMAC under a key derived from the run's secret (RUN_DIR/live/secret, 0600, this user's:

@@ -8,7 +8,6 @@ where its state and per-round store live changes.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 from torch.distributed import FileStore
@@ -19,10 +18,6 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBa
 from torchlaunch.core.recovery import runkey
 from torchlaunch.launch import rdzv_file
 
-SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-"""torch's opt-out of the agent-hosted worker store: with it each round's rank 0 publishes a fresh
-address (RendezvousStoreInfo.build) and its worker of global rank 0 serves the workers' TCPStore, where
-the shared store's address is cached by every agent from the round it was built in."""
 READ_TIMEOUT_S = 60
 """How long a read of the per-round store waits (c10d's read_timeout default for its TCP store)."""
 
@@ -61,9 +56,6 @@ _held: list[int] = []
 
 
 def register(argv: list[str]) -> None:
-    """Make `--rdzv-backend torchlaunch-rundir` known to torchrun when `argv` asks for it, and have each
-    round's rank 0 serve the workers' store (SHARE_STORE_ENV)."""
-    if rdzv_file.BACKEND not in argv:
-        return
-    os.environ[SHARE_STORE_ENV] = "1"
-    registry.register(rdzv_file.BACKEND, create)
+    """Make `--rdzv-backend torchlaunch-rundir` known to torchrun when `argv` asks for it."""
+    if rdzv_file.BACKEND in argv:
+        registry.register(rdzv_file.BACKEND, create)
