@@ -11,16 +11,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pickle
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import launcher_argv
+from tests.conftest import launcher_argv, run_proc
 from tests.helpers import REPO
 from tests.integration.test_elastic_local import DEADLINE_S, children, tails, wait_for
-from torchlaunch.exit_codes import OK
+from torchlaunch import status
+from torchlaunch.exit_codes import BAD_INPUT, OK
+from torchlaunch.launch import rdzv_file
 
 PROGRAM = REPO / "tests" / "programs" / "allreduce_steps.py"
 STEPS = 150
@@ -105,3 +108,37 @@ def test_user_script_survives_the_loss_of_the_rank_0_node(tmp_path: Path) -> Non
     assert alone[0]["agent"] == pair[1], starts(state)  # by the survivor's agent: it re-formed the group
     assert alone[0]["step"] >= lost_at and alone[0]["rank"] == 0, starts(state)  # resumed, rank 0 now
     assert not (run_dir / ".lock.json").exists(), "the last node to leave removes the run-dir lock"
+
+
+def test_the_agent_refuses_a_forged_state_in_one_line_and_runs_nothing(tmp_path: Path) -> None:
+    """torchrun's agent (the wrapper launch.local runs) on a run dir whose rendezvous state was written by
+    a stranger, a pickle that would run code: exit 2, the reason as rank 0's status record (what the
+    launcher prints), no traceback, nothing unpickled and no worker started."""
+    run_dir, status_dir, marker = tmp_path / "run", tmp_path / "status", tmp_path / "ran"
+    status_dir.mkdir()
+    forged = rdzv_file.MAGIC + (3).to_bytes(8, "big") + os.urandom(32) + pickle.dumps(RunsCode(str(marker)))
+    (run_dir / "rdzv").mkdir(parents=True)
+    (run_dir / "rdzv" / "tl-forged.0.state").write_bytes(forged)
+    argv = launcher_argv(
+        "torchlaunch.launch.torchrun",
+        *("--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "1"),
+        *("--rdzv-backend", rdzv_file.BACKEND, "--rdzv-endpoint", str(run_dir), "--rdzv-id", "tl-forged"),
+        *("-m", "torchlaunch.runner", str(PROGRAM), str(tmp_path / "state"), "1"),
+    )
+    env = {"PYTHONPATH": str(REPO), status.STATUS_DIR_ENV: str(status_dir), status.ATTEMPT_ENV: "a1"}
+    done = run_proc(argv, timeout=120, env=env)
+    assert done.returncode == BAD_INPUT, done.stderr[-3000:]
+    record = json.loads((status_dir / "a1-rank0.json").read_text())
+    assert record["code"] == BAD_INPUT and "does not carry this run's seal" in record["reason"]
+    assert "\n" not in record["reason"] and "Traceback" not in done.stderr
+    assert not marker.exists() and not (tmp_path / "state").exists()  # nothing unpickled, no worker ran
+
+
+class RunsCode:
+    """Unpickled, it would create the file at `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (open, (self.path, "w"))
