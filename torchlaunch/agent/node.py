@@ -7,6 +7,7 @@ launch.local` runs it on this host; each Kubernetes pod runs it too (`python -m 
     python -m launch.local --nnodes 1:2 --node-rank 1 --master-addr node0 --config ... recovery.live=true \
         recovery.lighthouse=http://lh:29510   # live: the first group of the nodes in time (first_group.py)
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
+    python -m launch.local --nnodes 1:2 --run-dir /shared/r --max-restarts 3 -- my_train.py  # meets in the run dir
     python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
 
 Every rank runs through torchlaunch.runner, the built-in worker (`-m torchlaunch.worker`, the default

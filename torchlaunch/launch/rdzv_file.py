@@ -42,6 +42,7 @@ from pathlib import Path
 from torchlaunch import rundir
 from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.launch import elastic
 
 try:
     import fcntl
@@ -70,8 +71,6 @@ def job_key(rdzv_id: str) -> str:
 def torchrun_options(run_dir: str, rdzv_id: str, conf: tuple[tuple[str, int], ...], incarnation: str) -> list[str]:
     """torchrun's rendezvous options (pure): the run dir is the endpoint, no node rank, no host. Without
     an incarnation (--dry-run: no launcher has joined the job) the agent uses the id alone."""
-    from torchlaunch.launch import elastic
-
     pairs = [f"{k}={v}" for k, v in elastic.torchrun_conf(conf)]
     if incarnation:
         pairs.append(f"{INCARNATION}={incarnation}")
