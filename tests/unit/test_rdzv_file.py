@@ -194,3 +194,19 @@ def test_another_program_on_the_run_dir_is_another_job_and_refused(tmp_path: Pat
             runlock.acquire(tmp_path, command=["b"], job=other)
     finally:
         first.release()
+
+
+def test_a_node_range_of_a_script_needs_a_run_dir_or_a_master_addr(tmp_path: Path) -> None:
+    """The command line: `--nnodes 1:2 --run-dir R -- s.py` runs without --master-addr (its --dry-run is
+    the run-dir rendezvous), and without either it is one line naming both."""
+    from tests.integration.test_dropin_torchrun import call
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    base = ["--dry-run", "--device", "cpu", "--nnodes", "1:2", "--max-restarts", "3"]
+    code, out, err = call([*base, "--run-dir", str(tmp_path / "run"), "--", str(script)])
+    assert code == 0, err
+    assert f"--rdzv-backend {rdzv_file.BACKEND} --rdzv-endpoint {tmp_path / 'run'}" in out
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+    code, out, err = call([*base, "--", str(script)])
+    assert code == 2 and "--master-addr HOST" in err and "--run-dir DIR" in err and len(err.splitlines()) == 1
