@@ -26,8 +26,11 @@ from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.launch import rdzv_file
 
 PROGRAM = REPO / "tests" / "programs" / "allreduce_steps.py"
-STEPS = 150
-RDZV = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=4"
+STEPS = 200
+"""0.1 s a step: a node that arrives late on a loaded machine finds the first one still training (its
+group of 1 then grows to 2, as it must), and the loss comes with most of the run left."""
+RDZV = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=10"
+"""A lost node is seen within ~3 s; a group waits 10 s for a second node (it forms at once when both are in)."""
 
 
 def start_node(run_dir: Path, state: Path, log: Path) -> subprocess.Popen:
