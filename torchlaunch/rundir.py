@@ -82,7 +82,9 @@ TRACE = "trace"
 """RUN_DIR/trace/rankN.jsonl: each rank's batch trace when debug.trace_batches is on."""
 LIVE = "live"
 """RUN_DIR/live/: live recovery's group generation (its lock) and each rank's regroup events."""
-FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS, TRACE, LIVE)
+RDZV = "rdzv"
+"""RUN_DIR/rdzv/: a user script's elastic rendezvous, sealed state and store (torchlaunch.launch.rdzv_file)."""
+FOLDERS = (CHECKPOINTS, STATUS, LOGS, PROGRESS, JOB, TENSORBOARD, SLURM, LOCK_NODES, HANGS, TRACE, LIVE, RDZV)
 """Every folder the launchers and ranks write, append or delete in: each must be a real folder."""
 
 
@@ -136,6 +138,10 @@ def trace(run_dir: PathLike) -> Path:
 
 def live(run_dir: PathLike) -> Path:
     return _under(run_dir, LIVE)
+
+
+def rdzv(run_dir: PathLike) -> Path:
+    return _under(run_dir, RDZV)
 
 
 def config(run_dir: PathLike) -> Path:
@@ -297,14 +303,16 @@ def write_bytes(
     mkdir: bool = True,
     real_folder: bool = False,
     dir_fd: int | None = None,
+    mode: int = 0o666,
 ) -> None:
     """Replace `path` with `data` atomically: temp file in the same folder, fsync, rename, fsync folder
-    (`durable=False`: temp file and rename only). `tmp` names the temp file where a sweep must know it.
-    The temp file is created and renamed relative to the folder's descriptor, so both land in one folder.
-    `real_folder`: the folder is one of the run dir's (FOLDERS, a step folder), never a link: opened
-    O_NOFOLLOW (open_folder), a link planted there while the run trains is LinkedFolder, not followed.
-    Without it the folder may be a link the user named (the run dir itself). `dir_fd`: `path` is relative
-    to that folder's descriptor (a checkpoint commit's, held from the save's start)."""
+        (`durable=False`: temp file and rename only). `tmp` names the temp file where a sweep must know it.
+        The temp file is created and renamed relative to the folder's descriptor, so both land in one folder.
+        `real_folder`: the folder is one of the run dir's (FOLDERS, a step folder), never a link: opened
+        O_NOFOLLOW (open_folder), a link planted there while the run trains is LinkedFolder, not followed.
+        Without it the folder may be a link the user named (the run dir itself). `dir_fd`: `path` is relative
+        to that folder's descriptor (a checkpoint commit's, held from the save's start). `mode`: the new file's
+    (before the umask): 0o600 for a record only this user may read."""
     path = Path(path)
     if mkdir and dir_fd is None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -315,7 +323,7 @@ def write_bytes(
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         fd = os.open(
-            tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=folder
+            tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder
         )
         try:
             with os.fdopen(fd, "wb") as fh:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torchlaunch import runner as program_mod
 from torchlaunch.agent import first_group
-from torchlaunch.launch import cli, elastic, emit, shape
+from torchlaunch.launch import cli, elastic, emit, rdzv_file, shape
 from torchlaunch.launch.spec import JobSpec
 
 BUILTIN_WORKER = program_mod.BUILTIN_WORKER  # the default program; never the top-level `train` a user may own
@@ -32,6 +32,8 @@ class NodePlacement:
     master_addr: str | None = None
     rdzv_conf: tuple[tuple[str, int], ...] = ()
     """Elastic jobs: torchrun's rendezvous timeouts (launch.elastic.parse_rdzv_conf)."""
+    incarnation: str = ""
+    """A rendezvous in the run dir: the job's incarnation (runlock.Holder.incarnation), once the lock is held."""
 
 
 def run_id(run_dir: str) -> str:
@@ -47,8 +49,18 @@ def program_id(program: Sequence[str], placement: NodePlacement, port: int) -> s
 
 def rendezvous_id(spec: JobSpec, placement: NodePlacement) -> str:
     """Every node of one job computes the same id: from the run dir for the built-in worker, from the
-    program and its placement for a user's program."""
+    program and its placement for a user's program (and its run dir, where the nodes meet there)."""
+    if meets_in_run_dir(spec):
+        text = "\0".join([*spec.program, os.path.abspath(spec.run_dir or "")])
+        return "tl-" + hashlib.sha1(text.encode()).hexdigest()[:12]
     return program_id(spec.program, placement, spec.master_port) if spec.program else run_id(spec.run_dir or "")
+
+
+def meets_in_run_dir(spec: JobSpec) -> bool:
+    """A user's program on a node range with a --run-dir: its nodes rendezvous in the run dir
+    (launch.rdzv_file), so losing any node, the first included, costs one restart, not the job. The
+    built-in worker across nodes trains live; without a run dir, torchrun's c10d store at --master-addr."""
+    return bool(spec.program) and spec.min_nodes is not None and bool(spec.run_dir)
 
 
 def program_tail(spec: JobSpec, module: str) -> list[str]:
@@ -93,7 +105,12 @@ def torchrun_argv(
         "--max-restarts",
         str(spec.max_restarts),
     ]
-    if spec.min_nodes is not None:
+    if spec.min_nodes is not None and meets_in_run_dir(spec):
+        argv[argv.index("--nnodes") + 1] = shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()
+        argv += rdzv_file.torchrun_options(
+            spec.run_dir or "", rdzv_run_id or "torchlaunch", placement.rdzv_conf, placement.incarnation
+        )
+    elif spec.min_nodes is not None:
         if placement.master_addr is None:
             raise cli.error("--master-addr is required with --nnodes MIN:MAX (the host of the rendezvous store)")
         argv[argv.index("--nnodes") + 1] = shape.NodeRange(spec.min_nodes, spec.nodes).torchrun()

@@ -7,6 +7,7 @@ launch.local` runs it on this host; each Kubernetes pod runs it too (`python -m 
     python -m launch.local --nnodes 1:2 --node-rank 1 --master-addr node0 --config ... recovery.live=true \
         recovery.lighthouse=http://lh:29510   # live: the first group of the nodes in time (first_group.py)
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
+    python -m launch.local --nnodes 1:2 --run-dir /shared/r --max-restarts 3 -- my_train.py  # meets in the run dir
     python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
 
 Every rank runs through torchlaunch.runner, the built-in worker (`-m torchlaunch.worker`, the default
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -44,6 +46,7 @@ from torchlaunch.agent.commands import (
     PREFLIGHT,
     NodePlacement,
     live_argv,
+    meets_in_run_dir,
     render,
     rendezvous_id,
     uses_agent,
@@ -63,7 +66,7 @@ from torchlaunch.agent.stops import FORWARDED_SIGNALS, note_early_signal
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
 from torchlaunch.jobs.launcher import Operation
-from torchlaunch.launch import cli, elastic, finished
+from torchlaunch.launch import cli, elastic, finished, rdzv_file
 from torchlaunch.launch.spec import JobSpec
 
 
@@ -237,6 +240,8 @@ def elastic_job(spec: JobSpec, placement: NodePlacement, rdzv: str, live: bool =
     """The run-dir lock's job key of a launch whose nodes come and go (every node's launcher shares it):
     an elastic one, or a live one across nodes (node 0 may be lost while the others train on, so it
     cannot own the run dir alone, and `status` must see every node's launcher); None otherwise."""
+    if meets_in_run_dir(spec):
+        return rdzv_file.job_key(rdzv)
     shared = spec.min_nodes is not None or (live and spec.nodes > 1)
     if not shared or placement.master_addr is None:
         return None
@@ -261,6 +266,9 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
         print(shlex.join(argv_out))
         return OK
     with owned(args.run_dir, placement, elastic_job(spec, placement, rdzv)) as lock:
+        if meets_in_run_dir(spec) and lock is not None:
+            placement = meet_in_run_dir(args.run_dir, lock, placement)
+            argv_out = render(spec, placement, module, args.doctor)
         private.mkdir(mode=0o700)
         try:
             if args.doctor:
@@ -285,6 +293,19 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
             )
         finally:
             shutil.rmtree(private, ignore_errors=True)
+
+
+def meet_in_run_dir(run_dir: str, lock: runlock.RunLock, placement: NodePlacement) -> NodePlacement:
+    """Ready the run-dir rendezvous of this job's incarnation (launch.rdzv_file): the run's secret, which
+    seals its state, made or checked here (one line, exit 2, before anything starts); a founder clears the
+    files of runs before, whose members are all gone. The placement carries the incarnation to torchrun."""
+    from torchlaunch.core.recovery import runkey  # torch-free: the run's secret and its checks
+
+    runkey.load(run_dir)
+    incarnation = lock.holder.incarnation
+    if lock.founded:
+        rdzv_file.sweep(run_dir, incarnation)
+    return dataclasses.replace(placement, incarnation=incarnation)
 
 
 def doctor_config(private: Path, run_dir: str) -> str:

@@ -37,7 +37,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     cli.add_common(
         p,
         config_help="recipe YAML of the built-in worker, e.g. configs/smoke.yaml (not with a program after --)",
-        run_dir_help="with a program after --: the shared folder --doctor checks (default: a private temporary folder)",
+        run_dir_help="with a program after --: the shared folder of its job records, --doctor's checks and, with "
+        "--nnodes MIN:MAX, its rendezvous (default: a private temporary folder)",
     )
     shape.add(p, "gpus", default=1)
     shape.add(
@@ -99,10 +100,12 @@ def check_nodes(args: argparse.Namespace) -> None:
     nodes = args.node_range
     args.rdzv = elastic.parse_rdzv_conf(args.rdzv_conf, elastic.DEFAULT_RDZV) if nodes.elastic else ()
     if nodes.elastic:
-        if args.master_addr is None:
+        in_run_dir = args.program is not None and args.run_dir is not None  # commands.meets_in_run_dir
+        if args.master_addr is None and not in_run_dir:
             raise cli.error(
                 f"--nnodes {nodes.torchrun()} needs --master-addr HOST (the host of the rendezvous store; "
-                "127.0.0.1 for several launchers on this machine)"
+                "127.0.0.1 for several launchers on this machine), or with a program after --, --run-dir DIR "
+                "on storage every node shares (the nodes meet there)"
             )
     elif args.rdzv_conf:
         raise cli.error(f"--rdzv-conf is for elastic jobs (--nnodes MIN:MAX), not --nnodes {nodes.max}")

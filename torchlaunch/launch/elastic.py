@@ -21,6 +21,7 @@ that window, or the node that came back costs the steps since the last periodic 
 Where the rendezvous store lives: the TCP store is hosted by the agent on the --master-addr host that
 binds the port first. Losing that host ends the rendezvous for every node (the survivors' agents cannot
 re-form the group); that case is a full restart of the job, not a degraded one (see docs/launchers.md, Degraded restart).
+A user's program with --run-dir has no such host: its nodes meet in the run dir (launch/rdzv_file.py).
 
 Whose store it is: a second job given the same --master-addr/--master-port would otherwise join the
 first job's store under its own rendezvous id, train on it, and die with it (a 109-line traceback and

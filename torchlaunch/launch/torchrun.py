@@ -11,6 +11,10 @@ An elastic agent first makes sure a rendezvous store already up at its endpoint 
 the launcher would pay a torch import and arrive late to its job's rendezvous. A store of another job
 is bad input, reported as rank 0's outcome (torchlaunch.status), so the launcher says it in one line and
 exits 2 without the agent ever joining that store.
+
+A user script's elastic job meets in the run dir (`--rdzv-backend torchlaunch-rundir`, rdzv_file.py):
+its handler is registered here, before torchrun's main looks it up, and a state there that this run did
+not seal is bad input the same way (one line, exit 2), raised before torch unpickles a byte of it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ def foreign_store(argv: list[str]) -> str | None:
     """The refusal line when `argv` is an elastic agent's (--nnodes MIN:MAX) and the store up at its
     --rdzv-endpoint belongs to another rendezvous than its --rdzv-id; None otherwise."""
     nodes, endpoint, rdzv_id = (_value(argv, f) for f in ("--nnodes", "--rdzv-endpoint", "--rdzv-id"))
+    if _value(argv, "--rdzv-backend") != "c10d":  # the run-dir rendezvous has no store to belong to a job
+        return None
     if nodes is None or ":" not in nodes or endpoint is None or rdzv_id is None:
         return None
     host, _, port = endpoint.rpartition(":")
@@ -59,8 +65,14 @@ def main() -> int:
     if refused is not None:
         status.report(0, BAD_INPUT, refused)
         return BAD_INPUT
+    from torchlaunch.launch import rdzv_torch
+
+    rdzv_torch.register(sys.argv[1:])
     try:
         torchrun_main()
+    except BadInput as refused_state:  # the run-dir rendezvous: a state it did not seal, a run dir without flock
+        status.report(0, BAD_INPUT, str(refused_state))
+        return BAD_INPUT
     except SystemExit as e:
         code = e.code
         if code is not None and not isinstance(code, int):

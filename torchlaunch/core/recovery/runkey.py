@@ -103,6 +103,12 @@ class RunKey:
         for two things."""
         return hmac.new(self.secret, b"presence", hashlib.sha256).digest()
 
+    @property
+    def rendezvous_key(self) -> bytes:
+        """The key that seals a user script's rendezvous state in the run dir (launch/rdzv_file.py), derived
+        as presence_key is: a seal proves the state came from a holder of the secret, and tells nothing of it."""
+        return hmac.new(self.secret, b"rendezvous", hashlib.sha256).digest()
+
     def proves(self, answer: bytes | str, token: str, replica_id: str, address: str, step: int) -> bool:
         text = answer.decode("ascii", "replace") if isinstance(answer, bytes) else answer
         return hmac.compare_digest(text, self.proof(token, replica_id, address, step))
