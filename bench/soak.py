@@ -128,6 +128,27 @@ def _alive(pid: int) -> bool:
     )
 
 
+def trained_step(run_dir: Path) -> int:
+    """The newest global step any rank's heartbeat (RUN_DIR/progress/rank-N.json) reports, 0 before one."""
+    newest = 0
+    for path in (run_dir / "progress").glob("rank-*.json"):
+        try:
+            newest = max(newest, int(json.loads(path.read_text()).get("step") or 0))
+        except (OSError, ValueError, AttributeError):
+            continue  # being written
+    return newest
+
+
+def training_again(proc: subprocess.Popen[bytes], run_dir: Path, since: int, timeout_s: float) -> None:
+    """Wait until a launch trains a step past `since`: faults are timed from training, not start-up (a
+    rank lost while the first group forms fails the attempt: docs/live.md, limits)."""
+    deadline = time.monotonic() + timeout_s
+    while trained_step(run_dir) <= since and proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no step trained within {timeout_s:.0f} s of a launch")
+        time.sleep(0.05)
+
+
 def _wait(proc: subprocess.Popen[bytes], seconds: float) -> int | None:
     try:
         return proc.wait(timeout=seconds)
@@ -177,12 +198,15 @@ def soak(work: Path, epochs: int, world: int, every_s: float, seed: str, faults:
     size = world
     proc = launch(path, size, log)
     try:
+        training_again(proc, run_dir, 0, STOP_WAIT_S)
         while True:
             code = _wait(proc, every_s if faults else max(1.0, deadline - time.monotonic()))
             if code is not None:
                 if code == 75:  # a stop we did not send (a regroup below the minimum): resume as a scheduler would
                     done.append({"fault": "requeue", "time": time.time(), "code": code})
+                    step = trained_step(run_dir)
                     proc = launch(path, size, log)
+                    training_again(proc, run_dir, step, STOP_WAIT_S)
                     continue
                 break
             if time.monotonic() > deadline:
@@ -199,7 +223,9 @@ def soak(work: Path, epochs: int, world: int, every_s: float, seed: str, faults:
                     break
                 size = world - 1 if size == world else world
                 event["resumed_on"] = size
+                step = trained_step(run_dir)
                 proc = launch(path, size, log)
+                training_again(proc, run_dir, step, STOP_WAIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -210,11 +236,14 @@ def soak(work: Path, epochs: int, world: int, every_s: float, seed: str, faults:
     return Soak(code, wall, sha, done, log.read_text(errors="replace")[-4000:])
 
 
-def run(minutes: float = 30.0, every_s: float = 30.0, world: int = 4, seed: str | None = None) -> Result:
-    """The reference is sized from a short timing run so that the faulted run lasts about `minutes`."""
+def run(
+    minutes: float = 30.0, every_s: float = 30.0, world: int = 4, seed: str | None = None, keep: Path | None = None
+) -> Result:
+    """The reference is sized from a short timing run so that the faulted run lasts about `minutes`.
+    `keep`: the runs' folders and logs stay there (else a temporary folder, removed)."""
     seed = seed or os.environ.get("SOAK_SEED", "55")
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        work = Path(tmp)
+        work = keep or Path(tmp)
         probe = soak(work / "probe", 2, world, every_s, seed, faults=False, timeout_s=600)
         if probe.code != 0:
             raise RuntimeError(f"the timing run failed ({probe.code}):\n{probe.log}")
@@ -230,12 +259,14 @@ def run(minutes: float = 30.0, every_s: float = 30.0, world: int = 4, seed: str 
         kind: sum(1 for f in faulted.faults if f["fault"] == kind) for kind in ("kill", "freeze", "stop", "requeue")
     }
     unfenced = sum(1 for f in faulted.faults if f["fault"] == "freeze" and f.get("fenced_s") is None)
+    dishonest = [f["code"] for f in faulted.faults if f["fault"] == "stop" and f["code"] not in (0, 75)]
     notes = (
         f"{world} CPU ranks (launch.local --gpus {world} --device cpu, W <-> {world - 1} at each stop), {steps} steps "
         f"of 16 synthetic 32 px images, simple_cnn width 4 (BatchNorm), train.exact, recovery.live, "
         f"heartbeat bound {HEARTBEAT_S:g} s; a fault every {every_s:g} s: {counts['kill']} SIGKILLs, "
         f"{counts['freeze']} SIGSTOPs ({unfenced} not fenced by their agent), {counts['stop']} whole-job stops "
-        f"resumed on another world size, {counts['requeue']} other exits 75; final exit {faulted.code}; "
+        f"resumed on another world size (their exits other than 75: {dishonest or 'none'}), {counts['requeue']} "
+        f"other exits 75; final exit {faulted.code}; "
         f"model SHA-256 {'equal to' if equal else 'DIFFERENT from'} the fault-free run's "
         f"({(faulted.sha256 or 'none')[:16]} vs {(reference.sha256 or 'none')[:16]}); reference {reference.wall_s:.0f} s, "
         f"faulted {faulted.wall_s:.0f} s; load average {load_average()}"
@@ -246,7 +277,7 @@ def run(minutes: float = 30.0, every_s: float = 30.0, world: int = 4, seed: str 
         project=round(steps / faulted.wall_s, 3),
         baseline=round(steps / reference.wall_s, 3),
         unit="steps/s",
-        ratio=round(goodput, 3) if equal and faulted.code == 0 and not unfenced else 0.0,
+        ratio=round(goodput, 3) if equal and faulted.code == 0 and not unfenced and not dishonest else 0.0,
         goal=GOAL,
         higher_is_better=True,
         command=COMMAND,
@@ -262,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="how long the faulted run lasts, about")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between faults")
     parser.add_argument("--world", type=int, default=4, help="ranks (W; a stop resumes on W-1, the next on W)")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the runs and their logs in this folder")
     args = parser.parse_args(argv)
-    result = run(args.minutes, args.every, args.world)
+    result = run(args.minutes, args.every, args.world, keep=args.keep)
     print(json.dumps(result.to_dict(), indent=1))
     return 0 if result.met else 1
 
