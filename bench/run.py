@@ -169,7 +169,7 @@ def run_selected(
     if "proposals" in names:
         keep(record("proposals", lambda: proposals.run(quick=quick)))
     if "soak" in names and full:  # 30 minutes and more: only with --full, as the time-to-accuracy runs
-        keep(record("soak", lambda: soak.run(minutes=2 if quick else 30)))
+        keep(record("soak", lambda: soak.run(*soak.from_env(quick))))
     if data_against and not quick:
         keep(record("data-against", lambda: against.run(data_against, work=work / "data-against")))
     tta_result = None

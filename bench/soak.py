@@ -3,6 +3,7 @@
     python -m bench.soak                       # 30 min, 4 ranks, a fault every 30 s (the issue's soak)
     python -m bench.soak --minutes 5 --every 20   # a shorter one
     python -m bench.run --only soak --full     # the same, recorded in docs/BENCHMARKS.md
+    SOAK_MINUTES=10 SOAK_EVERY_S=20 python -m bench.run --only soak --full   # a shorter one, recorded
 
 One recipe (synthetic 32 px images, the smoke recipe's BatchNorm CNN at width 4, train.exact, recovery.live,
 recovery.rejoin) runs twice with `launch.local --gpus W --device cpu`: once with no fault (the reference,
@@ -286,6 +287,14 @@ def run(
         notes=notes,
         extra={"faults": faulted.faults, "sha256_equal": equal, "steps": steps, "exit": faulted.code},
     )
+
+
+def from_env(quick: bool = False) -> tuple[float, float]:
+    """(minutes, every_s) for bench.run: SOAK_MINUTES and SOAK_EVERY_S, else the issue's 30 min and 30 s
+    (2 min and 10 s with --quick)."""
+    minutes = float(os.environ.get("SOAK_MINUTES") or (2 if quick else 30))
+    every_s = float(os.environ.get("SOAK_EVERY_S") or (10 if quick else 30))
+    return minutes, every_s
 
 
 def main(argv: list[str] | None = None) -> int:
