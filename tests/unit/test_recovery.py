@@ -1086,3 +1086,13 @@ def test_a_service_reachable_from_other_hosts_without_the_runs_key_is_refused(
     assert lighthouse.parse_args(["--bind", bind, "--secret-file", "/x/live/secret"]).bind == bind
     monkeypatch.setenv(contract.LIVE_PRESENCE_KEY, "ab" * 32)  # the local agent's service: keyed by the launch
     assert lighthouse.parse_args(["--bind", bind]).bind == bind
+
+
+def test_the_live_agents_window_after_a_stop_is_torchruns() -> None:
+    """The launcher sets TORCH_ELASTIC_SHUTDOWN_TIMEOUT from the platform's grace (agent/stops.py); the
+    live agent ends its ranks past it as torchrun's agent does (tested from outside:
+    test_a_stop_whose_checkpoint_never_commits_is_exit_1_with_the_steps_lost, on the default road)."""
+    assert live_rejoin.stop_window_s({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}) == 2.0
+    assert live_rejoin.stop_window_s({}) == 30.0
+    assert live_rejoin.stop_window_s({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}) == 30.0
+    live_rejoin.end_past_the_stop_window([], None, 0.0)  # no stop yet: nothing to end
