@@ -241,8 +241,9 @@ def run(
     minutes: float = 30.0, every_s: float = 30.0, world: int = 4, seed: str | None = None, keep: Path | None = None
 ) -> Result:
     """The reference is sized from a short timing run so that the faulted run lasts about `minutes`.
-    `keep`: the runs' folders and logs stay there (else a temporary folder, removed)."""
+    `keep` (or SOAK_KEEP): the runs' folders and logs stay there (else a temporary folder, removed)."""
     seed = seed or os.environ.get("SOAK_SEED", "55")
+    keep = keep or (Path(os.environ["SOAK_KEEP"]) if os.environ.get("SOAK_KEEP") else None)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = keep or Path(tmp)
         probe = soak(work / "probe", 2, world, every_s, seed, faults=False, timeout_s=600)
