@@ -50,6 +50,9 @@ def config_text(
     rejoin: int = 0,
     every_steps: int = 0,
     exact: bool = False,
+    model: str = "examples.my_models:tiny_gn_cnn",
+    width: int = 8,
+    image_size: int = 16,
 ) -> str:
     """A small recipe: `epochs` epochs of `steps` steps of 16 samples (8 per rank), validated on
     `val_size` images after each, checkpoints only at the end; `exact`: train.exact (worker/grid.py)."""
@@ -59,10 +62,10 @@ data:
   name: synthetic
   synthetic_train_size: {steps * 16}
   synthetic_val_size: {val_size}
-  image_size: 16
+  image_size: {image_size}
 model:
-  name: examples.my_models:tiny_gn_cnn
-  width: 8
+  name: {model}
+  width: {width}
 optim:
   name: sgd
   lr: 0.05

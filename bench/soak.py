@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import REPO, Result, load_average
-from bench.live import rank_pids
+from bench.live import config_text, rank_pids
 
 COMMAND = "python -m bench.run --only soak --full"
 FAULTS = ("kill", "freeze", "kill", "stop")
@@ -56,36 +56,22 @@ STEPS_PER_EPOCH = 100
 
 
 def recipe(run_dir: Path, epochs: int) -> str:
-    """`epochs` of STEPS_PER_EPOCH global steps of 16 samples, 2 micro-batches per rank at 4 ranks (a
+    """bench.live's recipe on the smoke CNN (BatchNorm) at 32 px, exact: `epochs` of STEPS_PER_EPOCH global
+    steps of 16 samples, 2 micro-batches per rank at 4 ranks (a
     grid of 8), a checkpoint every 50 steps (what a whole-job stop resumes from when nothing newer
     committed)."""
-    return f"""run_dir: {json.dumps(str(run_dir))}
-seed: 0
-data:
-  name: synthetic
-  synthetic_train_size: {STEPS_PER_EPOCH * 16}
-  synthetic_val_size: 64
-  image_size: 32
-model:
-  name: simple_cnn
-  width: 4
-optim:
-  name: sgd
-  lr: 0.05
-train:
-  epochs: {epochs}
-  batch_size: 16
-  precision: fp32
-  channels_last: false
-  log_every_steps: 50
-  exact: true
-checkpoint:
-  every_steps: 50
-recovery:
-  live: true
-  heartbeat_timeout_s: {HEARTBEAT_S}
-  rejoin: 100
-"""
+    return config_text(
+        run_dir,
+        heartbeat_timeout_s=HEARTBEAT_S,
+        steps=STEPS_PER_EPOCH,
+        epochs=epochs,
+        rejoin=100,
+        every_steps=50,
+        exact=True,
+        model="simple_cnn",
+        width=4,
+        image_size=32,
+    )
 
 
 def model_sha256(model_pt: Path) -> str:

@@ -62,3 +62,23 @@ def leave_spawned_rank() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def small_trainer(run_dir: Path):  # noqa: ANN201 - a worker Trainer (its import is torch's and the worker's)
+    """The smoke recipe's Trainer in this process, one rank, 64 synthetic images of a width-4 CNN: for
+    tests of what a rank does with its state (no process group, nothing launched)."""
+    from torchlaunch import config as config_mod
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.core.preemption import PreemptionWatcher
+    from torchlaunch.worker.data import load_bundle
+    from torchlaunch.worker.trainer import Trainer
+
+    overrides = [
+        f"run_dir={run_dir}",
+        "data.synthetic_train_size=64",
+        "data.synthetic_val_size=16",
+        "train.batch_size=16",
+        "model.width=4",
+    ]
+    cfg = config_mod.load("configs/smoke.yaml", overrides)
+    return Trainer(cfg, DistContext(), load_bundle(cfg.data), PreemptionWatcher([]))

@@ -261,23 +261,11 @@ def test_a_rank_that_took_a_peers_state_holds_the_peers_last_save_not_the_loaded
 
     import torch
 
-    from torchlaunch import config as config_mod
-    from torchlaunch.core.dist import DistContext
-    from torchlaunch.core.preemption import PreemptionWatcher
+    from tests.helpers import small_trainer
     from torchlaunch.exit_codes import BadInput
-    from torchlaunch.worker.data import load_bundle
     from torchlaunch.worker.groups.live import LiveTrainingGroup, saved_position
-    from torchlaunch.worker.trainer import Trainer
 
-    overrides = [
-        f"run_dir={tmp_path / 'run'}",
-        "data.synthetic_train_size=64",
-        "data.synthetic_val_size=16",
-        "train.batch_size=16",
-        "model.width=4",
-    ]
-    cfg = config_mod.load("configs/smoke.yaml", overrides)
-    host = Trainer(cfg, DistContext(), load_bundle(cfg.data), PreemptionWatcher([]))
+    host = small_trainer(tmp_path / "run")
     host.progress.global_step = 13
     seat = SimpleNamespace(joining=True, source=lambda: 0, is_behind=lambda: False)
     group = SimpleNamespace(seat=seat)

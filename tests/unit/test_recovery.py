@@ -568,21 +568,10 @@ def test_a_state_taken_mid_fit_moves_every_holder_of_the_progress(tmp_path: Path
     """A live rank a step behind loads a peer's state in the middle of fit, whose loops hold the
     progress in locals: loading must move that same object (a new one left fit on the old position:
     the rank validated twice and its peer waited out dist.timeout_s)."""
-    from torchlaunch.core.dist import DistContext
-    from torchlaunch.core.preemption import PreemptionWatcher
-    from torchlaunch.worker.data import load_bundle
+    from tests.helpers import small_trainer
     from torchlaunch.worker.groups.live import SHARED_STATE_WORLD
-    from torchlaunch.worker.trainer import Trainer
 
-    overrides = [
-        f"run_dir={tmp_path / 'run'}",
-        "data.synthetic_train_size=64",
-        "data.synthetic_val_size=16",
-        "train.batch_size=16",
-        "model.width=4",
-    ]
-    cfg = config_mod.load("configs/smoke.yaml", overrides)
-    trainer = Trainer(cfg, DistContext(), load_bundle(cfg.data), PreemptionWatcher([]))
+    trainer = small_trainer(tmp_path / "run")
     held = trainer.progress  # what fit's `p` is
     state = {**trainer.state_dict(), "world_size": SHARED_STATE_WORLD}  # what LiveTrainingGroup._share_state sends
     state["progress"] = {**state["progress"], "global_step": 13, "step_in_epoch": 1, "val_pending": True}
