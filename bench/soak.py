@@ -56,10 +56,9 @@ STEPS_PER_EPOCH = 100
 
 
 def recipe(run_dir: Path, epochs: int) -> str:
-    """bench.live's recipe on the smoke CNN (BatchNorm) at 32 px, exact: `epochs` of STEPS_PER_EPOCH global
-    steps of 16 samples, 2 micro-batches per rank at 4 ranks (a
-    grid of 8), a checkpoint every 50 steps (what a whole-job stop resumes from when nothing newer
-    committed)."""
+    """bench.live's recipe on the smoke CNN (BatchNorm) at 32 px, exact: `epochs` of STEPS_PER_EPOCH
+    global steps of 16 samples, 2 micro-batches per rank at 4 ranks (a grid of 8), a checkpoint every 50
+    steps (what a whole-job stop resumes from when nothing newer committed)."""
     return config_text(
         run_dir,
         heartbeat_timeout_s=HEARTBEAT_S,
