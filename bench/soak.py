@@ -256,7 +256,9 @@ def run(
         f"other exits 75; final exit {faulted.code}; "
         f"model SHA-256 {'equal to' if equal else 'DIFFERENT from'} the fault-free run's "
         f"({(faulted.sha256 or 'none')[:16]} vs {(reference.sha256 or 'none')[:16]}); reference {reference.wall_s:.0f} s, "
-        f"faulted {faulted.wall_s:.0f} s; load average {load_average()}"
+        f"faulted {faulted.wall_s:.0f} s; load average {load_average()}; {world} ranks on {os.cpu_count()} cores: where "
+        f"they outnumber the cores, a rank less runs the others faster, so a goodput above 1 says the faults cost "
+        f"less than the oversubscription they relieve (a core per rank is the real measure)"
     )
     return Result(
         key="soak",
