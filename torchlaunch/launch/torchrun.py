@@ -25,7 +25,7 @@ import traceback
 
 from torchlaunch import status
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput
-from torchlaunch.launch import elastic
+from torchlaunch.launch import elastic, rdzv_file
 
 
 def _value(argv: list[str], flag: str) -> str | None:
@@ -36,7 +36,7 @@ def foreign_store(argv: list[str]) -> str | None:
     """The refusal line when `argv` is an elastic agent's (--nnodes MIN:MAX) and the store up at its
     --rdzv-endpoint belongs to another rendezvous than its --rdzv-id; None otherwise."""
     nodes, endpoint, rdzv_id = (_value(argv, f) for f in ("--nnodes", "--rdzv-endpoint", "--rdzv-id"))
-    if _value(argv, "--rdzv-backend") != "c10d":  # the run-dir rendezvous has no store to belong to a job
+    if _value(argv, "--rdzv-backend") == rdzv_file.BACKEND:  # the run dir's: no store to belong to a job
         return None
     if nodes is None or ":" not in nodes or endpoint is None or rdzv_id is None:
         return None
