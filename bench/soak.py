@@ -40,6 +40,7 @@ from pathlib import Path
 
 from bench.common import REPO, Result, load_average
 from bench.live import config_text, rank_pids
+from torchlaunch.base import procs
 
 COMMAND = "python -m bench.run --only soak --full"
 FAULTS = ("kill", "freeze", "kill", "stop")
@@ -101,17 +102,9 @@ class Soak:
     log: str = ""
 
 
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
-
-
 def _alive(pid: int) -> bool:
-    return (
-        Path(f"/proc/{pid}").exists() and not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    )
+    """Running or stopped, not gone nor a zombie (base/procs reads /proc once: no race with its exit)."""
+    return procs.state(pid) not in (None, "Z", "X")
 
 
 def trained_step(run_dir: Path) -> int:
