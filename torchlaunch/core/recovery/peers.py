@@ -4,13 +4,13 @@ Why the peers: a whole node that freezes (SIGSTOP of every process, a hung kerne
 network takes its live agent along, so nothing on it fences its ranks; its sockets stay open (or
 silently dead), so the others' collective waits on it until dist.timeout_s without a transport error.
 
-How: every rank answers a one-datagram echo (UDP, on its store's port number) from a thread of its own;
-a frozen process, or one out of reach, does not. While this rank's training has not stepped for
+How: every rank answers a one-datagram echo (UDP, on its store's port number) from a process of its
+own that answers only while the rank runs (echo_process.py); a frozen rank, or one out of reach, does not. While this rank's training has not stepped for
 a quarter of the bound (recovery.heartbeat_timeout_s), a watcher thread asks each peer of the group;
 a peer that gives no answer within the bound is judged silent, and this rank shuts its group's
 connections down (core/recovery/sockets.py): its collective fails at once, every live member's does
 too, and they regroup without the silent one, whose heartbeats to the membership service have lapsed
-meanwhile. A long save or validation on a peer is no silence: its echo thread answers throughout.
+meanwhile. A long save or validation on a peer is no silence: its echo answers throughout, whatever holds its GIL.
 A silent member that wakes finds its group gone and its generation superseded (fence.py).
 """
 
@@ -19,43 +19,51 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+
+from torchlaunch.core.recovery import echo_process
 
 RESEND_S = 0.1
 """A lost datagram costs this much, not the whole bound."""
 
 
 class Echo:
-    """This rank's answer to its peers' probes: a UDP socket on every interface and a daemon thread
-    that sends each datagram back to where it came from."""
+    """This rank's answer to its peers' probes: a UDP socket on every interface, served by a process of
+    its own (echo_process.py: a thread needed the rank's GIL, and a long C call that kept it made a
+    healthy rank look frozen) that sends each datagram back to where it came from while the rank runs."""
 
     def __init__(self, port: int = 0) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("", port))
-        self.port = int(self.sock.getsockname()[1])
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="torchlaunch-echo", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
+        try:
+            self.sock.bind(("", port))
+            self.port = int(self.sock.getsockname()[1])
+            # born with a job's signals blocked (a mask survives exec): one sent before it ignores them
+            # must not end it
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, echo_process.ignored())
             try:
-                ready, _, _ = select.select([self.sock], [], [], 0.5)
-                if ready:
-                    data, source = self.sock.recvfrom(64)
-                    self.sock.sendto(data, source)
-            except OSError:
-                if self._stop.is_set():
-                    return
-                continue
+                self.process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", echo_process.__file__, str(self.sock.fileno()), str(os.getpid())],
+                    pass_fds=(self.sock.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                )
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        except BaseException:
+            self.sock.close()
+            raise
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5.0)
         self.sock.close()
 
 
@@ -68,17 +76,23 @@ def answers(address: str, timeout_s: float) -> bool:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((host.strip("[]"), int(port)))
-            while (left := deadline - time.monotonic()) > 0:
-                with contextlib.suppress(OSError):  # ICMP unreachable from an earlier send: try again
-                    s.send(nonce)
-                ready, _, _ = select.select([s], [], [], min(RESEND_S, left))
+            while True:
+                left = deadline - time.monotonic()
+                if left > 0:
+                    with contextlib.suppress(OSError):  # ICMP unreachable from an earlier send: try again
+                        s.send(nonce)
+                # past the deadline, one look without waiting: an answer that came while this thread
+                # waited for its own GIL is an answer
+                ready, _, _ = select.select([s], [], [], max(0.0, min(RESEND_S, left)))
                 if ready:
                     with contextlib.suppress(OSError):
                         if s.recv(64) == nonce:
                             return True
+                    continue
+                if left <= 0:
+                    return False
     except (OSError, ValueError):
         return False
-    return False
 
 
 class PeerWatch:
