@@ -243,14 +243,17 @@ def test_the_live_agent_across_nodes_needs_a_service_apart_or_the_run_dir_to_pla
     assert (args.nnodes, args.lighthouse, program) == (2, "http://h:1", ["x"])
 
 
-def test_live_mode_is_off_by_default_and_one_node_only() -> None:
-    cfg = config_mod.load(None, [])
+def test_live_mode_is_on_by_default_for_several_ranks_and_false_is_the_way_out() -> None:
     spec = JobSpec(config="c.yaml", gpus_per_node=2)
-    assert not cfg.recovery.live and not live_mode(cfg, spec, NodePlacement(), doctor=False)
+    off = config_mod.load(None, ["recovery.live=false"])
+    assert off.recovery.live is False and not live_mode(off, spec, NodePlacement(), doctor=False)
+    for given in ([], ["recovery.live=auto"], ["recovery.live=true"]):
+        on = config_mod.load(None, given)
+        assert on.recovery.live == ("auto" if not given or given[0].endswith("auto") else True)
+        assert live_mode(on, spec, NodePlacement(), doctor=False), given
+        assert not live_mode(on, JobSpec(config="c.yaml", gpus_per_node=1), NodePlacement(), doctor=False)
+        assert not live_mode(on, spec, NodePlacement(), doctor=True)  # the pre-flight runs as today
     on = config_mod.load(None, ["recovery.live=true"])
-    assert live_mode(on, spec, NodePlacement(), doctor=False)
-    assert not live_mode(on, JobSpec(config="c.yaml", gpus_per_node=1), NodePlacement(), doctor=False)
-    assert not live_mode(on, spec, NodePlacement(), doctor=True)  # the pre-flight runs as today
     two_nodes = JobSpec(config="c.yaml", nodes=2, gpus_per_node=1, run_dir="/shared/run")
     assert live_mode(on, two_nodes, NodePlacement(master_addr="h"), False)  # the agents place the service
     placed = live_argv(two_nodes, 1.0, "tl-1", placement=NodePlacement(1, "node0"))

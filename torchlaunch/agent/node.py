@@ -60,6 +60,7 @@ from torchlaunch.agent.options import Plan, meets_at_node_0_first, parse_args, p
 from torchlaunch.agent.outcome import LaunchEnded
 from torchlaunch.agent.ranks import available_cores, contract_env, launch_env, run
 from torchlaunch.agent.stops import FORWARDED_SIGNALS, note_early_signal
+from torchlaunch.core.recovery.section import PROGRAM_WHY, WAY_OUT
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
 from torchlaunch.jobs.launcher import Operation
@@ -161,12 +162,14 @@ def launch(argv: Sequence[str]) -> int:
         return code
 
 
-def road_line(live: bool) -> str:
-    """The one line that says which road a multi-rank run of the built-in worker takes."""
+def road_line(live: bool, why: str = WAY_OUT) -> str:
+    """The one line that says which road a multi-rank run takes (stdout: news, not a problem). Under
+    recovery.live=auto (the default) every multi-rank road of the built-in worker here can be live, so
+    only the way out leads to the restart; a user's program always does (PROGRAM_WHY)."""
     if live:
         return "launch: road: live (a lost rank or node costs a regroup in place; recovery.live=false: the restart)"
     return (
-        "launch: road: restart (recovery.live=false): a lost rank stops every rank; torchrun's --max-restarts or "
+        f"launch: road: restart ({why}): a lost rank stops every rank; torchrun's --max-restarts or "
         "the same command again resumes from the newest checkpoint"
     )
 
@@ -272,6 +275,8 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
                 env["CUDA_VISIBLE_DEVICES"] = ""
             op = operation(args, args.run_dir or private / "run", attempt, spec.gpus_per_node, lock)
             env.update(op.rank_env())
+            if spec.nodes * spec.gpus_per_node > 1 and not args.doctor:
+                print(road_line(False, PROGRAM_WHY), flush=True)
             print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
             return run(
                 argv_out,
