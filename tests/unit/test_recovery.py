@@ -1089,3 +1089,30 @@ def test_a_service_reachable_from_other_hosts_without_the_runs_key_is_refused(
     assert lighthouse.parse_args(["--bind", bind, "--secret-file", "/x/live/secret"]).bind == bind
     monkeypatch.setenv(contract.LIVE_PRESENCE_KEY, "ab" * 32)  # the local agent's service: keyed by the launch
     assert lighthouse.parse_args(["--bind", bind]).bind == bind
+
+
+def test_a_rank_follows_the_road_its_launcher_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """recovery.live=auto: a rank trains live only when a live launcher handed it the membership service
+    (Slurm's --image, k8s --jobset: the restart road under auto); an explicit true without one is bad input,
+    as it always was; false never. A rank started again (attempt 1) stands for a multi-rank one here."""
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.worker import groups
+    from torchlaunch.worker.groups import live as live_group
+
+    monkeypatch.delenv(contract.LIGHTHOUSE, raising=False)
+    auto, on, off = (config_mod.load(None, o) for o in ([], ["recovery.live=true"], ["recovery.live=false"]))
+    assert isinstance(groups.form(auto, DistContext(), attempt=1), groups.FixedGroup)
+    with pytest.raises(BadInput, match="no membership service"):
+        groups.form(on, DistContext(), attempt=1)
+    monkeypatch.setenv(contract.LIGHTHOUSE, "http://127.0.0.1:29510")
+    monkeypatch.setattr(live_group, "join", lambda cfg, ctx, attempt: "the live group")
+    assert groups.form(auto, DistContext(), attempt=1) == "the live group"
+    assert isinstance(groups.form(off, DistContext(), attempt=1), groups.FixedGroup)
+    assert isinstance(groups.form(auto, DistContext(), attempt=0), groups.FixedGroup)  # one rank
+
+
+@pytest.mark.parametrize("value", ["on-demand", 1, "maybe"])
+def test_recovery_live_takes_auto_true_or_false_and_names_them(value: object) -> None:
+    with pytest.raises(BadInput, match=r"recovery.live: expected one of auto, true, false") as caught:
+        config_mod.load(None, [f"recovery.live={value}"])
+    assert "\n" not in str(caught.value)
