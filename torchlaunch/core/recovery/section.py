@@ -23,7 +23,7 @@ so in its road line; an explicit true there is refused as before (exit 2, one li
 
 WAY_OUT = "recovery.live=false"
 """The restart road's reason in a road line when the user chose it."""
-PROGRAM_WHY = "a program of your own cannot regroup in process"
+PROGRAM_WHY = "your own program cannot regroup in process"
 """The restart road's reason for a user's program: torchrun's contract starts its ranks again, it has no
 live group to re-form."""
 
