@@ -49,6 +49,7 @@ def run(
         "configs/smoke.yaml",
         f"run_dir={run_dir}",
         *SMALL,
+        "recovery.live=false",  # the subject: the restart road's resume from a checkpoint, bit for bit
         *extra,
     ]
     return launcher(args, env=env)
@@ -151,7 +152,7 @@ def test_one_worker_runs_without_the_agent_and_resumes_exactly(tmp_path: Path) -
 
 def test_kill_9_of_one_rank_restarts_group_and_matches(tmp_path: Path, reference: Path) -> None:
     env = {"TORCHLAUNCH_FAULT_SIGNAL": "at=step,n=12,rank=1,sig=SIGKILL"}
-    done = run(tmp_path, ["recovery.live=false"], env=env, restarts=1)  # the subject: torchrun's restart
+    done = run(tmp_path, env=env, restarts=1)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout + done.stderr
     assert_states_equal(final_state(reference), final_state(tmp_path))
