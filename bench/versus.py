@@ -54,9 +54,13 @@ def one_run(tree: Path, work: Path, extra: tuple[str, ...] = ()) -> dict[str, fl
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     startup = next(r["startup_s"] for r in lines if "startup_s" in r)
     rates = [r["images_per_s"] for r in lines if "images_per_s" in r]
-    return {"startup_s": startup, "images_per_s": statistics.median(rates), "wall_s": wall}
+    events = "".join(p.read_text() for p in (run_dir / "live").glob("events-rank*.jsonl"))
+    regroups = events.count('"regrouped"')  # a live run that lost a rank (none is killed here) is not steady
+    return {"startup_s": startup, "images_per_s": statistics.median(rates), "wall_s": wall, "regroups": regroups}
 
 
+RATIOS = ("startup_s", "images_per_s", "wall_s")
+"""The figures compared as ratios (a run's regroups are reported beside them)."""
 Side = tuple[Path, tuple[str, ...]]
 """A tree and the overrides its runs add."""
 
@@ -70,9 +74,9 @@ def interleaved(sides: dict[str, Side], rounds: int, tmp: str) -> list[dict[str,
         for name in names if k % 2 == 0 else names[::-1]:
             with tempfile.TemporaryDirectory(dir=tmp) as work:
                 got[name] = one_run(sides[name][0], Path(work), sides[name][1])
-        ratios = {key: got[names[0]][key] / got[names[1]][key] for key in got[names[0]]}
-        ratios |= {f"{names[0]}_images_per_s": got[names[0]]["images_per_s"]}
-        ratios |= {f"{names[1]}_images_per_s": got[names[1]]["images_per_s"]}
+        ratios = {key: got[names[0]][key] / got[names[1]][key] for key in RATIOS}
+        for name in names:
+            ratios |= {f"{name}_{key}": got[name][key] for key in ("images_per_s", "regroups")}
         per_round.append(ratios)
         print(f"round {k}: " + ", ".join(f"{key} {v:.3f}" for key, v in ratios.items()), file=sys.stderr)
     return per_round

@@ -3,9 +3,8 @@ launch.local` runs it on this host; each Kubernetes pod runs it too (`python -m 
 
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
-    python -m launch.local --nnodes 1:2 --master-addr node0 --max-restarts 3 --config ...  # elastic (launch.elastic)
-    python -m launch.local --nnodes 1:2 --node-rank 1 --master-addr node0 --config ... recovery.live=true \
-        recovery.lighthouse=http://lh:29510   # live: the first group of the nodes in time (first_group.py)
+    python -m launch.local --nnodes 1:2 --master-addr node0 --config ...  # live (the default): the first
+        # group of the nodes in time (first_group.py); with recovery.live=false, torchrun's elastic restart
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
     python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
 
