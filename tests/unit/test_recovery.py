@@ -1116,3 +1116,13 @@ def test_recovery_live_takes_auto_true_or_false_and_names_them(value: object) ->
     with pytest.raises(BadInput, match=r"recovery.live: expected one of auto, true, false") as caught:
         config_mod.load(None, [f"recovery.live={value}"])
     assert "\n" not in str(caught.value)
+
+
+def test_the_live_agents_window_after_a_stop_is_torchruns() -> None:
+    """The launcher sets TORCH_ELASTIC_SHUTDOWN_TIMEOUT from the platform's grace (agent/stops.py); the
+    live agent ends its ranks past it as torchrun's agent does (tested from outside:
+    test_a_stop_whose_checkpoint_never_commits_is_exit_1_with_the_steps_lost, on the default road)."""
+    assert live_rejoin.stop_window_s({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}) == 2.0
+    assert live_rejoin.stop_window_s({}) == 30.0
+    assert live_rejoin.stop_window_s({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}) == 30.0
+    live_rejoin.end_past_the_stop_window([], None, 0.0)  # no stop yet: nothing to end

@@ -44,8 +44,10 @@ from torchlaunch.agent.live_rejoin import (
     Joiners,
     abandon_failed_joiners,
     end_orphan_joiners,
+    end_past_the_stop_window,
     rejoin,
     stop_after_a_failure,
+    stop_window_s,
 )
 from torchlaunch.agent.live_shared import LOOPBACK, job_code
 from torchlaunch.agent.placed import Placed, free_port, free_port_pair
@@ -58,7 +60,6 @@ from torchlaunch.launch import elastic, shape
 POLL_S = 0.05
 SERVICE_START_S = 30.0
 """How long the membership service may take to listen (its process imports torchft's bindings)."""
-STOP_GRACE_S = 30.0
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -322,13 +323,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     restarts = [0] * args.nproc
     joiner = Joiners(args.join_attempt, restarts)
     replaced: list[str] = []  # "rank R (SIGNAL...)" of each process lost and started again
-    stopping = False
+    stopping: float | None = None  # when a stop was passed on to the ranks
+    window_s = stop_window_s()
     failed_at: float | None = None
     abandoned: set[int] = set()  # ranks started again that failed before they joined
 
     def stop(signum: int, frame: object) -> None:  # a stop is the ranks' to handle (checkpoint, exit 75)
         nonlocal stopping
-        stopping = True
+        if stopping is None:
+            stopping = time.monotonic()
         for proc in ranks:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -358,8 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if placed is not None:
                 placed.tick()
             fence_silent(ranks, watch, fenced)
-            if not stopping:
+            if stopping is None:
                 rejoin(ranks, restarts, args.rejoin, fenced, replaced, start)
+            end_past_the_stop_window(ranks, stopping, window_s)
             end_orphan_joiners(ranks, joiner, watch.joined)
             abandon_failed_joiners(ranks, joiner, watch.joined, abandoned)
             failed_at = stop_after_a_failure(ranks, failed_at, abandoned)

@@ -1,6 +1,7 @@
 """What the live agent (live.py) does when one of its ranks ends before the others: start a rank lost
 to a signal again to rejoin the group (recovery.rejoin), stop the others after a rank failed by
-itself, and leave alone or end a rank started again that never joined.
+itself, and leave alone or end a rank started again that never joined; and, after a stop, end the
+ranks still running past their window, as torchrun's agent does.
 
 Why apart from the agent's loop: each is one rule over the ranks' exit codes, tested on its own with
 real processes, while the loop only calls them in turn.
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import OK, PREEMPTED
 
 
@@ -95,6 +97,29 @@ def stop_after_a_failure(
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return failed_at
+
+
+def stop_window_s(environ: dict[str, str] | None = None) -> float:
+    """The ranks' window after a stop (torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which the launcher sets
+    from the platform's grace: agent/stops.py), 30 s (torch's default) when unset or unreadable."""
+    raw = (os.environ if environ is None else environ).get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "")
+    seconds = whole(raw, 6)
+    return float(seconds) if seconds is not None else 30.0
+
+
+def end_past_the_stop_window(ranks: list[subprocess.Popen], stopped_at: float | None, window_s: float) -> None:
+    """A stop passed on to the ranks (they checkpoint and exit 75) that they have not ended within their
+    window (a save stalled on a hung file system): SIGKILL each with its process group, as torchrun's
+    agent does, so that the launcher ends within the platform's grace and reports the steps lost
+    instead of waiting for the platform's own SIGKILL (none comes on a plain host)."""
+    if stopped_at is None or time.monotonic() - stopped_at < window_s:
+        return
+    for rank, proc in enumerate(ranks):
+        if proc.poll() is None:
+            print(f"live: rank {rank} still running {window_s:g} s after the stop; ended", file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def abandon_failed_joiners(
