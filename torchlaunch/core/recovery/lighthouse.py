@@ -51,6 +51,11 @@ MOVE_CONNECT_S = 1.0
 
 
 BINDINGS = "torchft._torchft"
+QUIET = ("RUST_LOG", "warn")
+"""torchft's Rust logger reads RUST_LOG once, when its bindings load, and logs at INFO by default: a line
+on every rank's stderr at each connection ("Creating LighthouseClient ..."), which live by default put in
+every multi-rank run's output (and beside bad input's one line). Warnings and errors still show; a
+RUST_LOG of the user's own wins."""
 
 
 def _torchft():  # noqa: ANN202 - the module itself
@@ -63,6 +68,7 @@ def _torchft():  # noqa: ANN202 - the module itself
     for before it starts the ranks."""
     if BINDINGS in sys.modules:
         return sys.modules[BINDINGS]
+    os.environ.setdefault(*QUIET)
     if "torchft" not in sys.modules and (bindings := _bindings_alone()) is not None:
         return bindings
     try:
