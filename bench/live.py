@@ -42,7 +42,7 @@ REJOIN_EPOCHS = 64
 
 def config_text(
     run_dir: Path,
-    live: bool = True,
+    live: bool | None = True,
     heartbeat_timeout_s: float = 1.0,
     steps: int = STEPS,
     epochs: int = 1,
@@ -55,7 +55,9 @@ def config_text(
     image_size: int = 16,
 ) -> str:
     """A small recipe: `epochs` epochs of `steps` steps of 16 samples (8 per rank), validated on
-    `val_size` images after each, checkpoints only at the end; `exact`: train.exact (worker/grid.py)."""
+    `val_size` images after each, checkpoints only at the end; `exact`: train.exact (worker/grid.py);
+    `live` None: recovery.live left out (the default, auto: live on several ranks)."""
+    written = "" if live is None else f"\n  live: {str(live).lower()}"
     return f"""run_dir: {json.dumps(str(run_dir))}
 seed: 0
 data:
@@ -80,8 +82,7 @@ checkpoint:
   every_steps: {every_steps}
 debug:
   trace_batches: true
-recovery:
-  live: {str(live).lower()}
+recovery:{written}
   heartbeat_timeout_s: {heartbeat_timeout_s}
   rejoin: {rejoin}
 """

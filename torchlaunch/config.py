@@ -128,9 +128,16 @@ def _describe(tp: Any) -> str:
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     if tp in names:
         return names[tp]
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(_yaml_word(v) for v in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"a list of {_describe(typing.get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s"
     return str(tp)
+
+
+def _yaml_word(value: Any) -> str:
+    """A value as a recipe or an override writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -142,6 +149,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return None
         return _coerce(key, value, args[0])
     example = f"{key}=<{_describe(tp)}>"
+    if origin is typing.Literal:  # a few named values, booleans among them (recovery.live: auto, true, false)
+        named = typing.get_args(tp)
+        found = [v for v in named if v == value and type(v) is type(value)]
+        if found:
+            return found[0]
+        words = [_yaml_word(v) for v in named]
+        raise ConfigError(key, f"expected {_describe(tp)}, got {quote(value)}", f"write {key}={words[0]}")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -398,6 +412,7 @@ OPERATIONAL = frozenset(
         "debug.detect_anomaly",
         "debug.check_model",
         "debug.trace_batches",
+        "recovery.live",
     }
 )
 """How the run runs, not what it trains (neither the model, the optimizer, the global batch nor the

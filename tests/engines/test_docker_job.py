@@ -351,7 +351,9 @@ def make_job(image, tmp_path_factory):
             nodes=2,
             gpus_per_node=1,
             image=image,
-            overrides=(f"train.epochs={EPOCHS}", *overrides),
+            # the restart road's Job (opts.live None; the live Job is test_docker_live.py's): its pods told so,
+            # as launch.k8s tells a rendering it did not make live (backends.k8s.live.pinned)
+            overrides=(f"train.epochs={EPOCHS}", "recovery.live=false", *overrides),
         )
         opts = k8s_opts.K8sOptions(**{"name": name, "cpu_only": True, "save_time_s": 20, "step_time_s": 10, **options})
         recipe = (ROOT / "configs" / "smoke.yaml").read_text()

@@ -163,9 +163,9 @@ class LiveJob(DockerJob):
 def live_job_of(image: str, tmp_path: Path, spec: JobSpec) -> Iterator[LiveJob]:
     """The live rendering of `spec` (the smoke recipe) on a Docker network, its Lighthouse serving."""
     cfg = config_mod.load(str(ROOT / "configs" / "smoke.yaml"), list(spec.overrides))
-    opts = k8s_opts.K8sOptions(
-        name="lv", cpu_only=True, save_time_s=20, step_time_s=10, live=k8s_live.from_config(cfg.recovery, False)
-    )
+    ranks = spec.nodes * spec.gpus_per_node
+    live = k8s_live.from_config(cfg.recovery, False, jobset=False, ranks=ranks)
+    opts = k8s_opts.K8sOptions(name="lv", cpu_only=True, save_time_s=20, step_time_s=10, live=live)
     recipe = (ROOT / "configs" / "smoke.yaml").read_text()
     objects = k8s_manifest.manifests(spec, opts, recipe)
     job = next(m for m in objects if m["kind"] == "Job")

@@ -71,7 +71,8 @@ def test_node_down_requeues_onto_the_node_left_with_the_same_samples(
     reference = {k: sorted(v) for k, v in reference.items()}
 
     run_dir = tmp_path / "run"
-    launch = Launch(run_dir, "--nodes", "1-2", "--tasks-per-node", "1", "--time", "10", *RECIPE)
+    restart = "recovery.live=false"  # the subject: the requeue road (the live one: test_live_slurm.py)
+    launch = Launch(run_dir, "--nodes", "1-2", "--tasks-per-node", "1", "--time", "10", *RECIPE, restart)
     try:
         wait_until(lambda: traced(run_dir)[0] >= 8 and 2 in traced(run_dir)[1], 180, "training on 2 nodes")
         assert running_nodes(launch.job_id) == 2

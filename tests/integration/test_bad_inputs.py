@@ -20,9 +20,12 @@ SMOKE = str(REPO / "configs" / "smoke.yaml")
 
 
 def problem_lines(stderr: str) -> list[str]:
-    """stderr minus the launcher's echo of the command it started (informational, not an error)."""
-    echo = f"launch: {sys.executable} -m torchlaunch.launch.torchrun"
-    return [ln for ln in error_lines(stderr) if not ln.startswith(echo)]
+    """stderr minus the launcher's echo of the command it started (informational, not an error): torchrun's,
+    or the live agent's (the default road of several ranks)."""
+    echoes = tuple(
+        f"launch: {sys.executable} -m {m}" for m in ("torchlaunch.launch.torchrun", "torchlaunch.agent.live")
+    )
+    return [ln for ln in error_lines(stderr) if not ln.startswith(echoes)]
 
 
 def on_smoke(run_dir: str | Path, *overrides: str) -> list[str]:

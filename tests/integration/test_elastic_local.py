@@ -72,6 +72,7 @@ def start_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
         RDZV,
         *RECIPE,
         f"run_dir={run_dir}",
+        "recovery.live=false",  # the subject: torchrun's elastic restart (the live road: test_live_range_two_nodes.py)
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     with log.open("w") as out:

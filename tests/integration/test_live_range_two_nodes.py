@@ -1,4 +1,4 @@
-"""`launch.local --nnodes MIN:MAX recovery.live=true` (issue #37, item 4): two nodes on this host, each
+"""`launch.local --nnodes MIN:MAX` live (issue #37, item 4; the default since issue #54): two nodes on this host, each
 its own launcher with its own --node-rank, on loopback, with the membership service apart (a real
 `python -m launch.lighthouse`) and one run dir, as two machines would run the same command.
 
@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -59,9 +60,12 @@ class Job:
     epochs: int = 1
     master_port: int = 0
 
+    LIVE: ClassVar[bool | None] = True
+    """recovery.live in the recipe (None: left out, the default)."""
+
     def __post_init__(self) -> None:
         self.master_port = self.master_port or free_port()
-        self.recipe.write_text(live.config_text(self.run_dir, epochs=self.epochs))
+        self.recipe.write_text(live.config_text(self.run_dir, live=self.LIVE, epochs=self.epochs))
 
     @property
     def run_dir(self) -> Path:
@@ -245,8 +249,11 @@ def test_a_loss_below_min_checkpoints_exits_75_and_the_same_commands_resume_exac
 
 @dataclass
 class PlacedJob(Job):
-    """The issue's default command line: no --node-rank (each node takes its slot in the run dir) and no
+    """The issue's default command line: no --node-rank (each node takes its slot in the run dir), no
+    recovery.* key anywhere (recovery.live's default, auto, is live on several ranks) and no
     recovery.lighthouse (the node agents place the membership service through the run dir's lease)."""
+
+    LIVE: ClassVar[bool | None] = None
 
     def numbered(self, node: int) -> tuple[list[str], list[str]]:
         return [], []
@@ -264,8 +271,10 @@ class PlacedJob(Job):
 def test_the_default_command_lines_place_the_service_and_survive_either_nodes_loss(
     run_library: RunLibrary, tmp_path: Path, victim: str
 ) -> None:
-    """Two `--nnodes 1:2` launchers, nothing else given (issue #54): they number themselves from the run
-    dir and node 0's agent serves the membership service (node 0 hosts the first group's store too).
+    """Two `--nnodes 1:2` launchers, nothing else given (issue #54: no --node-rank, no recovery.* key in
+    the command or the recipe, no service started by hand): live by default, they number themselves
+    from the run dir and node 0's agent serves the membership service (node 0 hosts the first group's
+    store too).
     Node 0, or node 1, SIGKILLed whole at step 12: the survivor's process trains on alone to exit 0 (when its service was
     lost, the survivor's agent takes the lease and serves), every step's samples are the uninterrupted
     run's."""
@@ -280,6 +289,7 @@ def test_the_default_command_lines_place_the_service_and_survive_either_nodes_lo
     kept = nodes[1 - lost]
     code, out = finish([kept])[0]
     assert code == 0, out[-4000:]
+    assert "launch: road: live" in out, out[-4000:]  # the default's road, said in one line
     node = int(re.search(r"launch: this node is node (\d) of --nnodes 1:2", out).group(1))  # type: ignore[union-attr]
     assert node == (1 if lost == host else 0), "node 0 did not host the service: it takes the first lease"
     assert "resumed from" not in out and live.pid_of(job.run_dir, node) == pids[node], "the survivor was restarted"

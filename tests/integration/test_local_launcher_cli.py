@@ -27,10 +27,18 @@ def test_dry_run_prints_the_command_and_starts_nothing(tmp_path: Path) -> None:
     assert len(out.splitlines()) == 1
     # the recipe and overrides as typed: the command runs as printed (tests/unit/test_newcomer2.py)
     program = ("-m", "torchlaunch.worker", "--config", SMOKE, f"run_dir={run_dir}", "optim.lr=0.01")
-    assert shlex.split(out) == launcher_argv(
-        "torchlaunch.launch.torchrun", "--nnodes", "1", *torchrun_tail("2", "0", *program)
-    )
+    argv = shlex.split(out)  # two ranks: the live road by default (recovery.live=auto), its agent's command
+    assert argv[1:5] == ["-m", "torchlaunch.agent.live", "--nproc", "2"], argv
+    assert argv[argv.index("--") + 1 :] == ["-m", "torchlaunch.runner", *program]
     assert not run_dir.exists()
+    rc, out, err = run_launcher(  # the way out: torchrun's command
+        ["--gpus", "2", "--device", "cpu", "--config", SMOKE, "--dry-run", f"run_dir={run_dir}", "recovery.live=false"],
+        timeout=60,
+    )
+    restart = ("-m", "torchlaunch.worker", "--config", SMOKE, f"run_dir={run_dir}", "recovery.live=false")
+    assert rc == 0 and shlex.split(out) == launcher_argv(
+        "torchlaunch.launch.torchrun", "--nnodes", "1", *torchrun_tail("2", "0", *restart)
+    )
 
 
 def test_dry_run_still_validates_the_config(tmp_path: Path) -> None:

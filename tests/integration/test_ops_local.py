@@ -49,6 +49,9 @@ def test_status_logs_list_cancel_then_the_same_command_resumes_bit_for_bit(
     # The recipe of the session's "resume" library run (test_resume.run): its weights are the reference.
     reference, run_dir = run_library.path("resume"), tmp_path / "run"
     recipe = ["--gpus", "2", "--max-restarts", "0", "--config", "configs/smoke.yaml", f"run_dir={run_dir}", *SMALL]
+    # test_resume.run's road too, and the hold below (SIGSTOP of both ranks) is no pause on the live road:
+    # its agent fences a rank silent past recovery.heartbeat_timeout_s (SIGKILL), and the run ends
+    recipe.append("recovery.live=false")
     argv = launcher_argv("torchlaunch.agent", *recipe)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -49,6 +49,7 @@ def run(
         "configs/smoke.yaml",
         f"run_dir={run_dir}",
         *SMALL,
+        "recovery.live=false",  # the subject: the restart road's resume from a checkpoint, bit for bit
         *extra,
     ]
     return launcher(args, env=env)

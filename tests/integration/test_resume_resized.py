@@ -34,7 +34,8 @@ TOTAL_STEPS = 8
 
 def run(run_dir: Path, root: Path, gpus: int, workers: int, env: dict | None = None):
     args = ["--gpus", str(gpus), "--config", "configs/smoke.yaml", f"run_dir={run_dir}", f"data.root={root}"]
-    return launcher([*args, f"data.cache_dir={root}.cache", f"data.num_workers={workers}", *TINY], env=env)
+    restart = "recovery.live=false"  # the subject: the restart road's resume from a checkpoint, bit for bit
+    return launcher([*args, f"data.cache_dir={root}.cache", f"data.num_workers={workers}", *TINY, restart], env=env)
 
 
 def traced(run_dir: Path) -> dict[int, list]:

@@ -98,7 +98,7 @@ def test_imagenet_recipe_validates_and_dry_runs(shard_set: Path, tmp_path: Path)
         ]
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "torchrun" in done.stdout + done.stderr
+    assert "torchlaunch.agent.live --nproc 2" in done.stdout, done.stdout  # two ranks: the live road
 
 
 def test_clean_decode_proofs_cross_the_forked_workers_and_change_no_pixel(shard_set: Path) -> None:

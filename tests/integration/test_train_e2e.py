@@ -51,7 +51,7 @@ def test_smoke_through_make_train_local(tmp_path: Path) -> None:
         timeout=300,
     )
     assert rc == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
-    assert "--nproc-per-node 2" in err  # the launcher's echo of the torchrun command it ran
+    assert "torchlaunch.agent.live --nproc 2" in err  # the launcher's echo of its command: live by default
 
     train, val = read_metrics(run)
     assert len(train) >= 3 and val, "metrics.jsonl lacks train or validation records"

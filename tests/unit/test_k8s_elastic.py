@@ -18,6 +18,8 @@ from tests.unit.test_k8s import GOLDEN, by_kind, render
 from torchlaunch.exit_codes import BAD_INPUT, OK
 
 ELASTIC = ["--nodes", "1:4", "--max-restarts", "3", "--gpus-per-node", "8", "--name", "el", "--image", "r/i:1"]
+RESTART = "recovery.live=false"
+"""These tests' subject is the restart road's elastic Job (torchrun's rendezvous); the default is live."""
 
 
 def golden(name: str, text: str) -> None:
@@ -28,7 +30,7 @@ def golden(name: str, text: str) -> None:
 
 
 def test_elastic_job_golden_and_its_pieces() -> None:
-    code, out, err = render(ELASTIC)
+    code, out, err = render([*ELASTIC, RESTART])
     assert code == OK, err
     golden("k8s_elastic.yaml", out)
     job = by_kind(out)["Job"]
@@ -43,7 +45,7 @@ def test_elastic_job_golden_and_its_pieces() -> None:
 
 
 def test_jobset_golden_and_its_pieces() -> None:
-    code, out, err = render([*ELASTIC, "--jobset", "--jobset-max-restarts", "5"])
+    code, out, err = render([*ELASTIC, "--jobset", "--jobset-max-restarts", "5", RESTART])
     assert code == OK, err
     golden("k8s_jobset.yaml", out)
     kinds = [doc["kind"] for doc in yaml.safe_load_all(out)]
@@ -67,13 +69,13 @@ def test_jobset_golden_and_its_pieces() -> None:
 def test_default_rendering_is_unchanged_by_the_elastic_code() -> None:
     code, out, _ = render(["--dry-run"])
     assert code == OK and out == (ROOT / "k8s" / "job.yaml").read_text()
-    assert "successPolicy" not in out and "--node-rank" in out
+    assert "succeededIndexes" not in out and "--node-rank" in out
 
 
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--nodes", "1:4"], "--nodes 1:4 with --max-restarts 0"),
+        (["--nodes", "1:4", RESTART], "--nodes 1:4 with --max-restarts 0"),
         (["--nodes", "4:1", "--max-restarts", "1"], "MIN 4 is more than MAX 1"),
         (["--nodes", "0:2", "--max-restarts", "1"], "--nodes must be >= 1, got 0"),
         (["--nodes", "x"], "pass a node count N or a range MIN:MAX"),

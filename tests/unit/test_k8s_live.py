@@ -6,6 +6,7 @@ kubernetes-validate --strict and checkov), the pod script under a real shell on 
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -243,7 +244,8 @@ def test_a_first_launchs_pod_waits_for_pod_0s_name_in_its_launcher_bounded_by_wa
     assert words[words.index("--master-wait-s") + 1] == "600"
     later = shlex.split(script_of(by_kind(rendered([*LIVE, "--wait-timeout-s", "90"]))["Job"]).splitlines()[2])
     assert later[later.index("--master-wait-s") + 1] == "90"
-    assert "--master-wait-s" not in script_of(by_kind(rendered(LIVE[:-1]))["Job"])  # not live: --wait-for
+    restart = [*LIVE[:-1], "recovery.live=false"]
+    assert "--master-wait-s" not in script_of(by_kind(rendered(restart))["Job"])  # not live: --wait-for
     assert k8s_opts.WAIT_TIMEOUT_MAX_S == options.MASTER_WAIT_MAX_S  # what a pod is given, it accepts
     code, out, err = render([*LIVE, "--wait-timeout-s", str(k8s_opts.WAIT_TIMEOUT_MAX_S + 1)])
     assert code == BAD_INPUT and not out and err.strip().count("\n") == 0
@@ -289,7 +291,6 @@ def test_without_live_mode_nothing_changes() -> None:
         (["--nodes", "3:2"], "MIN 3 is more than MAX 2"),
         (["--nodes", "0:2"], "--nodes must be >= 1, got 0"),
         (["--nodes", "2:x"], "--nodes"),
-        (["--name", "a" * 53], "'" + "a" * 53 + "-lighthouse' must fit 63 characters"),
         (["recovery.lighthouse=http://$(id):1"], "recovery.lighthouse"),
         (["recovery.lighthouse=http://h:1;reboot"], "recovery.lighthouse"),
         (["recovery.lighthouse=http://h:1 --x"], "recovery.lighthouse"),
@@ -303,7 +304,6 @@ def test_without_live_mode_nothing_changes() -> None:
         "min-above-max",
         "min-zero",
         "range-text",
-        "long-name",
         "subshell",
         "semicolon",
         "space",
@@ -324,6 +324,19 @@ def test_a_name_of_52_characters_still_fits() -> None:
     )
 
 
+@pytest.mark.parametrize("length", [53, 56])
+def test_a_name_that_fits_the_restart_road_fits_the_default_live_one(length: int) -> None:
+    """Live by default: the service's name shortens itself (head, digest, suffix) instead of refusing a
+    --name that the restart road's objects take (56: `<name>-recipe` is 63)."""
+    name = "a" * length
+    text = rendered(["--config", "configs/smoke.yaml", "--name", name])
+    services = {s for s in re.findall(r"\b(a+-[0-9a-f]{8}-lighthouse)\b", text)}
+    assert len(services) == 1 and len(next(iter(services))) == 63, services
+    assert f"{name}-lighthouse" not in text
+    other = k8s_live.service_name("a" * (length - 1) + "b")
+    assert other != next(iter(services)), "two names sharing a head keep their services apart"
+
+
 def test_an_ipv6_service_address_stays_one_quoted_word() -> None:
     """`[` starts a shell glob: the address reaches the launcher as written, and adds no YAML object."""
     out = rendered([*LIVE, "recovery.lighthouse=http://[fd00::1]:29510"])
@@ -341,11 +354,35 @@ def recovery(**values: object) -> RecoveryConfig:
 
 
 def test_from_config() -> None:
-    assert k8s_live.from_config(recovery(live="false"), doctor=False) is None
-    assert k8s_live.from_config(recovery(live="true"), doctor=True) is None
-    assert k8s_live.from_config(recovery(live="true", heartbeat_timeout_s=2.5), doctor=False) == k8s_live.Live(2500, "")
-    mine = k8s_live.from_config(recovery(live="true", lighthouse="http://lh:1"), doctor=False)
+    two = {"jobset": False, "ranks": 2}
+    assert k8s_live.from_config(recovery(live="false"), doctor=False, **two) is None
+    assert k8s_live.from_config(recovery(live="true"), doctor=True, **two) is None
+    live = k8s_live.from_config(recovery(live="true", heartbeat_timeout_s=2.5), doctor=False, **two)
+    assert live == k8s_live.Live(2500, "")
+    mine = k8s_live.from_config(recovery(live="true", lighthouse="http://lh:1"), doctor=False, **two)
     assert mine == k8s_live.Live(1000, "http://lh:1")
+
+
+def test_auto_renders_live_where_the_road_can_be_and_pins_the_restart_road_where_not() -> None:
+    """recovery.live=auto (the default): live on a multi-rank Job; a --jobset or one rank takes the restart
+    road, and a multi-rank restart road tells the pods' launchers so (their own auto would be live)."""
+    auto = recovery()
+    assert auto.live == "auto"
+    assert k8s_live.from_config(auto, doctor=False, jobset=False, ranks=2) == k8s_live.Live(1000, "")
+    for jobset, ranks in ((True, 2), (False, 1)):
+        assert k8s_live.from_config(auto, doctor=False, jobset=jobset, ranks=ranks) is None
+    assert k8s_live.pinned(auto, None, doctor=False, ranks=2) == ("recovery.live=false",)
+    assert k8s_live.pinned(auto, None, doctor=False, ranks=1) == ()
+    assert k8s_live.pinned(auto, None, doctor=True, ranks=2) == ()
+    assert k8s_live.pinned(recovery(live="false"), None, doctor=False, ranks=2) == ()
+    assert k8s_live.pinned(auto, k8s_live.Live(), doctor=False, ranks=2) == ()
+
+
+def test_a_default_jobset_renders_the_restart_road_and_an_explicit_true_is_refused() -> None:
+    text = rendered(["--config", "configs/smoke.yaml", "--jobset", "--nodes", "2"])
+    assert "recovery.live=false" in text and "-lighthouse" not in text
+    code, out, err = render(["--config", "configs/smoke.yaml", "--jobset", "--nodes", "2", "recovery.live=true"])
+    assert code == BAD_INPUT and out == "" and "--jobset" in err
 
 
 def test_address_endpoint_and_overrides() -> None:

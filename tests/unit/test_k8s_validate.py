@@ -220,7 +220,8 @@ def test_validate_checks_every_object_and_refuses_before_printing(
     monkeypatch.setitem(sys.modules, "kubernetes_validate", FakeSchemas)
     code, out, err = render(["--nodes", "2", "--validate"], capsys)
     assert code == 0 and "kind: Job" in out
-    assert err == ["k8s: 5 object(s) valid against the Kubernetes 1.37.0 schemas (strict, offline)"]
+    # live by default: the Job's five and the membership service's Deployment, Service and NetworkPolicy
+    assert err == ["k8s: 8 object(s) valid against the Kubernetes 1.37.0 schemas (strict, offline)"]
     code, out, err = render(["--nodes", "2", "--jobset", "--validate"], capsys)
     assert code == 0 and "not checked (no schema in kubernetes-validate: a CRD): JobSet/torchlaunch" in err[0]
     real = launch.to_yaml

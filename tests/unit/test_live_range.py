@@ -202,7 +202,10 @@ def test_the_launchers_agent_command_carries_the_range_and_the_seat() -> None:
             ],
             "--rdzv-conf keep_alive_interval: recovery.live=true has no torchrun rendezvous",
         ),  # fmt: skip
-        (["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1"], "node ranks come from the rendezvous"),
+        (  # the restart road's rule (recovery.live=false): torchrun's rendezvous numbers the nodes
+            ["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1", "recovery.live=false"],
+            "node ranks come from the rendezvous",
+        ),
         (  # issue 52: its presence port would be 65536; passed the launch, then a traceback in every rank
             [
                 "--nnodes",
@@ -221,7 +224,7 @@ def test_the_launchers_agent_command_carries_the_range_and_the_seat() -> None:
 def test_bad_range_input_is_one_line_and_exit_2_before_anything_is_written(
     args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The last case is torchrun's elastic mode (no live): its nodes are numbered by its rendezvous."""
+    """The --node-rank case is torchrun's elastic mode (no live): its nodes are numbered by its rendezvous."""
     options = [a for a in args if not a.startswith("recovery.")]
     overrides = [a for a in args if a.startswith("recovery.")]
     run_dir = tmp_path / "run"

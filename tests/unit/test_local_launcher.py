@@ -166,8 +166,8 @@ def test_more_gpus_than_visible(
             f"(use GPUS<={visible} or check CUDA_VISIBLE_DEVICES)"
         ]
         assert captured.out == ""
-    else:
-        assert "--nproc-per-node 2" in captured.out
+    else:  # live by default on two ranks: the live agent's command
+        assert "torchlaunch.agent.live --nproc 2" in captured.out, captured.out
 
 
 @pytest.mark.parametrize(

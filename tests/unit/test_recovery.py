@@ -243,14 +243,17 @@ def test_the_live_agent_across_nodes_needs_a_service_apart_or_the_run_dir_to_pla
     assert (args.nnodes, args.lighthouse, program) == (2, "http://h:1", ["x"])
 
 
-def test_live_mode_is_off_by_default_and_one_node_only() -> None:
-    cfg = config_mod.load(None, [])
+def test_live_mode_is_on_by_default_for_several_ranks_and_false_is_the_way_out() -> None:
     spec = JobSpec(config="c.yaml", gpus_per_node=2)
-    assert not cfg.recovery.live and not live_mode(cfg, spec, NodePlacement(), doctor=False)
+    off = config_mod.load(None, ["recovery.live=false"])
+    assert off.recovery.live is False and not live_mode(off, spec, NodePlacement(), doctor=False)
+    for given in ([], ["recovery.live=auto"], ["recovery.live=true"]):
+        on = config_mod.load(None, given)
+        assert on.recovery.live == ("auto" if not given or given[0].endswith("auto") else True)
+        assert live_mode(on, spec, NodePlacement(), doctor=False), given
+        assert not live_mode(on, JobSpec(config="c.yaml", gpus_per_node=1), NodePlacement(), doctor=False)
+        assert not live_mode(on, spec, NodePlacement(), doctor=True)  # the pre-flight runs as today
     on = config_mod.load(None, ["recovery.live=true"])
-    assert live_mode(on, spec, NodePlacement(), doctor=False)
-    assert not live_mode(on, JobSpec(config="c.yaml", gpus_per_node=1), NodePlacement(), doctor=False)
-    assert not live_mode(on, spec, NodePlacement(), doctor=True)  # the pre-flight runs as today
     two_nodes = JobSpec(config="c.yaml", nodes=2, gpus_per_node=1, run_dir="/shared/run")
     assert live_mode(on, two_nodes, NodePlacement(master_addr="h"), False)  # the agents place the service
     placed = live_argv(two_nodes, 1.0, "tl-1", placement=NodePlacement(1, "node0"))
@@ -1075,6 +1078,33 @@ def test_a_service_reachable_from_other_hosts_without_the_runs_key_is_refused(
     assert lighthouse.parse_args(["--bind", bind, "--secret-file", "/x/live/secret"]).bind == bind
     monkeypatch.setenv(contract.LIVE_PRESENCE_KEY, "ab" * 32)  # the local agent's service: keyed by the launch
     assert lighthouse.parse_args(["--bind", bind]).bind == bind
+
+
+def test_a_rank_follows_the_road_its_launcher_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """recovery.live=auto: a rank trains live only when a live launcher handed it the membership service
+    (Slurm's --image, k8s --jobset: the restart road under auto); an explicit true without one is bad input,
+    as it always was; false never. A rank started again (attempt 1) stands for a multi-rank one here."""
+    from torchlaunch.core.dist import DistContext
+    from torchlaunch.worker import groups
+    from torchlaunch.worker.groups import live as live_group
+
+    monkeypatch.delenv(contract.LIGHTHOUSE, raising=False)
+    auto, on, off = (config_mod.load(None, o) for o in ([], ["recovery.live=true"], ["recovery.live=false"]))
+    assert isinstance(groups.form(auto, DistContext(), attempt=1), groups.FixedGroup)
+    with pytest.raises(BadInput, match="no membership service"):
+        groups.form(on, DistContext(), attempt=1)
+    monkeypatch.setenv(contract.LIGHTHOUSE, "http://127.0.0.1:29510")
+    monkeypatch.setattr(live_group, "join", lambda cfg, ctx, attempt: "the live group")
+    assert groups.form(auto, DistContext(), attempt=1) == "the live group"
+    assert isinstance(groups.form(off, DistContext(), attempt=1), groups.FixedGroup)
+    assert isinstance(groups.form(auto, DistContext(), attempt=0), groups.FixedGroup)  # one rank
+
+
+@pytest.mark.parametrize("value", ["on-demand", 1, "maybe"])
+def test_recovery_live_takes_auto_true_or_false_and_names_them(value: object) -> None:
+    with pytest.raises(BadInput, match=r"recovery.live: expected one of auto, true, false") as caught:
+        config_mod.load(None, [f"recovery.live={value}"])
+    assert "\n" not in str(caught.value)
 
 
 def test_the_live_agents_window_after_a_stop_is_torchruns() -> None:

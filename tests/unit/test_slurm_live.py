@@ -80,6 +80,16 @@ def test_who_runs_live() -> None:
     assert decide(lighthouse="", nodes=1, ranks_per_node=1) == ""
 
 
+def test_auto_runs_live_where_a_slurm_job_can_and_requeues_where_not() -> None:
+    """recovery.live=auto, the default: live on several ranks; --image (not built live yet) takes the requeue
+    road quietly, where an explicit true is refused (test_what_live_mode_refuses_in_one_line)."""
+    assert decide(live="auto", lighthouse="") == slurm_live.PLACED
+    assert decide(live="auto", nodes=1, ranks_per_node=1) == ""
+    assert decide(live="auto", image=True) == ""
+    assert slurm_live.IMAGE_WHY in slurm_live.road_line(False, slurm_live.IMAGE_WHY)
+    assert "(recovery.live=false)" in slurm_live.road_line(False)
+
+
 @pytest.mark.parametrize(
     ("changes", "words"),
     [

@@ -84,6 +84,10 @@ def not_an_option(path: str) -> str:
     return f"./{path}" if path.startswith("-") else path
 
 
+MASTER_ADDR_REQUIRED = "--master-addr is required with --nnodes > 1 (pass the host name or address of node 0)"
+"""Both roads: the restart road's rendezvous and the live road's first group meet at node 0's address."""
+
+
 def torchrun_argv(
     spec: JobSpec,
     placement: NodePlacement,
@@ -125,7 +129,7 @@ def torchrun_argv(
         argv.append("--standalone")  # private rendezvous on a free local port
     else:
         if placement.master_addr is None:
-            raise cli.error("--master-addr is required with --nnodes > 1 (pass the host name or address of node 0)")
+            raise cli.error(MASTER_ADDR_REQUIRED)
         is_host = "true" if placement.node_rank == 0 else "false"
         argv += [
             "--node-rank",

@@ -22,6 +22,7 @@ from torchlaunch.agent import first_group, stops
 from torchlaunch.agent.commands import NodePlacement
 from torchlaunch.agent.options import check_rendezvous
 from torchlaunch.agent.outcome import LaunchEnded
+from torchlaunch.core.recovery.section import runs_live
 from torchlaunch.exit_codes import FAILURE, PREEMPTED
 from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
@@ -31,13 +32,12 @@ if TYPE_CHECKING:
 
 
 def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
-    """Whether this launch runs its ranks under the live agent (recovery.live, several ranks in all).
-    Across nodes (--nnodes N, or MIN:MAX: first_group.py) the agents place the membership service on
-    one of the job's nodes through the run dir (core/recovery/placement.py), unless recovery.lighthouse
-    names one of the user's own."""
-    if not cfg.recovery.live or doctor:
-        return False
-    return spec.nodes * spec.gpus_per_node > 1
+    """Whether this launch runs its ranks under the live agent: recovery.live auto (the default) or true,
+    several ranks in all, not --doctor (one rank or a pre-flight has nobody to regroup with, even with an
+    explicit true: the restart road as ever). Across nodes (--nnodes N, or MIN:MAX: first_group.py) the
+    agents place the membership service on one of the job's nodes through the run dir
+    (core/recovery/placement.py), unless recovery.lighthouse names one of the user's own."""
+    return runs_live(cfg.recovery.live, possible=not doctor and spec.nodes * spec.gpus_per_node > 1)
 
 
 def require_live_extra() -> None:

@@ -3,9 +3,8 @@ launch.local` runs it on this host; each Kubernetes pod runs it too (`python -m 
 
     python -m launch.local --gpus 4 --config configs/cifar10.yaml optim.lr=0.2
     python -m launch.local --nnodes 2 --node-rank 1 --master-addr node0 --gpus 8 --config ...
-    python -m launch.local --nnodes 1:2 --master-addr node0 --max-restarts 3 --config ...  # elastic (launch.elastic)
-    python -m launch.local --nnodes 1:2 --node-rank 1 --master-addr node0 --config ... recovery.live=true \
-        recovery.lighthouse=http://lh:29510   # live: the first group of the nodes in time (first_group.py)
+    python -m launch.local --nnodes 1:2 --master-addr node0 --config ...  # live (the default): the first
+        # group of the nodes in time (first_group.py); with recovery.live=false, torchrun's elastic restart
     python -m launch.local --gpus 2 -- my_train.py --epochs 3     # any script: the default program
     python -m launch.local --nnodes 1:2 --run-dir /shared/r --max-restarts 3 -- my_train.py  # meets in the run dir
     python -m launch.local --gpus 2 -- -m my_pkg.train --lr 0.1   # is the built-in worker (-m torchlaunch.worker)
@@ -63,6 +62,7 @@ from torchlaunch.agent.options import Plan, meets_at_node_0_first, parse_args, p
 from torchlaunch.agent.outcome import LaunchEnded
 from torchlaunch.agent.ranks import available_cores, contract_env, launch_env, run
 from torchlaunch.agent.stops import FORWARDED_SIGNALS, note_early_signal
+from torchlaunch.core.recovery.section import PROGRAM_WHY, WAY_OUT
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
 from torchlaunch.jobs.launcher import Operation
@@ -164,12 +164,14 @@ def launch(argv: Sequence[str]) -> int:
         return code
 
 
-def road_line(live: bool) -> str:
-    """The one line that says which road a multi-rank run of the built-in worker takes."""
+def road_line(live: bool, why: str = WAY_OUT) -> str:
+    """The one line that says which road a multi-rank run takes (stdout: news, not a problem). Under
+    recovery.live=auto (the default) every multi-rank road of the built-in worker here can be live, so
+    only the way out leads to the restart; a user's program always does (PROGRAM_WHY)."""
     if live:
         return "launch: road: live (a lost rank or node costs a regroup in place; recovery.live=false: the restart)"
     return (
-        "launch: road: restart (recovery.live=false): a lost rank stops every rank; torchrun's --max-restarts or "
+        f"launch: road: restart ({why}): a lost rank stops every rank; torchrun's --max-restarts or "
         "the same command again resumes from the newest checkpoint"
     )
 
@@ -280,6 +282,8 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
                 env["CUDA_VISIBLE_DEVICES"] = ""
             op = operation(args, args.run_dir or private / "run", attempt, spec.gpus_per_node, lock)
             env.update(op.rank_env())
+            if spec.nodes * spec.gpus_per_node > 1 and not args.doctor:
+                print(road_line(False, PROGRAM_WHY), flush=True)
             print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
             return run(
                 argv_out,

@@ -18,9 +18,10 @@ from torchlaunch import config as config_mod
 from torchlaunch import exit_codes, rundir
 from torchlaunch import runner as program_mod
 from torchlaunch.agent import stops
-from torchlaunch.agent.commands import NodePlacement
+from torchlaunch.agent.commands import MASTER_ADDR_REQUIRED, NodePlacement
 from torchlaunch.agent.outcome import LaunchEnded
 from torchlaunch.base.untrusted import quote
+from torchlaunch.core.recovery.section import runs_live
 from torchlaunch.exit_codes import FAILURE, PREEMPTED
 from torchlaunch.launch import cli, elastic, precheck, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
@@ -92,6 +93,8 @@ def check_placement(args: argparse.Namespace) -> None:
     args.node_rank = 0 if args.node_rank is None else args.node_rank
     if not 0 <= args.node_rank < args.nnodes:
         raise cli.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
+    if args.nnodes > 1 and args.master_addr is None:  # live or not: a node on another host would wait alone
+        raise cli.error(MASTER_ADDR_REQUIRED)
 
 
 def check_nodes(args: argparse.Namespace) -> None:
@@ -214,8 +217,7 @@ def meets_at_node_0_first(args: argparse.Namespace, cfg: config_mod.RunConfig) -
     (check_first_group), instead of refusing a replacement with exit 2. A range (MIN:MAX) meets in the
     run dir and is checked at once, as every other launch."""
     return (
-        cfg.recovery.live
-        and not args.doctor
+        runs_live(cfg.recovery.live, possible=not args.doctor)
         and args.nnodes > 1
         and not args.node_range.elastic
         and args.master_addr is not None
@@ -287,7 +289,7 @@ def plan(args: argparse.Namespace) -> Plan:
     cfg = config_mod.load(args.config, args.overrides)
     if not meets_at_node_0_first(args, cfg):  # else once the lock says whether it starts the first group
         check_rendezvous(args)
-    check_range(args, live=cfg.recovery.live)
+    check_range(args, live=runs_live(cfg.recovery.live, possible=True))
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
     recipe = rundir.doctor_config(cfg.run_dir) if args.doctor else rundir.config(cfg.run_dir)

@@ -163,7 +163,7 @@ def rejoin_attempt(cfg: config_mod.RunConfig) -> int:
     from torchlaunch import contract
 
     value = contract.get(contract.LIVE_JOIN, "") or ""
-    return (whole(value, 6) or 0) if cfg.recovery.live else 0
+    return (whole(value, 6) or 0) if cfg.recovery.live is not False else 0
 
 
 if __name__ == "__main__":

@@ -184,7 +184,9 @@ def plan(args: argparse.Namespace) -> tuple[JobSpec, K8sOptions, str]:
     cfg = config_mod.load(args.config, args.overrides)  # the pods would fail the same way: fail here
     precheck.check(cfg, on_cpu=args.cpu_only, local=False, doctor=args.doctor)
     spec = JobSpec(config=args.config, overrides=tuple(args.overrides), **common)
-    opts = dataclasses.replace(opts, live=k8s_live.from_config(cfg.recovery, args.doctor))
+    ranks = spec.nodes * spec.gpus_per_node
+    live = k8s_live.from_config(cfg.recovery, args.doctor, jobset=args.jobset, ranks=ranks)
+    opts = dataclasses.replace(opts, live=live, pinned=k8s_live.pinned(cfg.recovery, live, args.doctor, ranks))
     validate(spec, opts)
     return spec, opts, recipe_text
 

@@ -59,13 +59,16 @@ which live mode is there to avoid).
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torchlaunch.backends.k8s import hardening
+from torchlaunch.backends.k8s import validate as k8s_validate
 from torchlaunch.base import rules
 from torchlaunch.core.recovery import presence, runkey
 from torchlaunch.core.recovery.lighthouse import DEFAULT_BIND
+from torchlaunch.core.recovery.section import AUTO, explicit, runs_live
 from torchlaunch.exit_codes import BAD_INPUT
 from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
@@ -116,18 +119,29 @@ class Live:
     """recovery.lighthouse as the user gave it (a service of their own); empty: the rendered one."""
 
 
-def from_config(recovery: RecoveryConfig, doctor: bool) -> Live | None:
-    """Live mode's settings, or None when it is off. --doctor runs the distributed pre-flight, which
-    launch.local runs under torchrun in every mode: no service to render for it."""
-    if not recovery.live or doctor:
+def from_config(recovery: RecoveryConfig, doctor: bool, *, jobset: bool, ranks: int) -> Live | None:
+    """Live mode's settings, or None when the rendering takes the restart road. --doctor runs the
+    distributed pre-flight, which launch.local runs under torchrun in every mode: no service to render
+    for it. Under recovery.live=auto (the default) a --jobset (check says why) or a one-rank run takes
+    the restart road (pinned); an explicit true is rendered as it always was, and check refuses it with
+    --jobset."""
+    if doctor or not runs_live(recovery.live, possible=explicit(recovery.live) or (ranks > 1 and not jobset)):
         return None
     return Live(round(recovery.heartbeat_timeout_s * 1000), recovery.lighthouse)
+
+
+def pinned(recovery: RecoveryConfig, live: Live | None, doctor: bool, ranks: int) -> tuple[str, ...]:
+    """What the pods' command adds so that their launch.local takes the rendered road: a multi-rank restart
+    road that recovery.live=auto chose here (--jobset) would be live in a pod's launcher, which sees only
+    its recipe; so the pods get recovery.live=false. Nothing otherwise (the pods' auto is the rendering's)."""
+    restarts = live is None and not doctor and ranks > 1 and recovery.live == AUTO
+    return ("recovery.live=false",) if restarts else ()
 
 
 def check(spec: JobSpec, jobset: bool) -> None:
     """The shapes live mode does not render, one line each, before anything is printed. A range's own
     bounds (MIN >= 1, MIN <= MAX) are launch.shape's, checked as every launcher's."""
-    if jobset:
+    if jobset:  # under auto (the default) a --jobset takes the restart road: from_config
         raise cli.error(
             "recovery.live=true is not rendered as a --jobset yet (the JobSet's restart of every pod is what "
             "live mode avoids); leave out --jobset: the Indexed Job replaces a lost pod by itself"
@@ -159,8 +173,16 @@ def master_addr(name: str, spec: JobSpec, live: Live, pod0: str) -> str:
 
 
 def service_name(name: str) -> str:
-    """The Deployment's, the Service's and its NetworkPolicy's name."""
-    return f"{name}-{COMPONENT}"
+    """The Deployment's, the Service's and its NetworkPolicy's name: `<name>-lighthouse`, or for a --name
+    too long for that label (<= 63 characters) its head, a digest of the whole name and the suffix. Live
+    mode is the default, and a name that fits the rendering's other objects must not be refused, nor
+    change the run's road, for the sake of a name the user never wrote."""
+    full = f"{name}-{COMPONENT}"
+    if len(full) <= k8s_validate.LABEL_MAX:
+        return full
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    head = name[: k8s_validate.LABEL_MAX - len(COMPONENT) - len(digest) - 2].rstrip("-")
+    return f"{head}-{digest}-{COMPONENT}"
 
 
 def address(name: str, live: Live) -> str:

@@ -112,7 +112,7 @@ def pod_script(spec: JobSpec, opts: K8sOptions) -> str:
             if any(o.startswith("preemption.lead_time_s=") for o in spec.overrides)
             else [f"preemption.lead_time_s={opts.grace_period_s}"]
         )  # the worker warns if a save won't fit
-        service = k8s_live.overrides(opts.name, opts.live) if opts.live is not None else []
+        service = k8s_live.overrides(opts.name, opts.live) if opts.live is not None else list(opts.pinned)
         launcher += [
             emit.shell_word(o, "override") for o in (*lead, f"run_dir={run_dir(spec, opts)}", *service, *spec.overrides)
         ]

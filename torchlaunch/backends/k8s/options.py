@@ -68,9 +68,11 @@ class K8sOptions:
     """Each pod's launcher takes --reconfigure: the rendered config replaces the run dir's (the first pod
     to start rewrites it; every later start finds the same values, no change)."""
     live: k8s_live.Live | None = None
-    """Live recovery (recovery.live=true in the recipe or an override): the membership service's
-    Deployment and Service, and a Job that replaces a lost pod while the others train on
-    (torchlaunch.backends.k8s.live); None: off."""
+    """Live recovery (recovery.live auto, the default, or true: backends.k8s.live.from_config): the
+    membership service's Deployment and Service, and a Job that replaces a lost pod while the others train
+    on (torchlaunch.backends.k8s.live); None: the restart road."""
+    pinned: tuple[str, ...] = ()
+    """Overrides every pod's launcher gets so that it takes the rendered road (backends.k8s.live.pinned)."""
 
     @property
     def grace_period_s(self) -> int:
@@ -96,8 +98,7 @@ def image(spec: JobSpec) -> str:
 def validate(spec: JobSpec, opts: K8sOptions) -> None:
     """Refuse (BadInput, one line) every value the API server would reject, before anything is printed."""
     # Pod hostnames are `<name>-<index>` and must stay DNS labels (<= 63 characters).
-    derived = [k8s_live.service_name(opts.name)] if opts.live is not None else []
-    k8s_validate.object_name(opts.name, "--name", nodes=spec.nodes, derived=derived)
+    k8s_validate.object_name(opts.name, "--name", nodes=spec.nodes)
     if opts.live is not None:
         k8s_live.check(spec, opts.jobset)
     k8s_elastic.check(spec, opts.name, opts.jobset, opts.jobset_restarts, live=opts.live is not None)

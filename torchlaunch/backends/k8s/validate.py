@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Sequence
 
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import shape
@@ -91,12 +90,12 @@ def dns1123_subdomain(value: str, flag: str) -> str:
     return value
 
 
-def object_name(name: str, flag: str, *, nodes: int = 1, derived: Sequence[str] = ()) -> str:
+def object_name(name: str, flag: str, *, nodes: int = 1) -> str:
     """The run's name: it names the Job, the headless Service (a DNS-1035 label) and the pod hostnames
-    `<name>-<index>`, so `<name>-<nodes-1>` and the longest derived object name (`derived`: the
-    rendering's other names, e.g. live mode's `<name>-lighthouse` Service) must stay labels."""
+    `<name>-<index>`, so `<name>-<nodes-1>` and the longest derived object name must stay labels (live
+    mode's `<name>-lighthouse` shortens itself instead: backends.k8s.live.service_name)."""
     dns1035_label(name, flag)
-    longest = max(f"{name}-{nodes - 1}", f"{name}-shared", f"{name}-recipe", *derived, key=len)
+    longest = max(f"{name}-{nodes - 1}", f"{name}-shared", f"{name}-recipe", key=len)
     if len(longest) > LABEL_MAX:
         raise _refuse(
             flag,

@@ -59,6 +59,7 @@ from torchlaunch.backends.slurm.render import (
     task_python,
 )
 from torchlaunch.backends.slurm.task import DEFAULT_MAX_TIMEOUTS, SlurmTask
+from torchlaunch.core.recovery.section import PROGRAM_WHY, WAY_OUT
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
 from torchlaunch.jobs import record
 from torchlaunch.launch import cli, precheck, shape
@@ -311,7 +312,10 @@ def launch(argv: list[str]) -> int:
         if not options.doctor:
             settle_config(cfg, args.reconfigure, write=False)  # refused before anything is written or printed
         if not options.doctor and spec.nodes * spec.gpus_per_node > 1:
-            road = slurm_live.road_line(bool(options.lighthouse))
+            image = spec.image is not None and cfg.recovery.live is not False
+            road = slurm_live.road_line(bool(options.lighthouse), slurm_live.IMAGE_WHY if image else WAY_OUT)
+    elif not options.doctor and spec.nodes * spec.gpus_per_node > 1:
+        road = slurm_live.road_line(False, PROGRAM_WHY)
     if args.dry_run:
         if road:
             print(road, file=sys.stderr, flush=True)  # stdout is the script

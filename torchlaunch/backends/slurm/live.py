@@ -48,6 +48,7 @@ from torchlaunch.agent import live_shared
 from torchlaunch.base import files
 from torchlaunch.base.untrusted import whole
 from torchlaunch.core.recovery import placement
+from torchlaunch.core.recovery.section import WAY_OUT, Live, explicit, runs_live
 from torchlaunch.exit_codes import BadInput
 
 PLACED = "placed"
@@ -62,35 +63,41 @@ LOST = -9
 """A task that left no outcome record: lost (SIGKILLed with its node), as the live agent sees a signal."""
 
 
-def lighthouse_of(live: bool, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, image: bool) -> str:
+def lighthouse_of(live: Live, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, image: bool) -> str:
     """The membership service's address when this Slurm job runs live (PLACED: its nodes place it
     through the run dir, without recovery.lighthouse), '' when it does not (pure).
 
-    Bad input, one line: recovery.rejoin (no agent on the node to start a lost task again), a container
-    image (the batch script's verdict runs on the host, outside the image). One rank in all has nobody
-    to regroup with. A node range is live too: its MIN reaches the ranks (minimum_env), below which they
-    stop for a requeue."""
-    if not live:
+    Bad input, one line: recovery.rejoin (no agent on the node to start a lost task again), an explicit
+    recovery.live=true with a container image (the batch script's verdict runs on the host, outside the
+    image: not built yet); under auto (the default) an image takes the requeue road (IMAGE_WHY). One
+    rank in all has nobody to regroup with. A node range is live too: its MIN reaches the ranks
+    (minimum_env), below which they stop for a requeue."""
+    if live is False:
         return ""
     if rejoin:
         raise BadInput(
             f"recovery.rejoin={rejoin} needs the local live agent (it starts a lost rank again); a Slurm task "
             "is not started again: set recovery.rejoin=0"
         )
-    if image:
+    if image and explicit(live):
         raise BadInput("recovery.live=true with --image is not built yet: run without --image, or recovery.live=false")
-    return (lighthouse or PLACED) if nodes * ranks_per_node > 1 else ""
+    return (lighthouse or PLACED) if runs_live(live, not image and nodes * ranks_per_node > 1) else ""
 
 
-def road_line(live: bool) -> str:
-    """The one line that says which road a multi-rank Slurm run of the built-in worker takes."""
+IMAGE_WHY = "--image: live mode's batch script is not built for a container yet"
+"""Why a multi-rank Slurm job of the built-in worker with --image takes the requeue road under auto."""
+
+
+def road_line(live: bool, why: str = WAY_OUT) -> str:
+    """The one line that says which road a multi-rank Slurm run takes; `why` a requeue (the way out,
+    IMAGE_WHY, or a user's program: PROGRAM_WHY)."""
     if live:
         return (
             "launch: road: live (a lost node costs a regroup in place, the batch host's a successor job that "
             "resumes; recovery.live=false: the requeue)"
         )
     return (
-        "launch: road: requeue (recovery.live=false): a lost node ends the allocation; the job resumes from the "
+        f"launch: road: requeue ({why}): a lost node ends the allocation; the job resumes from the "
         "newest checkpoint when requeued or submitted again"
     )
 

@@ -53,8 +53,8 @@ MOVE_CONNECT_S = 1.0
 BINDINGS = "torchft._torchft"
 QUIET = ("RUST_LOG", "warn")
 """torchft's Rust logger reads RUST_LOG once, when its bindings load, and logs at INFO by default: a line
-on every rank's stderr at each connection ("Creating LighthouseClient ..."), in every live run's output
-(and beside bad input's one line). Warnings and errors still show; a
+on every rank's stderr at each connection ("Creating LighthouseClient ..."), which live by default put in
+every multi-rank run's output (and beside bad input's one line). Warnings and errors still show; a
 RUST_LOG of the user's own wins."""
 
 

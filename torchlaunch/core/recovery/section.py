@@ -7,23 +7,49 @@ validate this section (torchlaunch.config, backends/k8s/live.py) before any rank
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from torchlaunch.base.rules import at_least, bound, service_address
 
-LIVE_BY_DEFAULT = False
-"""recovery.live's default: the one switch that makes live recovery every multi-rank run's road (issue
-#54). Not flipped yet: Kubernetes still needs recovery.lighthouse (or its rendered Deployment) across
-nodes, which launch.local's node agents and Slurm's tasks place by themselves (agent/placed.py)."""
+AUTO = "auto"
+"""recovery.live's default: live where the launch's road can be, the restart road where it cannot."""
+
+Live = Literal["auto", True, False]
+"""recovery.live's values. Three, not two: the launchers must tell "the user did not say" (auto, the
+default) from an explicit true. A road that cannot be live (a program of the user's own, one rank,
+--doctor, `launch.k8s --jobset`, Slurm's --image) takes the restart road quietly under auto, and says
+so in its road line; an explicit true there is refused as before (exit 2, one line)."""
+
+
+WAY_OUT = "recovery.live=false"
+"""The restart road's reason in a road line when the user chose it."""
+PROGRAM_WHY = "your own program cannot regroup in process"
+"""The restart road's reason for a user's program: torchrun's contract starts its ranks again, it has no
+live group to re-form."""
+
+
+def runs_live(live: Live, possible: bool) -> bool:
+    """Whether a launch takes the live road (issue #54: live whenever the road can be, unless the user
+    said false). `possible`: the launch's road can be live. An explicit true where it cannot is refused
+    first by the launchers whose road that is (`explicit`); one rank and --doctor have nobody to regroup
+    with and take the restart road whatever the key says, as they always did."""
+    return live is not False and possible
+
+
+def explicit(live: Live) -> bool:
+    """recovery.live=true written by the user: the launches that cannot be live refuse it (exit 2)."""
+    return live is True
 
 
 @dataclass
 class RecoveryConfig:
-    live: bool = LIVE_BY_DEFAULT
-    """Live recovery (launch.local and Slurm: one node, or several, the membership service placed on one
-    of them through the run dir; Kubernetes with its rendered service or recovery.lighthouse): when a rank's process
-    or a whole node is lost, the others keep their processes and state, re-form the group in place and
-    re-run the interrupted step on the ranks left (same samples, same augmentation). Off: a lost rank fails the job, which resumes from a checkpoint.
-    docs/live.md."""
+    live: Live = AUTO
+    """Live recovery: auto (default) trains live on every multi-rank run whose road can be, true insists
+    (refused where it cannot), false takes the restart road. Live roads: launch.local's nodes, Slurm,
+    Kubernetes' Job; not a program of your own, --doctor, --jobset or Slurm's --image. Live: when a rank's process or a whole
+    node is lost, the others keep their processes and state, re-form the group in place and re-run the
+    interrupted step on the ranks left (same samples, same augmentation). Restart: a lost rank stops every
+    rank, and the job resumes from a checkpoint. The launch's road line says which. docs/live.md."""
     heartbeat_timeout_s: float = field(default=1.0, metadata=at_least(0.2, 600, "e.g. 1"))
     """How long the membership service waits for a silent rank's heartbeat before it forms a group
     without it: the bound on noticing a lost rank (heartbeats go every tenth of it)."""

@@ -134,9 +134,16 @@ class TrainingGroup(Protocol):
 
 
 def form(cfg: RunConfig, ctx: DistContext, attempt: int = 0) -> TrainingGroup:
-    """The group this rank trains in: live (recovery.live, more than one rank or a rank started again)
-    or the launcher's fixed group. Every rank agrees on a bad input while seating itself."""
-    if not (cfg.recovery.live and (ctx.distributed or attempt)):
+    """The group this rank trains in: live (more than one rank or a rank started again, on the live road)
+    or the launcher's fixed group. The launcher chose the road (recovery.live auto: live where its road
+    can be); a live launcher hands its ranks the membership service's address, so under auto a rank
+    without one trains in the fixed group, and an explicit true without one is refused by live.join
+    (bad input). Every rank agrees on a bad input while seating itself."""
+    from torchlaunch import contract
+    from torchlaunch.core.recovery.section import explicit, runs_live
+
+    launched_live = bool(contract.get(contract.LIGHTHOUSE)) or explicit(cfg.recovery.live)
+    if not ((ctx.distributed or attempt) and runs_live(cfg.recovery.live, launched_live)):
         return FixedGroup()
     from torchlaunch.core.dist import agreed
     from torchlaunch.worker.groups import live
