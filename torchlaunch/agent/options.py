@@ -93,8 +93,8 @@ def check_placement(args: argparse.Namespace) -> None:
     args.node_rank = 0 if args.node_rank is None else args.node_rank
     if not 0 <= args.node_rank < args.nnodes:
         raise cli.error(f"--node-rank {args.node_rank} outside 0..{args.nnodes - 1}")
-    if args.nnodes > 1 and args.master_addr is None:  # live or not: a node on another host would wait alone
-        raise cli.error(MASTER_ADDR_REQUIRED)
+    if args.nnodes > 1 and args.master_addr is None and not args.meets_in_run_dir:
+        raise cli.error(MASTER_ADDR_REQUIRED)  # live or not: a node on another host would wait alone
 
 
 def check_nodes(args: argparse.Namespace) -> None:
@@ -102,9 +102,10 @@ def check_nodes(args: argparse.Namespace) -> None:
     live mode (known once the recipe is read) is check_range's."""
     nodes = args.node_range
     args.rdzv = elastic.parse_rdzv_conf(args.rdzv_conf, elastic.DEFAULT_RDZV) if nodes.elastic else ()
+    # commands.meets_in_run_dir: a program's node range meets in its --run-dir, no node 0 needed
+    args.meets_in_run_dir = nodes.elastic and args.program is not None and args.run_dir is not None
     if nodes.elastic:
-        in_run_dir = args.program is not None and args.run_dir is not None  # commands.meets_in_run_dir
-        if args.master_addr is None and not in_run_dir:
+        if args.master_addr is None and not args.meets_in_run_dir:
             raise cli.error(
                 f"--nnodes {nodes.torchrun()} needs --master-addr HOST (the host of the rendezvous store; "
                 "127.0.0.1 for several launchers on this machine), or with a program after --, --run-dir DIR "
