@@ -154,11 +154,28 @@ SMALL = [
 ]
 
 
+LIVE = "live: {}, group re-formed on a lost rank"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "ranks, gloo_path", [(2, "gloo"), pytest.param(3, "gloo, rank order", marks=pytest.mark.extended)]
+    "ranks, road, shm_path, gloo_path",
+    [
+        (2, "recovery.live=false", "shared memory", "gloo"),
+        (
+            2,
+            "recovery.live=auto",
+            LIVE.format("shared memory"),
+            LIVE.format("gloo all-reduces overlapped with backward"),
+        ),
+        pytest.param(3, "recovery.live=false", "shared memory", "gloo, rank order", marks=pytest.mark.extended),
+    ],
 )
-def test_shared_memory_and_gloo_train_identical_models(tmp_path: Path, ranks: int, gloo_path: str) -> None:
+def test_shared_memory_and_gloo_train_identical_models(
+    tmp_path: Path, ranks: int, road: str, shm_path: str, gloo_path: str
+) -> None:
+    """On either road: DDP's buckets (the restart road) and the live group's, posted from backward's
+    hooks across machines (core/recovery/grads.OverlappedGradients), give shared memory's bits."""
     runs = {}
     for shm in ("true", "false"):
         run_dir = tmp_path / f"shm-{shm}"
@@ -170,11 +187,12 @@ def test_shared_memory_and_gloo_train_identical_models(tmp_path: Path, ranks: in
                 "configs/smoke.yaml",
                 f"run_dir={run_dir}",
                 *SMALL,
+                road,
                 f"dist.shared_memory_reduce={shm}",
             ]
         )
         assert done.returncode == 0, done.stderr[-2000:]
         runs[shm] = (run_dir, done.stdout + done.stderr)
-    assert re.findall(r"gradients: ([^\n]+)", runs["true"][1]) == ["shared memory"]
+    assert re.findall(r"gradients: ([^\n]+)", runs["true"][1]) == [shm_path]
     assert re.findall(r"gradients: ([^\n]+)", runs["false"][1]) == [gloo_path]
     assert_models_equal(runs["true"][0] / "model.pt", runs["false"][0] / "model.pt")

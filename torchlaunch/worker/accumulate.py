@@ -29,6 +29,7 @@ def backward_share(
     autocast: Callable[[], contextlib.AbstractContextManager],
     leave: Callable[[], bool] | None = None,
     sync_last: bool = True,
+    completing: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Accumulate this rank's weighted gradients of one step; returns sum(count * mean loss) * W / B over
     its micro-batches as a 0-d float32 device tensor, unread (the ranks' values sum to W x the global
@@ -37,7 +38,10 @@ def backward_share(
     `leave` (core/step_drop.py), asked before each micro-batch: once True the step is being dropped,
     so the micro-batches left are skipped, except the last where `sync_last` (DDP): its forward and
     backward hold the step's collectives, which the peers are waiting in; it runs on two of its samples.
-    The gradients are then garbage and the caller discards them (and puts back the buffers it moved)."""
+    The gradients are then garbage and the caller discards them (and puts back the buffers it moved).
+
+    `completing`, called before the last micro-batch's backward: the group may average gradients
+    while that backward runs (a live group's buckets); a step left early never calls it."""
     total = torch.zeros((), device=next(net.parameters()).device)
     batches = [(x, y) for x, y in micro_batches if len(y)]
     last = len(batches) - 1
@@ -57,6 +61,8 @@ def backward_share(
                 loss = criterion(net(x), y)
                 # 1/k exactly when the shares are even (the plain accumulation mean, bit for bit)
                 loss = loss / weight.denominator if weight.numerator == 1 else loss * float(weight)
+            if i == last and completing is not None:
+                completing()
             scaler.scale(loss).backward()
         total += loss.detach().float()
     return total

@@ -53,6 +53,7 @@ class Steps:
                 self.autocast,
                 leave=drop.leave if drop is not None else None,
                 sync_last=self.ctx.distributed and self.group.reduces_in_backward,  # DDP's are in the last one
+                completing=lambda: self.group.completing_backward(self.ctx.world_size),
             )
             self.group.reduce_gradients(self.ctx.world_size)  # a lost peer fails it before the optimizer step
             if drop is not None and drop.agreed():  # every rank alike: nothing of the step is applied

@@ -98,6 +98,10 @@ class TrainingGroup(Protocol):
     def opened(self, log: RunLog) -> None:
         """The rank's log is open: what the group has to say in it first."""
 
+    def completing_backward(self, world_size: int) -> None:
+        """Before the backward that completes this rank's gradients of a step (its last micro-batch): a
+        group that overlaps its averaging with backward arms it (the others have nothing to do)."""
+
     def reduce_gradients(self, world_size: int) -> None:
         """After backward: the mean of every member's gradients, where backward did not average them."""
 

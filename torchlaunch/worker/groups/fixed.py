@@ -90,6 +90,9 @@ class FixedGroup:
     def opened(self, log: RunLog) -> None:
         pass
 
+    def completing_backward(self, world_size: int) -> None:
+        pass  # DDP posts its own buckets in its synchronised backward
+
     def reduce_gradients(self, world_size: int) -> None:
         pass  # DDP averaged them in backward; the grid sums its own
 

@@ -6,8 +6,9 @@ wire are core/recovery's (group.LiveGroup, this rank's seat); what this module a
 does to the rank's training: the step in flight dropped, the state shared and checked, the plan's new
 shares, the commit a loss may have cost saved again, and the record of each regroup.
 
-Gradients are averaged after backward over one flat buffer (core/recovery/grads.FlatGradients), not by
-DDP: DDP's reducer fails inside autograd when a peer dies mid-step, and its state is lost with the group.
+Gradients are averaged over one flat buffer in buckets posted from backward's hooks and waited for
+after it (core/recovery/grads.OverlappedGradients), not by DDP: DDP's reducer fails inside autograd when
+a peer dies mid-step, and its state is lost with the group.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torchlaunch.core.dist import DistContext, broadcast_json, gather_json
 from torchlaunch.core.recovery import minimum
 from torchlaunch.core.recovery.failure import is_peer_lost
 from torchlaunch.core.recovery.fence import Fenced
-from torchlaunch.core.recovery.grads import FlatGradients, average_gradients, broadcast_parameters
+from torchlaunch.core.recovery.grads import FlatGradients, OverlappedGradients, average_gradients, broadcast_parameters
 from torchlaunch.core.recovery.group import LiveGroup
 from torchlaunch.core.recovery.handover import share_state, state_digest
 from torchlaunch.core.recovery.replan import Regroup, replan
@@ -68,7 +69,7 @@ class LiveTrainingGroup:
 
     def __init__(self, seat: LiveGroup) -> None:
         self.seat = seat
-        self.flat: FlatGradients | None = None
+        self.flat: OverlappedGradients | None = None
         self.reducer: SharedMemoryReducer | None = None
         """Gradient averaging through shared memory when every member is on this machine (per group)."""
         self.regroups: list[Regroup] = []
@@ -101,12 +102,13 @@ class LiveTrainingGroup:
                 "live error: recovery.live needs every trainable parameter on one device in one dtype "
                 "(one flat gradient buffer); set recovery.live=false for this model"
             )
-        self.flat = FlatGradients(model.parameters())
+        self.flat = OverlappedGradients(model.parameters())
         return model, self._gradient_path(host)
 
     def _gradient_path(self, host: Host) -> str:
         """Through shared memory when every member is on this machine (built again after each regroup: a
-        collective of the new group), else one flat gloo all-reduce (core/recovery/grads.average_gradients).
+        collective of the new group), else bucketed gloo all-reduces posted during backward
+        (core/recovery/grads.OverlappedGradients).
         Every member decides alike, from the group's store hosts (a rank started again, before it joins,
         is a group of one)."""
         ctx = host.ctx
@@ -114,13 +116,24 @@ class LiveTrainingGroup:
         shared = host.cfg.dist.shared_memory_reduce and ctx.backend == "gloo"
         if ctx.world_size > 1 and shared and self.seat.one_host():
             self.reducer = build_reducer(host.model)
-        how = "shared memory" if self.reducer is not None else "one flat gloo all-reduce"
+        how = "shared memory" if self.reducer is not None else "gloo all-reduces overlapped with backward"
         return f"live: {how}, group re-formed on a lost rank"
+
+    def completing_backward(self, world_size: int) -> None:
+        """Across machines the next backward posts the gradients' buckets as they are done; through shared
+        memory (one machine) the whole buffer is averaged after it, faster than any overlap."""
+        assert self.flat is not None
+        if world_size > 1 and self.reducer is None:
+            self.flat.arm()
 
     def reduce_gradients(self, world_size: int) -> None:
         """Fails here, before the optimizer step, when a peer is lost: the step can run again unchanged."""
         assert self.flat is not None
-        average_gradients(self.flat, world_size, self.reducer)
+        if world_size > 1 and self.reducer is None:
+            self.flat.finish(world_size)
+        else:
+            self.flat.discard()
+            average_gradients(self.flat, world_size, self.reducer)
 
     def zero_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """The flat buffer is zeroed; the .grad views stay."""
@@ -210,6 +223,8 @@ class LiveTrainingGroup:
         return PREEMPTED
 
     def close(self) -> None:
+        if self.flat is not None:
+            self.flat.close()
         self.seat.close()
 
     # ------------------------------------------------------------------ losses
@@ -243,6 +258,8 @@ class LiveTrainingGroup:
         lost_at = time.time()
         old = host.ctx
         host.abandon_step()
+        if self.flat is not None:
+            self.flat.discard()  # the broken group's collectives, let go
         self.reducer = None  # built again on the new group (_regrouped)
         host.ctx = self.seat.regroup(old, host.progress.global_step)
         if host.ctx.is_main:  # a commit in flight was refused if it reached the fence after the regroup
