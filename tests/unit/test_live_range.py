@@ -200,7 +200,7 @@ def test_the_launchers_agent_command_carries_the_range_and_the_seat() -> None:
                 "keep_alive_interval=1",
                 *LIVE,
             ],
-            "--rdzv-conf keep_alive_interval: recovery.live=true has no torchrun rendezvous",
+            "--rdzv-conf keep_alive_interval: the live road has no torchrun rendezvous",
         ),  # fmt: skip
         (  # the restart road's rule (recovery.live=false): torchrun's rendezvous numbers the nodes
             ["--nnodes", "1:2", "--node-rank", "0", "--master-addr", "127.0.0.1", "recovery.live=false"],

@@ -143,8 +143,9 @@ def check_range(args: argparse.Namespace, live: bool) -> None:
     for key, _ in elastic.parse_rdzv_conf(args.rdzv_conf):
         if key not in LIVE_RDZV_KEYS:
             raise cli.error(
-                f"--rdzv-conf {key}: recovery.live=true has no torchrun rendezvous after its first group (a lost "
-                f"node is judged by recovery.heartbeat_timeout_s); its keys are {' and '.join(LIVE_RDZV_KEYS)}"
+                f"--rdzv-conf {key}: the live road has no torchrun rendezvous after its first group (a lost node "
+                f"is judged by recovery.heartbeat_timeout_s); its keys are {' and '.join(LIVE_RDZV_KEYS)}, "
+                "or recovery.live=false for torchrun's elastic restart"
             )
 
 

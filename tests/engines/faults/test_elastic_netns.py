@@ -42,6 +42,7 @@ def argv(run_dir: Path) -> list[str]:
         "torchlaunch.agent", "--nnodes", "1:2", "--master-addr", "node0",
         "--device", "cpu", "--max-restarts", "3", "--rdzv-conf", RDZV, "--hang-timeout", str(HANG_TIMEOUT_S),
         *RECIPE, f"run_dir={run_dir}",
+        "recovery.live=false",  # the subject: torchrun's elastic restart (the live road: test_live_netns.py)
     )  # fmt: skip
 
 
