@@ -56,8 +56,14 @@ def config_text(
 ) -> str:
     """A small recipe: `epochs` epochs of `steps` steps of 16 samples (8 per rank), validated on
     `val_size` images after each, checkpoints only at the end; `exact`: train.exact (worker/grid.py);
-    `live` None: recovery.live left out (the default, auto: live on several ranks)."""
-    written = "" if live is None else f"\n  live: {str(live).lower()}"
+    `live` None: recovery.live left out (the default, auto: live on several ranks); recovery's other
+    keys are written only where they differ from their defaults."""
+    written = [] if live is None else [f"  live: {str(live).lower()}"]
+    if heartbeat_timeout_s != 1.0:
+        written.append(f"  heartbeat_timeout_s: {heartbeat_timeout_s}")
+    if rejoin:
+        written.append(f"  rejoin: {rejoin}")
+    recovery = "recovery:\n" + "\n".join(written) + "\n" if written else ""  # the defaults: no recovery key
     return f"""run_dir: {json.dumps(str(run_dir))}
 seed: 0
 data:
@@ -82,10 +88,7 @@ checkpoint:
   every_steps: {every_steps}
 debug:
   trace_batches: true
-recovery:{written}
-  heartbeat_timeout_s: {heartbeat_timeout_s}
-  rejoin: {rejoin}
-"""
+{recovery}"""
 
 
 @dataclass

@@ -111,20 +111,26 @@ def run(
             else start_lighthouse(cluster, service_node, work / "lighthouse.log", heartbeat_timeout_s, run_dir)
         )
         recipe.write_text(
-            live.config_text(run_dir, heartbeat_timeout_s=heartbeat_timeout_s, epochs=epochs)
+            live.config_text(
+                run_dir, live=None if placed else True, heartbeat_timeout_s=heartbeat_timeout_s, epochs=epochs
+            )
             + (f"  lighthouse: {lighthouse}\n" if lighthouse else "")
         )
         logs = [work / f"node{node.index}.log" for node in nodes]
 
         def launch(node: Node, log: Path) -> subprocess.Popen[bytes]:
+            # placed: issue #54's default command line, the same on every node (a node range, no
+            # --node-rank: each node takes its number from the run dir)
+            shape = (
+                ["--nnodes", f"1:{training_nodes}"]
+                if placed
+                else ["--nnodes", str(training_nodes), "--node-rank", str(node.index)]
+            )
             argv = [
-                sys.executable, "-m", "launch.local", "--nnodes", str(training_nodes), "--node-rank",
-                str(node.index), "--master-addr", "node0", "--gpus", str(nproc), "--device", "cpu",
-                "--config", str(recipe),
+                sys.executable, "-m", "launch.local", *shape, "--master-addr", "node0", "--gpus", str(nproc),
+                "--device", "cpu", "--config", str(recipe),
             ]  # fmt: skip
             return cluster.start(node, argv, log, env=node_env(), cwd=REPO)
-
-        popens = [launch(node, log) for node, log in zip(nodes, logs, strict=True)]
 
         def text(tail: int | None = 3000) -> str:
             """Each node's log (its last `tail` characters; None: whole, for the checks: a C++ warning of
@@ -136,6 +142,19 @@ def run(
         def early() -> str | None:
             codes = [p.poll() for p in popens]
             return f"a node ended early {codes}: {text()}" if any(c is not None for c in codes) else None
+
+        popens: list[subprocess.Popen[bytes]] = []
+        for node, log in zip(nodes, logs, strict=True):
+            popens.append(launch(node, log))
+            if placed:  # numbered by the run dir in arrival order: each started once the one before has its number
+                progress.wait_until(
+                    lambda log=log, k=node.index: (
+                        log.exists() and f"this node is node {k} " in log.read_text(errors="replace")
+                    ),
+                    DEADLINE_S,
+                    f"{node.hostname}'s number",
+                    early,
+                )
 
         first = run_dir / "trace" / f"rank{victims[0] * nproc}.jsonl"
         progress.wait_until(lambda: live.traced_step(first) >= kill_at, DEADLINE_S, "the kill step", early)

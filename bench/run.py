@@ -35,6 +35,7 @@ from bench import (
     elastic,
     exact,
     gpu224,
+    links,
     live,
     live_nodes,
     loader224,
@@ -67,6 +68,7 @@ ALL = (
     "elastic",
     "live",
     "live_nodes",
+    "links",
     "startup",
     "userscript",
     "stop_grace",
@@ -146,6 +148,8 @@ def run_selected(
         keep(record("live", lambda: live.results(quick=quick)))
     if "live_nodes" in names:
         keep(record("live_nodes", lambda: live_nodes.results(quick=quick)))
+    if "links" in names:
+        keep(record("links", lambda: links.results(quick=quick)))
     if "startup" in names:
         keep(record("startup", lambda: startup.run(quick=quick, work=work)))
         if startup_against and not quick:

@@ -1,5 +1,5 @@
 """Live recovery on Slurm (slurm/dev-cluster.sh, two slurmd nodes on this host): `launch.slurm --nodes 2
---tasks-per-node 1 recovery.live=true`, the default command line: no recovery.lighthouse, the job's nodes
+--tasks-per-node 1`, the default command line: no recovery key, live by default, the job's nodes
 place the membership service through the run dir's lease (one test names a service started here, the way
 out that stays). Once node n2's rank has traced step KILL_AT, every process
 of the job on n2 is SIGKILLed (found by SLURM_JOB_ID and SLURMD_NODENAME in /proc/PID/environ) and n2
@@ -109,7 +109,10 @@ def launch_live(tmp_path: Path, nodes: str, lighthouse: str = "") -> tuple[Path,
     else with the service given (started here)."""
     run_dir = tmp_path / "run"
     recipe = tmp_path / "live.yaml"
-    recipe.write_text(live.config_text(run_dir) + (f"  lighthouse: {lighthouse}\n" if lighthouse else ""))
+    if lighthouse:  # the way out: recovery.live=true with a service named
+        recipe.write_text(live.config_text(run_dir) + f"  lighthouse: {lighthouse}\n")
+    else:  # no recovery key at all: live by default
+        recipe.write_text(live.config_text(run_dir, live=None))
     return run_dir, Launch(run_dir, "--nodes", nodes, "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
 
 
@@ -370,7 +373,7 @@ def test_the_batch_hosts_loss_starts_a_successor_that_resumes_the_run(
     recipe = tmp_path / "live.yaml"
     # Checkpoints every 4 steps: what the successor resumes from when the rank left could not commit its own.
     # No recovery.lighthouse: the service on n1 is lost with it; the successor's nodes take the next lease.
-    recipe.write_text(live.config_text(run_dir, every_steps=4))
+    recipe.write_text(live.config_text(run_dir, live=None, every_steps=4))
     launch = Launch(run_dir, "--nodes", nodes, "--tasks-per-node", "1", "--time", "10", "--config", str(recipe))
     first = launch.job_id
     rank0 = run_dir / "trace" / "rank0.jsonl"
