@@ -198,6 +198,58 @@ def events(run_dir: Path) -> str:
 BENCH_COMMAND = "python -m bench.run --only live_nodes"
 
 
+DEFAULT_COMMAND = "python -m bench.run --only live_default"
+
+
+def default_results(quick: bool = False, rounds: int = 3) -> list:
+    """Issue #54's table on its own command line: 2 netns nodes each running `launch.local --nnodes 1:2
+    --master-addr node0` and the recipe with no recovery key (no service started, no --node-rank); every
+    process of node 1, or of node 0 (rank 0, the first group's store and the membership service's host),
+    SIGKILLed at once -> the survivor's first step alone, ÷ the issue's 2 s."""
+    from bench.common import Result
+
+    reason = netns.unavailable_reason()
+    if reason:
+        print(f"bench.live_nodes: skipped ({reason})", file=sys.stderr)
+        return []
+    rounds = 1 if quick else rounds
+    seen: dict[int, list[float]] = {1: [], 0: []}
+    for round_ in range(rounds):
+        for victim in (1, 0):
+            with tempfile.TemporaryDirectory(prefix="bench-live-default-") as tmp:
+                done = run(Path(tmp), 2, [victim], placed=True)
+                seconds = done.run.recovery_s()
+                if not done.survivors_ok or seconds is None:
+                    raise RuntimeError(f"bench.live_nodes default line: {done.codes}\n{done.run.stderr[-3000:]}")
+                seen[victim].append(seconds)
+                print(f"bench.live_nodes default line round {round_}: node {victim} killed -> {seconds:.2f} s")
+    setup = (
+        "2 network-namespace nodes on one switch, each `launch.local --nnodes 1:2 --master-addr node0 --gpus 1 "
+        "--device cpu --config R` with R bench/live.py's recipe and no recovery key (the service placed by the "
+        f"run dir's lease, node numbers from the run dir); every process of the victim SIGKILLed at step 12; "
+        f"{rounds} round(s), median; 2 cores share both nodes"
+    )
+    return [
+        Result(
+            key=f"live-default-{victim}",
+            title=f"The default command line across nodes, 2 → 1: {what} SIGKILLed whole → first step alone ÷ 2 s",
+            project=statistics.median(seen[victim]),
+            baseline=2.0,
+            unit="s",
+            ratio=statistics.median(seen[victim]) / 2.0,
+            goal=1.0,
+            higher_is_better=False,
+            command=DEFAULT_COMMAND,
+            project_label="live by default, nothing started by hand",
+            baseline_label="issue #54's goal: the survivor trains alone within 2 s (torchrun's restart: 18.6 s; "
+            "node 0's loss ended the job)",
+            rounds=seen[victim],
+            notes=setup,
+        )
+        for victim, what in ((1, "node 1"), (0, "node 0 (rank 0, the store's and the service's host)"))
+    ]
+
+
 def results(quick: bool = False, rounds: int = 3, nodes: int = 8, lose: int = 2) -> list:
     """bench.run's figures: `lose` of `nodes` netns nodes SIGKILLed at once (the first node among them in
     alternate rounds) -> first step done on the rest, ÷ issue #37's budget (heartbeat bound + 1 s); one of

@@ -68,6 +68,7 @@ ALL = (
     "elastic",
     "live",
     "live_nodes",
+    "live_default",
     "links",
     "startup",
     "userscript",
@@ -148,6 +149,8 @@ def run_selected(
         keep(record("live", lambda: live.results(quick=quick)))
     if "live_nodes" in names:
         keep(record("live_nodes", lambda: live_nodes.results(quick=quick)))
+    if "live_default" in names:
+        keep(record("live_default", lambda: live_nodes.default_results(quick=quick)))
     if "links" in names:
         keep(record("links", lambda: links.results(quick=quick)))
     if "startup" in names:
