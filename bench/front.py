@@ -1,4 +1,4 @@
-"""What the membership service's front costs a member (core/recovery/front.py): one heartbeat and one
+"""What the membership service's front costs a member (live/front.py): one heartbeat and one
 quorum through the member's relay and the service's front ÷ the same call straight to torchft's
 Lighthouse on its loopback port, in one process, interleaved.
 
@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from torchlaunch import contract
 from torchlaunch.agent.live import free_port_pair
-from torchlaunch.core.recovery import front, lighthouse
+from torchlaunch.live import front, lighthouse
 
 
 def per_call_us(call: Callable[[], object], calls: int) -> float:

@@ -6,7 +6,7 @@
 Each "node" is a network namespace on one switch (faults/netns.py) whose link is limited with tc (LINK:
 1 Gbit/s out of each node; no added latency: netem is not in this kernel), one CPU rank per node. The same command runs on every
 node, `launch.local --nnodes N --master-addr node0`: the built-in trainer as written (the live road:
-gradients averaged in buckets posted from backward's hooks, core/recovery/grads.OverlappedGradients),
+gradients averaged in buckets posted from backward's hooks, live/grads.OverlappedGradients),
 the same with recovery.live=false, and a plain DDP loop (bench/links_ddp.py), rotating in every round so
 all see the same load. The figure: the median over rounds of (live images/s ÷ plain DDP images/s), each
 run's images/s the median of its windows after the first (start-up and the first step's allocations

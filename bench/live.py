@@ -148,7 +148,7 @@ def pid_of(run_dir: Path, rank: int) -> int:
     return int(json.loads((run_dir / "progress" / f"rank-{rank}.json").read_text())["pid"])
 
 
-SERVICE_MODULE = "torchlaunch.core.recovery.lighthouse"
+SERVICE_MODULE = "torchlaunch.live.lighthouse"
 
 
 def service_pids(launcher_pid: int) -> list[int]:
@@ -303,7 +303,7 @@ def kill_the_joiner(
     run_dir: Path, proc: subprocess.Popen, wanted: bool, survivors: set[int | None], deadline: float
 ) -> None:
     """SIGKILL the rank started again once it has asked to join (RUN_DIR/live/join-*), if `wanted`."""
-    from torchlaunch.core.recovery.group import join_requests
+    from torchlaunch.live.group import join_requests
 
     while wanted and proc.poll() is None:
         if time.monotonic() > deadline:

@@ -13,7 +13,7 @@ figure is the survivors' first `stepped` event (RUN_DIR/live/events-rank<r>.json
 
 What grows with the node count here is the regroup (a quorum of N - lost members, a new gloo group over
 the switch). A killed node's ranks are forgotten by the service as soon as their presence connections
-close (core/recovery/presence.py), whatever N is; a frozen node's only after the bound
+close (live/presence.py), whatever N is; a frozen node's only after the bound
 (recovery.heartbeat_timeout_s, 1 s). The tests (tests/engines/faults/test_live_netns.py)
 use the same harness and check that every step's samples, crops and flips are the uninterrupted run's.
 """
@@ -34,7 +34,7 @@ from bench import live
 from faults import netns, progress
 from faults.job import REPO, node_env
 from faults.netns import Cluster, Node
-from torchlaunch.core.recovery import runkey
+from torchlaunch.live import runkey
 
 PORT = 29510
 DEADLINE_S = 300.0

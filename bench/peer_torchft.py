@@ -5,7 +5,7 @@
 
 Each replica is one process (a replica group of one rank, as torchft's train_ddp.py runs on CPU): its
 own TCP store, torchft's Manager and reconfigurable ProcessGroupGloo, the membership service (the same
-Lighthouse live mode runs, `python -m torchlaunch.core.recovery.lighthouse`) in a process of its own.
+Lighthouse live mode runs, `python -m torchlaunch.live.lighthouse`) in a process of its own.
 The step is torchft's protocol: the Manager's quorum at the start of the step (its OptimizerWrapper's
 zero_grad), forward and backward, one flat `manager.allreduce` of the gradients (torchft's DDP wrapper
 is not used: its comm hook dies on the survivor when the peer is lost mid-all-reduce, issue #37), and
@@ -166,7 +166,7 @@ def run(out: Path, victim: int | None, steps: int, heartbeat_timeout_s: float, t
         [
             sys.executable,
             "-m",
-            "torchlaunch.core.recovery.lighthouse",
+            "torchlaunch.live.lighthouse",
             "--bind",
             f"127.0.0.1:{port}",
             "--heartbeat-timeout-ms",

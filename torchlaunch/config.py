@@ -8,7 +8,7 @@ This module never reads environment variables and never imports torch, so launch
 config before anything is started.
 
 Each section lives beside its component (checkpoint: torchlaunch.core.checkpoint.section, recovery:
-torchlaunch.core.recovery.section, dist and preemption: torchlaunch.core, data: torchlaunch.data.section,
+torchlaunch.live.section, dist and preemption: torchlaunch.core, data: torchlaunch.data.section,
 model, optim, train and debug: torchlaunch.trainer_sections), each field with its rule in its metadata
 next to its default and its docstring: `field(default=0.1, metadata=above(0, MAX_LR, "e.g. optim.lr=0.1"))`
 (torchlaunch.base.rules). `rules()` lists them and `validate` checks them, then the rules that tie two
@@ -37,9 +37,9 @@ from torchlaunch.base.yaml_file import MAX_CONFIG_BYTES, load_text, read_yaml
 from torchlaunch.core.checkpoint.section import CheckpointConfig
 from torchlaunch.core.dist_section import DistConfig
 from torchlaunch.core.preemption_section import PreemptionConfig
-from torchlaunch.core.recovery.section import RecoveryConfig
 from torchlaunch.data import section
 from torchlaunch.exit_codes import ConfigError
+from torchlaunch.live.section import RecoveryConfig
 from torchlaunch.trainer_sections import (
     SIMPLE_CNN_SIZES,
     TORCHVISION_PREFIX,

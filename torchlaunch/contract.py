@@ -121,7 +121,7 @@ PROGRESS_BAR = "TORCHLAUNCH_PROGRESS_BAR"
 LIGHTHOUSE = "TORCHLAUNCH_LIGHTHOUSE"
 """Set by a live-mode launcher (recovery.live): the membership service's address, http://HOST:PORT."""
 LIVE_PLACED = "TORCHLAUNCH_LIVE_PLACED"
-"""Set to 1 by a live agent across nodes that places the service itself (core/recovery/placement.py): the
+"""Set to 1 by a live agent across nodes that places the service itself (live/placement.py): the
 service may move to another node, whose address the rank reads in the run dir when it stops answering."""
 LIVE_JOIN = "TORCHLAUNCH_LIVE_JOIN"
 """Set by the live agent on a rank it started again (recovery.rejoin): the attempt, from 1. The rank
@@ -130,16 +130,16 @@ LIVE_STORE_HOST = "TORCHLAUNCH_LIVE_STORE_HOST"
 """Set by the live agent: the address the other nodes reach this node on; a rank's store is given out
 there (loopback on one node)."""
 LIVE_PULSE_FD = "TORCHLAUNCH_LIVE_PULSE_FD"
-"""Set by the live agent: the file descriptor of the pipe the rank beats down (core/recovery/pulse.py)."""
+"""Set by the live agent: the file descriptor of the pipe the rank beats down (live/pulse.py)."""
 LIVE_MIN_NODES = "TORCHLAUNCH_LIVE_MIN_NODES"
 """Set by a launcher given a node range (Slurm's --nodes MIN-MAX): MIN. A live group left with fewer than
-MIN nodes' worth of ranks checkpoints and exits 75 for a requeue (core/recovery/minimum.py)."""
+MIN nodes' worth of ranks checkpoints and exits 75 for a requeue (live/minimum.py)."""
 LIVE_NODE_RANGE = "TORCHLAUNCH_LIVE_NODE_RANGE"
 """Set with LIVE_MIN_NODES: the range as the user gave it (`--nodes 2-3`), quoted in the rank's line."""
 LIVE_PRESENCE_KEY = "TORCHLAUNCH_LIVE_PRESENCE_KEY"
 """Set by the live agent that runs the membership service itself (one node): 64 hex digits, made per
 launch, in the environment of the service and of the ranks only (which only their owner can read): a
-rank's presence hello proves it (core/recovery/presence.py), a stranger's cannot."""
+rank's presence hello proves it (live/presence.py), a stranger's cannot."""
 LIVE_FIRST_GROUP = "TORCHLAUNCH_LIVE_FIRST_GROUP"
 """Set by the live agent of a `launch.local --nnodes MIN:MAX` launch: `R/W`, this rank's place in the
 first group (the nodes that came in time), which its process group is formed as; RANK and WORLD_SIZE

@@ -113,7 +113,7 @@ class Holder:
     incarnation: str = ""
     """An elastic member's run of the job: the token of the member that found no other one alive (it
     founded this run), copied by every member that joined while one was alive. A rerun of the same
-    command after every member left is another incarnation (core/recovery/fence.py's founded record)."""
+    command after every member left is another incarnation (live/fence.py's founded record)."""
 
     @classmethod
     def me(

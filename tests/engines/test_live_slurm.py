@@ -45,8 +45,8 @@ from tests.integration.test_live_recovery import step_samples
 from tests.library import RunLibrary
 from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm import successor
-from torchlaunch.core.recovery import placement
 from torchlaunch.exit_codes import CANCELLED
+from torchlaunch.live import placement
 
 cluster = dev_cluster
 

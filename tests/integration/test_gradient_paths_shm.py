@@ -175,7 +175,7 @@ def test_shared_memory_and_gloo_train_identical_models(
     tmp_path: Path, ranks: int, road: str, shm_path: str, gloo_path: str
 ) -> None:
     """On either road: DDP's buckets (the restart road) and the live group's, posted from backward's
-    hooks across machines (core/recovery/grads.OverlappedGradients), give shared memory's bits."""
+    hooks across machines (live/grads.OverlappedGradients), give shared memory's bits."""
     runs = {}
     for shm in ("true", "false"):
         run_dir = tmp_path / f"shm-{shm}"

@@ -4,7 +4,7 @@ A survivor of rank 0's SIGKILL hung in a checkpoint commit: a flock belongs to t
 description, which fork shares, so a loader worker forked while the background writer held
 RUN_DIR/live/generation.lock kept the lock after the writer closed its descriptor; the next commit
 waited for that worker, and the training thread, whose epoch loader the worker served, waited for the
-commit. core/recovery/fence.py: a forked child closes its copies at once, the holder releases with
+commit. live/fence.py: a forked child closes its copies at once, the holder releases with
 LOCK_UN, and a wait is bounded. Here: the fork itself, from another thread while the lock is held
 (deterministic), and the rank-0 loss on shards with loader workers (once in CI; 10 times extended).
 """
@@ -26,7 +26,7 @@ from bench.live import pid_of, traced_step
 from tests.conftest import REPO, launcher_argv
 from tests.unit.test_resized_crop import write_jpegs
 from torchlaunch.core import checkpoint as ckpt
-from torchlaunch.core.recovery import fence as fence_mod
+from torchlaunch.live import fence as fence_mod
 
 RUN_BOUND_S = 90.0
 """How long a run may take before it counts as hung: ~10 s on an idle 2-core box."""

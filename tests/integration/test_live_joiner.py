@@ -29,8 +29,8 @@ from bench import live
 from tests.conftest import REPO, child_env, free_port, launcher_argv, run_launcher
 from torchlaunch import runlock
 from torchlaunch.agent import commands, live_start
-from torchlaunch.core.recovery.fence import Fence
 from torchlaunch.launch import elastic
+from torchlaunch.live.fence import Fence
 
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -7,7 +7,7 @@ its own launcher with its own --node-rank, on loopback, with the membership serv
 - 1:2, node 1 started once node 0's first group formed alone (MIN reached, the last call over): it
   joins that group at a check point with node 0's state, never a group of its own.
 - 2:3, two nodes: node 1 SIGKILLed -> node 0 is below MIN: it commits the last whole step and exits
-  75 (core/recovery/minimum.py); the same two commands again resume.
+  75 (live/minimum.py); the same two commands again resume.
 
 After each, every global step's samples, crops and flips are the uninterrupted run's (the library's
 live references: the plan is a function of (seed, epoch, step), whatever the world or the launcher).

@@ -27,8 +27,8 @@ from bench import live
 from tests.conftest import launcher_argv, run_cmd
 from tests.library import LIVE_LONG_EPOCHS, SURVIVOR_SHARE, RunLibrary
 from torchlaunch import contract, pdeath
-from torchlaunch.core.recovery.pulse import BEATS_PER_BOUND
 from torchlaunch.core.sampler import BatchPlan
+from torchlaunch.live.pulse import BEATS_PER_BOUND
 
 pytestmark = pytest.mark.slow
 
@@ -291,7 +291,7 @@ def test_a_peer_lost_during_the_stops_checkpoint_costs_a_regroup_and_the_checkpo
 def test_a_loss_below_the_launchers_minimum_checkpoints_and_the_same_command_resumes_exactly(
     reference: live.LiveRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The minimum a launcher with a node range passes its ranks (core/recovery/minimum.py; launch.slurm
+    """The minimum a launcher with a node range passes its ranks (live/minimum.py; launch.slurm
     --nodes MIN-MAX does, tests/engines/test_live_slurm.py), here one node of 2 ranks: rank 1 SIGKILLed,
     the rank left regroups, finds itself below it, trains no further step, commits a checkpoint of the last
     whole step and exits 75; the same command resumes on 2 ranks and ends with the uninterrupted run's
@@ -345,7 +345,7 @@ def test_a_broken_group_is_destroyed_at_once_though_a_posted_collective_never_en
 
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.group import LiveGroup
+    from torchlaunch.live.group import LiveGroup
 
     timeout = datetime.timedelta(seconds=120)
     store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timeout)
@@ -431,7 +431,7 @@ class Stranger:
         return None
 
     def _ask(self) -> None:
-        from torchlaunch.core.recovery.lighthouse import _torchft
+        from torchlaunch.live.lighthouse import _torchft
 
         address = None
         while address is None and not self.stop.wait(0.01):
@@ -461,11 +461,11 @@ class Stranger:
 def test_a_stranger_at_the_membership_service_is_refused_and_holds_no_regroup(tmp_path: Path) -> None:
     """Before: the stranger was seated as rank 0 of the first group or, at a regroup, as the group's
     rank 0 and its state source (its pickles then ran in the survivor), and its forged heartbeats held
-    each new quorum until the join timeout. Now the service's port is its front (core/recovery/front.py):
+    each new quorum until the join timeout. Now the service's port is its front (live/front.py):
     a connection that does not prove the run's key never reaches torchft's Lighthouse, so every call of
     the stranger's fails, the ranks train the plan, and the regroup on the kill forms within the forming
     bound that the stranger's heartbeats could hold it to before."""
-    from torchlaunch.core.recovery.membership import forming_bound_s
+    from torchlaunch.live.membership import forming_bound_s
 
     stranger = Stranger()
     stranger.thread.start()

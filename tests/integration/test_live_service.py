@@ -1,5 +1,5 @@
-"""The live group's membership service as it runs (core/recovery/lighthouse.py: torchft's Lighthouse
-and the ranks' presence beside it, core/recovery/presence.py), on loopback, in this process and in
+"""The live group's membership service as it runs (live/lighthouse.py: torchft's Lighthouse
+and the ranks' presence beside it, live/presence.py), on loopback, in this process and in
 processes of their own: a rank's end reaches it from the rank's own kernel, at once."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env, free_port_pair
-from torchlaunch.core.recovery import front, lighthouse, presence
+from torchlaunch.live import front, lighthouse, presence
 
 BOUND_S = 10.0
 """Every wait here is bounded by this; none is a sleep standing in for synchronisation."""
@@ -140,7 +140,7 @@ def test_a_quiet_connection_lapses_after_the_bound_and_a_reconnect_is_no_loss() 
 
 CHILD = """
 import os, signal, sys, time
-from torchlaunch.core.recovery.presence import Presence
+from torchlaunch.live.presence import Presence
 me = Presence(sys.argv[1], "rank000001")
 me.want()
 me.beat()
@@ -332,16 +332,16 @@ def test_a_rank_with_the_runs_key_says_once_that_the_service_takes_ids_at_their_
 
 def test_a_member_that_does_not_answer_the_quorums_challenge_is_left_out_within_the_bound() -> None:
     """Before a group forms, each member reads every other's answer to the quorum's token from that
-    member's own store (core/recovery/stores.py): a member whose store answers for another quorum, holds
+    member's own store (live/stores.py): a member whose store answers for another quorum, holds
     a wrong answer or is not there is left out after the forming bound, and the group forms of the rest.
     A stranger who writes into a member's store (found by a port scan) at every name it can know does not
     leave it out (issue 52: it overwrote the answer): the answer's name is derived from the secret."""
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.group import PROOF_KEY, LiveGroup, answer_key
-    from torchlaunch.core.recovery.membership import Member, Quorum, replica_id_of, sorted_members
-    from torchlaunch.core.recovery.runkey import RunKey
-    from torchlaunch.core.recovery.stores import store_with_echo
+    from torchlaunch.live.group import PROOF_KEY, LiveGroup, answer_key
+    from torchlaunch.live.membership import Member, Quorum, replica_id_of, sorted_members
+    from torchlaunch.live.runkey import RunKey
+    from torchlaunch.live.stores import store_with_echo
 
     key, token = RunKey(b"k" * 32), "5-1.000000001"
     ids = [replica_id_of(r, run=key.tag) for r in range(5)]
@@ -372,7 +372,7 @@ def test_a_service_given_the_runs_secret_file_counts_only_the_runs_ranks_once_it
     """`python -m launch.lighthouse --secret-file RUN_DIR/live/secret` (a service apart that shares the run
     dir): before the run's first rank made the secret no hello is counted; after, only a hello that proves
     the key derived from it, as a rank of the run sends it."""
-    from torchlaunch.core.recovery import runkey
+    from torchlaunch.live import runkey
 
     run_dir = tmp_path / "run"
     events = Events()
@@ -406,7 +406,7 @@ def test_the_service_process_serves_without_loading_torch(tmp_path: Path) -> Non
     launcher waited for it to listen before starting the ranks. No torch library is mapped once it serves."""
     port = free_port_pair()
     log = tmp_path / "lighthouse.log"
-    argv = [sys.executable, "-m", "torchlaunch.core.recovery.lighthouse", "--bind", f"127.0.0.1:{port}"]
+    argv = [sys.executable, "-m", "torchlaunch.live.lighthouse", "--bind", f"127.0.0.1:{port}"]
     with open(log, "w") as out:  # torchft logs every tick: a file, never an unread pipe
         proc = subprocess.Popen(argv, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -514,7 +514,7 @@ except ConnectionResetError:
 def test_the_services_lighthouse_listens_on_a_loopback_no_other_process_reaches(tmp_path: Path) -> None:
     """Behind the front, torchft's Lighthouse listened on the host's loopback, where any process of the
     host that found its port (a scan) could heartbeat forged ids at it. `python -m launch.lighthouse`
-    now runs it in a network namespace of its own (core/recovery/private_net.py): the port it listens on
+    now runs it in a network namespace of its own (live/private_net.py): the port it listens on
     there refuses this process, and a member's quorum through the front is answered."""
     port = free_port_pair()
     log = tmp_path / "lighthouse.log"
@@ -554,8 +554,8 @@ def test_a_ranks_store_admits_only_the_runs_ranks() -> None:
     writes nothing; a peer of the run, through its relay, sets and reads keys."""
     import torch.distributed as dist
 
-    from torchlaunch.core.recovery.runkey import RunKey
-    from torchlaunch.core.recovery.stores import peer_relay, store_with_echo
+    from torchlaunch.live.runkey import RunKey
+    from torchlaunch.live.stores import peer_relay, store_with_echo
 
     key = RunKey(b"s" * 32).presence_key
     echo, store, way_in = store_with_echo(key)
@@ -584,7 +584,7 @@ def test_a_slurm_nodes_first_task_places_the_service_its_other_tasks_read_it_and
     from torchlaunch import contract
     from torchlaunch.agent.placed import await_service
     from torchlaunch.backends.slurm.live import place_service
-    from torchlaunch.core.recovery import placement
+    from torchlaunch.live import placement
 
     monkeypatch.setenv(contract.SLURM_NODEID, "0")
     monkeypatch.setenv(contract.SLURM_NNODES, "1")

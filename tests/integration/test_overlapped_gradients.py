@@ -1,4 +1,4 @@
-"""A live group's gradient averaging overlapped with backward (core/recovery/grads.OverlappedGradients),
+"""A live group's gradient averaging overlapped with backward (live/grads.OverlappedGradients),
 over a real gloo group of two spawned ranks: the buckets are posted from backward's hooks, the result is
 the flat all-reduce's bit for bit, a parameter one rank leaves unused holds nobody up, and a lost peer
 fails the step's wait after backward, not backward itself."""
@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from tests.helpers import leave_spawned_rank
-from torchlaunch.core.recovery.failure import is_peer_lost
-from torchlaunch.core.recovery.grads import FlatGradients, OverlappedGradients
+from torchlaunch.live.failure import is_peer_lost
+from torchlaunch.live.grads import FlatGradients, OverlappedGradients
 
 pytestmark = pytest.mark.slow  # two spawned processes, each importing torch
 

@@ -1,4 +1,4 @@
-"""A rank's echo to its peers' probes (core/recovery/peers.py, echo_process.py), delivered from
+"""A rank's echo to its peers' probes (live/peers.py, echo_process.py), delivered from
 outside: the rank is a process of its own, its GIL held by a C call, stopped, sent a job's SIGTERM,
 killed. The echo must answer exactly while the rank runs, whatever holds the rank's GIL."""
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tests.conftest import REPO, child_env
-from torchlaunch.core.recovery.peers import answers
+from torchlaunch.live.peers import answers
 
 BOUND_S = 10.0
 """Every wait here is bounded by this; none is a sleep standing in for synchronisation."""
@@ -23,7 +23,7 @@ HOLD_S = 4.0
 
 RANK = f"""
 import ctypes, signal, sys
-from torchlaunch.core.recovery.peers import Echo
+from torchlaunch.live.peers import Echo
 signal.signal(signal.SIGTERM, lambda *_: print("term", flush=True))  # a rank saving after a stop
 echo = Echo()
 print(echo.port, echo.process.pid, flush=True)

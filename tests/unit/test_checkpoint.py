@@ -275,7 +275,7 @@ def test_a_copy_of_the_fence_lock_kept_by_a_child_does_not_hold_it_after_the_com
     lock (a flock belongs to the open file description, which fork shares) after the writer closed its
     descriptor; the next commit waited on it until the hang watchdog. A dup of the writer's descriptor,
     made mid-commit and kept, is that child's copy, in-process."""
-    from torchlaunch.core.recovery import fence as fence_mod
+    from torchlaunch.live import fence as fence_mod
 
     monkeypatch.setattr(fence_mod, "LOCK_BOUND_S", 2.0, raising=False)
     fence = fence_mod.Fence(tmp_path)
@@ -306,7 +306,7 @@ def test_a_fence_lock_held_past_the_bound_is_an_error_not_a_hang(tmp_path: Path,
     """Whoever holds the lock (a process stuck on its file server, one that kept a copy), a commit or a
     regroup waits for it LOCK_BOUND_S, then fails naming the lock and its holder; the previous
     checkpoint is intact."""
-    from torchlaunch.core.recovery import fence as fence_mod
+    from torchlaunch.live import fence as fence_mod
 
     monkeypatch.setattr(fence_mod, "LOCK_BOUND_S", 0.3, raising=False)
     fence = fence_mod.Fence(tmp_path)
@@ -338,9 +338,9 @@ def test_a_full_disk_at_a_regroup_is_a_storage_refusal_not_a_member_gone(tmp_pat
     line and exit 2 (BadInput), at once; the generation stays the last one written."""
     from torchlaunch import rundir
     from torchlaunch.base.storage import StorageError
-    from torchlaunch.core.recovery import fence as fence_mod
-    from torchlaunch.core.recovery.group import LiveGroup
-    from torchlaunch.core.recovery.membership import Member, Quorum
+    from torchlaunch.live import fence as fence_mod
+    from torchlaunch.live.group import LiveGroup
+    from torchlaunch.live.membership import Member, Quorum
 
     fence = fence_mod.Fence(tmp_path)
     before = fence.advance()

@@ -337,9 +337,9 @@ def test_every_config_message_is_raised_as_config_error() -> None:
 
 def test_the_config_and_every_section_load_without_torch() -> None:
     """The launchers build and validate the whole config before any rank starts, without torch: each
-    section lives beside its component (core/checkpoint/, core/recovery/, ...), so every module the
+    section lives beside its component (core/checkpoint/, live/, ...), so every module the
     config loads, and each of their packages (core/checkpoint/__init__.py too), is torch-free at load."""
     seen = loaded_with("torchlaunch.config")
-    assert {"torchlaunch.core.checkpoint.section", "torchlaunch.core.recovery.section"} <= seen
+    assert {"torchlaunch.core.checkpoint.section", "torchlaunch.live.section"} <= seen
     assert not [m for m in sorted(seen) if loads_torch(m)], "the config loads torch through these"
     assert not [m for m in seen if m.startswith("torchlaunch.worker.")], "the config loads the worker"

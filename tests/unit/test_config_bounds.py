@@ -18,8 +18,8 @@ from torchlaunch.base.untrusted import QUOTE_LIMIT, TooComplex, check_yaml, load
 from torchlaunch.core.checkpoint.section import CheckpointConfig
 from torchlaunch.core.dist_section import DistConfig
 from torchlaunch.core.preemption_section import PreemptionConfig
-from torchlaunch.core.recovery.section import RecoveryConfig
 from torchlaunch.exit_codes import BAD_INPUT, ConfigError
+from torchlaunch.live.section import RecoveryConfig
 from torchlaunch.trainer_sections import DebugConfig, ModelConfig, OptimConfig, TrainConfig
 
 ONE_LINE = re.compile(r"^config error: (?P<key>[^\s:]+): (?P<what>.+) \((?P<fix>[^()]+)\)$")

@@ -22,9 +22,9 @@ from torchlaunch.agent import options
 from torchlaunch.backends.k8s import live as k8s_live
 from torchlaunch.backends.k8s import manifest as k8s_manifest
 from torchlaunch.backends.k8s import options as k8s_opts
-from torchlaunch.core.recovery.section import RecoveryConfig
 from torchlaunch.exit_codes import BAD_INPUT, OK, BadInput
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.live.section import RecoveryConfig
 
 LIVE = [
     "--nodes",
@@ -86,7 +86,7 @@ def test_live_rendering_matches_golden_and_holds_the_service_apart() -> None:
         "--secret-file",
         "/shared/runs/lv/live/secret",
     ]
-    assert lighthouse["command"][-2:] == ["-m", "torchlaunch.core.recovery.lighthouse"]
+    assert lighthouse["command"][-2:] == ["-m", "torchlaunch.live.lighthouse"]
     assert lighthouse["securityContext"] == trainer["securityContext"]  # one owner: k8s/hardening.py
     assert pod["securityContext"] == {k: v for k, v in worker["securityContext"].items() if k != "fsGroup"}
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False

@@ -1,5 +1,5 @@
 """The run dir's lease that places a live job's membership service on one of its nodes
-(core/recovery/placement.py): one holder per generation, renewed while it lives, taken over once it
+(live/placement.py): one holder per generation, renewed while it lives, taken over once it
 lapses on the reader's own clock, stepped down from before a reader may take it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlaunch.core.recovery import placement
+from torchlaunch.live import placement
 
 
 class Clock:

@@ -1,9 +1,9 @@
-"""A seated rank's presence at the membership service (core/recovery/presence.py): the bookkeeping
+"""A seated rank's presence at the membership service (live/presence.py): the bookkeeping
 and the address convention, without sockets (the wire is tests/integration/test_live_service.py)."""
 
 from __future__ import annotations
 
-from torchlaunch.core.recovery import presence
+from torchlaunch.live import presence
 
 
 def test_the_presence_port_is_the_lighthouses_next_and_only_of_an_http_address() -> None:

@@ -14,10 +14,10 @@ import pytest
 from torchlaunch import rundir, runlock
 from torchlaunch.agent import commands, node
 from torchlaunch.agent.commands import NodePlacement, torchrun_argv
-from torchlaunch.core.recovery import runkey
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.launch import rdzv_file
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.live import runkey
 
 NAME = "tl-abc.0123abcd"
 

@@ -1,4 +1,4 @@
-"""Live recovery's pure parts (torchlaunch/core/recovery, the live agent's exit rule): which errors
+"""Live recovery's pure parts (torchlaunch/live, the live agent's exit rule): which errors
 mean a lost peer, the seat and the plan on the ranks left, the regroup record, the run dir's fence.
 The processes, sockets and the membership service are tests/integration/test_live_recovery.py's."""
 
@@ -19,13 +19,13 @@ from torchlaunch.agent import live as live_agent
 from torchlaunch.agent import live_rejoin, live_start
 from torchlaunch.agent.commands import NodePlacement, live_argv
 from torchlaunch.agent.live_start import live_mode
-from torchlaunch.core.recovery import Fence, Fenced, Member, Quorum, is_peer_lost, minimum, seat
-from torchlaunch.core.recovery.membership import behind, replica_id_of, sorted_members, source
-from torchlaunch.core.recovery.pulse import BEAT, Pulse, Watch, main_thread_cpu_s
-from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, OK, PREEMPTED, BadInput
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.live import Fence, Fenced, Member, Quorum, is_peer_lost, minimum, seat
+from torchlaunch.live.membership import behind, replica_id_of, sorted_members, source
+from torchlaunch.live.pulse import BEAT, Pulse, Watch, main_thread_cpu_s
+from torchlaunch.live.replan import Regroup, replan
 
 GLOO_RESET = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:4022: "
@@ -401,7 +401,7 @@ def test_the_gradients_live_in_one_flat_buffer_that_backward_fills_in_place() ->
     (channels_last included), backward accumulates into it, and an unused parameter adds zeros."""
     from torch import nn
 
-    from torchlaunch.core.recovery.grads import FlatGradients
+    from torchlaunch.live.grads import FlatGradients
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
@@ -432,7 +432,7 @@ def test_the_gradients_live_in_one_flat_buffer_that_backward_fills_in_place() ->
 def test_a_rank_started_again_sorts_last_and_takes_the_newest_members_state() -> None:
     """Joining never moves the ranks that train (rank 0 and its logs stay); the state comes from the
     first member at the newest step; a joiner's step (none yet) does not count against agreement."""
-    from torchlaunch.core.recovery.membership import JOINING_STEP
+    from torchlaunch.live.membership import JOINING_STEP
 
     ids = [replica_id_of(0), replica_id_of(2), replica_id_of(1, attempt=1), replica_id_of(0, attempt=2)]
     assert sorted(ids) == [replica_id_of(0), replica_id_of(2), replica_id_of(1, attempt=1), replica_id_of(0, attempt=2)]
@@ -451,7 +451,7 @@ def test_a_rank_started_again_sorts_last_and_takes_the_newest_members_state() ->
 
 
 def test_only_well_formed_join_requests_count(tmp_path: Path) -> None:
-    from torchlaunch.core.recovery.group import join_requests
+    from torchlaunch.live.group import join_requests
 
     assert join_requests(tmp_path / "absent") == []
     for name in ("join-rejoin001-rank000001", "join-rank000001", "join-rejoin001-rank000001.tmp", "generation"):
@@ -494,7 +494,7 @@ def test_the_agent_starts_a_lost_rank_again_only_while_another_trains_and_within
 def test_a_broken_groups_connections_are_cut_and_nothing_else() -> None:
     """sockets.cut shuts down the recorded connections only (by inode): the peer of a cut one reads the
     end at once (what wakes a member waiting in a broken collective); another connection is untouched."""
-    from torchlaunch.core.recovery import sockets
+    from torchlaunch.live import sockets
 
     before = set(sockets.open_sockets().values())
     ours, peer = socket.socketpair()
@@ -518,7 +518,7 @@ def test_the_peer_watch_probes_only_a_stalled_group_and_cuts_once_for_a_silent_p
 ) -> None:
     """A whole node frozen or cut off: while training is stalled past a quarter of the bound, each peer is
     probed; the first that does not answer makes this rank cut its group's connections, once."""
-    from torchlaunch.core.recovery import peers
+    from torchlaunch.live import peers
 
     now = [100.0]
     monkeypatch.setattr(peers.time, "monotonic", lambda: now[0])
@@ -734,7 +734,7 @@ def test_a_joiner_seated_at_another_place_writes_its_own_files(tmp_path: Path) -
 
 
 def test_a_joiner_with_the_launch_rank_of_a_training_member_is_a_second_launch() -> None:
-    from torchlaunch.core.recovery.membership import JOINING_STEP, started_as, twin
+    from torchlaunch.live.membership import JOINING_STEP, started_as, twin
 
     assert started_as("rank000007") == 7 and started_as("rejoin012-rank000007") == 7 and started_as("x") is None
     members = (
@@ -772,7 +772,7 @@ def test_a_joiner_with_the_launch_rank_of_a_training_member_is_a_second_launch()
 def test_the_membership_services_bad_arguments_are_one_bounded_line_and_exit_2(
     args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchlaunch.core.recovery import lighthouse
+    from torchlaunch.live import lighthouse
 
     code = lighthouse.main(args)
     err = capsys.readouterr().err
@@ -827,7 +827,7 @@ class _Restarts:
 def test_the_service_restarts_for_a_rank_gone_and_for_a_silent_one_it_waits_for(
     events: list[tuple[str, str]], alive: int, waiting_for: int, min_ranks: int, since: float, restarts: list[int]
 ) -> None:
-    from torchlaunch.core.recovery import lighthouse
+    from torchlaunch.live import lighthouse
 
     service = _Restarts(alive, waiting_for, min_ranks, since=since)
     lighthouse.Service._changed(service, events)  # type: ignore[arg-type]
@@ -837,7 +837,7 @@ def test_the_service_restarts_for_a_rank_gone_and_for_a_silent_one_it_waits_for(
 def test_a_service_that_cannot_listen_again_ends_so_that_its_keeper_starts_it_again(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchlaunch.core.recovery import lighthouse
+    from torchlaunch.live import lighthouse
 
     def ended(code: int) -> None:
         raise SystemExit(code)
@@ -885,7 +885,7 @@ def test_a_pickle_a_peer_sends_is_refused_by_every_decoder_and_never_runs(tmp_pa
 
     from torchlaunch.core import rng_wire
     from torchlaunch.core.dist import PeerValueError, decode_json
-    from torchlaunch.core.recovery import state_wire
+    from torchlaunch.live import state_wire
 
     marker = tmp_path / "code-ran"
     payload = pickle.dumps(_RunsCode(marker))
@@ -920,7 +920,7 @@ def test_a_peer_value_is_bounded_and_of_the_kind_asked_for() -> None:
 
 def test_a_joiners_state_crosses_as_json_and_tensors_identical_and_a_changed_byte_is_refused() -> None:
     from torchlaunch.core.dist import decode_json, encode_json
-    from torchlaunch.core.recovery import state_wire
+    from torchlaunch.live import state_wire
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
     optimizer = torch.optim.AdamW(model.parameters())
@@ -978,7 +978,7 @@ def test_a_ranks_rng_states_cross_as_json_and_restore_the_same_draws() -> None:
 
 
 def test_the_runs_secret_is_made_once_owner_only_and_refused_when_others_may_read_it(tmp_path: Path) -> None:
-    from torchlaunch.core.recovery import runkey
+    from torchlaunch.live import runkey
 
     first = runkey.load(tmp_path)
     path = tmp_path / "live" / "secret"
@@ -998,7 +998,7 @@ def test_the_runs_secret_is_made_once_owner_only_and_refused_when_others_may_rea
 
 
 def test_a_sealed_address_opens_only_for_its_run_id_and_step_and_a_proof_only_for_its_quorum() -> None:
-    from torchlaunch.core.recovery.runkey import RunKey
+    from torchlaunch.live.runkey import RunKey
 
     key, other = RunKey(b"a" * 32), RunKey(b"b" * 32)
     rid = replica_id_of(1, run=key.tag)
@@ -1028,8 +1028,8 @@ class _Service:
 
 
 def test_a_member_whose_address_is_not_sealed_under_the_runs_secret_is_dropped_from_the_quorum() -> None:
-    from torchlaunch.core.recovery.group import LiveGroup
-    from torchlaunch.core.recovery.runkey import RunKey
+    from torchlaunch.live.group import LiveGroup
+    from torchlaunch.live.runkey import RunKey
 
     key = RunKey(b"s" * 32)
     me, peer = replica_id_of(1, run=key.tag), replica_id_of(2, run=key.tag)
@@ -1046,7 +1046,7 @@ def test_a_member_whose_address_is_not_sealed_under_the_runs_secret_is_dropped_f
 
 
 def test_a_service_reads_the_runs_secret_only_once_made_and_only_when_safe(tmp_path: Path) -> None:
-    from torchlaunch.core.recovery import lighthouse, runkey
+    from torchlaunch.live import lighthouse, runkey
 
     path = tmp_path / "live" / "secret"
     assert runkey.existing(path) is None  # no run dir yet: the service waits for it
@@ -1067,7 +1067,7 @@ def test_a_service_reachable_from_other_hosts_without_the_runs_key_is_refused(
     """Issue 52: a service started apart without --secret-file admitted anyone who reached it (forged
     presence ids were counted, only warned). Where another host can reach it, the run's key is required:
     exit 2 and one line, before it listens; on loopback it may still run without (the ranks warn)."""
-    from torchlaunch.core.recovery import lighthouse
+    from torchlaunch.live import lighthouse
 
     monkeypatch.delenv(contract.LIVE_PRESENCE_KEY, raising=False)
     code = lighthouse.main(["--bind", bind])

@@ -514,14 +514,14 @@ def test_the_floors_below_the_worker_never_import_it() -> None:
 def test_the_trainer_never_asks_which_training_group_it_has() -> None:
     """The trainer talks to one training-group interface (worker/groups/) and never branches on the road
     (../shared/ARCHITECTURE.md, "Live recovery: one road"): it reads no `live` attribute or recovery.live,
-    and imports neither the live group nor core/recovery's seat, so a road's steps live behind the seam.
+    and imports neither the live group nor live's seat, so a road's steps live behind the seam.
     The trainer is class Trainer's modules: trainer.py and the parts it is built of (its bases)."""
     from torchlaunch.worker.trainer import Trainer
 
     paths = sorted({PACKAGE.parent / f"{c.__module__.replace('.', '/')}.py" for c in Trainer.__mro__[:-1]})
     assert PACKAGE / "worker" / "loop.py" in paths, paths  # the bases are read
     found = []
-    behind = ("torchlaunch.worker.groups.live", "torchlaunch.core.recovery.group", "torchlaunch.core.recovery.replan")
+    behind = ("torchlaunch.worker.groups.live", "torchlaunch.live.group", "torchlaunch.live.replan")
     for path in paths:
         found += [
             f"{where(path, node)}: {ast.unparse(node)}"
@@ -744,19 +744,19 @@ def test_the_live_agent_starts_without_importing_torch() -> None:
     is on the clock (issue #37: restart -> takes part <= 5 s): importing torch there cost ~2 s. Every
     module it loads, and each of their packages, is torch-free at load time."""
     seen = loaded_with("torchlaunch.agent.live")
-    assert "torchlaunch.core.recovery.pulse" in seen
+    assert "torchlaunch.live.pulse" in seen
     assert not [m for m in sorted(seen) if loads_torch(m)], "the live agent loads torch through these"
 
 
 def test_a_worker_that_does_not_train_live_loads_neither_the_live_group_nor_the_shard_reader() -> None:
     """Every rank's start-up is on the clock (issue #36: start-up no worse than before the redesign):
     live mode is off by default and most runs read no shards, so the worker's modules load the live
-    group (core/recovery/group.py, its stores, grads and handover, and the pulse and peers they bring)
+    group (live/group.py, its stores, grads and handover, and the pulse and peers they bring)
     and the shard reader only when a run uses them, not when they are imported."""
     seen = loaded_with("torchlaunch.worker.run", "torchlaunch.worker.trainer", "torchlaunch.worker.data")
-    assert "torchlaunch.core.recovery.minimum" in seen  # the walk reaches the package
+    assert "torchlaunch.live.minimum" in seen  # the walk reaches the package
     heavy = (
-        *(f"torchlaunch.core.recovery.{m}" for m in ("group", "stores", "grads", "handover", "fence")),
+        *(f"torchlaunch.live.{m}" for m in ("group", "stores", "grads", "handover", "fence")),
         "torchlaunch.data.shards.reader",
     )
     assert not [m for m in heavy if m in seen], sorted(m for m in seen if m.startswith(heavy))

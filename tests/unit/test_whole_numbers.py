@@ -41,7 +41,7 @@ def test_a_k8s_wait_for_port_in_other_digits_is_one_bounded_line(endpoint: str) 
 
 @pytest.mark.parametrize("value", ["\u00b2", "\u0665", "1\u00b2"])
 def test_the_launchers_env_in_other_digits_is_bad_input(value: str) -> None:
-    from torchlaunch.core.recovery import minimum
+    from torchlaunch.live import minimum
 
     with pytest.raises(BadInput, match="is not a node count"):
         minimum.from_env(1, {contract.LIVE_MIN_NODES: value})
@@ -50,7 +50,7 @@ def test_the_launchers_env_in_other_digits_is_bad_input(value: str) -> None:
 
 
 def test_a_fence_file_in_other_digits_reads_as_missing(tmp_path: Path) -> None:
-    from torchlaunch.core.recovery.fence import Fence
+    from torchlaunch.live.fence import Fence
 
     fence = Fence(tmp_path)
     fence.folder.mkdir(parents=True)
@@ -65,9 +65,9 @@ def test_patterns_that_read_numbers_take_ascii_digits_only() -> None:
     from torchlaunch.backends.slurm.follow import TASK_LINE
     from torchlaunch.backends.slurm.states import SLURM_ID
     from torchlaunch.core.checkpoint.store import STEP_DIR
-    from torchlaunch.core.recovery.group import JOIN_NAME
     from torchlaunch.jobs.ranklog import NAME
     from torchlaunch.launch.shape import RANGE
+    from torchlaunch.live.group import JOIN_NAME
 
     assert SLURM_ID.match("501_2") and not SLURM_ID.match("\u0665\u0660\u0661")
     assert STEP_DIR.match("step-000000010") and not STEP_DIR.match("step-\u0661\u0660")

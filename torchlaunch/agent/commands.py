@@ -204,7 +204,7 @@ def live_argv(
     placement = placement or NodePlacement()
     across = ["--lighthouse", lighthouse] if lighthouse else []
     if not lighthouse and (spec.nodes > 1 or placement.master_addr is not None):
-        across = ["--run-dir", spec.run_dir or ""]  # the agents place the service (core/recovery/placement.py)
+        across = ["--run-dir", spec.run_dir or ""]  # the agents place the service (live/placement.py)
     if join_attempt:
         across += ["--join-attempt", str(join_attempt)]
     if spec.nodes > 1 or placement.master_addr is not None:

@@ -126,7 +126,7 @@ class Meeting:
         self.live = live
         """The tokens of the job's launchers alive now, this one included (runlock's node slots)."""
         self.generation = generation
-        """The run dir's group generation now (core/recovery/fence.py)."""
+        """The run dir's group generation now (live/fence.py)."""
 
     def meet(
         self,

@@ -4,7 +4,7 @@ Why: a recovery.lighthouse pointing nowhere passed the launch and failed in ever
 with a traceback (issue 52). The launcher on the node can ask the same question in a few milliseconds
 (a refused connection) or at most REACH_TIMEOUT_S (a host that drops packets), and say it in one line.
 Both of the service's ports are asked: the Lighthouse's and its presence port (PORT+1,
-core/recovery/presence.port_of), which every rank needs too. Nothing is sent: a connection that opens
+live/presence.port_of), which every rank needs too. Nothing is sent: a connection that opens
 is closed at once. Only where the launcher runs on a training node (launch.local) outside a scheduler's
 job: a Slurm login node or a Kubernetes client may not reach the service that the nodes do, and a pod
 may start before the service's pod is ready.

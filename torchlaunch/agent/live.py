@@ -9,14 +9,14 @@
 Why not torchrun's agent: it ends every rank of the group when one fails and starts them all again,
 which is exactly the restart live mode avoids. This agent starts the ranks with torchrun's env contract
 (each in a session of its own, dying with this agent: pdeath.die_with_agent), starts the membership
-service (core/recovery/lighthouse.py) in a process of its own, restarts it on the same address if it
+service (live/lighthouse.py) in a process of its own, restarts it on the same address if it
 dies (its state is soft: the ranks' next heartbeats fill it again), and waits for the ranks; the
-service hears of a rank lost from the rank's own presence connection (core/recovery/presence.py),
+service hears of a rank lost from the rank's own presence connection (live/presence.py),
 here as across nodes. A job across
 nodes runs one agent per node and the service apart from all of them (`--lighthouse`, started with
 `python -m launch.lighthouse` on a host of its own): a service inside one node's agent would die with
 that node and take the group's membership along. It also
-watches each rank's pulse (core/recovery/pulse.py): a rank silent past the heartbeat bound (frozen by
+watches each rank's pulse (live/pulse.py): a rank silent past the heartbeat bound (frozen by
 SIGSTOP, say) is SIGKILLed with its process group, so that its peers' collective fails with a transport
 error and they regroup without it, instead of waiting for `dist.timeout_s`.
 
@@ -52,10 +52,10 @@ from torchlaunch.agent.live_rejoin import (
 from torchlaunch.agent.live_shared import LOOPBACK, job_code
 from torchlaunch.agent.placed import Placed, free_port, free_port_pair
 from torchlaunch.base import procs
-from torchlaunch.core.recovery import minimum
-from torchlaunch.core.recovery.pulse import Watch
 from torchlaunch.exit_codes import OK, BadInput
 from torchlaunch.launch import elastic, shape
+from torchlaunch.live import minimum
+from torchlaunch.live.pulse import Watch
 
 POLL_S = 0.05
 SERVICE_START_S = 30.0
@@ -81,7 +81,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--run-dir",
         default="",
         help="across nodes without --lighthouse: the run dir whose lease places the service on one of the "
-        "job's nodes (core/recovery/placement.py)",
+        "job's nodes (live/placement.py)",
     )
     parser.add_argument(
         "--join-attempt",
@@ -146,7 +146,7 @@ class NodeSeat:
     master_addr: str = LOOPBACK
     master_port: int = 0
     min_nodes: int | None = None
-    """--nnodes MIN:MAX: MIN, passed to the ranks (core/recovery/minimum.py owns what it means)."""
+    """--nnodes MIN:MAX: MIN, passed to the ranks (live/minimum.py owns what it means)."""
     first_seat: int | None = None
     """--nnodes MIN:MAX: this node's place among the first group's nodes (first_group.py)."""
     first_nodes: int | None = None
@@ -229,7 +229,7 @@ class Service:
         argv = [
             sys.executable,
             "-m",
-            "torchlaunch.core.recovery.lighthouse",
+            "torchlaunch.live.lighthouse",
             "--bind",
             f"127.0.0.1:{self.port}",
             "--heartbeat-timeout-ms",
@@ -270,7 +270,7 @@ def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subpro
 
 def fence_silent(ranks: list[subprocess.Popen], watch: Watch, fenced: dict[int, str]) -> None:
     """SIGKILL each rank silent past the bound, with its process group (its loader workers): its
-    sockets close, so its peers' collective fails at once and they regroup (core/recovery/pulse.py)."""
+    sockets close, so its peers' collective fails at once and they regroup (live/pulse.py)."""
     for rank, seconds in watch.silent().items():
         watch.forget(rank)
         proc = ranks[rank]

@@ -22,13 +22,13 @@ from torchlaunch.agent import first_group, stops
 from torchlaunch.agent.commands import NodePlacement
 from torchlaunch.agent.options import check_rendezvous
 from torchlaunch.agent.outcome import LaunchEnded
-from torchlaunch.core.recovery.section import runs_live
 from torchlaunch.exit_codes import FAILURE, PREEMPTED
 from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.live.section import runs_live
 
 if TYPE_CHECKING:
-    from torchlaunch.core.recovery.fence import Fence  # live mode only: imported where used
+    from torchlaunch.live.fence import Fence  # live mode only: imported where used
 
 
 def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
@@ -36,7 +36,7 @@ def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement
     several ranks in all, not --doctor (one rank or a pre-flight has nobody to regroup with, even with an
     explicit true: the restart road as ever). Across nodes (--nnodes N, or MIN:MAX: first_group.py) the
     agents place the membership service on one of the job's nodes through the run dir
-    (core/recovery/placement.py), unless recovery.lighthouse names one of the user's own."""
+    (live/placement.py), unless recovery.lighthouse names one of the user's own."""
     return runs_live(cfg.recovery.live, possible=not doctor and spec.nodes * spec.gpus_per_node > 1)
 
 
@@ -63,11 +63,11 @@ def replaces_a_lost_node(lock: runlock.RunLock | None, run_dir: str) -> int:
     its ranks join a group that trains already with (a new launch of a lost node's command: a pod the
     Job replaced, a node started again by hand). The launcher that founds the job's run (no launcher of
     the job alive: runlock) records the run dir's group generation; one that joins later replaces a
-    lost node once a group formed since (core/recovery/fence.py). The attempt is past every generation,
+    lost node once a group formed since (live/fence.py). The attempt is past every generation,
     so its ranks' ids differ from the lost node's. Only a launch across nodes shares the lock by job."""
     if lock is None or lock.slot is None:
         return 0
-    from torchlaunch.core.recovery.fence import Fence  # live mode across nodes only: no import otherwise
+    from torchlaunch.live.fence import Fence  # live mode across nodes only: no import otherwise
 
     fence = Fence(run_dir)
     if lock.founded or not founder_recorded(lock, fence):
@@ -103,7 +103,7 @@ def joins_a_live_group(lock: runlock.RunLock | None, run_dir: str) -> bool:
     not recorded its run yet formed no group, so a launcher that arrives then starts in the first one)."""
     if lock is None or lock.slot is None or lock.founded:
         return False
-    from torchlaunch.core.recovery.fence import Fence  # live mode across nodes only
+    from torchlaunch.live.fence import Fence  # live mode across nodes only
 
     fence = Fence(run_dir)
     return fence.founder() == lock.holder.incarnation and fence.formed_since_founded()
@@ -146,7 +146,7 @@ def meet_first_group(
     where this node stands in it. The window after MIN nodes is the elastic rendezvous's last call
     (--rdzv-conf last_call_timeout, 10 s by default); the wait for MIN nodes its join_timeout (600 s)."""
     from torchlaunch.agent import live_shared
-    from torchlaunch.core.recovery.fence import Fence
+    from torchlaunch.live.fence import Fence
 
     assert lock is not None and lock.holder.job and placement.master_addr is not None  # check_nodes, elastic_job
     nodes = shape.NodeRange(spec.min_nodes or spec.nodes, spec.nodes)

@@ -62,12 +62,12 @@ from torchlaunch.agent.options import Plan, meets_at_node_0_first, parse_args, p
 from torchlaunch.agent.outcome import LaunchEnded
 from torchlaunch.agent.ranks import available_cores, contract_env, launch_env, run
 from torchlaunch.agent.stops import FORWARDED_SIGNALS, note_early_signal
-from torchlaunch.core.recovery.section import PROGRAM_WHY, WAY_OUT
 from torchlaunch.exit_codes import BAD_INPUT, OK
 from torchlaunch.jobs import record
 from torchlaunch.jobs.launcher import Operation
 from torchlaunch.launch import cli, elastic, finished, rdzv_file
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.live.section import PROGRAM_WHY, WAY_OUT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -303,7 +303,7 @@ def meet_in_run_dir(run_dir: str, lock: runlock.RunLock, placement: NodePlacemen
     """Ready the run-dir rendezvous of this job's incarnation (launch.rdzv_file): the run's secret, which
     seals its state, made or checked here (one line, exit 2, before anything starts); a founder clears the
     files of runs before, whose members are all gone. The placement carries the incarnation to torchrun."""
-    from torchlaunch.core.recovery import runkey  # torch-free: the run's secret and its checks
+    from torchlaunch.live import runkey  # torch-free: the run's secret and its checks
 
     runkey.load(run_dir)
     incarnation = lock.holder.incarnation

@@ -21,10 +21,10 @@ from torchlaunch.agent import stops
 from torchlaunch.agent.commands import MASTER_ADDR_REQUIRED, NodePlacement
 from torchlaunch.agent.outcome import LaunchEnded
 from torchlaunch.base.untrusted import quote
-from torchlaunch.core.recovery.section import runs_live
 from torchlaunch.exit_codes import FAILURE, PREEMPTED
 from torchlaunch.launch import cli, elastic, precheck, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
+from torchlaunch.live.section import runs_live
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

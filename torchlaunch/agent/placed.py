@@ -1,4 +1,4 @@
-"""A node agent's side of the membership service placed by the run dir (core/recovery/placement.py),
+"""A node agent's side of the membership service placed by the run dir (live/placement.py),
 shared by launch.local's live agent (agent/live.py) and a Slurm job's tasks (the task of each
 node's local rank 0: backends/slurm/live.py): a Lighthouse in standby on this node, and the lease that
 says whether it serves. Why in agent/: it is live mode's node side; a Slurm task, one floor up, runs it too.
@@ -18,7 +18,7 @@ from pathlib import Path
 from torchlaunch import rundir
 from torchlaunch.agent.live_shared import LOOPBACK
 from torchlaunch.base.untrusted import whole
-from torchlaunch.core.recovery import placement, presence
+from torchlaunch.live import placement, presence
 
 POLL_S = 0.05
 """How often the agent looks at the lease: a small share of the lease's fifth between renewals."""
@@ -47,7 +47,7 @@ def free_port_pair(tries: int = 64, host: str = LOOPBACK) -> int:
 
 class Placed:
     """The membership service of a job across nodes, placed on one of its nodes by the run dir's lease
-    (core/recovery/placement.py): every node's agent holds a Lighthouse in standby and the lease's holder
+    (live/placement.py): every node's agent holds a Lighthouse in standby and the lease's holder
     serves; when the holder's lease lapses (its node lost) another agent takes it and serves instead."""
 
     def __init__(self, lease: placement.Lease, standby: placement.Standby, nodes: int, nproc: int) -> None:

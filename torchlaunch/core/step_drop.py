@@ -18,7 +18,7 @@ the step's gradient all-reduce. Instead (a store check per micro-batch, no devic
    rank goes on) and skips its remaining micro-batches. Under DDP it still runs the last one (on two
    samples): its forward and backward hold the step's collectives (buffer broadcast, gradient
    all-reduce), which no peer is left waiting in.
-   In live mode the gradients are averaged after the micro-batches (core/recovery), so it skips them
+   In live mode the gradients are averaged after the micro-batches (live), so it skips them
    all and goes straight to that average.
 2. After the step's gradient all-reduce (DDP's synchronised backward, or live mode's average), every
    rank asks the store for `drop/<step>`. The all-reduce completed, so every rank entered it, after any

@@ -75,7 +75,7 @@ class LiveRegroup:
     previous_world_size: int
     world_size: int
     stopped: bool = False
-    """The group it formed was below the launch's minimum (core/recovery/minimum.py): it ran nothing
+    """The group it formed was below the launch's minimum (live/minimum.py): it ran nothing
     again, committed the step before `step` and exited 75 for a requeue."""
 
     def text(self) -> str:

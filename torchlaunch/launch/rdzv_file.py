@@ -20,7 +20,7 @@ the job shares already (its lock, job records, the script's checkpoints), so the
 
 Why sealed: the handler unpickles whatever the backend returns, and unpickling runs code. Every state is
 written with an HMAC under a key derived from the run's secret (RUN_DIR/live/secret, 0600, this user's:
-core/recovery/runkey.py), over the rendezvous name, the generation and the bytes, and a state whose seal
+live/runkey.py), over the rendezvous name, the generation and the bytes, and a state whose seal
 does not verify is refused in one line (exit 2) before torch sees a byte of it. What a stranger who can
 write the run dir can still do: delete or garble the files, or put back an older state of this same
 rendezvous (the job stops or re-forms: a denial of service, as deleting the checkpoints is), and edit the

@@ -15,8 +15,8 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousPa
 from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, create_handler
 
-from torchlaunch.core.recovery import runkey
 from torchlaunch.launch import rdzv_file
+from torchlaunch.live import runkey
 
 READ_TIMEOUT_S = 60
 """How long a read of the per-round store waits (c10d's read_timeout default for its TCP store)."""

@@ -23,11 +23,11 @@ from torchlaunch import status
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import all_reduce_sum_
 from torchlaunch.core.preemption import StepAgreement
-from torchlaunch.core.recovery import minimum
 from torchlaunch.core.step_drop import StepDropped
 from torchlaunch.exit_codes import OK, PREEMPTED, BadInput
 from torchlaunch.jobs import progress as progress_beat
 from torchlaunch.jobs.progress import heartbeat
+from torchlaunch.live import minimum
 from torchlaunch.startup import process_age_s
 from torchlaunch.worker.metrics import RunLog
 

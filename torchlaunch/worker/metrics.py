@@ -237,7 +237,7 @@ class RunLog:
         generation: int | None = None,
     ) -> None:
         """One step's samples on this rank, with the augmentation each got (TrainLoader.step_trace). In
-        live mode `generation` is the group's (core/recovery/fence.py): a step interrupted by a lost rank
+        live mode `generation` is the group's (live/fence.py): a step interrupted by a lost rank
         is traced again by the next group, whose records are the ones that trained."""
         record = {"step": step, "epoch": epoch, "world_size": world_size, "indices": indices}
         if generation is not None:

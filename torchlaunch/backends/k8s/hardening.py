@@ -32,7 +32,7 @@ def pod_security(fs_group: bool = True) -> Manifest:
     """A pod's securityContext: the image's user, and its group owning the mounted volumes (fsGroup). A
     pod that only reads its own user's files on the shared volume (the membership service reading the
     run's secret) is given no fsGroup: the kubelet then changes nothing on the volume for it, and a secret
-    made group-readable is refused by the ranks (core/recovery/runkey.py)."""
+    made group-readable is refused by the ranks (live/runkey.py)."""
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS,

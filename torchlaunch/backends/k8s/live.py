@@ -19,7 +19,7 @@ What live mode changes in the rendering, and why:
   fail the Job; an index that spent its budget is failed alone (its node keeps dying) and the others
   go on without it. Exit 2 fails its index, not the Job (FailIndex): bad input is still never retried,
   and since every pod reads the same recipe and volume, it fails every index and so the Job; but a pod
-  whose group was superseded also exits 2 (core/recovery/fence.py's Fenced), and must not take the
+  whose group was superseded also exits 2 (live/fence.py's Fenced), and must not take the
   group that superseded it down. The Job is done when one index succeeds (successPolicy
   succeededCount 1): a live agent ends 0 only when the training finished, and a replacement still
   waiting for a node must not keep the Job open.
@@ -33,7 +33,7 @@ What live mode changes in the rendering, and why:
   runs before pod 0's name has a DNS record waits for it (`--master-wait-s`, the rendering's
   --wait-timeout-s, 600 s by default; then exit 1, counted against its index) instead of being refused.
 - **The network.** Between the job's pods every TCP port (each rank hosts its own store on a free port)
-  and UDP (each rank answers a one-datagram echo on its store's port: core/recovery/peers.py); the
+  and UDP (each rank answers a one-datagram echo on its store's port: live/peers.py); the
   service accepts only the job's pods, on its two ports (the Lighthouse's and presence's, the next),
   and opens no connection itself.
 
@@ -66,32 +66,32 @@ from typing import TYPE_CHECKING, Any
 from torchlaunch.backends.k8s import hardening
 from torchlaunch.backends.k8s import validate as k8s_validate
 from torchlaunch.base import rules
-from torchlaunch.core.recovery import presence, runkey
-from torchlaunch.core.recovery.lighthouse import DEFAULT_BIND
-from torchlaunch.core.recovery.section import AUTO, explicit, runs_live
 from torchlaunch.exit_codes import BAD_INPUT
 from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.live import presence, runkey
+from torchlaunch.live.lighthouse import DEFAULT_BIND
+from torchlaunch.live.section import AUTO, explicit, runs_live
 
 if TYPE_CHECKING:
-    from torchlaunch.core.recovery.section import RecoveryConfig
+    from torchlaunch.live.section import RecoveryConfig
 
 Manifest = dict[str, Any]
 
 PORT = int(DEFAULT_BIND.rpartition(":")[2])
 """The service's port: `python -m launch.lighthouse`'s default, so a user's own service matches it."""
 PRESENCE_PORT = presence.port_of(PORT)
-"""Where each seated rank holds its presence connection (core/recovery/presence.py): the next port."""
+"""Where each seated rank holds its presence connection (live/presence.py): the next port."""
 PRESENCE = "presence"
 COMPONENT = "lighthouse"
 CONTAINER = "lighthouse"
-SERVICE_MODULE = "torchlaunch.core.recovery.lighthouse"
+SERVICE_MODULE = "torchlaunch.live.lighthouse"
 """What `python -m launch.lighthouse` runs; the image has the package, not the repository's launch/."""
 PER_INDEX_BACKOFF = 3
 """Failures tolerated per index when --backoff-limit is not given: the fixed-size Job's 3 per node."""
 RESOURCES = {"cpu": "500m", "memory": "1Gi"}
 """Measured: the service held 606 MB resident while torchft's package (torch) was imported; ~25 MB since it
-loads the bindings alone (core/recovery/lighthouse.py), left as it was; it idles between quorums;
+loads the bindings alone (live/lighthouse.py), left as it was; it idles between quorums;
 requests = limits, so it is the last pod a node under memory pressure evicts."""
 
 

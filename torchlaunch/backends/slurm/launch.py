@@ -59,11 +59,11 @@ from torchlaunch.backends.slurm.render import (
     task_python,
 )
 from torchlaunch.backends.slurm.task import DEFAULT_MAX_TIMEOUTS, SlurmTask
-from torchlaunch.core.recovery.section import PROGRAM_WHY, WAY_OUT
 from torchlaunch.exit_codes import FAILURE, OK, BadInput
 from torchlaunch.jobs import record
 from torchlaunch.launch import cli, precheck, shape
 from torchlaunch.launch.spec import JobSpec
+from torchlaunch.live.section import PROGRAM_WHY, WAY_OUT
 
 # ----------------------------------------------------------------------------------------------
 # Checking against the cluster, and submitting.

@@ -3,7 +3,7 @@
     python -m launch.slurm --nodes 2 --gpus-per-node 8 --config configs/cifar10.yaml recovery.live=true
 
 The membership service is placed on one of the job's nodes by the run dir's lease (agent/placed.py,
-core/recovery/placement.py): on each node the task of local rank 0 (SLURM_LOCALID 0) runs the node's
+live/placement.py): on each node the task of local rank 0 (SLURM_LOCALID 0) runs the node's
 agent in a thread (a standby Lighthouse, the lease), which dies with the task; node 0 (SLURM_NODEID)
 takes the first lease, another node's agent takes over when it lapses. `recovery.lighthouse=URL` names
 a service of the user's own instead.
@@ -28,11 +28,11 @@ What Slurm must be told, the env each task adds, and the job's outcome. Measured
 - `--nodes MIN-MAX`: the allocation is as many nodes as are up in the range (render.elastic_parameters),
   so the verdict counts the tasks at run time (SLURM_NNODES x tasks per node), and each task passes MIN
   to its rank (minimum_env). A loss that leaves fewer than MIN nodes' worth of ranks makes them commit a
-  checkpoint and exit 75 (core/recovery/minimum.py owns that rule), which rank 0 requeues as it does a
+  checkpoint and exit 75 (live/minimum.py owns that rule), which rank 0 requeues as it does a
   preemption (task.SlurmTask._requeue); the next allocation of MIN..MAX nodes resumes from it.
 
 What is not here: the local agent's pulse fencing of a frozen rank (no agent in a Slurm task). The
-ranks judge a silent peer themselves (core/recovery/peers.py: an echo on each store's port while
+ranks judge a silent peer themselves (live/peers.py: an echo on each store's port while
 training stalls), which covers a frozen process and a frozen or cut-off node alike.
 """
 
@@ -47,9 +47,9 @@ from torchlaunch import contract, rundir
 from torchlaunch.agent import live_shared
 from torchlaunch.base import files
 from torchlaunch.base.untrusted import whole
-from torchlaunch.core.recovery import placement
-from torchlaunch.core.recovery.section import WAY_OUT, Live, explicit, runs_live
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.live import placement
+from torchlaunch.live.section import WAY_OUT, Live, explicit, runs_live
 
 PLACED = "placed"
 """SlurmOptions.lighthouse / SlurmTask.lighthouse of a live job whose nodes place the service themselves
@@ -105,7 +105,7 @@ def road_line(live: bool, why: str = WAY_OUT) -> str:
 def minimum_env(min_nodes: int | None, max_nodes: int) -> dict[str, str]:
     """What a live job on `--nodes MIN-MAX` tells its ranks (pure): MIN, and the range in the user's
     words. A group that a loss leaves with fewer than MIN nodes' worth of ranks checkpoints and exits 75,
-    which the task requeues like a preemption (core/recovery/minimum.py owns the rule). Nothing for a
+    which the task requeues like a preemption (live/minimum.py owns the rule). Nothing for a
     fixed --nodes N: its group trains on down to one rank."""
     if min_nodes is None:
         return {}

@@ -31,11 +31,11 @@ from torchlaunch.backends.slurm.cluster import controller_state, job_state
 from torchlaunch.backends.slurm.killed import killed_before
 from torchlaunch.backends.slurm.result import result_path
 from torchlaunch.base.untrusted import whole
-from torchlaunch.core.recovery import minimum as live_minimum
 from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
 from torchlaunch.jobs.launcher import Operation, prepare_rank
 from torchlaunch.jobs.lost import lost_line, steps_lost
+from torchlaunch.live import minimum as live_minimum
 from torchlaunch.stop_signals import STOP_SIGNALS, hold_early_stops
 
 DEFAULT_MAX_TIMEOUTS = 3

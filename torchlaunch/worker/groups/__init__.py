@@ -5,7 +5,7 @@ lost peer (or not), admits a rank started again and fences a commit, by calling 
 asks which group it has. Two implementations:
 - fixed.FixedGroup: torchrun's group as the launcher formed it (DDP, the exact grid, or one rank); a
   lost peer fails the run, which the launcher restarts from the last checkpoint.
-- live.LiveTrainingGroup: recovery.live, re-formed in place on a lost rank (core/recovery/ holds the
+- live.LiveTrainingGroup: recovery.live, re-formed in place on a lost rank (live/ holds the
   membership, store, fence and wire; live.py the trainer-side steps). Imported only when a run trains
   live: a worker that does not pays nothing for its imports at start-up (`python -m bench.startup`).
 """
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from torchlaunch.core import checkpoint as ckpt
     from torchlaunch.core.dist import DistContext
     from torchlaunch.core.fixed_point import RankSum
-    from torchlaunch.core.recovery.minimum import BelowMinimum
     from torchlaunch.core.sampler import BatchPlan
+    from torchlaunch.live.minimum import BelowMinimum
     from torchlaunch.worker.metrics import RunLog, WorldSize
 
 T = TypeVar("T")
@@ -144,7 +144,7 @@ def form(cfg: RunConfig, ctx: DistContext, attempt: int = 0) -> TrainingGroup:
     without one trains in the fixed group, and an explicit true without one is refused by live.join
     (bad input). Every rank agrees on a bad input while seating itself."""
     from torchlaunch import contract
-    from torchlaunch.core.recovery.section import explicit, runs_live
+    from torchlaunch.live.section import explicit, runs_live
 
     launched_live = bool(contract.get(contract.LIGHTHOUSE)) or explicit(cfg.recovery.live)
     if not ((ctx.distributed or attempt) and runs_live(cfg.recovery.live, launched_live)):

@@ -21,7 +21,7 @@ from torchlaunch.core.shm_reduce import SharedSum, build_reducer, build_shared_s
 from torchlaunch.worker.grid import broadcast_model
 
 if TYPE_CHECKING:
-    from torchlaunch.core.recovery.minimum import BelowMinimum
+    from torchlaunch.live.minimum import BelowMinimum
     from torchlaunch.worker.groups import Host
     from torchlaunch.worker.metrics import RunLog
 

@@ -2,12 +2,12 @@
 interrupted step again; a rank started again joins at a check point and takes a peer's state.
 
 The membership, this rank's store, the process group re-formed in place, the fence and the state's
-wire are core/recovery's (group.LiveGroup, this rank's seat); what this module adds is what a regroup
+wire are live's (group.LiveGroup, this rank's seat); what this module adds is what a regroup
 does to the rank's training: the step in flight dropped, the state shared and checked, the plan's new
 shares, the commit a loss may have cost saved again, and the record of each regroup.
 
 Gradients are averaged over one flat buffer in buckets posted from backward's hooks and waited for
-after it (core/recovery/grads.OverlappedGradients), not by DDP: DDP's reducer fails inside autograd when
+after it (live/grads.OverlappedGradients), not by DDP: DDP's reducer fails inside autograd when
 a peer dies mid-step, and its state is lost with the group.
 """
 
@@ -28,15 +28,15 @@ from torchlaunch import config as config_mod
 from torchlaunch.base.untrusted import whole
 from torchlaunch.core import checkpoint as ckpt
 from torchlaunch.core.dist import DistContext, broadcast_json, gather_json
-from torchlaunch.core.recovery import minimum
-from torchlaunch.core.recovery.failure import is_peer_lost
-from torchlaunch.core.recovery.fence import Fenced
-from torchlaunch.core.recovery.grads import FlatGradients, OverlappedGradients, average_gradients, broadcast_parameters
-from torchlaunch.core.recovery.group import LiveGroup
-from torchlaunch.core.recovery.handover import share_state, state_digest
-from torchlaunch.core.recovery.replan import Regroup, replan
 from torchlaunch.core.shm_reduce import SharedMemoryReducer, build_reducer
 from torchlaunch.exit_codes import PREEMPTED, BadInput, ConfigError
+from torchlaunch.live import minimum
+from torchlaunch.live.failure import is_peer_lost
+from torchlaunch.live.fence import Fenced
+from torchlaunch.live.grads import FlatGradients, OverlappedGradients, average_gradients, broadcast_parameters
+from torchlaunch.live.group import LiveGroup
+from torchlaunch.live.handover import share_state, state_digest
+from torchlaunch.live.replan import Regroup, replan
 from torchlaunch.worker.metrics import WorldSize
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def loss_line(error: BaseException) -> str:
 
 
 class LiveTrainingGroup:
-    """This rank's seat in the live group (core/recovery/group.LiveGroup) and what its regroups do to
+    """This rank's seat in the live group (live/group.LiveGroup) and what its regroups do to
     the rank's training."""
 
     reduces_in_backward = False
@@ -108,7 +108,7 @@ class LiveTrainingGroup:
     def _gradient_path(self, host: Host) -> str:
         """Through shared memory when every member is on this machine (built again after each regroup: a
         collective of the new group), else bucketed gloo all-reduces posted during backward
-        (core/recovery/grads.OverlappedGradients).
+        (live/grads.OverlappedGradients).
         Every member decides alike, from the group's store hosts (a rank started again, before it joins,
         is a group of one)."""
         ctx = host.ctx
@@ -141,7 +141,7 @@ class LiveTrainingGroup:
         self.flat.zero()
 
     def fence_commit(self) -> Callable[[], AbstractContextManager[None]]:
-        """A rank outside the live group never commits (core/recovery/fence.py)."""
+        """A rank outside the live group never commits (live/fence.py)."""
         self.seat.check_fence()
         return self.seat.commit_guard()
 
@@ -197,7 +197,7 @@ class LiveTrainingGroup:
         self.surviving(host, log, "checkpoint", publish)
 
     def below_minimum(self, host: Host, log: RunLog, below: minimum.BelowMinimum) -> int:
-        """A loss left the live group below the launcher's minimum (core/recovery/minimum.py): the ranks
+        """A loss left the live group below the launcher's minimum (live/minimum.py): the ranks
         left train no further step; they commit a checkpoint of the last whole step (a save that a further
         loss interrupts is taken again on the ranks left, who are still below it) and stop with 75, which
         the launcher requeues. A failed save leaves the previous checkpoint the newest."""
@@ -371,14 +371,14 @@ def join(cfg: config_mod.RunConfig, ctx: DistContext, attempt: int = 0) -> LiveT
     (`attempt`) only gets its seat ready: it enters the group in start(), once its model and loaders
     are built, so the others never wait for its start-up."""
     from torchlaunch import contract
-    from torchlaunch.core.recovery.fence import Fence
-    from torchlaunch.core.recovery.group import STORE_HOST
-    from torchlaunch.core.recovery.lighthouse import LighthouseMembership
-    from torchlaunch.core.recovery.membership import replica_id_of
-    from torchlaunch.core.recovery.minimum import from_env as minimum_from_env
-    from torchlaunch.core.recovery.placement import Follow
-    from torchlaunch.core.recovery.pulse import Pulse
-    from torchlaunch.core.recovery.runkey import load as load_run_key
+    from torchlaunch.live.fence import Fence
+    from torchlaunch.live.group import STORE_HOST
+    from torchlaunch.live.lighthouse import LighthouseMembership
+    from torchlaunch.live.membership import replica_id_of
+    from torchlaunch.live.minimum import from_env as minimum_from_env
+    from torchlaunch.live.placement import Follow
+    from torchlaunch.live.pulse import Pulse
+    from torchlaunch.live.runkey import load as load_run_key
 
     address = contract.get(contract.LIGHTHOUSE)
     if not address:
@@ -390,7 +390,7 @@ def join(cfg: config_mod.RunConfig, ctx: DistContext, attempt: int = 0) -> LiveT
     # the rank the launcher started it as: a joiner's and a --nnodes MIN:MAX rank's differ from its seat
     launched = attempt or contract.get(contract.LIVE_FIRST_GROUP)
     rank = int(contract.get(contract.RANK, "0") or 0) if launched else ctx.rank
-    key = load_run_key(cfg.run_dir)  # only the run's own ranks are seated (core/recovery/runkey.py)
+    key = load_run_key(cfg.run_dir)  # only the run's own ranks are seated (live/runkey.py)
     follow = Follow(cfg.run_dir) if contract.get(contract.LIVE_PLACED) == "1" else None
     membership = LighthouseMembership(
         address, replica_id_of(rank, attempt, key.tag), cfg.recovery.heartbeat_timeout_s, key.presence_key, follow

@@ -4,7 +4,7 @@ Why every rank hosts a TCP store of its own: the group's store lives with its ra
 hosted by one rank dies with it. After a loss the new rank 0 (the first survivor by id) offers its own
 store, already running, so no rank's loss takes the group's meeting place with it. Keys are prefixed
 with the quorum's token, so a regroup never reads a previous group's keys. Each store listens on
-loopback only, behind a front of its own (core/recovery/front.py: a connection proves the run's key
+loopback only, behind a front of its own (live/front.py: a connection proves the run's key
 first), and its peers reach it through relays in their own processes (store_with_echo, peer_relay):
 torch's TCPStore takes any client and bounds nothing, and a stranger filled one's memory (issue 52).
 """
@@ -15,9 +15,9 @@ import socket
 
 import torch.distributed as dist
 
-from torchlaunch.core.recovery import front
-from torchlaunch.core.recovery.peers import Echo
 from torchlaunch.exit_codes import BadInput
+from torchlaunch.live import front
+from torchlaunch.live.peers import Echo
 
 STORE_PORT_TRIES = 20
 

@@ -3,16 +3,16 @@
 Why the Lighthouse: it is a small service that forms a quorum from the replicas that ask and are
 still heartbeating, refuses a group of half or fewer of the heartbeating replicas (no split brain),
 and keeps only soft state, so it can run anywhere and be restarted. It runs in a process of its own
-(`python -m torchlaunch.core.recovery.lighthouse`, started by the local launcher in live mode on one
+(`python -m torchlaunch.live.lighthouse`, started by the local launcher in live mode on one
 node; `python -m launch.lighthouse` on a host of its own for a job across nodes), never inside a
 training rank, so the loss of any rank or node, the first included, leaves it up.
 
 It checks nothing, so it listens on loopback only (BACKEND_HOST, a port of its own), and the service's
-address is a front (core/recovery/front.py) that admits a connection only once it proved the run's key;
+address is a front (live/front.py) that admits a connection only once it proved the run's key;
 each rank reaches it through a relay in its own process (LighthouseMembership).
 
 What it lacks is written here: it hears of a lost rank only when its heartbeats lapse. Beside it, on
-the next port, the service takes each seated rank's presence (core/recovery/presence.py): a rank's
+the next port, the service takes each seated rank's presence (live/presence.py): a rank's
 connection that ends is a rank gone, and the service forgets it at once (Service, below).
 
 What is used of torchft: LighthouseServer and LighthouseClient (heartbeat, quorum) only. Its Manager,
@@ -34,9 +34,9 @@ from typing import TypeVar
 
 from torchlaunch.base import rules
 from torchlaunch.base.untrusted import quote, whole
-from torchlaunch.core.recovery import front, presence, private_net
-from torchlaunch.core.recovery.membership import Member, Quorum, forming_bound_s, sorted_members, started_as
 from torchlaunch.exit_codes import BAD_INPUT, FAILURE, BadInput, LaunchParser
+from torchlaunch.live import front, presence, private_net
+from torchlaunch.live.membership import Member, Quorum, forming_bound_s, sorted_members, started_as
 
 T = TypeVar("T")
 HEARTBEATS_PER_TIMEOUT = 10
@@ -320,7 +320,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--standby",
         action="store_true",
-        help=argparse.SUPPRESS,  # placed by a node agent (core/recovery/placement.py): serve on its word
+        help=argparse.SUPPRESS,  # placed by a node agent (live/placement.py): serve on its word
     )
     args = parser.parse_args(argv)
     if args.secret_file is None and presence.key_from_env() is None and not loopback(args.bind):
@@ -348,7 +348,7 @@ def secret_file_key(path: str | None) -> Callable[[], bytes | None] | None:
     that is unsafe to read (a link, another user's, readable by others) is said once and never trusted."""
     if path is None:
         return None
-    from torchlaunch.core.recovery import runkey
+    from torchlaunch.live import runkey
 
     found: list[bytes] = []
     refused: list[str] = []
@@ -371,7 +371,7 @@ def secret_file_key(path: str | None) -> Callable[[], bytes | None] | None:
 
 BACKEND_HOST = "127.0.0.1"
 """torchft's Lighthouse listens here only, on a port of its own: the service's address is its front
-(core/recovery/front.py), which admits a connection only once it proved the run's key."""
+(live/front.py), which admits a connection only once it proved the run's key."""
 REBIND_S = 5.0
 """How long a restart may wait for the address its previous server is releasing (measured: 1-2 ms)."""
 

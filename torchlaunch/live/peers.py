@@ -8,7 +8,7 @@ How: every rank answers a one-datagram echo (UDP, on its store's port number) fr
 own that answers only while the rank runs (echo_process.py); a frozen rank, or one out of reach, does not. While this rank's training has not stepped for
 a quarter of the bound (recovery.heartbeat_timeout_s), a watcher thread asks each peer of the group;
 a peer that gives no answer within the bound is judged silent, and this rank shuts its group's
-connections down (core/recovery/sockets.py): its collective fails at once, every live member's does
+connections down (live/sockets.py): its collective fails at once, every live member's does
 too, and they regroup without the silent one, whose heartbeats to the membership service have lapsed
 meanwhile. A long save or validation on a peer is no silence: its echo answers throughout, whatever holds its GIL.
 A silent member that wakes finds its group gone and its generation superseded (fence.py).
@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchlaunch.core.recovery import echo_process
+from torchlaunch.live import echo_process
 
 RESEND_S = 0.1
 """A lost datagram costs this much, not the whole bound."""

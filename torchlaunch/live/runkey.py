@@ -98,7 +98,7 @@ class RunKey:
 
     @property
     def presence_key(self) -> bytes:
-        """The key a rank's presence hello proves (core/recovery/presence.py) at a service given this run's
+        """The key a rank's presence hello proves (live/presence.py) at a service given this run's
         secret (`python -m launch.lighthouse --secret-file`): derived, so the secret itself is never used
         for two things."""
         return hmac.new(self.secret, b"presence", hashlib.sha256).digest()

@@ -16,7 +16,7 @@ this process's descriptors), proves the key on their behalf and relays. Any othe
 member's host (its own user's too) that finds the port is closed unanswered.
 
 The API (what a launcher that places the service needs): the service is a process,
-`python -m torchlaunch.core.recovery.lighthouse --bind HOST:PORT --secret-file RUN_DIR/live/secret` (or
+`python -m torchlaunch.live.lighthouse --bind HOST:PORT --secret-file RUN_DIR/live/secret` (or
 with the launch's key in TORCHLAUNCH_LIVE_PRESENCE_KEY), whose address http://HOST:PORT is its front;
 the ranks' LighthouseMembership connects through it by itself. Inside, in-process:
   - serve(key, bind, target) -> Front: the front on `bind` (host, port) for the service at `target()`
@@ -24,9 +24,9 @@ the ranks' LighthouseMembership connects through it by itself. Inside, in-proces
     is the address to give the members.
   - connect(key, address) -> Relay: the member side, for the front at `address` (http://HOST:PORT);
     `Relay.address` (http://127.0.0.1:PORT) is what torchft's LighthouseClient is given.
-`key` is the presence key (core/recovery/presence.py: the launch's, or the run secret's derivation); a
+`key` is the presence key (live/presence.py: the launch's, or the run secret's derivation); a
 service given none (loopback only, lighthouse.py refuses it elsewhere) admits every connection. Behind it,
-the Lighthouse's loopback is the service's own where the host allows (core/recovery/private_net.py).
+the Lighthouse's loopback is the service's own where the host allows (live/private_net.py).
 Torch-free and torchft-free.
 """
 
@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchlaunch.core.recovery.presence import KEYED, LINE_MAX, connection_cap, read_line
+from torchlaunch.live.presence import KEYED, LINE_MAX, connection_cap, read_line
 
 PROVE_WITHIN_S = 5.0
 """A connection that has not proved the key by then is closed: a silent one holds no descriptor long."""

@@ -20,7 +20,7 @@ FORM_MIN_S = 2.0
 def forming_bound_s(heartbeat_timeout_s: float) -> float:
     """How long a new group waits for a member that is heartbeating but not there yet: twice the heartbeat
     bound, at least FORM_MIN_S. The members of a quorum leave the service's quorum at once, and a rank
-    that lost its group notices within the heartbeat bound (core/recovery/peers.py), so one missing for
+    that lost its group notices within the heartbeat bound (live/peers.py), so one missing for
     twice that is gone. The one bound serves both waits: a member's wait for the others' proofs
     (group.LiveGroup.forming) and the Lighthouse's wait for heartbeating replicas that do not ask
     (its join timeout, lighthouse.join_timeout_ms): so a stranger that heartbeats without asking holds a
@@ -55,7 +55,7 @@ class Quorum:
 class Membership(Protocol):
     """The membership seam. start() begins heartbeats; quorum() blocks until the service forms a group
     that includes this rank (or raises TimeoutError after timeout_s); present() says this rank holds a
-    seat in a formed group (the service then hears of its end at once: core/recovery/presence.py);
+    seat in a formed group (the service then hears of its end at once: live/presence.py);
     close() stops heartbeating and leaves."""
 
     replica_id: str

@@ -1,14 +1,14 @@
 """This rank's seat in the live group: its own store, the quorum, and the process group re-formed in
 place (the process, model, optimizer and loaders stay as they are).
 
-Each rank's own store is core/recovery/stores.py's; the gradients, averaged by hand rather than by DDP,
-core/recovery/grads.py's; a peer's state handed to a joining rank, core/recovery/handover.py's.
+Each rank's own store is live/stores.py's; the gradients, averaged by hand rather than by DDP,
+live/grads.py's; a peer's state handed to a joining rank, live/handover.py's.
 
 Why a broken group's connections are shut down: a member that lost no direct peer (3+ ranks) may
 still wait in the broken collective on a live one; it learns of the loss only when the live one's gloo
 connections close, and destroying a group does not close them while anything refers to it (the
 error's traceback, a posted collective). So each group's sockets are recorded when it forms and shut
-down when it breaks (core/recovery/sockets.py), and the trainer lets the error go before regrouping.
+down when it breaks (live/sockets.py), and the trainer lets the error go before regrouping.
 
 Why a broken group is let go on a thread of its own: its destructor joins gloo's worker threads, and
 one may still run a collective posted before the loss (the preemption agreement's all-reduce) that no
@@ -42,9 +42,10 @@ import torch.distributed as dist
 
 from torchlaunch import rundir
 from torchlaunch.core.dist import DistContext, broadcast_json
-from torchlaunch.core.recovery import front, sockets
-from torchlaunch.core.recovery.fence import Fence, FenceBusy
-from torchlaunch.core.recovery.membership import (
+from torchlaunch.exit_codes import BadInput
+from torchlaunch.live import front, sockets
+from torchlaunch.live.fence import Fence, FenceBusy
+from torchlaunch.live.membership import (
     JOINING_STEP,
     Member,
     Membership,
@@ -57,12 +58,11 @@ from torchlaunch.core.recovery.membership import (
     started_as,
     twin,
 )
-from torchlaunch.core.recovery.minimum import Minimum, below_minimum
-from torchlaunch.core.recovery.peers import PeerWatch
-from torchlaunch.core.recovery.pulse import Pulse
-from torchlaunch.core.recovery.runkey import RunKey
-from torchlaunch.core.recovery.stores import peer_relay, store_with_echo
-from torchlaunch.exit_codes import BadInput
+from torchlaunch.live.minimum import Minimum, below_minimum
+from torchlaunch.live.peers import PeerWatch
+from torchlaunch.live.pulse import Pulse
+from torchlaunch.live.runkey import RunKey
+from torchlaunch.live.stores import peer_relay, store_with_echo
 
 STORE_HOST = "127.0.0.1"
 """The address this rank's store is given out on when its agent names none (one node: loopback). The
@@ -93,10 +93,10 @@ class LiveGroup:
     ) -> None:
         self.membership, self.fence, self.pulse = membership, fence, pulse
         self.key = key
-        """The run's secret (core/recovery/runkey.py): only members that prove it are seated. None: every
+        """The run's secret (live/runkey.py): only members that prove it are seated. None: every
         member the service names is taken at its word (unit tests of the seam only; the worker has one)."""
         self.minimum = minimum
-        """The fewest ranks this group trains on (a launcher's node range, core/recovery/minimum.py); None:
+        """The fewest ranks this group trains on (a launcher's node range, live/minimum.py); None:
         it trains on down to one rank."""
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.quorum_timeout_s = quorum_timeout_s
@@ -112,7 +112,7 @@ class LiveGroup:
         again and lost while it waited to be admitted: the service still counted it). A slow member
         costs a retry, never a wrong group; the survivors' pause for a lost joiner is this long."""
         self.peers = PeerWatch(heartbeat_timeout_s) if heartbeat_timeout_s else None
-        """Judges a peer silent to this rank (a whole node frozen or cut off: core/recovery/peers.py)."""
+        """Judges a peer silent to this rank (a whole node frozen or cut off: live/peers.py)."""
         self.generation = 0
         self.quorum: Quorum | None = None
         self.joining = False
@@ -176,7 +176,7 @@ class LiveGroup:
             below_minimum(self.minimum, len(self.quorum.members))
 
     def _leave(self, broken: bool) -> None:
-        """Destroy the current group. A broken one's connections are shut down first (core/recovery/
+        """Destroy the current group. A broken one's connections are shut down first (live/
         sockets.py): a member still waiting in its collective on this rank fails at once. The group's
         last references may sit in cycles: collected, so nothing keeps it alive."""
         if self.peers is not None:

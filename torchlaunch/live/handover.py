@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 
 from torchlaunch.core.dist import DistContext, PeerValueError, broadcast_json
-from torchlaunch.core.recovery import state_wire
+from torchlaunch.live import state_wire
 
 
 def share_state(ctx: DistContext, src: int, state: dict[str, Any] | None) -> dict[str, Any]:
     """`src`'s training state on every member (a joining rank takes it; the others return their own): a
-    JSON skeleton (broadcast_json, bounded) and one buffer of its tensors' bytes (core/recovery/
+    JSON skeleton (broadcast_json, bounded) and one buffer of its tensors' bytes (live/
     state_wire.py), the buffer's length and digest checked before any tensor is built. Nothing a peer
     sends is unpickled. BadInput (PeerValueError) when what arrives is not a state pack() made."""
     if ctx.rank == src:

@@ -276,13 +276,13 @@ class Standby:
 
 
 def start_service(bind: str, heartbeat_timeout_ms: int, secret_file: str, log: Path) -> subprocess.Popen:
-    """torchft's Lighthouse with presence (core/recovery/lighthouse.py) in standby on `bind`, keyed by
+    """torchft's Lighthouse with presence (live/lighthouse.py) in standby on `bind`, keyed by
     the run's secret: it serves once a line with the count of ranks to await reaches its stdin. Its
     output (torchft logs each quorum's status) goes to `log`, never to a pipe nobody may read."""
     argv = [
         sys.executable,
         "-m",
-        "torchlaunch.core.recovery.lighthouse",
+        "torchlaunch.live.lighthouse",
         "--bind",
         bind,
         "--heartbeat-timeout-ms",

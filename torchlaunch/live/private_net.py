@@ -1,6 +1,6 @@
 """A loopback of the service's own: torchft's Lighthouse listens where no other process can connect.
 
-Why: behind the front (core/recovery/front.py) the Lighthouse listens on loopback, and any process on
+Why: behind the front (live/front.py) the Lighthouse listens on loopback, and any process on
 the service's host could still find that port by a scan and heartbeat forged ids at it (issue 52). A
 network namespace of its own has a loopback of its own: a socket made before the move stays in the
 host's namespace (the front's and the presence port's listeners, which the ranks reach), and every
