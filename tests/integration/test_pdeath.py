@@ -6,6 +6,7 @@ bound only decides how long a failing test takes to fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -224,3 +225,55 @@ def test_real_torchrun_agent_and_workers_die_with_the_launcher(tmp_path):
     kill_parent(parent)
     assert gone_within(agent)
     assert all(gone_within(pid) for pid in workers)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_the_live_agents_membership_service_and_ranks_die_with_the_launcher(tmp_path):
+    """The default road on one node: the launcher's live agent runs torchft's Lighthouse as a process of
+    its own. A SIGKILLed launcher takes the agent along (PDEATHSIG), and the service and every rank end
+    with it (the service's stdin pipe from the agent closes; found orphaned after a CI run, holding its
+    port)."""
+    launcher = subprocess.Popen(
+        launcher_argv(
+            "launch.local",
+            "--gpus",
+            "2",
+            "--device",
+            "cpu",
+            "--config",
+            "configs/smoke.yaml",
+            f"run_dir={tmp_path / 'run'}",
+            "train.epochs=50",
+        ),  # fmt: skip
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 180.0  # two ranks start on a loaded 2-core box
+        while not any("torchlaunch.live.lighthouse" in cmdline(p) for p in tree) or len(tree) < 4:
+            assert launcher.poll() is None, launcher.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, [cmdline(p) for p in tree]
+            time.sleep(0.1)  # polling /proc: a process's start is no event this test can wait on
+            tree = pdeath.descendants(launcher.pid)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        left = [cmdline(p) for p in tree if not gone_within(p, bound_s=30.0)]
+        assert left == [], f"outlived the SIGKILLed launcher: {left}"
+    finally:
+        pdeath.kill_tree(launcher.pid)
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+        for pid in tree:  # what a failing run left orphaned: not this suite's to leave behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -236,10 +236,9 @@ class Service:
             str(self.heartbeat_timeout_ms),
             "--await-ranks",
             str(self.members),
+            "--with-agent",  # it ends when this agent's end of its stdin closes, however the agent died
         ]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + SERVICE_START_S
         while not elastic.listening("127.0.0.1", self.port, timeout_s=0.5):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -322,6 +322,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help=argparse.SUPPRESS,  # placed by a node agent (live/placement.py): serve on its word
     )
+    parser.add_argument(
+        "--with-agent",
+        action="store_true",
+        help=argparse.SUPPRESS,  # a node agent's own service (agent/live.py): ends when its stdin closes
+    )
     args = parser.parse_args(argv)
     if args.secret_file is None and presence.key_from_env() is None and not loopback(args.bind):
         raise BadInput(
@@ -485,6 +490,14 @@ def stand_by(args: argparse.Namespace) -> bool:
         return False
     count = whole(line.strip(), 7)
     args.await_ranks = max(1, count or 1)
+    end_with_agent()
+    return True
+
+
+def end_with_agent() -> None:
+    """End when the node agent that started this service is gone: its end of the stdin pipe closes when
+    it dies, however it died (a SIGKILLed agent runs no clean-up, and an orphaned service would hold
+    its port and the run's quorums)."""
 
     def with_agent() -> None:
         while sys.stdin.readline():
@@ -492,7 +505,6 @@ def stand_by(args: argparse.Namespace) -> bool:
         os._exit(0)
 
     threading.Thread(target=with_agent, name="torchlaunch-agent-watch", daemon=True).start()
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.standby and not stand_by(args):
             return 0
+        if args.with_agent:
+            end_with_agent()
         try:
             server = Service(args, private=True)
         except (RuntimeError, OSError) as e:
