@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.slow_node import SlowNode
+from torchlaunch.live.section import RecoveryConfig
 
 REPO = Path(__file__).resolve().parents[1]
 KILL_AT = 12
@@ -40,14 +41,18 @@ REJOIN_EPOCHS = 64
 """The rejoin rounds' length: long enough that the survivor is still training when the restarted rank is ready."""
 
 
+DEFAULTS = RecoveryConfig()
+"""recovery's own defaults (live/section.py): a key equal to one is not written."""
+
+
 def config_text(
     run_dir: Path,
     live: bool | None = True,
-    heartbeat_timeout_s: float = 1.0,
+    heartbeat_timeout_s: float = DEFAULTS.heartbeat_timeout_s,
     steps: int = STEPS,
     epochs: int = 1,
     val_size: int = 64,
-    rejoin: int = 0,
+    rejoin: int = DEFAULTS.rejoin,
     every_steps: int = 0,
     exact: bool = False,
     model: str = "examples.my_models:tiny_gn_cnn",
@@ -59,9 +64,9 @@ def config_text(
     `live` None: recovery.live left out (the default, auto: live on several ranks); recovery's other
     keys are written only where they differ from their defaults."""
     written = [] if live is None else [f"  live: {str(live).lower()}"]
-    if heartbeat_timeout_s != 1.0:
+    if heartbeat_timeout_s != DEFAULTS.heartbeat_timeout_s:
         written.append(f"  heartbeat_timeout_s: {heartbeat_timeout_s}")
-    if rejoin:
+    if rejoin != DEFAULTS.rejoin:
         written.append(f"  rejoin: {rejoin}")
     recovery = "recovery:\n" + "\n".join(written) + "\n" if written else ""  # the defaults: no recovery key
     return f"""run_dir: {json.dumps(str(run_dir))}

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tests.conftest import REPO, child_env
+from tests.integration.test_pdeath import gone_within  # a pidfd: the process's end itself
 from torchlaunch.live.peers import answers
 
 BOUND_S = 10.0
@@ -58,17 +59,6 @@ def rank() -> Iterator[tuple[subprocess.Popen[str], str, int]]:
         proc.wait(timeout=BOUND_S)
 
 
-def gone_within(pid: int, bound_s: float) -> bool:
-    deadline = time.monotonic() + bound_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)  # polling a process's end: there is no event to wait on for a non-child
-    return False
-
-
 def test_the_echo_answers_while_the_rank_holds_its_gil_and_not_while_it_is_stopped() -> None:
     with rank() as (proc, address, _):
         assert proc.stdin is not None and proc.stdout is not None
@@ -98,7 +88,7 @@ def test_a_jobs_sigterm_leaves_the_echo_to_the_rank_and_the_ranks_end_ends_it() 
         assert answers(address, 1.0), "the echo died of the job's SIGTERM while its rank lived"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=BOUND_S)
-        assert gone_within(echo_pid, BOUND_S), "the echo outlived its rank"
+        assert gone_within(echo_pid, bound_s=BOUND_S), "the echo outlived its rank"
         assert not answers(address, 0.5)
 
 
@@ -107,5 +97,5 @@ def test_closing_the_echo_ends_its_process() -> None:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         assert proc.stdout.readline().strip() == "closed"
-        assert gone_within(echo_pid, BOUND_S)
+        assert gone_within(echo_pid, bound_s=BOUND_S)
         assert not answers(address, 0.5)
