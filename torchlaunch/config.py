@@ -399,6 +399,7 @@ OPERATIONAL = frozenset(
         "data.num_workers",
         "data.cache_dir",
         "train.micro_batch_size",
+        "train.balance",
         "train.log_every_steps",
         "train.tensorboard",
         "checkpoint.keep",

@@ -120,6 +120,9 @@ class TrainConfig:
     """train.exact: micro-batches per global step, a divisor of batch_size at least the largest world
     size (0 = the smallest divisor >= 8). Each is batch_size / this samples; train.micro_batch_size is
     not used."""
+    balance: bool = True
+    """train.exact: a rank found slower than the others computes fewer of the step's micro-batches
+    (worker/balance.py); the model's bits do not change, only the step's time."""
     precision: str = field(default="auto", metadata=choice(("auto", "fp32", "bf16", "fp16")))
     """`fp32`, `bf16`, `fp16` (with GradScaler) or `auto` (bf16 where supported, else fp32)."""
     channels_last: bool = True

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import live
+from bench import live, straggler
+from bench.slow_node import SlowNode
 from tests.conftest import launcher_argv
 from tests.helpers import assert_models_equal, assert_states_equal, final_state, launcher
 from tests.library import LIVE_LONG_EPOCHS
@@ -180,3 +181,35 @@ def test_resnet18_trains_the_same_bits_on_1_and_2_ranks(tmp_path: Path) -> None:
     assert final_state(runs[1])["progress"]["global_step"] == 4
     assert_states_equal(final_state(runs[1]), final_state(runs[2]))
     assert_models_equal(runs[1] / "model.pt", runs[2] / "model.pt")
+
+
+def test_a_rank_slowed_from_outside_gets_fewer_micro_batches_and_the_bits_stay(tmp_path: Path) -> None:
+    """train.balance (worker/balance.py, on by default): rank 1 of 2 held to 30% of the CPU by SIGSTOP/
+    SIGCONT turns from this process (bench/slow_node.py) from its start, on the default road. The slow
+    rank is found within 5 steps and computes fewer of the 8 micro-batches; the model is the 1-rank
+    run's, bit for bit, as if the counts had never moved."""
+    heavy = ["--config", "configs/smoke.yaml", "data.synthetic_train_size=1024", "data.synthetic_val_size=64"]
+    heavy += ["train.batch_size=64", "train.epochs=1", "train.exact=true", "model.width=48", "checkpoint.every_steps=8"]
+    alone = tmp_path / "alone"
+    done = launcher(["--gpus", "1", "--device", "cpu", f"run_dir={alone}", *heavy])
+    assert done.returncode == OK, done.stderr[-3000:]
+    slowed = tmp_path / "slowed"
+    with Launch(
+        launcher_argv("torchlaunch.agent", "--gpus", "2", "--device", "cpu", f"run_dir={slowed}", *heavy)
+    ) as launch:
+        rank1: list[int] = []
+        launch.wait_until(
+            lambda: bool(rank1.extend(straggler.ranks_numbered(live.rank_pids(launch.proc.pid), 1)) or rank1),
+            "rank 1's process",
+        )
+        with SlowNode(lambda: rank1, 0.3, until=lambda: launch.proc.poll() is not None) as slow:
+            code, out, err = launch.finish()
+    assert code == OK, err[-3000:]
+    assert slow.turns > 0
+    moves = [(m.group(1), int(m.group(2))) for m in straggler.BALANCED.finditer(out + err)]
+    assert moves, (out + err)[-3000:]
+    counts, from_step = moves[0]
+    fast, slow_count = (int(c) for c in counts.split("/"))
+    assert slow_count < fast and from_step - 1 <= 5, moves  # found within 5 steps, given fewer
+    assert_states_equal(final_state(alone), final_state(slowed))
+    assert_models_equal(alone / "model.pt", slowed / "model.pt")

@@ -63,6 +63,9 @@ class BatchPlan:
     """Micro-batches per global step in the exact grid (worker/grid.py), 0 = off. On: micro-batch i of a
     step is samples i*B/G:(i+1)*B/G of it whatever the world size, and rank r takes the r-th of W
     contiguous runs of micro-batches (counts differ by at most one), each of B/G samples."""
+    counts: tuple[int, ...] = ()
+    """With the grid: how many micro-batches each rank computes, in rank order (a straggler given fewer:
+    worker/balance.py); empty = the even split. Any spread gives the same bits (worker/grid.py)."""
 
     def __post_init__(self) -> None:
         if self.global_batch < self.world_size:
@@ -85,6 +88,12 @@ class BatchPlan:
                 "train.grid_micro_batches",
                 f"{self.grid} micro-batches do not cut a global batch of {self.global_batch} over {self.world_size} rank(s)",
                 "use a divisor of train.batch_size at least the largest world size, or 0 for auto",
+            )
+        if self.counts and (
+            len(self.counts) != self.world_size or sum(self.counts) != self.grid or min(self.counts) < 1
+        ):
+            raise ValueError(
+                f"grid counts {self.counts} do not cut {self.grid} micro-batches over {self.world_size} ranks"
             )
         if self.steps_per_epoch < 1:
             raise ConfigError(
@@ -111,8 +120,12 @@ class BatchPlan:
         return base + (self.rank < extra)
 
     def grid_range(self, rank: int | None = None) -> range:
-        """The grid's micro-batch ids a rank computes at every step (the first G mod W ranks take one more)."""
+        """The grid's micro-batch ids a rank computes at every step: `counts` when set, else the even split
+        (the first G mod W ranks take one more)."""
         r = self.rank if rank is None else rank
+        if self.counts:
+            start = sum(self.counts[:r])
+            return range(start, start + self.counts[r])
         base, extra = divmod(self.grid, self.world_size)
         start = r * base + min(r, extra)
         return range(start, start + base + (r < extra))
@@ -122,7 +135,7 @@ class BatchPlan:
         """Micro-steps per global step, the same on every rank (DDP syncs on the last one): enough for
         the largest share to fit train.micro_batch_size. With the grid: the most micro-batches of a rank."""
         if self.grid:
-            return -(-self.grid // self.world_size)
+            return max(self.counts) if self.counts else -(-self.grid // self.world_size)
         return -(-self._largest_share // self.micro_batch) if self.micro_batch else 1
 
     @property

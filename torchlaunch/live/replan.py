@@ -15,8 +15,9 @@ from torchlaunch.core.sampler import BatchPlan
 
 
 def replan(plan: BatchPlan, rank: int, world_size: int) -> BatchPlan:
-    """`plan` for this rank's new seat; everything that decides the samples is kept."""
-    return dataclasses.replace(plan, rank=rank, world_size=world_size)
+    """`plan` for this rank's new seat; everything that decides the samples is kept. The grid's
+    counts go back to the even split (a straggler's counts were for the old group's ranks)."""
+    return dataclasses.replace(plan, rank=rank, world_size=world_size, counts=())
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ parameters in float32), plus their buffers, and two float64 buffers of the param
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -71,6 +72,10 @@ class GridStep:
         """Integer buffers (num_batches_tracked) as every micro-batch left them: the same from the same start."""
         self._parts: list[list[torch.Tensor]] = []
         self._maxima: torch.Tensor | None = None
+        self._seconds = 0.0
+        self.paces: list[float] = []
+        """After agree(): every rank's seconds per micro-batch of this step (0 where a rank timed none),
+        the same list on every rank (worker/balance.py reads it)."""
 
     def run(
         self,
@@ -90,6 +95,7 @@ class GridStep:
         self._parts = []
         total = torch.zeros((), device=device)
         devices = [device] if device.type == "cuda" else []
+        started = time.perf_counter()
         for j, (x, y) in enumerate(micro_batches):
             if leave is not None and leave():
                 break
@@ -101,15 +107,22 @@ class GridStep:
                 scale(loss).backward()
             self._parts.append([*self._take_grads(), *(b.detach().clone() for b in self.floats)])
             total += loss.detach().float()
+        if self._parts and device.type == "cuda":  # the pace is the device's work, not the queueing
+            torch.cuda.synchronize(device)
+        self._seconds = (time.perf_counter() - started) / len(self._parts) if self._parts else 0.0
         self._ends = [b.detach().clone() for b in self.others] if self._parts else []
         self._restore_buffers()  # until finish(): a step dropped or lost in a collective left them untouched
         return total
 
-    def agree(self) -> None:
-        """The per-tensor maxima of every rank (a collective every rank joins, even one that left)."""
+    def agree(self, rank: int = 0, world: int = 1) -> None:
+        """The per-tensor maxima of every rank (a collective every rank joins, even one that left), and in
+        the same MAX every rank's pace (a slot per rank, 0 in the others' slots)."""
         like = self._like()
         local = fixed_point.local_max(self._parts, len(like), like[0].device)
-        self._maxima = fixed_point.agree_max(local, self.distributed)
+        paces = torch.zeros(world, dtype=local.dtype, device=local.device)
+        paces[rank] = self._seconds
+        both = fixed_point.agree_max(torch.cat([local, paces]), self.distributed)
+        self._maxima, self.paces = both[: len(like)], both[len(like) :].tolist()
 
     def finish(self) -> None:
         """The step's gradients (mean over the grid) into .grad, and its buffers, the same bits on every rank."""

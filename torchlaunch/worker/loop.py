@@ -33,8 +33,9 @@ from torchlaunch.worker.metrics import RunLog
 
 
 class Admitted(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """The group grew at a check point (a rank started again joined): the epoch's steps go on from
-    the same position with the new shares (_train_epoch catches it)."""
+    """The shares changed between two steps (a rank started again joined at a check point, or the
+    balance moved micro-batches): the epoch's steps go on from the same position with the new shares
+    (_train_epoch catches it)."""
 
 
 class NonFiniteLoss(BadInput):
@@ -118,7 +119,7 @@ class TrainingLoop:
         while True:
             try:
                 return self._train_steps(log, window, first_step)
-            except Admitted:  # the group grew at a check point: the steps go on with the new shares
+            except Admitted:  # the group grew, or the balance moved micro-batches: the steps go on with the new shares
                 first_step = False
                 continue
             except Exception as e:
@@ -178,6 +179,9 @@ class TrainingLoop:
                     p.val_pending = plan.epoch_end
                     return False
                 self.group.admit(self, log, window)
+                raise Admitted
+            if self.new_counts is not None:  # a straggler found (worker/balance.py): the shares move
+                self.rebalance(log)
                 raise Admitted
         return True
 

@@ -9,6 +9,7 @@ in flight on an agreed stop (core/step_drop.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +23,7 @@ from torchlaunch.worker.metrics import WorldSize
 
 if TYPE_CHECKING:
     from torchlaunch.worker.loop import LossWindow
+    from torchlaunch.worker.metrics import RunLog
 
 
 class Steps:
@@ -83,14 +85,29 @@ class Steps:
         total = grid.run(
             micro_batches, first, self.progress.global_step + 1, self.criterion, self.scaler.scale, self.autocast, leave
         )
-        grid.agree()
+        grid.agree(self.ctx.rank, self.ctx.world_size)
         if drop is not None and drop.agreed():
             grid.discard()
             drop.restore()
             self.zero_gradients()
             raise StepDropped
         grid.finish()
+        if self.balance is not None:  # every rank reads the same paces: the same counts at the same step
+            self.new_counts = self.balance.observe(grid.paces)
         return total * (self.ctx.world_size / self.grid)
+
+    def rebalance(self, log: RunLog) -> None:
+        """The counts the balance chose, from the next step on (the loop then restarts the epoch's
+        batches from the same position with the new shares, as after an admission)."""
+        counts, self.new_counts = self.new_counts, None
+        assert counts is not None
+        paces = " ".join(f"{1000 * s:.0f}" for s in self.grid_step.paces) if self.grid_step else ""
+        self.plan = dataclasses.replace(self.plan, counts=counts)
+        self.loader.plan = self.plan
+        log.line(
+            f"balance: micro-batches per rank {'/'.join(map(str, counts))} from global step "
+            f"{self.progress.global_step + 1} (ms per micro-batch: {paces}); the model's bits do not change"
+        )
 
     def zero_gradients(self) -> None:
         """After a step, the group's way (.grad = None, or a flat buffer zeroed whose views stay)."""
@@ -109,6 +126,9 @@ class Steps:
         it, the loader's plan and the agreement on it. The loss window restarts (its sum held the old
         group's shares)."""
         self.step_drop = self._step_drop()  # the new group's store: a lost peer's word stays in the old one
+        if self.balance is not None:  # a new group starts from the even split
+            self.balance.restart(plan.world_size)
+        self.new_counts = None
         self.plan = plan
         self.loader.plan = plan
         self.world = WorldSize.of(self.ctx)

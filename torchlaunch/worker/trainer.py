@@ -31,6 +31,7 @@ from torchlaunch.core.preemption import PreemptionWatcher, StepAgreement
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.core.step_drop import StepDrop, applies
 from torchlaunch.exit_codes import BadInput, ConfigError
+from torchlaunch.worker.balance import Balance
 from torchlaunch.worker.data import DataBundle, ImageSet, Normalizer, TrainLoader
 from torchlaunch.worker.data.augment import val_resize_for
 from torchlaunch.worker.debug import check_model_io
@@ -184,6 +185,9 @@ class Trainer(TrainingLoop, Validation, Steps):
             if self.grid
             else None
         )
+        self.balance = Balance(self.grid, ctx.world_size) if self.grid and cfg.train.balance else None
+        self.new_counts: tuple[int, ...] | None = None
+        """Set by a grid step when the balance moves micro-batches; the loop applies it after the step."""
         self.lookahead = (
             Lookahead(model, cfg.optim.lookahead_every, cfg.optim.lookahead_decay, self.total_steps)
             if cfg.optim.lookahead_every
