@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from torchlaunch import backends, contract, exit_codes, rundir
+from torchlaunch import backends, contract, exit_codes, roads, rundir
 
 PACKAGE = REPO / "torchlaunch"
 
@@ -743,9 +743,52 @@ def test_the_live_agent_starts_without_importing_torch() -> None:
     """The live agent (one per node) starts before its ranks, and a replacement node's whole start-up
     is on the clock (issue #37: restart -> takes part <= 5 s): importing torch there cost ~2 s. Every
     module it loads, and each of their packages, is torch-free at load time."""
-    seen = loaded_with("torchlaunch.agent.live")
-    assert "torchlaunch.live.pulse" in seen
+    from torchlaunch.live.road import ROAD
+
+    parts = [f"torchlaunch.live.{p}" for p in ROAD.PARTS]
+    roots = [target.split(":")[0] for target in roads.BUILTIN]  # the road it asks for, loaded by name
+    seen = loaded_with("torchlaunch.agent.live", ROAD.service, *roots, *parts)  # and the parts it reads of it
+    assert {"torchlaunch.live.pulse", "torchlaunch.live.placement", "torchlaunch.roads"} <= seen
     assert not [m for m in sorted(seen) if loads_torch(m)], "the live agent loads torch through these"
+
+
+LAUNCH_SIDE = ("agent/", "backends/", "launch/")
+
+
+def test_the_launchers_reach_live_recovery_through_the_road_registry() -> None:
+    """Issue #54: the node agent, the backends and the launcher front ask torchlaunch.roads for a road and
+    read what they need of it; none imports torchlaunch.live itself (the live road's modules are its own)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).as_posix().startswith(LAUNCH_SIDE):
+            found += [
+                f"{path.relative_to(PACKAGE)}: {n}" for n in imported_names(path) if n.startswith("torchlaunch.live")
+            ]
+    assert not found, "launch-side imports of torchlaunch.live (ask torchlaunch.roads):\n" + "\n".join(found)
+    assert "torchlaunch.roads" in imported_names(PACKAGE / "agent" / "live.py")  # the walk reads the agent
+
+
+def test_every_road_is_one_registry_line_and_names_its_group() -> None:
+    """Each built-in road is one BUILTIN line; a launch chooses by recovery.live (auto, true, false) and
+    whether its road can be live; the worker's group is the road's own former, a function of its module."""
+    assert roads.names() == ("restart", "live")
+    for target in roads.BUILTIN:
+        road = roads.load(target)
+        assert roads.get(road.name) is road
+        module, _, function = road.group.partition(":")
+        assert function == "form" and module.startswith("torchlaunch.worker.groups."), road.group
+        assert function in {
+            n.name
+            for n in parsed(PACKAGE.parent / f"{module.replace('.', '/')}.py").body
+            if isinstance(n, ast.FunctionDef)
+        }
+    live, restart = roads.get("live"), roads.RESTART
+    assert [roads.choose(v, True) for v in ("auto", True, False)] == [live, live, restart]
+    assert [roads.choose(v, False) for v in ("auto", True, False)] == [restart] * 3
+    assert live.regroups and not restart.regroups and live.service and not restart.service
+    assert live.insisted(True) and not live.insisted("auto") and live.declined(False) and not live.declined("auto")
+    with pytest.raises(ValueError, match="built in"):
+        roads.register(type(restart)())
 
 
 def test_a_worker_that_does_not_train_live_loads_neither_the_live_group_nor_the_shard_reader() -> None:

@@ -37,8 +37,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from torchlaunch import contract
+from torchlaunch import contract, roads
 from torchlaunch.agent import live_shared
 from torchlaunch.agent.live_rejoin import (
     Joiners,
@@ -54,9 +55,9 @@ from torchlaunch.agent.placed import Placed, free_port, free_port_pair
 from torchlaunch.base import procs
 from torchlaunch.exit_codes import OK, BadInput
 from torchlaunch.launch import elastic, shape
-from torchlaunch.live import minimum
-from torchlaunch.live.pulse import Watch
 
+LIVE = roads.get("live")
+"""The road this agent runs (torchlaunch/live/ through the road registry): its pulse, minimum and service."""
 POLL_S = 0.05
 SERVICE_START_S = 30.0
 """How long the membership service may take to listen (its process imports torchft's bindings)."""
@@ -208,7 +209,7 @@ def range_env(local_rank: int, seat: NodeSeat) -> dict[str, str]:
     first_nodes = seat.nnodes if seat.first_nodes is None else seat.first_nodes
     first = f"{first_seat * seat.nproc + local_rank}/{first_nodes * seat.nproc}"
     said = f"--nnodes {seat.min_nodes}:{seat.nnodes}"
-    return {contract.LIVE_FIRST_GROUP: first, **minimum.passed(seat.min_nodes, said)}
+    return {contract.LIVE_FIRST_GROUP: first, **LIVE.minimum.passed(seat.min_nodes, said)}
 
 
 class Service:
@@ -229,7 +230,7 @@ class Service:
         argv = [
             sys.executable,
             "-m",
-            "torchlaunch.live.lighthouse",
+            LIVE.service,
             "--bind",
             f"127.0.0.1:{self.port}",
             "--heartbeat-timeout-ms",
@@ -267,7 +268,7 @@ def start_rank(program: list[str], env: dict[str, str], pulse_fd: int) -> subpro
         os.close(pulse_fd)  # the rank's own now: its end of file tells this agent it is gone
 
 
-def fence_silent(ranks: list[subprocess.Popen], watch: Watch, fenced: dict[int, str]) -> None:
+def fence_silent(ranks: list[subprocess.Popen], watch: Any, fenced: dict[int, str]) -> None:
     """SIGKILL each rank silent past the bound, with its process group (its loader workers): its
     sockets close, so its peers' collective fails at once and they regroup (live/pulse.py)."""
     for rank, seconds in watch.silent().items():
@@ -317,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             placed.close()
             raise
     ranks: list[subprocess.Popen] = []
-    watch = Watch(args.heartbeat_timeout_ms / 1000)
+    watch = LIVE.pulse.Watch(args.heartbeat_timeout_ms / 1000)
     fenced: dict[int, str] = {}
     restarts = [0] * args.nproc
     joiner = Joiners(args.join_attempt, restarts)

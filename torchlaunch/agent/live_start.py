@@ -14,10 +14,10 @@ import importlib.util
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchlaunch import config as config_mod
-from torchlaunch import rundir, runlock
+from torchlaunch import roads, rundir, runlock
 from torchlaunch.agent import first_group, stops
 from torchlaunch.agent.commands import NodePlacement
 from torchlaunch.agent.options import check_rendezvous
@@ -25,10 +25,6 @@ from torchlaunch.agent.outcome import LaunchEnded
 from torchlaunch.exit_codes import FAILURE, PREEMPTED
 from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.live.section import runs_live
-
-if TYPE_CHECKING:
-    from torchlaunch.live.fence import Fence  # live mode only: imported where used
 
 
 def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement, doctor: bool) -> bool:
@@ -37,7 +33,8 @@ def live_mode(cfg: config_mod.RunConfig, spec: JobSpec, placement: NodePlacement
     explicit true: the restart road as ever). Across nodes (--nnodes N, or MIN:MAX: first_group.py) the
     agents place the membership service on one of the job's nodes through the run dir
     (live/placement.py), unless recovery.lighthouse names one of the user's own."""
-    return runs_live(cfg.recovery.live, possible=not doctor and spec.nodes * spec.gpus_per_node > 1)
+    road = roads.choose(cfg.recovery.live, possible=not doctor and spec.nodes * spec.gpus_per_node > 1)
+    return bool(road.regroups)
 
 
 def require_live_extra() -> None:
@@ -67,9 +64,7 @@ def replaces_a_lost_node(lock: runlock.RunLock | None, run_dir: str) -> int:
     so its ranks' ids differ from the lost node's. Only a launch across nodes shares the lock by job."""
     if lock is None or lock.slot is None:
         return 0
-    from torchlaunch.live.fence import Fence  # live mode across nodes only: no import otherwise
-
-    fence = Fence(run_dir)
+    fence = roads.get("live").fence.Fence(run_dir)  # live mode across nodes only: no import otherwise
     if lock.founded or not founder_recorded(lock, fence):
         fence.found(lock.holder.incarnation)
         return 0
@@ -81,7 +76,7 @@ FOUNDER_WAIT_S = 30.0
 settled: milliseconds to seconds after it took the run dir)."""
 
 
-def founder_recorded(lock: runlock.RunLock, fence: Fence, wait_s: float = FOUNDER_WAIT_S) -> bool:
+def founder_recorded(lock: runlock.RunLock, fence: Any, wait_s: float = FOUNDER_WAIT_S) -> bool:
     """Whether the founded record is this run's (its incarnation: runlock.Holder.incarnation), waiting
     for it while the founder is alive. The founder records after settling its config (a refused launch
     writes nothing), so a launcher that joins at once could otherwise read an earlier run's record,
@@ -103,9 +98,7 @@ def joins_a_live_group(lock: runlock.RunLock | None, run_dir: str) -> bool:
     not recorded its run yet formed no group, so a launcher that arrives then starts in the first one)."""
     if lock is None or lock.slot is None or lock.founded:
         return False
-    from torchlaunch.live.fence import Fence  # live mode across nodes only
-
-    fence = Fence(run_dir)
+    fence = roads.get("live").fence.Fence(run_dir)  # live mode across nodes only
     return fence.founder() == lock.holder.incarnation and fence.formed_since_founded()
 
 
@@ -146,14 +139,13 @@ def meet_first_group(
     where this node stands in it. The window after MIN nodes is the elastic rendezvous's last call
     (--rdzv-conf last_call_timeout, 10 s by default); the wait for MIN nodes its join_timeout (600 s)."""
     from torchlaunch.agent import live_shared
-    from torchlaunch.live.fence import Fence
 
     assert lock is not None and lock.holder.job and placement.master_addr is not None  # check_nodes, elastic_job
     nodes = shape.NodeRange(spec.min_nodes or spec.nodes, spec.nodes)
     conf = dict(placement.rdzv_conf)
     host = live_shared.store_host(spec.nodes, placement.master_addr, cfg.recovery.lighthouse)
     me = first_group.Arrival(placement.node_rank, host, lock.holder.token, time.time())
-    fence = Fence(cfg.run_dir)
+    fence = roads.get("live").fence.Fence(cfg.run_dir)
     job = lock.holder.job
 
     def live_tokens() -> set[str]:

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from torchlaunch import config as config_mod
-from torchlaunch import rundir, runlock
+from torchlaunch import roads, rundir, runlock
 from torchlaunch.agent import lighthouse_reach
 from torchlaunch.agent.commands import (
     BUILTIN_WORKER,
@@ -67,7 +67,6 @@ from torchlaunch.jobs import record
 from torchlaunch.jobs.launcher import Operation
 from torchlaunch.launch import cli, elastic, finished, rdzv_file
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.live.section import PROGRAM_WHY, WAY_OUT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +163,7 @@ def launch(argv: Sequence[str]) -> int:
         return code
 
 
-def road_line(live: bool, why: str = WAY_OUT) -> str:
+def road_line(live: bool, why: str = roads.RESTART.WAY_OUT) -> str:
     """The one line that says which road a multi-rank run takes (stdout: news, not a problem). Under
     recovery.live=auto (the default) every multi-rank road of the built-in worker here can be live, so
     only the way out leads to the restart; a user's program always does (PROGRAM_WHY)."""
@@ -283,7 +282,7 @@ def launch_program(args: argparse.Namespace, planned: Plan) -> int:
             op = operation(args, args.run_dir or private / "run", attempt, spec.gpus_per_node, lock)
             env.update(op.rank_env())
             if spec.nodes * spec.gpus_per_node > 1 and not args.doctor:
-                print(road_line(False, PROGRAM_WHY), flush=True)
+                print(road_line(False, roads.RESTART.PROGRAM_WHY), flush=True)
             print(f"launch: {shlex.join(argv_out)}", file=sys.stderr, flush=True)
             return run(
                 argv_out,
@@ -303,9 +302,7 @@ def meet_in_run_dir(run_dir: str, lock: runlock.RunLock, placement: NodePlacemen
     """Ready the run-dir rendezvous of this job's incarnation (launch.rdzv_file): the run's secret, which
     seals its state, made or checked here (one line, exit 2, before anything starts); a founder clears the
     files of runs before, whose members are all gone. The placement carries the incarnation to torchrun."""
-    from torchlaunch.live import runkey  # torch-free: the run's secret and its checks
-
-    runkey.load(run_dir)
+    roads.RESTART.prepare(run_dir)  # a user's program: the restart road's rendezvous in the run dir
     incarnation = lock.holder.incarnation
     if lock.founded:
         rdzv_file.sweep(run_dir, incarnation)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchlaunch import config as config_mod
-from torchlaunch import exit_codes, rundir
+from torchlaunch import exit_codes, roads, rundir
 from torchlaunch import runner as program_mod
 from torchlaunch.agent import stops
 from torchlaunch.agent.commands import MASTER_ADDR_REQUIRED, NodePlacement
@@ -24,7 +24,6 @@ from torchlaunch.base.untrusted import quote
 from torchlaunch.exit_codes import FAILURE, PREEMPTED
 from torchlaunch.launch import cli, elastic, precheck, shape
 from torchlaunch.launch.spec import DEFAULT_MASTER_PORT, JobSpec
-from torchlaunch.live.section import runs_live
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -219,7 +218,7 @@ def meets_at_node_0_first(args: argparse.Namespace, cfg: config_mod.RunConfig) -
     (check_first_group), instead of refusing a replacement with exit 2. A range (MIN:MAX) meets in the
     run dir and is checked at once, as every other launch."""
     return (
-        runs_live(cfg.recovery.live, possible=not args.doctor)
+        roads.choose(cfg.recovery.live, possible=not args.doctor).regroups
         and args.nnodes > 1
         and not args.node_range.elastic
         and args.master_addr is not None
@@ -291,7 +290,7 @@ def plan(args: argparse.Namespace) -> Plan:
     cfg = config_mod.load(args.config, args.overrides)
     if not meets_at_node_0_first(args, cfg):  # else once the lock says whether it starts the first group
         check_rendezvous(args)
-    check_range(args, live=runs_live(cfg.recovery.live, possible=True))
+    check_range(args, live=roads.choose(cfg.recovery.live, possible=True).regroups)
     check_devices(args)
     precheck.check(cfg, on_cpu=args.device == "cpu" or visible_gpus() == 0, local=True, doctor=args.doctor)
     recipe = rundir.doctor_config(cfg.run_dir) if args.doctor else rundir.config(cfg.run_dir)

@@ -14,11 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from torchlaunch import rundir
+from torchlaunch import roads, rundir
 from torchlaunch.agent.live_shared import LOOPBACK
 from torchlaunch.base.untrusted import whole
-from torchlaunch.live import placement, presence
+
+LIVE = roads.get("live")
+"""live/placement.py and live/presence.py, reached through the live road (torchlaunch.roads)."""
 
 POLL_S = 0.05
 """How often the agent looks at the lease: a small share of the lease's fifth between renewals."""
@@ -38,7 +41,7 @@ def free_port_pair(tries: int = 64, host: str = LOOPBACK) -> int:
             continue
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind((host, presence.port_of(port)))
+                s.bind((host, LIVE.presence.port_of(port)))
             except OSError:
                 continue
         return port
@@ -50,7 +53,7 @@ class Placed:
     (live/placement.py): every node's agent holds a Lighthouse in standby and the lease's holder
     serves; when the holder's lease lapses (its node lost) another agent takes it and serves instead."""
 
-    def __init__(self, lease: placement.Lease, standby: placement.Standby, nodes: int, nproc: int) -> None:
+    def __init__(self, lease: Any, standby: Any, nodes: int, nproc: int) -> None:
         self.lease, self.standby, self.nodes, self.nproc = lease, standby, nodes, nproc
 
     @classmethod
@@ -63,10 +66,10 @@ class Placed:
         port = free_port_pair(host=host)
         secret = str(rundir.live(run_dir) / "secret")  # the ranks make it; the service reads it when due
         log = rundir.logs(run_dir) / f"membership-node{node_rank}.log"
-        standby = placement.Standby(f"{bind}:{port}", heartbeat_timeout_ms, secret, log)
+        standby = LIVE.placement.Standby(f"{bind}:{port}", heartbeat_timeout_ms, secret, log)
         standby.start()
         placed = cls(None, standby, nodes, nproc)  # type: ignore[arg-type]
-        placed.lease = placement.Lease(
+        placed.lease = LIVE.placement.Lease(
             run_dir,
             f"{os.getpid()}-{secrets.token_hex(6)}",
             f"http://{bind}:{port}",
@@ -89,7 +92,7 @@ class Placed:
 
     def wait_for_service(self) -> str:
         """The service's address once one serves (this node's, or another's seen renewing its lease)."""
-        deadline = time.monotonic() + placement.SERVICE_START_S + 2 * self.lease.lease_s
+        deadline = time.monotonic() + LIVE.placement.SERVICE_START_S + 2 * self.lease.lease_s
         while not self.lease.live:
             if time.monotonic() > deadline:
                 raise SystemExit("live: no membership service came up on any node of the job")
@@ -119,7 +122,7 @@ class Placed:
 def await_service(run_dir: str | Path, timeout_s: float) -> str:
     """The service's address as a rank beside its node's agent waits for it: the newest lease's, once
     seen renewed (a lease an earlier launch left never is). It never takes the lease (no bound lapses)."""
-    reader = placement.Lease(run_dir, "reader", "", math.inf, lambda _: None, lambda: None, patience_s=math.inf)
+    reader = LIVE.placement.Lease(run_dir, "reader", "", math.inf, lambda _: None, lambda: None, patience_s=math.inf)
     deadline = time.monotonic() + timeout_s
     while not reader.live:
         if time.monotonic() > deadline:

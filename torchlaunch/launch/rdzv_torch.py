@@ -15,8 +15,8 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousPa
 from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, create_handler
 
+from torchlaunch import roads
 from torchlaunch.launch import rdzv_file
-from torchlaunch.live import runkey
 
 READ_TIMEOUT_S = 60
 """How long a read of the per-round store waits (c10d's read_timeout default for its TCP store)."""
@@ -44,7 +44,7 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
     incarnation name the files, the run's secret seals the state."""
     run_dir = params.endpoint
     name = rdzv_file.name_of(params.run_id, str(params.get(rdzv_file.INCARNATION, "") or ""))
-    key = runkey.load(run_dir).rendezvous_key
+    key = roads.RESTART.prepare(run_dir).rendezvous_key
     path, folder = rdzv_file.store_path(run_dir, name)
     _held.append(folder)  # the store's path runs through this descriptor for the agent's life
     store = FileStore(path, -1)

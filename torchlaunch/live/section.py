@@ -21,13 +21,6 @@ default) from an explicit true. A road that cannot be live (a program of the use
 so in its road line; an explicit true there is refused as before (exit 2, one line)."""
 
 
-WAY_OUT = "recovery.live=false"
-"""The restart road's reason in a road line when the user chose it."""
-PROGRAM_WHY = "your own program cannot regroup in process"
-"""The restart road's reason for a user's program: torchrun's contract starts its ranks again, it has no
-live group to re-form."""
-
-
 def runs_live(live: Live, possible: bool) -> bool:
     """Whether a launch takes the live road (issue #54: live whenever the road can be, unless the user
     said false). `possible`: the launch's road can be live. An explicit true where it cannot is refused

@@ -63,29 +63,29 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torchlaunch import roads
 from torchlaunch.backends.k8s import hardening
 from torchlaunch.backends.k8s import validate as k8s_validate
 from torchlaunch.base import rules
 from torchlaunch.exit_codes import BAD_INPUT
 from torchlaunch.launch import cli, shape
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.live import presence, runkey
-from torchlaunch.live.lighthouse import DEFAULT_BIND
-from torchlaunch.live.section import AUTO, explicit, runs_live
 
 if TYPE_CHECKING:
-    from torchlaunch.live.section import RecoveryConfig
+    from torchlaunch.config import RecoveryConfig
 
 Manifest = dict[str, Any]
 
-PORT = int(DEFAULT_BIND.rpartition(":")[2])
+LIVE = roads.get("live")
+"""The live road (torchlaunch.roads): its service's module, default address, presence port and secret file."""
+PORT = int(LIVE.default_bind.rpartition(":")[2])
 """The service's port: `python -m launch.lighthouse`'s default, so a user's own service matches it."""
-PRESENCE_PORT = presence.port_of(PORT)
+PRESENCE_PORT = LIVE.presence.port_of(PORT)
 """Where each seated rank holds its presence connection (live/presence.py): the next port."""
 PRESENCE = "presence"
 COMPONENT = "lighthouse"
 CONTAINER = "lighthouse"
-SERVICE_MODULE = "torchlaunch.live.lighthouse"
+SERVICE_MODULE = LIVE.service
 """What `python -m launch.lighthouse` runs; the image has the package, not the repository's launch/."""
 PER_INDEX_BACKOFF = 3
 """Failures tolerated per index when --backoff-limit is not given: the fixed-size Job's 3 per node."""
@@ -125,7 +125,8 @@ def from_config(recovery: RecoveryConfig, doctor: bool, *, jobset: bool, ranks: 
     for it. Under recovery.live=auto (the default) a --jobset (check says why) or a one-rank run takes
     the restart road (pinned); an explicit true is rendered as it always was, and check refuses it with
     --jobset."""
-    if doctor or not runs_live(recovery.live, possible=explicit(recovery.live) or (ranks > 1 and not jobset)):
+    possible = LIVE.insisted(recovery.live) or (ranks > 1 and not jobset)
+    if doctor or not LIVE.takes(recovery.live, possible):
         return None
     return Live(round(recovery.heartbeat_timeout_s * 1000), recovery.lighthouse)
 
@@ -134,7 +135,8 @@ def pinned(recovery: RecoveryConfig, live: Live | None, doctor: bool, ranks: int
     """What the pods' command adds so that their launch.local takes the rendered road: a multi-rank restart
     road that recovery.live=auto chose here (--jobset) would be live in a pod's launcher, which sees only
     its recipe; so the pods get recovery.live=false. Nothing otherwise (the pods' auto is the rendering's)."""
-    restarts = live is None and not doctor and ranks > 1 and recovery.live == AUTO
+    auto = not (LIVE.insisted(recovery.live) or LIVE.declined(recovery.live))  # recovery.live=auto, as unsaid
+    restarts = live is None and not doctor and ranks > 1 and auto
     return ("recovery.live=false",) if restarts else ()
 
 
@@ -238,7 +240,7 @@ def container(image: str, live: Live, shared: SharedRunDir) -> Manifest:
             "--heartbeat-timeout-ms",
             str(live.heartbeat_timeout_ms),
             "--secret-file",
-            runkey.secret_file(shared.run_dir),
+            LIVE.runkey.secret_file(shared.run_dir),
         ],
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [

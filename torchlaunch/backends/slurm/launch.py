@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchlaunch import backends, runlock
+from torchlaunch import backends, roads, runlock
 from torchlaunch import config as config_mod
 from torchlaunch.backends.slurm import live as slurm_live
 from torchlaunch.backends.slurm.cluster import (
@@ -63,7 +63,6 @@ from torchlaunch.exit_codes import FAILURE, OK, BadInput
 from torchlaunch.jobs import record
 from torchlaunch.launch import cli, precheck, shape
 from torchlaunch.launch.spec import JobSpec
-from torchlaunch.live.section import PROGRAM_WHY, WAY_OUT
 
 # ----------------------------------------------------------------------------------------------
 # Checking against the cluster, and submitting.
@@ -313,9 +312,11 @@ def launch(argv: list[str]) -> int:
             settle_config(cfg, args.reconfigure, write=False)  # refused before anything is written or printed
         if not options.doctor and spec.nodes * spec.gpus_per_node > 1:
             image = spec.image is not None and cfg.recovery.live is not False
-            road = slurm_live.road_line(bool(options.lighthouse), slurm_live.IMAGE_WHY if image else WAY_OUT)
+            road = slurm_live.road_line(
+                bool(options.lighthouse), slurm_live.IMAGE_WHY if image else roads.RESTART.WAY_OUT
+            )
     elif not options.doctor and spec.nodes * spec.gpus_per_node > 1:
-        road = slurm_live.road_line(False, PROGRAM_WHY)
+        road = slurm_live.road_line(False, roads.RESTART.PROGRAM_WHY)
     if args.dry_run:
         if road:
             print(road, file=sys.stderr, flush=True)  # stdout is the script

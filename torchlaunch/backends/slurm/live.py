@@ -43,13 +43,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from torchlaunch import contract, rundir
+from torchlaunch import contract, roads, rundir
 from torchlaunch.agent import live_shared
 from torchlaunch.base import files
 from torchlaunch.base.untrusted import whole
 from torchlaunch.exit_codes import BadInput
-from torchlaunch.live import placement
-from torchlaunch.live.section import WAY_OUT, Live, explicit, runs_live
+
+LIVE = roads.get("live")
+"""The live road (torchlaunch.roads): whether a job takes it, and its placement's start-up bound."""
 
 PLACED = "placed"
 """SlurmOptions.lighthouse / SlurmTask.lighthouse of a live job whose nodes place the service themselves
@@ -63,7 +64,9 @@ LOST = -9
 """A task that left no outcome record: lost (SIGKILLed with its node), as the live agent sees a signal."""
 
 
-def lighthouse_of(live: Live, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, image: bool) -> str:
+def lighthouse_of(
+    live: str | bool, lighthouse: str, rejoin: int, *, nodes: int, ranks_per_node: int, image: bool
+) -> str:
     """The membership service's address when this Slurm job runs live (PLACED: its nodes place it
     through the run dir, without recovery.lighthouse), '' when it does not (pure).
 
@@ -79,16 +82,16 @@ def lighthouse_of(live: Live, lighthouse: str, rejoin: int, *, nodes: int, ranks
             f"recovery.rejoin={rejoin} needs the local live agent (it starts a lost rank again); a Slurm task "
             "is not started again: set recovery.rejoin=0"
         )
-    if image and explicit(live):
+    if image and LIVE.insisted(live):
         raise BadInput("recovery.live=true with --image is not built yet: run without --image, or recovery.live=false")
-    return (lighthouse or PLACED) if runs_live(live, not image and nodes * ranks_per_node > 1) else ""
+    return (lighthouse or PLACED) if LIVE.takes(live, not image and nodes * ranks_per_node > 1) else ""
 
 
 IMAGE_WHY = "--image: live mode's batch script is not built for a container yet"
 """Why a multi-rank Slurm job of the built-in worker with --image takes the requeue road under auto."""
 
 
-def road_line(live: bool, why: str = WAY_OUT) -> str:
+def road_line(live: bool, why: str = roads.RESTART.WAY_OUT) -> str:
     """The one line that says which road a multi-rank Slurm run takes; `why` a requeue (the way out,
     IMAGE_WHY, or a user's program: PROGRAM_WHY)."""
     if live:
@@ -160,7 +163,7 @@ def place_service(
     from torchlaunch.agent import placed as agent
 
     if local_rank != 0:
-        bound = placement.SERVICE_START_S + 2 * heartbeat_timeout_ms / 1000
+        bound = LIVE.placement.SERVICE_START_S + 2 * heartbeat_timeout_ms / 1000
         return agent.await_service(run_dir, bound), lambda: None
     node = whole(contract.get(contract.SLURM_NODEID, "0") or "0", 6) or 0
     nodes = whole(contract.get(contract.SLURM_NNODES, "1") or "1", 6) or 1

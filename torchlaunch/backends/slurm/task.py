@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torchlaunch import compat, contract, rundir, runlock, status
+from torchlaunch import compat, contract, roads, rundir, runlock, status
 from torchlaunch import runner as program_mod
 from torchlaunch.backends.slurm import cluster, successor
 from torchlaunch.backends.slurm import live as slurm_live
@@ -35,7 +35,6 @@ from torchlaunch.exit_codes import BAD_INPUT, CANCELLED, FAILURE, OK, PREEMPTED
 from torchlaunch.jobs import ranklog, record, watchdog
 from torchlaunch.jobs.launcher import Operation, prepare_rank
 from torchlaunch.jobs.lost import lost_line, steps_lost
-from torchlaunch.live import minimum as live_minimum
 from torchlaunch.stop_signals import STOP_SIGNALS, hold_early_stops
 
 DEFAULT_MAX_TIMEOUTS = 3
@@ -353,12 +352,13 @@ class SlurmTask:
         the same way, and its task exits 1 (README's exit codes), claiming no checkpoint."""
         program = FAILURE if lost else PREEMPTED
         committed = lost or "a checkpoint is committed"
-        below = bool(live_minimum.last_stop)
+        below_minimum = roads.get("live").minimum  # what a live rank recorded when its group shrank
+        below = bool(below_minimum.last_stop)
         timed_out = not below and is_timeout(elapsed_s, self.time_min, self.signal_delay_s)
         job_id = contract.get(contract.SLURM_JOB_ID, "") or ""
         if self.run_dir and record.cancel_requested(self.run_dir, self.launch_id()):
             end_cancelled(job_id, LAUNCH_CANCEL, program)  # every task: the mark is a file, not a question to slurmctld
-        if not requeues(rank, live_minimum.first_at_stop):
+        if not requeues(rank, below_minimum.first_at_stop):
             say("slurm task: checkpoint committed; rank 0 requeues the job unless it is ending (scancel, time limit)")
             leave(PREEMPTED)
         job_id = contract.require(contract.SLURM_JOB_ID)

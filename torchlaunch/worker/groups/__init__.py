@@ -138,21 +138,17 @@ class TrainingGroup(Protocol):
 
 
 def form(cfg: RunConfig, ctx: DistContext, attempt: int = 0) -> TrainingGroup:
-    """The group this rank trains in: live (more than one rank or a rank started again, on the live road)
+    """The group this rank trains in, formed by its road's former (the road registry, torchlaunch.roads,
+    names it: fixed.form or live.form): live (more than one rank or a rank started again, on the live road)
     or the launcher's fixed group. The launcher chose the road (recovery.live auto: live where its road
     can be); a live launcher hands its ranks the membership service's address, so under auto a rank
     without one trains in the fixed group, and an explicit true without one is refused by live.join
     (bad input). Every rank agrees on a bad input while seating itself."""
-    from torchlaunch import contract
-    from torchlaunch.live.section import explicit, runs_live
+    from torchlaunch import contract, roads
 
-    launched_live = bool(contract.get(contract.LIGHTHOUSE)) or explicit(cfg.recovery.live)
-    if not ((ctx.distributed or attempt) and runs_live(cfg.recovery.live, launched_live)):
-        return FixedGroup()
-    from torchlaunch.core.dist import agreed
-    from torchlaunch.worker.groups import live
-
-    return agreed(ctx, lambda: live.join(cfg, ctx, attempt))
+    launched_live = bool(contract.get(contract.LIGHTHOUSE)) or roads.get("live").insisted(cfg.recovery.live)
+    road = roads.choose(cfg.recovery.live, launched_live) if (ctx.distributed or attempt) else roads.RESTART
+    return roads.load(road.group)(cfg, ctx, attempt)  # the road's own former (torchlaunch.roads: Road.group)
 
 
 __all__ = ["FixedGroup", "Host", "TrainingGroup", "form"]

@@ -21,6 +21,8 @@ from torchlaunch.core.shm_reduce import SharedSum, build_reducer, build_shared_s
 from torchlaunch.worker.grid import broadcast_model
 
 if TYPE_CHECKING:
+    from torchlaunch.config import RunConfig
+    from torchlaunch.core.dist import DistContext
     from torchlaunch.live.minimum import BelowMinimum
     from torchlaunch.worker.groups import Host
     from torchlaunch.worker.metrics import RunLog
@@ -128,3 +130,8 @@ class FixedGroup:
 
     def close(self) -> None:
         pass
+
+
+def form(cfg: RunConfig, ctx: DistContext, attempt: int = 0) -> FixedGroup:
+    """The restart road's group (torchlaunch.roads, "restart": Road.group): the launcher's, as it formed it."""
+    return FixedGroup()

@@ -365,6 +365,14 @@ class LiveTrainingGroup:
         log.event({"event": "regrouped", "time": time.time(), "error_at": since, **regroup.__dict__})
 
 
+def form(cfg: config_mod.RunConfig, ctx: DistContext, attempt: int = 0) -> LiveTrainingGroup:
+    """The live road's group (torchlaunch.roads, "live": Road.group): this rank seated by join, every rank
+    agreeing on a bad input while seating itself."""
+    from torchlaunch.core.dist import agreed
+
+    return agreed(ctx, lambda: join(cfg, ctx, attempt))
+
+
 def join(cfg: config_mod.RunConfig, ctx: DistContext, attempt: int = 0) -> LiveTrainingGroup:
     """This rank's seat in the live group: the launcher's membership service, heartbeats, the first
     quorum (every rank of the launch) and the run dir's group generation. A rank started again
