@@ -144,3 +144,22 @@ def test_a_grid_step_does_not_depend_on_which_micro_batch_ran_first() -> None:
     torch.manual_seed(0)
     fresh = BatchNormNet()
     assert not torch.equal(buffers[0], fresh.body[1].running_mean)  # the step moved the running mean
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-30, 1e20])
+def test_float32_parts_rounded_in_float32_give_the_float64_paths_integers(scale: float) -> None:
+    """fixed_point.ROUNDING: float32 parts are scaled and rounded in float32 (consumed in place or not);
+    the same parts widened to float64 first (the float64 path) give the same bits. Halves at the
+    rounding point included (ties go to even in both)."""
+    ps = [[p[0] * scale, p[1]] for p in parts(6, seed=3)]
+    ps[0][1][0] = 0.5 * 2.0**-48  # an exact tie once scaled: a value of 2**-49 at a max near 1
+    wide = [[t.double() for t in p] for p in ps]
+    like = ps[0]
+    maxima = fixed_point.local_max(ps, 2, torch.device("cpu"))
+    want = fixed_point.exact_mean(wide, like, maxima, 6, fixed_point.LocalSum(False))
+    kept = fixed_point.exact_mean(ps, like, maxima, 6, fixed_point.LocalSum(False))
+    consumed = fixed_point.exact_mean(
+        [[t.clone() for t in p] for p in ps], like, maxima, 6, fixed_point.LocalSum(False), consume=True
+    )
+    for a, b, c in zip(want, kept, consumed, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)

@@ -15,6 +15,13 @@ Speed: every pass is a float64 pass over one flat buffer (float32 + float64 in o
 CPU than a conversion then a float64 add: measured, torch 2.14), and the maxima come from aminmax
 (~5x faster than an inf-norm).
 
+ROUNDING: a float32 part is scaled and rounded in float32, then widened (half the bytes of the float64
+passes: measured 145 -> see BENCHMARKS' exact rows). The same integers: times 2**e is exact in any
+binary format (the scale keeps |x| < 2**53, far from float32's overflow; the scale itself must be a
+float32, so a tensor of tiny values, whose scale is past 2**127, takes float64; a product that falls into
+float32's subnormals is below 2**-126, which rounds to 0 in either format), and round-half-to-even of
+the same exact value is the same integer (above 2**24 every float32 is one already).
+
 A tensor with a non-finite value anywhere comes out all NaN on every rank (GradScaler skips the step,
 the loss check stops the run), since its scale cannot be chosen.
 """
@@ -107,11 +114,13 @@ def exact_mean(
     parts_total: int,
     ranks: RankSum,
     scratch: torch.Tensor | None = None,
+    consume: bool = False,
 ) -> list[torch.Tensor]:
     """The mean over all `parts_total` parts (this rank's `parts` and every other rank's) of each tensor,
     in the dtype and shape of `like`, the same bits on every rank and for every spread of the parts.
     `maxima` must be agree_max's result (the same on every rank). `scratch`: a float64 buffer at least
-    as long as `like` together, for this rank's second and later parts (else one is made)."""
+    as long as `like` together, for this rank's second and later parts (else one is made). `consume`: the
+    parts' float32 tensors may be scaled in place (the caller lets them go after)."""
     exps = exponents(maxima, parts_total)
     sizes = [t.numel() for t in like]
     device = like[0].device if like else torch.device("cpu")
@@ -120,15 +129,24 @@ def exact_mean(
     scales = [math.ldexp(1.0, exps[k]) for k in finite]  # type: ignore[arg-type]
     if len(finite) < len(exps) or not parts:
         flat.zero_()  # a rank with no part adds 0; a tensor without a scale is NaN below
+    narrow = all(-126 <= exps[k] <= 127 for k in finite)  # type: ignore[operator]  # scales float32 holds
     if parts:
         if len(parts) > 1 and (scratch is None or scratch.numel() < flat.numel()):
             scratch = torch.empty_like(flat)
-        for j, tensors in enumerate(parts):  # float64: the product is exact, round() lands on the integer
+        for j, tensors in enumerate(parts):
             into = flat if j == 0 else scratch[: flat.numel()]  # type: ignore[index]
             views = _views(into, sizes, like, finite)
-            torch._foreach_copy_(views, [tensors[k] for k in finite])
-            torch._foreach_mul_(views, scales)
-            torch._foreach_round_(views)
+            picked = [tensors[k] for k in finite]
+            if narrow and all(t.dtype == torch.float32 for t in picked):  # in float32: see ROUNDING
+                scaled = picked if consume else torch._foreach_mul(picked, scales)
+                if consume:
+                    torch._foreach_mul_(scaled, scales)
+                torch._foreach_round_(scaled)
+                torch._foreach_copy_(views, scaled)
+            else:  # float64: the product is exact, round() lands on the integer
+                torch._foreach_copy_(views, picked)
+                torch._foreach_mul_(views, scales)
+                torch._foreach_round_(views)
             if j:
                 flat.add_(into)
     sums = _views(ranks.total(flat), sizes, like, range(len(like)))

@@ -133,7 +133,7 @@ class GridStep:
         if len(self._parts) > 1 and (self._scratch is None or self._scratch.numel() < numel):
             self._scratch = torch.empty(numel, dtype=torch.float64, device=like[0].device)
         ranks = self.shared if self.shared is not None and self.distributed else self._local
-        means = fixed_point.exact_mean(self._parts, like, self._maxima, self.grid, ranks, self._scratch)
+        means = fixed_point.exact_mean(self._parts, like, self._maxima, self.grid, ranks, self._scratch, consume=True)
         self._parts, self._maxima = [], None
         n = len(self.params)
         with torch.no_grad():
