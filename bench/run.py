@@ -48,6 +48,7 @@ from bench import (
     soak,
     startup,
     stop_grace,
+    straggler,
     tta,
     userscript,
 )
@@ -64,6 +65,7 @@ ALL = (
     "amp",
     "ddp",
     "exact",
+    "straggler",
     "ckpt",
     "elastic",
     "live",
@@ -140,6 +142,8 @@ def run_selected(
         keep(record("ddp", lambda: ddp.run(quick=quick)))
     if "exact" in names:
         keep(record("exact", lambda: exact.run(quick=quick)))
+    if "straggler" in names:
+        keep(record("straggler", lambda: straggler.results(quick=quick)))
     if "ckpt" in names:
         rs, preempt = record("ckpt", lambda: ckpt.run(quick=quick))
         keep(rs)
@@ -521,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         "ddp",
         "exact-smoke",
         "exact-resnet18",
+        "straggler",
         "ckpt_save",
         "ckpt_load",
         "ckpt_async",

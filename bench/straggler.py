@@ -12,11 +12,11 @@ process), from its start to its end.
 
 The figure: the part of the slowdown the slow rank caused beyond its own share that the balance
 removes, (T_off - T_on) / (T_off - T_share), with T the median steady step time and T_share = T_healthy
-x W / (W - 1 + s): the pace of a job whose slow rank costs only the compute it lost, s its measured
-speed T_healthy / T_off (below SHARE: a stop turn costs it more than its length, its caches among it;
-the step's fixed part counted in makes s a little high, the goal a little harder). Beside it, the
+x W / (W - 1 + SHARE): the pace of a job whose slow rank costs only the compute it lost. Beside it, the
 same against the healthy pace, (T_off - T_on) / (T_off - T_healthy), which on W ranks cannot exceed
 (T_off - T_share) / (T_off - T_healthy) (2/3 at W = 2): the rest is the slow rank's own lost compute.
+On this 2-core box a figure above 1 is possible: a rank stopped half the time frees a core for the
+other processes, the other rank's among them, which the capacity model above does not count.
 The steps from the slowing to the first move, and the three runs' model SHA-256s, are recorded with it.
 """
 
@@ -149,8 +149,8 @@ def results(quick: bool = False, rounds: int = 2, width: int = 64) -> list[Resul
                     found.append(run["moves"][0][1] - 1)  # steps trained before the first move
                     kept.append(run["moves"][-1][0])
     healthy, off, on = (statistics.median(times[n]) for n in SIDES)
-    speed = min(1.0, healthy / off)  # the slow rank's measured speed (its turns cost more than SHARE)
-    share_pace = healthy * WORLD / (WORLD - 1 + speed)
+    speed = min(1.0, healthy / off)  # the slowed job's speed, recorded beside the nominal SHARE
+    share_pace = healthy * WORLD / (WORLD - 1 + SHARE)
     removed = (off - on) / (off - share_pace) if off > share_pace else 0.0
     versus_healthy = (off - on) / (off - healthy) if off > healthy else 0.0
     equal = len(set().union(*shas.values())) == 1
@@ -171,7 +171,7 @@ def results(quick: bool = False, rounds: int = 2, width: int = 64) -> list[Resul
             notes=(
                 f"rank 1 held to {SHARE:.0%} of the CPU by SIGSTOP/SIGCONT turns of 50 ms from outside; simple_cnn "
                 f"width {width}, global batch 128 in {GRID} micro-batches, {steps} steps, median step time after "
-                f"{SKIP_WINDOWS} windows of {LOG_EVERY}; healthy {healthy:.3f} s, slow rank's measured speed {speed:.2f}, "
+                f"{SKIP_WINDOWS} windows of {LOG_EVERY}; healthy {healthy:.3f} s (÷ slowed, balance off: {speed:.2f}), "
                 f"its share's pace {share_pace:.3f} s, "
                 f"slowed {off:.3f} s (balance off), {on:.3f} s (on); removed against the healthy pace "
                 f"{versus_healthy:.2f} (at most {(off - share_pace) / (off - healthy) if off > healthy else 0:.2f} "
@@ -181,7 +181,7 @@ def results(quick: bool = False, rounds: int = 2, width: int = 64) -> list[Resul
             extra={
                 "healthy_s": healthy,
                 "share_pace_s": share_pace,
-                "slow_speed": speed,
+                "healthy_over_off": speed,
                 "removed_vs_healthy": versus_healthy,
                 "found_after_steps": found,
                 "bits_equal": equal,
