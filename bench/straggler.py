@@ -167,7 +167,10 @@ def results(quick: bool = False, rounds: int = 2, width: int = 64) -> list[Resul
             command=COMMAND,
             project_label=f"train.balance (default): micro-batches moved off the slow rank (last counts {', '.join(kept)})",
             baseline_label="train.balance=false: the even split",
-            rounds=[round(t, 4) for t in times["on"]],
+            rounds=[
+                round((o - n) / (o - h * WORLD / (WORLD - 1 + SHARE)), 3)
+                for h, o, n in zip(times["healthy"], times["off"], times["on"], strict=True)
+            ],
             notes=(
                 f"rank 1 held to {SHARE:.0%} of the CPU by SIGSTOP/SIGCONT turns of 50 ms from outside; simple_cnn "
                 f"width {width}, global batch 128 in {GRID} micro-batches, {steps} steps, median step time after "
