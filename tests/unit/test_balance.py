@@ -9,7 +9,7 @@ import pytest
 
 from torchlaunch.core.sampler import BatchPlan
 from torchlaunch.live.replan import replan
-from torchlaunch.worker.balance import GAIN, HISTORY, WINDOW, Balance, best_counts, step_time
+from torchlaunch.worker.balance import GAIN, HISTORY, QUICK_GAIN, WINDOW, Balance, best_counts, step_time
 
 
 def test_the_best_counts_minimise_the_slowest_ranks_time_and_keep_every_rank_measured() -> None:
@@ -94,3 +94,14 @@ def test_a_regroup_goes_back_to_the_even_split() -> None:
     after = replan(plan, 0, 3)
     assert after.counts == () and list(after.grid_range()) == list(range(6))
     assert dataclasses.replace(after, counts=()) == after
+
+
+def test_a_small_gain_waits_for_the_steadier_median_and_a_large_one_does_not() -> None:
+    balance = Balance(grid=16, world=2)
+    mild = [0.010, 0.013]  # 8/8 takes 10.4 units, 9/7 9.1: a 12.5% gain, between GAIN and QUICK_GAIN
+    assert GAIN < 1 - step_time((9, 7), mild) / step_time((8, 8), mild) < QUICK_GAIN
+    moved = [balance.observe(mild) for _ in range(HISTORY)]
+    assert moved[:-1] == [None] * (HISTORY - 1) and moved[-1] == (9, 7)
+    for _ in range(WINDOW - 1):
+        assert balance.observe([0.010, 0.030]) is None
+    assert balance.observe([0.010, 0.030]) == (12, 4)  # 9/7 takes 21 units, 12/4 12: found at once
