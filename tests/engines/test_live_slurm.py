@@ -272,6 +272,9 @@ def test_a_whole_node_frozen_past_the_bound_costs_a_regroup_and_the_job_complete
             slurm("scontrol", "update", f"nodename={LOST}", "state=down", "reason=torchlaunch live test")
         code = launch.finish(300)
     finally:
+        if launch.proc.poll() is None:  # failed on the way: no stopped process of the job is left behind
+            launch.proc.kill()
+            subprocess.run(["scancel", launch.job_id], capture_output=True, timeout=30)  # as Launch.finish does
         resume_n2()
     out, log = launch.text(), launch.rank0_log()
     said = (run_dir / "slurm" / launch.job_id / f"{launch.job_id}_0_log.err").read_text()
