@@ -5,18 +5,21 @@ and the Job controller a small loop that applies the live Job's own policy: podF
 backoffLimitPerIndex, successPolicy. One pod is SIGKILLed whole (`docker kill`: every process of the
 pod at once, as a lost node takes them); the controller replaces it; the replacement's launcher finds
 the job training and its rank joins the live group with the survivor's state, in the same pod-0
-process. Every step's samples, crops and flips equal an uninterrupted run's. Kubernetes' API server,
-scheduler and kubelet are the part that is not real.
+process. Every step's samples, crops and flips equal an uninterrupted run's. A pod frozen whole (`docker
+pause`) or cut off (`docker network disconnect`) past the bound is left behind by the survivor, and fenced
+by the run dir's generation when it is back. Kubernetes' API server, scheduler and kubelet are the part
+that is not real.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +37,7 @@ from torchlaunch import config as config_mod
 from torchlaunch.backends.k8s import live as k8s_live
 from torchlaunch.backends.k8s import manifest as k8s_manifest
 from torchlaunch.backends.k8s import options as k8s_opts
-from torchlaunch.exit_codes import OK, PREEMPTED
+from torchlaunch.exit_codes import BAD_INPUT, OK, PREEMPTED
 from torchlaunch.launch.spec import JobSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -216,6 +219,96 @@ def test_a_pod_killed_whole_is_replaced_by_the_job_and_joins_the_live_group(live
     assert "live: lost 1 rank(s)" in dj.logs(0), out  # pod 0's rank regrouped in its own process
     assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path))
     assert (dj.run_dir / "model.pt").is_file()
+
+
+SILENT_OVERRIDES = (*OVERRIDES, "dist.timeout_s=30")
+"""The silent pod's rank, back, may still sit in the collective it was in when it went silent: it ends within
+dist.timeout_s (300 s by default) rather than being cut at once. Samples do not depend on it."""
+ALONE_STEPS = 20
+"""How many steps the survivor trains alone before the silent pod is back (thawed, or its link restored)."""
+
+
+def until(condition: Callable[[], object], what: str, dj: LiveJob, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{dj.all_logs()}"
+        time.sleep(0.05)  # polling files the pods write, bounded by the deadline
+
+
+def regroups(run_dir: Path) -> list[dict]:
+    path = run_dir / "live" / "events-rank0.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, filter(str.strip, lines)) if e["event"] == "regrouped"]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "pause",
+        # the cut side of a partition is CI's on netns nodes (test_live_netns.py's cut-node1); this its pods'
+        pytest.param("cut", marks=pytest.mark.extended),
+    ],
+)
+def test_a_pod_silent_past_the_bound_is_left_behind_and_fenced_when_it_is_back(
+    image: str,  # noqa: F811 - the session fixture imported above
+    tmp_path: Path,
+    fault: str,
+) -> None:
+    """Pod 1 goes silent whole once its rank traced step KILL_AT: `pause`, `docker pause` (the cgroup
+    freezer stops every process of the pod at once: its launcher, live agent, rank, echo and loader
+    workers, as a hung node); `cut`, `docker network disconnect` (a partition: nothing of the pod reaches
+    pod 0 or the Lighthouse; the shared volume stays in reach, so only the run dir's generation fences
+    it). No transport error comes: pod 0's rank judges it silent past recovery.heartbeat_timeout_s (its
+    echo gives no answer) and regroups alone in its own process. ALONE_STEPS later the pod is back
+    (`docker unpause`, or its network and names restored): its rank's group is gone, and the group it
+    forms alone comes from a superseded generation, so it leaves with exit 2 without writing (FailIndex:
+    not replaced). Before the fix it took a newer generation and trained on beside pod 0. Pod 0 finishes
+    0; every step's samples, crops and flips are the uninterrupted run's."""
+    spec = JobSpec(config="configs/smoke.yaml", nodes=2, gpus_per_node=1, image=image, overrides=SILENT_OVERRIDES)
+    with live_job_of(image, tmp_path, spec) as dj:
+        running = dj.start_all()
+        trace0, trace1 = (dj.run_dir / "trace" / f"rank{r}.jsonl" for r in (0, 1))
+        until(lambda: live.traced_step(trace1) >= KILL_AT or dj.ended(set(running)), f"step {KILL_AT}", dj)
+        assert dj.history == [], f"{dj.history}\n{dj.all_logs()}"
+        survivor = live.pid_of(dj.run_dir, 0)
+        if fault == "pause":
+            docker("pause", dj.container(1))
+        else:
+            docker("network", "disconnect", dj.network, dj.container(1))
+        until(lambda: regroups(dj.run_dir), "pod 0's rank to regroup", dj)
+        alone = regroups(dj.run_dir)[0]["step"] + ALONE_STEPS
+        until(lambda: live.traced_step(trace0) >= alone, f"pod 0 alone to step {alone}", dj)
+        state = docker("inspect", "-f", "{{.State.Status}}", dj.container(1)).stdout.strip()
+        assert state == ("paused" if fault == "pause" else "running"), state
+        if fault == "pause":
+            docker("unpause", dj.container(1))
+        else:
+            name = f"{dj.name}-1"
+            docker(
+                "network",
+                "connect",
+                "--alias",
+                name,
+                "--alias",
+                f"{name}.{dj.pod['subdomain']}",
+                dj.network,
+                dj.container(1),
+            )
+        dj.run_live(running, kill=None)
+        out = dj.all_logs()
+        assert sorted(dj.history) == [(0, OK), (1, BAD_INPUT)], f"{dj.history}\n{out}"
+        assert "taken for silent (frozen or cut off)" in dj.logs(0), out
+        assert "but generation 2 trains" in dj.logs(1) and "left out, this rank leaves without writing" in dj.logs(1), (
+            out
+        )
+        assert "resumed from" not in out, "a pod was restarted from a checkpoint"
+    assert [(e["world"], e["rank"]) for e in regroups(dj.run_dir)] == [(1, 0)], regroups(dj.run_dir)
+    assert live.pid_of(dj.run_dir, 0) == survivor, "pod 0's rank changed process"
+    assert (dj.run_dir / "live" / "generation").read_text().strip() == "2", "a group formed past the survivor's"
+    silent = [json.loads(line) for line in trace1.read_text().splitlines() if line.strip().endswith("}")]
+    assert {(r["generation"], r["world_size"]) for r in silent} == {(1, 2)}, silent[-2:]  # no step of its own
+    assert (dj.run_dir / "model.pt").is_file()
+    assert step_samples(dj.run_dir) == step_samples(reference_run(tmp_path, SILENT_OVERRIDES))
 
 
 # CI: a joiner never looks node 0's name up (tests/integration/test_live_joiner.py) and a killed pod is

@@ -24,6 +24,7 @@ opened (RESIZING, then COMPLETED), so `sacct -D` keeps no REQUEUED line for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -191,6 +192,112 @@ def test_a_lost_node_costs_a_regroup_and_the_job_completes(
     st = status_of(run_dir)
     assert (st["state"], st["step"], st["world_size"]) == ("finished", live.STEPS, 1), st
     assert {r["rank"] for r in st["ranks"] if r["gone"]} == {1}, st["ranks"]
+
+
+def freeze_node(job_id: str, node: str) -> list[int]:
+    """SIGSTOP every process of the job on `node` until every one is stopped (a hung node: its task, its
+    live agent's thread, the membership service standby, the echo process, the loader workers)."""
+    stopped: list[int] = []
+
+    def state(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return "gone"
+
+    def all_stopped() -> bool:
+        pids = job_pids(job_id, node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        return bool(pids) and all(state(pid) in ("T", "gone") for pid in pids)
+
+    wait_until(all_stopped, 30, f"the job's processes on {node} to be stopped", poll_s=0.02)
+    return sorted(set(stopped))
+
+
+def regrouped(run_dir: Path, rank: int = 0) -> list[dict]:
+    path = run_dir / "live" / f"events-rank{rank}.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, filter(str.strip, lines)) if e["event"] == "regrouped"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "woken",
+    [
+        False,
+        # the woken node is fenced by the run dir's generation: proven in CI on Docker pods (the paused
+        # pod's rank), and here as the bug's reproduction (it retrained the finished run's tail over it)
+        pytest.param(True, marks=pytest.mark.extended),
+    ],
+    ids=["down", "woken"],
+)
+def test_a_whole_node_frozen_past_the_bound_costs_a_regroup_and_the_job_completes(
+    cluster: str, reference: live.LiveRun, tmp_path: Path, woken: bool
+) -> None:
+    """The default command line (`--nodes 2`, no recovery key). Once n2's rank traced step KILL_AT, every
+    process of the job on n2 is SIGSTOPped at once, as a hung node: no transport error comes, its agent
+    (a thread of the task) is stopped too, so nothing on n2 fences its rank. n1's rank judges it silent
+    past recovery.heartbeat_timeout_s (its echo gives no answer) and regroups in its own process.
+    `down`: n2 is then set DOWN, as slurmctld does to a node that stopped answering; its slurmd ends the
+    stopped step, and the job COMPLETES on n1. `woken`: n2's processes are SIGCONTinued after the
+    regroup (a hang shorter than SlurmdTimeout): its rank's group is gone, and the group it forms alone
+    (it serves a lease of its own once n1 is done) comes from a superseded generation: fenced, it leaves
+    without writing (before the fix it retrained the finished run's tail and saved model.pt over it).
+    Open there: its task's exit 2 is taken for the job's by the batch script's verdict (job and `status`
+    say bad input, though the run finished on n1).
+    Both: every global step's samples, crops and flips are the uninterrupted run's; one regroup, to 1."""
+    run_dir, launch = launch_live(tmp_path, "2")
+    try:
+        wait_until(
+            lambda: (
+                live.traced_step(run_dir / "trace" / "rank1.jsonl") >= live.KILL_AT or launch.proc.poll() is not None
+            ),
+            240,
+            f"rank 1 to trace step {live.KILL_AT}",
+            poll_s=0.02,
+        )
+        assert launch.proc.poll() is None, launch.text()[-3000:]
+        survivor = live.pid_of(run_dir, 0)
+        frozen = freeze_node(launch.job_id, LOST)
+        wait_until(lambda: regrouped(run_dir) or launch.proc.poll() is not None, 120, "n1's rank to regroup")
+        assert all(Path(f"/proc/{pid}").exists() for pid in frozen), "a frozen process ended: not a freeze"
+        if woken:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        else:
+            slurm("scontrol", "update", f"nodename={LOST}", "state=down", "reason=torchlaunch live test")
+        code = launch.finish(300)
+    finally:
+        if launch.proc.poll() is None:  # failed on the way: no stopped process of the job is left behind
+            launch.proc.kill()
+            subprocess.run(["scancel", launch.job_id], capture_output=True, timeout=30)  # as Launch.finish does
+        resume_n2()
+    out, log = launch.text(), launch.rank0_log()
+    said = (run_dir / "slurm" / launch.job_id / f"{launch.job_id}_0_log.err").read_text()
+    assert "taken for silent (frozen or cut off)" in said, said[-3000:]
+    assert [(e["world"], e["rank"]) for e in regrouped(run_dir)] == [(1, 0)], regrouped(run_dir)
+    assert live.pid_of(run_dir, 0) == survivor, "the survivor's process changed"
+    assert "resumed from" not in out + log, "the job was restarted"
+    assert step_samples(run_dir) == step_samples(reference.run_dir)
+    assert (run_dir / "live" / "generation").read_text().strip() == "2", "a group formed past the survivor's"
+    frozen_side = trace_records(run_dir)["rank1.jsonl"]  # it never traced a step in a group of its own
+    assert {(r["generation"], r["world_size"]) for r in frozen_side} == {(1, 2)}, frozen_side[-2:]
+    st = status_of(run_dir)
+    assert st["step"] == live.STEPS and st["checkpoint"]["step"] == live.STEPS, st
+    if woken:  # fenced: its task leaves with exit 2, which the batch script's verdict takes for the job's (open)
+        task1 = (run_dir / "slurm" / launch.job_id / f"{launch.job_id}_1_log.err").read_text()
+        assert "but generation 2 trains" in task1 and "left out, this rank leaves without writing" in task1, task1
+        print(f"\nn2 frozen at step {frozen_side[-1]['step']}, woken after n1's regroup: fenced; launcher exit {code}")
+        return
+    assert code == 0, out[-3000:]
+    assert "task(s) 1 lost (no outcome recorded); the others finished" in out, out[-3000:]
+    allocations = requeue_records(launch.job_id)
+    assert allocations[-1] == "COMPLETED" and set(allocations) <= {"RESIZING", "COMPLETED"}, allocations
+    assert (st["state"], st["world_size"], {r["rank"] for r in st["ranks"] if r["gone"]}) == ("finished", 1, {1}), st
 
 
 @pytest.mark.timeout(600)

@@ -156,6 +156,21 @@ def test_each_group_takes_a_newer_generation_and_an_older_one_may_not_commit(tmp
     assert isinstance(raised.value, BadInput)  # exit 2: never retried beside the live group
 
 
+def test_a_group_of_members_all_left_out_takes_no_generation(tmp_path: Path) -> None:
+    """A regroup succeeds the newest generation any of its members trained in: members that all come from
+    an older one (a node frozen past the bound, woken after the others regrouped without it or finished)
+    are fenced, and the generation stays the live group's. A first group (0) and a group with a member
+    of the newest one advance (found on Slurm: a woken node retrained the finished run's tail over it)."""
+    fence = Fence(tmp_path)
+    first = fence.advance(succeeds=0)
+    survivors = fence.advance(succeeds=first)  # the group that regrouped without the frozen node
+    with pytest.raises(Fenced, match=f"come from generation {first}, but generation {survivors} trains"):
+        Fence(tmp_path).advance(succeeds=first)  # the frozen node, woken alone
+    assert fence.current() == survivors
+    assert fence.advance(succeeds=survivors) == survivors + 1  # the live group regrouping (the woken one within)
+    assert fence.advance(succeeds=0) == survivors + 2  # a first group: a requeue, a successor job
+
+
 def test_a_superseded_group_never_commits_however_the_check_and_the_commit_interleave(tmp_path: Path) -> None:
     """The generation is checked again under the fence's lock around the commit's renames, and a new
     group's advance takes the same lock: no newer generation can appear between check and commit."""

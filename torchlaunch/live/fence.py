@@ -208,10 +208,22 @@ class Fence:
         with os.fdopen(fd, "rb") as fh:
             return fh.read(128).decode("ascii", "replace").strip()
 
-    def advance(self) -> int:
-        """Take the next generation for a group that just formed; returns it."""
+    def advance(self, succeeds: int = 0) -> int:
+        """Take the next generation for a group that just formed; returns it. `succeeds`: the newest
+        generation any of its members trained in (0: a first group, none did). A regroup continues the
+        run only if one of its members was in the newest group: members that all come from an older one
+        (a node frozen or cut off past the bound, woken after the others regrouped without it, or after
+        they finished) hold a superseded group's state, and taking a generation would fence the group that
+        trains (or retrain the tail of a finished run over its files). Fenced, decided under the lock."""
         with self._refusing("generation"), self._locked() as folder:
-            generation = self.current() + 1
+            newest = self.current()
+            if 0 < succeeds < newest:
+                raise Fenced(
+                    f"live error: this group's members come from generation {succeeds}, but generation {newest} "
+                    f"trains {self.folder.parent} (or finished it) without them: left out, this rank leaves "
+                    "without writing"
+                )
+            generation = newest + 1
             rundir.write_text("generation", f"{generation}\n", real_folder=True, dir_fd=folder)
             return generation
 

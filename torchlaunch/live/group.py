@@ -41,10 +41,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 from torchlaunch import rundir
-from torchlaunch.core.dist import DistContext, broadcast_json
+from torchlaunch.core.dist import DistContext, broadcast_json, gather_json
 from torchlaunch.exit_codes import BadInput
 from torchlaunch.live import front, sockets
-from torchlaunch.live.fence import Fence, FenceBusy
+from torchlaunch.live.fence import Fence, FenceBusy, Fenced
 from torchlaunch.live.membership import (
     JOINING_STEP,
     Member,
@@ -386,9 +386,26 @@ class LiveGroup:
         return new
 
     def _take_generation(self, ctx: DistContext) -> int:
-        """Rank 0 advances the run dir's generation; every member learns it (a collective)."""
-        mine = self.fence.advance() if ctx.is_main else 0
-        return int(broadcast_json(ctx, mine, kinds=(int,)))  # type: ignore[call-overload]
+        """Rank 0 advances the run dir's generation past the newest its members trained in (each says its
+        own: a collective); every member learns it, or that the group is a superseded one's (-1: each
+        raises Fenced, so its members leave together). Rank 0 keeps the generation it took at once: a
+        member lost before the broadcast leaves it regrouping from that one, not fenced by its own."""
+        olds = [int(g) for g in gather_json(ctx, self.generation, kinds=(int,))]  # type: ignore[call-overload]
+        mine, refused = 0, None
+        if ctx.is_main:
+            try:
+                mine = self.generation = self.fence.advance(succeeds=max(olds))
+            except Fenced as e:
+                mine, refused = -1, e
+        generation = int(broadcast_json(ctx, mine, kinds=(int,)))  # type: ignore[call-overload]
+        if refused is not None:
+            raise refused
+        if generation < 0:
+            raise Fenced(
+                f"live error: this group's members come from generation {max(olds)}, older than the run dir's: "
+                "left out, this rank leaves without writing"
+            )
+        return generation
 
     def check_fence(self) -> None:
         self.fence.check(self.generation)
