@@ -152,6 +152,33 @@ def test_a_record_of_an_earlier_allocation_does_not_count(tmp_path: Path) -> Non
     assert slurm_live.recorded_codes(rundir.slurm(tmp_path) / "7", "7", "7-1", 2) == [OK, None]
 
 
+def test_a_task_left_out_of_the_group_that_trained_counts_as_lost_not_as_bad_input(tmp_path: Path) -> None:
+    """A node frozen past the bound and woken after the others regrouped: its rank is fenced (exit 2, never
+    retried), and the run finished on the others: the job finished (tests/engines/test_live_slurm.py's
+    [woken] case delivers it from outside)."""
+    folder = rundir.slurm(tmp_path) / "7"
+    write_record(tmp_path, "7", 0, OK, "7-0")
+    rundir.write_json(result_path(folder, "7", 1), {"code": BAD_INPUT, "why": "", "launch": "7-0", "left_out": True})
+    codes = slurm_live.recorded_codes(folder, "7", "7-0", 2)
+    assert codes == [OK, None] and slurm_live.job_code(1, codes) == OK
+    write_record(tmp_path, "7", 1, BAD_INPUT, "7-0")  # a bad input of its own is still the job's
+    assert slurm_live.job_code(1, slurm_live.recorded_codes(folder, "7", "7-0", 2)) == BAD_INPUT
+
+
+def test_a_fenced_group_marks_its_process_left_out() -> None:
+    from torchlaunch.live import fence
+
+    before = fence._left_out
+    try:
+        fence._left_out = False
+        assert not fence.left_out()
+        with pytest.raises(fence.Fenced):
+            raise fence.Fenced("live error: superseded")
+        assert fence.left_out()
+    finally:
+        fence._left_out = before
+
+
 def test_launch_slurm_places_the_service_without_one_named_and_says_its_road(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

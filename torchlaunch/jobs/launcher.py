@@ -96,8 +96,10 @@ class Operation:
             self.dog.start(hung)
         return self.record
 
-    def finish(self, code: int, reason: str = "") -> int:
-        """Stop watching, record the outcome, return the exit code the launcher should end with."""
+    def finish(self, code: int, reason: str = "", recorded: bool = True) -> int:
+        """Stop watching, record the outcome (not when `recorded` is False: a node left out of the live
+        group that trained, whose outcome is not the run's: backends/slurm/task.py), return the exit code
+        the launcher should end with."""
         if self.dog is not None:
             self.dog.stop()
         job = (self._args.get("extra") or {}).get(record.ELASTIC_JOB)
@@ -107,7 +109,7 @@ class Operation:
         if hung and self.hung is not None:
             reason = f"hang: {self.hung.reason}; stalled ranks {', '.join(map(str, self.hung.stalled))}"
         final = exit_code_of(outcome, code)
-        if self.record is not None:
+        if self.record is not None and recorded:
             try:
                 self.record = record.finish(self.run_dir, self.record, code, outcome, reason)
             except OSError as error:  # the run dir filled up, went read-only or got a link planted during the run

@@ -91,6 +91,21 @@ class FenceBusy(RuntimeError):
 class Fenced(BadInput):
     """This group was superseded: another group trains the run dir. Never retried (exit 2)."""
 
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        global _left_out
+        _left_out = True
+
+
+_left_out = False
+
+
+def left_out() -> bool:
+    """Whether this process's group was fenced (a Fenced made here). A Slurm task, which runs its rank in
+    its own process, records it: the job's verdict counts a left-out task as lost, not as the job's bad
+    input (its exit 2 keeps it from being retried or replaced)."""
+    return _left_out
+
 
 class Fence:
     """RUN_DIR/live/generation, read and advanced under RUN_DIR/live/generation.lock."""

@@ -200,14 +200,16 @@ def job_code(srun_code: int, codes: Sequence[int | None]) -> int:
 
 
 def recorded_codes(folder: Path, job_id: str, launch_id: str, tasks: int) -> list[int | None]:
-    """Each task's code in this allocation (task.write_result's record); None where it left none. A
-    record of an earlier allocation of the job (before a requeue) does not count."""
+    """Each task's code in this allocation (task.write_result's record); None where it left none, or
+    where its group was fenced (left out: a node frozen or cut off past the bound while the others trained
+    on; its exit 2 is not the job's bad input). A record of an earlier allocation of the job (before a
+    requeue) does not count."""
     from torchlaunch.backends.slurm.result import result_path
 
     codes: list[int | None] = []
     for task in range(tasks):
         data, _ = files.read_json(result_path(folder, job_id, task))
-        same = data is not None and data.get("launch") == launch_id
+        same = data is not None and data.get("launch") == launch_id and data.get("left_out") is not True
         codes.append(files.as_int(data.get("code"), 0, 255) if same and data is not None else None)
     return codes
 
@@ -239,7 +241,8 @@ def verdict(argv: Sequence[str] | None = None) -> int:
     if lost and len(lost) < len(codes):
         outcome = "the others finished" if code == 0 else f"exit {code}"
         print(
-            f"live: srun exited {args.srun_code}; task(s) {', '.join(lost)} lost (no outcome recorded); {outcome}",
+            f"live: srun exited {args.srun_code}; task(s) {', '.join(lost)} lost (no outcome recorded, or left out "
+            f"of the group that trained); {outcome}",
             flush=True,
         )
     return code

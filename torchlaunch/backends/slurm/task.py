@@ -54,17 +54,25 @@ class WorkerExit(RuntimeError):
         write_result(code, why)
 
 
+def left_out() -> bool:
+    """Whether this task's live group was fenced (live/fence.py): its exit 2 is then not the job's bad
+    input, and its node's outcome not the run's. Never imported here: never fenced."""
+    fence = sys.modules.get("torchlaunch.live.fence")
+    return fence is not None and fence.left_out()
+
+
 def write_result(code: int, why: str) -> None:
     """In a task of a submitit job: record its final code and reason for `--wait` (exit_status), and the
     allocation it ended in (`launch`: a live job's batch script counts only this allocation's records,
-    backends.slurm.live.verdict). Outside one (a unit test calling a task's method), or when the folder
+    backends.slurm.live.verdict), and `left_out` when this task's live group was fenced (live/fence.py:
+    its exit 2 is then not the job's bad input). Outside one (a unit test calling a task's method), or when the folder
     cannot be written, nothing."""
     try:
         import submitit
 
         env = submitit.JobEnvironment()
         launch = f"{contract.get(contract.SLURM_JOB_ID, '0')}-{contract.get(contract.SLURM_RESTART_COUNT) or 0}"
-        record_ = {"code": code, "why": why, "launch": launch}
+        record_ = {"code": code, "why": why, "launch": launch, **({"left_out": True} if left_out() else {})}
         rundir.write_json(result_path(env.paths.folder, str(env.job_id), env.global_rank), record_)
     except Exception:  # noqa: BLE001 - the result record is a courtesy to --wait: the job's end comes first
         pass
@@ -235,8 +243,8 @@ class SlurmTask:
         lost = self._lost(rank, code)
         if lost:
             say(f"slurm task: {lost}")
-        if op is not None:
-            code = op.finish(FAILURE if lost else code, lost)
+        if op is not None:  # a task left out of the live group (fenced) records no outcome: it was lost to the run
+            code = op.finish(FAILURE if lost else code, lost, recorded=not left_out())
         if self.lighthouse:  # every task's code, for the batch script's verdict (a lost task leaves none)
             write_result(code, program_mod.last_reason or "")
         if code == OK:
