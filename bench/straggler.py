@@ -4,7 +4,7 @@ soon it finds the slow rank, and that the model's bits do not change (issue #55 
     python -m bench.straggler                 # 2 rounds of the three runs below
     python -m bench.run --only straggler      # the same, recorded in docs/BENCHMARKS.md
 
-Three runs of the same recipe on `launch.local --gpus 2 --device cpu` (train.exact, 16 micro-batches
+Three runs of the same recipe on `launch.local --gpus 2 --device cpu` (train.exact, 24 micro-batches
 per step), rotated every round so all see the same load: healthy (no slowing), slowed with
 train.balance=false, slowed with the default (balance on). "Slowed": rank 1's process held by
 SIGSTOP/SIGCONT turns to SHARE of the CPU (bench/slow_node.py, 50 ms turns, delivered from this
@@ -40,7 +40,11 @@ from bench.slow_node import SlowNode
 COMMAND = "python -m bench.run --only straggler"
 SHARE = 0.5
 WORLD = 2
-GRID = 16
+GRID = 24
+"""Micro-batches per step, of BATCH / GRID = 8 samples: fine enough that a half-speed rank's share (a
+third of the step's micro-batches) is whole; at 16 (11/5 against the ideal 10.67/5.33) the counts alone
+leave ~3% of the step, ~6% of the slowdown, in place."""
+BATCH = 192
 STEPS = 48
 LOG_EVERY = 4
 SKIP_WINDOWS = 2
@@ -52,9 +56,9 @@ BALANCED = re.compile(r"balance: micro-batches per rank (\S+) from global step (
 def overrides(run_dir: Path, balance: bool, width: int, steps: int) -> list[str]:
     return [
         f"run_dir={run_dir}",
-        f"data.synthetic_train_size={steps * 128}",
+        f"data.synthetic_train_size={steps * BATCH}",
         "data.synthetic_val_size=64",
-        "train.batch_size=128",
+        f"train.batch_size={BATCH}",
         "train.epochs=1",
         "train.exact=true",
         f"train.grid_micro_batches={GRID}",
@@ -117,7 +121,7 @@ def one_run(run_dir: Path, slowed: bool, balance: bool, width: int, steps: int) 
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if "images_per_s" in record:
-            seconds.append(128 / record["images_per_s"])
+            seconds.append(BATCH / record["images_per_s"])
     moves = [(m.group(1), int(m.group(2))) for m in BALANCED.finditer(out)]
     return {
         "step_s": statistics.median(seconds[SKIP_WINDOWS:]),
@@ -173,7 +177,7 @@ def results(quick: bool = False, rounds: int = 2, width: int = 64) -> list[Resul
             ],
             notes=(
                 f"rank 1 held to {SHARE:.0%} of the CPU by SIGSTOP/SIGCONT turns of 50 ms from outside; simple_cnn "
-                f"width {width}, global batch 128 in {GRID} micro-batches, {steps} steps, median step time after "
+                f"width {width}, global batch {BATCH} in {GRID} micro-batches, {steps} steps, median step time after "
                 f"{SKIP_WINDOWS} windows of {LOG_EVERY}; healthy {healthy:.3f} s (÷ slowed, balance off: {speed:.2f}), "
                 f"its share's pace {share_pace:.3f} s, "
                 f"slowed {off:.3f} s (balance off), {on:.3f} s (on); removed against the healthy pace "
